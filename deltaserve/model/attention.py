@@ -1,0 +1,55 @@
+"""Gated full attention (every fourth layer): q|gate per head, q/k norms, partial RoPE, GQA, sigmoid gate."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..kernels.attention import paged_attention, write_kv
+from ..kernels.rope import apply_rope
+from .cache import HybridCache
+from .config import ModelConfig
+from .forward_batch import ForwardBatch
+from .layers import WeightFactory
+from .norm import RMSNorm
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, prefix: str, layer: int, config: ModelConfig, weights: WeightFactory, norm_offset: float):
+        super().__init__()
+        self.layer = layer
+        self.hq, self.hkv, self.d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.gated = config.attn_output_gate
+        h = config.hidden_size
+        q_out = self.hq * self.d * (2 if self.gated else 1)
+        self.q_proj = weights.linear(f"{prefix}.q_proj", h, q_out)
+        self.k_proj = weights.linear(f"{prefix}.k_proj", h, self.hkv * self.d)
+        self.v_proj = weights.linear(f"{prefix}.v_proj", h, self.hkv * self.d)
+        self.o_proj = weights.linear(f"{prefix}.o_proj", self.hq * self.d, h)
+        self.q_norm = RMSNorm(self.d, config.rms_norm_eps, norm_offset)
+        self.k_norm = RMSNorm(self.d, config.rms_norm_eps, norm_offset)
+        self.scale = self.d**-0.5
+
+    def forward(
+        self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        qg = self.q_proj(x)
+        if self.gated:
+            qg = qg.view(t, self.hq, 2 * self.d)
+            q, gate = qg[..., : self.d], qg[..., self.d :].reshape(t, self.hq * self.d)
+        else:
+            q, gate = qg.view(t, self.hq, self.d), None
+        k = self.k_proj(x).view(t, self.hkv, self.d)
+        v = self.v_proj(x).view(t, self.hkv, self.d)
+        q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_cache, v_cache = cache.k[self.layer], cache.v[self.layer]
+        write_kv(k_cache, v_cache, batch.slot_mapping, k, v)
+        o = paged_attention(
+            q, k_cache, v_cache, batch.block_tables, batch.context_lens_cpu, batch.seq_lens_cpu, self.scale
+        ).reshape(t, self.hq * self.d)
+        if gate is not None:
+            o = o * torch.sigmoid(gate)
+        return self.o_proj(o)

@@ -1,0 +1,123 @@
+"""The one contract between the engine and the model.
+
+A forward call is "some new tokens for some sequences". Prefill, chunked prefill, decode, prefix-cache resumes and
+draft verification are all the same call with different token counts. The engine fills a `ForwardBatch` (a type
+the model owns) and passes it with the `HybridCache`; the model never imports engine types.
+
+Layout of one call with B sequences and T = sum(new tokens):
+
+  input_ids      [T]  int64   new tokens, sequence after sequence
+  positions      [T]  int64   RoPE position of each token (text); or [3, T] for multimodal (T/H/W ids)
+  cu_seqlens     [B+1] int64  sequence b's new tokens are input_ids[cu_seqlens[b]:cu_seqlens[b+1]]
+  context_lens   [B]  int64   tokens already in the cache for sequence b before this call
+  block_tables   [B, max_blocks] int32  paged-KV blocks of sequence b (padded with -1)
+  slot_mapping   [T]  int64   flat KV slot (block * block_size + offset) where each new token's K/V is written
+  state_slots    [B]  int64   slot of sequence b's DeltaNet conv + recurrent state in the state pool
+  logits_indices [N]  int64   which of the T tokens get logits (default: the last new token of each sequence)
+
+Invariants: a sequence with context_len == 0 starts from a zero DeltaNet state whatever its slot holds (so the
+engine never has to clear slots); cache index of new token i of sequence b is context_lens[b] + i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    cu_seqlens: torch.Tensor
+    context_lens: torch.Tensor
+    block_tables: torch.Tensor
+    slot_mapping: torch.Tensor
+    state_slots: torch.Tensor
+    logits_indices: torch.Tensor
+    # Host copies so the reference path and the schedulers never synchronise with the device.
+    seq_lens_cpu: list[int]  # new tokens per sequence
+    context_lens_cpu: list[int]
+    block_size: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @classmethod
+    def build(
+        cls,
+        token_ids: Sequence[Sequence[int]],
+        context_lens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        state_slots: Sequence[int],
+        block_size: int,
+        device: torch.device | str = "cpu",
+        positions: Sequence[Sequence[int]] | None = None,
+        logits: str | Sequence[int] = "last",
+    ) -> "ForwardBatch":
+        """Build a batch from plain lists.
+
+        token_ids[b]    the new tokens of sequence b (at least one each)
+        context_lens[b] tokens of b already cached; the new ones occupy cache indices context_lens[b] + i
+        block_tables[b] the KV blocks of b, enough to hold context_lens[b] + len(token_ids[b]) tokens
+        positions[b]    RoPE positions of the new tokens (default: their cache indices)
+        logits          "last" (last new token of each sequence), "all", or explicit flat token indices
+        """
+        n = len(token_ids)
+        if not (len(context_lens) == len(block_tables) == len(state_slots) == n):
+            raise ValueError("token_ids, context_lens, block_tables and state_slots must have one entry per sequence")
+        seq_lens = [len(t) for t in token_ids]
+        if any(s == 0 for s in seq_lens):
+            raise ValueError("every sequence in a forward batch needs at least one new token")
+        flat_ids: list[int] = []
+        flat_pos: list[int] = []
+        slots: list[int] = []
+        for b in range(n):
+            start = context_lens[b]
+            end = start + seq_lens[b]
+            table = block_tables[b]
+            if len(table) * block_size < end:
+                raise ValueError(
+                    f"sequence {b}: block table holds {len(table) * block_size} tokens, needs {end}"
+                )
+            flat_ids.extend(token_ids[b])
+            flat_pos.extend(positions[b] if positions is not None else range(start, end))
+            slots.extend(table[i // block_size] * block_size + i % block_size for i in range(start, end))
+        cu = [0]
+        for s in seq_lens:
+            cu.append(cu[-1] + s)
+        if logits == "last":
+            logit_idx = [c - 1 for c in cu[1:]]
+        elif logits == "all":
+            logit_idx = list(range(cu[-1]))
+        else:
+            logit_idx = list(logits)
+        max_blocks = max(1, max(len(t) for t in block_tables))
+        tables = torch.full((n, max_blocks), -1, dtype=torch.int32)
+        for b, t in enumerate(block_tables):
+            if len(t):
+                tables[b, : len(t)] = torch.tensor(list(t), dtype=torch.int32)
+
+        def as_tensor(x, dtype=torch.int64):
+            return torch.tensor(x, dtype=dtype, device=device)
+
+        return cls(
+            input_ids=as_tensor(flat_ids),
+            positions=as_tensor(flat_pos),
+            cu_seqlens=as_tensor(cu),
+            context_lens=as_tensor(list(context_lens)),
+            block_tables=tables.to(device),
+            slot_mapping=as_tensor(slots),
+            state_slots=as_tensor(list(state_slots)),
+            logits_indices=as_tensor(logit_idx),
+            seq_lens_cpu=seq_lens,
+            context_lens_cpu=list(context_lens),
+            block_size=block_size,
+        )

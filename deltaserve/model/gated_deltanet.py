@@ -1,0 +1,63 @@
+"""Gated DeltaNet mixer (linear_attention layers)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..kernels.conv1d import causal_conv1d
+from ..kernels.gated_delta import gated_delta_chunked, gated_delta_recurrent, gdn_gates, l2norm
+from .cache import HybridCache
+from .config import ModelConfig
+from .forward_batch import ForwardBatch
+from .layers import WeightFactory
+from .norm import GatedRMSNorm
+
+# Sequences with at least this many new tokens use the chunked form; shorter ones step token by token.
+CHUNKED_MIN_TOKENS = 16
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, prefix: str, layer: int, config: ModelConfig, weights: WeightFactory):
+        super().__init__()
+        self.layer = layer
+        self.hk, self.hv = config.linear_num_key_heads, config.linear_num_value_heads
+        self.dk, self.dv = config.linear_key_head_dim, config.linear_value_head_dim
+        self.key_dim, self.value_dim = config.key_dim, config.value_dim
+        h, c, kw = config.hidden_size, config.conv_dim, config.linear_conv_kernel_dim
+        self.in_proj_qkv = weights.linear(f"{prefix}.in_proj_qkv", h, c)
+        self.in_proj_z = weights.linear(f"{prefix}.in_proj_z", h, self.value_dim)
+        self.in_proj_b = weights.linear(f"{prefix}.in_proj_b", h, self.hv)
+        self.in_proj_a = weights.linear(f"{prefix}.in_proj_a", h, self.hv)
+        self.conv1d = nn.Module()
+        self.conv1d.weight = nn.Parameter(torch.empty(c, 1, kw), requires_grad=False)  # HF layout [C, 1, K]
+        self.A_log = nn.Parameter(torch.empty(self.hv), requires_grad=False)
+        self.dt_bias = nn.Parameter(torch.empty(self.hv), requires_grad=False)
+        self.norm = GatedRMSNorm(self.dv, config.rms_norm_eps)
+        self.out_proj = weights.linear(f"{prefix}.out_proj", self.value_dim, h)
+        self.scale = self.dk**-0.5
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.in_proj_qkv(x)  # [T, conv_dim]
+        z = self.in_proj_z(x).view(t, self.hv, self.dv)
+        g, beta = gdn_gates(self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias)  # [T, Hv] fp32
+        conv_w = self.conv1d.weight[:, 0, :]
+        conv_pool, ssm_pool = cache.conv[self.layer], cache.ssm[self.layer]
+        out = torch.empty(t, self.hv, self.dv, dtype=x.dtype, device=x.device)
+        start = 0
+        for b, n in enumerate(batch.seq_lens_cpu):
+            sl = slice(start, start + n)
+            slot = int(batch.state_slots[b])
+            fresh = batch.context_lens_cpu[b] == 0  # a new sequence starts from zero state, whatever the slot holds
+            mixed, conv_pool[slot] = causal_conv1d(qkv[sl], conv_w, None if fresh else conv_pool[slot])
+            q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+            q = l2norm(q.float().view(n, self.hk, self.dk))
+            k = l2norm(k.float().view(n, self.hk, self.dk))
+            v = v.float().view(n, self.hv, self.dv)
+            rule = gated_delta_chunked if n >= CHUNKED_MIN_TOKENS else gated_delta_recurrent
+            o, ssm_pool[slot] = rule(q, k, v, g[sl], beta[sl], None if fresh else ssm_pool[slot], self.scale)
+            out[sl] = o.to(x.dtype)
+            start += n
+        y = self.norm(out, z).reshape(t, self.value_dim)
+        return self.out_proj(y)

@@ -1,0 +1,87 @@
+"""The Qwen3.5 / Qwen3.6 (and Qwen3-Next) causal language model; reads top to bottom.
+
+Parameter names are the published Hugging Face names without the `model.language_model.` prefix
+(`embed_tokens.weight`, `layers.N.linear_attn.in_proj_qkv.weight`, `layers.N.mlp.experts.gate_up_proj`, `norm.weight`,
+`lm_head.weight`); the loader maps every checkpoint format onto them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..kernels.rope import rope_cos_sin
+from .attention import GatedAttention
+from .cache import HybridCache
+from .config import ModelConfig
+from .forward_batch import ForwardBatch
+from .gated_deltanet import GatedDeltaNet
+from .layers import DenseWeights, WeightFactory
+from .mlp import MLP, SparseMoeBlock
+from .norm import RMSNorm
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, layer: int, config: ModelConfig, weights: WeightFactory, norm_offset: float):
+        super().__init__()
+        p = f"layers.{layer}"
+        eps = config.rms_norm_eps
+        self.is_attention = config.is_full_attention(layer)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, norm_offset)
+        if self.is_attention:
+            self.self_attn = GatedAttention(f"{p}.self_attn", layer, config, weights, norm_offset)
+        else:
+            self.linear_attn = GatedDeltaNet(f"{p}.linear_attn", layer, config, weights)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, norm_offset)
+        if config.sparse_layers[layer]:
+            self.mlp = SparseMoeBlock(f"{p}.mlp", config, weights)
+        else:
+            self.mlp = MLP(f"{p}.mlp", config.hidden_size, config.intermediate_size, weights)
+
+    def forward(self, x, batch: ForwardBatch, cache: HybridCache, rope) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        if self.is_attention:
+            h = self.self_attn(h, batch, cache, rope)
+        else:
+            h = self.linear_attn(h, batch, cache)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3_5ForCausalLM(nn.Module):
+    """forward(batch, cache) -> fp32 logits [N, vocab] for the tokens batch.logits_indices selects."""
+
+    def __init__(self, config: ModelConfig, weights: WeightFactory | None = None, norm_offset: float = 1.0):
+        super().__init__()
+        weights = weights or DenseWeights()
+        self.config = config
+        self.embed_tokens = weights.embedding("embed_tokens", config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(i, config, weights, norm_offset) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_offset)
+        self.lm_head = None
+        if not config.tie_word_embeddings:
+            self.lm_head = weights.linear("lm_head", config.hidden_size, config.vocab_size)
+
+    def make_cache(
+        self, num_blocks: int, block_size: int, num_state_slots: int, dtype: torch.dtype | None = None, device=None
+    ) -> HybridCache:
+        p = self.norm.weight
+        return HybridCache(self.config, num_blocks, block_size, num_state_slots, dtype or p.dtype, device or p.device)
+
+    def hidden_states(self, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
+        """Hidden states [T, H] of every new token after the last layer, before the final norm."""
+        cfg = self.config
+        x = self.embed_tokens(batch.input_ids)
+        rope = rope_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta, cfg.mrope_section, cfg.mrope_interleaved)
+        for layer in self.layers:
+            x = layer(x, batch, cache, rope)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        h = self.norm(hidden)
+        logits = self.lm_head(h) if self.lm_head is not None else self.embed_tokens.as_linear(h)
+        return logits.float()
+
+    def forward(self, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
+        hidden = self.hidden_states(batch, cache)
+        return self.compute_logits(hidden[batch.logits_indices])
