@@ -1,0 +1,118 @@
+"""Shared helpers for model-level tests: tiny transformers models and a plain greedy loop over the forward contract."""
+
+from __future__ import annotations
+
+import torch
+
+from deltaserve.model import ForwardBatch, ModelConfig, Qwen3_5ForCausalLM
+
+BLOCK = 16
+
+TINY_TEXT = dict(
+    vocab_size=300,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6,
+    rope_parameters=dict(
+        rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25, mrope_section=[2, 1, 1], mrope_interleaved=True
+    ),
+    eos_token_id=1,
+)
+TINY_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+TINY_VISION = dict(
+    depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64, patch_size=4,
+    temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16,
+)
+
+
+def make_hf_model(moe: bool, seed: int = 0, tie: bool = False, **text_overrides):
+    """A random tiny transformers Qwen3.5 (MoE or dense) in fp32 with non-trivial norms and gates."""
+    from transformers import (
+        Qwen3_5Config,
+        Qwen3_5ForConditionalGeneration,
+        Qwen3_5MoeConfig,
+        Qwen3_5MoeForConditionalGeneration,
+    )
+
+    torch.manual_seed(seed)
+    text = dict(TINY_TEXT, **(TINY_MOE if moe else {"intermediate_size": 96}), **text_overrides)
+    text["tie_word_embeddings"] = tie
+    vision = dict(TINY_VISION, out_hidden_size=text["hidden_size"])
+    if moe:
+        cfg = Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=tie)
+        model = Qwen3_5MoeForConditionalGeneration(cfg)
+    else:
+        cfg = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=tie)
+        model = Qwen3_5ForConditionalGeneration(cfg)
+    model = model.float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "A_log" in name or "dt_bias" in name:
+                p.add_(torch.randn_like(p) * 0.2)  # zero-centred norms would otherwise be exact identities
+            elif "mlp.gate.weight" in name:
+                p.normal_(0, 0.5)  # routers: spread the expert choices
+            elif "embed_tokens" in name or "lm_head" in name:
+                p.normal_(0, 0.5)  # logits with real margins so greedy tokens are not near-ties
+    return model
+
+
+def ours_from_state_dict(hf_model) -> Qwen3_5ForCausalLM:
+    """Our model from a transformers model's weights (prefix stripped), in fp32."""
+    config = ModelConfig.from_dict(hf_model.config.to_dict())
+    model = Qwen3_5ForCausalLM(config)
+    prefix = "model.language_model."
+    sd = {k[len(prefix) :]: v for k, v in hf_model.state_dict().items() if k.startswith(prefix)}
+    if not config.tie_word_embeddings:
+        sd["lm_head.weight"] = hf_model.state_dict()["lm_head.weight"]
+    model.load_state_dict(sd, strict=True)
+    return model.eval()
+
+
+class Session:
+    """One model + cache; sequences get consecutive block ranges and their own state slot."""
+
+    def __init__(self, model, max_len=512, max_seqs=8):
+        self.model = model
+        per_seq = -(-max_len // BLOCK)
+        self.per_seq = per_seq
+        self.cache = model.make_cache(per_seq * max_seqs, BLOCK, max_seqs, torch.float32)
+
+    def table(self, seq: int) -> list[int]:
+        return list(range(seq * self.per_seq, (seq + 1) * self.per_seq))
+
+    @torch.no_grad()
+    def step(self, chunks: dict[int, list[int]], ctx: dict[int, int], logits="last"):
+        seqs = sorted(chunks)
+        fb = ForwardBatch.build(
+            [chunks[s] for s in seqs], [ctx[s] for s in seqs], [self.table(s) for s in seqs], seqs, BLOCK, logits=logits
+        )
+        out = self.model(fb, self.cache)
+        for s in seqs:
+            ctx[s] += len(chunks[s])
+        return out
+
+
+@torch.no_grad()
+def greedy(model, prompt: list[int], n: int, prefill_chunk: int | None = None) -> tuple[list[int], torch.Tensor]:
+    """Greedy continuation of n tokens; returns the tokens and the prompt's all-position logits."""
+    sess = Session(model)
+    ctx = {0: 0}
+    step = prefill_chunk or len(prompt)
+    prompt_logits = []
+    for i in range(0, len(prompt), step):
+        prompt_logits.append(sess.step({0: prompt[i : i + step]}, ctx, logits="all"))
+    logits = torch.cat(prompt_logits)
+    out = []
+    nxt = int(logits[-1].argmax())
+    for _ in range(n):
+        out.append(nxt)
+        nxt = int(sess.step({0: [nxt]}, ctx)[0].argmax())
+    return out, logits
