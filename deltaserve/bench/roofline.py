@@ -1,0 +1,78 @@
+"""Bytes a decode step must move, for the % of bandwidth roofline (shared/BENCH_METHOD.md).
+
+bytes(step) = weights read in their stored format (every non-expert matrix, the router, the k picked experts of
+each token — the distinct ones across the batch —, the shared expert, lm_head, one embedding row per token)
++ KV read for the context of every stream + DeltaNet conv/recurrent state read and written for every stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..model.config import ModelConfig
+
+# Measured device-to-device copy bandwidth on the H200 (bytes read + written), shared/GPU_NOTES.md.
+H200_COPY_BYTES_PER_S = 4.29e12
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """Bits per stored weight for the bulk matrices and for the 8-bit gates (routers, shared-expert gates)."""
+
+    name: str
+    matrix_bits: float
+    gate_bits: float
+
+    @classmethod
+    def of(cls, quant: str | None) -> "WeightFormat":
+        if quant in (None, "bf16", "none"):
+            return cls("bf16", 16.0, 16.0)
+        if quant in ("q4", "q4g64"):
+            return cls("q4g64", 4 + 32 / 64, 8 + 32 / 64)
+        if quant in ("q8", "q8g64"):
+            return cls("q8g64", 8 + 32 / 64, 8 + 32 / 64)
+        raise ValueError(f"unknown quant {quant!r} (expected bf16, q4 or q8)")
+
+
+def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
+    """E[#distinct experts] when each of `tokens` tokens picks top_k of num_experts uniformly."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def decode_step_bytes(cfg: ModelConfig, fmt: WeightFormat, batch: int, depth: int, kv_bytes: int = 2) -> float:
+    h = cfg.hidden_size
+    mat = fmt.matrix_bits / 8
+    gate = fmt.gate_bits / 8
+    total = 0.0
+    for layer in range(cfg.num_hidden_layers):
+        if cfg.is_full_attention(layer):
+            q_out = cfg.num_attention_heads * cfg.head_dim * (2 if cfg.attn_output_gate else 1)
+            kv = 2 * cfg.num_key_value_heads * cfg.head_dim
+            total += mat * h * (q_out + kv) + mat * cfg.num_attention_heads * cfg.head_dim * h
+        else:
+            total += mat * h * (cfg.conv_dim + cfg.value_dim + 2 * cfg.linear_num_value_heads)
+            total += mat * cfg.value_dim * h
+            total += cfg.conv_dim * cfg.linear_conv_kernel_dim * kv_bytes  # conv weights (unquantised)
+        if cfg.sparse_layers[layer]:
+            inter = cfg.moe_intermediate_size
+            experts = expected_distinct_experts(cfg.num_experts, cfg.num_experts_per_tok, batch)
+            total += gate * h * cfg.num_experts + experts * mat * 3 * h * inter
+            if cfg.shared_expert_intermediate_size:
+                total += mat * 3 * h * cfg.shared_expert_intermediate_size + gate * h
+        else:
+            total += mat * 3 * h * cfg.intermediate_size
+    total += mat * h * cfg.vocab_size  # lm_head (or the tied embedding)
+    total += batch * mat * h  # embedding rows
+    n_attn = len(cfg.full_attention_layers)
+    total += batch * depth * n_attn * 2 * cfg.num_key_value_heads * cfg.head_dim * kv_bytes
+    n_gdn = len(cfg.linear_attention_layers)
+    state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    conv = cfg.conv_dim * (cfg.linear_conv_kernel_dim - 1) * kv_bytes
+    total += batch * n_gdn * 2 * (state + conv)  # read and written back
+    return total
+
+
+def roofline(step_seconds: float, step_bytes: float, ceiling: float = H200_COPY_BYTES_PER_S) -> tuple[float, float]:
+    """(achieved GB/s, % of the copy-bandwidth ceiling)."""
+    bps = step_bytes / step_seconds
+    return bps / 1e9, 100.0 * bps / ceiling
