@@ -1,0 +1,136 @@
+"""load_checkpoint: a checkpoint directory -> a ready `Qwen3_5ForCausalLM` (eval mode, on `device`).
+
+Steps: parse config.json; validate every safetensors header; pick the format plug-in; build the model on the meta
+device (no memory); map and check every tensor against the meta parameters (`plan.build_plan`: nothing read yet);
+then read tensor by tensor, converting dtype and moving to `device` as each arrives. A parameter filled from one
+tensor takes that tensor (converted) as its storage; one assembled from several (stacked per-expert weights) is
+allocated once and filled slice by slice. So peak memory stays about the model's size plus the largest tensor,
+never twice the model.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..model.config import ConfigError, ModelConfig
+from ..model.qwen3_5 import Qwen3_5ForCausalLM
+from .formats import CheckpointError, CheckpointFormat, TensorInfo, get_format
+from .plan import LoadPlan, build_plan
+from .safetensors_io import SafetensorsCheckpoint
+
+log = logging.getLogger("deltaserve.weights")
+
+
+@dataclass
+class LoadedCheckpoint:
+    model: Qwen3_5ForCausalLM
+    config: ModelConfig
+    set_aside: dict[str, list[str]]  # group ("mtp", "visual", "tied_lm_head") -> file tensor names
+    path: Path
+    format: str  # "hf" | "mlx" | "fp8"
+    set_aside_info: dict[str, TensorInfo] = field(default_factory=dict)  # name -> file, shape, dtype
+    num_tensors: int = 0  # file tensors loaded into parameters
+
+    def summary(self) -> str:
+        n_params = sum(p.numel() for p in self.model.parameters())
+        n_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        lines = [
+            f"{self.path}: format {self.format}, {self.num_tensors} tensors -> {n_params:,} parameters "
+            f"({n_bytes / 2**20:.1f} MiB)"
+        ]
+        for group, names in sorted(self.set_aside.items()):
+            size = sum(_nbytes(self.set_aside_info[n]) for n in names)
+            lines.append(f"  set aside: {group}: {len(names)} tensors ({size / 2**20:.1f} MiB), not loaded")
+        return "\n".join(lines)
+
+
+def _nbytes(t: TensorInfo) -> int:
+    from .safetensors_io import DTYPE_BYTES
+
+    n = DTYPE_BYTES[t.dtype]
+    for d in t.shape:
+        n *= d
+    return n
+
+
+def load_checkpoint(
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, progress: bool = True
+) -> LoadedCheckpoint:
+    """Load a checkpoint directory. dtype None keeps the checkpoint's float dtype (the one most bytes are in)."""
+    path = Path(path)
+    try:
+        config = ModelConfig.from_dir(path)
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+    ckpt = SafetensorsCheckpoint(path)
+    infos = [s.info for _, stored in ckpt.by_file() for s in stored]
+    fmt = get_format(config, ckpt.names, source=str(path))
+    with torch.device("meta"):
+        model = Qwen3_5ForCausalLM(config, fmt.weight_factory(), fmt.norm_offset)
+    plan = build_plan(infos, fmt, model, str(path))
+    _materialise(model, ckpt, plan, fmt, torch.device(device), dtype or plan.checkpoint_float_dtype(), progress)
+    fmt.finalize(model)
+    model.eval()
+    set_aside = {g: [t.name for t in ts] for g, ts in plan.set_aside.items()}
+    info = {t.name: t for ts in plan.set_aside.values() for t in ts}
+    loaded = LoadedCheckpoint(model, config, set_aside, path, fmt.name, info, len(plan.placements))
+    log.info("%s", loaded.summary())
+    return loaded
+
+
+def _materialise(
+    model: nn.Module,
+    ckpt: SafetensorsCheckpoint,
+    plan: LoadPlan,
+    fmt: CheckpointFormat,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: bool,
+) -> None:
+    meta = dict(model.named_parameters())
+    final = {name: fmt.param_dtype(name, p, dtype) for name, p in meta.items()}
+    pending = dict(plan.pieces)  # param -> slots still to fill
+    partial: dict[str, torch.Tensor] = {}  # params assembled from several tensors, allocated once
+    bar = tqdm(total=len(plan.placements), desc="loading", unit="tensor", disable=not progress)
+    for file, stored in ckpt.by_file():
+        with ckpt.read_file(file) as reader:
+            for s in stored:
+                placements = plan.placements.get(s.info.name)
+                if placements is None:  # set aside
+                    continue
+                tensor = reader.get(s)
+                for p in placements:
+                    src = p.transform(tensor) if p.transform is not None else tensor
+                    if pending[p.param] == 1 and not p.index and p.param not in partial:
+                        _install(model, p.param, _owned(src, device, final[p.param]))
+                    else:
+                        buf = partial.get(p.param)
+                        if buf is None:
+                            buf = partial[p.param] = torch.empty(meta[p.param].shape, dtype=final[p.param], device=device)
+                        buf[p.index].copy_(src)
+                    pending[p.param] -= 1
+                    if pending[p.param] == 0 and p.param in partial:
+                        _install(model, p.param, partial.pop(p.param))
+                del tensor, src
+                bar.update(1)
+    bar.close()
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:  # build_plan guarantees coverage; this guards against a format that breaks its own contract
+        raise CheckpointError(f"{ckpt.path}: parameters left unloaded after loading: {', '.join(left[:8])}")
+
+
+def _owned(src: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """src on device in dtype, contiguous (the reader's buffers are owned: no copy when nothing changes)."""
+    return src.to(device=device, dtype=dtype).contiguous()
+
+
+def _install(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    module_name, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else model
+    module._parameters[leaf] = nn.Parameter(value, requires_grad=False)
