@@ -1,0 +1,224 @@
+"""Affine group-wise (MLX layout) matmul on the GPU: y = x W^T with W packed, dequantised tile by tile in registers.
+
+Same meaning as `kernels/quant/affine.py::affine_linear` (dequantise to the activation dtype, fp32 accumulation,
+result in x's dtype). Layouts: see `kernels/triton_common.py`. Also serves dense bf16 weights (bits=16) so that
+every projection can share one batch-invariant kernel.
+
+Batch invariance by construction: every program multiplies 16-row sub-tiles of x by a dequantised [BK, BN] weight
+tile with `tl.dot` of the SAME shape [16, BK] x [BK, BN]-slices, chaining the K steps in order into one fp32
+accumulator per sub-tile. A row's result therefore depends only on (N, K, bits, group): neither the number of rows
+M, nor how many 16-row sub-tiles share a program (SUB = 1 for M <= 16, the "GEMV" regime; 2 or 4 for larger M, the
+tensor-core "GEMM" regime that reuses each dequantised tile for up to 64 rows), nor BN (more n8 MMA columns) changes
+the instruction sequence that produces it. No split-K.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..triton_common import DENSE_BITS, WeightSpec, dequant_tile, dot_f32, mma
+
+ROWS_PER_SUBTILE = 16
+
+
+@triton.jit
+def _affine_mm_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr,
+    tile_e_ptr, tile_lo_ptr, tile_hi_ptr, order_ptr,
+    M, N, K, x_repeat,
+    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_om,
+    BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SUB: tl.constexpr,
+    EXPERTS: tl.constexpr, F32: tl.constexpr,
+):
+    # grid: (cdiv(N, BN), row tiles). A row tile holds 16*SUB output rows; with EXPERTS, row tile t covers sorted
+    # rows [lo_t, hi_t) of one expert e_t (e_t < 0: unused tile), and order maps sorted -> output row.
+    pid_n = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_mask = rn < N
+    r16 = tl.arange(0, 16)
+    if EXPERTS:
+        e = tl.load(tile_e_ptr + pid_t)
+        if e < 0:
+            return
+        lo = tl.load(tile_lo_ptr + pid_t)
+        hi = tl.load(tile_hi_ptr + pid_t)
+        w_ptr += e.to(tl.int64) * stride_we
+        s_ptr += e.to(tl.int64) * stride_se
+        b_ptr += e.to(tl.int64) * stride_se
+        sl0 = lo + r16
+        m0 = sl0 < hi
+        row0 = tl.load(order_ptr + sl0, mask=m0, other=0)
+        sl1 = lo + 16 + r16
+        m1 = sl1 < hi
+        row1 = tl.load(order_ptr + sl1, mask=m1, other=0)
+        sl2 = lo + 32 + r16
+        m2 = sl2 < hi
+        row2 = tl.load(order_ptr + sl2, mask=m2, other=0)
+        sl3 = lo + 48 + r16
+        m3 = sl3 < hi
+        row3 = tl.load(order_ptr + sl3, mask=m3, other=0)
+    else:
+        row0 = pid_t * (16 * SUB) + r16
+        row1 = row0 + 16
+        row2 = row0 + 32
+        row3 = row0 + 48
+        m0 = row0 < M
+        m1 = row1 < M
+        m2 = row2 < M
+        m3 = row3 < M
+    x0 = x_ptr + (row0 // x_repeat).to(tl.int64)[:, None] * stride_xm
+    x1 = x_ptr + (row1 // x_repeat).to(tl.int64)[:, None] * stride_xm
+    x2 = x_ptr + (row2 // x_repeat).to(tl.int64)[:, None] * stride_xm
+    x3 = x_ptr + (row3 // x_repeat).to(tl.int64)[:, None] * stride_xm
+    acc0 = tl.zeros((16, BN), dtype=tl.float32)
+    acc1 = tl.zeros((16, BN), dtype=tl.float32)
+    acc2 = tl.zeros((16, BN), dtype=tl.float32)
+    acc3 = tl.zeros((16, BN), dtype=tl.float32)
+    rk = tl.arange(0, BK)
+    for k0 in range(0, K, BK):
+        w = dequant_tile(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, BITS, GROUP)
+        wt = tl.trans(w.to(x_ptr.dtype.element_ty))  # [BK, BN], rounded once to the activation dtype
+        xa = tl.load(x0 + (k0 + rk)[None, :], mask=m0[:, None], other=0.0)
+        acc0 = mma(xa, wt, acc0, F32)
+        if SUB > 1:
+            xb = tl.load(x1 + (k0 + rk)[None, :], mask=m1[:, None], other=0.0)
+            acc1 = mma(xb, wt, acc1, F32)
+        if SUB > 2:
+            xc = tl.load(x2 + (k0 + rk)[None, :], mask=m2[:, None], other=0.0)
+            acc2 = mma(xc, wt, acc2, F32)
+            xd = tl.load(x3 + (k0 + rk)[None, :], mask=m3[:, None], other=0.0)
+            acc3 = mma(xd, wt, acc3, F32)
+    o_ty = out_ptr.dtype.element_ty
+    cols = rn[None, :]
+    tl.store(out_ptr + row0.to(tl.int64)[:, None] * stride_om + cols, acc0.to(o_ty), mask=m0[:, None] & n_mask[None, :])
+    if SUB > 1:
+        tl.store(out_ptr + row1.to(tl.int64)[:, None] * stride_om + cols, acc1.to(o_ty),
+                 mask=m1[:, None] & n_mask[None, :])
+    if SUB > 2:
+        tl.store(out_ptr + row2.to(tl.int64)[:, None] * stride_om + cols, acc2.to(o_ty),
+                 mask=m2[:, None] & n_mask[None, :])
+        tl.store(out_ptr + row3.to(tl.int64)[:, None] * stride_om + cols, acc3.to(o_ty),
+                 mask=m3[:, None] & n_mask[None, :])
+
+
+def _subtiles(m: int) -> int:
+    """16-row sub-tiles per program: 1 for decode-sized M (more programs, pure bandwidth), up to 4 for prefill."""
+    return 1 if m <= 16 else (2 if m <= 64 else 4)
+
+
+def _block_n(n: int, m: int) -> int:
+    """Output features per program. Only the grid changes with it, never a row's arithmetic (see module doc)."""
+    if m > 16:
+        return 64 if n >= 64 else 16
+    return 16 if n <= 2048 else (32 if n <= 8192 else 64)
+
+
+def _check_x(x: torch.Tensor, k: int, name: str) -> None:
+    if x.shape[-1] != k:
+        raise ValueError(f"{name}: input has {x.shape[-1]} features, the weight expects {k}")
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"{name}: activations must be bf16 or fp16, found {x.dtype}")
+
+
+def _launch(x2, spec: WeightSpec, out, grid_t: int, sub: int, bn: int, experts=None, x_repeat: int = 1):
+    m, k = x2.shape[0] * x_repeat, spec.k
+    w, s = spec.w, spec.scales
+    if experts is None:
+        tiles = (x2, x2, x2, x2)  # unused pointers
+        swe = sse = 0
+    else:
+        tiles = experts
+        swe, sse = w.stride(0), s.stride(0)
+    grid = (triton.cdiv(spec.n, bn), grid_t)
+    _affine_mm_kernel[grid](
+        x2, w, s, spec.biases, out, *tiles,
+        m, spec.n, k, x_repeat,
+        x2.stride(0), swe, w.stride(-2), sse, s.stride(-2), out.stride(0),
+        BITS=spec.bits, GROUP=spec.group, BN=bn, BK=spec.block_k(), SUB=sub,
+        EXPERTS=experts is not None, F32=dot_f32(), num_warps=4,
+    )
+
+
+def affine_matmul(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor | None, biases: torch.Tensor | None,
+    bits: int, group_size: int, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """y = x W^T. x [..., K] bf16/fp16; W packed uint32 [N, K*bits/32] with scales/biases [N, K/group]
+    (bits 2/4/8), or dense [N, K] with bits=16 and scales = biases = None. Returns [..., N] in x's dtype."""
+    spec = WeightSpec(qweight, scales, biases, bits, group_size, "affine_matmul weight")
+    if spec.w.dim() != 2:
+        raise ValueError(f"affine_matmul: weight must be 2-D [N, packed K], found shape {tuple(qweight.shape)}")
+    _check_x(x, spec.k, "affine_matmul")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, spec.k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    if out is None:
+        out = torch.empty(m, spec.n, dtype=x.dtype, device=x.device)
+    if m:
+        sub = _subtiles(m)
+        _launch(x2, spec, out, triton.cdiv(m, 16 * sub), sub, _block_n(spec.n, m))
+    return out.view(*lead, spec.n)
+
+
+def dense_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T for a dense W [N, K], with the same batch-invariant kernel (cuBLAS picks algorithms by M)."""
+    return affine_matmul(x, weight, None, None, DENSE_BITS, 1, out)
+
+
+def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int):
+    """Row tiles for the expert matmul, built on the device without a host sync (graph-capturable).
+
+    Rows are sorted by expert (stable), each expert's segment is cut into tiles of <= rows_per_tile rows.
+    Returns (tile_e, tile_lo, tile_hi, order): tile t covers sorted rows [lo, hi) of expert tile_e[t] (-1 for the
+    unused tail of the upper-bound tile count), order[i] = the output row of sorted row i.
+    """
+    m = expert_ids.numel()
+    ids = expert_ids.reshape(-1).to(torch.int64)
+    order = torch.argsort(ids, stable=True).to(torch.int32)
+    counts = torch.bincount(ids, minlength=num_experts)[:num_experts]
+    starts = torch.cumsum(counts, 0) - counts
+    per = (counts + rows_per_tile - 1) // rows_per_tile
+    cum = torch.cumsum(per, 0)
+    max_tiles = triton.cdiv(m, rows_per_tile) + min(num_experts, m)
+    t = torch.arange(max_tiles, device=ids.device)
+    e = torch.searchsorted(cum, t, right=True)
+    valid = e < num_experts
+    ec = e.clamp(max=num_experts - 1)
+    lo = starts[ec] + (t - (cum[ec] - per[ec])) * rows_per_tile
+    hi = torch.minimum(starts[ec] + counts[ec], lo + rows_per_tile)
+    tile_e = torch.where(valid, e, torch.full_like(e, -1)).to(torch.int32)
+    return tile_e, lo.to(torch.int32), hi.to(torch.int32), order
+
+
+def affine_matmul_experts(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor | None, biases: torch.Tensor | None,
+    expert_ids: torch.Tensor, bits: int, group_size: int, x_repeat: int = 1, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Row m of the result = x[m // x_repeat] W[expert_ids[m]]^T for a stacked weight [E, N, K*bits/32] (scales,
+    biases [E, N, K/group]) or dense [E, N, K] (bits 16). x [M / x_repeat, K]; expert_ids [M]; returns [M, N].
+
+    x_repeat = k lets MoE prefill pass each token once for its k routed rows. Rows are grouped by expert inside
+    (sorted, tiles of <= 64 rows); a row's value does not depend on the others (see module doc).
+    """
+    spec = WeightSpec(qweight, scales, biases, bits, group_size, "affine_matmul_experts weight")
+    if spec.w.dim() != 3:
+        raise ValueError(f"affine_matmul_experts: weight must be 3-D [E, N, packed K], found {tuple(qweight.shape)}")
+    _check_x(x, spec.k, "affine_matmul_experts")
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"affine_matmul_experts: x must be a 2-D row-major [rows, K] tensor, found {tuple(x.shape)}")
+    m = expert_ids.numel()
+    if m != x.shape[0] * x_repeat:
+        raise ValueError(f"affine_matmul_experts: {m} expert ids for {x.shape[0]} rows x {x_repeat} repeats")
+    num_e = spec.w.shape[0]
+    if out is None:
+        out = torch.empty(m, spec.n, dtype=x.dtype, device=x.device)
+    if m:
+        sub = _subtiles(m)
+        tiles = expert_tiles(expert_ids, num_e, 16 * sub)
+        _launch(x, spec, out, tiles[0].numel(), sub, _block_n(spec.n, m), experts=tiles, x_repeat=x_repeat)
+    return out
