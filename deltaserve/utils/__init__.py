@@ -1,0 +1,1 @@
+"""Leaf helpers (memory figures, timers); imports nothing else from deltaserve."""

@@ -1,0 +1,233 @@
+"""LLMEngine: add_request / step / has_unfinished. A step is schedule -> execute -> update.
+
+  schedule  Scheduler picks tokens (decodes, prefill chunks, admissions) within the slot/token/memory budget
+  execute   ModelRunner builds the ForwardBatch, runs the model, samples (pure function of logits, seed, position)
+  update    the engine appends tokens, detokenises, checks stops, finishes requests (freeing blocks and slots)
+            and returns one RequestOutput per request that made visible progress (streaming = these deltas)
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from tokenizers import Tokenizer
+
+from ..model.cache import cache_spec
+from ..utils.memory import cache_budget_bytes
+from .block_pool import BlockPool, StateSlotPool
+from .detokenizer import IncrementalDetokenizer
+from .outputs import RequestOutput
+from .request import FinishReason, Request
+from .runner import ModelRunner
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler, SchedulerConfig
+
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass
+class EngineConfig:
+    block_size: int = 16
+    num_blocks: int | None = None  # None: as many as cache_memory_bytes allows (capped at what can be used)
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None  # None: min(max_position_embeddings, 8192)
+    cache_memory_bytes: int | None = None  # None: utils.memory.cache_budget_bytes(device)
+    seed: int = 0  # seeds the engine RNG that gives unseeded requests their seed
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer | None = None,
+        eos_token_ids: Sequence[int] = (),
+        config: EngineConfig | None = None,
+    ):
+        self.config = config = config or EngineConfig()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        mcfg = model.config
+        self.vocab_size = mcfg.vocab_size
+        self.device = next(model.parameters()).device
+        self.max_model_len = config.max_model_len or min(mcfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+        if self.max_model_len > mcfg.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
+                f"{mcfg.max_position_embeddings}"
+            )
+        self.num_blocks = config.num_blocks or self._auto_num_blocks()
+        self.cache = model.make_cache(self.num_blocks, config.block_size, config.max_num_seqs)
+        sched_cfg = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
+        self.scheduler = Scheduler(
+            sched_cfg, BlockPool(self.num_blocks, config.block_size), StateSlotPool(config.max_num_seqs)
+        )
+        self.runner = ModelRunner(model, self.cache, self.device)
+        self.rng = random.Random(config.seed)
+        self.requests: dict[str, Request] = {}
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._ids = itertools.count()
+
+    def _auto_num_blocks(self) -> int:
+        """Blocks from the memory budget, capped at what max_num_seqs full-length requests could ever use."""
+        cfg = self.config
+        dtype = next(self.model.parameters()).dtype
+        spec = cache_spec(self.model.config, cfg.block_size, dtype)
+        budget = cfg.cache_memory_bytes or cache_budget_bytes(self.device)
+        per_seq = -(-self.max_model_len // cfg.block_size)
+        usable = cfg.max_num_seqs * per_seq
+        if spec.bytes_per_block == 0:  # no full-attention layers: blocks cost nothing
+            return usable
+        fit = (budget - cfg.max_num_seqs * spec.bytes_per_state_slot) // spec.bytes_per_block
+        if fit < per_seq:
+            raise ValueError(
+                f"cache budget {budget / 2**20:.0f} MiB holds {max(fit, 0)} KV blocks of {cfg.block_size} tokens "
+                f"(+ {cfg.max_num_seqs} state slots); one max_model_len={self.max_model_len} request needs {per_seq}: "
+                "lower max_model_len / max_num_seqs or pass num_blocks"
+            )
+        return int(min(fit, usable))
+
+    # ---- requests --------------------------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        prompt: str | None = None,
+        logits_only: bool = False,
+    ) -> str:
+        params = params or SamplingParams()
+        ids = self._check_prompt(prompt_token_ids, logits_only)
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("SamplingParams.stop needs a tokenizer (stop strings are matched on text)")
+        room = self.max_model_len - len(ids)
+        req = Request(
+            request_id=request_id,
+            prompt_token_ids=ids,
+            params=params,
+            prompt=prompt,
+            seed=params.seed if params.seed is not None else self.rng.getrandbits(64),
+            max_tokens=min(params.max_tokens or room, room),
+            logits_only=logits_only,
+        )
+        req.metrics.arrival = time.perf_counter()
+        self.scheduler.add(req)
+        self.requests[request_id] = req
+        if self.tokenizer is not None and not logits_only:
+            self.detokenizers[request_id] = IncrementalDetokenizer(
+                self.tokenizer, ids, params.skip_special_tokens, params.stop, params.include_stop_str_in_output
+            )
+        return request_id
+
+    def _check_prompt(self, prompt_token_ids: Sequence[int], logits_only: bool) -> list[int]:
+        ids = [int(t) for t in prompt_token_ids]
+        if not ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        limit = self.max_model_len if logits_only else self.max_model_len - 1
+        if len(ids) > limit:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; max_model_len {self.max_model_len} allows {limit}"
+                + ("" if logits_only else " (one position is kept for the first output token)")
+            )
+        return ids
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is not None:
+            self.scheduler.finish(req, FinishReason.ABORT)
+            self.detokenizers.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step --------------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            if self.has_unfinished():
+                raise RuntimeError("scheduler made no progress with requests pending (cache too small?)")
+            return []
+        now = time.perf_counter()
+        for s in out.seqs:
+            if s.request.metrics.first_scheduled is None:
+                s.request.metrics.first_scheduled = now
+        result = self.runner.execute(out)
+        self.scheduler.update(out)
+        outputs = []
+        for s in out.seqs:
+            req = s.request
+            if req.logits_only:
+                req.all_logits.append(result.logits[req.request_id])
+                if not req.in_prefill:
+                    self._finish(req, FinishReason.LENGTH)
+                    outputs.append(self._output(req, []))
+            elif s.sample:
+                token = result.sampled[req.request_id]
+                self._append_token(req, token)
+                outputs.append(self._output(req, [token]))
+        return outputs
+
+    def _append_token(self, req: Request, token: int) -> None:
+        if req.metrics.first_token is None:
+            req.metrics.first_token = time.perf_counter()
+        req.output_token_ids.append(token)
+        p = req.params
+        if token in p.stop_token_ids:
+            self._finish(req, FinishReason.STOP, stop_reason=token)
+            return
+        if not p.ignore_eos and token in self.eos_token_ids:
+            self._finish(req, FinishReason.STOP)
+            return
+        detok = self.detokenizers.get(req.request_id)
+        if detok is not None:
+            matched = detok.add_token(token)
+            if matched is not None:
+                self._finish(req, FinishReason.STOP, stop_reason=matched)
+                return
+        if len(req.output_token_ids) >= req.max_tokens:
+            self._finish(req, FinishReason.LENGTH)
+
+    def _finish(self, req: Request, reason: FinishReason, stop_reason: str | int | None = None) -> None:
+        req.stop_reason = stop_reason
+        req.metrics.finished = time.perf_counter()
+        detok = self.detokenizers.get(req.request_id)
+        if detok is not None and not isinstance(stop_reason, str):
+            detok.flush()  # a stop string cut the text on purpose; anything else ends with all pending text
+        self.scheduler.finish(req, reason)
+
+    def _output(self, req: Request, new_tokens: list[int]) -> RequestOutput:
+        finished = req.is_finished
+        detok = self.detokenizers.get(req.request_id)
+        new_text = detok.take_delta(finished) if detok is not None else ""
+        text = detok.text[: detok.streamed] if detok is not None else ""
+        out = RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            text=text,
+            token_ids=list(req.output_token_ids),
+            finished=finished,
+            finish_reason=req.finish_reason.value if finished else None,
+            stop_reason=req.stop_reason,
+            new_text=new_text,
+            new_token_ids=new_tokens,
+            metrics=req.metrics,
+        )
+        if finished:
+            self.requests.pop(req.request_id, None)
+            self.detokenizers.pop(req.request_id, None)
+            if req.logits_only:
+                out.prompt_logits = torch.cat(req.all_logits) if req.all_logits else None
+        return out

@@ -1,0 +1,96 @@
+"""Request: one sequence's prompt, parameters, progress through the cache and outputs (engine-owned, mutable)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # not admitted: owns no blocks and no state slot
+    RUNNING = "running"  # admitted: owns a state slot and the blocks for its computed tokens
+    FINISHED = "finished"  # resources given back
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # an end-of-sequence token, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the model's context length
+    ABORT = "abort"
+
+
+@dataclass
+class RequestMetrics:
+    arrival: float = 0.0  # time.perf_counter() at add_request
+    first_scheduled: float | None = None
+    first_token: float | None = None  # when the prefill produced the first output token
+    finished: float | None = None
+
+    @property
+    def prefill_seconds(self) -> float | None:
+        if self.first_scheduled is None or self.first_token is None:
+            return None
+        return self.first_token - self.first_scheduled
+
+    @property
+    def decode_seconds(self) -> float | None:
+        if self.first_token is None or self.finished is None:
+            return None
+        return self.finished - self.first_token
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+    seed: int = 0  # resolved at admission: params.seed, or a draw from the engine's RNG
+    max_tokens: int = 1  # resolved at add_request: params.max_tokens clipped to the context length
+    # logits_only: compute next-token logits at every prompt position and finish without sampling (LLM.logits).
+    logits_only: bool = False
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V and DeltaNet state are in the cache
+    block_table: list[int] = field(default_factory=list)
+    state_slot: int = -1
+    all_logits: list[torch.Tensor] = field(default_factory=list)  # logits_only: [n, V] chunks in order
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Most tokens this request can ever hold in the cache (the last sampled token is never fed back)."""
+        if self.logits_only:
+            return self.num_prompt_tokens
+        return self.num_prompt_tokens + self.max_tokens - 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        p = self.num_prompt_tokens
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]

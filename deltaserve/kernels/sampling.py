@@ -1,0 +1,169 @@
+"""Token sampling as a pure function of (logits, seed, position): reference path.
+
+Why pure: a request's tokens must not depend on which other requests share the batch, on the batch order, or on the
+device. So there is no global RNG: the noise for row b, vocabulary entry v is a counter-based hash of
+(seed_b, position_b, v), and every step below is row-local.
+
+Pipeline per row (vLLM/HF semantics):
+  1. penalties on the raw logits: repetition (prompt + output tokens: positive logits / p, negative * p),
+     presence and frequency (output tokens only: l -= presence * [count > 0] + frequency * count);
+  2. greedy rows (temperature 0): argmax of the penalised logits, ties to the lower id;
+  3. sampled rows: logits / temperature, then top_k (exactly k tokens, ties to the lower id), top_p (the smallest
+     prefix of the probability-sorted vocabulary whose mass reaches top_p), min_p (keep p >= min_p * p_max);
+  4. Gumbel-max: argmax(logits + G) with G = -log(-log(u)), u from the hash; this samples softmax(logits) exactly.
+
+The hash works on int64 tensors holding 32-bit values; multipliers are < 2^31, so a product of a 32-bit value and a
+multiplier stays below 2^63 and never overflows. A Triton version computes the same bits with uint32 arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+# Two-round 32-bit mixer (shift 16, mul, shift 15, mul, shift 15); both multipliers are odd and < 2^31.
+_MUL1 = 0x21F0AAAD
+_MUL2 = 0x735A2D97
+_TOKEN_MUL = 0x61C88647  # odd, < 2^31 (2^32 minus the golden-ratio constant): spreads consecutive token ids
+_SEED_SALT = 0x1B873593
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """Bijective avalanche mix of int64 tensors holding values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = (x * _MUL1) & MASK32
+    x = x ^ (x >> 15)
+    x = (x * _MUL2) & MASK32
+    return x ^ (x >> 15)
+
+
+def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Per-row 32-bit key from a 64-bit seed (int64 tensor, two's complement allowed) and a position, [B] int64."""
+    lo = seeds & MASK32
+    hi = (seeds >> 32) & MASK32
+    h = mix32(lo ^ _SEED_SALT)
+    h = mix32(h ^ hi)
+    return mix32(h ^ (positions & MASK32))
+
+
+def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """u[b, v] in (0, 1), float32, a function of (seeds[b], positions[b], v) only.
+
+    u = (top 24 bits of the hash + 0.5) / 2^24 is exactly representable in fp32, so every device starts from the
+    same bits."""
+    keys = row_keys(seeds.to(torch.int64), positions.to(torch.int64))  # [B]
+    tok = torch.arange(vocab, dtype=torch.int64, device=keys.device)
+    tok = (tok * _TOKEN_MUL) & MASK32  # [V]
+    h = mix32(mix32(keys[:, None] ^ tok[None, :]))  # [B, V]
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def seed_to_int64(seed: int) -> int:
+    """A Python seed in [0, 2^64) as the int64 with the same bits (for tensors)."""
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed must be in [0, 2^64), found {seed}")
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters, all [B] on the logits' device (built by the engine's runner).
+
+    temperature 0 means greedy; top_k <= 0 means off; top_p 1 and min_p 0 mean off; penalties 1/0/0 mean off.
+    seen [B, V] bool marks prompt+output tokens (repetition penalty); counts [B, V] float32 counts output tokens
+    (presence/frequency). Either may be None when no row uses the matching penalty."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    repetition_penalty: torch.Tensor
+    presence_penalty: torch.Tensor
+    frequency_penalty: torch.Tensor
+    seeds: torch.Tensor  # int64 (64-bit seeds stored with their bits)
+    positions: torch.Tensor  # int64: index of the token being sampled in its sequence
+    seen: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
+
+
+def token_statistics(
+    prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]], vocab: int, device="cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seen [B, V] bool over prompt+output, counts [B, V] float32 over output) for the penalties."""
+    b = len(prompts)
+    seen = torch.zeros(b, vocab, dtype=torch.bool, device=device)
+    counts = torch.zeros(b, vocab, dtype=torch.float32, device=device)
+    for i, (p, o) in enumerate(zip(prompts, outputs)):
+        ids = torch.tensor(list(p) + list(o), dtype=torch.int64, device=device)
+        if ids.numel():
+            seen[i, ids] = True
+        if len(o):
+            out = torch.tensor(list(o), dtype=torch.int64, device=device)
+            counts[i].scatter_add_(0, out, torch.ones_like(out, dtype=torch.float32))
+    return seen, counts
+
+
+def apply_penalties(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """Repetition, presence and frequency penalties on raw fp32 logits [B, V] (returns a new tensor)."""
+    logits = logits.clone()
+    if t.seen is not None:
+        rep = t.repetition_penalty[:, None]
+        penalised = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(t.seen, penalised, logits)
+    if t.counts is not None:
+        logits = logits - t.frequency_penalty[:, None] * t.counts
+        logits = logits - t.presence_penalty[:, None] * (t.counts > 0).to(logits.dtype)
+    return logits
+
+
+def stable_ranks(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order [B, V], ranks [B, V]): descending order, equal values by ascending token id; ranks[b, order[b, r]] = r."""
+    order = torch.sort(logits, dim=-1, descending=True, stable=True).indices
+    ranks = torch.empty_like(order)
+    ar = torch.arange(logits.shape[-1], device=logits.device).expand_as(order)
+    ranks.scatter_(1, order, ar)
+    return order, ranks
+
+
+def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask (to -inf) what top_k, then top_p, then min_p remove from temperature-scaled logits [B, V]."""
+    vocab = logits.shape[-1]
+    order, ranks = stable_ranks(logits)
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    removed = ranks >= k[:, None]
+    logits = logits.masked_fill(removed, float("-inf"))
+    if bool((top_p < 1).any()):
+        probs = logits.softmax(dim=-1)
+        sorted_p = probs.gather(1, order)  # same order: masking keeps the ranking
+        before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly ahead of each token
+        drop_sorted = (before >= top_p[:, None]) & (top_p[:, None] < 1)
+        drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    if bool((min_p > 0).any()):
+        probs = logits.softmax(dim=-1)
+        p_max = probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < min_p[:, None] * p_max, float("-inf"))
+    return logits
+
+
+def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """argmax(logits + Gumbel noise) per row: an exact draw from softmax(logits); [B] int64."""
+    u = uniform_noise(seeds, positions, logits.shape[-1])
+    gumbel = -torch.log(-torch.log(u))
+    return torch.argmax(logits + gumbel, dim=-1)
+
+
+def sample(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """Next token per row, [B] int64, from fp32 logits [B, V]; row b depends only on row b's inputs."""
+    logits = apply_penalties(logits.float(), t)
+    greedy = t.temperature <= 0
+    out = torch.argmax(logits, dim=-1)  # first maximum: ties go to the lower id
+    if bool(greedy.all()):
+        return out
+    temp = torch.where(greedy, torch.ones_like(t.temperature), t.temperature)
+    scaled = filter_logits(logits / temp[:, None], t.top_k, t.top_p, t.min_p)
+    sampled = gumbel_argmax(scaled, t.seeds, t.positions)
+    return torch.where(greedy, out, sampled)
