@@ -96,7 +96,9 @@ def _check_placement(t: TensorInfo, p: Placement, params: dict[str, nn.Parameter
     """The meta slot `params[p.param][p.index]`, after checking that the file tensor fits it exactly."""
     where = f"{t.file}: tensor '{t.name}'"
     if p.param not in params:
-        raise CheckpointError(f"{where} maps to parameter '{p.param}', which this model does not have")
+        raise CheckpointError(
+            f"{where}: unexpected tensor (it would fill parameter '{p.param}', which this model does not have)"
+        )
     param = params[p.param]
     try:
         slot = param[p.index] if p.index else param
