@@ -264,7 +264,7 @@ def _parse(data: dict, source: str) -> ModelConfig:
         eos_token_ids=eos_ids,
         bos_token_id=text.get("bos_token_id", data.get("bos_token_id")),
         pad_token_id=text.get("pad_token_id", data.get("pad_token_id")),
-        dtype=str(text.get("dtype", text.get("torch_dtype", data.get("torch_dtype", "bfloat16"), str), str)),
+        dtype=_dtype_name(text, data),
         vision_config=vision if isinstance(vision, dict) else None,
         image_token_id=data.get("image_token_id"),
         video_token_id=data.get("video_token_id"),
@@ -276,6 +276,15 @@ def _parse(data: dict, source: str) -> ModelConfig:
     )
     _validate(cfg, text)
     return cfg
+
+
+def _dtype_name(text: _Fields, data: dict) -> str:
+    """Checkpoint dtype: text_config.dtype / torch_dtype, else the top-level dtype / torch_dtype (nested configs
+    may carry it only at the top level), else bfloat16."""
+    for value in (text.data.get("dtype"), text.data.get("torch_dtype"), data.get("dtype"), data.get("torch_dtype")):
+        if value is not None:
+            return str(value)
+    return "bfloat16"
 
 
 def _layer_types(text: _Fields, n_layers: int) -> tuple[str, ...]:
