@@ -42,6 +42,7 @@ from .plan import build_plan
 from .safetensors_io import SafetensorsCheckpoint, ShardReader
 
 SHARD_BYTES = 2 << 30
+_NEXT_FUSED = (".in_proj_qkv", ".in_proj_z", ".in_proj_b", ".in_proj_a")
 GATE_OVERRIDE = {"group_size": 64, "bits": 8}  # mlx_lm's qwen3_5 quant_predicate for routers and shared gates
 OUTPUT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 COPIED_FILES = (
@@ -184,9 +185,13 @@ class _Emitter:
     def __init__(self, config: ModelConfig, bits: int, group_size: int, dtype: torch.dtype | None):
         self.config, self.bits, self.group_size, self.dtype = config, bits, group_size, dtype
         self.entry: dict = {"group_size": group_size, "bits": bits, "mode": "affine"}
+        self._held: dict[str, torch.Tensor] = {}  # qwen3_next halves waiting for their partner
 
     def emit(self, name: str, module: nn.Module, v: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         dense = self._dense(name, module, v)
+        if dense is not None and self.config.model_type == "qwen3_next" and name.endswith(_NEXT_FUSED):
+            yield from self._fuse_next(name, dense)
+            return
         if dense is not None:  # a quantisable weight: linear / embedding / one stacked expert projection
             yield from self._quantisable(name, dense)
             return
@@ -199,6 +204,20 @@ class _Emitter:
             return
         for leaf, value in v.items():
             yield self._mlx(_join(name, leaf)), self._plain(name, module, leaf, value)
+
+    def _fuse_next(self, name: str, dense: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """qwen3_next: MLX keeps the group-interleaved in_proj_qkvz / in_proj_ba; rebuild them from our four."""
+        self._held[name] = dense
+        prefix = name.rsplit(".", 1)[0]
+        cfg = self.config
+        hk, r = cfg.linear_num_key_heads, cfg.linear_num_value_heads // cfg.linear_num_key_heads
+        if name.endswith("in_proj_z"):
+            qkv, z = self._held.pop(f"{prefix}.in_proj_qkv"), self._held.pop(name)
+            q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim])
+            yield from self._quantisable(f"{prefix}.in_proj_qkvz", _interleave_groups([q, k, v, z], hk))
+        elif name.endswith("in_proj_a"):
+            b, a = self._held.pop(f"{prefix}.in_proj_b"), self._held.pop(name)
+            yield from self._quantisable(f"{prefix}.in_proj_ba", _interleave_groups([b, a], hk))
 
     def _dense(self, name: str, module: nn.Module, v: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The dense [..., out, in] weight of a quantisable module, dequantising packed inputs; else None."""
@@ -244,6 +263,13 @@ class _Emitter:
         yield f"{mlx}.weight", packed
         yield f"{mlx}.scales", scales
         yield f"{mlx}.biases", biases
+
+
+def _interleave_groups(parts: list[torch.Tensor], groups: int) -> torch.Tensor:
+    """Row blocks part-major ([all q; all k; ...]) -> group-major ([q_0, k_0, ..., q_1, k_1, ...]); the inverse of
+    names._group_rows. parts[i] is [groups * rows_i, in]."""
+    split = [p.reshape(groups, p.shape[0] // groups, *p.shape[1:]) for p in parts]
+    return torch.cat(split, dim=1).reshape(-1, *parts[0].shape[1:])
 
 
 def _quantize_rows(w: torch.Tensor, bits: int, group_size: int, rows: int = 8192):
