@@ -1,0 +1,106 @@
+"""Shared helpers for engine/API tests: a tiny random model, a byte-level tokenizer, a scripted fake model."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from deltaserve.model import ModelConfig, Qwen3_5ForCausalLM
+
+# The reference path on 2 shared cores is many times faster single-threaded (thread hand-offs dominate tiny ops).
+torch.set_num_threads(1)
+
+TINY_TEXT = dict(
+    vocab_size=300,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    rope_parameters=dict(
+        rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25, mrope_section=[2, 1, 1], mrope_interleaved=True
+    ),
+    max_position_embeddings=4096,
+    eos_token_id=258,  # <|im_end|> of byte_tokenizer()
+)
+TINY_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]  # ids 256..260
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}"
+    "{% endif %}"
+)
+
+
+def tiny_config(moe: bool = True, **overrides) -> ModelConfig:
+    text = dict(TINY_TEXT, **(TINY_MOE if moe else {"intermediate_size": 96}), **overrides)
+    return ModelConfig.from_dict({"model_type": "qwen3_5_moe" if moe else "qwen3_5", "text_config": text})
+
+
+def tiny_model(moe: bool = True, seed: int = 0, **overrides) -> Qwen3_5ForCausalLM:
+    """Random fp32 model; embeddings/head at std 0.5 so greedy tokens have real margins (no near-ties)."""
+    model = Qwen3_5ForCausalLM(tiny_config(moe, **overrides))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            std = 0.5 if ("embed_tokens" in name or "lm_head" in name or "mlp.gate." in name) else 0.2
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model.eval()
+
+
+def byte_tokenizer() -> Tokenizer:
+    """Byte-level BPE without merges: one token per byte (ids 0..255), so multi-byte characters span tokens."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda c: _byte_of(c))
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    return tok
+
+
+def _byte_of(char: str) -> int:
+    """Inverse of the GPT-2 byte -> printable character map used by ByteLevel."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    if ord(char) in printable:
+        return ord(char)
+    extra = [b for b in range(256) if b not in printable]
+    return extra[ord(char) - 256]
+
+
+def random_prompt(n: int, seed: int = 0, vocab: int = 256) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+class ScriptedModel(torch.nn.Module):
+    """Engine-facing fake: after a prompt of `prompt_len` tokens, token at output index j is script[j].
+
+    Implements only what the engine uses (config, parameters(), make_cache, forward(batch, cache) -> logits)."""
+
+    def __init__(self, script: list[int], prompt_len: int, vocab: int = 300):
+        super().__init__()
+        self.script, self.prompt_len = script, prompt_len
+        self.config = SimpleNamespace(vocab_size=vocab, max_position_embeddings=4096, eos_token_ids=())
+        self.anchor = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
+
+    def make_cache(self, num_blocks, block_size, num_state_slots, dtype=None, device=None):
+        return SimpleNamespace(block_size=block_size, num_blocks=num_blocks, num_state_slots=num_state_slots)
+
+    def forward(self, batch, cache) -> torch.Tensor:
+        cache_index = []  # cache index of every new token, flat
+        for ctx, n in zip(batch.context_lens_cpu, batch.seq_lens_cpu):
+            cache_index.extend(range(ctx, ctx + n))
+        picked = [cache_index[i] for i in batch.logits_indices.tolist()]
+        logits = torch.zeros(len(picked), self.config.vocab_size)
+        for row, idx in enumerate(picked):
+            j = idx + 1 - self.prompt_len
+            logits[row, self.script[j] if 0 <= j < len(self.script) else 0] = 10.0
+        return logits
