@@ -1,12 +1,154 @@
-"""`deltaserve info`: what a checkpoint is and what it costs in memory, from its config (and headers if present)."""
+"""`deltaserve info`: what a checkpoint is and what it costs in memory, from its config (and headers if present).
+
+The model is built on the meta device with the checkpoint format's WeightFactory, so every number is the exact
+resident size deltaserve would allocate (packed codes, scales and biases for quantised modules; bf16 for dense
+ones; fp32 for A_log and FP8 block scales), without reading a byte of weights. With no safetensors in the
+directory (config only), the format follows from config.json: an MLX `quantization` entry quantises what mlx_lm
+would (input width divisible by the group size, plus the per-layer overrides); an fp8 `quantization_config`
+converts every linear except modules_to_not_convert.
+"""
 
 from __future__ import annotations
 
+import math
+import re
+from collections import defaultdict
 from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..model.config import ModelConfig
+from ..model.layers import DenseWeights
+from ..model.qwen3_5 import Qwen3_5ForCausalLM
+from ..quant import AffineWeights, Fp8BlockWeights
+from .formats import get_format
+from .safetensors_io import DTYPE_BYTES, SafetensorsCheckpoint
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+# (class, pattern on our parameter path); first match wins.
+LAYER_CLASSES = (
+    ("embedding", r"^embed_tokens\."),
+    ("lm_head", r"^lm_head\."),
+    ("attention q/k/v/o", r"\.self_attn\.[qkvo]_proj\."),
+    ("deltanet projections", r"\.linear_attn\.(in_proj_\w+|out_proj)\."),
+    ("routed experts", r"\.mlp\.experts\."),
+    ("shared expert", r"\.mlp\.shared_expert\."),
+    ("router + shared gate", r"\.mlp\.(gate|shared_expert_gate)\."),
+    ("dense mlp", r"\.mlp\.(gate|up|down)_proj\."),
+    ("norms, conv, decay", r""),
+)
+_OVERHEAD = ("scales", "biases", "weight_scale_inv")  # bytes that are not parameters of their own
 
 
 def describe_checkpoint(path: str | Path) -> str:
     """The `deltaserve info` text for a checkpoint directory: architecture, parameter count, bits per weight by layer
     class, resident size. Works on a config-only directory (sizes computed from config.json and its quantization
     entry, no weights needed)."""
-    raise NotImplementedError("describe_checkpoint: in progress (issue 3)")
+    path = Path(path)
+    config = ModelConfig.from_dir(path)
+    ckpt = SafetensorsCheckpoint(path) if any(path.glob("*.safetensors")) else None
+    if ckpt is not None:
+        fmt = get_format(config, ckpt.names, source=str(path))
+        factory, offset, kind = fmt.weight_factory(), fmt.norm_offset, fmt.name
+    else:
+        factory, offset, kind = _factory_from_config(config)
+    with torch.device("meta"):
+        model = Qwen3_5ForCausalLM(config, factory, offset)
+    rows = _account(model, DTYPES.get(config.dtype, torch.bfloat16))
+    lines = [_header(path, config, kind, ckpt is None)] + _table(rows)
+    if ckpt is not None:
+        lines.append(_on_disk(ckpt))
+    return "\n".join(lines)
+
+
+def _factory_from_config(config: ModelConfig):
+    if config.quantization is not None:
+        return AffineWeights(config.quantization, None, config.model_type), 0.0, "mlx"
+    qc = config.quantization_config or {}
+    if qc.get("quant_method") == "fp8":
+        return Fp8BlockWeights(qc), 1.0, "fp8"
+    return DenseWeights(), 1.0, "hf"
+
+
+def _layer_class(param: str) -> str:
+    for name, pattern in LAYER_CLASSES:
+        if re.search(pattern, param):
+            return name
+    return LAYER_CLASSES[-1][0]
+
+
+def _account(model: nn.Module, float_dtype: torch.dtype) -> dict[str, list[float]]:
+    """layer class -> [parameters, resident bytes]. A packed weight counts the weights it encodes."""
+    rows: dict[str, list[float]] = defaultdict(lambda: [0, 0])
+    for module_name, module in model.named_modules():
+        for leaf, p in module.named_parameters(recurse=False):
+            name = f"{module_name}.{leaf}" if module_name else leaf
+            row = rows[_layer_class(name)]
+            if p.dtype.is_floating_point:
+                keep32 = leaf in ("A_log", "weight_scale_inv")
+                row[1] += p.numel() * (4 if keep32 else float_dtype.itemsize)
+            else:
+                row[1] += p.numel() * p.element_size()
+            if leaf in _OVERHEAD:
+                continue
+            spec = getattr(module, "spec", None)
+            row[0] += p.numel() * 32 // spec.bits if p.dtype == torch.uint32 and spec is not None else p.numel()
+    return rows
+
+
+def _header(path: Path, config: ModelConfig, kind: str, config_only: bool) -> str:
+    c = config
+    arch = ", ".join(c.raw.get("architectures") or [c.model_type])
+    n_gdn, n_att = len(c.linear_attention_layers), len(c.full_attention_layers)
+    ffn = (
+        f"MoE {c.num_experts} experts top-{c.num_experts_per_tok} (expert {c.moe_intermediate_size}, "
+        f"shared {c.shared_expert_intermediate_size})" if c.is_moe else f"dense MLP {c.intermediate_size}"
+    )
+    quant = {"hf": f"unquantised {c.dtype}", "fp8": "FP8 e4m3 blocks", "mlx": "MLX"}[kind]
+    if kind == "mlx" and c.quantization:
+        q = c.quantization
+        overrides = sum(1 for k in q if k not in ("group_size", "bits", "mode"))
+        quant = f"MLX affine {q.get('bits')}-bit, group {q.get('group_size')} ({overrides} per-layer overrides)"
+    elif kind == "fp8":
+        quant += f" {c.quantization_config.get('weight_block_size')}"
+    source = "config only: sizes computed from config.json" if config_only else "config + safetensors headers"
+    return "\n".join([
+        f"{path}: {c.model_type} ({arch}); {quant}; {source}",
+        f"  {c.num_hidden_layers} layers ({n_gdn} Gated DeltaNet + {n_att} gated attention), hidden {c.hidden_size}, "
+        f"vocab {c.vocab_size}, {ffn}, tied embeddings: {c.tie_word_embeddings}",
+    ])  # fmt: skip
+
+
+def _table(rows: dict[str, list[float]]) -> list[str]:
+    out = [f"  {'layer class':<24}{'parameters':>16}{'bits/weight':>13}{'resident':>14}"]
+    total_p = total_b = 0
+    for name, _ in LAYER_CLASSES:
+        if name not in rows:
+            continue
+        params, nbytes = rows[name]
+        total_p, total_b = total_p + params, total_b + nbytes
+        out.append(f"  {name:<24}{_count(params):>16}{8 * nbytes / max(params, 1):>13.2f}{_size(nbytes):>14}")
+    out.append(f"  {'total (text model)':<24}{_count(total_p):>16}{8 * total_b / max(total_p, 1):>13.2f}"
+               f"{_size(total_b):>14}  ({total_b / 2**30:.2f} GiB resident)")  # fmt: skip
+    return out
+
+
+def _on_disk(ckpt: SafetensorsCheckpoint) -> str:
+    total = sum(math.prod(s.info.shape) * DTYPE_BYTES[s.info.dtype] for s in ckpt.tensors.values())
+    return f"  on disk: {_size(total)} in {len(ckpt.files)} file(s), {len(ckpt.tensors)} tensors (incl. any MTP/vision)"
+
+
+def _count(n: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)}"
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
