@@ -312,3 +312,66 @@ def test_peak_rss_of_a_mid_size_bf16_to_fp32_load(tmp_path):
     assert r["param_bytes"] == 2 * size
     growth = r["peak"] - r["before"]
     assert growth <= 1.3 * r["param_bytes"], f"peak RSS grew {growth / 2**20:.0f} MiB for {r['param_bytes'] / 2**20:.0f} MiB of params"
+
+
+# ---- quantised formats through the same loader ------------------------------------------------------------------------
+
+
+def test_mlx_checkpoint_from_mlx_lm_convert_matches_mlx_lm(hf_moe, tmp_path):
+    """The MLX plug-in is picked up by the registry: mlx_lm.convert's 4-bit output loads and gives mlx_lm's logits."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm import convert, load
+
+    write_checkpoint(tmp_path / "hf", hf_config(hf_moe), fused_tensors(hf_moe))  # mlx_lm reads the fused layout
+    convert(str(tmp_path / "hf"), str(tmp_path / "mlx"), quantize=True, q_bits=4, q_group_size=32)
+    ckpt = load_checkpoint(tmp_path / "mlx", progress=False)
+    assert ckpt.format == "mlx" and detect_format(ckpt.config, list(_names(tmp_path / "mlx"))) == "mlx"
+    assert any(p.dtype == torch.uint32 for p in ckpt.model.parameters())  # loaded packed, not dequantised
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    mlx_model, _ = load(str(tmp_path / "mlx"))
+    ref = torch.from_numpy(np.array(mlx_model(mx.array([ids])).astype(mx.float32)))[0]
+    err = (all_logits(ckpt.model, ids) - ref).abs().max().item()
+    assert err <= 1e-5 * ref.abs().max().item(), err
+
+
+def _names(path: Path) -> list[str]:
+    from deltaserve.weights import SafetensorsCheckpoint
+
+    return SafetensorsCheckpoint(path).names
+
+
+def fp8_release_tensors(tensors: dict[str, torch.Tensor], block: int) -> tuple[dict, dict]:
+    """(FP8 tensors in the release layout: per-expert, fp8 weights + weight_scale_inv; the same weights dequantised).
+
+    Converted like the releases: every 2-D projection of the language model except in_proj_a/b, the routers,
+    shared_expert_gate, embeddings and lm_head."""
+    from deltaserve.kernels.quant import fp8_block_dequantize
+    from deltaserve.kernels.quant.fp8 import fp8_block_quantize
+
+    keep = ("in_proj_a.", "in_proj_b.", "mlp.gate.", "shared_expert_gate.", "embed_tokens.", "lm_head.")
+    fp8, dense = {}, {}
+    for name, t in per_expert_tensors(tensors).items():
+        if t.dim() == 2 and name.endswith("proj.weight") and name.startswith(LM) and not any(k in name for k in keep):
+            w8, scale = fp8_block_quantize(t, (block, block))
+            fp8[name], fp8[name + "_scale_inv"] = w8, scale
+            dense[name] = fp8_block_dequantize(w8, scale, (block, block), torch.float32)
+        else:
+            fp8[name] = dense[name] = t
+    return fp8, dense
+
+
+def test_fp8_release_layout_equals_its_dequantised_dense_checkpoint(hf_moe, tmp_path):
+    """The FP8 plug-in through the loader: same logits as the bf16/fp32 checkpoint holding the dequantised weights."""
+    fp8, dense = fp8_release_tensors(fused_tensors(hf_moe), block=32)
+    qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [32, 32]}
+    write_checkpoint(tmp_path / "fp8", {**hf_config(hf_moe), "quantization_config": qc}, fp8, shards=2)
+    write_checkpoint(tmp_path / "dense", hf_config(hf_moe), dense, shards=2)
+    q = load_checkpoint(tmp_path / "fp8", dtype=torch.float32, progress=False)
+    d = load_checkpoint(tmp_path / "dense", progress=False)
+    assert (q.format, d.format) == ("fp8", "hf")
+    assert sum(p.dtype == torch.uint8 for p in q.model.parameters()) > 0  # FP8 bits kept, not dequantised at load
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    ref = all_logits(d.model, ids)
+    err = (all_logits(q.model, ids) - ref).abs().max().item()
+    assert err <= 1e-5 * ref.abs().max().item(), err
