@@ -11,6 +11,7 @@ never twice the model.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from ..model.config import ConfigError, ModelConfig
 from ..model.qwen3_5 import Qwen3_5ForCausalLM
 from .formats import CheckpointError, CheckpointFormat, TensorInfo, get_format
 from .plan import LoadPlan, build_plan
-from .safetensors_io import SafetensorsCheckpoint
+from .safetensors_io import DTYPE_BYTES, SafetensorsCheckpoint
 
 log = logging.getLogger("deltaserve.weights")
 
@@ -51,12 +52,7 @@ class LoadedCheckpoint:
 
 
 def _nbytes(t: TensorInfo) -> int:
-    from .safetensors_io import DTYPE_BYTES
-
-    n = DTYPE_BYTES[t.dtype]
-    for d in t.shape:
-        n *= d
-    return n
+    return math.prod(t.shape) * DTYPE_BYTES[t.dtype]
 
 
 def load_checkpoint(
@@ -126,8 +122,14 @@ def _materialise(
 
 
 def _owned(src: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """src on device in dtype, contiguous (the reader's buffers are owned: no copy when nothing changes)."""
-    return src.to(device=device, dtype=dtype).contiguous()
+    """src on device in dtype, contiguous, holding no more storage than itself.
+
+    The reader's buffers are owned, so an unchanged whole tensor is kept without a copy; a view of part of a buffer
+    (a transform that slices) is copied, so the parameter does not pin the whole file tensor."""
+    out = src.to(device=device, dtype=dtype).contiguous()
+    if out.untyped_storage().nbytes() > out.numel() * out.element_size():
+        out = out.clone()
+    return out
 
 
 def _install(model: nn.Module, name: str, value: torch.Tensor) -> None:
