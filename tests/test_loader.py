@@ -375,3 +375,30 @@ def test_fp8_release_layout_equals_its_dequantised_dense_checkpoint(hf_moe, tmp_
     ref = all_logits(d.model, ids)
     err = (all_logits(q.model, ids) - ref).abs().max().item()
     assert err <= 1e-5 * ref.abs().max().item(), err
+
+
+# ---- device placement (run on the GPU machine: pytest -m gpu) ----------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_load_onto_cuda_equals_cpu_load(tmp_path, dtype):
+    """device="cuda": every parameter lands on the GPU with the same bits as a CPU load (per-expert, sharded)."""
+    text = dict(
+        vocab_size=1000, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+        linear_value_head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+    )  # fmt: skip
+    write_random_bf16(tmp_path / "fused", text, shards=2)
+    config = json.loads((tmp_path / "fused" / "config.json").read_text())
+    from safetensors.torch import load_file
+
+    tensors = {k: v for f in sorted((tmp_path / "fused").glob("*.safetensors")) for k, v in load_file(f).items()}
+    write_checkpoint(tmp_path / "per", config, per_expert_tensors(tensors), shards=3)
+    cpu = load_checkpoint(tmp_path / "per", dtype=dtype, progress=False).model.state_dict()
+    gpu = load_checkpoint(tmp_path / "per", device="cuda", dtype=dtype, progress=False).model.state_dict()
+    assert cpu.keys() == gpu.keys()
+    for name, t in gpu.items():
+        assert t.device.type == "cuda" and t.dtype == cpu[name].dtype, name
+        assert torch.equal(t.cpu(), cpu[name]), name
