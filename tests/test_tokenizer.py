@@ -129,7 +129,8 @@ def test_published_vocab_padding_is_never_produced(published_dir):
     for text in TEXTS:  # same merges as the tiny tokenizer; fillers never appear
         ids = raw.encode(text).ids
         assert all(i < TINY_BPE_SIZE or i >= PUBLISHED_BPE_SIZE for i in ids)
-        assert [i if i < TINY_BPE_SIZE else i - PUBLISHED_BPE_SIZE + TINY_BPE_SIZE for i in ids] == tiny.encode(text).ids
+        shifted = [i if i < TINY_BPE_SIZE else i - PUBLISHED_BPE_SIZE + TINY_BPE_SIZE for i in ids]
+        assert shifted == tiny.encode(text).ids
 
 
 # ---- chat template ---------------------------------------------------------------------------------------------
@@ -226,7 +227,10 @@ def test_tools_tool_calls_and_responses(hf_tiny):
         "<|im_end|>\n"
     )
     assert call in text
-    responses = "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\n21 C\n</tool_response><|im_end|>\n"
+    responses = (
+        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\n21 C\n</tool_response>"
+        "<|im_end|>\n"
+    )
     assert responses in text
     assert text.endswith("<|im_start|>assistant\n<think>\nIt is sunny.\n</think>\n\nSunny, 21 C.<|im_end|>\n")
     assert render_like_transformers(hf_tiny.chat_template, CONVERSATION, tools=TOOLS) == text

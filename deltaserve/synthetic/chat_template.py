@@ -56,7 +56,8 @@ _TEMPLATE = r"""
     {{- '\n' ~ (tool | tojson) -}}
   {%- endfor -%}
   {{- '\n</tools>\n\nTo call a function, answer with one block per call, in exactly this form:\n\n' -}}
-  {{- '<tool_call>\n<function=FUNCTION_NAME>\n<parameter=PARAMETER_NAME>\nVALUE\n</parameter>\n</function>\n</tool_call>' -}}
+  {{- '<tool_call>\n<function=FUNCTION_NAME>\n<parameter=PARAMETER_NAME>\nVALUE\n' -}}
+  {{- '</parameter>\n</function>\n</tool_call>' -}}
   {{- '<|im_end|>\n' -}}
 {%- elif has_system -%}
   {{- '<|im_start|>system\n' ~ render_content(messages[0].content) ~ '<|im_end|>\n' -}}

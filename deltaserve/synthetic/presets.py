@@ -133,7 +133,9 @@ def _vision_config(v: VisionDims, model_type: str, extra: dict) -> dict:
     return dict(sorted(cfg.items()))
 
 
-def _nested_config(arch: str, model_type: str, text: dict, vision: dict, ids: dict[str, int], tie: bool, top: dict) -> dict:
+def _nested_config(
+    arch: str, model_type: str, text: dict, vision: dict, ids: dict[str, int], tie: bool, top: dict
+) -> dict:
     """Top-level qwen3_5 / qwen3_5_moe config around a text_config and a vision_config."""
     cfg = {
         "architectures": [arch],
