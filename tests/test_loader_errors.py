@@ -63,6 +63,7 @@ def test_missing_one_expert_of_a_per_expert_layout(moe, tmp_path):
     gate_up = tensors[LM + "layers.2.mlp.experts.gate_up_proj"]
     e, two_i, h = gate_up.shape
     assert f"only {gate_up.numel() - two_i // 2 * h} of {gate_up.numel()} elements present" in msg
+    assert f"incomplete at index [5] of {e}" in msg  # names the expert
 
 
 def test_wrong_shape(moe, tmp_path):

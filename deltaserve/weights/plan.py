@@ -41,6 +41,7 @@ def build_plan(tensors: list[TensorInfo], fmt: CheckpointFormat, model: nn.Modul
     plan = LoadPlan()
     filled: dict[str, int] = defaultdict(int)  # param -> elements covered
     seen: dict[tuple[str, str], str] = {}  # (param, index repr) -> "file: tensor" that filled it
+    by_lead: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # param -> leading index -> elements
     for t in tensors:
         mapping = fmt.map_tensor(t)
         if mapping is None:
@@ -61,6 +62,8 @@ def build_plan(tensors: list[TensorInfo], fmt: CheckpointFormat, model: nn.Modul
                 )
             seen[key] = f"{t.file}: tensor '{t.name}'"
             filled[p.param] += slot.numel()
+            if p.index and isinstance(p.index[0], int):
+                by_lead[p.param][p.index[0]] += slot.numel()
             if filled[p.param] > params[p.param].numel():
                 raise CheckpointError(
                     f"{t.file}: tensor '{t.name}' overlaps other tensors filling parameter '{p.param}' "
@@ -70,7 +73,7 @@ def build_plan(tensors: list[TensorInfo], fmt: CheckpointFormat, model: nn.Modul
         plan.placements[t.name] = mapping.placements
         if t.dtype in ("BF16", "F16", "F32"):
             plan.float_bytes[t.dtype] += math.prod(t.shape)
-    _check_complete(params, filled, fmt, source)
+    _check_complete(params, filled, by_lead, fmt, source)
     return plan
 
 
@@ -126,7 +129,7 @@ def _check_placement(t: TensorInfo, p: Placement, params: dict[str, nn.Parameter
     return slot
 
 
-def _check_complete(params: dict[str, nn.Parameter], filled: dict[str, int], fmt, source: str) -> None:
+def _check_complete(params, filled: dict[str, int], by_lead: dict[str, dict[int, int]], fmt, source: str) -> None:
     missing = [(n, p) for n, p in params.items() if filled.get(n, 0) != p.numel()]
     if not missing:
         return
@@ -134,6 +137,11 @@ def _check_complete(params: dict[str, nn.Parameter], filled: dict[str, int], fmt
     for name, p in missing[:MAX_LISTED]:
         got = filled.get(name, 0)
         state = "absent" if got == 0 else f"only {got} of {p.numel()} elements present"
+        if got and name in by_lead:  # slices by leading index (stacked experts): say which are incomplete
+            per = p.numel() // p.shape[0]
+            gaps = [i for i in range(p.shape[0]) if by_lead[name].get(i, 0) != per]
+            shown = ", ".join(map(str, gaps[:MAX_LISTED])) + (", ..." if len(gaps) > MAX_LISTED else "")
+            state += f"; incomplete at index [{shown}] of {p.shape[0]}"
         lines.append(
             f"  missing tensor {fmt.source_name(name)}: expected shape {list(p.shape)} for parameter '{name}', "
             f"found {state}"
