@@ -12,6 +12,7 @@ from typing import Iterator, Sequence
 import torch
 from tokenizers import Tokenizer
 
+from ..model.config import ModelConfig
 from .chat import ChatTemplateError, render_chat
 from .engine import EngineConfig, LLMEngine
 from .outputs import RequestOutput
@@ -48,6 +49,7 @@ class LLM:
         from ..weights.loader import load_checkpoint  # lazy: loading pulls in every checkpoint format
 
         self.model_dir = Path(model_dir)
+        ModelConfig.from_dir(self.model_dir)  # cheap checks first: config, then tokenizer, then the weights
         tok = load_tokenizer(self.model_dir)
         ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype), progress)
         config = EngineConfig(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, seed=seed)

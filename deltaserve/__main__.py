@@ -1,0 +1,7 @@
+"""`python -m deltaserve ...` is the `deltaserve` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

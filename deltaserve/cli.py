@@ -1,0 +1,262 @@
+"""The `deltaserve` command: run | make-checkpoint | info | quantize | bench.
+
+Every command imports what it needs inside its function, so `deltaserve --help` is instant and a missing optional
+piece only affects its own command. Errors a person can fix (bad directory, bad config, bad value) print one line
+`deltaserve: error: ...` and exit with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+DEFAULT_PRESET = "tiny-moe"
+DEFAULT_SEED = 0
+
+
+class CLIError(Exception):
+    """A usage problem reported as one line, exit status 2."""
+
+
+# ---- run -----------------------------------------------------------------------------------------------------------
+def default_model_dir() -> Path:
+    """Where the built-in synthetic checkpoint lives: $DELTASERVE_CACHE/tiny-moe-seed0 or ~/.cache/deltaserve/..."""
+    root = os.environ.get("DELTASERVE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "deltaserve")
+    return Path(root) / f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}"
+
+
+def ensure_default_checkpoint() -> Path:
+    """Create the tiny-moe synthetic checkpoint once (written aside, then renamed: never half a checkpoint)."""
+    target = default_model_dir()
+    if (target / "model.safetensors.index.json").exists() or (target / "model.safetensors").exists():
+        print(f"no --model given: using the built-in {DEFAULT_PRESET} synthetic checkpoint (random weights) at {target}",
+              file=sys.stderr)
+        return target
+    from .synthetic import make_checkpoint
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + f".partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    make_checkpoint(partial, DEFAULT_PRESET, seed=DEFAULT_SEED, dtype="bf16", progress=False)
+    if target.exists():
+        shutil.rmtree(target)
+    partial.rename(target)
+    print(f"no --model given: created the built-in {DEFAULT_PRESET} synthetic checkpoint (random weights, seed "
+          f"{DEFAULT_SEED}) at {target}; it is reused from now on", file=sys.stderr)
+    return target
+
+
+def sampling_from_args(args, model_dir: Path):
+    """Flags win; otherwise the checkpoint's generation_config.json (temperature, top_k, top_p); then vLLM's."""
+    from .engine.sampling_params import SamplingParams
+    from .engine.tokenizer import read_generation_config
+
+    gen = read_generation_config(model_dir)
+
+    def pick(flag, key, fallback):
+        return flag if flag is not None else gen.get(key, fallback)
+
+    return SamplingParams(
+        temperature=pick(args.temperature, "temperature", 1.0),
+        top_p=pick(args.top_p, "top_p", 1.0),
+        top_k=pick(args.top_k, "top_k", 0),
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+    )
+
+
+def cmd_run(args) -> int:
+    from .engine.llm import LLM
+
+    model_dir = Path(args.model) if args.model else ensure_default_checkpoint()
+    if not model_dir.is_dir():
+        raise CLIError(f"--model {model_dir}: not a directory")
+    llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=1)
+    params = sampling_from_args(args, model_dir)
+    chat = not args.no_chat and llm.tokenizer_info is not None and bool(llm.tokenizer_info.chat_template)
+    if args.prompt is not None:
+        messages = [{"role": "user", "content": args.prompt}]
+        stream_reply(llm, messages if chat else args.prompt, params, not args.no_thinking)
+        return 0
+    return repl(llm, params, chat, not args.no_thinking)
+
+
+def stream_reply(llm, conversation, params, thinking: bool) -> str:
+    """Stream one reply to stdout; print prefill and decode speed to stderr; return the reply text."""
+    if isinstance(conversation, str):
+        ids = llm.encode(conversation)
+    else:
+        ids = llm.encode(llm.render_chat(conversation, enable_thinking=thinking), add_special_tokens=False)
+    final = None
+    for out in llm.generate_stream([ids], params):
+        sys.stdout.write(out.new_text)
+        sys.stdout.flush()
+        final = out
+    sys.stdout.write("\n")
+    print(speed_line(final), file=sys.stderr)
+    return final.text
+
+
+def speed_line(out) -> str:
+    m = out.metrics
+    n_prompt, n_out = len(out.prompt_token_ids), len(out.token_ids)
+    pre = m.prefill_seconds or 0.0
+    dec = m.decode_seconds or 0.0
+    n_dec = max(n_out - 1, 0)  # the first token comes out of the prefill
+    pre_rate = f"{n_prompt / pre:.1f} tok/s" if pre > 0 else "n/a"
+    dec_rate = f"{n_dec / dec:.1f} tok/s" if dec > 0 and n_dec else "n/a"
+    return (f"[prefill: {n_prompt} tokens in {pre:.3f} s, {pre_rate} | decode: {n_dec} tokens in {dec:.3f} s, "
+            f"{dec_rate} | finish: {out.finish_reason}]")
+
+
+def repl(llm, params, chat: bool, thinking: bool) -> int:
+    """Interactive chat: one line per user turn; /reset clears the history, /exit (or end of input) quits."""
+    history: list[dict] = []
+    print("deltaserve chat: type a message; /reset clears the conversation, /exit quits.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        line = line.strip()
+        if not line:
+            continue
+        if line in ("/exit", "/quit"):
+            return 0
+        if line == "/reset":
+            history.clear()
+            continue
+        if not chat:
+            stream_reply(llm, line, params, thinking)
+            continue
+        history.append({"role": "user", "content": line})
+        reply = stream_reply(llm, history, params, thinking)
+        history.append({"role": "assistant", "content": reply})
+
+
+# ---- checkpoints -----------------------------------------------------------------------------------------------------
+def cmd_make_checkpoint(args) -> int:
+    from .synthetic import PRESETS
+
+    if args.preset not in PRESETS:
+        raise CLIError(f"--preset {args.preset!r} is not known; presets: {', '.join(PRESETS)}")
+    if args.quant:
+        if args.config_only or args.expert_layout or args.dtype != "bf16":
+            raise CLIError("--quant writes an MLX checkpoint from bf16 weights; it cannot be combined with "
+                           "--config-only, --expert-layout or --dtype")
+        from .synthetic.quantized import write_quantized_synthetic
+
+        out = write_quantized_synthetic(args.out, args.preset, args.quant, seed=args.seed)
+    else:
+        from .synthetic import make_checkpoint
+
+        out = make_checkpoint(args.out, args.preset, seed=args.seed, dtype=args.dtype, config_only=args.config_only,
+                              expert_layout=args.expert_layout)
+    what = "config + tokenizer" if args.config_only else "checkpoint"
+    print(f"wrote {args.preset} {what} to {out}")
+    return 0
+
+
+def cmd_info(args) -> int:
+    from .weights.inspect import describe_checkpoint
+
+    if not Path(args.dir).is_dir():
+        raise CLIError(f"{args.dir}: not a directory")
+    print(describe_checkpoint(args.dir))
+    return 0
+
+
+def cmd_quantize(args) -> int:
+    from .weights.quantizer import quantize_checkpoint
+
+    if not Path(args.input).is_dir():
+        raise CLIError(f"{args.input}: not a directory")
+    out = quantize_checkpoint(args.input, args.output, bits=args.bits, group_size=args.group_size)
+    print(f"wrote {args.bits}-bit (group {args.group_size}) MLX checkpoint to {out}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    import importlib
+
+    try:
+        bench = importlib.import_module("deltaserve.bench.main")
+    except ModuleNotFoundError as e:
+        if e.name not in ("deltaserve.bench", "deltaserve.bench.main"):
+            raise CLIError(f"`deltaserve bench` needs the module {e.name!r} (pip install -e '.[gpu]')") from None
+        raise CLIError("`deltaserve bench` needs the GPU benchmark module (deltaserve.bench.main), "
+                       "which this install does not have") from None
+    return int(bench.main(args.bench_args) or 0)
+
+
+# ---- parser ------------------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="deltaserve", description="Exact inference for Qwen3.5 / Qwen3.6 hybrid models.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="generate text (one prompt, or an interactive chat)",
+                         description="Stream a reply to --prompt, or chat interactively. Without --model, uses a "
+                         "built-in tiny synthetic checkpoint (random weights) created once in the cache dir.")
+    run.add_argument("--model", help="checkpoint directory (default: the built-in tiny-moe synthetic one)")
+    run.add_argument("--prompt", help="one prompt; without it, an interactive chat on stdin")
+    run.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    run.add_argument("--temperature", type=float, help="0 = greedy (default: generation_config.json, else 1.0)")
+    run.add_argument("--top-p", type=float, help="nucleus mass in (0, 1] (default: generation_config.json)")
+    run.add_argument("--top-k", type=int, help="keep the k most likely tokens, 0 = off (default: generation_config)")
+    run.add_argument("--seed", type=int, help="sampling seed (default: drawn from the engine's seeded RNG)")
+    run.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    run.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto (default float32)")
+    run.add_argument("--max-model-len", type=int, help="context length (default min(model's, 8192))")
+    run.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, no chat template")
+    run.add_argument("--no-thinking", action="store_true", help="chat template with enable_thinking=False")
+    run.set_defaults(func=cmd_run)
+
+    mk = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint (published layout, random weights)")
+    mk.add_argument("out", help="output directory")
+    mk.add_argument("--preset", required=True, help="tiny-moe | tiny-dense | tiny-next | qwen3.5-0.8b | qwen3.6-35b-a3b")
+    mk.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    mk.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="tensor dtype (default bf16)")
+    mk.add_argument("--config-only", action="store_true", help="config and tokenizer files only, no weights")
+    mk.add_argument("--quant", choices=["q4", "q8"], help="write an MLX affine-quantised checkpoint instead")
+    mk.add_argument("--expert-layout", choices=["fused", "per_expert"], help="MoE expert tensors (default: published)")
+    mk.set_defaults(func=cmd_make_checkpoint)
+
+    info = sub.add_parser("info", help="describe a checkpoint: architecture, parameters, bits per weight, memory")
+    info.add_argument("dir", help="checkpoint directory (config.json is enough)")
+    info.set_defaults(func=cmd_info)
+
+    q = sub.add_parser("quantize", help="quantise a checkpoint to MLX affine int4/int8")
+    q.add_argument("input", help="input checkpoint directory")
+    q.add_argument("output", help="output directory (new or empty)")
+    q.add_argument("--bits", type=int, required=True, choices=[4, 8], help="bits per weight")
+    q.add_argument("--group-size", type=int, default=64, choices=[32, 64, 128], help="quantisation group (default 64)")
+    q.set_defaults(func=cmd_quantize)
+
+    # Listed for --help only: main() hands everything after `bench` to deltaserve.bench.main untouched.
+    bench = sub.add_parser("bench", help="GPU benchmarks (needs the GPU benchmark module)", add_help=False)
+    bench.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    if argv and argv[0] == "bench":  # everything after `bench` belongs to deltaserve.bench.main
+        args = argparse.Namespace(func=cmd_bench, bench_args=argv[1:])
+    else:
+        args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except (CLIError, ValueError, OSError) as e:  # ConfigError / CheckpointError / SamplingParamsError are ValueErrors
+        print(f"deltaserve: error: {e}", file=sys.stderr)
+        return 2
+    except KeyError as e:  # lookups by name (presets, formats) raise KeyError with a readable message
+        print(f"deltaserve: error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
