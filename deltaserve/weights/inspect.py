@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,13 +40,33 @@ LAYER_CLASSES = (
     ("dense mlp", r"\.mlp\.(gate|up|down)_proj\."),
     ("norms, conv, decay", r""),
 )
+_FP32_LEAVES = ("A_log", "dt_bias", "weight_scale_inv")  # held in fp32 whatever the model dtype (as the formats load)
 _OVERHEAD = ("scales", "biases", "weight_scale_inv")  # bytes that are not parameters of their own
 
 
-def describe_checkpoint(path: str | Path) -> str:
-    """The `deltaserve info` text for a checkpoint directory: architecture, parameter count, bits per weight by layer
-    class, resident size. Works on a config-only directory (sizes computed from config.json and its quantization
-    entry, no weights needed)."""
+@dataclass
+class CheckpointSizes:
+    """What `describe_checkpoint` prints, as numbers."""
+
+    config: ModelConfig
+    kind: str  # "hf" | "mlx" | "fp8"
+    config_only: bool
+    rows: dict[str, list[float]]  # layer class -> [parameters, resident bytes]
+    disk_bytes: int | None = None  # all safetensors tensors (MTP / vision included), None when config-only
+    files: int = 0
+    tensors: int = 0
+
+    @property
+    def parameters(self) -> float:
+        return sum(r[0] for r in self.rows.values())
+
+    @property
+    def resident_bytes(self) -> float:
+        return sum(r[1] for r in self.rows.values())
+
+
+def checkpoint_sizes(path: str | Path) -> CheckpointSizes:
+    """Parameters and resident bytes by layer class, from config.json (+ safetensors headers when present)."""
     path = Path(path)
     config = ModelConfig.from_dir(path)
     ckpt = SafetensorsCheckpoint(path) if any(path.glob("*.safetensors")) else None
@@ -56,10 +77,22 @@ def describe_checkpoint(path: str | Path) -> str:
         factory, offset, kind = _factory_from_config(config)
     with torch.device("meta"):
         model = Qwen3_5ForCausalLM(config, factory, offset)
-    rows = _account(model, DTYPES.get(config.dtype, torch.bfloat16))
-    lines = [_header(path, config, kind, ckpt is None)] + _table(rows)
+    sizes = CheckpointSizes(config, kind, ckpt is None, _account(model, DTYPES.get(config.dtype, torch.bfloat16)))
     if ckpt is not None:
-        lines.append(_on_disk(ckpt))
+        sizes.disk_bytes = sum(math.prod(s.info.shape) * DTYPE_BYTES[s.info.dtype] for s in ckpt.tensors.values())
+        sizes.files, sizes.tensors = len(ckpt.files), len(ckpt.tensors)
+    return sizes
+
+
+def describe_checkpoint(path: str | Path) -> str:
+    """The `deltaserve info` text for a checkpoint directory: architecture, parameter count, bits per weight by layer
+    class, resident size. Works on a config-only directory (sizes computed from config.json and its quantization
+    entry, no weights needed)."""
+    s = checkpoint_sizes(path)
+    lines = [_header(Path(path), s.config, s.kind, s.config_only)] + _table(s.rows)
+    if s.disk_bytes is not None:
+        lines.append(f"  on disk: {_size(s.disk_bytes)} in {s.files} file(s), {s.tensors} tensors "
+                     "(incl. any MTP/vision)")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -87,7 +120,7 @@ def _account(model: nn.Module, float_dtype: torch.dtype) -> dict[str, list[float
             name = f"{module_name}.{leaf}" if module_name else leaf
             row = rows[_layer_class(name)]
             if p.dtype.is_floating_point:
-                keep32 = leaf in ("A_log", "weight_scale_inv")
+                keep32 = leaf in _FP32_LEAVES
                 row[1] += p.numel() * (4 if keep32 else float_dtype.itemsize)
             else:
                 row[1] += p.numel() * p.element_size()
@@ -133,11 +166,6 @@ def _table(rows: dict[str, list[float]]) -> list[str]:
     out.append(f"  {'total (text model)':<24}{_count(total_p):>16}{8 * total_b / max(total_p, 1):>13.2f}"
                f"{_size(total_b):>14}  ({total_b / 2**30:.2f} GiB resident)")  # fmt: skip
     return out
-
-
-def _on_disk(ckpt: SafetensorsCheckpoint) -> str:
-    total = sum(math.prod(s.info.shape) * DTYPE_BYTES[s.info.dtype] for s in ckpt.tensors.values())
-    return f"  on disk: {_size(total)} in {len(ckpt.files)} file(s), {len(ckpt.tensors)} tensors (incl. any MTP/vision)"
 
 
 def _count(n: float) -> str:
