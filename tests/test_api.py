@@ -124,7 +124,10 @@ def test_bf16_load_generates(ckpt):
 
 
 def test_bad_model_dir_and_dtype_errors(tmp_path, ckpt):
-    with pytest.raises(ValueError, match="tokenizer.json"):
+    with pytest.raises(ValueError, match="no config.json"):
+        LLM(tmp_path)
+    (tmp_path / "config.json").write_text((ckpt / "config.json").read_text())
+    with pytest.raises(ValueError, match="no tokenizer.json"):
         LLM(tmp_path)
     with pytest.raises(ValueError, match="dtype 'int3'"):
         LLM(ckpt, dtype="int3")
