@@ -1,0 +1,247 @@
+"""Paged KV cache on the GPU: append, decode attention (fixed-size splits), varlen causal prefill attention.
+
+Same meaning as `kernels/attention/reference.py` (write_kv, paged_attention), same layouts:
+
+  k_cache, v_cache [num_blocks, block_size, Hkv, D]   block_tables [B, max_blocks] int32
+New token i of sequence b sits at cache index ctx_b + i and attends to cache indices 0..ctx_b + i (the cache
+already holds the new K/V). Query head h uses KV head h // (Hq / Hkv). Softmax statistics in fp32; the P.V
+product takes P rounded to the activation dtype (tensor cores), accumulation in fp32.
+
+Batch invariance: each program's work depends only on its own sequence. Decode splits a context into chunks of
+SPLIT_TOKENS (a constant, not a function of the batch) and merges them in ascending order, so a sequence gets the
+same bits alone or in any batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..triton_common import dot_f32, mma
+
+SPLIT_TOKENS = 128  # decode: tokens per split (fixed: the merge order of a row never depends on the batch)
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_kh, stride_vt, stride_vh,
+                     stride_cs, stride_ch, D: tl.constexpr, BD: tl.constexpr):
+    # grid (T, Hkv); the caches are viewed as [num_blocks * block_size, Hkv, D]
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:  # padding token
+        return
+    rd = tl.arange(0, BD)
+    m = rd < D
+    k = tl.load(k_ptr + t.to(tl.int64) * stride_kt + h * stride_kh + rd, mask=m)
+    v = tl.load(v_ptr + t.to(tl.int64) * stride_vt + h * stride_vh + rd, mask=m)
+    dst = slot * stride_cs + h * stride_ch + rd
+    tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=m)
+    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=m)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> None:
+    """Store k, v [T, Hkv, D] at flat slots (block * block_size + offset); negative slots are skipped."""
+    nb, bs, hkv, d = k_cache.shape
+    if k.shape != v.shape or tuple(k.shape[1:]) != (hkv, d) or slot_mapping.numel() != k.shape[0]:
+        raise ValueError(f"write_kv: k {tuple(k.shape)}, v {tuple(v.shape)}, {slot_mapping.numel()} slots for a "
+                         f"cache of [.., .., {hkv}, {d}]")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("write_kv: caches must be contiguous and k/v contiguous along D")
+    if k.shape[0]:
+        _write_kv_kernel[(k.shape[0], hkv)](
+            k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            hkv * d, d, D=d, BD=triton.next_power_of_2(d), num_warps=1 if d <= 128 else 2,
+        )
+
+
+@triton.jit
+def _kv_rows(table_row, pos, BS: tl.constexpr):
+    """Flat cache rows of token positions pos (a block-table lookup per token)."""
+    blk = tl.load(table_row + pos // BS, mask=pos >= 0, other=0).to(tl.int64)
+    return blk * BS + pos % BS
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr,
+    stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps, qk_scale,
+    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
+    BN: tl.constexpr, F32: tl.constexpr,
+):
+    # grid (B, Hkv, max splits): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT)
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    L = tl.load(lens_ptr + b)
+    start = sp * SPLIT
+    if start >= L:
+        return
+    rg = tl.arange(0, GP)
+    g_mask = rg < G
+    rd = tl.arange(0, D)
+    heads = kvh * G + rg
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + rd[None, :],
+                mask=g_mask[:, None], other=0.0)
+    table_row = table_ptr + b.to(tl.int64) * stride_tb
+    m_i = tl.full((GP,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((GP,), dtype=tl.float32)
+    acc = tl.zeros((GP, D), dtype=tl.float32)
+    for n0 in tl.range(start, start + SPLIT, BN):
+        pos = n0 + tl.arange(0, BN)
+        valid = pos < L
+        rows = _kv_rows(table_row, tl.where(valid, pos, -1), BS)
+        kv_off = rows[:, None] * stride_cr + kvh * stride_ch + rd[None, :]
+        k = tl.load(kc_ptr + kv_off, mask=valid[:, None], other=0.0)
+        s = mma(q, tl.trans(k), tl.zeros((GP, BN), dtype=tl.float32), F32) * qk_scale  # log2 domain
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(vc_ptr + kv_off, mask=valid[:, None], other=0.0)
+        acc = mma(p.to(v.dtype), v, acc * alpha[:, None], F32)
+        m_i = m_new
+    base = b.to(tl.int64) * stride_pb + heads * stride_ph + sp * stride_ps  # [GP]
+    tl.store(po_ptr + base[:, None] * D + rd[None, :], acc, mask=g_mask[:, None])
+    tl.store(pm_ptr + base, m_i, mask=g_mask)
+    tl.store(pl_ptr + base, l_i, mask=g_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, stride_pb, stride_ph, stride_ps, stride_ob,
+                         stride_oh, D: tl.constexpr, SPLIT: tl.constexpr):
+    # grid (B, Hq): merge the splits of one row in ascending order
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    L = tl.load(lens_ptr + b)
+    n_split = tl.cdiv(L, SPLIT)
+    rd = tl.arange(0, D)
+    base = b.to(tl.int64) * stride_pb + h * stride_ph
+    m_all = tl.load(pm_ptr + base)
+    for s in range(1, n_split):
+        m_all = tl.maximum(m_all, tl.load(pm_ptr + base + s * stride_ps))
+    acc = tl.zeros((D,), dtype=tl.float32)
+    l_all = 0.0
+    for s in range(0, n_split):
+        w = tl.exp2(tl.load(pm_ptr + base + s * stride_ps) - m_all)
+        l_all += w * tl.load(pl_ptr + base + s * stride_ps)
+        acc += w * tl.load(po_ptr + (base + s * stride_ps) * D + rd)
+    o = acc / l_all
+    tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + rd, o.to(o_ptr.dtype.element_ty))
+
+
+def paged_decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    kv_lens: torch.Tensor, scale: float, max_kv_len: int, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One new token per sequence: q [B, Hq, D] attends to the first kv_lens[b] cached tokens (context + the new
+    token, already written). max_kv_len: a host upper bound on kv_lens (sizes the split grid; a CUDA graph can pass
+    the model's maximum). Returns [B, Hq, D] in q's dtype."""
+    bsz, hq, d = q.shape
+    nb, bs, hkv, dc = k_cache.shape
+    if dc != d or hq % hkv or block_tables.shape[0] != bsz or kv_lens.numel() != bsz:
+        raise ValueError(f"paged_decode_attention: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}, tables "
+                         f"{tuple(block_tables.shape)}, {kv_lens.numel()} lengths disagree")
+    if d & (d - 1) or d < 16 or q.stride(-1) != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
+        raise ValueError("paged_decode_attention: head_dim must be a power of two >= 16, tensors contiguous")
+    out = torch.empty_like(q) if out is None else out
+    if bsz == 0:
+        return out
+    g = hq // hkv
+    n_split = max(1, triton.cdiv(max_kv_len, SPLIT_TOKENS))
+    po = torch.empty(bsz, hq, n_split, d, dtype=torch.float32, device=q.device)
+    pm = torch.empty(bsz, hq, n_split, dtype=torch.float32, device=q.device)
+    pl = torch.empty_like(pm)
+    _decode_split_kernel[(bsz, hkv, n_split)](
+        q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl,
+        q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
+        scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BS=bs, SPLIT=SPLIT_TOKENS,
+        BN=64 if d <= 128 else 32, F32=dot_f32(), num_warps=4,
+    )
+    _decode_merge_kernel[(bsz, hq)](
+        po, pm, pl, kv_lens, out, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0), out.stride(1),
+        D=d, SPLIT=SPLIT_TOKENS, num_warps=1 if d <= 128 else 2,
+    )
+    return out
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, kc_ptr, vc_ptr, table_ptr, cu_ptr, ctx_ptr, o_ptr,
+    stride_qt, stride_qh, stride_tb, stride_cr, stride_ch, stride_ot, stride_oh, qk_scale,
+    G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
+):
+    # grid (B, cdiv(max new tokens, BM), Hq): BM new tokens of one sequence, one query head
+    b = tl.program_id(0)
+    tb = tl.program_id(1)
+    h = tl.program_id(2)
+    start = tl.load(cu_ptr + b)
+    n = tl.load(cu_ptr + b + 1) - start
+    if tb * BM >= n:
+        return
+    ctx = tl.load(ctx_ptr + b)
+    kvh = h // G
+    ri = tb * BM + tl.arange(0, BM)
+    i_mask = ri < n
+    q_pos = ctx + ri  # cache index of each new token
+    rd = tl.arange(0, D)
+    q = tl.load(q_ptr + (start + ri).to(tl.int64)[:, None] * stride_qt + h * stride_qh + rd[None, :],
+                mask=i_mask[:, None], other=0.0)
+    table_row = table_ptr + b.to(tl.int64) * stride_tb
+    m_i = tl.full((BM,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BM,), dtype=tl.float32)
+    acc = tl.zeros((BM, D), dtype=tl.float32)
+    end = ctx + tl.minimum((tb + 1) * BM, n)  # keys beyond the tile's last query are all masked
+    for n0 in tl.range(0, end, BN):
+        pos = n0 + tl.arange(0, BN)
+        valid = pos < end
+        rows = _kv_rows(table_row, tl.where(valid, pos, -1), BS)
+        kv_off = rows[:, None] * stride_cr + kvh * stride_ch + rd[None, :]
+        k = tl.load(kc_ptr + kv_off, mask=valid[:, None], other=0.0)
+        s = mma(q, tl.trans(k), tl.zeros((BM, BN), dtype=tl.float32), F32) * qk_scale
+        s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded query rows see no key at all
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(vc_ptr + kv_off, mask=valid[:, None], other=0.0)
+        acc = mma(p.to(v.dtype), v, acc * alpha[:, None], F32)
+        m_i = m_new
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(o_ptr + (start + ri).to(tl.int64)[:, None] * stride_ot + h * stride_oh + rd[None, :],
+             o.to(o_ptr.dtype.element_ty), mask=i_mask[:, None])
+
+
+def paged_prefill_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor, context_lens: torch.Tensor, scale: float, max_seqlen: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of the new tokens q [T, Hq, D] (sequence b's are q[cu_seqlens[b]:cu_seqlens[b+1]]) over
+    their sequence's cache (context_lens[b] cached tokens before them; the new K/V already written). max_seqlen: a
+    host bound on the new tokens per sequence. Returns [T, Hq, D] in q's dtype (= reference.paged_attention)."""
+    t, hq, d = q.shape
+    nb, bs, hkv, dc = k_cache.shape
+    bsz = context_lens.numel()
+    if dc != d or hq % hkv or block_tables.shape[0] != bsz or cu_seqlens.numel() != bsz + 1:
+        raise ValueError(f"paged_prefill_attention: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}, tables "
+                         f"{tuple(block_tables.shape)}, cu_seqlens {cu_seqlens.numel()}, {bsz} contexts disagree")
+    if d & (d - 1) or d < 16 or q.stride(-1) != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
+        raise ValueError("paged_prefill_attention: head_dim must be a power of two >= 16, tensors contiguous")
+    out = torch.empty_like(q) if out is None else out
+    if t == 0 or bsz == 0:
+        return out
+    bm = 64 if d <= 128 else 64
+    bn = 64 if d <= 128 else 32
+    grid = (bsz, triton.cdiv(max(max_seqlen, 1), bm), hq)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, cu_seqlens, context_lens, out,
+        q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, out.stride(0), out.stride(1),
+        scale * _LOG2E, G=hq // hkv, D=d, BS=bs, BM=bm, BN=bn, F32=dot_f32(), num_warps=8 if d > 128 else 4,
+    )
+    return out

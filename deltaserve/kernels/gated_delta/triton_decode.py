@@ -1,0 +1,255 @@
+"""Gated DeltaNet on the GPU: causal conv over the state pool, the fused one-token step, gates, chunked prefill.
+
+Same meaning as the reference path of the model's GatedDeltaNet (`kernels/conv1d.py::causal_conv1d`,
+`kernels/gated_delta/reference.py`, `kernels/norm.py::gated_rms_norm`), with the cache layouts of
+`model/cache.py`:
+
+  conv pool  [S, C, K-1]      activation dtype, the last K-1 pre-conv inputs of each slot (oldest first)
+  ssm pool   [S, Hv, dk, dv]  fp32, S with read-out o = S^T q
+  qkv        [T, C]           pre-conv projections, C = 2*Hk*dk + Hv*dv laid out [q heads | k heads | v heads]
+A sequence flagged fresh (context length 0) starts from zero conv and recurrent state whatever its slot holds.
+
+Decode (one token per sequence) is two launches: `causal_conv` (conv + SiLU + conv-state update) and
+`gdn_decode_step` (L2 norms, gates, delta rule on the state pool in place, o = S^T q, gated RMSNorm). The conv is
+its own launch because the q/k channels of a key head feed Hv/Hk value-head programs: a fused conv-state update
+would race with their reads. Prefill uses `causal_conv` too, then fla-core's chunked kernel (`gdn_prefill`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _conv_kernel(
+    x_ptr, w_ptr, state_ptr, cu_ptr, slot_ptr, ctx_ptr, y_ptr,
+    C, stride_xt, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk, stride_yt,
+    KW: tl.constexpr, KWP: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+):
+    # grid (B, cdiv(max new tokens, BT), cdiv(C, BC)). Token i of sequence b reads inputs i-KW+1..i; a negative
+    # index reads the conv state (zeros when fresh). Only token block 0 reads the state (BT >= KW-1), and that same
+    # program writes the new state after a barrier, so no other program can see a half-updated state.
+    b = tl.program_id(0)
+    tb = tl.program_id(1)
+    start = tl.load(cu_ptr + b)
+    n = tl.load(cu_ptr + b + 1) - start
+    if tb * BT >= n:
+        return
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    keep = tl.load(ctx_ptr + b) != 0  # context 0: a fresh sequence
+    rc = tl.program_id(2) * BC + tl.arange(0, BC)
+    c_mask = rc < C
+    ri = tb * BT + tl.arange(0, BT)
+    i_mask = ri < n
+    st = state_ptr + slot * stride_ss + rc[None, :] * stride_sc
+    acc = tl.zeros((BT, BC), dtype=tl.float32)
+    for j in tl.static_range(KW):
+        src = ri - (KW - 1) + j  # [BT]
+        from_x = src >= 0
+        xv = tl.load(x_ptr + (start + src).to(tl.int64)[:, None] * stride_xt + rc[None, :],
+                     mask=(i_mask & from_x)[:, None] & c_mask[None, :], other=0.0)
+        sv = tl.load(st + (src + KW - 1)[:, None] * stride_sk,
+                     mask=(i_mask & (src < 0) & keep)[:, None] & c_mask[None, :], other=0.0)
+        wj = tl.load(w_ptr + rc * stride_wc + j * stride_wk, mask=c_mask, other=0.0).to(tl.float32)
+        acc += tl.where(from_x[:, None], xv.to(tl.float32), sv.to(tl.float32)) * wj[None, :]
+    y = acc / (1.0 + tl.exp(-acc))  # SiLU written as torch's, x / (1 + e^-x)
+    tl.store(y_ptr + (start + ri).to(tl.int64)[:, None] * stride_yt + rc[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=i_mask[:, None] & c_mask[None, :])
+    if tb == 0:
+        # new state[j] = ([state ; x])[n + j], j < KW-1
+        rj = tl.arange(0, KWP)  # KWP = next power of two >= KW-1
+        j_mask = rj < KW - 1
+        src = n - (KW - 1) + rj
+        xv = tl.load(x_ptr + (start + src).to(tl.int64)[:, None] * stride_xt + rc[None, :],
+                     mask=(j_mask & (src >= 0))[:, None] & c_mask[None, :], other=0.0)
+        sv = tl.load(st + (src + KW - 1)[:, None] * stride_sk,
+                     mask=(j_mask & (src < 0) & keep)[:, None] & c_mask[None, :], other=0.0)
+        new = tl.where((src >= 0)[:, None], xv.to(state_ptr.dtype.element_ty), sv.to(state_ptr.dtype.element_ty))
+        tl.debug_barrier()  # every read of the old state in this program is done
+        tl.store(st + rj[:, None] * stride_sk, new, mask=j_mask[:, None] & c_mask[None, :])
+
+
+def causal_conv(
+    x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, cu_seqlens: torch.Tensor,
+    state_slots: torch.Tensor, context_lens: torch.Tensor, max_seqlen: int, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SiLU(causal depthwise conv) for B sequences packed in x [T, C] (cu_seqlens [B+1]); updates conv_pool
+    [S, C, K-1] at state_slots [B] in place (context_lens [B] == 0: start from zeros). weight [C, K] (any strides; pass
+    conv1d.weight[:, 0, :]). max_seqlen: a host bound on the new tokens per sequence (sizes the grid).
+    Returns y [T, C] in x's dtype; computed in fp32 like `kernels/conv1d.py::causal_conv1d`."""
+    t, c = x.shape
+    kw = weight.shape[1]
+    if weight.shape[0] != c or tuple(conv_pool.shape[1:]) != (c, kw - 1):
+        raise ValueError(f"causal_conv: x [T, {c}], weight {tuple(weight.shape)}, conv pool "
+                         f"{tuple(conv_pool.shape)}: expected weight [{c}, K] and pool [S, {c}, K-1]")
+    if not 2 <= kw <= 16:
+        raise ValueError(f"causal_conv: kernel width {kw} outside 2..16 (Qwen3.5 uses 4)")
+    if x.stride(-1) != 1:
+        raise ValueError("causal_conv: x must be contiguous along channels")
+    y = torch.empty_like(x) if out is None else out
+    b = state_slots.numel()
+    if b == 0 or t == 0:
+        return y
+    bt = 16 if max_seqlen > 1 else 4  # decode: one token per sequence
+    kwp = triton.next_power_of_2(kw - 1)
+    bt = max(bt, kwp)
+    bc = 256 if max_seqlen == 1 else 64
+    grid = (b, triton.cdiv(max(max_seqlen, 1), bt), triton.cdiv(c, bc))
+    _conv_kernel[grid](
+        x, weight, conv_pool, cu_seqlens, state_slots, context_lens, y,
+        c, x.stride(0), weight.stride(0), weight.stride(1), conv_pool.stride(0), conv_pool.stride(1),
+        conv_pool.stride(2), y.stride(0), KW=kw, KWP=kwp, BT=bt, BC=bc, num_warps=4,
+    )
+    return y
+
+
+@triton.jit
+def _softplus(x):
+    # torch's softplus (beta 1, threshold 20)
+    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+
+
+@triton.jit
+def _decode_kernel(
+    qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, slot_ptr, ctx_ptr, o_ptr,
+    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, stride_ot,
+    key_dim, scale, eps,
+    HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+):
+    # grid (B, Hv): one program owns state[slot, h] ([DK, DV] fp32, read once, written once)
+    bi = tl.program_id(0)
+    h = tl.program_id(1)
+    kh = h // R
+    slot = tl.load(slot_ptr + bi).to(tl.int64)
+    keep = tl.load(ctx_ptr + bi) != 0
+    rk = tl.arange(0, DK)
+    rv = tl.arange(0, DV)
+    row = qkv_ptr + bi.to(tl.int64) * stride_qt
+    q = tl.load(row + kh * DK + rk).to(tl.float32)
+    k = tl.load(row + key_dim + kh * DK + rk).to(tl.float32)
+    v = tl.load(row + 2 * key_dim + h * DV + rv).to(tl.float32)
+    q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)) * scale
+    k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6))
+    a = tl.load(a_ptr + bi.to(tl.int64) * stride_at + h).to(tl.float32)
+    bb = tl.load(b_ptr + bi.to(tl.int64) * stride_bt + h).to(tl.float32)
+    g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * _softplus(a + tl.load(dtb_ptr + h).to(tl.float32))
+    beta = tl.sigmoid(bb)
+    sp = ssm_ptr + slot * stride_ss + h * stride_sh + rk[:, None] * stride_sk + rv[None, :]
+    s = tl.load(sp, mask=(rk[:, None] >= 0) & keep, other=0.0)  # [DK, DV]; zeros for a fresh sequence
+    s = s * tl.exp(g)
+    mem = tl.sum(s * k[:, None], axis=0)  # S^T k   [DV]
+    u = beta * (v - mem)
+    s = s + k[:, None] * u[None, :]
+    o = tl.sum(s * q[:, None], axis=0)  # S^T q   [DV]
+    tl.store(sp, s)
+    # gated RMSNorm with the reference's rounding points: o -> act dtype, normed -> act, * w -> act, * SiLU(z)
+    act = o_ptr.dtype.element_ty
+    of = o.to(act).to(tl.float32)
+    y = (of * (1.0 / tl.sqrt(tl.sum(of * of, axis=0) / DV + eps))).to(act)
+    y = (tl.load(nw_ptr + rv).to(act).to(tl.float32) * y.to(tl.float32)).to(act).to(tl.float32)
+    z = tl.load(z_ptr + bi.to(tl.int64) * stride_zt + h * DV + rv).to(tl.float32)
+    tl.store(o_ptr + bi.to(tl.int64) * stride_ot + h * DV + rv, (y * (z / (1.0 + tl.exp(-z)))).to(act))
+
+
+def gdn_decode_step(
+    qkv_conv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
+    dt_bias: torch.Tensor, norm_weight: torch.Tensor, ssm_pool: torch.Tensor, state_slots: torch.Tensor,
+    context_lens: torch.Tensor, num_k_heads: int, eps: float, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One DeltaNet token for each of B sequences, after `causal_conv`.
+
+    qkv_conv [B, C] conv output (activation dtype); z [B, Hv*dv]; a, b [B, Hv] (in_proj_a/b outputs); a_log,
+    dt_bias [Hv]; norm_weight [dv]; ssm_pool [S, Hv, dk, dv] fp32, updated in place at state_slots [B] (context_lens
+    [B] == 0: start from zero state). Returns the gated-normed output [B, Hv*dv] (activation dtype), ready for out_proj.
+    """
+    bsz, c = qkv_conv.shape
+    _, hv, dk, dv = ssm_pool.shape
+    key_dim = num_k_heads * dk
+    if c != 2 * key_dim + hv * dv or hv % num_k_heads:
+        raise ValueError(f"gdn_decode_step: qkv has {c} channels; with Hk={num_k_heads}, pool {tuple(ssm_pool.shape)}"
+                         f" expected {2 * key_dim + hv * dv} and Hv divisible by Hk")
+    if z.shape[-1] != hv * dv or a.shape[-1] != hv or b.shape[-1] != hv or norm_weight.numel() != dv:
+        raise ValueError(f"gdn_decode_step: z {tuple(z.shape)}, a {tuple(a.shape)}, b {tuple(b.shape)}, norm "
+                         f"{tuple(norm_weight.shape)} do not fit Hv={hv}, dv={dv}")
+    if ssm_pool.dtype != torch.float32 or ssm_pool.stride(-1) != 1:
+        raise ValueError("gdn_decode_step: the ssm pool must be fp32 with a contiguous dv axis")
+    for name, t in (("qkv_conv", qkv_conv), ("z", z), ("a", a), ("b", b)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"gdn_decode_step: {name} must be contiguous along its last axis")
+    o = torch.empty(bsz, hv * dv, dtype=qkv_conv.dtype, device=qkv_conv.device) if out is None else out
+    if bsz == 0:
+        return o
+    _decode_kernel[(bsz, hv)](
+        qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots, context_lens, o,
+        qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
+        ssm_pool.stride(2), o.stride(0), key_dim, dk ** -0.5, eps,
+        HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, num_warps=8,
+    )
+    return o
+
+
+@triton.jit
+def _gates_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, T, HV, stride_at, stride_bt,
+                  BT: tl.constexpr, BH: tl.constexpr):
+    rt = tl.program_id(0) * BT + tl.arange(0, BT)
+    rh = tl.arange(0, BH)
+    m = (rt < T)[:, None] & (rh < HV)[None, :]
+    a = tl.load(a_ptr + rt.to(tl.int64)[:, None] * stride_at + rh[None, :], mask=m, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + rt.to(tl.int64)[:, None] * stride_bt + rh[None, :], mask=m, other=0.0).to(tl.float32)
+    alog = tl.load(alog_ptr + rh, mask=rh < HV, other=0.0).to(tl.float32)
+    dtb = tl.load(dtb_ptr + rh, mask=rh < HV, other=0.0).to(tl.float32)
+    g = -tl.exp(alog)[None, :] * _softplus(a + dtb[None, :])
+    off = rt.to(tl.int64)[:, None] * HV + rh[None, :]
+    tl.store(g_ptr + off, g, mask=m)
+    tl.store(beta_ptr + off, tl.sigmoid(b), mask=m)
+
+
+def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
+    """g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b): fp32 [T, Hv] each (`reference.gdn_gates`)."""
+    t, hv = a.shape
+    if b.shape != a.shape or a_log.numel() != hv or dt_bias.numel() != hv:
+        raise ValueError(f"gdn_gates: a {tuple(a.shape)}, b {tuple(b.shape)}, A_log {tuple(a_log.shape)}, "
+                         f"dt_bias {tuple(dt_bias.shape)} disagree")
+    g = torch.empty(t, hv, dtype=torch.float32, device=a.device)
+    beta = torch.empty_like(g)
+    if t:
+        bh = triton.next_power_of_2(hv)
+        bt = max(1, 1024 // bh)
+        _gates_kernel[(triton.cdiv(t, bt),)](a, b, a_log, dt_bias, g, beta, t, hv, a.stride(0), b.stride(0),
+                                            BT=bt, BH=bh, num_warps=4)
+    return g, beta
+
+
+def gdn_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    cu_seqlens: torch.Tensor, ssm_pool: torch.Tensor, state_slots: torch.Tensor, context_lens: torch.Tensor,
+    scale: float, cu_seqlens_cpu: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Chunked gated delta rule over B packed sequences with fla-core's `chunk_gated_delta_rule` (varlen).
+
+    q, k [T, Hk, dk] and v [T, Hv, dv]: conv outputs, NOT yet L2-normalised (done in fp32 inside fla, eps 1e-6, as
+    the reference's l2norm); g, beta [T, Hv] fp32 (gdn_gates); cu_seqlens [B+1]. Initial states are gathered from
+    ssm_pool [S, Hv, dk, dv] at state_slots (zeros where context_lens == 0) and the final states written back.
+    Returns o [T, Hv, dv] in v's dtype (before the gated norm). Same meaning as `reference.gated_delta_chunked`
+    per sequence with the L2 norms applied first.
+    """
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError as exc:  # fla-core travels as a wheel (wheels.txt)
+        raise ImportError("gdn_prefill needs fla-core 0.6.0 (see wheels.txt)") from exc
+    n = state_slots.numel()
+    if cu_seqlens.numel() != n + 1 or context_lens.numel() != n:
+        raise ValueError(f"gdn_prefill: {n} state slots, {cu_seqlens.numel()} cu_seqlens, "
+                         f"{context_lens.numel()} context lengths")
+    slots = state_slots.to(torch.int64)
+    h0 = ssm_pool.index_select(0, slots)
+    h0 = torch.where((context_lens != 0).view(n, 1, 1, 1), h0, torch.zeros((), dtype=h0.dtype, device=h0.device))
+    o, final = chunk_gated_delta_rule(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0), scale=scale,
+        initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu_seqlens.to(torch.int64), cu_seqlens_cpu=cu_seqlens_cpu,
+    )
+    ssm_pool.index_copy_(0, slots, final.to(ssm_pool.dtype))
+    return o[0]

@@ -1,0 +1,265 @@
+"""MoE block for a few tokens (decode): router + top-k, gate/up over the picked experts, down + fixed-order combine.
+
+Same meaning as the model's SparseMoeBlock on the reference path (`kernels/moe/routing.py::route_topk` +
+`kernels/moe/reference.py::moe_combine_reference` with the shared expert), plus the optional residual add:
+
+  logits = x W_router^T (fp32; W dense or affine, dequantised in fp32)      routing contract: top-k by logit, ties
+  w_i = exp(l_i - l_top) / sum_k (normalize) or softmax_all(l)_i             to the lower id
+  h_s = bf16(bf16(SiLU(bf16(x Wg_s^T))) * bf16(x Wu_s^T))                   for each picked expert s, shared last
+  out = bf16( sum_{s in ascending id} w_s * bf16(h_s Wd_s^T) + sigmoid(x . w_sg) * bf16(h_sh Wd_sh^T) )
+  out = bf16(residual + out)                                                  when a residual is given
+
+Three launches: router (one program per token), gate/up (one program per (token, slot) and block of I), down +
+combine (one program per (token, block of H), looping over the slots in the fixed order). Every GEMV here reduces
+in one fixed order per row (a [BN, BK] fp32 partial per program, summed once), so a token's output never depends on
+the other tokens of the launch. Meant for T <= ~16 tokens; larger batches belong to the grouped expert matmul
+(`kernels/quant/triton_affine.py::affine_matmul_experts`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..triton_common import WeightSpec, dequant_tile
+
+
+@triton.jit
+def gemv(x_row, w_ptr, s_ptr, b_ptr, rn, n_mask, K, stride_wn, stride_sn,
+         BN: tl.constexpr, BK: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, ROUND_W: tl.constexpr):
+    """W[rn, :K] . x as fp32 [BN]: fp32 products accumulated in a [BN, BK] tile, summed once at the end (a fixed
+    order for a given (BN, BK)). ROUND_W rounds the dequantised weight to bf16 first, as the reference does."""
+    acc = tl.zeros((BN, BK), dtype=tl.float32)
+    rk = tl.arange(0, BK)
+    for k0 in range(0, K, BK):
+        w = dequant_tile(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, BITS, GROUP)
+        if ROUND_W:
+            w = w.to(tl.bfloat16).to(tl.float32)
+        xv = tl.load(x_row + k0 + rk).to(tl.float32)
+        acc += w * xv[None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _router_kernel(
+    x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, ids_ptr, wts_ptr, sw_ptr,
+    E, H, stride_xt, stride_rn, stride_rsn,
+    EP: tl.constexpr, BK: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr,
+    R_BITS: tl.constexpr, R_GROUP: tl.constexpr, HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr,
+    G_GROUP: tl.constexpr,
+):
+    t = tl.program_id(0)
+    x_row = x_ptr + t.to(tl.int64) * stride_xt
+    rows = tl.arange(0, EP)
+    e_mask = rows < E
+    logits = gemv(x_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, H, stride_rn, stride_rsn, EP, BK, R_BITS, R_GROUP,
+                  False)
+    logits = tl.where(e_mask, logits, float("-inf"))
+    # top-k: k rounds of (max, lowest id holding it); ties therefore go to the lower id.
+    work = logits
+    sel = rows < 0
+    top = tl.max(work, axis=0)
+    for _ in tl.static_range(TOPK):
+        m = tl.max(work, axis=0)
+        idx = tl.min(tl.where(work == m, rows, EP), axis=0)
+        hit = rows == idx
+        sel = sel | hit
+        work = tl.where(hit, float("-inf"), work)
+    if NORMALIZE:
+        p = tl.where(sel, tl.exp(logits - top), 0.0)
+        wts = p / tl.sum(p, axis=0)
+    else:
+        lse = top + tl.log(tl.sum(tl.where(e_mask, tl.exp(logits - top), 0.0), axis=0))
+        wts = tl.exp(logits - lse)
+    # store the picks in ascending expert id: the combine order of the reference
+    rank = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+    tl.store(ids_ptr + t * TOPK + rank, rows, mask=sel)
+    tl.store(wts_ptr + t * TOPK + rank, wts, mask=sel)
+    if HAS_SHARED:
+        one = tl.arange(0, 1)
+        sg = gemv(x_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, H, 0, 0, 1, BK, G_BITS, G_GROUP, False)
+        tl.store(sw_ptr + t + one, tl.sigmoid(sg))
+
+
+@triton.jit
+def _silu_mul_bf16(g, u):
+    """bf16(bf16(SiLU(bf16 g)) * bf16 u), the rounding points of the reference's bf16 SwiGLU."""
+    gb = g.to(tl.bfloat16).to(tl.float32)
+    ub = u.to(tl.bfloat16).to(tl.float32)
+    act = (gb * tl.sigmoid(gb)).to(tl.bfloat16).to(tl.float32)
+    return (act * ub).to(tl.bfloat16)
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, ids_ptr, h_ptr,
+    gw, gs, gb, uw, us, ub, sgw, sgs, sgb, suw, sus, sub,
+    H, I, IS, stride_xt, stride_ht, stride_hs,
+    stride_ge, stride_gn, stride_gse, stride_gsn, stride_ue, stride_un, stride_use, stride_usn,
+    stride_sgn, stride_sgsn, stride_sun, stride_susn,
+    TOPK: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    BITS: tl.constexpr, GROUP: tl.constexpr, S_BITS: tl.constexpr, S_GROUP: tl.constexpr,
+):
+    # grid (T * SLOTS, cdiv(max(I, IS), BN)); slot < TOPK: routed expert ids[t, slot]; slot == TOPK: shared expert
+    pid = tl.program_id(0)
+    t = pid // SLOTS
+    slot = pid % SLOTS
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    x_row = x_ptr + t.to(tl.int64) * stride_xt
+    h_row = h_ptr + t.to(tl.int64) * stride_ht + slot * stride_hs
+    if slot < TOPK:
+        e = tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
+        n_mask = rn < I
+        g = gemv(x_row, gw + e * stride_ge, gs + e * stride_gse, gb + e * stride_gse, rn, n_mask, H, stride_gn,
+                 stride_gsn, BN, BK, BITS, GROUP, True)
+        u = gemv(x_row, uw + e * stride_ue, us + e * stride_use, ub + e * stride_use, rn, n_mask, H, stride_un,
+                 stride_usn, BN, BK, BITS, GROUP, True)
+        tl.store(h_row + rn, _silu_mul_bf16(g, u), mask=n_mask)
+    else:
+        n_mask = rn < IS
+        g = gemv(x_row, sgw, sgs, sgb, rn, n_mask, H, stride_sgn, stride_sgsn, BN, BK, S_BITS, S_GROUP, True)
+        u = gemv(x_row, suw, sus, sub, rn, n_mask, H, stride_sun, stride_susn, BN, BK, S_BITS, S_GROUP, True)
+        tl.store(h_row + rn, _silu_mul_bf16(g, u), mask=n_mask)
+
+
+@triton.jit
+def _down_combine_kernel(
+    h_ptr, ids_ptr, wts_ptr, sw_ptr, res_ptr, out_ptr,
+    dw, ds, db, sdw, sds, sdb,
+    H, I, IS, stride_ht, stride_hs, stride_de, stride_dn, stride_dse, stride_dsn, stride_sdn, stride_sdsn,
+    stride_rt, stride_ot,
+    TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    BKS: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, S_BITS: tl.constexpr, S_GROUP: tl.constexpr,
+):
+    # grid (T, cdiv(H, BN)); slots in ascending expert id (the router stored them so), the shared expert last
+    t = tl.program_id(0)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_mask = rn < H
+    h_row = h_ptr + t.to(tl.int64) * stride_ht
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    for s in tl.static_range(TOPK):
+        e = tl.load(ids_ptr + t * TOPK + s).to(tl.int64)
+        w_s = tl.load(wts_ptr + t * TOPK + s)
+        y = gemv(h_row + s * stride_hs, dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse, rn, n_mask, I,
+                 stride_dn, stride_dsn, BN, BK, BITS, GROUP, True)
+        acc += w_s * y.to(tl.bfloat16).to(tl.float32)
+    if HAS_SHARED:
+        y = gemv(h_row + TOPK * stride_hs, sdw, sds, sdb, rn, n_mask, IS, stride_sdn, stride_sdsn, BN, BKS, S_BITS,
+                 S_GROUP, True)
+        acc += tl.load(sw_ptr + t) * y.to(tl.bfloat16).to(tl.float32)
+    o_ty = out_ptr.dtype.element_ty
+    out = acc.to(o_ty)
+    if HAS_RES:
+        r = tl.load(res_ptr + t.to(tl.int64) * stride_rt + rn, mask=n_mask, other=0.0)
+        out = (r.to(tl.float32) + out.to(tl.float32)).to(o_ty)
+    tl.store(out_ptr + t.to(tl.int64) * stride_ot + rn, out, mask=n_mask)
+
+
+class MoeRouting(NamedTuple):
+    ids: torch.Tensor  # [T, k] int32, ascending expert id per row
+    weights: torch.Tensor  # [T, k] fp32, aligned with ids
+    shared_weight: torch.Tensor  # [T] fp32 sigmoid(shared gate logit) (zeros without a shared expert)
+
+
+def _spec(w, name: str) -> WeightSpec:
+    return w if isinstance(w, WeightSpec) else WeightSpec.dense(w, name)
+
+
+def _gemv_bk(spec: WeightSpec, prefer: int = 64) -> int:
+    return spec.block_k(prefer)
+
+
+def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, shared_gate=None) -> MoeRouting:
+    """Router logits (fp32) + top-k in one launch. x [T, H]; router [E, H] (WeightSpec or dense tensor);
+    shared_gate [1, H] or None."""
+    r = _spec(router, "router")
+    t, h = x.shape
+    if r.k != h:
+        raise ValueError(f"moe router: weight has {r.k} inputs, x has {h} features")
+    if not 1 <= top_k <= r.n:
+        raise ValueError(f"moe router: top_k {top_k} outside [1, {r.n}] experts")
+    g = _spec(shared_gate, "shared_expert_gate") if shared_gate is not None else r
+    if shared_gate is not None and (g.n, g.k) != (1, h):
+        raise ValueError(f"moe router: shared_expert_gate shape [{g.n}, {g.k}], expected [1, {h}]")
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
+    wts = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
+    sw = torch.zeros(t, dtype=torch.float32, device=x.device)
+    ep = triton.next_power_of_2(r.n)
+    bk = min(_gemv_bk(r, 64), _gemv_bk(g, 64), max(16, 8192 // ep))
+    _router_kernel[(t,)](
+        x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, ids, wts, sw,
+        r.n, h, x.stride(0), r.w.stride(-2), r.scales.stride(-2),
+        EP=ep, BK=bk, TOPK=top_k, NORMALIZE=normalize, R_BITS=r.bits, R_GROUP=r.group,
+        HAS_SHARED=shared_gate is not None, G_BITS=g.bits, G_GROUP=g.group, num_warps=8,
+    )
+    return MoeRouting(ids, wts, sw)
+
+
+def _check_experts(gate: WeightSpec, up: WeightSpec, down: WeightSpec, h: int, what: str) -> None:
+    lead = gate.w.dim() - 2
+    if (gate.n, gate.k) != (up.n, up.k) or gate.bits != up.bits or gate.group != up.group:
+        raise ValueError(f"moe {what}: gate [{gate.n}, {gate.k}] and up [{up.n}, {up.k}] must match in shape/format")
+    if gate.k != h or down.n != h or down.k != gate.n:
+        raise ValueError(f"moe {what}: expected gate/up [.., I, {h}] and down [.., {h}, I], found gate "
+                         f"[{gate.n}, {gate.k}], down [{down.n}, {down.k}]")
+    if down.w.dim() - 2 != lead or down.bits != gate.bits:
+        raise ValueError(f"moe {what}: down must be stacked like gate/up and in the same format")
+
+
+def moe_decode(
+    x: torch.Tensor, router, gate, up, down, top_k: int, *, normalize: bool = True,
+    shared_gate_proj=None, shared_up=None, shared_down=None, shared_gate=None,
+    residual: torch.Tensor | None = None, return_routing: bool = False, out: torch.Tensor | None = None,
+):
+    """The MoE block for T tokens x [T, H] (bf16). Weights are WeightSpec (affine) or dense tensors:
+    router [E, H]; routed gate/up [E, I, H], down [E, H, I] (fused gate_up_proj: pass the views [:, :I], [:, I:]);
+    shared expert gate/up [IS, H], down [H, IS] and its gate [1, H] (all four or none). Returns out [T, H] (with
+    residual added when given), and the routing too when return_routing."""
+    g, u, d = _spec(gate, "experts.gate"), _spec(up, "experts.up"), _spec(down, "experts.down")
+    t, h = x.shape
+    _check_experts(g, u, d, h, "experts")
+    if g.w.dim() != 3:
+        raise ValueError(f"moe experts: gate/up/down must be stacked [E, ..], found {g.w.dim()}-D")
+    has_shared = shared_gate_proj is not None
+    if has_shared != (shared_up is not None) or has_shared != (shared_down is not None) or \
+            has_shared != (shared_gate is not None):
+        raise ValueError("moe: give all of shared_gate_proj, shared_up, shared_down and shared_gate, or none")
+    sg, su, sd = (_spec(w, n) if has_shared else v for w, n, v in
+                  ((shared_gate_proj, "shared_expert.gate_proj", g), (shared_up, "shared_expert.up_proj", u),
+                   (shared_down, "shared_expert.down_proj", d)))
+    if has_shared:
+        _check_experts(sg, su, sd, h, "shared expert")
+    routing = moe_route(x, router, top_k, normalize, shared_gate)
+    i_r, i_s = g.n, (sg.n if has_shared else 0)
+    slots = top_k + int(has_shared)
+    hbuf = torch.empty(t, slots, max(i_r, i_s), dtype=torch.bfloat16, device=x.device)
+    bn = 32
+    _gate_up_kernel[(t * slots, triton.cdiv(max(i_r, i_s), bn))](
+        x, routing.ids, hbuf, g.w, g.scales, g.biases, u.w, u.scales, u.biases,
+        sg.w, sg.scales, sg.biases, su.w, su.scales, su.biases,
+        h, i_r, i_s, x.stride(0), hbuf.stride(0), hbuf.stride(1),
+        g.w.stride(0), g.w.stride(1), g.scales.stride(0), g.scales.stride(1),
+        u.w.stride(0), u.w.stride(1), u.scales.stride(0), u.scales.stride(1),
+        sg.w.stride(-2), sg.scales.stride(-2), su.w.stride(-2), su.scales.stride(-2),
+        TOPK=top_k, SLOTS=slots, BN=bn, BK=min(_gemv_bk(g), _gemv_bk(sg)), BITS=g.bits, GROUP=g.group,
+        S_BITS=sg.bits, S_GROUP=sg.group, num_warps=4,
+    )
+    if x.stride(-1) != 1:
+        raise ValueError("moe: x must be contiguous along H")
+    out = torch.empty_like(x) if out is None else out
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"moe: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    res = residual if residual is not None else x
+    bn_d = 32
+    _down_combine_kernel[(t, triton.cdiv(h, bn_d))](
+        hbuf, routing.ids, routing.weights, routing.shared_weight, res, out,
+        d.w, d.scales, d.biases, sd.w, sd.scales, sd.biases,
+        h, i_r, i_s, hbuf.stride(0), hbuf.stride(1), d.w.stride(0), d.w.stride(1), d.scales.stride(0),
+        d.scales.stride(1), sd.w.stride(-2), sd.scales.stride(-2), res.stride(0), out.stride(0),
+        TOPK=top_k, HAS_SHARED=has_shared, HAS_RES=residual is not None, BN=bn_d, BK=_gemv_bk(d),
+        BKS=_gemv_bk(sd), BITS=d.bits, GROUP=d.group, S_BITS=sd.bits, S_GROUP=sd.group, num_warps=4,
+    )
+    return (out, routing) if return_routing else out

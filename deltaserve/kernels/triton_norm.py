@@ -1,0 +1,101 @@
+"""RMSNorm kernels (GPU): zero-centred RMSNorm, with an optional fused residual add, and the DeltaNet gated norm.
+
+Same meaning and rounding points as `kernels/norm.py`:
+  rms_norm:       y = bf16( x * rsqrt(mean(x^2) + eps) * (offset + w) )          (fp32 inside)
+  add_rms_norm:   r = bf16(x + residual); y = rms_norm(r)  -> (y, r)           (the decoder layer's x + h, then norm)
+  gated_rms_norm: y = bf16( bf16(w * bf16(x * rsqrt(mean(x^2) + eps))) * SiLU(z) ) per row of dv
+One program per row (or per block of rows), the whole row in registers: a row's result never depends on others.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, stride_x, stride_r, stride_y, stride_ro, eps, offset,
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < N
+    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
+    if HAS_RES:
+        r = tl.load(r_ptr + row * stride_r + cols, mask=m, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
+        tl.store(ro_ptr + row * stride_ro + cols, x, mask=m)
+    xf = x.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y + cols, (xf * inv * (offset + w)).to(y_ptr.dtype.element_ty), mask=m)
+
+
+def _rows(x: torch.Tensor, n: int, name: str) -> torch.Tensor:
+    if x.shape[-1] != n:
+        raise ValueError(f"{name}: last axis {x.shape[-1]} != weight size {n}")
+    x2 = x.reshape(-1, n)
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 1.0,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., N] -> [..., N] in x's dtype (= kernels.norm.rms_norm)."""
+    n = weight.numel()
+    x2 = _rows(x, n, "rms_norm")
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if out is None else out.view(x2.shape)
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](x2, x2, weight, y, y, n, x2.stride(0), 0, y.stride(0), 0, eps, offset,
+                                         HAS_RES=False, BLOCK=triton.next_power_of_2(n),
+                                         num_warps=4 if n <= 4096 else 8)
+    return y.view(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 offset: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """r = x + residual (rounded to x's dtype), y = rms_norm(r). Returns (y, r); shapes [..., N]."""
+    n = weight.numel()
+    if residual.shape != x.shape:
+        raise ValueError(f"add_rms_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
+    x2, r2 = _rows(x, n, "add_rms_norm"), _rows(residual, n, "add_rms_norm residual")
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    r_out = torch.empty_like(y)
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, y, r_out, n, x2.stride(0), r2.stride(0), y.stride(0),
+                                         r_out.stride(0), eps, offset, HAS_RES=True,
+                                         BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8)
+    return y.view(x.shape), r_out.view(x.shape)
+
+
+@triton.jit
+def _gated_norm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, R, N, stride_x, stride_z, stride_y, eps,
+                       BR: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BLOCK)
+    m = (rows < R)[:, None] & (cols < N)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    act = y_ptr.dtype.element_ty
+    x = tl.load(x_ptr + r64 * stride_x + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
+    y = (x * inv[:, None]).to(act).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(act).to(tl.float32)
+    y = (w[None, :] * y).to(act).to(tl.float32)
+    z = tl.load(z_ptr + r64 * stride_z + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + r64 * stride_y + cols[None, :], (y * (z / (1.0 + tl.exp(-z)))).to(act), mask=m)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """x, gate [..., dv] -> [..., dv] in x's dtype (= kernels.norm.gated_rms_norm)."""
+    n = weight.numel()
+    if gate.shape != x.shape:
+        raise ValueError(f"gated_rms_norm: gate {tuple(gate.shape)} != x {tuple(x.shape)}")
+    x2, z2 = _rows(x, n, "gated_rms_norm"), _rows(gate, n, "gated_rms_norm gate")
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if out is None else out.view(x2.shape)
+    rows = x2.shape[0]
+    if rows:
+        block = triton.next_power_of_2(n)
+        br = max(1, 2048 // block)
+        _gated_norm_kernel[(triton.cdiv(rows, br),)](x2, z2, weight, y, rows, n, x2.stride(0), z2.stride(0),
+                                                     y.stride(0), eps, BR=br, BLOCK=block, num_warps=4)
+    return y.view(x.shape)

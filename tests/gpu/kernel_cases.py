@@ -1,0 +1,308 @@
+"""Kernel-vs-reference cases shared by the CUDA tests (tests/gpu) and the interpreter tests (TRITON_INTERPRET=1).
+
+Every case draws fresh random inputs, NaN-poisons the outputs (and the state slots that must be ignored) before the
+kernel runs, and compares with an fp64 evaluation of the reference math. Tolerances are stated in units of the
+activation dtype's rounding (bf16: 2^-8 relative), because the kernels round where the references round.
+Kernel modules are passed in (`mods`) so the interpreter tests can hand over re-imported, interpreted modules.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from deltaserve.kernels.attention import reference as attn_ref
+from deltaserve.kernels.gated_delta import reference as gdn_ref
+from deltaserve.kernels.moe.routing import route_topk
+
+BF16_EPS = 2.0**-8
+# Triton 3.6's interpreter converts fp32 -> bf16 by truncation (1 ulp) where the GPU rounds to nearest (1/2 ulp):
+# bf16 tolerances double there.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+SLACK = 2.0 if INTERPRETED else 1.0
+
+
+def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Integer codes [..., n] -> MLX words uint32 [..., n*bits/32] (value i of a word at bits [i*bits, ...))."""
+    per = 32 // bits
+    *lead, n = q.shape
+    q = q.to(torch.int64).reshape(*lead, n // per, per)
+    return (q << (torch.arange(per, device=q.device) * bits)).sum(-1).to(torch.uint32)
+
+
+def affine_weight(shape, bits: int, group: int, device, gen=None):
+    """Random packed weight: (packed, scales, biases, dense fp64 W = s*q + b)."""
+    *lead, n = shape
+    q = torch.randint(0, 2**bits, tuple(shape), device=device)
+    s = (torch.rand(*lead, n // group, device=device) * 0.04 / 2 ** (bits - 4)).bfloat16()
+    b = (-torch.rand(*lead, n // group, device=device) * 0.05).bfloat16()
+    w = q.double().reshape(*lead, n // group, group) * s.double()[..., None] + b.double()[..., None]
+    return pack(q, bits), s, b, w.reshape(shape)
+
+
+def close(actual: torch.Tensor, ref: torch.Tensor, rel: float, what: str) -> None:
+    """|actual - ref| <= rel * max|ref| everywhere, and no NaN (the poison must be overwritten)."""
+    a = actual.double()
+    assert not torch.isnan(a).any(), f"{what}: NaN in the output (poison left or NaN produced)"
+    err = (a - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    rel = rel * SLACK if rel >= BF16_EPS else rel
+    assert err <= rel * scale + 1e-6, f"{what}: max error {err:.3g} > {rel:.3g} x max|ref| {scale:.3g}"
+
+
+def poisoned(shape, dtype, device) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+# ---------------------------------------------------------------- affine matmul
+
+
+def check_affine(mods, device, bits, group, m, n, k):
+    ta = mods["affine"]
+    packed, s, b, w = affine_weight((n, k), bits, group, device)
+    x = torch.randn(m, k, device=device).bfloat16()
+    out = poisoned((m, n), torch.bfloat16, device)
+    y = ta.affine_matmul(x, packed, s, b, bits, group, out=out)
+    ref = x.double() @ w.t()
+    close(y, ref, 4 * BF16_EPS, f"affine bits={bits} g={group} M={m}")
+    # the reference's own rounding (dequantise to bf16, fp32 accumulation) is closer still
+    ref_bf = x.double() @ w.bfloat16().double().t()
+    close(y, ref_bf, 2 * BF16_EPS, f"affine bits={bits} g={group} M={m} vs bf16-dequantised")
+
+
+def check_affine_experts(mods, device, bits, group, m, n, k, e, repeat):
+    ta = mods["affine"]
+    if bits == 16:
+        w = torch.randn(e, n, k, device=device).bfloat16()
+        packed, s, b, wd = w, None, None, w.double()
+    else:
+        packed, s, b, wd = affine_weight((e, n, k), bits, group, device)
+    x = torch.randn(m, k, device=device).bfloat16()
+    ids = torch.randint(0, e, (m * repeat,), device=device)
+    out = poisoned((m * repeat, n), torch.bfloat16, device)
+    y = ta.affine_matmul_experts(x, packed, s, b, ids, bits, group, x_repeat=repeat, out=out)
+    ref = torch.einsum("mk,mnk->mn", x.double().repeat_interleave(repeat, 0), wd[ids])
+    close(y, ref, 4 * BF16_EPS, f"affine experts bits={bits} M={m}x{repeat}")
+
+
+# ---------------------------------------------------------------- MoE decode
+
+
+def moe_problem(device, t, h, e, i, i_s, bits, group, router_bits=8):
+    """Weights and inputs of a small MoE block; returns (kwargs for moe_decode, fp64 pieces for the reference)."""
+    from deltaserve.kernels.triton_common import WeightSpec
+
+    def weight(shape, wbits):
+        if wbits == 16:
+            w = (torch.randn(*shape, device=device) * shape[-1] ** -0.5).bfloat16()
+            return w, w.double()
+        p, s, b, wd = affine_weight(shape, wbits, group, device)
+        return WeightSpec(p, s, b, wbits, group), wd
+
+    router, r64 = weight((e, h), router_bits)
+    gate, g64 = weight((e, i, h), bits)
+    up, u64 = weight((e, i, h), bits)
+    down, d64 = weight((e, h, i), bits)
+    sg, sg64 = weight((i_s, h), bits)
+    su, su64 = weight((i_s, h), bits)
+    sd, sd64 = weight((h, i_s), bits)
+    sgate = (torch.randn(1, h, device=device) * h**-0.5).bfloat16()
+    x = torch.randn(t, h, device=device).bfloat16()
+    res = torch.randn(t, h, device=device).bfloat16()
+    kw = dict(router=router, gate=gate, up=up, down=down, shared_gate_proj=sg, shared_up=su, shared_down=sd,
+              shared_gate=sgate, residual=res)
+    ref = dict(r=r64, g=g64, u=u64, d=d64, sg=sg64, su=su64, sd=sd64, sgate=sgate.double(), res=res.double())
+    return x, kw, ref
+
+
+def moe_reference(x, ref, top_k, normalize=True):
+    xd = x.double()
+    w, ids = route_topk(xd @ ref["r"].t(), top_k, normalize)
+
+    def mlp(v, g, u, d):
+        return (F.silu(v @ g.t()) * (v @ u.t())) @ d.t()
+
+    out = torch.zeros_like(xd)
+    for t in range(x.shape[0]):
+        for j in range(top_k):
+            e = int(ids[t, j])
+            out[t] += w[t, j].double() * mlp(xd[t], ref["g"][e], ref["u"][e], ref["d"][e])
+    out += torch.sigmoid(xd @ ref["sgate"].t()) * mlp(xd, ref["sg"], ref["su"], ref["sd"])
+    return out + ref["res"], ids, w
+
+
+def check_moe(mods, device, t, h, e, i, i_s, top_k, bits, group, normalize=True, router_bits=8):
+    md = mods["moe"]
+    x, kw, ref = moe_problem(device, t, h, e, i, i_s, bits, group, router_bits)
+    out = poisoned((t, h), torch.bfloat16, device)
+    y, routing = md.moe_decode(x, top_k=top_k, normalize=normalize, return_routing=True, out=out, **kw)
+    want, ids, w = moe_reference(x, ref, top_k, normalize)
+    order = ids.sort(-1)
+    assert torch.equal(routing.ids.long().cpu(), order.values.cpu()), "MoE routing picked other experts"
+    close(routing.weights, w.gather(1, order.indices).double(), 1e-5, "MoE routing weights")
+    # a few bf16 roundings (gate, up, h, expert outputs, out, residual sum) stack up: 8 ulps of the largest value
+    close(y, want, 8 * BF16_EPS, f"MoE decode T={t} bits={bits}")
+
+
+def check_moe_ties(mods, device):
+    """Equal router logits go to the lower expert id (the routing contract)."""
+    md = mods["moe"]
+    h, e = 64, 8
+    row = torch.randn(1, h, device=device).bfloat16()
+    router = row.repeat(e, 1)  # every expert has the same logit
+    router[5] = (row.float() * 0.5).bfloat16()  # two experts lower
+    router[2] = (row.float() * 0.5).bfloat16()
+    x = row.clone()
+    routing = md.moe_route(x, router, 3)
+    assert routing.ids.tolist() == [[0, 1, 3]], routing.ids.tolist()
+    assert torch.allclose(routing.weights, torch.full_like(routing.weights, 1 / 3))
+
+
+# ---------------------------------------------------------------- Gated DeltaNet
+
+
+def check_conv(mods, device, c, kw, seqs, ctx, num_slots=8):
+    gd = mods["gdn"]
+    from deltaserve.kernels.conv1d import causal_conv1d
+
+    slots = torch.randperm(num_slots)[: len(seqs)].tolist()
+    t = sum(seqs)
+    x = torch.randn(t, c, device=device).bfloat16()
+    w = (torch.randn(c, 1, kw, device=device) * 0.5).bfloat16()
+    pool = torch.randn(num_slots, c, kw - 1, device=device).bfloat16()
+    for b, cl in enumerate(ctx):
+        if cl == 0:
+            pool[slots[b]] = float("nan")  # a fresh sequence must not read its slot
+    pool0 = pool.clone()
+    cu = torch.tensor([0] + torch.tensor(seqs).cumsum(0).tolist(), device=device, dtype=torch.int32)
+    out = poisoned((t, c), torch.bfloat16, device)
+    y = gd.causal_conv(x, w[:, 0, :], pool, cu, torch.tensor(slots, device=device), torch.tensor(ctx, device=device),
+                       max(seqs), out=out)
+    for b, n in enumerate(seqs):
+        sl = slice(int(cu[b]), int(cu[b + 1]))
+        ry, rs = causal_conv1d(x[sl].double(), w[:, 0, :].double(), None if ctx[b] == 0 else pool0[slots[b]].double())
+        close(y[sl], ry, 2 * BF16_EPS, f"conv seq {b}")
+        assert torch.equal(pool[slots[b]].double(), rs), f"conv state of seq {b}"
+
+
+def gdn_inputs(device, b, hk, hv, dk, dv, num_slots):
+    c = 2 * hk * dk + hv * dv
+    return dict(
+        qkv=torch.randn(b, c, device=device).bfloat16(),
+        z=torch.randn(b, hv * dv, device=device).bfloat16(),
+        a=torch.randn(b, hv, device=device).bfloat16(),
+        b=torch.randn(b, hv, device=device).bfloat16(),
+        a_log=torch.randn(hv, device=device),
+        dt_bias=torch.randn(hv, device=device).bfloat16(),
+        norm_w=(1 + 0.1 * torch.randn(dv, device=device)).bfloat16(),
+        ssm=torch.randn(num_slots, hv, dk, dv, device=device) * 0.3,
+    )
+
+
+def gdn_step_reference(inp, i, hk, dk, state):
+    """fp64 reference of one token of sequence row i: returns (normed output [Hv*dv], new state)."""
+    from deltaserve.kernels.norm import gated_rms_norm
+
+    hv, dv = inp["a"].shape[1], inp["norm_w"].numel()
+    q, k, v = inp["qkv"][i].double().split([hk * dk, hk * dk, hv * dv])
+    q, k = gdn_ref.l2norm(q.view(1, hk, dk)), gdn_ref.l2norm(k.view(1, hk, dk))
+    g, beta = gdn_ref.gdn_gates(inp["a"][i : i + 1], inp["b"][i : i + 1], inp["a_log"], inp["dt_bias"])
+    o, s = gdn_ref.gated_delta_recurrent(q, k, v.view(1, hv, dv), g.double(), beta.double(), state, dk**-0.5)
+    y = gated_rms_norm(o.to(torch.bfloat16), inp["z"][i].view(1, hv, dv), inp["norm_w"], 1e-6)
+    return y.reshape(-1), s
+
+
+def check_gdn_decode(mods, device, b, hk, hv, dk, dv, fresh_rows=(1,), num_slots=6):
+    gd = mods["gdn"]
+    inp = gdn_inputs(device, b, hk, hv, dk, dv, num_slots)
+    slots = torch.randperm(num_slots)[:b].to(device)
+    ctx = torch.tensor([0 if i in fresh_rows else 5 + i for i in range(b)], device=device)
+    for i in fresh_rows:
+        if i < b:
+            inp["ssm"][slots[i]] = float("nan")  # a fresh sequence must not read its slot
+    ssm0 = inp["ssm"].clone()
+    out = poisoned((b, hv * dv), torch.bfloat16, device)
+    o = gd.gdn_decode_step(inp["qkv"], inp["z"], inp["a"], inp["b"], inp["a_log"], inp["dt_bias"], inp["norm_w"],
+                           inp["ssm"], slots, ctx, hk, 1e-6, out=out)
+    for i in range(b):
+        st = None if int(ctx[i]) == 0 else ssm0[slots[i]].double()
+        y, s = gdn_step_reference(inp, i, hk, dk, st)
+        close(o[i], y.double(), 2 * BF16_EPS, f"gdn decode row {i}")
+        close(inp["ssm"][slots[i]], s, 1e-5, f"gdn state row {i}")
+
+
+# ---------------------------------------------------------------- attention
+
+
+def paged_problem(device, ctx, seqs, hq, hkv, d, bs, num_blocks=None):
+    """Random caches with sequence b's blocks scattered; returns a dict with q, k, v, caches, tables, slots."""
+    need = [-(-(c + n) // bs) for c, n in zip(ctx, seqs)]
+    num_blocks = num_blocks or sum(need) + 3
+    perm = torch.randperm(num_blocks).tolist()
+    tables, i = [], 0
+    for nb in need:
+        tables.append(perm[i : i + nb])
+        i += nb
+    bt = torch.full((len(seqs), max(need)), -1, dtype=torch.int32)
+    for b, tb in enumerate(tables):
+        bt[b, : len(tb)] = torch.tensor(tb)
+    slots = [tables[b][p // bs] * bs + p % bs for b, (c, n) in enumerate(zip(ctx, seqs)) for p in range(c, c + n)]
+    t = sum(seqs)
+    return dict(
+        kc=torch.randn(num_blocks, bs, hkv, d, device=device).bfloat16(),
+        vc=torch.randn(num_blocks, bs, hkv, d, device=device).bfloat16(),
+        q=torch.randn(t, hq, d, device=device).bfloat16(),
+        k=torch.randn(t, hkv, d, device=device).bfloat16(),
+        v=torch.randn(t, hkv, d, device=device).bfloat16(),
+        tables=bt.to(device), slots=torch.tensor(slots, device=device),
+        cu=torch.tensor([0] + torch.tensor(seqs).cumsum(0).tolist(), device=device, dtype=torch.int32),
+    )
+
+
+def check_attention(mods, device, ctx, seqs, hq, hkv, d, bs):
+    tp = mods["attn"]
+    p = paged_problem(device, ctx, seqs, hq, hkv, d, bs)
+    kc2, vc2 = p["kc"].clone(), p["vc"].clone()
+    tp.write_kv(p["kc"], p["vc"], p["slots"], p["k"], p["v"])
+    attn_ref.write_kv(kc2, vc2, p["slots"], p["k"], p["v"])
+    assert torch.equal(p["kc"], kc2) and torch.equal(p["vc"], vc2), "write_kv differs from the reference"
+    scale = d**-0.5
+    ref = attn_ref.paged_attention(p["q"].double(), p["kc"].double(), p["vc"].double(), p["tables"], ctx, seqs, scale)
+    out = poisoned(p["q"].shape, torch.bfloat16, device)
+    o = tp.paged_prefill_attention(p["q"], p["kc"], p["vc"], p["tables"], p["cu"], torch.tensor(ctx, device=device),
+                                   scale, max(seqs), out=out)
+    # P is rounded to bf16 before P.V (as flash attention does): a few ulps of the output scale
+    close(o, ref, 4 * BF16_EPS, "paged prefill attention")
+    last = p["cu"][1:].long() - 1
+    lens = torch.tensor([c + n for c, n in zip(ctx, seqs)], device=device, dtype=torch.int32)
+    out = poisoned((len(seqs), hq, d), torch.bfloat16, device)
+    od = tp.paged_decode_attention(p["q"][last], p["kc"], p["vc"], p["tables"], lens, scale, int(lens.max()),
+                                   out=out)
+    close(od, ref[last], 4 * BF16_EPS, "paged decode attention")
+
+
+# ---------------------------------------------------------------- norms
+
+
+def check_norms(mods, device, rows, n, dv):
+    nm = mods["norm"]
+    from deltaserve.kernels import norm as norm_ref
+
+    x = torch.randn(rows, n, device=device).bfloat16()
+    r = torch.randn(rows, n, device=device).bfloat16()
+    w = (0.1 * torch.randn(n, device=device)).bfloat16()
+    y = nm.rms_norm(x, w, 1e-6, 1.0, out=poisoned((rows, n), torch.bfloat16, device))
+    close(y, norm_ref.rms_norm(x.double(), w.double(), 1e-6, 1.0), 2 * BF16_EPS, "rms_norm")
+    y2, r2 = nm.add_rms_norm(x, r, w, 1e-6, 0.0)
+    if INTERPRETED:
+        close(r2, (x.double() + r.double()), BF16_EPS, "add_rms_norm residual sum")
+    else:
+        assert torch.equal(r2, x + r), "add_rms_norm residual sum"
+    close(y2, norm_ref.rms_norm(r2.double(), w.double(), 1e-6, 0.0), 2 * BF16_EPS, "add_rms_norm")
+    xg = torch.randn(rows, 3, dv, device=device).bfloat16()
+    z = torch.randn(rows, 3, dv, device=device).bfloat16()
+    wg = (1 + 0.1 * torch.randn(dv, device=device)).bfloat16()
+    yg = nm.gated_rms_norm(xg, z, wg, 1e-6, out=poisoned(xg.shape, torch.bfloat16, device))
+    close(yg, norm_ref.gated_rms_norm(xg, z, wg, 1e-6).double(), 2 * BF16_EPS, "gated_rms_norm")

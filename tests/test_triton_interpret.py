@@ -1,0 +1,156 @@
+"""The Triton kernels run on CPU through Triton's interpreter (TRITON_INTERPRET=1) at tiny shapes, against fp64
+references: the CI check that the GPU path is still correct code (tests/gpu runs the same cases on CUDA).
+
+The interpreter must be chosen before Triton itself is imported (triton.language's own helpers such as tl.zeros
+and tl.sum are @triton.jit functions, decorated at import), and switching it on in this process would leak into
+other tests. So one child process runs every case with the variable set (`python this_file CASE...`), reports one
+JSON line per case, and each test here asserts its case's line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+CPU = "cpu"
+
+
+def _cases():
+    """name -> function(mods) running one check. Imported lazily: the child needs TRITON_INTERPRET set first."""
+    import torch
+
+    sys.path.insert(0, str(HERE / "gpu"))
+    import kernel_cases as kc
+
+    def affine_invariance(mods):
+        # interpreter version of the GPU bit-for-bit test: row 0 alone == row 0 among 1, 3, 15 and 63 others
+        packed, s, b, _ = kc.affine_weight((48, 128), 4, 64, CPU)
+        x = torch.randn(64, 128).bfloat16()
+        alone = mods["affine"].affine_matmul(x[:1], packed, s, b, 4, 64)
+        for m in (2, 4, 16, 64):
+            assert torch.equal(mods["affine"].affine_matmul(x[:m], packed, s, b, 4, 64)[:1], alone), f"M={m}"
+
+    def affine_errors(mods):
+        packed, s, b, _ = kc.affine_weight((16, 64), 4, 32, CPU)
+        x = torch.zeros(1, 64).bfloat16()
+        for args, msg in (((x, packed, s[:, :1], b, 4, 32), "scales shape"), ((x, packed, s, b, 3, 32), "bits 3"),
+                          ((x[:, :32], packed, s, b, 4, 32), "input has 32 features")):
+            try:
+                mods["affine"].affine_matmul(*args)
+            except ValueError as exc:
+                assert msg in str(exc), str(exc)
+            else:
+                raise AssertionError(f"no error for {msg}")
+
+    def dense(mods):
+        x, w = torch.randn(5, 64).bfloat16(), torch.randn(24, 64).bfloat16()
+        kc.close(mods["affine"].dense_matmul(x, w), x.double() @ w.double().t(), 2 * kc.BF16_EPS, "dense_matmul")
+
+    def gates(mods):
+        from deltaserve.kernels.gated_delta import gdn_gates
+
+        a, b = torch.randn(5, 6).bfloat16() * 8, torch.randn(5, 6).bfloat16()
+        a_log, dt_bias = torch.randn(6), torch.randn(6).bfloat16()
+        g, beta = mods["gdn"].gdn_gates(a, b, a_log, dt_bias)
+        rg, rb = gdn_gates(a.double(), b.double(), a_log.double(), dt_bias.double())
+        kc.close(g, rg, 1e-6, "gdn gates g")
+        kc.close(beta, rb, 1e-6, "gdn gates beta")
+
+    cases = {f"affine_b{b}_g{g}": (lambda m, b=b, g=g: kc.check_affine(m, CPU, b, g, m=3, n=40, k=256))
+             for b in (2, 4, 8) for g in (32, 64, 128)}
+    cases.update({
+        "affine_gemm_m17": lambda m: kc.check_affine(m, CPU, 4, 64, m=17, n=80, k=128),
+        "affine_gemm_m70": lambda m: kc.check_affine(m, CPU, 8, 32, m=70, n=80, k=128),
+        "affine_batch_invariance": affine_invariance,
+        "affine_errors": affine_errors,
+        "dense_matmul": dense,
+        "affine_experts_q4": lambda m: kc.check_affine_experts(m, CPU, 4, 32, m=37, n=24, k=128, e=5, repeat=2),
+        "affine_experts_bf16": lambda m: kc.check_affine_experts(m, CPU, 16, 32, m=9, n=24, k=64, e=3, repeat=1),
+        "moe_q4": lambda m: kc.check_moe(m, CPU, t=3, h=64, e=8, i=32, i_s=32, top_k=3, bits=4, group=32),
+        "moe_bf16": lambda m: kc.check_moe(m, CPU, t=2, h=64, e=8, i=32, i_s=32, top_k=3, bits=16, group=32),
+        "moe_unnormalised_dense_router": lambda m: kc.check_moe(m, CPU, t=2, h=64, e=8, i=64, i_s=32, top_k=2,
+                                                                bits=4, group=32, normalize=False, router_bits=16),
+        "moe_router_ties": lambda m: kc.check_moe_ties(m, CPU),
+        "conv_varlen": lambda m: kc.check_conv(m, CPU, c=48, kw=4, seqs=[5, 1, 2, 19], ctx=[3, 0, 7, 0]),
+        "gdn_decode": lambda m: kc.check_gdn_decode(m, CPU, b=3, hk=2, hv=4, dk=16, dv=32, fresh_rows=(1,)),
+        "gdn_gates": gates,
+        "paged_attention": lambda m: kc.check_attention(m, CPU, ctx=[0, 13, 5, 150], seqs=[7, 3, 1, 20], hq=4,
+                                                        hkv=2, d=32, bs=8),
+        "norms": lambda m: kc.check_norms(m, CPU, rows=3, n=96, dv=32),
+    })
+    return cases
+
+
+CASE_NAMES = list(_cases())  # importing the cases pulls in torch and the references, never triton
+
+
+def _numpy_scalar_shim() -> None:
+    """Triton 3.6's interpreter passes scalar kernel arguments as 1-element arrays and calls int() on them, which
+    numpy >= 2.4 refuses for 1-D arrays ("only 0-dimensional arrays can be converted"). Take the element."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+def _child(names: list[str]) -> None:
+    """Runs in the child process, TRITON_INTERPRET=1 already in the environment."""
+    import importlib
+
+    import torch
+
+    _numpy_scalar_shim()
+    mods = {key: importlib.import_module(f"deltaserve.kernels.{path}") for key, path in (
+        ("affine", "quant.triton_affine"), ("moe", "moe.triton_decode"), ("gdn", "gated_delta.triton_decode"),
+        ("attn", "attention.triton_paged"), ("norm", "triton_norm"))}
+    cases = _cases()
+    for name in names:
+        torch.manual_seed(0)
+        try:
+            cases[name](mods)
+            line = {"case": name, "ok": True}
+        except Exception as exc:  # reported to the parent test, which fails with this text
+            line = {"case": name, "ok": False, "error": f"{exc!r}\n{traceback.format_exc()[-3000:]}"}
+        print("CASE " + json.dumps(line), flush=True)
+
+
+@pytest.fixture(scope="module")
+def results():
+    pytest.importorskip("triton", reason="Triton is not importable here; the interpreter tests need it")
+    env = dict(os.environ, TRITON_INTERPRET="1", DELTASERVE_REFERENCE="0")
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *CASE_NAMES], env=env, cwd=HERE.parent,
+                          capture_output=True, text=True, timeout=900)
+    found = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("CASE "):
+            rec = json.loads(line[5:])
+            found[rec["case"]] = rec
+    if not found:
+        pytest.fail(f"interpreter child produced no results (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return found, proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_kernel_under_interpreter(results, case):
+    found, stderr = results
+    rec = found.get(case)
+    assert rec is not None, f"case {case} did not report (child crashed?):\n{stderr}"
+    assert rec["ok"], rec.get("error")
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("run through pytest, or with TRITON_INTERPRET=1 set before Python starts")
+    _child(sys.argv[1:])
