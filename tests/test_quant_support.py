@@ -52,7 +52,7 @@ def fp8_release(hf_dir: Path, out: Path, block: int = 128, scale_dtype=torch.flo
     tensors = {}
 
     def put(name: str, w: torch.Tensor) -> None:
-        if any(k in name for k in keep) or not name.endswith("proj.weight"):
+        if any(k in name for k in keep) or w.dim() != 2 or not name.endswith(".weight"):
             tensors[name] = w.bfloat16() if w.dtype == torch.float32 and "A_log" not in name else w
             return
         tensors[name], tensors[name + "_scale_inv"] = fp8_block_quantize(w, (block, block), scale_dtype)
