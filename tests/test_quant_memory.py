@@ -1,0 +1,81 @@
+"""Loading a 4-bit MLX checkpoint never materialises dense weights: the peak RSS of the load grows by at most 1.5x
+the packed checkpoint size (a dense bf16 copy of the same model would be ~3.6x)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from deltaserve.model import ModelConfig, Qwen3_5ForCausalLM
+from deltaserve.quant import AffineWeights, mlx_names
+
+QUANT = {"group_size": 64, "bits": 4, "mode": "affine"}
+TEXT = dict(
+    vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
+    num_experts=32, num_experts_per_tok=2, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+)  # fmt: skip
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, torch
+    from deltaserve.weights import load_checkpoint
+
+    def status(key):
+        for line in open("/proc/self/status"):
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
+    before = status("VmRSS:")
+    model = load_checkpoint(sys.argv[1], progress=False).model
+    peak = status("VmHWM:")
+    resident = sum(p.numel() * p.element_size() for p in model.parameters())
+    packed = sum(p.numel() for p in model.parameters() if p.dtype == torch.uint32)
+    print(json.dumps(dict(before=before, peak=peak, resident=resident, packed_words=packed)))
+    """
+)
+
+
+def write_random_mlx_q4(path: Path) -> int:
+    """A random 4-bit MLX checkpoint (random codes, scales and biases; MLX names and layouts); returns its bytes."""
+    config = {"model_type": "qwen3_5_moe", "text_config": TEXT, "tie_word_embeddings": False, "quantization": QUANT}
+    cfg = ModelConfig.from_dict(config)
+    with torch.device("meta"):
+        meta = Qwen3_5ForCausalLM(cfg, AffineWeights(QUANT, None, cfg.model_type), norm_offset=0.0)
+    g = torch.Generator().manual_seed(0)
+    tensors = {}
+    for name, p in meta.named_parameters():
+        if p.dtype == torch.uint32:
+            t = torch.randint(-(2**31), 2**31, p.shape, generator=g, dtype=torch.int64).to(torch.int32).view(torch.uint32)
+        elif name.endswith("conv1d.weight"):
+            t = torch.randn(p.shape[0], p.shape[2], 1, generator=g).bfloat16()  # MLX [C, K, 1]
+        elif name.endswith(("A_log", "dt_bias")):
+            t = torch.randn(p.shape, generator=g)  # fp32, as the formats hold them
+        else:
+            t = (torch.randn(p.shape, generator=g) * 0.01).bfloat16()
+        tensors[mlx_names.to_mlx(name, cfg.model_type)] = t
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "mlx"})
+    (path / "config.json").write_text(json.dumps(config))
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def test_peak_rss_of_a_4bit_load_stays_near_the_packed_size(tmp_path):
+    size = write_random_mlx_q4(tmp_path)
+    assert 100e6 < size < 200e6
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["resident"] == size  # every byte of the file is a parameter byte, nothing expanded
+    dense_bf16 = r["packed_words"] * 8 * 2  # the same weights dequantised to bf16
+    assert dense_bf16 > 3 * size
+    growth = r["peak"] - r["before"]
+    assert growth <= 1.5 * size, f"peak RSS grew {growth / 2**20:.0f} MiB for {size / 2**20:.0f} MiB packed"
