@@ -32,10 +32,10 @@ def key_seed(seed: int, key: str) -> int:
 
 
 class Rng:
-    """Random fp32 tensors keyed by name; `memo` keeps the few most recent results for tensors that are cut
-    into several stored tensors (per-expert slices of a fused expert bank, Qwen3-Next fused projections)."""
+    """Random fp32 tensors keyed by name; `memo` keeps the most recent results of blocks that are cut into
+    several stored tensors (the [2I, H] gate+up block of one expert in the per-expert layout)."""
 
-    def __init__(self, seed: int, memo_size: int = 4):
+    def __init__(self, seed: int, memo_size: int = 2):
         self.seed = seed
         self._memo: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._memo_size = memo_size
@@ -66,8 +66,22 @@ class Rng:
 
     # ---- the initialisers used by the layouts ----------------------------------------------------------------
     def linear(self, key: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """Weight [..., out, in] with fan-in scaling (also stacked expert banks [E, out, in])."""
+        """Weight [out, in] with fan-in scaling."""
         return self.normal(key, shape, 1.0 / math.sqrt(shape[-1]))
+
+    def expert(self, key: str, e: int, shape: tuple[int, int]) -> torch.Tensor:
+        """Expert e [out, in] of the bank `key`, from its own generator: one expert can be made without the bank
+        (per-expert layout) and equals the bank's slice e (fused layout). The last few are memoised because the
+        per-expert layout cuts gate and up from one [2I, H] block."""
+        sub = f"{key}/{e}"
+        return self.memo(sub, lambda: self.linear(sub, shape))
+
+    def expert_bank(self, key: str, shape: tuple[int, int, int]) -> torch.Tensor:
+        """Stacked expert weights [E, out, in] (fused layout), expert by expert."""
+        out = torch.empty(shape, dtype=torch.float32)
+        for e in range(shape[0]):
+            out[e] = self.linear(f"{key}/{e}", shape[1:])
+        return out
 
     def zero_centred_norm(self, key: str, n: int) -> torch.Tensor:
         return self.normal(key, (n,), NORM_STD)

@@ -6,8 +6,8 @@ Layouts (spec sections 2 and 6):
 - qwen3_next: flat `model.*`, `lm_head.weight`, `mtp.*`, no vision; GDN projections fused per key-head group:
   in_proj_qkvz rows per group g = [q_g (dk), k_g (dk), v_g (r*dv), z_g (r*dv)], in_proj_ba rows = [b_g (r), a_g (r)].
 - routed experts either fused (`experts.gate_up_proj` [E, 2I, H] gate rows first, `experts.down_proj` [E, H, I],
-  no ".weight") or per expert (`experts.{e}.{gate,up,down}_proj.weight`). Per-expert tensors are cut from the
-  same random fused bank (same key), so both layouts of one seed describe the same model.
+  no ".weight") or per expert (`experts.{e}.{gate,up,down}_proj.weight`). Expert e of a bank has its own
+  generator in both layouts, so both layouts of one seed describe the same model.
 
 A TensorSpec only describes a tensor; its values are made on demand (`spec.make(rng)`), so a writer can hold one
 shard in memory at a time.
@@ -168,20 +168,21 @@ def _ffn(p: str, cfg: ModelConfig, sparse: bool, expert_layout: str) -> list[Ten
 
 
 def _experts(p: str, E: int, H: int, inter: int, layout: str) -> list[TensorSpec]:
+    """Both layouts draw expert e from the generator of (bank name, e), so per-expert tensors equal the fused
+    banks' slices and never need a whole bank in memory."""
     gate_up, down = f"{p}.gate_up_proj", f"{p}.down_proj"
     if layout == "fused":
-        return [_spec(gate_up, (E, 2 * inter, H), "linear"), _spec(down, (E, H, inter), "linear")]
-
-    def bank(key: str, shape: tuple[int, ...]) -> Callable[[Rng], torch.Tensor]:
-        return lambda rng: rng.memo(key, lambda: rng.linear(key, shape))
-
-    gu, dn = bank(gate_up, (E, 2 * inter, H)), bank(down, (E, H, inter))
+        return [
+            TensorSpec(gate_up, (E, 2 * inter, H), lambda rng: rng.expert_bank(gate_up, (E, 2 * inter, H))),
+            TensorSpec(down, (E, H, inter), lambda rng: rng.expert_bank(down, (E, H, inter))),
+        ]
     specs = []
     for e in range(E):
+        gu = lambda rng, e=e: rng.expert(gate_up, e, (2 * inter, H))  # noqa: E731  [2I, H], gate rows first
         specs += [
-            TensorSpec(f"{p}.{e}.gate_proj.weight", (inter, H), lambda rng, e=e: gu(rng)[e, :inter].clone()),
-            TensorSpec(f"{p}.{e}.up_proj.weight", (inter, H), lambda rng, e=e: gu(rng)[e, inter:].clone()),
-            TensorSpec(f"{p}.{e}.down_proj.weight", (H, inter), lambda rng, e=e: dn(rng)[e].clone()),
+            TensorSpec(f"{p}.{e}.gate_proj.weight", (inter, H), lambda rng, gu=gu: gu(rng)[:inter].clone()),
+            TensorSpec(f"{p}.{e}.up_proj.weight", (inter, H), lambda rng, gu=gu: gu(rng)[inter:].clone()),
+            TensorSpec(f"{p}.{e}.down_proj.weight", (H, inter), lambda rng, e=e: rng.expert(down, e, (H, inter))),
         ]
     return specs
 
