@@ -91,27 +91,16 @@ def _cases():
 CASE_NAMES = list(_cases())  # importing the cases pulls in torch and the references, never triton
 
 
-def _numpy_scalar_shim() -> None:
-    """Triton 3.6's interpreter passes scalar kernel arguments as 1-element arrays and calls int() on them, which
-    numpy >= 2.4 refuses for 1-D arrays ("only 0-dimensional arrays can be converted"). Take the element."""
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-
-
 def _child(names: list[str]) -> None:
     """Runs in the child process, TRITON_INTERPRET=1 already in the environment."""
     import importlib
 
     import torch
 
-    _numpy_scalar_shim()
+    sys.path.insert(0, str(HERE / "gpu"))
+    from kernel_cases import interpreter_numpy_shim
+
+    interpreter_numpy_shim()
     mods = {key: importlib.import_module(f"deltaserve.kernels.{path}") for key, path in (
         ("affine", "quant.triton_affine"), ("moe", "moe.triton_decode"), ("gdn", "gated_delta.triton_decode"),
         ("attn", "attention.triton_paged"), ("norm", "triton_norm"))}

@@ -24,6 +24,23 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 SLACK = 2.0 if INTERPRETED else 1.0
 
 
+def interpreter_numpy_shim() -> None:
+    """Triton 3.6's interpreter passes scalar kernel arguments as 1-element arrays and calls int() on them, which
+    numpy >= 2.4 refuses for 1-D arrays ("only 0-dimensional arrays can be converted"). Take the element."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_deltaserve_shim", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._deltaserve_shim = True
+    interpreter._patch_lang_tensor = patched
+
+
 def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
     """Integer codes [..., n] -> MLX words uint32 [..., n*bits/32] (value i of a word at bits [i*bits, ...))."""
     per = 32 // bits
@@ -229,7 +246,7 @@ def check_gdn_decode(mods, device, b, hk, hv, dk, dv, fresh_rows=(1,), num_slots
     for i in range(b):
         st = None if int(ctx[i]) == 0 else ssm0[slots[i]].double()
         y, s = gdn_step_reference(inp, i, hk, dk, st)
-        close(o[i], y.double(), 2 * BF16_EPS, f"gdn decode row {i}")
+        close(o[i], y.double(), 4 * BF16_EPS, f"gdn decode row {i}")  # 4 bf16 roundings in the norm
         close(inp["ssm"][slots[i]], s, 1e-5, f"gdn state row {i}")
 
 

@@ -1,0 +1,221 @@
+"""Triton kernels on CUDA at the Qwen3.6-35B-A3B shapes: each against its fp64 reference (kernel_cases), and
+batch invariance bit for bit (a row computed alone == the same row among 1, 3, 15 and 63 others)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import kernel_cases as kc
+
+pytestmark = pytest.mark.gpu
+OTHERS = (1, 3, 15, 63)  # companions of the row under test
+
+
+@pytest.fixture(scope="module")
+def mods(dev):
+    return {key: importlib.import_module(f"deltaserve.kernels.{path}") for key, path in (
+        ("affine", "quant.triton_affine"), ("moe", "moe.triton_decode"), ("gdn", "gated_delta.triton_decode"),
+        ("attn", "attention.triton_paged"), ("norm", "triton_norm"))}
+
+
+# ------------------------------------------------------------------------------------------ against references
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (8, 128)])
+def test_affine_matmul(mods, dev, small, bits, group):
+    n, k = (40, 256) if small else (1000, 2048)
+    for m in (1, 16, 64, 300):
+        kc.check_affine(mods, dev, bits, group, m=m, n=n, k=k)
+
+
+def test_affine_matmul_experts(mods, dev, small):
+    e, n, k, m = (5, 24, 128, 37) if small else (32, 512, 2048, 100)
+    kc.check_affine_experts(mods, dev, 4, 64, m=m, n=n, k=k, e=e, repeat=8)
+    kc.check_affine_experts(mods, dev, 16, 64, m=m, n=n, k=k, e=e, repeat=2)
+
+
+@pytest.mark.parametrize("t", [1, 4])
+def test_moe_decode_q4(mods, dev, small, t):
+    h, e, i, top_k = (64, 8, 64, 3) if small else (2048, 256, 512, 8)
+    kc.check_moe(mods, dev, t=t, h=h, e=e, i=i, i_s=i, top_k=top_k, bits=4, group=64)
+
+
+def test_moe_decode_bf16(mods, dev, small):
+    h, e, i, top_k = (64, 8, 64, 3) if small else (2048, 64, 512, 8)
+    kc.check_moe(mods, dev, t=3, h=h, e=e, i=i, i_s=i, top_k=top_k, bits=16, group=64, router_bits=16)
+
+
+def test_moe_router_ties(mods, dev):
+    kc.check_moe_ties(mods, dev)
+
+
+def test_causal_conv(mods, dev, small):
+    c = 48 if small else 8192
+    kc.check_conv(mods, dev, c=c, kw=4, seqs=[1, 5, 40, 2, 17] if small else [1, 5, 300, 2, 64],
+                  ctx=[0, 9, 0, 1, 100])
+
+
+def test_gdn_decode_step(mods, dev, small):
+    dims = (2, 4, 16, 32) if small else (16, 32, 128, 128)
+    kc.check_gdn_decode(mods, dev, 5, *dims, fresh_rows=(0, 3), num_slots=9)
+
+
+def test_paged_attention(mods, dev, small):
+    if small:
+        kc.check_attention(mods, dev, ctx=[0, 13, 5, 150], seqs=[7, 3, 1, 20], hq=4, hkv=2, d=32, bs=8)
+    else:
+        kc.check_attention(mods, dev, ctx=[0, 300, 1000, 17], seqs=[50, 1, 130, 64], hq=16, hkv=2, d=256, bs=16)
+
+
+def test_norms(mods, dev, small):
+    kc.check_norms(mods, dev, rows=7, n=96 if small else 2048, dv=32 if small else 128)
+
+
+def _prefill_problem(dev, seqs, ctx, hk, hv, d, num_slots):
+    t = sum(seqs)
+    return dict(
+        q=torch.randn(t, hk, d, device=dev).bfloat16(), k=torch.randn(t, hk, d, device=dev).bfloat16(),
+        v=torch.randn(t, hv, d, device=dev).bfloat16(),
+        g=-torch.rand(t, hv, device=dev) * 0.5, beta=torch.rand(t, hv, device=dev),
+        ssm=torch.randn(num_slots, hv, d, d, device=dev) * 0.1,
+    )
+
+
+def _run_prefill(gd, p, seqs, ctx, slots, dev):
+    cu = torch.tensor([0] + torch.tensor(seqs).cumsum(0).tolist(), device=dev, dtype=torch.int64)
+    return gd.gdn_prefill(p["q"], p["k"], p["v"], p["g"], p["beta"], cu, p["ssm"], slots,
+                          torch.tensor(ctx, device=dev), p["q"].shape[-1] ** -0.5, cu_seqlens_cpu=cu.cpu())
+
+
+def test_gdn_prefill_fla(mods, dev):
+    if dev != "cuda":
+        pytest.skip("fla-core's chunked kernel runs on CUDA only")
+    pytest.importorskip("fla", reason="fla-core wheel not installed (wheels.txt)")
+    from deltaserve.kernels.gated_delta import reference as ref
+
+    seqs, ctx, hk, hv, d = [100, 1, 64, 257], [0, 5, 0, 30], 4, 8, 128
+    p = _prefill_problem(dev, seqs, ctx, hk, hv, d, 6)
+    slots = torch.tensor([4, 0, 2, 5], device=dev)
+    p["ssm"][2] = float("nan")  # fresh sequence 2 must not read its slot
+    ssm0 = p["ssm"].clone()
+    o = _run_prefill(mods["gdn"], p, seqs, ctx, slots, dev)
+    start = 0
+    for b, n in enumerate(seqs):
+        sl = slice(start, start + n)
+        q, k = ref.l2norm(p["q"][sl].double()), ref.l2norm(p["k"][sl].double())
+        st = None if ctx[b] == 0 else ssm0[slots[b]].double()
+        ro, rs = ref.gated_delta_chunked(q, k, p["v"][sl].double(), p["g"][sl].double(), p["beta"][sl].double(),
+                                         st, d**-0.5)
+        kc.close(o[sl], ro, 8 * kc.BF16_EPS, f"fla prefill output seq {b}")
+        kc.close(p["ssm"][slots[b]], rs, 8 * kc.BF16_EPS, f"fla prefill state seq {b}")
+        start += n
+
+
+# ------------------------------------------------------------------------------------------ batch invariance
+
+
+def test_affine_batch_invariance(mods, dev, small):
+    n, k = (40, 256) if small else (2048, 2048)
+    packed, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
+    wd = torch.randn(n, k, device=dev).bfloat16()
+    x = torch.randn(300, k, device=dev).bfloat16()
+    ta = mods["affine"]
+    alone = ta.affine_matmul(x[:1], packed, s, b, 4, 64)
+    alone_d = ta.dense_matmul(x[:1], wd)
+    for others in (*OTHERS, 299):
+        assert torch.equal(ta.affine_matmul(x[: others + 1], packed, s, b, 4, 64)[:1], alone), f"q4 +{others}"
+        assert torch.equal(ta.dense_matmul(x[: others + 1], wd)[:1], alone_d), f"bf16 +{others}"
+
+
+def test_affine_experts_batch_invariance(mods, dev, small):
+    e, n, k = (4, 24, 128) if small else (16, 512, 2048)
+    packed, s, b, _ = kc.affine_weight((e, n, k), 4, 64, dev)
+    x = torch.randn(64, k, device=dev).bfloat16()
+    ids = torch.randint(0, e, (64,), device=dev)
+    ta = mods["affine"]
+    alone = ta.affine_matmul_experts(x[:1], packed, s, b, ids[:1], 4, 64)
+    for others in OTHERS:
+        got = ta.affine_matmul_experts(x[: others + 1], packed, s, b, ids[: others + 1], 4, 64)
+        assert torch.equal(got[:1], alone), f"+{others}"
+
+
+def test_moe_decode_batch_invariance(mods, dev, small):
+    h, e, i, top_k = (64, 8, 64, 3) if small else (2048, 256, 512, 8)
+    x, kw, _ = kc.moe_problem(dev, 64, h, e, i, i, 4, 64)
+    res = kw.pop("residual")
+    md = mods["moe"]
+    alone = md.moe_decode(x[:1], top_k=top_k, residual=res[:1], **kw)
+    for others in OTHERS:
+        got = md.moe_decode(x[: others + 1], top_k=top_k, residual=res[: others + 1], **kw)
+        assert torch.equal(got[:1], alone), f"+{others}"
+
+
+def test_gdn_decode_batch_invariance(mods, dev, small):
+    hk, hv, dk, dv = (2, 4, 16, 32) if small else (16, 32, 128, 128)
+    inp = kc.gdn_inputs(dev, 64, hk, hv, dk, dv, 64)
+    c = inp["qkv"].shape[1]
+    conv_w = torch.randn(c, 4, device=dev).bfloat16()
+    conv0 = torch.randn(64, c, 3, device=dev).bfloat16()
+    ssm0 = inp["ssm"].clone()
+    slots = torch.randperm(64, device=dev)
+    ctx = torch.full((64,), 7, device=dev)
+    gd = mods["gdn"]
+
+    def step(bsz):
+        conv, ssm = conv0.clone(), ssm0.clone()
+        cu = torch.arange(bsz + 1, device=dev, dtype=torch.int32)
+        xc = gd.causal_conv(inp["qkv"][:bsz], conv_w, conv, cu, slots[:bsz], ctx[:bsz], 1)
+        o = gd.gdn_decode_step(xc, inp["z"][:bsz], inp["a"][:bsz], inp["b"][:bsz], inp["a_log"], inp["dt_bias"],
+                               inp["norm_w"], ssm, slots[:bsz], ctx[:bsz], hk, 1e-6)
+        return o[:1], conv[slots[0]], ssm[slots[0]]
+
+    alone = step(1)
+    for others in OTHERS:
+        for a, b_ in zip(step(others + 1), alone):
+            assert torch.equal(a, b_), f"+{others}"
+
+
+def test_paged_attention_batch_invariance(mods, dev, small):
+    hq, hkv, d, bs = (4, 2, 32, 8) if small else (16, 2, 256, 16)
+    ctx = torch.randint(0, 60 if small else 3000, (64,)).tolist()
+    ctx[0] = 40 if small else 2500
+    p = kc.paged_problem(dev, ctx, [1] * 64, hq, hkv, d, bs)
+    tp = mods["attn"]
+    lens = torch.tensor([c + 1 for c in ctx], device=dev, dtype=torch.int32)
+    tp.write_kv(p["kc"], p["vc"], p["slots"], p["k"], p["v"])
+    q, scale = p["q"], d**-0.5
+    alone = tp.paged_decode_attention(q[:1], p["kc"], p["vc"], p["tables"][:1], lens[:1], scale, int(lens[0]))
+    for others in OTHERS:
+        n = others + 1
+        got = tp.paged_decode_attention(q[:n], p["kc"], p["vc"], p["tables"][:n], lens[:n], scale,
+                                        int(lens[:n].max()))
+        assert torch.equal(got[:1], alone), f"decode +{others}"
+    # prefill: sequence 0's tokens alone == among other sequences
+    seqs, pctx = [37, 5, 80, 1], [20, 0, 300, 9]
+    p = kc.paged_problem(dev, pctx, seqs, hq, hkv, d, bs)
+    tp.write_kv(p["kc"], p["vc"], p["slots"], p["k"], p["v"])
+    ctx_t = torch.tensor(pctx, device=dev)
+    alone = tp.paged_prefill_attention(p["q"][:37], p["kc"], p["vc"], p["tables"][:1], p["cu"][:2], ctx_t[:1],
+                                       scale, 37)
+    both = tp.paged_prefill_attention(p["q"], p["kc"], p["vc"], p["tables"], p["cu"], ctx_t, scale, max(seqs))
+    assert torch.equal(both[:37], alone), "prefill"
+
+
+def test_gdn_prefill_batch_invariance(mods, dev):
+    if dev != "cuda":
+        pytest.skip("fla-core's chunked kernel runs on CUDA only")
+    pytest.importorskip("fla", reason="fla-core wheel not installed (wheels.txt)")
+    seqs, ctx = [130, 7, 64, 300], [9, 0, 3, 0]
+    p = _prefill_problem(dev, seqs, ctx, 4, 8, 128, 6)
+    ssm0 = p["ssm"].clone()
+    slots = torch.tensor([1, 3, 0, 5], device=dev)
+    both = _run_prefill(mods["gdn"], p, seqs, ctx, slots, dev)[:130].clone()
+    state_both = p["ssm"][1].clone()
+    p["ssm"] = ssm0.clone()
+    one = {k: v[:130] if k not in ("ssm",) else v for k, v in p.items()}
+    alone = _run_prefill(mods["gdn"], one, seqs[:1], ctx[:1], slots[:1], dev)
+    assert torch.equal(both, alone), "fla prefill output depends on the other sequences"
+    assert torch.equal(p["ssm"][1], state_both), "fla prefill state depends on the other sequences"
