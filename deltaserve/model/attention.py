@@ -7,6 +7,7 @@ from torch import nn
 
 from ..kernels.attention import paged_attention, write_kv
 from ..kernels.rope import apply_rope
+from . import fast
 from .cache import HybridCache
 from .config import ModelConfig
 from .forward_batch import ForwardBatch
@@ -34,22 +35,39 @@ class GatedAttention(nn.Module):
         self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, rope: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
         t = x.shape[0]
-        qg = self.q_proj(x)
+        qg = fast.linear(self.q_proj, x)
         if self.gated:
             qg = qg.view(t, self.hq, 2 * self.d)
             q, gate = qg[..., : self.d], qg[..., self.d :].reshape(t, self.hq * self.d)
         else:
             q, gate = qg.view(t, self.hq, self.d), None
-        k = self.k_proj(x).view(t, self.hkv, self.d)
-        v = self.v_proj(x).view(t, self.hkv, self.d)
+        k = fast.linear(self.k_proj, x).view(t, self.hkv, self.d)
+        v = fast.linear(self.v_proj, x).view(t, self.hkv, self.d)
         q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_cache, v_cache = cache.k[self.layer], cache.v[self.layer]
-        write_kv(k_cache, v_cache, batch.slot_mapping, k, v)
-        o = paged_attention(
-            q, k_cache, v_cache, batch.block_tables, batch.context_lens_cpu, batch.seq_lens_cpu, self.scale
-        ).reshape(t, self.hq * self.d)
+        if fast.enabled(x):
+            o = self._attend_fast(q.contiguous(), k, v, k_cache, v_cache, batch)
+        else:
+            write_kv(k_cache, v_cache, batch.slot_mapping, k, v)
+            o = paged_attention(
+                q, k_cache, v_cache, batch.block_tables, batch.context_lens_cpu, batch.seq_lens_cpu, self.scale
+            )
+        o = o.reshape(t, self.hq * self.d)
         if gate is not None:
             o = o * torch.sigmoid(gate)
-        return self.o_proj(o)
+        return fast.linear(self.o_proj, o)
+
+    def _attend_fast(self, q, k, v, k_cache, v_cache, batch: ForwardBatch) -> torch.Tensor:
+        from ..kernels.attention import triton_paged as tp
+
+        tp.write_kv(k_cache, v_cache, batch.slot_mapping, k, v)
+        if batch.max_seqlen == 1 and batch.num_tokens == batch.num_seqs:  # decode: one token per sequence
+            max_kv = batch.block_tables.shape[1] * batch.block_size
+            return tp.paged_decode_attention(
+                q, k_cache, v_cache, batch.block_tables, batch.context_lens + 1, self.scale, max_kv
+            )
+        return tp.paged_prefill_attention(
+            q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens, batch.context_lens, self.scale, batch.max_seqlen
+        )

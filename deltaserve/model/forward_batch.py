@@ -50,6 +50,11 @@ class ForwardBatch:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
+    @property
+    def max_seqlen(self) -> int:
+        """Most new tokens of any sequence (1 for a pure decode step); a host size, never a device read."""
+        return max(self.seq_lens_cpu)
+
     @classmethod
     def build(
         cls,

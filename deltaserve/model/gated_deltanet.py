@@ -7,6 +7,7 @@ from torch import nn
 
 from ..kernels.conv1d import causal_conv1d
 from ..kernels.gated_delta import gated_delta_chunked, gated_delta_recurrent, gdn_gates, l2norm
+from . import fast
 from .cache import HybridCache
 from .config import ModelConfig
 from .forward_batch import ForwardBatch
@@ -38,6 +39,8 @@ class GatedDeltaNet(nn.Module):
         self.scale = self.dk**-0.5
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
+        if fast.enabled(x):
+            return self._forward_fast(x, batch, cache)
         t = x.shape[0]
         qkv = self.in_proj_qkv(x)  # [T, conv_dim]
         z = self.in_proj_z(x).view(t, self.hv, self.dv)
@@ -61,3 +64,31 @@ class GatedDeltaNet(nn.Module):
             start += n
         y = self.norm(out, z).reshape(t, self.value_dim)
         return self.out_proj(y)
+
+    def _forward_fast(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
+        """All sequences at once: conv over the slot pool, then the fused step (decode) or fla's chunked rule."""
+        from ..kernels.gated_delta import triton_decode as td
+
+        t = x.shape[0]
+        qkv = fast.linear(self.in_proj_qkv, x)
+        z = fast.linear(self.in_proj_z, x)
+        a, b = fast.linear(self.in_proj_a, x), fast.linear(self.in_proj_b, x)
+        conv_pool, ssm_pool = cache.conv[self.layer], cache.ssm[self.layer]
+        mixed = td.causal_conv(
+            qkv, self.conv1d.weight[:, 0, :], conv_pool, batch.cu_seqlens, batch.state_slots, batch.context_lens,
+            batch.max_seqlen,
+        )
+        if batch.max_seqlen == 1:
+            y = td.gdn_decode_step(
+                mixed, z, a, b, self.A_log, self.dt_bias, self.norm.weight, ssm_pool, batch.state_slots,
+                batch.context_lens, self.hk, self.norm.eps,
+            )
+            return fast.linear(self.out_proj, y)
+        g, beta = td.gdn_gates(a, b, self.A_log, self.dt_bias)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        o = td.gdn_prefill(
+            q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk), v.reshape(t, self.hv, self.dv), g, beta,
+            batch.cu_seqlens, ssm_pool, batch.state_slots, batch.context_lens, self.scale,
+        )
+        y = self.norm(o.to(x.dtype), z.view(t, self.hv, self.dv)).reshape(t, self.value_dim)
+        return fast.linear(self.out_proj, y)

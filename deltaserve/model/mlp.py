@@ -7,8 +7,12 @@ from torch import nn
 
 from ..kernels import linear as linear_ops
 from ..kernels.moe import moe_combine_reference, route_topk
+from . import fast
 from .config import ModelConfig
 from .layers import WeightFactory
+
+# Up to this many tokens the MoE block runs as per-token GEMVs (decode); more go through the grouped expert matmul.
+MOE_GEMV_MAX_TOKENS = 16
 
 
 class MLP(nn.Module):
@@ -21,7 +25,8 @@ class MLP(nn.Module):
         self.down_proj = weights.linear(f"{prefix}.down_proj", intermediate, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(linear_ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
+        gate, up = fast.linear(self.gate_proj, x), fast.linear(self.up_proj, x)
+        return fast.linear(self.down_proj, linear_ops.silu_mul(gate, up))
 
 
 class SparseMoeBlock(nn.Module):
@@ -40,6 +45,8 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = weights.linear(f"{prefix}.shared_expert_gate", h, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fast.enabled(x):
+            return self._forward_fast(x)
         logits = self.gate(x.float())  # [N, E] fp32: the router runs in fp32 whatever the activation dtype
         weights, ids = route_topk(logits, self.top_k, self.normalize)
         shared = gate = None
@@ -47,3 +54,47 @@ class SparseMoeBlock(nn.Module):
             shared = self.shared_expert(x)
             gate = self.shared_expert_gate(x.float())
         return moe_combine_reference(x, weights, ids, self.experts.forward_expert, shared, gate)
+
+    def _shared_specs(self) -> dict:
+        if self.shared_expert is None:
+            return {}
+        se = self.shared_expert
+        return dict(
+            shared_gate_proj=fast.weight_spec(se.gate_proj),
+            shared_up=fast.weight_spec(se.up_proj),
+            shared_down=fast.weight_spec(se.down_proj),
+            shared_gate=fast.weight_spec(self.shared_expert_gate),
+        )
+
+    def _forward_fast(self, x: torch.Tensor) -> torch.Tensor:
+        from ..kernels.moe.triton_decode import moe_decode, moe_route
+
+        gate, up, down = fast.stacked_specs(self.experts)
+        router = fast.weight_spec(self.gate)
+        shared = self._shared_specs()
+        if x.shape[0] <= MOE_GEMV_MAX_TOKENS:
+            return moe_decode(x, router, gate, up, down, self.top_k, normalize=self.normalize, **shared)
+        routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"))
+        return self._grouped(x, routing, gate, up, down)
+
+    def _grouped(self, x: torch.Tensor, routing, gate, up, down) -> torch.Tensor:
+        """Prefill: every (token, pick) row through the grouped expert matmul, combined in fp32 in pick order
+        (ascending expert id), then the shared expert; rounded once."""
+        from ..kernels.quant.triton_affine import affine_matmul_experts
+
+        t, k = routing.ids.shape
+        ids = routing.ids.reshape(-1)
+
+        def run(spec, inp, repeat):
+            sc = None if spec.bits == 16 else spec.scales
+            bi = None if spec.bits == 16 else spec.biases
+            return affine_matmul_experts(inp, spec.w, sc, bi, ids, spec.bits, spec.group, x_repeat=repeat)
+
+        h = linear_ops.silu_mul(run(gate, x, k), run(up, x, k))  # [T*k, I]
+        y = run(down, h, 1).view(t, k, -1)  # [T*k, H] -> [T, k, H]
+        acc = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
+        for j in range(k):
+            acc += routing.weights[:, j : j + 1] * y[:, j].float()
+        if self.shared_expert is not None:
+            acc += routing.shared_weight[:, None] * self.shared_expert(x).float()
+        return acc.to(x.dtype)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ..kernels import norm as norm_ops
+from . import fast
 
 
 class RMSNorm(nn.Module):
@@ -17,6 +18,10 @@ class RMSNorm(nn.Module):
         self.eps, self.offset = eps, offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fast.enabled(x):
+            from ..kernels.triton_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, self.offset)
         return norm_ops.rms_norm(x, self.weight, self.eps, self.offset)
 
 
@@ -29,4 +34,8 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        if fast.enabled(x):
+            from ..kernels.triton_norm import gated_rms_norm
+
+            return gated_rms_norm(x, gate, self.weight, self.eps)
         return norm_ops.gated_rms_norm(x, gate, self.weight, self.eps)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..kernels.rope import rope_cos_sin
+from . import fast
 from .attention import GatedAttention
 from .cache import HybridCache
 from .config import ModelConfig
@@ -79,7 +80,12 @@ class Qwen3_5ForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         h = self.norm(hidden)
-        logits = self.lm_head(h) if self.lm_head is not None else self.embed_tokens.as_linear(h)
+        if self.lm_head is not None:
+            logits = fast.linear(self.lm_head, h)
+        elif fast.enabled(h):  # the tied table read as a [V, H] matrix by the fast matmul
+            logits = fast.linear(self.embed_tokens, h)
+        else:
+            logits = self.embed_tokens.as_linear(h)
         return logits.float()
 
     def forward(self, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:

@@ -1,0 +1,186 @@
+"""`deltaserve bench`: prefill and decode timed separately, llama-bench style (shared/BENCH_METHOD.md).
+
+  deltaserve bench --preset qwen3.6-35b-a3b --quant q4 -p 512 -n 128 -d 0,512,4096 -b 1,8,64 -r 5
+
+Prefill (pp N @ d): B sequences with d tokens already cached each process N new tokens in one forward call;
+tokens/s = B*N / time. Decode (tg N @ d): B sequences at depth d generate N tokens one step at a time (greedy, CUDA
+graph replay); tokens/s = B*N / time. One warm-up run, then R repetitions; median and standard deviation.
+
+Depth is laid down synthetically: the KV blocks of the first d positions and the DeltaNet state slots are filled with
+random values instead of running a d-token prefill first. The timed phase reads exactly the same bytes either way
+(attention reads d cached tokens, the recurrent state has a fixed size), and it keeps a 32K-deep, 64-stream run
+inside the device budget. Records say so in their notes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from ..engine.cuda_graph import DecodeGraph
+from ..model import ForwardBatch, ModelConfig
+from . import records, roofline
+from .random_model import build_random_model
+
+BLOCK_SIZE = 64
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="deltaserve bench", description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="checkpoint directory")
+    src.add_argument("--preset", help="synthetic preset (weights generated on the device), e.g. qwen3.6-35b-a3b")
+    p.add_argument("--quant", default="q4", choices=["q4", "q8", "bf16"], help="weight format for --preset")
+    p.add_argument("-p", "--n-prompt", type=_ints, default=[512], help="prefill tokens (comma list)")
+    p.add_argument("-n", "--n-gen", type=_ints, default=[128], help="decode tokens (comma list)")
+    p.add_argument("-d", "--depth", type=_ints, default=[0], help="context depths (comma list)")
+    p.add_argument("-b", "--batch", type=_ints, default=[1], help="streams (comma list)")
+    p.add_argument("-r", "--reps", type=int, default=5)
+    p.add_argument("--no-graph", action="store_true", help="decode eagerly instead of CUDA-graph replay")
+    p.add_argument("--profile", action="store_true", help="break one decode step down by kernel class")
+    p.add_argument("--results", default="bench/results", help="directory for the JSON-line records")
+    p.add_argument("--no-record", action="store_true")
+    p.add_argument("--device", default="cuda")
+    return p.parse_args(argv)
+
+
+def load_model(args):
+    if args.preset:
+        from ..synthetic.presets import get_preset
+
+        config = ModelConfig.from_dict(get_preset(args.preset).config)
+        model = build_random_model(config, args.quant, args.device)
+        return model, config, args.preset, {"q4": "q4g64", "q8": "q8g64"}.get(args.quant, args.quant)
+    from ..weights.loader import load_checkpoint
+
+    loaded = load_checkpoint(args.model, device=args.device, dtype=torch.bfloat16)
+    quant = "bf16"
+    if loaded.config.quantization:
+        quant = f"q{loaded.config.quantization.get('bits')}g{loaded.config.quantization.get('group_size')}"
+    return loaded.model, loaded.config, str(args.model), quant
+
+
+class Streams:
+    """B sequences with fixed block tables over one cache, depth laid down synthetically."""
+
+    def __init__(self, model, config: ModelConfig, batch: int, max_len: int):
+        self.model, self.batch = model, batch
+        self.blocks_per_seq = -(-max_len // BLOCK_SIZE)
+        self.cache = model.make_cache(batch * self.blocks_per_seq, BLOCK_SIZE, batch, torch.bfloat16)
+        dev = self.cache.k[config.full_attention_layers[0]].device if config.full_attention_layers else "cuda"
+        self.tables = torch.arange(batch * self.blocks_per_seq, dtype=torch.int32, device=dev).view(batch, -1)
+        gen = torch.Generator(device=dev).manual_seed(1)
+        for pool in list(self.cache.k.values()) + list(self.cache.v.values()):
+            pool.normal_(generator=gen)
+        for pool in self.cache.ssm.values():
+            pool.normal_(generator=gen).mul_(0.1)
+        for pool in self.cache.conv.values():
+            pool.normal_(generator=gen)
+        self.vocab = config.vocab_size
+
+    def prefill_batch(self, n: int, depth: int) -> ForwardBatch:
+        tables = self.tables.tolist()
+        ids = torch.randint(0, self.vocab, (self.batch, n)).tolist()
+        return ForwardBatch.build(ids, [depth] * self.batch, tables, list(range(self.batch)), BLOCK_SIZE,
+                                  device=self.tables.device)
+
+
+def _time(fn, reps: int) -> list[float]:
+    fn()  # warm-up: compilation, allocation
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def bench_prefill(streams: Streams, n: int, depth: int, reps: int) -> list[float]:
+    fb = streams.prefill_batch(n, depth)
+
+    @torch.no_grad()
+    def run():
+        streams.model(fb, streams.cache)
+
+    return _time(run, reps)
+
+
+def bench_decode(streams: Streams, n: int, depth: int, reps: int, graph: bool) -> list[float]:
+    b = streams.batch
+    dg = DecodeGraph(streams.model, streams.cache, b, streams.tables.shape[1], greedy_feedback=True)
+    dev = streams.tables.device
+    start = torch.full((b,), depth, dtype=torch.int64, device=dev)
+    ids = torch.randint(0, streams.vocab, (b,), device=dev)
+    slots = torch.arange(b, device=dev)
+    dg.load(ids, start, start, streams.tables, slots)
+    if graph:
+        dg.capture()
+
+    def run():
+        dg.load(ids, start, start, streams.tables, slots)
+        for _ in range(n):
+            dg.replay()
+
+    return _time(run, reps)
+
+
+def _stats(times: list[float], tokens: int) -> tuple[float, float]:
+    rates = [tokens / t for t in times]
+    return statistics.median(rates), (statistics.stdev(rates) if len(rates) > 1 else 0.0)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not torch.cuda.is_available():
+        print("deltaserve bench: needs a CUDA device", file=sys.stderr)
+        return 2
+    gpu = torch.cuda.get_device_name()
+    t0 = time.perf_counter()
+    model, config, name, quant = load_model(args)
+    torch.cuda.synchronize()
+    weight_gib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
+    print(f"# {name} {quant}: weights {weight_gib:.2f} GiB on {gpu}, built in {time.perf_counter() - t0:.1f}s",
+          flush=True)
+    fmt = roofline.WeightFormat.of(args.quant if args.preset else None)
+    recs = []
+    max_len = max(args.depth) + max(max(args.n_prompt), max(args.n_gen)) + 8
+    note = "depth laid down synthetically (random KV/state)"
+    for b in args.batch:
+        streams = Streams(model, config, b, max_len)
+        for d in args.depth:
+            for n in args.n_prompt:
+                times = bench_prefill(streams, n, d, args.reps)
+                tps, sd = _stats(times, n * b)
+                recs.append(records.make_record("deltaserve", gpu, name, quant, "pp", n, d, b, tps, sd, args.reps,
+                                                notes=note))
+                print(records.format_table(recs[-1:]).splitlines()[-1], flush=True)
+            for n in args.n_gen:
+                times = bench_decode(streams, n, d, args.reps, not args.no_graph)
+                tps, sd = _stats(times, n * b)
+                step_bytes = roofline.decode_step_bytes(config, fmt, b, d + n // 2)
+                gbps, pct = roofline.roofline(b / tps if tps else float("inf"), step_bytes)
+                recs.append(records.make_record("deltaserve", gpu, name, quant, "tg", n, d, b, tps, sd, args.reps,
+                                                gbps, pct, notes=note + ("; eager" if args.no_graph else "; cuda graph")))
+                print(records.format_table(recs[-1:]).splitlines()[-1], flush=True)
+        del streams
+        torch.cuda.empty_cache()
+    print(records.format_table(recs))
+    if args.profile:
+        from .profile import profile_decode
+
+        print(profile_decode(model, config, max(args.depth[0], 1)))
+    if not args.no_record:
+        path = records.append_records(recs, args.results, gpu)
+        print(f"# {len(recs)} records appended to {path}")
+    print(f"# peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+    return 0

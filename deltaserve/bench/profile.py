@@ -1,0 +1,60 @@
+"""`deltaserve bench --profile`: one eager decode step broken down by kernel class (CUDA time per class)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from ..engine.cuda_graph import DecodeGraph
+from ..model import ModelConfig
+
+# kernel-name fragments -> class, first match wins
+CLASSES = (
+    ("router", "moe"), ("gate_up", "moe"), ("down_combine", "moe"),
+    ("affine_mm", "linear (affine/dense matmul)"),
+    ("conv", "deltanet conv"), ("decode_kernel", "deltanet step"), ("gates", "deltanet step"),
+    ("chunk", "deltanet prefill"),
+    ("write_kv", "attention"), ("decode_split", "attention"), ("decode_merge", "attention"), ("prefill", "attention"),
+    ("rms_norm", "norm"), ("gated_norm", "norm"),
+)
+
+
+def classify(name: str) -> str:
+    low = name.lower()
+    for frag, cls in CLASSES:
+        if frag in low:
+            return cls
+    return "other (torch elementwise, copies, argmax)"
+
+
+def profile_decode(model, config: ModelConfig, depth: int, batch: int = 1, block_size: int = 64) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    blocks = -(-(depth + 8) // block_size)
+    cache = model.make_cache(batch * blocks, block_size, batch, torch.bfloat16)
+    dev = next(model.parameters()).device
+    tables = torch.arange(batch * blocks, dtype=torch.int32, device=dev).view(batch, -1)
+    dg = DecodeGraph(model, cache, batch, blocks, greedy_feedback=True)
+    ctx = torch.full((batch,), depth, dtype=torch.int64, device=dev)
+    dg.load(torch.zeros(batch, dtype=torch.int64, device=dev), ctx, ctx, tables, torch.arange(batch, device=dev))
+    for _ in range(2):
+        dg.replay()  # eager warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        dg.replay()
+        torch.cuda.synchronize()
+    per_class: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for evt in prof.key_averages():
+        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        if t <= 0:
+            continue
+        cls = classify(evt.key)
+        per_class[cls] += t
+        counts[cls] += evt.count
+    total = sum(per_class.values()) or 1.0
+    lines = [f"# decode step profile (eager, batch {batch}, depth {depth}): {total / 1e3:.3f} ms GPU time"]
+    for cls, t in sorted(per_class.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {cls:<42} {t / 1e3:8.3f} ms  {100 * t / total:5.1f}%  {counts[cls]:5d} launches")
+    return "\n".join(lines)
