@@ -49,6 +49,19 @@ def ensure_default_checkpoint() -> Path:
     return target
 
 
+def set_threads(threads: int | None, builtin: bool) -> None:
+    """CPU threads for torch. The built-in tiny model runs best on one: its ops are so small that handing work to
+    other threads costs more than it saves, and on a busy machine spinning threads slow it down many times."""
+    import torch
+
+    if threads is not None:
+        if threads <= 0:
+            raise CLIError(f"--threads must be positive, found {threads}")
+        torch.set_num_threads(threads)
+    elif builtin:
+        torch.set_num_threads(1)
+
+
 def sampling_from_args(args, model_dir: Path):
     """Flags win; otherwise the checkpoint's generation_config.json (temperature, top_k, top_p); then vLLM's."""
     from .engine.sampling_params import SamplingParams
@@ -71,6 +84,7 @@ def sampling_from_args(args, model_dir: Path):
 def cmd_run(args) -> int:
     from .engine.llm import LLM
 
+    set_threads(args.threads, builtin=not args.model)
     model_dir = Path(args.model) if args.model else ensure_default_checkpoint()
     if not model_dir.is_dir():
         raise CLIError(f"--model {model_dir}: not a directory")
@@ -210,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="sampling seed (default: drawn from the engine's seeded RNG)")
     run.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     run.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto (default float32)")
+    run.add_argument("--threads", type=int, help="CPU threads (default: 1 for the built-in model, else torch's)")
     run.add_argument("--max-model-len", type=int, help="context length (default min(model's, 8192))")
     run.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, no chat template")
     run.add_argument("--no-thinking", action="store_true", help="chat template with enable_thinking=False")

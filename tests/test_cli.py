@@ -71,6 +71,7 @@ def test_quantize_then_run_the_quantized_checkpoint(tmp_path, capsys):
         (["make-checkpoint", "{tmp}/x", "--preset", "nope"], "--preset 'nope' is not known"),
         (["make-checkpoint", "{tmp}/x", "--preset", "tiny-moe", "--quant", "q4", "--config-only"], "cannot be combined"),
         (["quantize", "{tmp}/missing", "{tmp}/out", "--bits", "4"], "not a directory"),
+        (["run", "--threads", "0", "--prompt", "x"], "--threads must be positive"),
         (["run", "--model", "{tmp}/badcfg", "--prompt", "x", "--top-p", "3"], "unknown model_type"),
     ],
 )
