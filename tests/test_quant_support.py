@@ -35,6 +35,9 @@ def write_hf_checkpoint(out: Path, moe: bool, tie: bool = False, seed: int = 0, 
         tensors.pop("lm_head.weight", None)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     model.config.save_pretrained(str(out))
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["dtype"] = "float32"  # as model.save_pretrained (and every published config) records it
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
     write_tokenizer(out)
     return out
 

@@ -2,7 +2,8 @@
 
 The model is built on the meta device with the checkpoint format's WeightFactory, so every number is the exact
 resident size deltaserve would allocate (packed codes, scales and biases for quantised modules; bf16 for dense
-ones; fp32 for A_log and FP8 block scales), without reading a byte of weights. With no safetensors in the
+ones, in the dtype the loader picks; fp32 for A_log, dt_bias and FP8 block scales), without reading a byte of
+weights. With no safetensors in the
 directory (config only), the format follows from config.json: an MLX `quantization` entry quantises what mlx_lm
 would (input width divisible by the group size, plus the per-layer overrides); an fp8 `quantization_config`
 converts every linear except modules_to_not_convert.
@@ -24,6 +25,7 @@ from ..model.layers import DenseWeights
 from ..model.qwen3_5 import Qwen3_5ForCausalLM
 from ..quant import AffineWeights, Fp8BlockWeights
 from .formats import get_format
+from .plan import build_plan
 from .safetensors_io import DTYPE_BYTES, SafetensorsCheckpoint
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -77,7 +79,11 @@ def checkpoint_sizes(path: str | Path) -> CheckpointSizes:
         factory, offset, kind = _factory_from_config(config)
     with torch.device("meta"):
         model = Qwen3_5ForCausalLM(config, factory, offset)
-    sizes = CheckpointSizes(config, kind, ckpt is None, _account(model, DTYPES.get(config.dtype, torch.bfloat16)))
+    float_dtype = DTYPES.get(config.dtype, torch.bfloat16)
+    if ckpt is not None:  # the dtype the loader would pick: the float dtype most mapped bytes are in
+        infos = [s.info for _, stored in ckpt.by_file() for s in stored]
+        float_dtype = build_plan(infos, fmt, model, str(path)).checkpoint_float_dtype()
+    sizes = CheckpointSizes(config, kind, ckpt is None, _account(model, float_dtype))
     if ckpt is not None:
         sizes.disk_bytes = sum(math.prod(s.info.shape) * DTYPE_BYTES[s.info.dtype] for s in ckpt.tensors.values())
         sizes.files, sizes.tensors = len(ckpt.files), len(ckpt.tensors)
