@@ -131,11 +131,13 @@ def stable_ranks(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """Mask (to -inf) what top_k, then top_p, then min_p remove from temperature-scaled logits [B, V]."""
     vocab = logits.shape[-1]
-    order, ranks = stable_ranks(logits)
-    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
-    removed = ranks >= k[:, None]
-    logits = logits.masked_fill(removed, float("-inf"))
-    if bool((top_p < 1).any()):
+    use_k, use_p = bool((top_k > 0).any()), bool((top_p < 1).any())
+    if use_k or use_p:  # the full-vocabulary sort is the costly part: skip it when no row needs it
+        order, ranks = stable_ranks(logits)
+    if use_k:
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+        logits = logits.masked_fill(ranks >= k[:, None], float("-inf"))
+    if use_p:
         probs = logits.softmax(dim=-1)
         sorted_p = probs.gather(1, order)  # same order: masking keeps the ranking
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly ahead of each token
