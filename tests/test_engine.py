@@ -113,3 +113,24 @@ def test_bad_requests_get_clear_errors(model):
         engine.add_request(list(range(64)))
     with pytest.raises(ValueError, match="tokenizer"):
         engine.add_request([1, 2], SamplingParams(stop=["x"]))
+
+
+def test_prefill_then_token_by_token_decode_equals_whole_prefill(model):
+    """Drive the runner with hand-made scheduler outputs: 40 tokens at once, then one token per step."""
+    from deltaserve.engine.block_pool import BlockPool
+    from deltaserve.engine.request import Request
+    from deltaserve.engine.runner import ModelRunner
+    from deltaserve.engine.scheduler import ScheduledSeq, SchedulerOutput
+
+    tokens = random_prompt(70, seed=12)
+    whole = all_logits(model, tokens)
+    cache = model.make_cache(8, 16, 2)
+    runner, pool = ModelRunner(model, cache), BlockPool(8, 16)
+    req = Request("r", tokens, SamplingParams(), logits_only=True, state_slot=1)
+    pieces, start = [], 0
+    for n in [40] + [1] * 30:
+        pool.may_append(req.block_table, start + n)
+        out = runner.execute(SchedulerOutput([ScheduledSeq(req, start, n, sample=False)]))
+        pieces.append(out.logits["r"])
+        start += n
+    torch.testing.assert_close(torch.cat(pieces), whole, rtol=1e-4, atol=1e-4)
