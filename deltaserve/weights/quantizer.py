@@ -18,6 +18,7 @@ MLX layout written (spec 4.1, what mlx_lm.convert writes, tensor for tensor):
 from __future__ import annotations
 
 import copy
+import ctypes
 import json
 import shutil
 from pathlib import Path
@@ -142,6 +143,8 @@ def write_mlx_checkpoint(
         values = {leaf: _read_param(source, feeds[_join(module_name, leaf)], p, bar) for leaf, p in params.items()}
         for mlx_name, tensor in emitter.emit(module_name, module, values):
             writer.add(mlx_name, tensor)
+        del values
+        _release_freed_memory()
     bar.close()
     writer.finish()
     cfg = copy.deepcopy(config.raw)
@@ -272,12 +275,38 @@ def _interleave_groups(parts: list[torch.Tensor], groups: int) -> torch.Tensor:
     return torch.cat(split, dim=1).reshape(-1, *parts[0].shape[1:])
 
 
-def _quantize_rows(w: torch.Tensor, bits: int, group_size: int, rows: int = 8192):
-    """affine_quantize over [..., out, in] a block of rows at a time (bounds the fp32 temporaries)."""
+def _quantize_rows(w: torch.Tensor, bits: int, group_size: int, rows: int = 2048):
+    """affine_quantize over [..., out, in] a block of rows at a time, into preallocated outputs (bounds the fp32
+    and integer temporaries to a few MB whatever the tensor size)."""
     lead, n = w.shape[:-1], w.shape[-1]
     flat = w.reshape(-1, n)
-    parts = [affine_quantize(flat[r : r + rows], bits, group_size) for r in range(0, flat.shape[0], rows)]
-    return tuple(torch.cat([p[i] for p in parts]).reshape(*lead, -1) for i in range(3))
+    packed = torch.empty(flat.shape[0], n * bits // 32, dtype=torch.uint32)
+    scales = torch.empty(flat.shape[0], n // group_size, dtype=w.dtype)
+    biases = torch.empty_like(scales)
+    for r in range(0, flat.shape[0], rows):
+        packed[r : r + rows], scales[r : r + rows], biases[r : r + rows] = affine_quantize(flat[r : r + rows], bits,
+                                                                                          group_size)
+    return packed.reshape(*lead, -1), scales.reshape(*lead, -1), biases.reshape(*lead, -1)
+
+
+def _release_freed_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc). The quantiser frees a module's tensors every step; glibc's
+    dynamic mmap threshold would otherwise keep them in the heap, and the process's RSS would climb past the
+    size of the dense model although only one module is ever alive."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _load_libc():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim  # noqa: B018 - glibc only
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _load_libc()
 
 
 class _ShardWriter:

@@ -51,12 +51,15 @@ def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
     per, nbytes = _PACKS[bits]
     *lead, n = q.shape
     words = packed_width(n, bits)
-    codes = q.to(torch.int64).reshape(*lead, n // per, per)
-    shifts = torch.arange(per, dtype=torch.int64) * bits
-    pack = (codes << shifts).sum(-1)  # [..., n/per] one integer per pack (<= 40 bits)
-    byte_shifts = torch.arange(nbytes, dtype=torch.int64) * 8
-    stream = ((pack.unsqueeze(-1) >> byte_shifts) & 0xFF).to(torch.uint8)  # [..., n/per, nbytes]
-    return stream.reshape(*lead, words * 4).contiguous().view(torch.int32).view(torch.uint32)
+    wide = torch.int64 if nbytes > 3 else torch.int32  # a pack holds per*bits <= 40 bits
+    codes = q.to(wide).reshape(*lead, n // per, per)
+    pack = codes[..., 0].clone()
+    for k in range(1, per):
+        pack |= codes[..., k] << (k * bits)  # [..., n/per] one integer per pack
+    stream = torch.empty(*lead, n // per, nbytes, dtype=torch.uint8)
+    for j in range(nbytes):
+        stream[..., j] = (pack >> (8 * j)) & 0xFF
+    return stream.reshape(*lead, words * 4).view(torch.int32).view(torch.uint32)
 
 
 def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
