@@ -102,10 +102,18 @@ def test_override_naming_no_tensor(ckpt):
 
 
 def test_override_naming_no_language_model_module(ckpt):
-    edit_config(ckpt, lambda c: c["quantization"].__setitem__("vision_tower.blocks.0.attn.qkv", {"bits": 4}))
-    assert "quantization['vision_tower.blocks.0.attn.qkv']: per-layer override names no language-model module" in (
-        load_error(ckpt)
-    )
+    key = "vision_tower.blocks.0.attn.qkv"
+    edit_config(ckpt, lambda c: c["quantization"].__setitem__(key, {"group_size": 64, "bits": 4}))
+    assert f"quantization['{key}'] is a per-layer override naming no tensor (no '{key}.weight'" in load_error(ckpt)
+
+
+def test_override_of_a_set_aside_vision_module_is_accepted(ckpt):
+    """mlx-vlm conversions keep `vision_tower.*`; an override for one of its modules is valid but unused."""
+    key = "vision_tower.blocks.0.attn.qkv"
+    edit_config(ckpt, lambda c: c["quantization"].__setitem__(key, False))
+    edit_tensors(ckpt, lambda t: t.__setitem__(f"{key}.weight", torch.zeros(96, 32, dtype=torch.bfloat16)))
+    loaded = load_checkpoint(ckpt, progress=False)
+    assert loaded.set_aside["visual"] == [f"{key}.weight"]
 
 
 def test_override_disagreeing_with_the_tensors(ckpt):

@@ -52,6 +52,9 @@ class QuantScheme:
     default: AffineSpec
     overrides: dict[str, AffineSpec | None] = field(default_factory=dict)
     mlx_keys: dict[str, str] = field(default_factory=dict)  # our path -> the key as written (for messages)
+    # Overrides for modules outside the language model (mlx-vlm's `vision_tower.*`, `mtp.*`): their tensors are set
+    # aside, so the overrides are not used; the format checks that each still names a tensor of the checkpoint.
+    foreign: list[str] = field(default_factory=list)
 
 
 def _spec(value: dict, where: str) -> AffineSpec:
@@ -78,8 +81,6 @@ def parse_quantization(entry: dict, model_type: str, source: str = "config.json"
             continue
         where = f"{source}: quantization[{key!r}]"
         ours = mlx_names.to_ours(key, model_type)
-        if ours is None:
-            raise QuantConfigError(f"{where}: per-layer override names no language-model module")
         if value is False:
             spec = None
         elif value is True:
@@ -88,7 +89,10 @@ def parse_quantization(entry: dict, model_type: str, source: str = "config.json"
             spec = _spec(value, where)
         else:
             raise QuantConfigError(f"{where}: expected an object or false, found {value!r}")
-        scheme.overrides[ours], scheme.mlx_keys[ours] = spec, key
+        if ours is None:
+            scheme.foreign.append(key)
+        else:
+            scheme.overrides[ours], scheme.mlx_keys[ours] = spec, key
     return scheme
 
 

@@ -78,6 +78,12 @@ class MLXFormat:
         self.factory = AffineWeights(scheme, quantized, self.model_type)
 
     def _check_overrides(self, scheme, names: set[str], quantized: set[str]) -> None:
+        for key in scheme.foreign:  # e.g. vision_tower.* of an mlx-vlm conversion: set aside, but must exist
+            if f"{key}.weight" not in names:
+                raise CheckpointError(
+                    f"config.json: quantization[{key!r}] is a per-layer override naming no tensor "
+                    f"(no '{key}.weight' in the checkpoint, and it is not a language-model module)"
+                )
         for path, spec in scheme.overrides.items():
             key = scheme.mlx_keys[path]
             if f"{key}.weight" not in names:
