@@ -72,7 +72,7 @@ def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
     pack = stream[..., 0].to(wide)
     for j in range(1, nbytes):
         pack = pack | (stream[..., j].to(wide) << (8 * j))
-    shifts = torch.arange(per, dtype=wide) * bits
+    shifts = torch.arange(per, dtype=wide, device=packed.device) * bits
     codes = (pack.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # [..., n/per, per]
     return codes.reshape(*lead, n).to(torch.int32)
 
@@ -152,4 +152,5 @@ def affine_gather_rows(
     packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, ids: torch.Tensor, bits: int, group_size: int
 ) -> torch.Tensor:
     """Dense rows ids of a packed [V, H] table (the quantised embedding lookup) -> [len(ids), H] in scales' dtype."""
-    return affine_dequantize(packed[ids], scales[ids], biases[ids], bits, group_size)
+    rows = packed.view(torch.int32)[ids].view(torch.uint32)  # CUDA has no uint32 indexing; same bits
+    return affine_dequantize(rows, scales[ids], biases[ids], bits, group_size)
