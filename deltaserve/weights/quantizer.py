@@ -135,7 +135,8 @@ def write_mlx_checkpoint(
             feeds.setdefault(p.param, []).append((by_name[name], p))
     emitter = _Emitter(config, bits, group_size, _output_dtype(config))
     writer = _ShardWriter(out, shard_bytes)
-    bar = tqdm(total=len(plan.placements), desc="quantizing", unit="tensor", disable=not progress)
+    pieces = sum(len(p) for p in plan.placements.values())  # a fused qwen3_next tensor feeds two parameters
+    bar = tqdm(total=pieces, desc="quantizing", unit="tensor", disable=not progress)
     for module_name, module in model.named_modules():
         params = dict(module.named_parameters(recurse=False))
         if not params:
@@ -166,7 +167,9 @@ def _output_dtype(config: ModelConfig) -> torch.dtype | None:
     return OUTPUT_DTYPES.get(name)
 
 
-def _read_param(source: TensorSource, pieces: list[tuple[TensorInfo, Placement]], meta: torch.Tensor, bar) -> torch.Tensor:
+def _read_param(
+    source: TensorSource, pieces: list[tuple[TensorInfo, Placement]], meta: torch.Tensor, bar: tqdm
+) -> torch.Tensor:
     """One parameter assembled from its file tensor(s), in the file dtype (packed ones stay packed)."""
     buf = None
     for info, p in pieces:
