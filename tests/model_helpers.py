@@ -65,7 +65,7 @@ def make_hf_model(moe: bool, seed: int = 0, tie: bool = False, **text_overrides)
 
 
 def ours_from_state_dict(hf_model) -> Qwen3_5ForCausalLM:
-    """Our model from a transformers model's weights (prefix stripped), in fp32."""
+    """Our model from a transformers model's weights (prefix stripped), in fp32, without a file in between."""
     config = ModelConfig.from_dict(hf_model.config.to_dict())
     model = Qwen3_5ForCausalLM(config)
     prefix = "model.language_model."
@@ -74,6 +74,27 @@ def ours_from_state_dict(hf_model) -> Qwen3_5ForCausalLM:
         sd["lm_head.weight"] = hf_model.state_dict()["lm_head.weight"]
     model.load_state_dict(sd, strict=True)
     return model.eval()
+
+
+def ours_from_checkpoint(hf_model, directory) -> Qwen3_5ForCausalLM:
+    """Write the transformers model as a checkpoint in the published fused-expert layout (its in-memory names are
+    the published names: experts.gate_up_proj [E, 2I, H] etc.), then load it with deltaserve's loader."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from deltaserve.weights.loader import load_checkpoint
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
+    if hf_model.config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    assert any(k.endswith("experts.gate_up_proj") for k in tensors) == hasattr(hf_model.config.text_config, "num_experts")
+    save_file(tensors, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(hf_model.config.to_dict()))
+    return load_checkpoint(directory, dtype=torch.float32, progress=False).model
 
 
 class Session:

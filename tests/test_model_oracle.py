@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_helpers import greedy, make_hf_model, ours_from_state_dict
+from model_helpers import greedy, make_hf_model, ours_from_checkpoint
 
 CASES = {
     # name: (moe, tie, text overrides)
@@ -22,10 +22,11 @@ CASES = {
 
 
 @pytest.fixture(scope="module", params=list(CASES))
-def pair(request):
+def pair(request, tmp_path_factory):
+    """transformers' model and ours loaded from a checkpoint of it in the published fused-expert layout."""
     moe, tie, over = CASES[request.param]
     hf = make_hf_model(moe, seed=list(CASES).index(request.param), tie=tie, **over)
-    return hf, ours_from_state_dict(hf)
+    return hf, ours_from_checkpoint(hf, tmp_path_factory.mktemp(request.param))
 
 
 @pytest.mark.parametrize("length", [1, 63, 64, 65, 203])
