@@ -204,3 +204,34 @@ def test_fp8_quantize_error_is_within_e4m3_precision(gen):
 def test_fp8_scale_shape_mismatch_is_named():
     with pytest.raises(ValueError, match=r"weight_scale_inv shape \[2, 2\] does not match weight \[300, 200\]"):
         fp8_block_dequantize(torch.zeros(300, 200, dtype=torch.uint8), torch.ones(2, 2))
+
+
+# ---- the reference path on CUDA tensors (run with `pytest -m gpu`) ----------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group", [(4, 64), (8, 64), (3, 32), (6, 128), (2, 64), (5, 32)])
+def test_reference_ops_give_the_same_results_on_cuda(bits, group):
+    """The references are the spec on every device: on CUDA tensors they give the CPU's bits (packing, quantiser,
+    lookups) and the CPU's matmuls up to fp32 summation order (the engine's fallback where no Triton kernel runs)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    g = torch.Generator().manual_seed(bits * 1000 + group)
+    w = torch.randn(3, 96, 256, generator=g).bfloat16()
+    packed, scales, biases = affine_quantize(w, bits, group)
+    cu = [t.cuda() for t in affine_quantize(w.cuda(), bits, group)]
+    assert torch.equal(cu[0].cpu().view(torch.int32), packed.view(torch.int32))
+    assert torch.equal(cu[1].cpu(), scales) and torch.equal(cu[2].cpu(), biases)
+    assert torch.equal(unpack_bits(cu[0], bits).cpu(), unpack_bits(packed, bits))
+    x = torch.randn(5, 256, generator=g)
+    want = affine_linear(x, packed[1], scales[1], biases[1], bits, group)
+    got = affine_linear(x.cuda(), cu[0][1], cu[1][1], cu[2][1], bits, group).cpu()
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    emb = AffineEmbedding(96, 256, AffineSpec(bits, group)).cuda()
+    emb.weight.data, emb.scales.data, emb.biases.data = cu[0][0], cu[1][0], cu[2][0]
+    ids = torch.tensor([0, 95, 3, 3])
+    assert torch.equal(emb(ids.cuda()).cpu(), affine_dequantize(packed[0], scales[0], biases[0], bits, group)[ids])
+    w8, s8 = fp8_block_quantize(w[0].float(), (32, 32))
+    ref = fp8_block_linear(x, w8.view(torch.uint8), s8, (32, 32))
+    got8 = fp8_block_linear(x.cuda(), w8.view(torch.uint8).cuda(), s8.cuda(), (32, 32)).cpu()
+    assert (got8 - ref).abs().max() <= 1e-5 * ref.abs().max()

@@ -96,7 +96,9 @@ def affine_quantize(
     g = w.reshape(*lead, n // group_size, group_size).float()
     w_min, w_max = g.amin(-1), g.amax(-1)
     lower_edge = w_min.abs() > w_max.abs()
-    scale = torch.clamp((w_max - w_min) / n_bins, min=1e-7)
+    # Divide by a tensor, not a Python scalar: CUDA turns `t / scalar` into `t * (1 / scalar)`, which rounds
+    # differently from MLX's division and would change codes on GPU.
+    scale = torch.clamp((w_max - w_min) / torch.full_like(w_max, n_bins), min=1e-7)
     scale = torch.where(lower_edge, scale, -scale)
     edge = torch.where(lower_edge, w_min, w_max)
     q0 = torch.round(edge / scale)
