@@ -93,7 +93,7 @@ def q_bytes(n: int, k: int, bits: int, group: int = 64) -> int:
 # ------------------------------------------------------------------------------------------------ cases
 
 
-def case_affine(dev, mods, kc, m, n, k, bits, group=64):
+def case_affine(dev, mods, kc, m, n, k, bits, group=64, config=None):
     ta = mods["affine"]
     wbytes = q_bytes(n, k, bits, group)
     ws = []
@@ -105,28 +105,43 @@ def case_affine(dev, mods, kc, m, n, k, bits, group=64):
             ws.append((p, s, b))
     x = torch.randn(m, k, device=dev).bfloat16()
     outs = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-    us = time_graph([lambda w=w: ta.affine_matmul(x, *w, bits, group, out=outs) for w in ws])
+    us = time_graph([lambda w=w: ta.affine_matmul(x, *w, bits, group, out=outs, config=config) for w in ws])
     moved = wbytes + 2 * m * (n + k)
-    return dict(kernel="affine_matmul", shape=f"M={m} N={n} K={k} q{bits}g{group}" if bits < 16 else
-                f"M={m} N={n} K={k} bf16", us=us, bytes=moved, flops=2 * m * n * k)
+    check = ""
+    if config is not None:  # a swept configuration must give the default's result (up to rounding)
+        want = ta.affine_matmul(x, *ws[0], bits, group).double()
+        got = ta.affine_matmul(x, *ws[0], bits, group, config=config).double()
+        err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
+        check = f" check={'ok' if err <= 2 * kc.BF16_EPS else 'MISMATCH'}({err:.1e})"
+    shape = (f"M={m} N={n} K={k} q{bits}g{group}" if bits < 16 else f"M={m} N={n} K={k} bf16") + check
+    return dict(kernel="affine_matmul", shape=shape + (f" cfg={config}" if config else ""), us=us, bytes=moved,
+                flops=2 * m * n * k)
 
 
-def case_moe(dev, mods, kc, t, h=2048, e=256, i=512, top_k=8):
+def case_moe(dev, mods, kc, t, h=2048, e=256, i=512, top_k=8, config=None):
     md = mods["moe"]
     x, kw, _ = kc.moe_problem(dev, 16 * t, h, e, i, i, 4, 64)
     res = kw.pop("residual")
     xs = [x[j * t:(j + 1) * t].contiguous() for j in range(16)]
     rs = [res[j * t:(j + 1) * t].contiguous() for j in range(16)]
-    us = time_graph([lambda j=j: md.moe_decode(xs[j], top_k=top_k, residual=rs[j], **kw) for j in range(16)])
+    us = time_graph([lambda j=j: md.moe_decode(xs[j], top_k=top_k, residual=rs[j], config=config, **kw)
+                     for j in range(16)])
+    check = ""
+    if config is not None:
+        want = md.moe_decode(xs[0], top_k=top_k, residual=rs[0], **kw).double()
+        got = md.moe_decode(xs[0], top_k=top_k, residual=rs[0], config=config, **kw).double()
+        err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
+        check = f" check={'ok' if err <= 4 * kc.BF16_EPS else 'MISMATCH'}({err:.1e})"
     # bytes: router + the distinct experts each call touches (3 matrices each) + the shared expert
     picked = [md.moe_route(xj, kw["router"], top_k).ids.unique().numel() for xj in xs]
     expert = 3 * q_bytes(i, h, 4)
     moved = q_bytes(e, h, 8) + statistics.mean(picked) * expert + expert + h * 2 + t * h * 6
-    return dict(kernel="moe_decode", shape=f"T={t} E={e} top{top_k} I={i} H={h} q4g64 router q8", us=us,
+    return dict(kernel="moe_decode", shape=f"T={t} E={e} top{top_k} I={i} H={h} q4g64 router q8" +
+                (f" cfg={config}" if config else "") + check, us=us,
                 bytes=moved, flops=2 * t * (top_k + 1) * 3 * i * h)
 
 
-def case_gdn_decode(dev, mods, kc, b, hk=16, hv=32, d=128):
+def case_gdn_decode(dev, mods, kc, b, hk=16, hv=32, d=128, part="both"):
     gd = mods["gdn"]
     c = 2 * hk * d + hv * d
     pools = copies_for(b * hv * d * d * 8)
@@ -137,14 +152,22 @@ def case_gdn_decode(dev, mods, kc, b, hk=16, hv=32, d=128):
     cu = torch.arange(b + 1, device=dev, dtype=torch.int32)
     slot_sets = [torch.arange(j * b, (j + 1) * b, device=dev) for j in range(pools)]
 
+    xc0 = inp["qkv"].clone()
+
     def step(slots):
-        xc = gd.causal_conv(inp["qkv"], conv_w, conv, cu, slots, ctx, 1)
-        gd.gdn_decode_step(xc, inp["z"], inp["a"], inp["b"], inp["a_log"], inp["dt_bias"], inp["norm_w"],
-                           inp["ssm"], slots, ctx, hk, 1e-6)
+        xc = gd.causal_conv(inp["qkv"], conv_w, conv, cu, slots, ctx, 1) if part != "step" else xc0
+        if part != "conv":
+            gd.gdn_decode_step(xc, inp["z"], inp["a"], inp["b"], inp["a_log"], inp["dt_bias"], inp["norm_w"],
+                               inp["ssm"], slots, ctx, hk, 1e-6)
 
     us = time_graph([lambda s=s: step(s) for s in slot_sets])
     moved = b * (hv * d * d * 4 * 2 + c * 3 * 2 * 2 + c * 2 * 2 + hv * d * 2 * 3)
-    return dict(kernel="gdn_conv+decode_step", shape=f"B={b} Hk={hk} Hv={hv} d={d}", us=us, bytes=moved, flops=0)
+    if part == "conv":
+        moved = b * c * (3 * 2 * 2 + 2 * 2)
+    elif part == "step":
+        moved = b * (hv * d * d * 4 * 2 + c * 2 + hv * d * 2 * 2)
+    name = {"both": "gdn_conv+decode_step", "conv": "gdn_conv(decode)", "step": "gdn_decode_step"}[part]
+    return dict(kernel=name, shape=f"B={b} Hk={hk} Hv={hv} d={d}", us=us, bytes=moved, flops=0)
 
 
 def case_attn_decode(dev, mods, kc, b, ctx, hq=16, hkv=2, d=256, bs=16):
@@ -221,10 +244,23 @@ def cases(small: bool):
             ("affine", dict(m=16, n=8192, k=2048, bits=4)), ("affine", dict(m=512, n=8192, k=2048, bits=4)),
             ("affine", dict(m=4096, n=8192, k=2048, bits=4)), ("affine", dict(m=4096, n=8192, k=2048, bits=16)),
             ("moe", dict(t=1)), ("moe", dict(t=4)), ("moe", dict(t=16)),
-            ("gdn", dict(b=1)), ("gdn", dict(b=8)), ("gdn", dict(b=32)),
+            ("gdn", dict(b=1)), ("gdn", dict(b=1, part="conv")), ("gdn", dict(b=1, part="step")),
+            ("gdn", dict(b=8)), ("gdn", dict(b=32)),
             ("attn_decode", dict(b=1, ctx=4096)), ("attn_decode", dict(b=1, ctx=32768)),
             ("attn_decode", dict(b=32, ctx=4096)), ("attn_prefill", dict(t=4096)),
             ("conv", dict(t=4096)), ("fla", dict(t=4096)), ("norm", dict(rows=1)), ("norm", dict(rows=4096))]
+    return out
+
+
+def sweep_cases():
+    """Configurations tried for the two bandwidth-critical decode kernels (results pick the defaults)."""
+    out = [("affine", dict(m=1, n=8192, k=2048, bits=4, config=c)) for c in (
+        (16, 512, 4, 3), (32, 512, 4, 3), (16, 256, 4, 3), (32, 256, 4, 4), (64, 256, 8, 3), (16, 512, 8, 3),
+        (16, 1024, 8, 2), (32, 128, 4, 4))]
+    out += [("affine", dict(m=1, n=2048, k=4096, bits=4, config=c)) for c in ((16, 512, 4, 3), (16, 1024, 8, 2))]
+    for gu in ((16, 256, 4), (8, 256, 4), (32, 256, 4), (16, 512, 4), (16, 128, 4), (16, 256, 8)):
+        out.append(("moe", dict(t=1, config={"gate_up": gu, "down": gu, "router": (16, 256, 4)})))
+    out.append(("moe", dict(t=1, config={"router": (8, 512, 4)})))
     return out
 
 
@@ -238,6 +274,7 @@ def main() -> None:
     ap.add_argument("--commit", default=os.environ.get("DELTASERVE_COMMIT", "unknown"))
     ap.add_argument("--only", nargs="*", help="case kinds to run (default: all)")
     ap.add_argument("--dry", action="store_true", help="toy sizes, each case once (use with TRITON_INTERPRET=1)")
+    ap.add_argument("--sweep", action="store_true", help="time the configuration sweep instead of the table")
     args = ap.parse_args()
     import importlib
 
@@ -252,7 +289,7 @@ def main() -> None:
     gpu = "cpu-interpreter" if DRY else torch.cuda.get_device_name()
     print(f"| {'kernel':<24} | {'shape':<44} | {'us':>9} | {'GB/s':>7} | {'% 4.29TB/s':>10} | {'TFLOP/s':>7} |")
     print("|" + "-" * 26 + "|" + "-" * 46 + "|" + "-" * 11 + "|" + "-" * 9 + "|" + "-" * 12 + "|" + "-" * 9 + "|")
-    for kind, kw in cases(args.dry or DRY):
+    for kind, kw in (sweep_cases() if args.sweep else cases(args.dry or DRY)):
         if args.only and kind not in args.only:
             continue
         torch.manual_seed(0)

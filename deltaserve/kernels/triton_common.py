@@ -42,7 +42,8 @@ def dequant_tile(
         p = tl.load(w_ptr + rn[:, None] * stride_wn + cols[None, :], mask=n_mask[:, None], other=0)
         shifts = tl.arange(0, PACK) * BITS
         q = (p[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)  # [BN, BK/PACK, PACK], value k = PACK*j + i
-        q = tl.reshape(q, (BN, NG, GSUB)).to(tl.float32)
+        # int -> float without the quarter-rate I2F: 2^23 + q has q in its mantissa, exactly
+        q = (tl.reshape(q, (BN, NG, GSUB)) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
         g = k0 // GROUP + tl.arange(0, NG)
         s = tl.load(s_ptr + rn[:, None] * stride_sn + g[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
         b = tl.load(b_ptr + rn[:, None] * stride_sn + g[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
@@ -107,7 +108,7 @@ class WeightSpec:
 
     def block_k(self, prefer: int = 128) -> int:
         """Largest K tile <= prefer that divides K and holds whole groups, or lies inside one group."""
-        for bk in (128, 64, 32, 16):
+        for bk in (512, 256, 128, 64, 32, 16):
             if bk > prefer or self.k % bk:
                 continue
             if self.bits == DENSE_BITS or bk % self.group == 0 or self.group % bk == 0:

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ..triton_common import dot_f32, mma
 
-SPLIT_TOKENS = 128  # decode: tokens per split (fixed: the merge order of a row never depends on the batch)
+SPLIT_TOKENS = 64  # decode: tokens per split (fixed: the merge order of a row never depends on the batch)
 _LOG2E = 1.4426950408889634
 
 
@@ -113,23 +113,28 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, stride_pb, stride_ph, stride_ps, stride_ob,
-                         stride_oh, D: tl.constexpr, SPLIT: tl.constexpr):
-    # grid (B, Hq): merge the splits of one row in ascending order
+                         stride_oh, D: tl.constexpr, SPLIT: tl.constexpr, BSP: tl.constexpr):
+    # grid (B, Hq): merge the splits of one row, BSP splits per step, always in ascending split order
     b = tl.program_id(0)
     h = tl.program_id(1)
     L = tl.load(lens_ptr + b)
     n_split = tl.cdiv(L, SPLIT)
     rd = tl.arange(0, D)
+    rs = tl.arange(0, BSP)
     base = b.to(tl.int64) * stride_pb + h * stride_ph
-    m_all = tl.load(pm_ptr + base)
-    for s in range(1, n_split):
-        m_all = tl.maximum(m_all, tl.load(pm_ptr + base + s * stride_ps))
+    m_all = tl.max(tl.full((BSP,), float("-inf"), dtype=tl.float32), axis=0)
+    for s0 in range(0, n_split, BSP):
+        m = tl.load(pm_ptr + base + (s0 + rs) * stride_ps, mask=s0 + rs < n_split, other=float("-inf"))
+        m_all = tl.maximum(m_all, tl.max(m, axis=0))
     acc = tl.zeros((D,), dtype=tl.float32)
-    l_all = 0.0
-    for s in range(0, n_split):
-        w = tl.exp2(tl.load(pm_ptr + base + s * stride_ps) - m_all)
-        l_all += w * tl.load(pl_ptr + base + s * stride_ps)
-        acc += w * tl.load(po_ptr + (base + s * stride_ps) * D + rd)
+    l_all = tl.sum(tl.zeros((BSP,), dtype=tl.float32), axis=0)
+    for s0 in range(0, n_split, BSP):
+        live = s0 + rs < n_split
+        off = base + (s0 + rs) * stride_ps
+        w = tl.where(live, tl.exp2(tl.load(pm_ptr + off, mask=live, other=0.0) - m_all), 0.0)
+        l_all += tl.sum(w * tl.load(pl_ptr + off, mask=live, other=0.0), axis=0)
+        part = tl.load(po_ptr + off[:, None] * D + rd[None, :], mask=live[:, None], other=0.0)
+        acc += tl.sum(w[:, None] * part, axis=0)
     o = acc / l_all
     tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + rd, o.to(o_ptr.dtype.element_ty))
 
@@ -160,11 +165,11 @@ def paged_decode_attention(
         q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl,
         q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
         scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BS=bs, SPLIT=SPLIT_TOKENS,
-        BN=64 if d <= 128 else 32, F32=dot_f32(), num_warps=4,
+        BN=min(64, SPLIT_TOKENS), F32=dot_f32(), num_warps=4,
     )
     _decode_merge_kernel[(bsz, hq)](
         po, pm, pl, kv_lens, out, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0), out.stride(1),
-        D=d, SPLIT=SPLIT_TOKENS, num_warps=1 if d <= 128 else 2,
+        D=d, SPLIT=SPLIT_TOKENS, BSP=16, num_warps=4,
     )
     return out
 

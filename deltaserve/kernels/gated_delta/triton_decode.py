@@ -61,12 +61,12 @@ def _conv_kernel(
         # new state[j] = ([state ; x])[n + j], j < KW-1
         rj = tl.arange(0, KWP)  # KWP = next power of two >= KW-1
         j_mask = rj < KW - 1
-        src = n - (KW - 1) + rj
-        xv = tl.load(x_ptr + (start + src).to(tl.int64)[:, None] * stride_xt + rc[None, :],
-                     mask=(j_mask & (src >= 0))[:, None] & c_mask[None, :], other=0.0)
-        sv = tl.load(st + (src + KW - 1)[:, None] * stride_sk,
-                     mask=(j_mask & (src < 0) & keep)[:, None] & c_mask[None, :], other=0.0)
-        new = tl.where((src >= 0)[:, None], xv.to(state_ptr.dtype.element_ty), sv.to(state_ptr.dtype.element_ty))
+        src_j = n - (KW - 1) + rj
+        xs = tl.load(x_ptr + (start + src_j).to(tl.int64)[:, None] * stride_xt + rc[None, :],
+                     mask=(j_mask & (src_j >= 0))[:, None] & c_mask[None, :], other=0.0)
+        ss = tl.load(st + (src_j + KW - 1)[:, None] * stride_sk,
+                     mask=(j_mask & (src_j < 0) & keep)[:, None] & c_mask[None, :], other=0.0)
+        new = tl.where((src_j >= 0)[:, None], xs.to(state_ptr.dtype.element_ty), ss.to(state_ptr.dtype.element_ty))
         tl.debug_barrier()  # every read of the old state in this program is done
         tl.store(st + rj[:, None] * stride_sk, new, mask=j_mask[:, None] & c_mask[None, :])
 

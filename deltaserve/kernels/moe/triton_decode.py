@@ -9,8 +9,9 @@ Same meaning as the model's SparseMoeBlock on the reference path (`kernels/moe/r
   out = bf16( sum_{s in ascending id} w_s * bf16(h_s Wd_s^T) + sigmoid(x . w_sg) * bf16(h_sh Wd_sh^T) )
   out = bf16(residual + out)                                                  when a residual is given
 
-Three launches: router (one program per token), gate/up (one program per (token, slot) and block of I), down +
-combine (one program per (token, block of H), looping over the slots in the fixed order). Every GEMV here reduces
+Three launches: router logits (one program per (token, block of experts)), gate/up (one program per (token,
+slot) and block of I; each first applies the top-k contract to its token's logits, cheap, to find its expert),
+down + combine (one program per (token, block of H), looping over the slots in the fixed order). Every GEMV here reduces
 in one fixed order per row (a [BN, BK] fp32 partial per program, summed once), so a token's output never depends on
 the other tokens of the launch. Meant for T <= ~16 tokens; larger batches belong to the grouped expert matmul
 (`kernels/quant/triton_affine.py::affine_matmul_experts`).
@@ -28,37 +29,54 @@ from ..triton_common import WeightSpec, dequant_tile
 
 
 @triton.jit
-def gemv(x_row, w_ptr, s_ptr, b_ptr, rn, n_mask, K, stride_wn, stride_sn,
+def gemv(x_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, K: tl.constexpr,
          BN: tl.constexpr, BK: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, ROUND_W: tl.constexpr):
-    """W[rn, :K] . x as fp32 [BN]: fp32 products accumulated in a [BN, BK] tile, summed once at the end (a fixed
-    order for a given (BN, BK)). ROUND_W rounds the dequantised weight to bf16 first, as the reference does."""
-    acc = tl.zeros((BN, BK), dtype=tl.float32)
+    """W[rn, :K] . x as fp32 [BN]. The K loop is unrolled (K is a compile-time constant), so the loads of every
+    chunk are independent and all in flight at once (a decode GEMV is latency-bound otherwise); each chunk is
+    reduced with tl.sum and added in chunk order: a fixed order for a given (BN, BK). ROUND_W rounds the
+    dequantised weight to bf16 first, as the reference does."""
+    acc = tl.zeros((BN,), dtype=tl.float32)
     rk = tl.arange(0, BK)
-    for k0 in range(0, K, BK):
-        w = dequant_tile(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, BITS, GROUP)
+    for c in tl.static_range(K // BK):
+        w = dequant_tile(w_ptr, s_ptr, b_ptr, rn, n_mask, c * BK, stride_wn, stride_sn, BN, BK, BITS, GROUP)
         if ROUND_W:
             w = w.to(tl.bfloat16).to(tl.float32)
-        xv = tl.load(x_row + k0 + rk).to(tl.float32)
-        acc += w * xv[None, :]
-    return tl.sum(acc, axis=1)
+        xv = tl.load(x_row + c * BK + rk).to(tl.float32)
+        acc += tl.sum(w * xv[None, :], axis=1)
+    return acc
 
 
 @triton.jit
 def _router_kernel(
-    x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, ids_ptr, wts_ptr, sw_ptr,
-    E, H, stride_xt, stride_rn, stride_rsn,
-    EP: tl.constexpr, BK: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr,
-    R_BITS: tl.constexpr, R_GROUP: tl.constexpr, HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr,
-    G_GROUP: tl.constexpr,
+    x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr,
+    E, stride_xt, stride_rn, stride_rsn, H: tl.constexpr,
+    BE: tl.constexpr, BK: tl.constexpr, R_BITS: tl.constexpr, R_GROUP: tl.constexpr,
+    HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr, G_BK: tl.constexpr,
 ):
+    # grid (T, cdiv(E, BE)): fp32 router logits of BE experts for one token; block 0 adds the shared gate logit
     t = tl.program_id(0)
+    eb = tl.program_id(1)
     x_row = x_ptr + t.to(tl.int64) * stride_xt
+    rows = eb * BE + tl.arange(0, BE)
+    e_mask = rows < E
+    logits = gemv(x_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, H, BE, BK, R_BITS, R_GROUP,
+                  False)
+    tl.store(logit_ptr + t * E + rows, logits, mask=e_mask)
+    if HAS_SHARED:
+        if eb == 0:
+            one = tl.arange(0, 1)
+            sg = gemv(x_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, 0, 0, H, 1, G_BK, G_BITS, G_GROUP, False)
+            tl.store(sg_ptr + t + one, tl.sigmoid(sg))
+
+
+@triton.jit
+def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr):
+    """The routing contract on one token's logits: (selected mask [EP], weights [EP], rank [EP]) where rank is
+    the slot of a selected expert in ascending id order. k rounds of (max, lowest id holding it): ties go to the
+    lower id."""
     rows = tl.arange(0, EP)
     e_mask = rows < E
-    logits = gemv(x_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, H, stride_rn, stride_rsn, EP, BK, R_BITS, R_GROUP,
-                  False)
-    logits = tl.where(e_mask, logits, float("-inf"))
-    # top-k: k rounds of (max, lowest id holding it); ties therefore go to the lower id.
+    logits = tl.load(logit_row + rows, mask=e_mask, other=float("-inf"))
     work = logits
     sel = rows < 0
     top = tl.max(work, axis=0)
@@ -74,14 +92,8 @@ def _router_kernel(
     else:
         lse = top + tl.log(tl.sum(tl.where(e_mask, tl.exp(logits - top), 0.0), axis=0))
         wts = tl.exp(logits - lse)
-    # store the picks in ascending expert id: the combine order of the reference
     rank = tl.cumsum(sel.to(tl.int32), axis=0) - 1
-    tl.store(ids_ptr + t * TOPK + rank, rows, mask=sel)
-    tl.store(wts_ptr + t * TOPK + rank, wts, mask=sel)
-    if HAS_SHARED:
-        one = tl.arange(0, 1)
-        sg = gemv(x_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, H, 0, 0, 1, BK, G_BITS, G_GROUP, False)
-        tl.store(sw_ptr + t + one, tl.sigmoid(sg))
+    return sel, wts, rank
 
 
 @triton.jit
@@ -89,21 +101,23 @@ def _silu_mul_bf16(g, u):
     """bf16(bf16(SiLU(bf16 g)) * bf16 u), the rounding points of the reference's bf16 SwiGLU."""
     gb = g.to(tl.bfloat16).to(tl.float32)
     ub = u.to(tl.bfloat16).to(tl.float32)
-    act = (gb * tl.sigmoid(gb)).to(tl.bfloat16).to(tl.float32)
+    act = (gb / (1.0 + tl.exp(-gb))).to(tl.bfloat16).to(tl.float32)
     return (act * ub).to(tl.bfloat16)
 
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, ids_ptr, h_ptr,
+    x_ptr, logit_ptr, ids_ptr, wts_ptr, h_ptr,
     gw, gs, gb, uw, us, ub, sgw, sgs, sgb, suw, sus, sub,
-    H, I, IS, stride_xt, stride_ht, stride_hs,
+    E, I, IS, stride_xt, stride_ht, stride_hs,
     stride_ge, stride_gn, stride_gse, stride_gsn, stride_ue, stride_un, stride_use, stride_usn,
     stride_sgn, stride_sgsn, stride_sun, stride_susn,
-    TOPK: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    BITS: tl.constexpr, GROUP: tl.constexpr, S_BITS: tl.constexpr, S_GROUP: tl.constexpr,
+    H: tl.constexpr, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr, SLOTS: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, S_BITS: tl.constexpr,
+    S_GROUP: tl.constexpr, S_BK: tl.constexpr,
 ):
-    # grid (T * SLOTS, cdiv(max(I, IS), BN)); slot < TOPK: routed expert ids[t, slot]; slot == TOPK: shared expert
+    # grid (T * SLOTS, cdiv(max(I, IS), BN)); slot < TOPK: the slot-th picked expert (ascending id) of token t,
+    # chosen here from the router logits (cheap: EP values); slot == TOPK: the shared expert
     pid = tl.program_id(0)
     t = pid // SLOTS
     slot = pid % SLOTS
@@ -111,17 +125,23 @@ def _gate_up_kernel(
     x_row = x_ptr + t.to(tl.int64) * stride_xt
     h_row = h_ptr + t.to(tl.int64) * stride_ht + slot * stride_hs
     if slot < TOPK:
-        e = tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
+        sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE)
+        rows = tl.arange(0, EP)
+        e = tl.sum(tl.where(sel & (rank == slot), rows, 0), axis=0).to(tl.int64)
+        if tl.program_id(1) == 0:
+            # publish this slot's routing (read by the down kernel, returned to callers)
+            tl.store(ids_ptr + t * TOPK + slot, e.to(tl.int32))
+            tl.store(wts_ptr + t * TOPK + slot, tl.sum(tl.where(sel & (rank == slot), wts, 0.0), axis=0))
         n_mask = rn < I
-        g = gemv(x_row, gw + e * stride_ge, gs + e * stride_gse, gb + e * stride_gse, rn, n_mask, H, stride_gn,
-                 stride_gsn, BN, BK, BITS, GROUP, True)
-        u = gemv(x_row, uw + e * stride_ue, us + e * stride_use, ub + e * stride_use, rn, n_mask, H, stride_un,
-                 stride_usn, BN, BK, BITS, GROUP, True)
+        g = gemv(x_row, gw + e * stride_ge, gs + e * stride_gse, gb + e * stride_gse, rn, n_mask, stride_gn,
+                 stride_gsn, H, BN, BK, BITS, GROUP, True)
+        u = gemv(x_row, uw + e * stride_ue, us + e * stride_use, ub + e * stride_use, rn, n_mask, stride_un,
+                 stride_usn, H, BN, BK, BITS, GROUP, True)
         tl.store(h_row + rn, _silu_mul_bf16(g, u), mask=n_mask)
     else:
         n_mask = rn < IS
-        g = gemv(x_row, sgw, sgs, sgb, rn, n_mask, H, stride_sgn, stride_sgsn, BN, BK, S_BITS, S_GROUP, True)
-        u = gemv(x_row, suw, sus, sub, rn, n_mask, H, stride_sun, stride_susn, BN, BK, S_BITS, S_GROUP, True)
+        g = gemv(x_row, sgw, sgs, sgb, rn, n_mask, stride_sgn, stride_sgsn, H, BN, S_BK, S_BITS, S_GROUP, True)
+        u = gemv(x_row, suw, sus, sub, rn, n_mask, stride_sun, stride_susn, H, BN, S_BK, S_BITS, S_GROUP, True)
         tl.store(h_row + rn, _silu_mul_bf16(g, u), mask=n_mask)
 
 
@@ -129,12 +149,12 @@ def _gate_up_kernel(
 def _down_combine_kernel(
     h_ptr, ids_ptr, wts_ptr, sw_ptr, res_ptr, out_ptr,
     dw, ds, db, sdw, sds, sdb,
-    H, I, IS, stride_ht, stride_hs, stride_de, stride_dn, stride_dse, stride_dsn, stride_sdn, stride_sdsn,
-    stride_rt, stride_ot,
+    H, stride_ht, stride_hs, stride_de, stride_dn, stride_dse, stride_dsn, stride_sdn, stride_sdsn,
+    stride_rt, stride_ot, I: tl.constexpr, IS: tl.constexpr,
     TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_RES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     BKS: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, S_BITS: tl.constexpr, S_GROUP: tl.constexpr,
 ):
-    # grid (T, cdiv(H, BN)); slots in ascending expert id (the router stored them so), the shared expert last
+    # grid (T, cdiv(H, BN)); slots in ascending expert id (as the gate/up kernel published them), shared last
     t = tl.program_id(0)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     n_mask = rn < H
@@ -143,11 +163,11 @@ def _down_combine_kernel(
     for s in tl.static_range(TOPK):
         e = tl.load(ids_ptr + t * TOPK + s).to(tl.int64)
         w_s = tl.load(wts_ptr + t * TOPK + s)
-        y = gemv(h_row + s * stride_hs, dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse, rn, n_mask, I,
-                 stride_dn, stride_dsn, BN, BK, BITS, GROUP, True)
+        y = gemv(h_row + s * stride_hs, dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse, rn, n_mask,
+                 stride_dn, stride_dsn, I, BN, BK, BITS, GROUP, True)
         acc += w_s * y.to(tl.bfloat16).to(tl.float32)
     if HAS_SHARED:
-        y = gemv(h_row + TOPK * stride_hs, sdw, sds, sdb, rn, n_mask, IS, stride_sdn, stride_sdsn, BN, BKS, S_BITS,
+        y = gemv(h_row + TOPK * stride_hs, sdw, sds, sdb, rn, n_mask, stride_sdn, stride_sdsn, IS, BN, BKS, S_BITS,
                  S_GROUP, True)
         acc += tl.load(sw_ptr + t) * y.to(tl.bfloat16).to(tl.float32)
     o_ty = out_ptr.dtype.element_ty
@@ -168,33 +188,66 @@ def _spec(w, name: str) -> WeightSpec:
     return w if isinstance(w, WeightSpec) else WeightSpec.dense(w, name)
 
 
-def _gemv_bk(spec: WeightSpec, prefer: int = 64) -> int:
+def _gemv_bk(spec: WeightSpec, prefer: int) -> int:
     return spec.block_k(prefer)
 
 
-def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, shared_gate=None) -> MoeRouting:
-    """Router logits (fp32) + top-k in one launch. x [T, H]; router [E, H] (WeightSpec or dense tensor);
-    shared_gate [1, H] or None."""
+# (BN or BE, BK preference, num_warps) per launch; none changes a token's arithmetic across batch sizes (the code a
+# program runs does not depend on T), only the reduction chunking, which is fixed per configuration.
+DEFAULT_CONFIG = {"router": (16, 256, 4), "gate_up": (16, 256, 4), "down": (16, 256, 4)}
+
+
+@triton.jit
+def _topk_kernel(logit_ptr, ids_ptr, wts_ptr, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr):
+    t = tl.program_id(0)
+    sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE)
+    rows = tl.arange(0, EP)
+    tl.store(ids_ptr + t * TOPK + rank, rows, mask=sel)
+    tl.store(wts_ptr + t * TOPK + rank, wts, mask=sel)
+
+
+def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config) -> tuple[torch.Tensor, torch.Tensor]:
+    t, h = x.shape
+    be, bk, warps = config["router"]
+    logits = torch.empty(t, r.n, dtype=torch.float32, device=x.device)
+    sw = torch.zeros(t, dtype=torch.float32, device=x.device)
+    _router_kernel[(t, triton.cdiv(r.n, be))](
+        x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw,
+        r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), H=h,
+        BE=be, BK=_gemv_bk(r, bk), R_BITS=r.bits, R_GROUP=r.group,
+        HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_BK=_gemv_bk(g, bk), num_warps=warps,
+    )
+    return logits, sw
+
+
+def _router_specs(x, router, top_k, shared_gate):
     r = _spec(router, "router")
     t, h = x.shape
     if r.k != h:
         raise ValueError(f"moe router: weight has {r.k} inputs, x has {h} features")
     if not 1 <= top_k <= r.n:
         raise ValueError(f"moe router: top_k {top_k} outside [1, {r.n}] experts")
+    if x.stride(-1) != 1:
+        raise ValueError("moe: x must be contiguous along H")
     g = _spec(shared_gate, "shared_expert_gate") if shared_gate is not None else r
     if shared_gate is not None and (g.n, g.k) != (1, h):
         raise ValueError(f"moe router: shared_expert_gate shape [{g.n}, {g.k}], expected [1, {h}]")
+    return r, g
+
+
+def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, shared_gate=None,
+              config=None) -> MoeRouting:
+    """Router logits (fp32) + the routing contract, on their own (moe_decode fuses the top-k into its gate/up
+    launch). x [T, H]; router [E, H] (WeightSpec or dense tensor); shared_gate [1, H] or None."""
+    config = config or DEFAULT_CONFIG
+    r, g = _router_specs(x, router, top_k, shared_gate)
+    logits, sw = _router_logits(x, r, g, shared_gate is not None, config)
+    t = x.shape[0]
     ids = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
     wts = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
-    sw = torch.zeros(t, dtype=torch.float32, device=x.device)
-    ep = triton.next_power_of_2(r.n)
-    bk = min(_gemv_bk(r, 64), _gemv_bk(g, 64), max(16, 8192 // ep))
-    _router_kernel[(t,)](
-        x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, ids, wts, sw,
-        r.n, h, x.stride(0), r.w.stride(-2), r.scales.stride(-2),
-        EP=ep, BK=bk, TOPK=top_k, NORMALIZE=normalize, R_BITS=r.bits, R_GROUP=r.group,
-        HAS_SHARED=shared_gate is not None, G_BITS=g.bits, G_GROUP=g.group, num_warps=8,
-    )
+    if t:
+        _topk_kernel[(t,)](logits, ids, wts, r.n, EP=triton.next_power_of_2(r.n), TOPK=top_k,
+                           NORMALIZE=normalize, num_warps=4)
     return MoeRouting(ids, wts, sw)
 
 
@@ -213,16 +266,19 @@ def moe_decode(
     x: torch.Tensor, router, gate, up, down, top_k: int, *, normalize: bool = True,
     shared_gate_proj=None, shared_up=None, shared_down=None, shared_gate=None,
     residual: torch.Tensor | None = None, return_routing: bool = False, out: torch.Tensor | None = None,
+    config: dict | None = None,
 ):
     """The MoE block for T tokens x [T, H] (bf16). Weights are WeightSpec (affine) or dense tensors:
     router [E, H]; routed gate/up [E, I, H], down [E, H, I] (fused gate_up_proj: pass the views [:, :I], [:, I:]);
     shared expert gate/up [IS, H], down [H, IS] and its gate [1, H] (all four or none). Returns out [T, H] (with
-    residual added when given), and the routing too when return_routing."""
+    residual added when given), and the routing too when return_routing. config overrides DEFAULT_CONFIG."""
+    config = {**DEFAULT_CONFIG, **(config or {})}
+    r, gsp = _router_specs(x, router, top_k, shared_gate)
     g, u, d = _spec(gate, "experts.gate"), _spec(up, "experts.up"), _spec(down, "experts.down")
     t, h = x.shape
     _check_experts(g, u, d, h, "experts")
-    if g.w.dim() != 3:
-        raise ValueError(f"moe experts: gate/up/down must be stacked [E, ..], found {g.w.dim()}-D")
+    if g.w.dim() != 3 or g.w.shape[0] != r.n:
+        raise ValueError(f"moe experts: gate/up/down must be stacked [E={r.n}, ..], found {tuple(g.w.shape)}")
     has_shared = shared_gate_proj is not None
     if has_shared != (shared_up is not None) or has_shared != (shared_down is not None) or \
             has_shared != (shared_gate is not None):
@@ -232,34 +288,37 @@ def moe_decode(
                    (shared_down, "shared_expert.down_proj", d)))
     if has_shared:
         _check_experts(sg, su, sd, h, "shared expert")
-    routing = moe_route(x, router, top_k, normalize, shared_gate)
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"moe: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    out = torch.empty_like(x) if out is None else out
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
+    wts = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
+    if t == 0:
+        return (out, MoeRouting(ids, wts, wts[:, 0])) if return_routing else out
+    logits, sw = _router_logits(x, r, gsp, has_shared, config)
     i_r, i_s = g.n, (sg.n if has_shared else 0)
     slots = top_k + int(has_shared)
     hbuf = torch.empty(t, slots, max(i_r, i_s), dtype=torch.bfloat16, device=x.device)
-    bn = 32
+    bn, bk, warps = config["gate_up"]
     _gate_up_kernel[(t * slots, triton.cdiv(max(i_r, i_s), bn))](
-        x, routing.ids, hbuf, g.w, g.scales, g.biases, u.w, u.scales, u.biases,
+        x, logits, ids, wts, hbuf, g.w, g.scales, g.biases, u.w, u.scales, u.biases,
         sg.w, sg.scales, sg.biases, su.w, su.scales, su.biases,
-        h, i_r, i_s, x.stride(0), hbuf.stride(0), hbuf.stride(1),
+        r.n, i_r, i_s, x.stride(0), hbuf.stride(0), hbuf.stride(1),
         g.w.stride(0), g.w.stride(1), g.scales.stride(0), g.scales.stride(1),
         u.w.stride(0), u.w.stride(1), u.scales.stride(0), u.scales.stride(1),
         sg.w.stride(-2), sg.scales.stride(-2), su.w.stride(-2), su.scales.stride(-2),
-        TOPK=top_k, SLOTS=slots, BN=bn, BK=min(_gemv_bk(g), _gemv_bk(sg)), BITS=g.bits, GROUP=g.group,
-        S_BITS=sg.bits, S_GROUP=sg.group, num_warps=4,
+        H=h, EP=triton.next_power_of_2(r.n), TOPK=top_k, NORMALIZE=normalize, SLOTS=slots, BN=bn,
+        BK=_gemv_bk(g, bk), BITS=g.bits, GROUP=g.group, S_BITS=sg.bits, S_GROUP=sg.group, S_BK=_gemv_bk(sg, bk),
+        num_warps=warps,
     )
-    if x.stride(-1) != 1:
-        raise ValueError("moe: x must be contiguous along H")
-    out = torch.empty_like(x) if out is None else out
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"moe: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
     res = residual if residual is not None else x
-    bn_d = 32
-    _down_combine_kernel[(t, triton.cdiv(h, bn_d))](
-        hbuf, routing.ids, routing.weights, routing.shared_weight, res, out,
-        d.w, d.scales, d.biases, sd.w, sd.scales, sd.biases,
-        h, i_r, i_s, hbuf.stride(0), hbuf.stride(1), d.w.stride(0), d.w.stride(1), d.scales.stride(0),
+    bn, bk, warps = config["down"]
+    _down_combine_kernel[(t, triton.cdiv(h, bn))](
+        hbuf, ids, wts, sw, res, out, d.w, d.scales, d.biases, sd.w, sd.scales, sd.biases,
+        h, hbuf.stride(0), hbuf.stride(1), d.w.stride(0), d.w.stride(1), d.scales.stride(0),
         d.scales.stride(1), sd.w.stride(-2), sd.scales.stride(-2), res.stride(0), out.stride(0),
-        TOPK=top_k, HAS_SHARED=has_shared, HAS_RES=residual is not None, BN=bn_d, BK=_gemv_bk(d),
-        BKS=_gemv_bk(sd), BITS=d.bits, GROUP=d.group, S_BITS=sd.bits, S_GROUP=sd.group, num_warps=4,
+        I=i_r, IS=max(i_s, 1) if has_shared else i_r,
+        TOPK=top_k, HAS_SHARED=has_shared, HAS_RES=residual is not None, BN=bn, BK=_gemv_bk(d, bk),
+        BKS=_gemv_bk(sd, bk), BITS=d.bits, GROUP=d.group, S_BITS=sd.bits, S_GROUP=sd.group, num_warps=warps,
     )
-    return (out, routing) if return_routing else out
+    return (out, MoeRouting(ids, wts, sw)) if return_routing else out

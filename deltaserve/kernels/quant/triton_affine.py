@@ -109,11 +109,17 @@ def _subtiles(m: int) -> int:
     return 1 if m <= 16 else (2 if m <= 64 else 4)
 
 
-def _block_n(n: int, m: int) -> int:
-    """Output features per program. Only the grid changes with it, never a row's arithmetic (see module doc)."""
+def default_config(spec: WeightSpec, m: int) -> tuple[int, int, int, int]:
+    """(BN, BK, num_warps, num_stages). None of these changes a row's arithmetic (module doc), only speed.
+
+    Decode-sized M is a bandwidth problem: each K step should move several KB per program (a 4-bit row of 512
+    values is 256 B) and the grid should cover the 132 SMs a few times over, hence narrow BN and wide BK for
+    packed weights."""
     if m > 16:
-        return 64 if n >= 64 else 16
-    return 16 if n <= 2048 else (32 if n <= 8192 else 64)
+        return (64 if spec.n >= 64 else 16), spec.block_k(128), 4, 3
+    if spec.bits == DENSE_BITS:
+        return (16 if spec.n <= 2048 else (32 if spec.n <= 8192 else 64)), spec.block_k(128), 4, 3
+    return 16, spec.block_k(512 if spec.bits <= 4 else 256), 4, 3
 
 
 def _check_x(x: torch.Tensor, k: int, name: str) -> None:
@@ -123,8 +129,11 @@ def _check_x(x: torch.Tensor, k: int, name: str) -> None:
         raise ValueError(f"{name}: activations must be bf16 or fp16, found {x.dtype}")
 
 
-def _launch(x2, spec: WeightSpec, out, grid_t: int, sub: int, bn: int, experts=None, x_repeat: int = 1):
+def _launch(x2, spec: WeightSpec, out, grid_t: int, sub: int, config, experts=None, x_repeat: int = 1):
     m, k = x2.shape[0] * x_repeat, spec.k
+    bn, bk, warps, stages = config
+    if k % bk or (spec.bits != DENSE_BITS and bk % spec.group and spec.group % bk):
+        raise ValueError(f"affine config: BK {bk} must divide K {k} and nest with the group size {spec.group}")
     w, s = spec.w, spec.scales
     if experts is None:
         tiles = (x2, x2, x2, x2)  # unused pointers
@@ -137,17 +146,18 @@ def _launch(x2, spec: WeightSpec, out, grid_t: int, sub: int, bn: int, experts=N
         x2, w, s, spec.biases, out, *tiles,
         m, spec.n, k, x_repeat,
         x2.stride(0), swe, w.stride(-2), sse, s.stride(-2), out.stride(0),
-        BITS=spec.bits, GROUP=spec.group, BN=bn, BK=spec.block_k(), SUB=sub,
-        EXPERTS=experts is not None, F32=dot_f32(), num_warps=4,
+        BITS=spec.bits, GROUP=spec.group, BN=bn, BK=bk, SUB=sub,
+        EXPERTS=experts is not None, F32=dot_f32(), num_warps=warps, num_stages=stages,
     )
 
 
 def affine_matmul(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor | None, biases: torch.Tensor | None,
-    bits: int, group_size: int, out: torch.Tensor | None = None,
+    bits: int, group_size: int, out: torch.Tensor | None = None, config: tuple | None = None,
 ) -> torch.Tensor:
     """y = x W^T. x [..., K] bf16/fp16; W packed uint32 [N, K*bits/32] with scales/biases [N, K/group]
-    (bits 2/4/8), or dense [N, K] with bits=16 and scales = biases = None. Returns [..., N] in x's dtype."""
+    (bits 2/4/8), or dense [N, K] with bits=16 and scales = biases = None. Returns [..., N] in x's dtype.
+    config: (BN, BK, num_warps, num_stages) to override `default_config` (benchmark sweeps)."""
     spec = WeightSpec(qweight, scales, biases, bits, group_size, "affine_matmul weight")
     if spec.w.dim() != 2:
         raise ValueError(f"affine_matmul: weight must be 2-D [N, packed K], found shape {tuple(qweight.shape)}")
@@ -161,7 +171,7 @@ def affine_matmul(
         out = torch.empty(m, spec.n, dtype=x.dtype, device=x.device)
     if m:
         sub = _subtiles(m)
-        _launch(x2, spec, out, triton.cdiv(m, 16 * sub), sub, _block_n(spec.n, m))
+        _launch(x2, spec, out, triton.cdiv(m, 16 * sub), sub, config or default_config(spec, m))
     return out.view(*lead, spec.n)
 
 
@@ -220,5 +230,5 @@ def affine_matmul_experts(
     if m:
         sub = _subtiles(m)
         tiles = expert_tiles(expert_ids, num_e, 16 * sub)
-        _launch(x, spec, out, tiles[0].numel(), sub, _block_n(spec.n, m), experts=tiles, x_repeat=x_repeat)
+        _launch(x, spec, out, tiles[0].numel(), sub, default_config(spec, m), experts=tiles, x_repeat=x_repeat)
     return out
