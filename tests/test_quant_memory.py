@@ -120,8 +120,9 @@ def write_random_bf16(path: Path) -> int:
 
 
 def test_quantizer_streams_without_a_dense_copy(tmp_path):
-    """quantize_checkpoint holds one module (+ the output shard being filled) at a time: its peak RSS grows by well
-    under the size of the bf16 input (measured ~0.45x, of which ~0.28x is the 4-bit output shard itself)."""
+    """quantize_checkpoint holds one module at a time and streams its output to disk: its peak RSS grows by well under
+    the size of the bf16 input (measured ~0.33x here, where the largest module, the embedding, is 11% of the model;
+    a dense copy would be 1x, holding the 4-bit output ~0.3x more)."""
     size = write_random_bf16(tmp_path / "bf16")
     assert 250e6 < size < 350e6
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
@@ -130,4 +131,4 @@ def test_quantizer_streams_without_a_dense_copy(tmp_path):
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
     growth = r["peak"] - r["before"]
-    assert growth <= 0.6 * size, f"peak RSS grew {growth / 2**20:.0f} MiB quantising {size / 2**20:.0f} MiB of bf16"
+    assert growth <= 0.45 * size, f"peak RSS grew {growth / 2**20:.0f} MiB quantising {size / 2**20:.0f} MiB of bf16"

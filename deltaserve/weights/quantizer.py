@@ -21,11 +21,11 @@ import copy
 import ctypes
 import json
 import shutil
+import struct
 from pathlib import Path
 from typing import Iterator, Protocol
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -42,7 +42,7 @@ from .formats import Placement, TensorInfo, get_format
 from .plan import build_plan
 from .safetensors_io import SafetensorsCheckpoint, ShardReader
 
-SHARD_BYTES = 2 << 30
+SHARD_BYTES = 5 << 30  # as mlx_lm (max_file_size_gb=5); shards are streamed to disk, not held in RAM
 _NEXT_FUSED = (".in_proj_qkv", ".in_proj_z", ".in_proj_b", ".in_proj_a")
 GATE_OVERRIDE = {"group_size": 64, "bits": 8}  # mlx_lm's qwen3_5 quant_predicate for routers and shared gates
 OUTPUT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -312,33 +312,63 @@ def _load_libc():
 _LIBC = _load_libc()
 
 
+_ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.uint32: "U32",
+              torch.uint8: "U8", torch.int32: "I32"}
+_COPY_CHUNK = 64 << 20
+
+
 class _ShardWriter:
-    """Accumulates output tensors and writes `model-0000i-of-0000N.safetensors` shards of ~shard_bytes + index."""
+    """Writes output tensors to disk as they come: `model-0000i-of-0000N.safetensors` shards of ~shard_bytes + index.
+
+    A safetensors file starts with its header (names, dtypes, shapes, offsets), which is only known once the shard
+    is complete; so each tensor's bytes go straight to a data file (from the tensor's memory, no copy), and closing
+    the shard writes u64 header length + JSON header (padded to 8 bytes) + the data. Nothing of the output stays in
+    RAM (safetensors.torch.save_file would hold the whole shard, and build a bytes copy of it on top).
+    """
 
     def __init__(self, out: Path, shard_bytes: int):
         self.out, self.shard_bytes = out, shard_bytes
-        self.pending: dict[str, torch.Tensor] = {}
-        self.size = 0
         self.files: list[tuple[Path, list[str]]] = []
         self.total = 0
+        self._header: dict = {}
+        self._data = None
+        self._size = 0
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         n = tensor.numel() * tensor.element_size()
-        if self.pending and self.size + n > self.shard_bytes:
-            self._flush()
-        self.pending[name] = tensor.contiguous()
-        self.size += n
+        if self._header and self._size + n > self.shard_bytes:
+            self._close_shard()
+        if self._data is None:
+            self._data = open(self._path(".data.tmp"), "wb")
+        self._header[name] = {"dtype": _ST_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                              "data_offsets": [self._size, self._size + n]}  # fmt: skip
+        if n:
+            self._data.write(memoryview(tensor.contiguous().view(-1).view(torch.uint8).numpy()))
+        self._size += n
         self.total += n
 
-    def _flush(self) -> None:
-        path = self.out / f"model-{len(self.files) + 1:05d}.safetensors.tmp"
-        save_file(self.pending, str(path), metadata={"format": "mlx"})
-        self.files.append((path, list(self.pending)))
-        self.pending, self.size = {}, 0
+    def _path(self, suffix: str) -> Path:
+        return self.out / f"model-{len(self.files) + 1:05d}.safetensors{suffix}"
+
+    def _close_shard(self) -> None:
+        data_path, path = self._path(".data.tmp"), self._path(".tmp")
+        if self._data is not None:
+            self._data.close()
+        raw = json.dumps({"__metadata__": {"format": "mlx"}, **self._header}, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)))
+            f.write(raw)
+            if data_path.exists():
+                with open(data_path, "rb") as d:
+                    shutil.copyfileobj(d, f, _COPY_CHUNK)
+        data_path.unlink(missing_ok=True)
+        self.files.append((path, list(self._header)))
+        self._header, self._data, self._size = {}, None, 0
 
     def finish(self) -> None:
-        if self.pending or not self.files:
-            self._flush()
+        if self._header or not self.files:
+            self._close_shard()
         n = len(self.files)
         weight_map = {}
         for i, (tmp, names) in enumerate(self.files):
