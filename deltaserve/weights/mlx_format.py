@@ -54,7 +54,6 @@ class MLXFormat:
 
     def __init__(self, config: ModelConfig, names: Collection[str] = ()):
         self.config, self.model_type = config, config.model_type
-        self.source = "config.json"
         names = set(names)
         try:
             scheme = parse_quantization(config.quantization, self.model_type) if config.quantization else None
@@ -68,16 +67,19 @@ class MLXFormat:
                     quantized.update(_split_module(ours))
         if quantized and scheme is None:
             example = next(n for n in sorted(names) if n.endswith(".scales"))
-            raise CheckpointError(f"{example}: quantised tensors but config.json has no 'quantization' entry")
+            raise CheckpointError(
+                f"tensor '{example}': quantised tensors but config.json has no 'quantization' entry "
+                "(bits and group size unknown)"
+            )
         if scheme is not None:
-            self._check_overrides(scheme, names, quantized)
+            self._check_overrides(scheme, names)
             for path in list(scheme.overrides):  # a fused file module's override applies to both of our halves
                 for part in _split_module(path):
                     scheme.overrides.setdefault(part, scheme.overrides[path])
                     scheme.mlx_keys.setdefault(part, scheme.mlx_keys[path])
         self.factory = AffineWeights(scheme, quantized, self.model_type)
 
-    def _check_overrides(self, scheme, names: set[str], quantized: set[str]) -> None:
+    def _check_overrides(self, scheme, names: set[str]) -> None:
         for key in scheme.foreign:  # e.g. vision_tower.* of an mlx-vlm conversion: set aside, but must exist
             if f"{key}.weight" not in names:
                 raise CheckpointError(
