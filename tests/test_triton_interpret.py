@@ -143,3 +143,28 @@ if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run through pytest, or with TRITON_INTERPRET=1 set before Python starts")
     _child(sys.argv[1:])
+
+
+def test_reference_switch(monkeypatch):
+    """kernels.backend: the explicit switch wins, then DELTASERVE_REFERENCE, then Triton's availability."""
+    from deltaserve.kernels import backend
+
+    monkeypatch.delenv("DELTASERVE_REFERENCE", raising=False)
+    previous = backend.use_reference(None)
+    try:
+        assert backend.reference_enabled() == (not backend.triton_available())
+        monkeypatch.setenv("DELTASERVE_REFERENCE", "1")
+        assert backend.reference_enabled()
+        assert backend.use_reference(False) is None
+        assert not backend.reference_enabled()  # the explicit switch beats the environment
+        with backend.reference():
+            assert backend.reference_enabled()
+        assert not backend.reference_enabled()
+        backend.use_reference(None)
+        monkeypatch.setenv("DELTASERVE_REFERENCE", "maybe")
+        with pytest.raises(ValueError, match="DELTASERVE_REFERENCE"):
+            backend.reference_enabled()
+        with pytest.raises(TypeError):
+            backend.use_reference(1)
+    finally:
+        backend.use_reference(previous)

@@ -20,7 +20,9 @@ import triton.language as tl
 
 from ..triton_common import dot_f32, mma
 
-SPLIT_TOKENS = 64  # decode: tokens per split (fixed: the merge order of a row never depends on the batch)
+# decode: tokens per split, fixed so the merge order of a row never depends on the batch (64 was slower on the
+# H200 at 32k contexts, bench/NOTES.md)
+SPLIT_TOKENS = 128
 _LOG2E = 1.4426950408889634
 
 
@@ -165,7 +167,7 @@ def paged_decode_attention(
         q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl,
         q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
         scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BS=bs, SPLIT=SPLIT_TOKENS,
-        BN=min(64, SPLIT_TOKENS), F32=dot_f32(), num_warps=4,
+        BN=64 if d <= 128 else 32, F32=dot_f32(), num_warps=4,
     )
     _decode_merge_kernel[(bsz, hq)](
         po, pm, pl, kv_lens, out, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0), out.stride(1),

@@ -194,7 +194,9 @@ def _gemv_bk(spec: WeightSpec, prefer: int) -> int:
 
 # (BN or BE, BK preference, num_warps) per launch; none changes a token's arithmetic across batch sizes (the code a
 # program runs does not depend on T), only the reduction chunking, which is fixed per configuration.
-DEFAULT_CONFIG = {"router": (16, 256, 4), "gate_up": (16, 256, 4), "down": (16, 256, 4)}
+# H200, T=1, 35B-A3B shapes (bench/NOTES.md): gate_up/down (16, 512, 4) 78 us; (8, 256, 4) 103; (16, 256, 4) 109;
+# (32, 256, 4) 164.
+DEFAULT_CONFIG = {"router": (16, 256, 4), "gate_up": (16, 512, 4), "down": (16, 512, 4)}
 
 
 @triton.jit

@@ -112,14 +112,16 @@ def _subtiles(m: int) -> int:
 def default_config(spec: WeightSpec, m: int) -> tuple[int, int, int, int]:
     """(BN, BK, num_warps, num_stages). None of these changes a row's arithmetic (module doc), only speed.
 
-    Decode-sized M is a bandwidth problem: each K step should move several KB per program (a 4-bit row of 512
-    values is 256 B) and the grid should cover the 132 SMs a few times over, hence narrow BN and wide BK for
-    packed weights."""
+    Decode-sized M: measured on the H200 (bench/NOTES.md, M=1 N=8192 K=2048 q4g64): (32, 512, 4, 3) 18.1 us,
+    (32, 256, 4, 4) 18.4, (64, 256, 8, 3) 21.6, (16, 512, 4, 3) 24.1, (32, 128, 4, 4) 23.2, 8 warps with
+    (16, 512|1024) 43-44 us; all bit-identical. Dense bf16 with (32, 128) reaches 66% of the copy bandwidth."""
     if m > 16:
         return (64 if spec.n >= 64 else 16), spec.block_k(128), 4, 3
     if spec.bits == DENSE_BITS:
         return (16 if spec.n <= 2048 else (32 if spec.n <= 8192 else 64)), spec.block_k(128), 4, 3
-    return 16, spec.block_k(512 if spec.bits <= 4 else 256), 4, 3
+    if spec.n > 8192:  # lm_head-sized: (64, 128) ran at 771 GB/s, (16, 512) at 447 (N=248320, K=2048, q4)
+        return 64, spec.block_k(128), 4, 3
+    return (16 if spec.n <= 2048 else 32), spec.block_k(512 if spec.bits <= 4 else 256), 4, 3
 
 
 def _check_x(x: torch.Tensor, k: int, name: str) -> None:
