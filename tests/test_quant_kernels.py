@@ -219,7 +219,8 @@ def test_reference_ops_give_the_same_results_on_cuda(bits, group):
     g = torch.Generator().manual_seed(bits * 1000 + group)
     w = torch.randn(3, 96, 256, generator=g).bfloat16()
     packed, scales, biases = affine_quantize(w, bits, group)
-    cu = [t.cuda() for t in affine_quantize(w.cuda(), bits, group)]
+    cu = affine_quantize(w.cuda(), bits, group)
+    assert all(t.is_cuda for t in cu)  # the quantiser's outputs stay on the input's device
     assert torch.equal(cu[0].cpu().view(torch.int32), packed.view(torch.int32))
     assert torch.equal(cu[1].cpu(), scales) and torch.equal(cu[2].cpu(), biases)
     assert torch.equal(unpack_bits(cu[0], bits).cpu(), unpack_bits(packed, bits))
@@ -232,6 +233,8 @@ def test_reference_ops_give_the_same_results_on_cuda(bits, group):
     ids = torch.tensor([0, 95, 3, 3])
     assert torch.equal(emb(ids.cuda()).cpu(), affine_dequantize(packed[0], scales[0], biases[0], bits, group)[ids])
     w8, s8 = fp8_block_quantize(w[0].float(), (32, 32))
+    w8c, s8c = fp8_block_quantize(w[0].float().cuda(), (32, 32))
+    assert torch.equal(w8c.cpu().view(torch.uint8), w8.view(torch.uint8)) and torch.equal(s8c.cpu(), s8)
     ref = fp8_block_linear(x, w8.view(torch.uint8), s8, (32, 32))
     got8 = fp8_block_linear(x.cuda(), w8.view(torch.uint8).cuda(), s8.cuda(), (32, 32)).cpu()
     assert (got8 - ref).abs().max() <= 1e-5 * ref.abs().max()

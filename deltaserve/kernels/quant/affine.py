@@ -56,7 +56,7 @@ def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
     pack = codes[..., 0].clone()
     for k in range(1, per):
         pack |= codes[..., k] << (k * bits)  # [..., n/per] one integer per pack
-    stream = torch.empty(*lead, n // per, nbytes, dtype=torch.uint8)
+    stream = torch.empty(*lead, n // per, nbytes, dtype=torch.uint8, device=q.device)
     for j in range(nbytes):
         stream[..., j] = (pack >> (8 * j)) & 0xFF
     return stream.reshape(*lead, words * 4).view(torch.int32).view(torch.uint32)

@@ -72,10 +72,11 @@ def fp8_block_quantize(
     b0, b1 = block
     out, inp = w.shape
     nr, nc = math.ceil(out / b0), math.ceil(inp / b1)
-    padded = torch.zeros(nr * b0, nc * b1, dtype=torch.float32)
+    padded = torch.zeros(nr * b0, nc * b1, dtype=torch.float32, device=w.device)
     padded[:out, :inp] = w.float()
     blocks = padded.view(nr, b0, nc, b1)
     amax = blocks.abs().amax(dim=(1, 3))  # [nr, nc]
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax)).to(scale_dtype)
+    # divide by a tensor: CUDA turns `t / scalar` into a reciprocal multiply (different rounding from the CPU)
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax)).to(scale_dtype)
     q = (blocks / scale.float()[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX)
     return q.view(nr * b0, nc * b1)[:out, :inp].to(torch.float8_e4m3fn), scale
