@@ -10,6 +10,8 @@ Weight modules are read by duck typing (the model may not import `quant`): a mod
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -17,8 +19,13 @@ from ..kernels import backend
 
 
 def enabled(x: torch.Tensor) -> bool:
-    """Run the Triton kernels for this activation? (CUDA, Triton importable, reference path not forced)."""
-    return x.is_cuda and not backend.reference_enabled()
+    """Run the Triton kernels for this activation? CUDA (reference path not forced), or a CPU tensor under Triton's
+    interpreter (TRITON_INTERPRET=1 with DELTASERVE_FAST_INTERPRET=1: tests and debugging of the fast path on CPU)."""
+    if backend.reference_enabled():
+        return False
+    if x.is_cuda:
+        return True
+    return backend.interpreting() and os.environ.get("DELTASERVE_FAST_INTERPRET", "0") == "1"
 
 
 def weight_spec(module: nn.Module, attr: str = "weight"):

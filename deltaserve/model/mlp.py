@@ -11,7 +11,9 @@ from . import fast
 from .config import ModelConfig
 from .layers import WeightFactory
 
-# Up to this many tokens the MoE block runs as per-token GEMVs (decode); more go through the grouped expert matmul.
+# Prefill calls of up to this many tokens run the MoE block as per-token GEMVs; more go through the grouped expert
+# matmul. Decode steps always take the GEMV kernels, whatever the batch, so a decoded token's bits never depend on
+# how many other sequences share the step (batch invariance).
 MOE_GEMV_MAX_TOKENS = 16
 
 
@@ -24,7 +26,7 @@ class MLP(nn.Module):
         self.up_proj = weights.linear(f"{prefix}.up_proj", hidden, intermediate)
         self.down_proj = weights.linear(f"{prefix}.down_proj", intermediate, hidden)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
         gate, up = fast.linear(self.gate_proj, x), fast.linear(self.up_proj, x)
         return fast.linear(self.down_proj, linear_ops.silu_mul(gate, up))
 
@@ -44,9 +46,10 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert = MLP(f"{prefix}.shared_expert", h, config.shared_expert_intermediate_size, weights)
             self.shared_expert_gate = weights.linear(f"{prefix}.shared_expert_gate", h, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
+        """decode: every sequence contributes one token (selects the batch-invariant GEMV kernels on the GPU)."""
         if fast.enabled(x):
-            return self._forward_fast(x)
+            return self._forward_fast(x, decode)
         logits = self.gate(x.float())  # [N, E] fp32: the router runs in fp32 whatever the activation dtype
         weights, ids = route_topk(logits, self.top_k, self.normalize)
         shared = gate = None
@@ -66,13 +69,13 @@ class SparseMoeBlock(nn.Module):
             shared_gate=fast.weight_spec(self.shared_expert_gate),
         )
 
-    def _forward_fast(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward_fast(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
         from ..kernels.moe.triton_decode import moe_decode, moe_route
 
         gate, up, down = fast.stacked_specs(self.experts)
         router = fast.weight_spec(self.gate)
         shared = self._shared_specs()
-        if x.shape[0] <= MOE_GEMV_MAX_TOKENS:
+        if decode or x.shape[0] <= MOE_GEMV_MAX_TOKENS:
             return moe_decode(x, router, gate, up, down, self.top_k, normalize=self.normalize, **shared)
         routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"))
         return self._grouped(x, routing, gate, up, down)

@@ -46,7 +46,7 @@ class DecoderLayer(nn.Module):
         else:
             h = self.linear_attn(h, batch, cache)
         x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), decode=batch.max_seqlen == 1)
 
 
 class Qwen3_5ForCausalLM(nn.Module):
