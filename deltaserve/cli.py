@@ -1,4 +1,4 @@
-"""The `deltaserve` command: run | make-checkpoint | info | quantize | bench.
+"""The `deltaserve` command: run | make-checkpoint | info | quantize | export-gguf | bench.
 
 Every command imports what it needs inside its function, so `deltaserve --help` is instant and a missing optional
 piece only affects its own command. Errors a person can fix (bad directory, bad config, bad value) print one line
@@ -207,6 +207,31 @@ def cmd_bench(args) -> int:
     return int(bench.main(args.bench_args) or 0)
 
 
+# ---- export ----------------------------------------------------------------------------------------------------------
+def cmd_export_gguf(args) -> int:
+    from .export import export_gguf, export_random_gguf
+
+    if args.preset and not args.random:
+        raise CLIError("--preset has no weights: add --random for a file of random weights in the preset's shapes")
+    want = 1 if args.preset else 2
+    if len(args.paths) != want:
+        usage = "--preset NAME --random OUT.gguf" if args.preset else "DIR OUT.gguf"
+        raise CLIError(f"export-gguf {usage}: expected {want} path(s), found {len(args.paths)}")
+    out = args.paths[-1]
+    progress = not args.quiet
+    if args.random:
+        model_dir = None if args.preset else args.paths[0]
+        if model_dir is not None and not Path(model_dir).is_dir():
+            raise CLIError(f"{model_dir}: not a directory")
+        report = export_random_gguf(out, args.preset, model_dir, args.type, args.seed, args.fuse_gate_up, progress)
+    else:
+        if not Path(args.paths[0]).is_dir():
+            raise CLIError(f"{args.paths[0]}: not a directory")
+        report = export_gguf(args.paths[0], out, args.type, args.fuse_gate_up, progress)
+    print(report.summary())
+    return 0
+
+
 # ---- parser ------------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deltaserve", description="Exact inference for Qwen3.5 / Qwen3.6 hybrid models.")
@@ -250,6 +275,18 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--bits", type=int, required=True, choices=[4, 8], help="bits per weight")
     q.add_argument("--group-size", type=int, default=64, choices=[32, 64, 128], help="quantisation group (default 64)")
     q.set_defaults(func=cmd_quantize)
+
+    ex = sub.add_parser("export-gguf", help="write a llama.cpp GGUF file (qwen35moe / qwen35)",
+                        description="Export a checkpoint (DIR OUT.gguf) or random weights of a preset's shapes "
+                        "(--preset NAME --random OUT.gguf) as a llama.cpp GGUF file.")
+    ex.add_argument("paths", nargs="+", metavar="PATH", help="DIR OUT.gguf, or only OUT.gguf with --preset")
+    ex.add_argument("--type", default="f16", choices=["f32", "f16", "q8_0", "q4_k_m"], help="weight type (default f16)")
+    ex.add_argument("--preset", help="synthetic preset whose shapes to write (needs --random), e.g. qwen3.6-35b-a3b")
+    ex.add_argument("--random", action="store_true", help="random but valid weights instead of the checkpoint's")
+    ex.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    ex.add_argument("--fuse-gate-up", action="store_true", help="experts as one ffn_gate_up_exps tensor")
+    ex.add_argument("--quiet", action="store_true", help="no progress bar")
+    ex.set_defaults(func=cmd_export_gguf)
 
     # Listed for --help only: main() hands everything after `bench` to deltaserve.bench.main untouched.
     bench = sub.add_parser("bench", help="GPU benchmarks (needs the GPU benchmark module)", add_help=False)

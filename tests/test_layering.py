@@ -25,6 +25,7 @@ RANK = {
     "cli": 6,
     "server": 6,
     "bench": 6,
+    "export": 6,  # GGUF export: reads checkpoints (weights), presets (synthetic); used by cli
     "__main__": 6,
     "": 6,  # deltaserve/__init__.py
 }
