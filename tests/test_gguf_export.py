@@ -124,6 +124,8 @@ def test_35b_q4_k_m_plan_matches_the_measured_llama_cpp_file():
     assert by_name["blk.0.ffn_gate_inp.weight"] == T.F32 and by_name["blk.0.ssm_a"] == T.F32
     assert by_name["blk.0.ffn_down_exps.weight"] == T.Q4_K and by_name["blk.3.attn_q.weight"] == T.Q4_K
     assert len(plan) == 733 and len({t.name for t in plan}) == 733
+    tied = gguf_plan(ModelConfig.from_dict(get_preset("qwen3.5-0.8b").config))  # the embedding is the head too
+    assert tensor_type("q4_k_m", tied[0]) == T.Q6_K and "output.weight" not in {t.name for t in tied}
 
 
 def test_rows_that_do_not_fill_a_block_fall_back():

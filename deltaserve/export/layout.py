@@ -127,7 +127,9 @@ def gguf_plan(config: ModelConfig, fuse_gate_up: bool = False) -> list[GGUFTenso
     arch_of(config)
     _check_dims(config)
     h, v = config.hidden_size, config.vocab_size
-    plan = [GGUFTensor("token_embd.weight", (v, h), EMBED, "embed_tokens.weight", std=1.0)]
+    # Tied: the embedding is the output head too, so it takes the head's type (as llama-quantize does).
+    embed_role = OUTPUT if config.tie_word_embeddings else EMBED
+    plan = [GGUFTensor("token_embd.weight", (v, h), embed_role, "embed_tokens.weight", std=1.0)]
     for i in range(config.num_hidden_layers):
         plan += _layer(config, i, fuse_gate_up)
     plan.append(GGUFTensor("output_norm.weight", (h,), NORM, "norm.weight", _plus_one))
