@@ -1,0 +1,160 @@
+"""Decode GEMV (`kernels/quant/triton_gemv.py`) and parallel MoE decode (`kernels/moe/triton_moe_gemv.py`) on
+CUDA at the 35B-A3B shapes: fp64 references, NaN-poisoned outputs, bit-for-bit batch invariance. The check_*
+functions are shared with the interpreter test (tests/test_triton_gemv_interpret.py), which runs them at toy sizes.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import kernel_cases as kc
+
+pytestmark = pytest.mark.gpu
+
+
+# ------------------------------------------------------------------------------------------ checks (shared)
+
+
+def _weight(n, k, bits, group, device):
+    if bits == 16:
+        w = torch.randn(n, k, device=device).bfloat16()
+        return (w, None, None), w.double()
+    p, s, b, wd = kc.affine_weight((n, k), bits, group, device)
+    return (p, s, b), wd
+
+
+def check_gemv(mods, device, bits, group, m, n, k):
+    (p, s, b), wd = _weight(n, k, bits, group, device)
+    x = torch.randn(m, k, device=device).bfloat16()
+    out = kc.poisoned((m, n), torch.bfloat16, device)
+    y = mods["gemv"].affine_gemv(x, p, s, b, bits, group, out=out)
+    assert y.data_ptr() == out.data_ptr(), "affine_gemv did not write into out"
+    ref = x.double() @ wd.t()
+    # fp32 accumulation of exact products (w is never rounded), one rounding to bf16: 1/2 ulp (+ fp32 noise)
+    kc.close(y, ref, 2 * kc.BF16_EPS, f"gemv bits={bits} g={group} M={m} N={n} K={k}")
+    # row-wise too: small rows must not hide behind the largest one
+    rowscale = ref.abs().amax(1, keepdim=True).clamp_min(1e-3)
+    err = ((y.double() - ref).abs() / rowscale).max().item()
+    assert err <= 2 * kc.BF16_EPS * kc.SLACK, f"gemv bits={bits} g={group} M={m}: row-relative error {err:.3g}"
+
+
+def check_gemv_invariance(mods, device, n, k, others=(1, 3, 15)):
+    """Row r alone == row r among others, bit for bit; r = 0 and the last row (a different row block)."""
+    g = mods["gemv"]
+    x = torch.randn(16, k, device=device).bfloat16()
+    for bits, group in ((4, 64), (8, 32), (16, 64)):
+        (p, s, b), _ = _weight(n, k, bits, group, device)
+        alone = g.affine_gemv(x[:1], p, s, b, bits, group)
+        for o in others:
+            got = g.affine_gemv(x[: o + 1], p, s, b, bits, group)
+            assert torch.equal(got[:1], alone), f"bits {bits}: row 0 alone != among {o} others"
+            last = g.affine_gemv(x[o : o + 1], p, s, b, bits, group)
+            assert torch.equal(got[o : o + 1], last), f"bits {bits}: row {o} alone != among {o} others"
+
+
+def check_gemv_vs_matmul(mods, device, n, k):
+    """The new GEMV and the old affine_matmul agree to bf16 rounding (the old one rounds w to bf16 first)."""
+    for bits, group in ((4, 64), (8, 128)):
+        (p, s, b), wd = _weight(n, k, bits, group, device)
+        x = torch.randn(4, k, device=device).bfloat16()
+        new = mods["gemv"].affine_gemv(x, p, s, b, bits, group).double()
+        old = mods["affine"].affine_matmul(x, p, s, b, bits, group).double()
+        kc.close(new, old, 4 * kc.BF16_EPS, f"gemv vs affine_matmul bits={bits}")
+
+
+def check_gemv_errors(mods, device):
+    g = mods["gemv"]
+    (p, s, b), _ = _weight(16, 64, 4, 32, device)
+    x = torch.zeros(1, 64, device=device).bfloat16()
+    for args, msg in (((x, p, s[:, :1], b, 4, 32), "scales shape"), ((x, p, s, b, 2, 32), "bits 2"),
+                      ((x[:, :32], p, s, b, 4, 32), "input has 32 features"),
+                      ((torch.zeros(17, 64, device=device).bfloat16(), p, s, b, 4, 32), "17 rows"),
+                      ((x.float(), p, s, b, 4, 32), "bf16 or fp16")):
+        try:
+            g.affine_gemv(*args)
+        except ValueError as exc:
+            assert msg in str(exc), f"{msg!r} not in {exc}"
+        else:
+            raise AssertionError(f"no error for {msg}")
+
+
+def check_moe_v2(mods, device, t, h, e, i, top_k, bits, group, normalize=True):
+    """moe_decode_v2 against the fp64 reference (routing + block), as kernel_cases.check_moe does for v1, and
+    against v1 itself (same rounding points: a few bf16 ulps apart at most)."""
+    x, kw, ref = kc.moe_problem(device, t, h, e, i, i, bits, group, router_bits=8 if bits != 16 else 16)
+    out = kc.poisoned((t, h), torch.bfloat16, device)
+    y, routing = mods["moe2"].moe_decode_v2(x, top_k=top_k, normalize=normalize, return_routing=True, out=out, **kw)
+    assert y.data_ptr() == out.data_ptr(), "moe_decode_v2 did not write into out"
+    want, ids, w = kc.moe_reference(x, ref, top_k, normalize)
+    order = ids.sort(-1)
+    assert torch.equal(routing.ids.long().cpu(), order.values.cpu()), "MoE v2 routing picked other experts"
+    kc.close(routing.weights, w.gather(1, order.indices).double(), 1e-5, "MoE v2 routing weights")
+    kc.close(y, want, 8 * kc.BF16_EPS, f"MoE v2 T={t} bits={bits}")
+    old = mods["moe"].moe_decode(x, top_k=top_k, normalize=normalize, **kw)
+    kc.close(y, old.double(), 8 * kc.BF16_EPS, f"MoE v2 vs v1 T={t} bits={bits}")
+
+
+def check_moe_v2_invariance(mods, device, h, e, i, top_k, others=(1, 3, 15)):
+    x, kw, _ = kc.moe_problem(device, 16, h, e, i, i, 4, 64 if h % 64 == 0 and i % 64 == 0 else 32)
+    res = kw.pop("residual")
+    md = mods["moe2"]
+    alone = md.moe_decode_v2(x[:1], top_k=top_k, residual=res[:1], **kw)
+    for o in others:
+        got = md.moe_decode_v2(x[: o + 1], top_k=top_k, residual=res[: o + 1], **kw)
+        assert torch.equal(got[:1], alone), f"MoE v2: token 0 alone != among {o} others"
+        last = md.moe_decode_v2(x[o : o + 1], top_k=top_k, residual=res[o : o + 1], **kw)
+        assert torch.equal(got[o : o + 1], last), f"MoE v2: token {o} alone != among {o} others"
+
+
+# ------------------------------------------------------------------------------------------ CUDA tests
+
+
+@pytest.fixture(scope="module")
+def mods(dev):
+    return {key: importlib.import_module(f"deltaserve.kernels.{path}") for key, path in (
+        ("gemv", "quant.triton_gemv"), ("affine", "quant.triton_affine"), ("moe", "moe.triton_decode"),
+        ("moe2", "moe.triton_moe_gemv"))}
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (8, 128), (16, 64)])
+def test_gemv(mods, dev, small, bits, group):
+    shapes = [(24, 256)] if small else [(8192, 2048), (2048, 4096), (512, 2048), (1000, 2048)]
+    for n, k in shapes:
+        for m in (1, 8, 16):
+            check_gemv(mods, dev, bits, group, m=m, n=n, k=k)
+
+
+def test_gemv_lm_head_shape(mods, dev, small):
+    n = 40 if small else 248320
+    check_gemv(mods, dev, 4, 64, m=1, n=n, k=2048 if not small else 128)
+
+
+def test_gemv_batch_invariance(mods, dev, small):
+    check_gemv_invariance(mods, dev, *((24, 256) if small else (2048, 2048)))
+
+
+def test_gemv_vs_affine_matmul(mods, dev, small):
+    check_gemv_vs_matmul(mods, dev, *((24, 256) if small else (4096, 2048)))
+
+
+def test_gemv_errors(mods, dev):
+    check_gemv_errors(mods, dev)
+
+
+@pytest.mark.parametrize("t", [1, 8])
+def test_moe_v2_q4(mods, dev, small, t):
+    h, e, i, top_k = (64, 8, 64, 3) if small else (2048, 256, 512, 8)
+    check_moe_v2(mods, dev, t=t, h=h, e=e, i=i, top_k=top_k, bits=4, group=64)
+
+
+def test_moe_v2_bf16(mods, dev, small):
+    h, e, i, top_k = (64, 8, 64, 3) if small else (2048, 64, 512, 8)
+    check_moe_v2(mods, dev, t=3, h=h, e=e, i=i, top_k=top_k, bits=16, group=64)
+
+
+def test_moe_v2_batch_invariance(mods, dev, small):
+    h, e, i, top_k = (64, 8, 64, 3) if small else (2048, 256, 512, 8)
+    check_moe_v2_invariance(mods, dev, h=h, e=e, i=i, top_k=top_k)
