@@ -33,8 +33,11 @@ TINY_VISION = dict(
 )
 
 
-def make_hf_model(moe: bool, seed: int = 0, tie: bool = False, **text_overrides):
-    """A random tiny transformers Qwen3.5 (MoE or dense) in fp32 with non-trivial norms and gates."""
+def make_hf_model(moe: bool, seed: int = 0, tie: bool = False, head_std: float = 0.5, **text_overrides):
+    """A random tiny transformers Qwen3.5 (MoE or dense) in fp32 with non-trivial norms and gates.
+
+    head_std: std of the embedding and lm_head weights, i.e. how peaked the logits are (larger = wider top-1
+    margins, for checks that compare bf16 against fp32)."""
     from transformers import (
         Qwen3_5Config,
         Qwen3_5ForConditionalGeneration,
@@ -60,7 +63,7 @@ def make_hf_model(moe: bool, seed: int = 0, tie: bool = False, **text_overrides)
             elif "mlp.gate.weight" in name:
                 p.normal_(0, 0.5)  # routers: spread the expert choices
             elif "embed_tokens" in name or "lm_head" in name:
-                p.normal_(0, 0.5)  # logits with real margins so greedy tokens are not near-ties
+                p.normal_(0, head_std)  # logits with real margins so greedy tokens are not near-ties
     return model
 
 

@@ -24,16 +24,23 @@ BS = 16
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """A tiny MoE checkpoint (fused layout) loaded twice: CPU fp32 reference and GPU bf16 fast path.
+    """A tiny MoE checkpoint (fused layout, bf16-exact weights as a bf16 release holds) loaded twice: CPU fp32
+    reference and GPU bf16 fast path.
 
-    The model is transformers-initialised (small weights, peaked logits). The synthetic presets' unit-gain random
-    weights are too chaotic for a bf16-vs-fp32 top-1 check: on the CPU reference alone, bf16 agrees with fp32 on
-    only ~60% of positions for tiny-moe, against 99% for this model.
+    The model is transformers-initialised (small weights) with a 32-token vocabulary. A random tiny model has far
+    more near-tied top-2 logits than a trained one, and bf16 rounding flips those: the synthetic presets' unit-gain
+    weights agree with fp32 on only ~60% of positions even on the CPU reference in bf16; this model's CPU bf16 run
+    agrees on 99.6% of 800 positions, every flip a near-tie (gap <= 0.02 logit std).
     """
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     ckpt = tmp_path_factory.mktemp("ckpt")
-    cpu = ours_from_checkpoint(make_hf_model(True, seed=0), ckpt)
+    hf = make_hf_model(True, seed=0, vocab_size=32)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if not name.endswith("A_log"):  # A_log stays fp32 in the releases
+                p.copy_(p.bfloat16().float())
+    cpu = ours_from_checkpoint(hf, ckpt)
     gpu = load_checkpoint(ckpt, device="cuda", dtype=torch.bfloat16, progress=False).model
     return cpu, gpu
 
@@ -66,12 +73,17 @@ def assert_top1_agreement(got, want, what):
 
 @pytest.mark.parametrize("chunk", [None, 1, 64])
 def test_bf16_gpu_matches_cpu_reference(models, chunk):
+    """Teacher-forced over 4 prompts x 200 tokens: prefill whole, in chunks of 64, or one token per call (decode)."""
     cpu, gpu = models
-    prompt = torch.randint(2, cpu.config.vocab_size, (200,), generator=torch.Generator().manual_seed(5)).tolist()
-    want = run_all_logits(cpu, prompt, "cpu", torch.float32)
-    got = run_all_logits(gpu, prompt, "cuda", torch.bfloat16, chunk)
+    wants, gots = [], []
+    for seed in range(4):
+        gen = torch.Generator().manual_seed(seed)
+        prompt = torch.randint(2, cpu.config.vocab_size, (200,), generator=gen).tolist()
+        wants.append(run_all_logits(cpu, prompt, "cpu", torch.float32))
+        gots.append(run_all_logits(gpu, prompt, "cuda", torch.bfloat16, chunk))
+    got = torch.cat(gots)
     assert torch.isfinite(got).all()
-    assert_top1_agreement(got, want, f"prefill chunk {chunk}")
+    assert_top1_agreement(got, torch.cat(wants), f"prefill chunk {chunk}")
 
 
 def decode_logits(model, prompts, steps, graph: bool, bucket=None):
@@ -107,10 +119,10 @@ def decode_logits(model, prompts, steps, graph: bool, bucket=None):
 def test_batch_invariance_bit_for_bit(models):
     _, gpu = models
     gen = torch.Generator().manual_seed(9)
-    target = torch.randint(0, 200, (37,), generator=gen).tolist()
+    target = torch.randint(0, 32, (37,), generator=gen).tolist()
     alone = decode_logits(gpu, [target], 6, graph=False)[:, 0]
     for others in (1, 3, 15, 63):
-        prompts = [target] + [torch.randint(0, 200, (int(n),), generator=gen).tolist()
+        prompts = [target] + [torch.randint(0, 32, (int(n),), generator=gen).tolist()
                               for n in torch.randint(1, 90, (others,), generator=gen)]
         together = decode_logits(gpu, prompts, 6, graph=False)[:, 0]
         assert torch.equal(alone, together), f"decode among {others} others differs from alone"
@@ -119,7 +131,7 @@ def test_batch_invariance_bit_for_bit(models):
 def test_graph_replay_equals_eager(models):
     _, gpu = models
     gen = torch.Generator().manual_seed(10)
-    prompts = [torch.randint(0, 200, (n,), generator=gen).tolist() for n in (5, 40, 17)]
+    prompts = [torch.randint(0, 32, (n,), generator=gen).tolist() for n in (5, 40, 17)]
     eager = decode_logits(gpu, prompts, 5, graph=False)
     graph = decode_logits(gpu, prompts, 5, graph=True)
     assert torch.equal(eager, graph)
