@@ -35,14 +35,15 @@ class GatedAttention(nn.Module):
         self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, rope: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
         t = x.shape[0]
-        qg = fast.linear(self.q_proj, x)
+        decode = batch.max_seqlen == 1
+        qg = fast.linear(self.q_proj, x, decode)
         if self.gated:
             qg = qg.view(t, self.hq, 2 * self.d)
             q, gate = qg[..., : self.d], qg[..., self.d :].reshape(t, self.hq * self.d)
         else:
             q, gate = qg.view(t, self.hq, self.d), None
-        k = fast.linear(self.k_proj, x).view(t, self.hkv, self.d)
-        v = fast.linear(self.v_proj, x).view(t, self.hkv, self.d)
+        k = fast.linear(self.k_proj, x, decode).view(t, self.hkv, self.d)
+        v = fast.linear(self.v_proj, x, decode).view(t, self.hkv, self.d)
         q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -57,7 +58,7 @@ class GatedAttention(nn.Module):
         o = o.reshape(t, self.hq * self.d)
         if gate is not None:
             o = o * torch.sigmoid(gate)
-        return fast.linear(self.o_proj, o)
+        return fast.linear(self.o_proj, o, decode)
 
     def _attend_fast(self, q, k, v, k_cache, v_cache, batch: ForwardBatch) -> torch.Tensor:
         from ..kernels.attention import triton_paged as tp

@@ -62,11 +62,33 @@ def stacked_specs(experts: nn.Module):
     return cached
 
 
-def linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """module(x), through the batch-invariant Triton matmul on the fast path."""
+def decode_kernels() -> str:
+    """Which kernels serve decode steps: "gemv" (the full-K GEMV family, kernels/quant/triton_gemv.py and
+    kernels/moe/triton_moe_gemv.py) or "matmul" (the tiled matmul family). Env DELTASERVE_DECODE_KERNELS."""
+    value = os.environ.get("DELTASERVE_DECODE_KERNELS", "gemv")
+    if value not in ("gemv", "matmul"):
+        raise ValueError(f"DELTASERVE_DECODE_KERNELS must be 'gemv' or 'matmul', found {value!r}")
+    return value
+
+
+def linear(module: nn.Module, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
+    """module(x), through the batch-invariant Triton kernels on the fast path.
+
+    decode: the rows are one token per sequence. Decode steps of any batch size take the GEMV kernel in fixed blocks
+    of rows (a row's bits never depend on the other rows), prefill takes the tiled matmul."""
     if not enabled(x) or not hasattr(module, "weight"):
         return module(x)
+    s = weight_spec(module)
+    scales, biases = (None, None) if s.bits == 16 else (s.scales, s.biases)
+    if decode and decode_kernels() == "gemv":
+        from ..kernels.quant.triton_gemv import MAX_ROWS, affine_gemv
+
+        x2 = x.reshape(-1, x.shape[-1])
+        out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device)
+        for start in range(0, x2.shape[0], MAX_ROWS):
+            stop = min(start + MAX_ROWS, x2.shape[0])
+            affine_gemv(x2[start:stop], s.w, scales, biases, s.bits, s.group, out=out[start:stop])
+        return out.view(*x.shape[:-1], s.n)
     from ..kernels.quant.triton_affine import affine_matmul
 
-    s = weight_spec(module)
-    return affine_matmul(x, s.w, None if s.bits == 16 else s.scales, None if s.bits == 16 else s.biases, s.bits, s.group)
+    return affine_matmul(x, s.w, scales, biases, s.bits, s.group)

@@ -70,9 +70,10 @@ class GatedDeltaNet(nn.Module):
         from ..kernels.gated_delta import triton_decode as td
 
         t = x.shape[0]
-        qkv = fast.linear(self.in_proj_qkv, x)
-        z = fast.linear(self.in_proj_z, x)
-        a, b = fast.linear(self.in_proj_a, x), fast.linear(self.in_proj_b, x)
+        decode = batch.max_seqlen == 1
+        qkv = fast.linear(self.in_proj_qkv, x, decode)
+        z = fast.linear(self.in_proj_z, x, decode)
+        a, b = fast.linear(self.in_proj_a, x, decode), fast.linear(self.in_proj_b, x, decode)
         conv_pool, ssm_pool = cache.conv[self.layer], cache.ssm[self.layer]
         mixed = td.causal_conv(
             qkv, self.conv1d.weight[:, 0, :], conv_pool, batch.cu_seqlens, batch.state_slots, batch.context_lens,
@@ -83,7 +84,7 @@ class GatedDeltaNet(nn.Module):
                 mixed, z, a, b, self.A_log, self.dt_bias, self.norm.weight, ssm_pool, batch.state_slots,
                 batch.context_lens, self.hk, self.norm.eps,
             )
-            return fast.linear(self.out_proj, y)
+            return fast.linear(self.out_proj, y, decode)
         g, beta = td.gdn_gates(a, b, self.A_log, self.dt_bias)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         o = td.gdn_prefill(

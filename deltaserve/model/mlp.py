@@ -27,8 +27,8 @@ class MLP(nn.Module):
         self.down_proj = weights.linear(f"{prefix}.down_proj", intermediate, hidden)
 
     def forward(self, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
-        gate, up = fast.linear(self.gate_proj, x), fast.linear(self.up_proj, x)
-        return fast.linear(self.down_proj, linear_ops.silu_mul(gate, up))
+        gate, up = fast.linear(self.gate_proj, x, decode), fast.linear(self.up_proj, x, decode)
+        return fast.linear(self.down_proj, linear_ops.silu_mul(gate, up), decode)
 
 
 class SparseMoeBlock(nn.Module):
@@ -71,6 +71,9 @@ class SparseMoeBlock(nn.Module):
 
     def _forward_fast(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
         from ..kernels.moe.triton_decode import moe_decode, moe_route
+
+        if decode and fast.decode_kernels() == "gemv":
+            from ..kernels.moe.triton_moe_gemv import moe_decode_v2 as moe_decode
 
         gate, up, down = fast.stacked_specs(self.experts)
         router = fast.weight_spec(self.gate)

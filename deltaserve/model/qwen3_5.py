@@ -78,16 +78,16 @@ class Qwen3_5ForCausalLM(nn.Module):
             x = layer(x, batch, cache, rope)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, decode: bool = False) -> torch.Tensor:
         h = self.norm(hidden)
         if self.lm_head is not None:
-            logits = fast.linear(self.lm_head, h)
+            logits = fast.linear(self.lm_head, h, decode)
         elif fast.enabled(h):  # the tied table read as a [V, H] matrix by the fast matmul
-            logits = fast.linear(self.embed_tokens, h)
+            logits = fast.linear(self.embed_tokens, h, decode)
         else:
             logits = self.embed_tokens.as_linear(h)
         return logits.float()
 
     def forward(self, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
         hidden = self.hidden_states(batch, cache)
-        return self.compute_logits(hidden[batch.logits_indices])
+        return self.compute_logits(hidden[batch.logits_indices], decode=batch.max_seqlen == 1)
