@@ -51,6 +51,30 @@ def test_llama_bench_other_models_combined_tests_and_overrides():
     assert rec["tok_s"] == 249.3 and rec["quant"] == "q4km"  # no samples: llama-bench's mean
 
 
+# One line of `llama-bench -o jsonl` as printed by the vendored llama.cpp (CPU build, tiny-moe q8_0 export).
+REAL_JSONL = (
+    '{"build_commit": "unknown", "build_number": 0, "cpu_info": "AMD EPYC", "gpu_info": "", "backends": "CPU", '
+    '"model_filename": "/tmp/tm-q8.gguf", "model_type": "qwen35moe ?B Q8_0", "model_size": 831488, '
+    '"model_n_params": 757584, "n_batch": 2048, "n_ubatch": 512, "n_threads": 1, "cpu_mask": "0x0", '
+    '"cpu_strict": false, "poll": 50, "type_k": "f16", "type_v": "f16", "n_gpu_layers": -1, "n_cpu_moe": 0, '
+    '"split_mode": "layer", "main_gpu": 0, "no_kv_offload": false, "flash_attn": -1, "devices": "auto", '
+    '"tensor_split": "0.00", "tensor_buft_overrides": "none", "load_mode": "auto", "lazy_mode": "auto", '
+    '"embeddings": false, "no_op_offload": 0, "no_host": false, "repack": true, "fit_target": 0, "fit_min_ctx": 0, '
+    '"n_prompt": 0, "n_gen": 16, "n_depth": 32, "test_time": "2026-11-29T15:51:53Z", "avg_ns": 2768496, '
+    '"stddev_ns": 87361, "avg_ts": 23128.747634, "stddev_ts": 729.576183, "samples_ns": [ 2706745, 2830248 ],'
+    '"samples_ts": [ 23644.6, 22612.9 ]}'
+)
+
+
+def test_real_llama_bench_line_from_a_cpu_build():
+    (rec,) = peers.llama_bench_records(peers.read_llama_bench(REAL_JSONL + "\n"), model="tiny-moe",
+                                       peer_version="llama-cpp-python 0.3.36 sdist")
+    assert (rec["test"], rec["n"], rec["depth"], rec["quant"], rec["gpu"]) == ("tg", 16, 32, "q8_0", "AMD EPYC")
+    assert rec["tok_s"] == pytest.approx((23644.6 + 22612.9) / 2) and rec["reps"] == 2
+    assert "unknown (build 0) llama-cpp-python 0.3.36 sdist, CPU" in rec["notes"]
+    assert rec["gbps"] is None  # the roofline ceiling is the H200's; not applied to other devices
+
+
 def test_llama_bench_bad_input_is_named():
     with pytest.raises(ValueError, match="line 2 is neither"):
         peers.read_llama_bench('{"n_prompt": 1, "n_gen": 0, "avg_ts": 1}\nnot json', "out.jsonl")

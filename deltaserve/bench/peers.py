@@ -28,6 +28,9 @@ from collections import OrderedDict
 from pathlib import Path
 
 from . import records, roofline
+from .transformers_peer import (  # noqa: F401 (re-exported: the peer's pieces)
+    TransformersRunner, _sync, build_transformers_model, force_torch_kernels, transformers_notes,
+)
 
 # ---- llama.cpp ---------------------------------------------------------------------------------------------------
 # llama.cpp's model_type ends in the file type's description (llama_model_ftype_name) -> our quant name.
@@ -69,7 +72,9 @@ def quant_of(model_type: str) -> str:
 
 
 def llama_bench_records(entries: list[dict], model: str | None = None, quant: str | None = None,
-                        commit: str | None = None) -> list[dict]:
+                        commit: str | None = None, peer_version: str = "") -> list[dict]:
+    """Our records of llama-bench's tests; peer_version (e.g. "llama-cpp-python 0.3.36 sdist") goes into the
+    notes, since a llama.cpp built outside git reports its build_commit as "unknown"."""
     out = []
     for e in entries:
         p, g, d = int(e["n_prompt"]), int(e["n_gen"]), int(e.get("n_depth", 0))
@@ -79,14 +84,15 @@ def llama_bench_records(entries: list[dict], model: str | None = None, quant: st
         name = model or Path(e.get("model_filename", "model")).stem
         q = quant or quant_of(e.get("model_type", ""))
         gpu = e.get("gpu_info") or e.get("cpu_info") or "unknown"
-        notes = (f"llama-bench {e.get('build_commit', '?')} (build {e.get('build_number', '?')}), "
+        notes = (f"llama-bench {e.get('build_commit', '?')} (build {e.get('build_number', '?')})"
+                 f"{' ' + peer_version if peer_version else ''}, "
                  f"{e.get('backends', '?')}, ngl {e.get('n_gpu_layers', '?')}, fa {e.get('flash_attn', '?')}, "
                  f"ubatch {e.get('n_ubatch', '?')}, kv {e.get('type_k', '?')}/{e.get('type_v', '?')}, "
                  f"{e.get('model_type', '?')}, mean {float(e['avg_ts']):.2f}; depth by real prefill")
         if test == "pg":
             notes += f"; pp{p}+tg{g} in one timing"
         gbps = pct = None
-        if test == "tg" and tok_s > 0:
+        if test == "tg" and tok_s > 0 and "H200" in gpu:  # the ceiling is the H200's measured copy bandwidth
             gbps, pct = _peer_roofline(name, q, 1, d + n // 2, 1.0 / tok_s)
         rec = records.make_record("llama.cpp", gpu, name, q, test, n, d, 1, tok_s, float(e.get("stddev_ts", 0.0)),
                                   len(samples) or 1, gbps, pct, notes, commit)
@@ -109,155 +115,6 @@ def _peer_roofline(model: str, quant: str, batch: int, depth: int, step_s: float
 
 
 # ---- transformers ------------------------------------------------------------------------------------------------
-def build_transformers_model(preset: str, device: str, dtype, seed: int = 0):
-    """The preset's text model in transformers, random weights made on `device` (no CPU copy, no checkpoint)."""
-    import torch
-    import transformers
-
-    from ..synthetic.presets import get_preset
-
-    cfg = get_preset(preset).config
-    text = dict(cfg.get("text_config", cfg))
-    moe = cfg["model_type"] == "qwen3_5_moe"
-    if cfg["model_type"] not in ("qwen3_5_moe", "qwen3_5"):
-        raise ValueError(f"preset {preset}: model_type {cfg['model_type']!r}; the transformers peer runs qwen3_5(_moe)")
-    conf_cls = transformers.Qwen3_5MoeTextConfig if moe else transformers.Qwen3_5TextConfig
-    model_cls = transformers.Qwen3_5MoeForCausalLM if moe else transformers.Qwen3_5ForCausalLM
-    config = conf_cls(**{k: v for k, v in text.items() if k != "model_type"})
-    with torch.device("meta"):
-        model = model_cls(config)
-    model = model.to(dtype).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            _fill(name, p, gen)
-        _rebuild_buffers(model, device)
-    return model.eval(), config
-
-
-# The DeltaNet functions transformers' modeling module calls; each is wrapped to dispatch to `fla` /
-# `causal_conv1d` when those import, else to the pure-torch function inside the wrapper.
-GDN_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
-                 "causal_conv1d_update")
-
-
-def force_torch_kernels(model) -> list[str]:
-    """Make the model's modeling module call transformers' own pure-torch DeltaNet functions (fla's Triton kernels
-    cannot run on a CPU, and its fused recurrent step crashed on the H200, shared/GPU_NOTES.md). Process-wide for
-    that module. Returns the names switched."""
-    import inspect
-
-    module = sys.modules[type(model).__module__]
-    switched = []
-    for name in GDN_FUNCTIONS:
-        fn = getattr(module, name, None)
-        if fn is not None and inspect.unwrap(fn) is not fn:
-            setattr(module, name, inspect.unwrap(fn))
-            switched.append(name)
-    return switched
-
-
-def _fill(name: str, p, gen) -> None:
-    """In-place random values: zero-centred norms near 0 (applied as 1 + w), the gated norm 1, decays in their
-    published range, matrices of std 1/sqrt(fan_in), embedding rows of std 1."""
-    if name.endswith("linear_attn.norm.weight") or name.endswith("dt_bias"):
-        p.fill_(1.0)
-    elif name.endswith("A_log"):
-        p.uniform_(1.0, 16.0, generator=gen).log_()
-    elif "norm" in name:
-        p.normal_(0.0, 0.05, generator=gen)
-    elif name.endswith("conv1d.weight"):
-        p.normal_(0.0, 0.5, generator=gen)
-    else:
-        p.normal_(0.0, 1.0 if "embed_tokens" in name else p.shape[-1] ** -0.5, generator=gen)
-
-
-def _rebuild_buffers(model, device) -> None:
-    """to_empty leaves buffers (RoPE inv_freq) uninitialised: rebuild each module that owns one from its config."""
-    for name, module in list(model.named_modules()):
-        if not any(True for _ in module.named_buffers(recurse=False)):
-            continue
-        if not hasattr(module, "config"):
-            raise RuntimeError(f"transformers peer: cannot rebuild buffers of {name} ({type(module).__name__})")
-        parent_name, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, leaf, type(module)(module.config).to(device))
-
-
-def _sync(device) -> None:
-    import torch
-
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-class TransformersRunner:
-    """pp / tg timings over a transformers model with its DynamicCache (see the module docstring)."""
-
-    def __init__(self, model, device: str, seed: int = 0):
-        import inspect
-
-        import torch
-
-        self.model, self.device, self.torch = model, device, torch
-        self.vocab = model.config.vocab_size
-        self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        self.gen = torch.Generator().manual_seed(seed)
-
-    def _ids(self, batch: int, n: int):
-        return self.torch.randint(0, self.vocab, (batch, n), generator=self.gen).to(self.device)
-
-    def _forward(self, ids, cache):
-        return self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_kw: cache})
-
-    def _fresh(self, batch: int, depth: int):
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
-        if depth:
-            self._forward(self._ids(batch, depth), cache)  # a real prefill, untimed
-        return cache
-
-    def _time(self, setup, run, reps: int) -> list[float]:
-        out = []
-        with self.torch.inference_mode():
-            for i in range(reps + 1):  # the first run is the warm-up
-                state = setup()
-                _sync(self.device)
-                start = time.perf_counter()
-                run(state)
-                _sync(self.device)
-                if i:
-                    out.append(time.perf_counter() - start)
-        return out
-
-    def prefill(self, n: int, depth: int, batch: int, reps: int) -> list[float]:
-        return self._time(lambda: (self._fresh(batch, depth), self._ids(batch, n)),
-                          lambda s: self._forward(s[1], s[0]), reps)
-
-    def decode(self, n: int, depth: int, batch: int, reps: int) -> list[float]:
-        def run(state):
-            cache, ids = state
-            for _ in range(n):
-                ids = self._forward(ids, cache).logits[:, -1].argmax(-1, keepdim=True)  # greedy feedback
-
-        return self._time(lambda: (self._fresh(batch, depth), self._ids(batch, 1)), run, reps)
-
-
-def transformers_notes(model, kernels: str) -> str:
-    import importlib.util
-
-    import transformers
-
-    if kernels == "torch":
-        gdn = "torch functions (forced)"
-    else:
-        found = [m for m in ("fla", "causal_conv1d") if importlib.util.find_spec(m) is not None]
-        gdn = f"transformers' choice ({', '.join(found) or 'no fla/causal_conv1d'} installed)"
-    return (f"transformers {transformers.__version__}, attn {model.config._attn_implementation}, experts "
-            f"{getattr(model.config, '_experts_implementation', 'n/a')}, DeltaNet {gdn}; random weights; "
-            f"depth by real prefill (untimed)")
-
-
 def run_transformers(args) -> list[dict]:
     import torch
 
@@ -287,7 +144,7 @@ def _record(gpu, args, test, n, depth, batch, times, notes) -> dict:
     tok_s = statistics.median(rates)
     sd = statistics.stdev(rates) if len(rates) > 1 else 0.0
     gbps = pct = None
-    if test == "tg" and args.dtype == "bf16":
+    if test == "tg" and args.dtype == "bf16" and "H200" in gpu:
         gbps, pct = _peer_roofline(args.preset, "bf16", batch, depth + n // 2, batch / tok_s)
     rec = records.make_record("transformers", gpu, args.preset, args.dtype, test, n, depth, batch, tok_s, sd,
                               args.reps, gbps, pct, notes)
@@ -379,6 +236,8 @@ def parse_args(argv):
     lb.add_argument("result", help="llama-bench output file ('-' = stdin)")
     lb.add_argument("--model", help="model name for the records (default: the GGUF file's stem), e.g. qwen3.6-35b-a3b")
     lb.add_argument("--quant", help="quant name (default: from llama-bench's model_type, e.g. q4_k_m)")
+    lb.add_argument("--peer-version", default="", help="llama.cpp version for the notes, e.g. 'llama-cpp-python "
+                    "0.3.36 sdist' (a build outside git reports build_commit 'unknown')")
     tf = sub.add_parser("transformers", help="time transformers on a preset's shapes (random bf16 weights)")
     tf.add_argument("--preset", required=True)
     tf.add_argument("-p", "--n-prompt", type=_ints, default=[512])
@@ -409,7 +268,8 @@ def main(argv=None) -> int:
         return 0
     if args.command == "llama-bench":
         text = sys.stdin.read() if args.result == "-" else Path(args.result).read_text()
-        recs = llama_bench_records(read_llama_bench(text, args.result), args.model, args.quant)
+        recs = llama_bench_records(read_llama_bench(text, args.result), args.model, args.quant,
+                                   peer_version=args.peer_version)
     else:
         recs = run_transformers(args)
     print(records.format_table(recs))

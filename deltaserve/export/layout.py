@@ -146,7 +146,8 @@ def _layer(config: ModelConfig, i: int, fuse_gate_up: bool) -> list[GGUFTensor]:
     h, b, p = config.hidden_size, f"blk.{i}.", f"layers.{i}."
     out = [GGUFTensor(b + "attn_norm.weight", (h,), NORM, p + "input_layernorm.weight", _plus_one)]
     out += _attention(config, b, p) if config.is_full_attention(i) else _deltanet(config, b, p)
-    out.append(GGUFTensor(b + "post_attention_norm.weight", (h,), NORM, p + "post_attention_layernorm.weight", _plus_one))
+    post = p + "post_attention_layernorm.weight"
+    out.append(GGUFTensor(b + "post_attention_norm.weight", (h,), NORM, post, _plus_one))
     out += _moe(config, b, p, fuse_gate_up) if config.sparse_layers[i] else _dense_mlp(config, b, p)
     return out
 
@@ -167,42 +168,45 @@ def _attention(config: ModelConfig, b: str, p: str) -> list[GGUFTensor]:
 
 
 def _deltanet(config: ModelConfig, b: str, p: str) -> list[GGUFTensor]:
-    h, hv, vh = config.hidden_size, config.linear_num_value_heads, _VHeads(config)
+    h, hv, dv, vh = config.hidden_size, config.linear_num_value_heads, config.linear_value_head_dim, _VHeads(config)
+    conv_shape = (config.conv_dim, config.linear_conv_kernel_dim)  # [C, K]
     la = p + "linear_attn."
     return [
         _linear(b + "attn_qkv.weight", config.conv_dim, h, la + "in_proj_qkv.weight", vh.qkv_rows),
-        _linear(b + "attn_gate.weight", config.value_dim, h, la + "in_proj_z.weight", vh.rows(config.linear_value_head_dim)),
+        _linear(b + "attn_gate.weight", config.value_dim, h, la + "in_proj_z.weight", vh.rows(dv)),
         _linear(b + "ssm_beta.weight", hv, h, la + "in_proj_b.weight", vh.rows(1)),
         _linear(b + "ssm_alpha.weight", hv, h, la + "in_proj_a.weight", vh.rows(1)),
-        GGUFTensor(b + "ssm_conv1d.weight", (config.conv_dim, config.linear_conv_kernel_dim), CONV, la + "conv1d.weight", vh.conv),
+        GGUFTensor(b + "ssm_conv1d.weight", conv_shape, CONV, la + "conv1d.weight", vh.conv),
         GGUFTensor(b + "ssm_a", (hv,), VECTOR, la + "A_log", vh.a_log),
         GGUFTensor(b + "ssm_dt.bias", (hv,), VECTOR, la + "dt_bias", vh.rows(1)),
-        GGUFTensor(b + "ssm_norm.weight", (config.linear_value_head_dim,), NORM, la + "norm.weight"),
+        GGUFTensor(b + "ssm_norm.weight", (dv,), NORM, la + "norm.weight"),
         _linear(b + "ssm_out.weight", h, config.value_dim, la + "out_proj.weight", vh.out_cols),
-    ]  # fmt: skip
+    ]
 
 
 def _moe(config: ModelConfig, b: str, p: str, fuse_gate_up: bool) -> list[GGUFTensor]:
-    h, e, inter, shared = config.hidden_size, config.num_experts, config.moe_intermediate_size, config.shared_expert_intermediate_size
-    m = p + "mlp."
+    h, e, inter = config.hidden_size, config.num_experts, config.moe_intermediate_size
+    m, x = p + "mlp.", p + "mlp.experts."
     out = [GGUFTensor(b + "ffn_gate_inp.weight", (e, h), ROUTER, m + "gate.weight", std=h**-0.5)]
     if fuse_gate_up:  # llama.cpp splits [gate | up] along the 2I rows itself, gate first as in the checkpoint
-        out.append(GGUFTensor(b + "ffn_gate_up_exps.weight", (e, 2 * inter, h), MATRIX, m + "experts.gate_up_proj", std=h**-0.5))
+        fused = (e, 2 * inter, h)
+        out.append(GGUFTensor(b + "ffn_gate_up_exps.weight", fused, MATRIX, x + "gate_up_proj", std=h**-0.5))
     else:
-        out += [
-            GGUFTensor(b + "ffn_gate_exps.weight", (e, inter, h), MATRIX, m + "experts.gate_up_proj", lambda t: t[:, :inter], h**-0.5),
-            GGUFTensor(b + "ffn_up_exps.weight", (e, inter, h), MATRIX, m + "experts.gate_up_proj", lambda t: t[:, inter:], h**-0.5),
-        ]
-    out.append(GGUFTensor(b + "ffn_down_exps.weight", (e, h, inter), MATRIX, m + "experts.down_proj", std=inter**-0.5))
+        gate, up = (lambda t: t[:, :inter]), (lambda t: t[:, inter:])  # [E, 2I, H] -> [E, I, H]
+        out.append(GGUFTensor(b + "ffn_gate_exps.weight", (e, inter, h), MATRIX, x + "gate_up_proj", gate, h**-0.5))
+        out.append(GGUFTensor(b + "ffn_up_exps.weight", (e, inter, h), MATRIX, x + "gate_up_proj", up, h**-0.5))
+    out.append(GGUFTensor(b + "ffn_down_exps.weight", (e, h, inter), MATRIX, x + "down_proj", std=inter**-0.5))
+    shared = config.shared_expert_intermediate_size
     if shared:
         s = m + "shared_expert."
         out += [
             _linear(b + "ffn_gate_shexp.weight", shared, h, s + "gate_proj.weight"),
             _linear(b + "ffn_up_shexp.weight", shared, h, s + "up_proj.weight"),
             _linear(b + "ffn_down_shexp.weight", h, shared, s + "down_proj.weight"),
-            GGUFTensor(b + "ffn_gate_inp_shexp.weight", (h,), VECTOR, m + "shared_expert_gate.weight", lambda t: t.reshape(-1), h**-0.5),
+            GGUFTensor(b + "ffn_gate_inp_shexp.weight", (h,), VECTOR, m + "shared_expert_gate.weight",
+                       lambda t: t.reshape(-1), h**-0.5),  # [1, H] -> [H]
         ]
-    return out  # fmt: skip
+    return out
 
 
 def _dense_mlp(config: ModelConfig, b: str, p: str) -> list[GGUFTensor]:

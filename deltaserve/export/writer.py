@@ -148,7 +148,9 @@ def write_gguf(out: str | Path, config: ModelConfig, vocab: Vocab, plan: list[GG
         for t, q, size in zip(plan, types, sizes):
             data = source.data(t, q)
             if data.nbytes != size:  # a source bug; caught here rather than as a corrupt file
-                raise ExportError(f"{t.name}: {data.nbytes} bytes produced for {q.name} {list(t.shape)}, expected {size}")
+                raise ExportError(
+                    f"{t.name}: {data.nbytes} bytes produced for {q.name} {list(t.shape)}, expected {size}"
+                )
             w.write_tensor_data(data)
             bar.update(size)
         w.close()
