@@ -9,28 +9,14 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from deltaserve.model import ModelConfig, Qwen3_5ForCausalLM
 
+import model_helpers
+
 # The reference path on 2 shared cores is many times faster single-threaded (thread hand-offs dominate tiny ops).
 torch.set_num_threads(1)
 
-TINY_TEXT = dict(
-    vocab_size=300,
-    hidden_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    linear_conv_kernel_dim=4,
-    rope_parameters=dict(
-        rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25, mrope_section=[2, 1, 1], mrope_interleaved=True
-    ),
-    max_position_embeddings=4096,
-    eos_token_id=258,  # <|im_end|> of byte_tokenizer()
-)
-TINY_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+# The model tests' tiny shapes, with this module's byte tokenizer's <|im_end|> as eos and a context limit.
+TINY_TEXT = dict(model_helpers.TINY_TEXT, max_position_embeddings=4096, eos_token_id=258)
+TINY_MOE = model_helpers.TINY_MOE
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]  # ids 256..260
 
 CHAT_TEMPLATE = (

@@ -35,8 +35,16 @@ def _expand_heads(q: torch.Tensor, k: torch.Tensor, hv: int) -> tuple[torch.Tens
     return q, k
 
 
-def _compute_dtype(*xs: torch.Tensor) -> torch.dtype:
-    return torch.float64 if any(x.dtype == torch.float64 for x in xs) else torch.float32
+def _prepare(q, k, v, g, beta, state):
+    """Shared prologue of both forms: fp64 if any input is fp64 (tests) else fp32, q/k expanded to the Hv value
+    heads, and the initial state (zeros for a fresh sequence; a copy, never the caller's tensor)."""
+    hv, dv, dk = v.shape[1], v.shape[2], q.shape[-1]
+    given = [q, k, v, g, beta] + ([state] if state is not None else [])
+    dt = torch.float64 if any(x.dtype == torch.float64 for x in given) else torch.float32
+    q, k = _expand_heads(q, k, hv)
+    q, k, v, g, beta = (x.to(dt) for x in (q, k, v, g, beta))
+    s = torch.zeros(hv, dk, dv, dtype=dt, device=v.device) if state is None else state.to(dt).clone()
+    return q, k, v, g, beta, s
 
 
 def gated_delta_recurrent(
@@ -50,12 +58,8 @@ def gated_delta_recurrent(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step form: S <- a_t S; u = beta_t (v_t - S^T k_t); S <- S + k_t u^T; o_t = S^T (scale q_t)."""
     t_len, hv, dv = v.shape
-    dk = q.shape[-1]
-    dt = _compute_dtype(q, k, v, g, beta, *(s for s in [state] if s is not None))
-    q, k = _expand_heads(q, k, hv)
-    q, k, v, g, beta = (x.to(dt) for x in (q, k, v, g, beta))
-    s = torch.zeros(hv, dk, dv, dtype=dt, device=v.device) if state is None else state.to(dt).clone()
-    out = torch.empty(t_len, hv, dv, dtype=dt, device=v.device)
+    q, k, v, g, beta, s = _prepare(q, k, v, g, beta, state)
+    out = torch.empty(t_len, hv, dv, dtype=s.dtype, device=v.device)
     for t in range(t_len):
         s = s * g[t].exp()[:, None, None]
         mem = torch.einsum("hkv,hk->hv", s, k[t])
@@ -85,12 +89,11 @@ def gated_delta_chunked(
     The tail is padded with g = 0, beta = 0, k = q = v = 0, which leaves the state untouched.
     """
     t_len, hv, dv = v.shape
-    dk = q.shape[-1]
-    dt = _compute_dtype(q, k, v, g, beta, *(s for s in [state] if s is not None))
-    q, k = _expand_heads(q, k, hv)
+    q, k, v, g, beta, s = _prepare(q, k, v, g, beta, state)
+    dt = s.dtype
     # [Hv, T, ...] head-major
-    q, k, v = (x.to(dt).transpose(0, 1) for x in (q, k, v))
-    g, beta = (x.to(dt).transpose(0, 1) for x in (g, beta))
+    q, k, v = (x.transpose(0, 1) for x in (q, k, v))
+    g, beta = (x.transpose(0, 1) for x in (g, beta))
     c = chunk_size
     pad = (-t_len) % c
     if pad:
@@ -98,7 +101,6 @@ def gated_delta_chunked(
         g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
     n_chunks = (t_len + pad) // c
     q = q * scale
-    s = torch.zeros(hv, dk, dv, dtype=dt, device=v.device) if state is None else state.to(dt).clone()
     out = torch.empty(hv, n_chunks * c, dv, dtype=dt, device=v.device)
     lower_incl = torch.tril(torch.ones(c, c, dtype=torch.bool, device=v.device))
     strict = torch.tril(torch.ones(c, c, dtype=torch.bool, device=v.device), diagonal=-1)

@@ -264,6 +264,26 @@ def _check_experts(gate: WeightSpec, up: WeightSpec, down: WeightSpec, h: int, w
         raise ValueError(f"moe {what}: down must be stacked like gate/up and in the same format")
 
 
+def moe_weight_specs(x, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual):
+    """Checked WeightSpecs of an MoE block's experts for x [T, H]: (gate, up, down, shared gate, shared up, shared
+    down, has_shared). Without a shared expert the shared slots repeat the routed specs (never read)."""
+    g, u, d = _spec(gate, "experts.gate"), _spec(up, "experts.up"), _spec(down, "experts.down")
+    h = x.shape[1]
+    _check_experts(g, u, d, h, "experts")
+    has_shared = shared_gate_proj is not None
+    if has_shared != (shared_up is not None) or has_shared != (shared_down is not None) or \
+            has_shared != (shared_gate is not None):
+        raise ValueError("moe: give all of shared_gate_proj, shared_up, shared_down and shared_gate, or none")
+    sg, su, sd = (_spec(w, n) if has_shared else v for w, n, v in
+                  ((shared_gate_proj, "shared_expert.gate_proj", g), (shared_up, "shared_expert.up_proj", u),
+                   (shared_down, "shared_expert.down_proj", d)))
+    if has_shared:
+        _check_experts(sg, su, sd, h, "shared expert")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"moe: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    return g, u, d, sg, su, sd, has_shared
+
+
 def moe_decode(
     x: torch.Tensor, router, gate, up, down, top_k: int, *, normalize: bool = True,
     shared_gate_proj=None, shared_up=None, shared_down=None, shared_gate=None,
@@ -276,22 +296,12 @@ def moe_decode(
     residual added when given), and the routing too when return_routing. config overrides DEFAULT_CONFIG."""
     config = {**DEFAULT_CONFIG, **(config or {})}
     r, gsp = _router_specs(x, router, top_k, shared_gate)
-    g, u, d = _spec(gate, "experts.gate"), _spec(up, "experts.up"), _spec(down, "experts.down")
     t, h = x.shape
-    _check_experts(g, u, d, h, "experts")
+    g, u, d, sg, su, sd, has_shared = moe_weight_specs(
+        x, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual
+    )
     if g.w.dim() != 3 or g.w.shape[0] != r.n:
         raise ValueError(f"moe experts: gate/up/down must be stacked [E={r.n}, ..], found {tuple(g.w.shape)}")
-    has_shared = shared_gate_proj is not None
-    if has_shared != (shared_up is not None) or has_shared != (shared_down is not None) or \
-            has_shared != (shared_gate is not None):
-        raise ValueError("moe: give all of shared_gate_proj, shared_up, shared_down and shared_gate, or none")
-    sg, su, sd = (_spec(w, n) if has_shared else v for w, n, v in
-                  ((shared_gate_proj, "shared_expert.gate_proj", g), (shared_up, "shared_expert.up_proj", u),
-                   (shared_down, "shared_expert.down_proj", d)))
-    if has_shared:
-        _check_experts(sg, su, sd, h, "shared expert")
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"moe: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
     out = torch.empty_like(x) if out is None else out
     ids = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
     wts = torch.empty(t, top_k, dtype=torch.float32, device=x.device)

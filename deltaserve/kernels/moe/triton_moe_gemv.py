@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, prep_x, unit
 from ..triton_common import DENSE_BITS, WeightSpec
-from .triton_decode import MoeRouting, _check_experts, _silu_mul_bf16, _spec, moe_route
+from .triton_decode import MoeRouting, _silu_mul_bf16, _spec, moe_route, moe_weight_specs
 
 BN = 8  # features per program (gate/up: of I; down: of H)
 BC = 256  # features per combine program
@@ -133,20 +133,10 @@ def moe_decode_v2(
 ):
     """The MoE block for T tokens x [T, H] (bf16); arguments and result as `triton_decode.moe_decode`
     (config is passed to moe_route for the router launch)."""
-    g, u, d = _spec(gate, "experts.gate"), _spec(up, "experts.up"), _spec(down, "experts.down")
     t, h = x.shape
-    _check_experts(g, u, d, h, "experts")
-    has_shared = shared_gate_proj is not None
-    if has_shared != (shared_up is not None) or has_shared != (shared_down is not None) or \
-            has_shared != (shared_gate is not None):
-        raise ValueError("moe: give all of shared_gate_proj, shared_up, shared_down and shared_gate, or none")
-    sg, su, sd = (_spec(w, n) if has_shared else v for w, n, v in
-                  ((shared_gate_proj, "shared_expert.gate_proj", g), (shared_up, "shared_expert.up_proj", u),
-                   (shared_down, "shared_expert.down_proj", d)))
-    if has_shared:
-        _check_experts(sg, su, sd, h, "shared expert")
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"moe: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    g, u, d, sg, su, sd, has_shared = moe_weight_specs(
+        x, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual
+    )
     routing = moe_route(x, router, top_k, normalize, shared_gate, config)
     if g.w.dim() != 3 or g.w.shape[0] != routing_experts(router):
         raise ValueError(f"moe experts: gate/up/down must be stacked [E, ..] like the router, found "
