@@ -19,10 +19,10 @@ from ..kernels import backend
 
 
 def enabled(x: torch.Tensor) -> bool:
-    """Run the Triton kernels for this activation? CUDA (reference path not forced), or a CPU tensor under Triton's
-    interpreter (TRITON_INTERPRET=1 with DELTASERVE_FAST_INTERPRET=1: tests and debugging of the fast path on CPU)."""
-    if backend.reference_enabled():
-        return False
+    """Run the Triton kernels for this activation? A bf16/fp16 tensor on CUDA (reference path not forced), or on
+    CPU under Triton's interpreter (TRITON_INTERPRET=1 with DELTASERVE_FAST_INTERPRET=1: debugging without a GPU)."""
+    if backend.reference_enabled() or x.dtype not in (torch.bfloat16, torch.float16):
+        return False  # the kernels take 16-bit activations; an fp32 model on the GPU runs the reference ops
     if x.is_cuda:
         return True
     return backend.interpreting() and os.environ.get("DELTASERVE_FAST_INTERPRET", "0") == "1"
