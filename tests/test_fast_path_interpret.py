@@ -1,0 +1,102 @@
+"""The model's GPU fast path (model/fast.py and the Triton kernels behind it) run on CPU through Triton's
+interpreter: decode logits match the reference path and a decoded row is bit-identical alone or in a batch.
+
+A child process runs the check with TRITON_INTERPRET=1 set before Triton is imported (see test_triton_interpret.py
+for why). Prefill on the fast path uses fla's chunked gated delta rule, which has no interpreter path (its autotuner
+needs a GPU driver); the child substitutes the reference chunked rule for that one call (same signature and
+meaning: gated_delta/triton_decode.py::gdn_prefill), so everything else of the fast path is what runs here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def _reference_gdn_prefill(q, k, v, g, beta, cu, pool, slots, ctx, scale, cu_cpu=None):
+    import torch
+
+    from deltaserve.kernels.gated_delta import reference as ref
+
+    outs = []
+    for b in range(slots.numel()):
+        lo, hi, slot = int(cu[b]), int(cu[b + 1]), int(slots[b])
+        state = pool[slot] if int(ctx[b]) else None
+        o, final = ref.gated_delta_chunked(
+            ref.l2norm(q[lo:hi].float()), ref.l2norm(k[lo:hi].float()), v[lo:hi].float(), g[lo:hi], beta[lo:hi],
+            state, scale,
+        )
+        pool[slot] = final
+        outs.append(o.to(v.dtype))
+    return torch.cat(outs)
+
+
+def _child(ckpt: str) -> None:
+    import torch
+
+    sys.path.insert(0, str(HERE / "gpu"))
+    from kernel_cases import interpreter_numpy_shim
+
+    interpreter_numpy_shim()
+    from deltaserve.kernels import backend
+    from deltaserve.kernels.gated_delta import triton_decode
+    from deltaserve.model import ForwardBatch
+    from deltaserve.weights.loader import load_checkpoint
+
+    triton_decode.gdn_prefill = _reference_gdn_prefill
+    model = load_checkpoint(ckpt, dtype=torch.bfloat16, progress=False).model
+    prompts = [[3, 5, 7, 9, 11, 2, 4], [8, 8, 1, 30, 22], [4, 4, 4], [17]]
+    tables = [[4 * i + j for j in range(4)] for i in range(len(prompts))]
+
+    def decode(fast: bool, rows: list[int], steps: int = 2) -> torch.Tensor:
+        backend.use_reference(not fast)
+        cache = model.make_cache(16, 16, len(prompts), torch.bfloat16)
+        with torch.no_grad():
+            for i in rows:
+                model(ForwardBatch.build([prompts[i]], [0], [tables[i]], [i], 16), cache)
+            ctx = [len(prompts[i]) for i in rows]
+            toks = [[prompts[i][-1]] for i in rows]
+            out = []
+            for _ in range(steps):
+                fb = ForwardBatch.build(toks, ctx, [tables[i] for i in rows], rows, 16)
+                logits = model(fb, cache)
+                out.append(logits.float())
+                ctx = [c + 1 for c in ctx]
+                toks = [[int(t)] for t in logits.argmax(-1)]
+        return torch.stack(out)  # [steps, rows, vocab]
+
+    ref, fast = decode(False, [0, 1]), decode(True, [0, 1])
+    rel = ((ref - fast).abs().max() / ref.abs().max()).item()
+    assert rel < 0.02, f"fast-path decode logits differ from the reference by {rel:.3g} (relative)"
+    assert torch.equal(ref.argmax(-1), fast.argmax(-1)), "fast path picks other greedy tokens"
+    alone = decode(True, [0])[:, 0]
+    for rows in ([0, 1], [0, 1, 2, 3]):
+        assert torch.equal(decode(True, rows)[:, 0], alone), f"row 0 decoded among {len(rows) - 1} others differs"
+    print("OK", rel)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    pytest.importorskip("triton", reason="the fast path's kernels need Triton (its interpreter on CPU)")
+    from model_helpers import make_hf_model, ours_from_checkpoint
+
+    path = tmp_path_factory.mktemp("fast")
+    ours_from_checkpoint(make_hf_model(True, seed=0, vocab_size=32), path)
+    return path
+
+
+def test_fast_path_decode_matches_reference_and_is_batch_invariant(checkpoint):
+    env = dict(os.environ, TRITON_INTERPRET="1", DELTASERVE_FAST_INTERPRET="1", PYTHONPATH=str(HERE))
+    proc = subprocess.run([sys.executable, __file__, str(checkpoint)], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])
