@@ -4,14 +4,12 @@ against fp64 references on fresh random inputs with NaN-poisoned outputs, plus b
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 import pytest
+
+import interpret_harness
 
 HERE = Path(__file__).resolve().parent
 CPU = "cpu"
@@ -52,53 +50,21 @@ CASE_NAMES = _names()
 
 
 def _child(names: list[str]) -> None:
-    import importlib
-
-    import torch
-
-    sys.path.insert(0, str(HERE / "gpu"))
-    from kernel_cases import interpreter_numpy_shim
-
-    interpreter_numpy_shim()
-    mods = {key: importlib.import_module(f"deltaserve.kernels.{path}") for key, path in (
-        ("gemv", "quant.triton_gemv"), ("affine", "quant.triton_affine"), ("moe", "moe.triton_decode"),
-        ("moe2", "moe.triton_moe_gemv"))}
-    cases = _cases()
-    for name in names:
-        torch.manual_seed(0)
-        try:
-            cases[name](mods)
-            line = {"case": name, "ok": True}
-        except Exception as exc:
-            line = {"case": name, "ok": False, "error": f"{exc!r}\n{traceback.format_exc()[-3000:]}"}
-        print("CASE " + json.dumps(line), flush=True)
+    """Runs in the child process, TRITON_INTERPRET=1 already in the environment."""
+    interpret_harness.run_cases(names, _cases, {
+        "gemv": "quant.triton_gemv", "affine": "quant.triton_affine", "moe": "moe.triton_decode",
+        "moe2": "moe.triton_moe_gemv"})
 
 
 @pytest.fixture(scope="module")
 def results():
-    pytest.importorskip("triton", reason="Triton is not importable here; the interpreter tests need it")
-    env = dict(os.environ, TRITON_INTERPRET="1", DELTASERVE_REFERENCE="0")
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *CASE_NAMES], env=env, cwd=HERE.parent,
-                          capture_output=True, text=True, timeout=900)
-    found = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("CASE "):
-            rec = json.loads(line[5:])
-            found[rec["case"]] = rec
-    if not found:
-        pytest.fail(f"interpreter child produced no results (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return found, proc.stderr[-4000:]
+    return interpret_harness.collect(__file__, CASE_NAMES)
 
 
 @pytest.mark.parametrize("case", CASE_NAMES)
 def test_gemv_under_interpreter(results, case):
-    found, stderr = results
-    rec = found.get(case)
-    assert rec is not None, f"case {case} did not report (child crashed?):\n{stderr}"
-    assert rec["ok"], rec.get("error")
+    interpret_harness.check(results, case)
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        raise SystemExit("run through pytest, or with TRITON_INTERPRET=1 set before Python starts")
-    _child(sys.argv[1:])
+    interpret_harness.child_main(_child)
