@@ -57,10 +57,14 @@ class DecodeGraph:
             self.input_ids.copy_(nxt)
             self.positions.add_(1)
             self.context_lens.add_(1)
-            pos = self.context_lens  # cache index of the next token
-            blk = self.block_tables.gather(1, (pos // self.block_size).unsqueeze(1)).squeeze(1).to(torch.int64)
-            self.slot_mapping.copy_(blk * self.block_size + pos % self.block_size)
+            self._derive_slots()
         return logits
+
+    def _derive_slots(self) -> None:
+        """KV slot of each row's new token: cache index context_lens[b] looked up in its block table."""
+        pos = self.context_lens
+        blk = self.block_tables.gather(1, (pos // self.block_size).unsqueeze(1)).squeeze(1).to(torch.int64)
+        self.slot_mapping.copy_(blk * self.block_size + pos % self.block_size)
 
     @torch.no_grad()
     def capture(self, warmup: int = 2) -> None:
@@ -95,9 +99,7 @@ class DecodeGraph:
         self.context_lens.copy_(context_lens)
         self.block_tables.copy_(block_tables)
         self.state_slots.copy_(state_slots)
-        pos = self.context_lens
-        blk = self.block_tables.gather(1, (pos // self.block_size).unsqueeze(1)).squeeze(1).to(torch.int64)
-        self.slot_mapping.copy_(blk * self.block_size + pos % self.block_size)
+        self._derive_slots()
 
     def replay(self) -> torch.Tensor:
         """One decode step (the graph if captured, else eager). Returns the static fp32 logits [batch, vocab]."""
