@@ -78,6 +78,20 @@ def _child(ckpt: str) -> None:
     alone = decode(True, [0])[:, 0]
     for rows in ([0, 1], [0, 1, 2, 3]):
         assert torch.equal(decode(True, rows)[:, 0], alone), f"row 0 decoded among {len(rows) - 1} others differs"
+
+    # DecodeGraph's step (run eagerly here: capture needs CUDA) feeds its own argmax back like the loop above
+    from deltaserve.engine.cuda_graph import DecodeGraph
+
+    cache = model.make_cache(16, 16, len(prompts), torch.bfloat16)
+    with torch.no_grad():
+        for i in (0, 1):
+            model(ForwardBatch.build([prompts[i]], [0], [tables[i]], [i], 16), cache)
+    dg = DecodeGraph(model, cache, 2, 4, greedy_feedback=True)
+    ctx = torch.tensor([len(prompts[0]), len(prompts[1])])
+    dg.load(torch.tensor([prompts[0][-1], prompts[1][-1]]), ctx, ctx, torch.tensor(tables[:2], dtype=torch.int32),
+            torch.tensor([0, 1]))
+    steps = torch.stack([dg.replay().float().clone() for _ in range(2)])
+    assert torch.equal(steps, fast), "DecodeGraph steps differ from the same decode through ForwardBatch.build"
     print("OK", rel)
 
 
