@@ -7,10 +7,6 @@ layouts, loaded with `load_checkpoint`, and must give transformers' logits for e
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,6 +16,7 @@ from safetensors.torch import save_file
 from deltaserve.model import ForwardBatch, ModelConfig
 from deltaserve.weights import CheckpointError, detect_format, load_checkpoint
 from model_helpers import make_hf_model
+import rss_probe
 
 BLOCK = 16
 LM = "model.language_model."
@@ -260,25 +257,6 @@ def test_progress_bar_and_summary_log(hf_dense, tmp_path, capsys, caplog):
 
 # ---- memory ----------------------------------------------------------------------------------------------------------
 
-RSS_CHILD = textwrap.dedent(
-    """
-    import json, sys, torch
-    from deltaserve.weights import load_checkpoint
-
-    def status(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
-    before = status("VmRSS:")
-    model = load_checkpoint(sys.argv[1], dtype=torch.float32, progress=False).model
-    peak = status("VmHWM:")
-    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    print(json.dumps(dict(before=before, peak=peak, param_bytes=param_bytes)))
-    """
-)
-
-
 def write_random_bf16(path: Path, text: dict, shards: int) -> int:
     """A random bf16 qwen3_5_moe checkpoint (names from our meta model + the HF prefix); returns its bytes."""
     from deltaserve.model import Qwen3_5ForCausalLM
@@ -305,10 +283,7 @@ def test_peak_rss_of_a_mid_size_bf16_to_fp32_load(tmp_path):
     )  # fmt: skip
     size = write_random_bf16(tmp_path, text, shards=2)
     assert 180e6 < size < 300e6
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    out = subprocess.run([sys.executable, "-c", RSS_CHILD, str(tmp_path)], capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = rss_probe.measure("load", tmp_path, "float32")
     assert r["param_bytes"] == 2 * size
     growth = r["peak"] - r["before"]
     assert growth <= 1.3 * r["param_bytes"], f"peak RSS grew {growth / 2**20:.0f} MiB for {r['param_bytes'] / 2**20:.0f} MiB of params"

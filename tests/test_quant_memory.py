@@ -4,10 +4,6 @@ the packed checkpoint size (a dense bf16 copy of the same model would be ~3.6x).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import torch
@@ -16,32 +12,14 @@ from safetensors.torch import save_file
 from deltaserve.model import ModelConfig, Qwen3_5ForCausalLM
 from deltaserve.quant import AffineWeights, mlx_names
 
+import rss_probe
+
 QUANT = {"group_size": 64, "bits": 4, "mode": "affine"}
 TEXT = dict(
     vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
     head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
     num_experts=32, num_experts_per_tok=2, moe_intermediate_size=512, shared_expert_intermediate_size=512,
 )  # fmt: skip
-
-CHILD = textwrap.dedent(
-    """
-    import json, sys, torch
-    from deltaserve.weights import load_checkpoint
-
-    def status(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
-    before = status("VmRSS:")
-    model = load_checkpoint(sys.argv[1], progress=False).model
-    peak = status("VmHWM:")
-    resident = sum(p.numel() * p.element_size() for p in model.parameters())
-    packed = sum(p.numel() for p in model.parameters() if p.dtype == torch.uint32)
-    print(json.dumps(dict(before=before, peak=peak, resident=resident, packed_words=packed)))
-    """
-)
-
 
 def write_random_mlx_q4(path: Path) -> int:
     """A random 4-bit MLX checkpoint (random codes, scales and biases; MLX names and layouts); returns its bytes."""
@@ -70,32 +48,12 @@ def write_random_mlx_q4(path: Path) -> int:
 def test_peak_rss_of_a_4bit_load_stays_near_the_packed_size(tmp_path):
     size = write_random_mlx_q4(tmp_path)
     assert 100e6 < size < 200e6
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert r["resident"] == size  # every byte of the file is a parameter byte, nothing expanded
+    r = rss_probe.measure("load", tmp_path)
+    assert r["param_bytes"] == size  # every byte of the file is a parameter byte, nothing expanded
     dense_bf16 = r["packed_words"] * 8 * 2  # the same weights dequantised to bf16
     assert dense_bf16 > 3 * size
     growth = r["peak"] - r["before"]
     assert growth <= 1.5 * size, f"peak RSS grew {growth / 2**20:.0f} MiB for {size / 2**20:.0f} MiB packed"
-
-
-QUANTIZE_CHILD = textwrap.dedent(
-    """
-    import json, sys
-    from deltaserve.weights.quantizer import quantize_checkpoint
-
-    def status(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    open("/proc/self/clear_refs", "w").write("5")
-    before = status("VmRSS:")
-    quantize_checkpoint(sys.argv[1], sys.argv[2], 4, 64, progress=False)
-    print(json.dumps(dict(before=before, peak=status("VmHWM:"))))
-    """
-)
 
 
 def write_random_bf16(path: Path) -> int:
@@ -125,10 +83,6 @@ def test_quantizer_streams_without_a_dense_copy(tmp_path):
     a dense copy would be 1x, holding the 4-bit output ~0.3x more)."""
     size = write_random_bf16(tmp_path / "bf16")
     assert 250e6 < size < 350e6
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    args = [sys.executable, "-c", QUANTIZE_CHILD, str(tmp_path / "bf16"), str(tmp_path / "q4")]
-    out = subprocess.run(args, capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = rss_probe.measure("quantize", tmp_path / "bf16", tmp_path / "q4")
     growth = r["peak"] - r["before"]
     assert growth <= 0.45 * size, f"peak RSS grew {growth / 2**20:.0f} MiB quantising {size / 2**20:.0f} MiB of bf16"
