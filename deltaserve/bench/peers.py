@@ -130,12 +130,19 @@ def run_transformers(args) -> list[dict]:
     if kernels == "torch":
         force_torch_kernels(model)
     runner, notes, recs = TransformersRunner(model, args.device, args.seed), transformers_notes(model, kernels), []
+
+    def keep(rec: dict) -> None:
+        # appended as soon as measured: a run cut short by a time limit keeps the configurations it finished
+        recs.append(rec)
+        if not args.no_record:
+            records.append_records([rec], args.results, rec["gpu"])
+
     for b in args.batch:
         for d in args.depth:
             for n in args.n_prompt:
-                recs.append(_record(gpu, args, "pp", n, d, b, runner.prefill(n, d, b, args.reps), notes))
+                keep(_record(gpu, args, "pp", n, d, b, runner.prefill(n, d, b, args.reps), notes))
             for n in args.n_gen:
-                recs.append(_record(gpu, args, "tg", n, d, b, runner.decode(n, d, b, args.reps), notes))
+                keep(_record(gpu, args, "tg", n, d, b, runner.decode(n, d, b, args.reps), notes))
     return recs
 
 
@@ -271,7 +278,9 @@ def main(argv=None) -> int:
         recs = llama_bench_records(read_llama_bench(text, args.result), args.model, args.quant,
                                    peer_version=args.peer_version)
     else:
-        recs = run_transformers(args)
+        recs = run_transformers(args)  # records appended one by one as measured
+        print(records.format_table(recs))
+        return 0
     print(records.format_table(recs))
     if not args.no_record and recs:
         path = records.append_records(recs, args.results, recs[0]["gpu"])
