@@ -323,3 +323,111 @@ def check_norms(mods, device, rows, n, dv):
     wg = (1 + 0.1 * torch.randn(dv, device=device)).bfloat16()
     yg = nm.gated_rms_norm(xg, z, wg, 1e-6, out=poisoned(xg.shape, torch.bfloat16, device))
     close(yg, norm_ref.gated_rms_norm(xg, z, wg, 1e-6).double(), 2 * BF16_EPS, "gated_rms_norm")
+
+
+# ---------------------------------------------------------------- fused decode paths (one launch instead of several)
+
+
+def gemv_weight(n, k, bits, group, device):
+    """((packed, scales, biases) or (dense, None, None), fp64 W) for affine_gemv."""
+    if bits == 16:
+        w = (torch.randn(n, k, device=device) * k**-0.5).bfloat16()
+        return (w, None, None), w.double()
+    p, s, b, wd = affine_weight((n, k), bits, group, device)
+    return (p, s, b), wd
+
+
+def check_gemv_inline_prep(mods, device, bits, group, m, n, k):
+    """The one-launch GEMV (prep inlined) against fp64 and against the prep_x + GEMV path. The products are the
+    same bits (exact power-of-two pre-scale); the group sums add the same values in another fixed order, so the
+    two paths may differ in the last fp32 bit of a group sum: compared to 1/2 bf16 ulp, and their equality is
+    reported by the return value (True where bit-identical)."""
+    g = mods["gemv"]
+    (p, s, b), wd = gemv_weight(n, k, bits, group, device)
+    x = torch.randn(m, k, device=device).bfloat16()
+    out = poisoned((m, n), torch.bfloat16, device)
+    y = g.affine_gemv(x, p, s, b, bits, group, out=out, inline_prep=True)
+    close(y, x.double() @ wd.t(), 2 * BF16_EPS, f"inline-prep gemv bits={bits} g={group} M={m}")
+    y0 = g.affine_gemv(x, p, s, b, bits, group, out=poisoned((m, n), torch.bfloat16, device), inline_prep=False)
+    close(y, y0.double(), BF16_EPS, f"inline-prep vs prep path bits={bits} g={group} M={m}")
+    return torch.equal(y, y0)
+
+
+def check_gemv_inline_invariance(mods, device, n, k, others=(1, 3, 15)):
+    """Inline-prep GEMV: row r alone == row r among others, bit for bit (r = 0 and the last row)."""
+    g = mods["gemv"]
+    x = torch.randn(16, k, device=device).bfloat16()
+    for bits, group in ((4, 64), (8, 32)):
+        (p, s, b), _ = gemv_weight(n, k, bits, group, device)
+        alone = g.affine_gemv(x[:1], p, s, b, bits, group)
+        for o in others:
+            got = g.affine_gemv(x[: o + 1], p, s, b, bits, group)
+            assert torch.equal(got[:1], alone), f"inline bits {bits}: row 0 alone != among {o} others"
+            last = g.affine_gemv(x[o : o + 1], p, s, b, bits, group)
+            assert torch.equal(got[o : o + 1], last), f"inline bits {bits}: row {o} alone != among {o} others"
+
+
+def conv_problem(device, m, c, kw, num_slots, fresh):
+    """Conv weight [C, K] (a strided view, as conv1d.weight[:, 0, :]), a pool [S, C, K-1] with the fresh rows'
+    slots NaN-poisoned, distinct slots per row, context lengths (0 for the fresh rows)."""
+    w = (torch.randn(c, 1, kw, device=device) * 0.5).bfloat16()[:, 0, :]
+    pool = torch.randn(num_slots, c, kw - 1, device=device).bfloat16()
+    slots = torch.randperm(num_slots)[:m].to(device)
+    ctx = torch.tensor([0 if i in fresh else 3 + i for i in range(m)], device=device, dtype=torch.int32)
+    for i in fresh:
+        if i < m:
+            pool[slots[i]] = float("nan")
+    return w, pool, slots, ctx
+
+
+def check_gemv_conv(mods, device, bits, group, m, c, extra, k, kw=4, fresh=(1,)):
+    """affine_gemv(conv=...) == affine_gemv then causal_conv on the first C features, bit for bit (outputs and
+    pool), and against fp64: features >= C plain, < C SiLU(conv) of the bf16 projection over [state ; y]."""
+    from deltaserve.kernels.conv1d import causal_conv1d
+
+    g, gd = mods["gemv"], mods["gdn"]
+    n = c + extra
+    (p, s, b), wd = gemv_weight(n, k, bits, group, device)
+    x = torch.randn(m, k, device=device).bfloat16()
+    w, pool, slots, ctx = conv_problem(device, m, c, kw, 3 * m + 2, fresh)
+    pool0, pool1 = pool.clone(), pool.clone()
+    out = poisoned((m, n), torch.bfloat16, device)
+    y = g.affine_gemv(x, p, s, b, bits, group, out=out, conv=(w, pool, slots, ctx, c))
+    plain = g.affine_gemv(x, p, s, b, bits, group)
+    cu = torch.arange(m + 1, device=device, dtype=torch.int32)
+    conv = gd.causal_conv(plain[:, :c].contiguous(), w, pool1, cu, slots, ctx, 1)
+    assert torch.equal(y[:, c:], plain[:, c:]), "fused conv GEMV: the plain features differ from affine_gemv"
+    assert torch.equal(y[:, :c], conv), "fused conv GEMV != affine_gemv + causal_conv (conv channels)"
+    assert torch.equal(pool, pool1), "fused conv GEMV: conv pool differs from causal_conv's"
+    ref = x.double() @ wd.t()
+    close(y[:, c:], ref[:, c:], 2 * BF16_EPS, "fused conv GEMV plain features")
+    yb = ref[:, :c].bfloat16().double()
+    for i in range(m):
+        st = None if int(ctx[i]) == 0 else pool0[slots[i]].double()
+        ry, rs = causal_conv1d(yb[i : i + 1], w.double(), st)
+        close(y[i : i + 1, :c], ry, 4 * BF16_EPS, f"fused conv GEMV row {i} conv channels")
+        close(pool[slots[i]], rs, 2 * BF16_EPS, f"fused conv GEMV row {i} new conv state")
+    untouched = torch.ones(pool.shape[0], dtype=torch.bool)
+    untouched[slots.cpu()] = False
+    assert torch.equal(pool[untouched.to(device)], pool0[untouched.to(device)]), "other slots were written"
+
+
+def check_gemv_conv_invariance(mods, device, c, extra, k, others=(1, 3, 15)):
+    """Fused conv GEMV: row 0 (and row o) alone == among o others, output and conv state, bit for bit."""
+    g = mods["gemv"]
+    (p, s, b), _ = gemv_weight(c + extra, k, 4, 64, device)
+    x = torch.randn(16, k, device=device).bfloat16()
+    w, pool, slots, ctx = conv_problem(device, 16, c, 4, 40, fresh=(2,))
+    pool = pool.nan_to_num()
+
+    def run(rows):
+        pl = pool.clone()
+        y = g.affine_gemv(x[rows], p, s, b, 4, 64, conv=(w, pl, slots[rows], ctx[rows], c))
+        return y, pl[slots[rows]]
+
+    alone = run(slice(0, 1))
+    for o in others:
+        y, st = run(slice(0, o + 1))
+        assert torch.equal(y[:1], alone[0]) and torch.equal(st[:1], alone[1]), f"conv GEMV row 0 among {o}"
+        last = run(slice(o, o + 1))
+        assert torch.equal(y[o:], last[0]) and torch.equal(st[o:], last[1]), f"conv GEMV row {o} among {o}"

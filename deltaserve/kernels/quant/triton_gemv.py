@@ -21,6 +21,8 @@ per word) whatever M is, and row i of x is reduced against it by the same helper
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -30,6 +32,9 @@ from ..triton_common import DENSE_BITS, WeightSpec
 MAX_ROWS = 16  # the GEMV regime; larger M belongs to triton_affine.affine_matmul (tensor cores)
 MAGIC = 0x4B000000  # fp32 bits of 2^23: OR a code into its mantissa to read 2^23 + code
 ROW_BLOCK = 8  # rows of x per program at most (M = 9..16 runs two row blocks, each reading W from L2)
+# With the prep inlined a packed row costs ~1.3x the registers (its x tiles are converted in the program): 8 rows
+# spill on sm_90 (472 B stack at K=2048 q4), 4 do not (168 registers), so the inline path stops at 4 rows per program.
+ROW_BLOCK_INLINE = 4
 
 
 @triton.jit
@@ -53,14 +58,14 @@ def _prep_kernel(x_ptr, xp_ptr, xs_ptr, stride_xm, stride_pm, stride_sm, K: tl.c
 
 
 @triton.jit
-def _code_dot(d, src, xi_ptr, magic, SH: tl.constexpr, BITS: tl.constexpr):
-    """d + (code at bits [SH, SH+BITS) of src) * 2^SH * xi, exactly as d + q * x (xi carries 2^-SH).
+def _code_dot(d, src, xi, magic, SH: tl.constexpr, BITS: tl.constexpr):
+    """d + (code at bits [SH, SH+BITS) of src) * 2^SH * xi, exactly as d + q * x (xi, fp32 values, carries 2^-SH).
     (src & mask) | 0x4B000000 read as fp32 is 2^23 + q*2^SH (the field lies inside the 23-bit mantissa); minus
     2^23 is exact. One LOP3 + FADD + FFMA per code: no shift, no bit-field extract, no I2F. magic (= 0x4B000000)
     is a kernel argument so that it sits in a register and the AND and the OR fuse into one LOP3 (a LOP3 takes
     one immediate)."""
     v = ((src & (((1 << BITS) - 1) << SH)) | magic).to(tl.float32, bitcast=True) - 8388608.0
-    return d + v * tl.load(xi_ptr)
+    return d + v * xi
 
 
 @triton.jit
@@ -74,21 +79,64 @@ def _word_offsets(c, CG: tl.constexpr, GW: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _row_part(p, ph, s, b, magic, xp_row, xs_row, wofs, c, KW: tl.constexpr, CG: tl.constexpr, BITS: tl.constexpr):
-    """One row of x against chunk c: s * (q . x_g) + b * sum(x_g) per (feature, group), fp32 [BN, CG].
-    p: the chunk's words [BN, CG, GW] (int32), ph = p >> 16 (codes of the upper half-word moved into the
-    mantissa's reach); xp_row: the row's deinterleaved pre-scaled fp32 x (see _prep_kernel); xs_row: its group
-    sums. Codes are added in order i = 0 .. PACK-1 per word, words summed per group by tl.sum."""
+def _x_tile(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK: tl.constexpr):
+    """fp32 x of code i (0 .. PACK-1) of every word of chunk c, [CG, GW], read from the raw bf16/fp16 row."""
+    g = c * CG + tl.arange(0, CG)
+    j = tl.arange(0, GW)
+    return tl.load(x_row + (g[:, None] * GW + j[None, :]) * PACK + i).to(tl.float32)
+
+
+@triton.jit
+def _scaled(xv, SH: tl.constexpr):
+    """xv * 2^-SH, exact (a power of two); no multiply for SH = 0."""
+    if SH == 0:
+        return xv
+    else:
+        return xv * tl.full((1, 1), (127 - SH) << 23, tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _row_part_inline(p, ph, s, b, magic, x_row, c, CG: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr):
+    """_row_part reading the raw row (no prep launch): per chunk and code i one [CG, GW] tile of x, broadcast over
+    the BN weight rows, scaled by the exact power of two. The group sums come from the same tiles: per word
+    x_0 + x_1 + ... + x_{PACK-1} in that order, then summed over the GW words of the group by tl.sum. The products
+    equal the prep path's bit for bit; the group sums are the same values summed in another (fixed) order."""
     PACK: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PACK // 2
+    GW: tl.constexpr = GROUP // PACK
     d = tl.zeros(p.shape, dtype=tl.float32)
+    xsum = tl.zeros((CG, GW), dtype=tl.float32)
     for i in tl.static_range(HALF):
-        d = _code_dot(d, p, xp_row + i * KW + wofs, magic, BITS * i, BITS)
+        xv = _x_tile(x_row, c, i, CG, GW, PACK)
+        xsum += xv
+        d = _code_dot(d, p, _scaled(xv, BITS * i)[None, :, :], magic, BITS * i, BITS)
     for i in tl.static_range(HALF):
-        d = _code_dot(d, ph, xp_row + (HALF + i) * KW + wofs, magic, BITS * i, BITS)
-    g = c * CG + tl.arange(0, CG)
-    xs = tl.load(xs_row + g)
-    return s * tl.sum(d, axis=2) + b * xs[None, :]
+        xv = _x_tile(x_row, c, HALF + i, CG, GW, PACK)
+        xsum += xv
+        d = _code_dot(d, ph, _scaled(xv, BITS * i)[None, :, :], magic, BITS * i, BITS)
+    return s * tl.sum(d, axis=2) + b * tl.sum(xsum, axis=1)[None, :]
+
+
+@triton.jit
+def _row_part(p, ph, s, b, magic, x_row, xp_row, xs_row, wofs, c, KW: tl.constexpr, CG: tl.constexpr,
+              BITS: tl.constexpr, GROUP: tl.constexpr, INLINE: tl.constexpr):
+    """One row of x against chunk c: s * (q . x_g) + b * sum(x_g) per (feature, group), fp32 [BN, CG].
+    p: the chunk's words [BN, CG, GW] (int32), ph = p >> 16 (codes of the upper half-word moved into the
+    mantissa's reach). INLINE: x_row is the raw row (_row_part_inline); else xp_row/xs_row are its _prep_kernel
+    output. Codes are added in order i = 0 .. PACK-1 per word, words summed per group by tl.sum."""
+    if INLINE:
+        return _row_part_inline(p, ph, s, b, magic, x_row, c, CG, BITS, GROUP)
+    else:
+        PACK: tl.constexpr = 32 // BITS
+        HALF: tl.constexpr = PACK // 2
+        d = tl.zeros(p.shape, dtype=tl.float32)
+        for i in tl.static_range(HALF):
+            d = _code_dot(d, p, tl.load(xp_row + i * KW + wofs), magic, BITS * i, BITS)
+        for i in tl.static_range(HALF):
+            d = _code_dot(d, ph, tl.load(xp_row + (HALF + i) * KW + wofs), magic, BITS * i, BITS)
+        g = c * CG + tl.arange(0, CG)
+        xs = tl.load(xs_row + g)
+        return s * tl.sum(d, axis=2) + b * xs[None, :]
 
 
 @triton.jit
@@ -106,11 +154,59 @@ def _store_row(out_ptr, acc, rn, n_mask, m, M, stride_om, AXES: tl.constexpr):
 
 
 @triton.jit
+def _store_row_conv(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV: tl.constexpr):
+    """The decode conv in the GEMV epilogue, for row m (one new token of sequence m): features rn < C are conv
+    channels. y = bf16 projection (exactly what _store_row writes); out = SiLU(sum_j w[c, j] * [state ; y]_j)
+    accumulated in fp32 in the order j = 0 .. KCONV-1 from zero, exactly as gated_delta.triton_decode._conv_kernel;
+    the pool slot's [C, KCONV-1] window shifts by one (oldest dropped, y appended). This program owns its features,
+    so no other program touches these channels of the slot. Context 0 (fresh): the old state reads as zeros.
+    Features >= C are stored plain. Rows m >= M (padding of the row block) neither store nor update the pool."""
+    act = out_ptr.dtype.element_ty
+    y = tl.sum(acc, axis=1).to(act)
+    live = m < M
+    mm = tl.minimum(m, M - 1)
+    slot = tl.load(slot_ptr + mm).to(tl.int64)
+    keep = tl.load(ctx_ptr + mm) != 0
+    c_mask = n_mask & (rn < C)
+    st = pool_ptr + slot * stride_ps + rn.to(tl.int64) * stride_pc
+    conv = tl.zeros(y.shape, dtype=tl.float32)
+    for j in tl.static_range(KCONV - 1):
+        sv = tl.load(st + j * stride_pk, mask=c_mask & keep, other=0.0)
+        wj = tl.load(cw_ptr + rn * stride_cwc + j * stride_cwk, mask=c_mask, other=0.0).to(tl.float32)
+        conv += sv.to(tl.float32) * wj
+    wl = tl.load(cw_ptr + rn * stride_cwc + (KCONV - 1) * stride_cwk, mask=c_mask, other=0.0).to(tl.float32)
+    conv += y.to(tl.float32) * wl
+    conv = conv / (1.0 + tl.exp(-conv))  # SiLU written as torch's (and _conv_kernel's), x / (1 + e^-x)
+    res = tl.where(rn < C, conv.to(act), y)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + rn, res, mask=n_mask & live)
+    # shift the window: new[j] = old[j + 1] (zeros when fresh), new[KCONV-2] = y; every read above is done first
+    upd = c_mask & live
+    for j in tl.static_range(KCONV - 2):
+        nxt = tl.load(st + (j + 1) * stride_pk, mask=c_mask & keep, other=0.0)
+        tl.debug_barrier()
+        tl.store(st + j * stride_pk, nxt, mask=upd)
+    tl.debug_barrier()
+    tl.store(st + (KCONV - 2) * stride_pk, y.to(pool_ptr.dtype.element_ty), mask=upd)
+
+
+@triton.jit
+def _finish_row(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc,
+                stride_cwk, stride_ps, stride_pc, stride_pk, CONV: tl.constexpr, KCONV: tl.constexpr):
+    if CONV:
+        _store_row_conv(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                        stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV)
+    else:
+        _store_row(out_ptr, acc, rn, n_mask, m, M, stride_om, 1)
+
+
+@triton.jit
 def gemv_row(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, magic,
-             K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr):
+             K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
+             INLINE: tl.constexpr = True):
     """W[rn, :K] . x as fp32 [BN] for ONE row of x, with exactly the per-row arithmetic of _gemv_kernel (same
-    helpers, same chunking): x_row is the bf16 row (read for dense weights), xp_row/xs_row its _prep_kernel
-    output (read for packed weights)."""
+    helpers, same chunking): x_row is the bf16 row (read for dense weights, and for packed ones when INLINE),
+    xp_row/xs_row its _prep_kernel output (read for packed weights when not INLINE; pass anything otherwise)."""
     rn64 = rn.to(tl.int64)
     if BITS == 16:
         BKD: tl.constexpr = CG * GROUP
@@ -133,23 +229,37 @@ def gemv_row(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, 
             sofs = rn64[:, None] * stride_sn + g[None, :]
             s = tl.load(s_ptr + sofs, mask=n_mask[:, None], other=0.0).to(tl.float32)
             b = tl.load(b_ptr + sofs, mask=n_mask[:, None], other=0.0).to(tl.float32)
-            acc += _row_part(p, p >> 16, s, b, magic, xp_row, xs_row, wofs, c, KW, CG, BITS)
+            acc += _row_part(p, p >> 16, s, b, magic, x_row, xp_row, xs_row, wofs, c, KW, CG, BITS, GROUP, INLINE)
     return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _chunk_row(acc, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r, stride_xm, wofs, c, K: tl.constexpr,
+               BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr):
+    """acc + row r of x against chunk c (dense: wv; packed: p/ph/s/b), the per-row step of _gemv_kernel."""
+    x_row = x_ptr + r.to(tl.int64) * stride_xm
+    if BITS == 16:
+        return acc + _dense_part(wv, x_row, c, CG * GROUP)
+    else:
+        PACK: tl.constexpr = 32 // BITS
+        return acc + _row_part(p, ph, s, b, magic, x_row, xp_ptr + r * K, xs_ptr + r * (K // GROUP), wofs, c,
+                               K // PACK, CG, BITS, GROUP, INLINE)
 
 
 @triton.jit
 def _gemv_kernel(
     x_ptr, xp_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_om, magic,
+    cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk,
     K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
-    MB: tl.constexpr,
+    MB: tl.constexpr, INLINE: tl.constexpr = False, CONV: tl.constexpr = False, KCONV: tl.constexpr = 4,
 ):
     # grid (cdiv(N, BN), cdiv(M, MB)); rows m0 .. m0+MB-1 of x, each with its own accumulator (a0..a7). Rows past
-    # M read row M-1 (valid memory) and are not stored.
+    # M read row M-1 (valid memory) and are not stored. INLINE: x is read raw (xp/xs unused); CONV: the decode conv
+    # runs in the epilogue (_store_row_conv; cw/pool/slot/ctx unused otherwise).
     rn = tl.program_id(0) * BN + tl.arange(0, BN)
     n_mask = rn < N
     rn64 = rn.to(tl.int64)
     m0 = tl.program_id(1) * MB
-    r0 = m0
     r1 = tl.minimum(m0 + 1, M - 1)
     r2 = tl.minimum(m0 + 2, M - 1)
     r3 = tl.minimum(m0 + 3, M - 1)
@@ -158,13 +268,10 @@ def _gemv_kernel(
     r6 = tl.minimum(m0 + 6, M - 1)
     r7 = tl.minimum(m0 + 7, M - 1)
     if BITS == 16:
-        BKD: tl.constexpr = CG * GROUP  # dense: chunks of BKD elements
-        acc_shape: tl.constexpr = (BN, BKD)
+        acc_shape: tl.constexpr = (BN, CG * GROUP)  # dense: chunks of CG * GROUP elements
     else:
         PACK: tl.constexpr = 32 // BITS
         GW: tl.constexpr = GROUP // PACK
-        KW: tl.constexpr = K // PACK
-        NG: tl.constexpr = K // GROUP
         acc_shape: tl.constexpr = (BN, CG)
     a0 = tl.zeros(acc_shape, dtype=tl.float32)
     a1 = tl.zeros(acc_shape, dtype=tl.float32)
@@ -176,20 +283,14 @@ def _gemv_kernel(
     a7 = tl.zeros(acc_shape, dtype=tl.float32)
     for c in tl.static_range(K // (CG * GROUP)):
         if BITS == 16:
-            kk = c * BKD + tl.arange(0, BKD)
+            kk = c * (CG * GROUP) + tl.arange(0, CG * GROUP)
             wv = tl.load(w_ptr + rn64[:, None] * stride_wn + kk[None, :], mask=n_mask[:, None],
                          other=0.0).to(tl.float32)
-            a0 += _dense_part(wv, x_ptr + r0.to(tl.int64) * stride_xm, c, BKD)
-            if MB > 1:
-                a1 += _dense_part(wv, x_ptr + r1.to(tl.int64) * stride_xm, c, BKD)
-            if MB > 2:
-                a2 += _dense_part(wv, x_ptr + r2.to(tl.int64) * stride_xm, c, BKD)
-                a3 += _dense_part(wv, x_ptr + r3.to(tl.int64) * stride_xm, c, BKD)
-            if MB > 4:
-                a4 += _dense_part(wv, x_ptr + r4.to(tl.int64) * stride_xm, c, BKD)
-                a5 += _dense_part(wv, x_ptr + r5.to(tl.int64) * stride_xm, c, BKD)
-                a6 += _dense_part(wv, x_ptr + r6.to(tl.int64) * stride_xm, c, BKD)
-                a7 += _dense_part(wv, x_ptr + r7.to(tl.int64) * stride_xm, c, BKD)
+            p = wv  # the packed-only operands are unused for a dense weight
+            ph = wv
+            s = wv
+            b = wv
+            wofs = wv
         else:
             wofs = _word_offsets(c, CG, GW, BN)
             p = tl.load(w_ptr + rn64[:, None, None] * stride_wn + wofs, mask=n_mask[:, None, None], other=0)
@@ -198,33 +299,51 @@ def _gemv_kernel(
             s = tl.load(s_ptr + sofs, mask=n_mask[:, None], other=0.0).to(tl.float32)
             b = tl.load(b_ptr + sofs, mask=n_mask[:, None], other=0.0).to(tl.float32)
             ph = p >> 16
-            a0 += _row_part(p, ph, s, b, magic, xp_ptr + r0 * K, xs_ptr + r0 * NG, wofs, c, KW, CG, BITS)
-            if MB > 1:
-                a1 += _row_part(p, ph, s, b, magic, xp_ptr + r1 * K, xs_ptr + r1 * NG, wofs, c, KW, CG, BITS)
-            if MB > 2:
-                a2 += _row_part(p, ph, s, b, magic, xp_ptr + r2 * K, xs_ptr + r2 * NG, wofs, c, KW, CG, BITS)
-                a3 += _row_part(p, ph, s, b, magic, xp_ptr + r3 * K, xs_ptr + r3 * NG, wofs, c, KW, CG, BITS)
-            if MB > 4:
-                a4 += _row_part(p, ph, s, b, magic, xp_ptr + r4 * K, xs_ptr + r4 * NG, wofs, c, KW, CG, BITS)
-                a5 += _row_part(p, ph, s, b, magic, xp_ptr + r5 * K, xs_ptr + r5 * NG, wofs, c, KW, CG, BITS)
-                a6 += _row_part(p, ph, s, b, magic, xp_ptr + r6 * K, xs_ptr + r6 * NG, wofs, c, KW, CG, BITS)
-                a7 += _row_part(p, ph, s, b, magic, xp_ptr + r7 * K, xs_ptr + r7 * NG, wofs, c, KW, CG, BITS)
-    _store_row(out_ptr, a0, rn, n_mask, m0, M, stride_om, 1)
+            wv = p  # unused
+        a0 = _chunk_row(a0, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, m0, stride_xm, wofs, c, K, BITS, GROUP,
+                        CG, INLINE)
+        if MB > 1:
+            a1 = _chunk_row(a1, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r1, stride_xm, wofs, c, K, BITS,
+                            GROUP, CG, INLINE)
+        if MB > 2:
+            a2 = _chunk_row(a2, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r2, stride_xm, wofs, c, K, BITS,
+                            GROUP, CG, INLINE)
+            a3 = _chunk_row(a3, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r3, stride_xm, wofs, c, K, BITS,
+                            GROUP, CG, INLINE)
+        if MB > 4:
+            a4 = _chunk_row(a4, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r4, stride_xm, wofs, c, K, BITS,
+                            GROUP, CG, INLINE)
+            a5 = _chunk_row(a5, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r5, stride_xm, wofs, c, K, BITS,
+                            GROUP, CG, INLINE)
+            a6 = _chunk_row(a6, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r6, stride_xm, wofs, c, K, BITS,
+                            GROUP, CG, INLINE)
+            a7 = _chunk_row(a7, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r7, stride_xm, wofs, c, K, BITS,
+                            GROUP, CG, INLINE)
+    _finish_row(out_ptr, a0, rn, n_mask, m0, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
     if MB > 1:
-        _store_row(out_ptr, a1, rn, n_mask, m0 + 1, M, stride_om, 1)
+        _finish_row(out_ptr, a1, rn, n_mask, m0 + 1, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
     if MB > 2:
-        _store_row(out_ptr, a2, rn, n_mask, m0 + 2, M, stride_om, 1)
-        _store_row(out_ptr, a3, rn, n_mask, m0 + 3, M, stride_om, 1)
+        _finish_row(out_ptr, a2, rn, n_mask, m0 + 2, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+        _finish_row(out_ptr, a3, rn, n_mask, m0 + 3, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
     if MB > 4:
-        _store_row(out_ptr, a4, rn, n_mask, m0 + 4, M, stride_om, 1)
-        _store_row(out_ptr, a5, rn, n_mask, m0 + 5, M, stride_om, 1)
-        _store_row(out_ptr, a6, rn, n_mask, m0 + 6, M, stride_om, 1)
-        _store_row(out_ptr, a7, rn, n_mask, m0 + 7, M, stride_om, 1)
+        _finish_row(out_ptr, a4, rn, n_mask, m0 + 4, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+        _finish_row(out_ptr, a5, rn, n_mask, m0 + 5, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+        _finish_row(out_ptr, a6, rn, n_mask, m0 + 6, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+        _finish_row(out_ptr, a7, rn, n_mask, m0 + 7, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
 
 
-def row_block(m: int) -> int:
-    """Rows of x per program: the next power of two up to ROW_BLOCK (rows beyond M are masked)."""
-    return min(ROW_BLOCK, triton.next_power_of_2(max(m, 1)))
+def row_block(m: int, inline: bool = False) -> int:
+    """Rows of x per program: the next power of two up to ROW_BLOCK (ROW_BLOCK_INLINE for a packed weight read
+    with the inline prep); rows beyond M are masked. A row's arithmetic does not depend on this choice."""
+    return min(ROW_BLOCK_INLINE if inline else ROW_BLOCK, triton.next_power_of_2(max(m, 1)))
 
 
 def default_config(spec: WeightSpec) -> tuple[int, int, int]:
@@ -278,33 +397,76 @@ def gemv_spec(qweight, scales, biases, bits: int, group: int, name: str) -> Weig
     return spec
 
 
-def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=None) -> None:
-    """x2 [M, K] (K contiguous), out [M, N] (N contiguous); M <= MAX_ROWS is the intended regime."""
+class DecodeConv(NamedTuple):
+    """The DeltaNet decode conv to run in a GEMV's epilogue (one token per row of x = per sequence): output
+    features < channels are conv channels. weight [C, K] (any strides; conv1d.weight[:, 0, :]); pool [S, C, K-1]
+    in the activation dtype, updated in place at state_slots [M]; context_lens [M] == 0 starts from zeros."""
+    weight: torch.Tensor
+    pool: torch.Tensor
+    state_slots: torch.Tensor
+    context_lens: torch.Tensor
+    channels: int
+
+
+def _check_conv(conv: DecodeConv, m: int, n: int, dtype) -> int:
+    c = conv.channels
+    kw = conv.weight.shape[-1]
+    if conv.weight.dim() != 2 or conv.weight.shape[0] != c or tuple(conv.pool.shape[1:]) != (c, kw - 1):
+        raise ValueError(f"gemv conv: weight {tuple(conv.weight.shape)}, pool {tuple(conv.pool.shape)}: expected "
+                         f"weight [{c}, K] and pool [S, {c}, K-1]")
+    if not 2 < kw <= 16 or not 0 < c <= n:
+        raise ValueError(f"gemv conv: kernel width {kw} outside 3..16 or {c} channels outside 1..{n} features")
+    if conv.state_slots.numel() != m or conv.context_lens.numel() != m:
+        raise ValueError(f"gemv conv: {m} rows (one token per sequence) but {conv.state_slots.numel()} slots, "
+                         f"{conv.context_lens.numel()} context lengths")
+    if conv.pool.dtype != dtype:
+        raise ValueError(f"gemv conv: pool dtype {conv.pool.dtype} != activation dtype {dtype}")
+    return kw
+
+
+def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=None, inline_prep: bool = True,
+                conv: DecodeConv | None = None) -> None:
+    """x2 [M, K] (K contiguous), out [M, N] (N contiguous); M <= MAX_ROWS is the intended regime. inline_prep:
+    the kernel reads x raw (one launch); else prep_x runs first (two launches, the v2 path; same result bit for
+    bit in the products, see _x_codes/_group_sums). conv: the decode conv in the epilogue (DecodeConv)."""
     m = x2.shape[0]
     bn, cg, warps = config or default_config(spec)
     group = unit(spec)
     if spec.k % (cg * group):
         raise ValueError(f"affine_gemv: chunk of {cg} x {group} must divide K = {spec.k}")
-    mb = row_block(m)
-    if spec.bits == DENSE_BITS:
+    mb = row_block(m, inline_prep and spec.bits != DENSE_BITS)
+    if spec.bits == DENSE_BITS or inline_prep:
         xp = xs = x2  # unused
     else:
         xp, xs = prep_x(x2, spec.bits, spec.group)
+    if conv is None:
+        kw, cargs = 4, (x2, x2, x2, x2, 0, 0, 0, 0, 0, 0)  # unused
+    else:
+        kw = _check_conv(conv, m, spec.n, out.dtype)
+        cw, pool = conv.weight, conv.pool
+        cargs = (cw, pool, conv.state_slots, conv.context_lens, conv.channels, cw.stride(0), cw.stride(1),
+                 pool.stride(0), pool.stride(1), pool.stride(2))
     grid = (triton.cdiv(spec.n, bn), triton.cdiv(m, mb))
     _gemv_kernel[grid](
         x2, xp, xs, spec.w, spec.scales, spec.biases, out, m, spec.n, x2.stride(0), spec.w.stride(0),
-        spec.scales.stride(0), out.stride(0), MAGIC,
-        K=spec.k, BITS=spec.bits, GROUP=group, BN=bn, CG=cg, MB=mb, num_warps=warps,
+        spec.scales.stride(0), out.stride(0), MAGIC, *cargs,
+        K=spec.k, BITS=spec.bits, GROUP=group, BN=bn, CG=cg, MB=mb, INLINE=inline_prep, CONV=conv is not None,
+        KCONV=kw, num_warps=warps,
     )
 
 
 def affine_gemv(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor | None, biases: torch.Tensor | None,
-    bits: int, group: int, out: torch.Tensor | None = None, config: tuple | None = None,
+    bits: int, group: int, out: torch.Tensor | None = None, config: tuple | None = None, *,
+    inline_prep: bool = True, conv: DecodeConv | tuple | None = None,
 ) -> torch.Tensor:
     """y = x W^T for x [..., K] bf16/fp16 with at most MAX_ROWS rows; W packed uint32 [N, K*bits/32] with scales
     and biases [N, K/group] (bits 4 or 8, group 32/64/128), or dense [N, K] with bits=16 (scales = biases = None).
-    Returns [..., N] in x's dtype (fp32 accumulation, rounded once). config: (BN, CG, num_warps) override."""
+    Returns [..., N] in x's dtype (fp32 accumulation, rounded once). config: (BN, CG, num_warps) override.
+    inline_prep: one launch, x read raw (default); False: the prep_x launch first (kept for timing).
+    conv: DecodeConv(weight, pool, state_slots, context_lens, channels) (or the same as a tuple): x holds one token
+    per sequence, and features < channels come out as SiLU(causal conv) with the pool updated, equal bit for bit
+    to this GEMV followed by gated_delta.triton_decode.causal_conv on those features."""
     if bits not in (4, 8, DENSE_BITS):
         raise ValueError(f"affine_gemv: bits {bits} unsupported (4, 8, or 16 for a dense weight)")
     spec = gemv_spec(qweight, scales, biases, bits, group, "affine_gemv weight")
@@ -324,5 +486,6 @@ def affine_gemv(
     elif out.shape[-1] != spec.n or out.numel() != m * spec.n or not out.is_contiguous():
         raise ValueError(f"affine_gemv: out must be [{m}, {spec.n}] with contiguous rows, found {tuple(out.shape)}")
     if m:
-        launch_gemv(x2, spec, out.view(m, spec.n), config)
+        conv = DecodeConv(*conv) if conv is not None and not isinstance(conv, DecodeConv) else conv
+        launch_gemv(x2, spec, out.view(m, spec.n), config, inline_prep, conv)
     return out.view(*lead, spec.n)
