@@ -46,6 +46,8 @@ def parse_args(argv):
     p.add_argument("-r", "--reps", type=int, default=5)
     p.add_argument("--no-graph", action="store_true", help="decode eagerly instead of CUDA-graph replay")
     p.add_argument("--profile", action="store_true", help="break one decode step down by kernel class")
+    p.add_argument("--profile-prefill", action="store_true",
+                   help="profile one prefill of the first -p length (host vs GPU time, syncs, top kernels and ops)")
     p.add_argument("--results", default="bench/results", help="directory for the JSON-line records")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--device", default="cuda")
@@ -179,6 +181,10 @@ def main(argv=None) -> int:
         from .profile import profile_decode
 
         print(profile_decode(model, config, max(args.depth[0], 1)))
+    if args.profile_prefill:
+        from .profile import profile_prefill
+
+        print(profile_prefill(model, config, args.n_prompt[0]))
     if not args.no_record:
         path = records.append_records(recs, args.results, gpu)
         print(f"# {len(recs)} records appended to {path}")

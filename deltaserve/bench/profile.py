@@ -59,3 +59,46 @@ def profile_decode(model, config: ModelConfig, depth: int, batch: int = 1, block
     for cls, t in sorted(per_class.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {cls:<42} {t / 1e3:8.3f} ms  {100 * t / total:5.1f}%  {counts[cls]:5d} launches")
     return "\n".join(lines)
+
+
+def profile_prefill(model, config: ModelConfig, n: int, batch: int = 1, block_size: int = 64, top: int = 15) -> str:
+    """One prefill of `batch` fresh n-token prompts (after a warm-up), CPU and GPU side: wall time vs summed GPU
+    kernel time (a wall far above it means the host is the bottleneck), the host-blocking runtime calls (syncs,
+    device-to-host copies), the kernels by GPU time and the host ops by self CPU time."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..model import ForwardBatch
+
+    blocks = -(-(n + 8) // block_size)
+    cache = model.make_cache(batch * blocks, block_size, batch, torch.bfloat16)
+    dev = next(model.parameters()).device
+    tables = torch.arange(batch * blocks, dtype=torch.int32).view(batch, -1).tolist()
+    ids = torch.randint(0, config.vocab_size, (batch, n)).tolist()
+    fb = ForwardBatch.build(ids, [0] * batch, tables, list(range(batch)), block_size, device=dev)
+    with torch.no_grad():
+        model(fb, cache)  # warm-up: compilation
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        model(fb, cache)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            model(fb, cache)
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    gpu = [(getattr(e, "device_time_total", 0.0) or 0.0, e.count, e.key) for e in events]
+    gpu_total = sum(t for t, _, k in gpu if t > 0 and not k.startswith("cuda"))
+    blocking = [(e.count, e.key) for e in events
+                if any(s in e.key for s in ("Synchronize", "cudaMemcpy", "aten::item", "aten::_local_scalar_dense"))]
+    lines = [f"# prefill profile: batch {batch} x {n} tokens, wall {wall * 1e3:.1f} ms (unprofiled), kernels "
+             f"{gpu_total / 1e3:.1f} ms GPU time"]
+    lines.append("  host-blocking calls: " + (", ".join(f"{k} x{c}" for c, k in blocking) or "none"))
+    lines.append("  top kernels by GPU time:")
+    for t, c, k in sorted((g for g in gpu if g[0] > 0), reverse=True)[:top]:
+        lines.append(f"    {t / 1e3:8.3f} ms {c:6d}x  {k[:90]}")
+    lines.append("  top host ops by self CPU time:")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
+        lines.append(f"    {e.self_cpu_time_total / 1e3:8.3f} ms {e.count:6d}x  {e.key[:90]}")
+    return "\n".join(lines)
