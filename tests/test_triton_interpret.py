@@ -83,6 +83,27 @@ def _cases():
                                                         hkv=2, d=32, bs=8),
         "norms": lambda m: kc.check_norms(m, CPU, rows=3, n=96, dv=32),
     })
+    cases.update(_attn_fused_cases())
+    return cases
+
+
+def _attn_fused_cases():
+    """The attention layer's fused decode kernels (tests/gpu/attn_fused_cases.py), tiny shapes: rotary 16 of 32."""
+    import attn_fused_cases as ac
+
+    dims = dict(hq=4, hkv=2, d=32, rd=16)
+    cases = {f"qk_prep_{kind}": (lambda m, kind=kind: ac.check_qk_prep(m, CPU, 5, kind=kind, **dims))
+             for kind in ("text", "mrope3", "mrope_text")}
+    cases.update({
+        "qk_prep_offset0": lambda m: ac.check_qk_prep(m, CPU, 3, offset=0.0, **dims),
+        "qk_prep_mrope_text_equals_text": lambda m: ac.check_qk_prep_mrope_text(m, CPU, 4, **dims),
+        "qk_prep_errors": lambda m: ac.check_qk_prep_errors(m, CPU),
+        "qk_prep_batch_invariance": lambda m: ac.check_qk_prep_invariance(m, CPU, (1, 4), **dims),
+        "decode_gate": lambda m: ac.check_decode_gate(m, CPU, [1, 100, 128, 129, 300], 4, 2, 32, 8, 128),
+        "decode_gate_single_split": lambda m: ac.check_decode_gate(m, CPU, [1, 60, 128], 4, 2, 32, 8, 128),
+        "decode_gate_batch_invariance": lambda m: ac.check_decode_gate_invariance(
+            m, CPU, [200, 1, 128, 129, 300, 50], (1, 3, 5), 4, 2, 32, 8),
+    })
     return cases
 
 
@@ -93,7 +114,7 @@ def _child(names: list[str]) -> None:
     """Runs in the child process, TRITON_INTERPRET=1 already in the environment."""
     interpret_harness.run_cases(names, _cases, {
         "affine": "quant.triton_affine", "moe": "moe.triton_decode", "gdn": "gated_delta.triton_decode",
-        "attn": "attention.triton_paged", "norm": "triton_norm"})
+        "attn": "attention.triton_paged", "norm": "triton_norm", "qkprep": "attention.triton_qk_prep"})
 
 
 @pytest.fixture(scope="module")

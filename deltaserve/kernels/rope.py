@@ -5,6 +5,12 @@ from __future__ import annotations
 import torch
 
 
+def rope_inv_freq(rotary_dim: int, theta: float, device=None) -> torch.Tensor:
+    """inv_freq [rotary_dim/2] fp32: theta^(-2i/rotary_dim), the one formula rope_cos_sin and the fused GPU kernel
+    (kernels/attention/triton_qk_prep.py, which takes this vector precomputed) share."""
+    return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim))
+
+
 def rope_cos_sin(
     positions: torch.Tensor,
     rotary_dim: int,
@@ -19,7 +25,7 @@ def rope_cos_sin(
     Equal T/H/W ids reduce to plain 1-D RoPE.
     """
     half = rotary_dim // 2
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=positions.device) / rotary_dim))
+    inv_freq = rope_inv_freq(rotary_dim, theta, positions.device)
     pos = positions.to(torch.float32)
     if pos.dim() == 1:
         freqs = pos[:, None] * inv_freq[None, :]  # [T, half]

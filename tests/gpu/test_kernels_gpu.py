@@ -8,6 +8,7 @@ import importlib
 import pytest
 import torch
 
+import attn_fused_cases as ac
 import kernel_cases as kc
 
 pytestmark = pytest.mark.gpu
@@ -18,7 +19,7 @@ OTHERS = (1, 3, 15, 63)  # companions of the row under test
 def mods(dev):
     return {key: importlib.import_module(f"deltaserve.kernels.{path}") for key, path in (
         ("affine", "quant.triton_affine"), ("moe", "moe.triton_decode"), ("gdn", "gated_delta.triton_decode"),
-        ("attn", "attention.triton_paged"), ("norm", "triton_norm"))}
+        ("attn", "attention.triton_paged"), ("norm", "triton_norm"), ("qkprep", "attention.triton_qk_prep"))}
 
 
 # ------------------------------------------------------------------------------------------ against references
@@ -219,3 +220,41 @@ def test_gdn_prefill_batch_invariance(mods, dev):
     alone = _run_prefill(mods["gdn"], one, seqs[:1], ctx[:1], slots[:1], dev)
     assert torch.equal(both, alone), "fla prefill output depends on the other sequences"
     assert torch.equal(p["ssm"][1], state_both), "fla prefill state depends on the other sequences"
+
+
+# ------------------------------------------------------------------------------------------ fused attention decode
+# flagship: Hq 16, Hkv 2, head_dim 256, rotary 64 (partial 0.25), interleaved mRoPE sections (11, 11, 10)
+
+
+def _attn_dims(small):
+    return dict(hq=4, hkv=2, d=32, rd=16) if small else dict(hq=16, hkv=2, d=256, rd=64)
+
+
+@pytest.mark.parametrize("kind", ["text", "mrope3", "mrope_text"])
+def test_qk_norm_rope_write(mods, dev, small, kind):
+    for t in (1, 7, 64):
+        ac.check_qk_prep(mods, dev, t, kind=kind, **_attn_dims(small))
+    ac.check_qk_prep(mods, dev, 5, kind=kind, offset=0.0, **_attn_dims(small))
+
+
+def test_qk_norm_rope_write_text_mrope(mods, dev, small):
+    ac.check_qk_prep_mrope_text(mods, dev, 9, **_attn_dims(small))
+    ac.check_qk_prep_errors(mods, dev)
+
+
+def test_qk_norm_rope_write_batch_invariance(mods, dev, small):
+    ac.check_qk_prep_invariance(mods, dev, OTHERS, **_attn_dims(small))
+
+
+def test_decode_attention_gate(mods, dev, small):
+    dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
+    split = mods["attn"].SPLIT_TOKENS
+    ac.check_decode_gate(mods, dev, [1, 100, split, split + 1, 3 * split + 7, 2000], *dims, split)
+    ac.check_decode_gate(mods, dev, [1, 17, split - 1, split], *dims, split)  # every row single-split
+
+
+def test_decode_attention_gate_batch_invariance(mods, dev, small):
+    dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
+    lens = torch.randint(1, 600 if small else 5000, (64,)).tolist()
+    for first in (40, 129, 2500):  # row 0 single-split and merged
+        ac.check_decode_gate_invariance(mods, dev, [first] + lens[1:], OTHERS, *dims)

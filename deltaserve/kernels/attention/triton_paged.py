@@ -9,7 +9,14 @@ product takes P rounded to the activation dtype (tensor cores), accumulation in 
 
 Batch invariance: each program's work depends only on its own sequence. Decode splits a context into chunks of
 SPLIT_TOKENS (a constant, not a function of the batch) and merges them in ascending order, so a sequence gets the
-same bits alone or in any batch.
+same bits alone or in any batch. A row of kv_len <= SPLIT_TOKENS (one split) is finished by its split program (the
+merge program of that row returns at once): which path a row takes depends on its own length only, and the
+direct path computes what the merge would (weight exp2(0) = 1 on the only split), so a row's bits do not depend on
+the launch either. Both kernels are always launched for a given host bound max_kv_len (graph replay safe); only a
+bound <= SPLIT_TOKENS, where every row is single-split, leaves the merge launch out.
+
+Optional attention output gate (Qwen3.5 gated attention), applied in the epilogue with the reference's rounding
+(model/attention.py: o * torch.sigmoid(gate) on bf16 tensors):  out = bf16( bf16(o) * bf16(sigmoid(gate)) ).
 """
 
 from __future__ import annotations
@@ -68,11 +75,23 @@ def _kv_rows(table_row, pos, BS: tl.constexpr):
 
 
 @triton.jit
+def _gated(o, gate_ptrs, mask, HAS_GATE: tl.constexpr):
+    """o (fp32, any shape) -> o rounded to the gate's dtype, times bf16(sigmoid(gate)) in fp32 when HAS_GATE (the
+    product is rounded once by the caller's store). sigmoid = 1 / (1 + exp(-g)) with an IEEE division."""
+    if HAS_GATE:
+        g = tl.load(gate_ptrs, mask=mask, other=0.0)
+        sig = tl.math.div_rn(tl.full(g.shape, 1.0, tl.float32), 1.0 + tl.exp(-g.to(tl.float32)))
+        o = o.to(g.dtype).to(tl.float32) * sig.to(g.dtype).to(tl.float32)
+    return o
+
+
+@triton.jit
 def _decode_split_kernel(
-    q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr,
-    stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps, qk_scale,
+    q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
+    stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
+    stride_gb, stride_gh, qk_scale,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
-    BN: tl.constexpr, F32: tl.constexpr,
+    BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr,
 ):
     # grid (B, Hkv, max splits): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT)
     b = tl.program_id(0)
@@ -107,19 +126,29 @@ def _decode_split_kernel(
         v = tl.load(vc_ptr + kv_off, mask=valid[:, None], other=0.0)
         acc = mma(p.to(v.dtype), v, acc * alpha[:, None], F32)
         m_i = m_new
-    base = b.to(tl.int64) * stride_pb + heads * stride_ph + sp * stride_ps  # [GP]
-    tl.store(po_ptr + base[:, None] * D + rd[None, :], acc, mask=g_mask[:, None])
-    tl.store(pm_ptr + base, m_i, mask=g_mask)
-    tl.store(pl_ptr + base, l_i, mask=g_mask)
+    if L <= SPLIT:  # the row's only split: finish it here (the merge of one split is the identity)
+        o = acc / l_i[:, None]
+        gate = gate_ptr + b.to(tl.int64) * stride_gb + heads[:, None] * stride_gh + rd[None, :]
+        o = _gated(o, gate, g_mask[:, None], HAS_GATE)
+        tl.store(o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + rd[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
+    else:
+        base = b.to(tl.int64) * stride_pb + heads * stride_ph + sp * stride_ps  # [GP]
+        tl.store(po_ptr + base[:, None] * D + rd[None, :], acc, mask=g_mask[:, None])
+        tl.store(pm_ptr + base, m_i, mask=g_mask)
+        tl.store(pl_ptr + base, l_i, mask=g_mask)
 
 
 @triton.jit
-def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, stride_pb, stride_ph, stride_ps, stride_ob,
-                         stride_oh, D: tl.constexpr, SPLIT: tl.constexpr, BSP: tl.constexpr):
+def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stride_pb, stride_ph, stride_ps,
+                         stride_ob, stride_oh, stride_gb, stride_gh, D: tl.constexpr, SPLIT: tl.constexpr,
+                         BSP: tl.constexpr, HAS_GATE: tl.constexpr):
     # grid (B, Hq): merge the splits of one row, BSP splits per step, always in ascending split order
     b = tl.program_id(0)
     h = tl.program_id(1)
     L = tl.load(lens_ptr + b)
+    if L <= SPLIT:  # single split: the split program wrote this row's output
+        return
     n_split = tl.cdiv(L, SPLIT)
     rd = tl.arange(0, D)
     rs = tl.arange(0, BSP)
@@ -137,17 +166,19 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, stride_pb, str
         l_all += tl.sum(w * tl.load(pl_ptr + off, mask=live, other=0.0), axis=0)
         part = tl.load(po_ptr + off[:, None] * D + rd[None, :], mask=live[:, None], other=0.0)
         acc += tl.sum(w[:, None] * part, axis=0)
-    o = acc / l_all
+    o = _gated(acc / l_all, gate_ptr + b.to(tl.int64) * stride_gb + h * stride_gh + rd, rd < D, HAS_GATE)
     tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + rd, o.to(o_ptr.dtype.element_ty))
 
 
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     kv_lens: torch.Tensor, scale: float, max_kv_len: int, out: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One new token per sequence: q [B, Hq, D] attends to the first kv_lens[b] cached tokens (context + the new
     token, already written). max_kv_len: a host upper bound on kv_lens (sizes the split grid; a CUDA graph can pass
-    the model's maximum). Returns [B, Hq, D] in q's dtype."""
+    the model's maximum). gate: None or [B, Hq, D] (any batch/head strides, e.g. qg.view(B, Hq, 2D)[..., D:]),
+    returns bf16(bf16(o) * bf16(sigmoid(gate))) then. Returns [B, Hq, D] in q's dtype."""
     bsz, hq, d = q.shape
     nb, bs, hkv, dc = k_cache.shape
     if dc != d or hq % hkv or block_tables.shape[0] != bsz or kv_lens.numel() != bsz:
@@ -155,6 +186,9 @@ def paged_decode_attention(
                          f"{tuple(block_tables.shape)}, {kv_lens.numel()} lengths disagree")
     if d & (d - 1) or d < 16 or q.stride(-1) != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
         raise ValueError("paged_decode_attention: head_dim must be a power of two >= 16, tensors contiguous")
+    if gate is not None and (tuple(gate.shape) != (bsz, hq, d) or gate.stride(-1) != 1):
+        raise ValueError(f"paged_decode_attention: gate {tuple(gate.shape)} must be [{bsz}, {hq}, {d}], "
+                         "contiguous along D")
     out = torch.empty_like(q) if out is None else out
     if bsz == 0:
         return out
@@ -163,16 +197,19 @@ def paged_decode_attention(
     po = torch.empty(bsz, hq, n_split, d, dtype=torch.float32, device=q.device)
     pm = torch.empty(bsz, hq, n_split, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
+    gt, (sgb, sgh) = (gate, gate.stride()[:2]) if gate is not None else (out, (0, 0))
     _decode_split_kernel[(bsz, hkv, n_split)](
-        q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl,
+        q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl, out, gt,
         q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
-        scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BS=bs, SPLIT=SPLIT_TOKENS,
-        BN=64 if d <= 128 else 32, F32=dot_f32(), num_warps=4,
+        out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
+        BS=bs, SPLIT=SPLIT_TOKENS, BN=64 if d <= 128 else 32, F32=dot_f32(), HAS_GATE=gate is not None,
+        num_warps=4,
     )
-    _decode_merge_kernel[(bsz, hq)](
-        po, pm, pl, kv_lens, out, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0), out.stride(1),
-        D=d, SPLIT=SPLIT_TOKENS, BSP=16, num_warps=4,
-    )
+    if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
+        _decode_merge_kernel[(bsz, hq)](
+            po, pm, pl, kv_lens, out, gt, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0), out.stride(1),
+            sgb, sgh, D=d, SPLIT=SPLIT_TOKENS, BSP=16, HAS_GATE=gate is not None, num_warps=4,
+        )
     return out
 
 

@@ -1,0 +1,213 @@
+"""Cases of the fused attention-layer decode kernels (helper module beside kernel_cases, same conventions):
+qk_norm_rope_write (attention/triton_qk_prep.py) and paged_decode_attention's output gate (attention/triton_paged.py).
+
+Each case NaN-poisons what the kernel must write, compares with an fp64 evaluation at the reference's rounding
+points, with the unfused sequence the model runs today (rms_norm -> apply_rope -> write_kv; attention then
+o * torch.sigmoid(gate)) in bf16 steps, and checks that everything the kernel must not touch kept its bits.
+`mods` carries "qkprep", "attn" and "norm" (interpreted modules under the interpreter).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deltaserve.kernels.attention import reference as attn_ref
+from deltaserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from kernel_cases import BF16_EPS, INTERPRETED, close, paged_problem, poisoned
+
+THETA = 10_000_000.0
+EPS = 1e-6
+
+
+def bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise distance of two bf16 tensors in bf16 steps (bit patterns mapped onto one ordered line)."""
+    def line(x):
+        i = x.contiguous().view(torch.int16).to(torch.int32)
+        return torch.where(i < 0, -32768 - i, i)
+
+    return (line(a) - line(b)).abs()
+
+
+def _sections(half: int) -> tuple[int, int, int]:
+    """mRoPE sections in the published proportions: (11, 11, 10) for rotary_dim 64."""
+    s2 = half // 3
+    s1 = (half - s2) // 2
+    return (half - s1 - s2, s1, s2)
+
+
+def qk_positions(kind: str, t: int, device) -> torch.Tensor:
+    if kind == "text":
+        return torch.randint(0, 60000, (t,), device=device)
+    if kind == "mrope_text":  # text-only multimodal ids: three equal rows
+        return torch.randint(0, 60000, (t,), device=device).expand(3, t).contiguous()
+    return torch.randint(0, 3000, (3, t), device=device)  # distinct T/H/W ids
+
+
+def qk_problem(device, t, hq, hkv, d, rd, kind="text", offset=1.0, bs=4, pad_row=1):
+    """Inputs of one qk_norm_rope_write call; token `pad_row` has slot -1 (padding). Written cache slots are NaN;
+    the cache has a few blocks more than the tokens need (slots outside slot_mapping must keep their bits)."""
+    nb = t // bs + 3
+    qg = torch.randn(t, hq * 2 * d, device=device).bfloat16()
+    w_scale, w_base = (0.2, 0.0) if offset else (0.2, 1.0)
+    slots = torch.randperm(nb * bs, device=device)[:t]
+    if 0 <= pad_row < t:
+        slots[pad_row] = -1
+    kc = torch.randn(nb, bs, hkv, d, device=device).bfloat16()
+    vc = torch.randn(nb, bs, hkv, d, device=device).bfloat16()
+    live = slots[slots >= 0]
+    kc.view(-1, hkv, d)[live] = float("nan")
+    vc.view(-1, hkv, d)[live] = float("nan")
+    return dict(
+        qg=qg, q=qg.view(t, hq, 2 * d)[..., :d], k=(3 * torch.randn(t, hkv, d, device=device)).bfloat16(),
+        v=torch.randn(t, hkv, d, device=device).bfloat16(),
+        qw=(w_base + w_scale * torch.randn(d, device=device)).bfloat16(),
+        kw=(w_base + w_scale * torch.randn(d, device=device)).bfloat16(),
+        pos=qk_positions(kind, t, device), invf=rope_inv_freq(rd, THETA, device), kc=kc, vc=vc, slots=slots,
+        offset=offset, sec=_sections(rd // 2), rd=rd,
+    )
+
+
+def run_qk_prep(mods, p, out=None):
+    return mods["qkprep"].qk_norm_rope_write(
+        p["q"], p["k"], p["v"], p["qw"], p["kw"], EPS, p["offset"], p["pos"], p["invf"], p["kc"], p["vc"],
+        p["slots"], mrope_section=p["sec"], mrope_interleaved=True, out=out)
+
+
+def _norm_rope_fp64(x, w, offset, cos, sin):
+    """fp64 rms_norm rounded to bf16 (the reference's rounding point), then fp64 RoPE."""
+    xd = x.double()
+    n = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + EPS) * (offset + w.double())).to(x.dtype).double()
+    return apply_rope(n, cos.double(), sin.double())
+
+
+def check_qk_prep(mods, device, t, hq, hkv, d, rd, kind="text", offset=1.0):
+    p = qk_problem(device, t, hq, hkv, d, rd, kind, offset)
+    kc0, vc0 = p["kc"].clone(), p["vc"].clone()
+    q = run_qk_prep(mods, p, out=poisoned((t, hq, d), torch.bfloat16, device))
+    cos, sin = rope_cos_sin(p["pos"], rd, THETA, p["sec"], True)  # the model's cos/sin, fp32
+    close(q, _norm_rope_fp64(p["q"], p["qw"], p["offset"], cos, sin), 2 * BF16_EPS, f"qk prep q ({kind})")
+    live = p["slots"] >= 0
+    slots = p["slots"][live]
+    hd = p["kc"].shape[2]
+    k_ref = _norm_rope_fp64(p["k"], p["kw"], p["offset"], cos, sin)[live]
+    close(p["kc"].view(-1, hd, d)[slots], k_ref, 2 * BF16_EPS, f"qk prep k cache ({kind})")
+    assert torch.equal(p["vc"].view(-1, hd, d)[slots], p["v"][live]), "qk prep: v cache slots != v"
+    untouched = torch.ones(p["kc"].shape[0] * p["kc"].shape[1], dtype=torch.bool, device=device)
+    untouched[slots] = False
+    for new, old, what in ((p["kc"], kc0, "k"), (p["vc"], vc0, "v")):
+        assert torch.equal(new.view(-1, hd, d)[untouched], old.view(-1, hd, d)[untouched]), f"{what} cache: " \
+            "a slot outside slot_mapping changed (or the padding token wrote)"
+    # the unfused sequence of the fast path today: Triton rms_norm -> torch apply_rope -> Triton write_kv
+    kc_u, vc_u = kc0.clone(), vc0.clone()
+    qn = mods["norm"].rms_norm(p["q"], p["qw"], EPS, p["offset"])
+    kn = mods["norm"].rms_norm(p["k"], p["kw"], EPS, p["offset"])
+    q_u = apply_rope(qn, cos, sin)
+    mods["attn"].write_kv(kc_u, vc_u, p["slots"], apply_rope(kn, cos, sin), p["v"])
+    steps = max(bf16_ulps(q, q_u).max().item(), bf16_ulps(p["kc"], kc_u).max().item())
+    assert steps <= 1, f"qk prep ({kind}) vs unfused: {steps} bf16 steps apart (at most 1 allowed)"
+    assert torch.equal(p["vc"], vc_u), "qk prep vs unfused: v cache differs"
+    return q
+
+
+def check_qk_prep_mrope_text(mods, device, t, hq, hkv, d, rd):
+    """[3, T] positions with equal rows == [T] positions, bit for bit (interleaved mRoPE reduces to RoPE)."""
+    p = qk_problem(device, t, hq, hkv, d, rd, "mrope_text")
+    q3 = run_qk_prep(mods, p)
+    k3 = p["kc"].clone()
+    p["pos"] = p["pos"][0].contiguous()
+    assert torch.equal(run_qk_prep(mods, p), q3), "[3, T] equal rows vs [T]: q differs"
+    assert torch.equal(p["kc"], k3), "[3, T] equal rows vs [T]: k cache differs"
+    c3, s3 = rope_cos_sin(p["pos"].expand(3, t), rd, THETA, p["sec"], True)
+    c1, s1 = rope_cos_sin(p["pos"], rd, THETA)
+    assert torch.equal(c3, c1) and torch.equal(s3, s1), "rope_cos_sin: text-only mRoPE != plain RoPE"
+
+
+def check_qk_prep_errors(mods, device):
+    p = qk_problem(device, 3, 2, 1, 32, 16)
+    for pos, msg in ((torch.zeros(2, 3, dtype=torch.long, device=device), "unsupported"),
+                     (torch.zeros(3, 3, 1, dtype=torch.long, device=device), "unsupported"),
+                     (torch.zeros(3, device=device), "integer")):
+        p["pos"] = pos
+        try:
+            run_qk_prep(mods, p)
+        except ValueError as exc:
+            assert msg in str(exc), str(exc)
+        else:
+            raise AssertionError(f"no error for positions {tuple(pos.shape)} {pos.dtype}")
+    p["pos"], p["sec"] = torch.zeros(3, 3, dtype=torch.long, device=device), (4, 4, 4)
+    try:
+        run_qk_prep(mods, p)
+    except ValueError as exc:
+        assert "mrope_section" in str(exc), str(exc)
+    else:
+        raise AssertionError("no error for an mrope_section that does not sum to rotary_dim/2")
+
+
+def check_qk_prep_invariance(mods, device, others, hq, hkv, d, rd):
+    """Token 0 alone == token 0 among `others` more tokens (q row and its cache slot)."""
+    p = qk_problem(device, max(others) + 1, hq, hkv, d, rd, pad_row=-1)
+    kc0, vc0 = p["kc"].clone(), p["vc"].clone()
+
+    def first(n):
+        sub = dict(p, q=p["q"][:n], k=p["k"][:n], v=p["v"][:n], pos=p["pos"][:n], slots=p["slots"][:n],
+                   kc=kc0.clone(), vc=vc0.clone())
+        q = run_qk_prep(mods, sub)
+        s = int(p["slots"][0])
+        return q[0], sub["kc"].view(-1, hkv, d)[s]
+
+    alone = first(1)
+    for n in others:
+        for a, b in zip(first(n + 1), alone):
+            assert torch.equal(a, b), f"qk prep: token 0 changed among {n} others"
+
+
+# ---------------------------------------------------------------- gated decode attention
+
+
+def check_decode_gate(mods, device, lens, hq, hkv, d, bs, split):
+    """Gated decode over rows of kv length `lens` (some <= the split size, finished by their split program; some
+    longer, merged): vs fp64, vs the unfused kernel-then-torch gate, and the same bits for any host bound."""
+    tp = mods["attn"]
+    ctx = [n - 1 for n in lens]
+    b = len(lens)
+    p = paged_problem(device, ctx, [1] * b, hq, hkv, d, bs)
+    tp.write_kv(p["kc"], p["vc"], p["slots"], p["k"], p["v"])
+    qg = torch.randn(b, hq, 2 * d, device=device).bfloat16()
+    q, gate = qg[..., :d], qg[..., d:]
+    kv = torch.tensor(lens, device=device, dtype=torch.int32)
+    scale = d**-0.5
+    o = tp.paged_decode_attention(q, p["kc"], p["vc"], p["tables"], kv, scale, max(lens),
+                                  out=poisoned((b, hq, d), torch.bfloat16, device), gate=gate)
+    ref = attn_ref.paged_attention(q.double(), p["kc"].double(), p["vc"].double(), p["tables"], ctx, [1] * b, scale)
+    want = ref.bfloat16().double() * torch.sigmoid(gate.double()).bfloat16().double()
+    close(o, want, 4 * BF16_EPS, "gated decode attention vs fp64")
+    plain = tp.paged_decode_attention(q, p["kc"], p["vc"], p["tables"], kv, scale, max(lens))
+    close(plain, ref, 4 * BF16_EPS, "ungated decode attention vs fp64")
+    unfused = plain * torch.sigmoid(gate)
+    steps = bf16_ulps(o, unfused).max().item()
+    # tl.exp is not torch's exp: bf16(sigmoid) may land one step off, the product then one step at most; the
+    # interpreter truncates both roundings (sigmoid and product) where torch rounds: up to 3 steps there
+    limit = 3 if INTERPRETED else 1
+    assert steps <= limit, f"gated decode vs o * torch.sigmoid(gate): {steps} bf16 steps apart (> {limit})"
+    for bound in (max(lens) + split, 5 * split):  # more splits in the grid, or a single-split grid: same bits
+        if bound >= max(lens):
+            again = tp.paged_decode_attention(q, p["kc"], p["vc"], p["tables"], kv, scale, bound, gate=gate)
+            assert torch.equal(again, o), f"gated decode: bits change with the host bound {bound}"
+    return o
+
+
+def check_decode_gate_invariance(mods, device, lens, others, hq, hkv, d, bs):
+    """Row 0 alone == row 0 among the next `others` rows (their lengths differ; the host bound grows with them)."""
+    tp = mods["attn"]
+    p = paged_problem(device, [n - 1 for n in lens], [1] * len(lens), hq, hkv, d, bs)
+    tp.write_kv(p["kc"], p["vc"], p["slots"], p["k"], p["v"])
+    qg = torch.randn(len(lens), hq, 2 * d, device=device).bfloat16()
+    kv = torch.tensor(lens, device=device, dtype=torch.int32)
+
+    def first(n):
+        return tp.paged_decode_attention(qg[:n, :, :d], p["kc"], p["vc"], p["tables"][:n], kv[:n], d**-0.5,
+                                         max(lens[:n]), gate=qg[:n, :, d:])[0]
+
+    alone = first(1)
+    for n in others:
+        assert torch.equal(first(n + 1), alone), f"gated decode: row 0 changed among {n} others"
