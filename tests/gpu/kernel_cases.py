@@ -431,3 +431,42 @@ def check_gemv_conv_invariance(mods, device, c, extra, k, others=(1, 3, 15)):
         assert torch.equal(y[:1], alone[0]) and torch.equal(st[:1], alone[1]), f"conv GEMV row 0 among {o}"
         last = run(slice(o, o + 1))
         assert torch.equal(y[o:], last[0]) and torch.equal(st[o:], last[1]), f"conv GEMV row {o} among {o}"
+
+
+def check_moe_v2_fused(mods, device, t, h, e, i, top_k, bits, group, shared=True):
+    """moe_decode_v2's 4-launch path (top-k inside gate/up, prep inlined) == its 6+-launch path (moe_route, prep
+    launches): routing bit for bit (same _topk on the same logits), outputs within 1 bf16 ulp (the inline group
+    sums add in another fixed order), equal to v1 moe_decode within the block's rounding. Without a shared expert
+    the shared weight must come back exactly 0 (written by the router kernel, no zeros fill). Returns whether the
+    two paths' outputs are bit-identical."""
+    md, m2 = mods["moe"], mods["moe2"]
+    x, kw, _ = moe_problem(device, t, h, e, i, i, bits, group, router_bits=8 if bits != 16 else 16)
+    if not shared:
+        for key in ("shared_gate_proj", "shared_up", "shared_down", "shared_gate"):
+            kw.pop(key)
+    out = poisoned((t, h), torch.bfloat16, device)
+    y, rt = m2.moe_decode_v2(x, top_k=top_k, return_routing=True, out=out, **kw)
+    y0, rt0 = m2.moe_decode_v2(x, top_k=top_k, return_routing=True, fuse_topk=False, inline_prep=False, **kw)
+    assert torch.equal(rt.ids, rt0.ids), f"fused top-k ids {rt.ids.tolist()} != moe_route's {rt0.ids.tolist()}"
+    assert torch.equal(rt.weights, rt0.weights), "fused top-k weights != moe_route's"
+    assert torch.equal(rt.shared_weight, rt0.shared_weight), "shared weight differs"
+    if not shared:
+        assert torch.equal(rt.shared_weight, torch.zeros_like(rt.shared_weight)), "no shared expert: weight != 0"
+    close(y, y0.double(), BF16_EPS, f"MoE v2 fused vs unfused T={t} bits={bits} shared={shared}")
+    old = md.moe_decode(x, top_k=top_k, **kw)
+    close(y, old.double(), 8 * BF16_EPS, f"MoE v2 fused vs v1 T={t} bits={bits} shared={shared}")
+    return torch.equal(y, y0)
+
+
+def check_moe_v2_fused_ties(mods, device):
+    """Equal router logits go to the lower expert id in the fused top-k too (as check_moe_ties for moe_route)."""
+    h, e = 64, 8
+    row = torch.randn(1, h, device=device).bfloat16()
+    router = row.repeat(e, 1)
+    router[5] = (row.float() * 0.5).bfloat16()
+    router[2] = (row.float() * 0.5).bfloat16()
+    _, kw, _ = moe_problem(device, 1, h, e, 32, 32, 4, 32)
+    kw["router"] = router
+    _, rt = mods["moe2"].moe_decode_v2(row.clone(), top_k=3, return_routing=True, **kw)
+    assert rt.ids.tolist() == [[0, 1, 3]], rt.ids.tolist()
+    assert torch.allclose(rt.weights, torch.full_like(rt.weights, 1 / 3))

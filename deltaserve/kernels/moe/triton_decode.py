@@ -53,7 +53,8 @@ def _router_kernel(
     BE: tl.constexpr, BK: tl.constexpr, R_BITS: tl.constexpr, R_GROUP: tl.constexpr,
     HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr, G_BK: tl.constexpr,
 ):
-    # grid (T, cdiv(E, BE)): fp32 router logits of BE experts for one token; block 0 adds the shared gate logit
+    # grid (T, cdiv(E, BE)): fp32 router logits of BE experts for one token; block 0 writes the shared gate's
+    # sigmoid (0 without a shared expert: every element of sg is written, no zeros fill launch)
     t = tl.program_id(0)
     eb = tl.program_id(1)
     x_row = x_ptr + t.to(tl.int64) * stride_xt
@@ -62,11 +63,13 @@ def _router_kernel(
     logits = gemv(x_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, H, BE, BK, R_BITS, R_GROUP,
                   False)
     tl.store(logit_ptr + t * E + rows, logits, mask=e_mask)
-    if HAS_SHARED:
-        if eb == 0:
-            one = tl.arange(0, 1)
+    if eb == 0:
+        one = tl.arange(0, 1)
+        if HAS_SHARED:
             sg = gemv(x_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, 0, 0, H, 1, G_BK, G_BITS, G_GROUP, False)
             tl.store(sg_ptr + t + one, tl.sigmoid(sg))
+        else:
+            tl.store(sg_ptr + t + one, tl.zeros((1,), dtype=tl.float32))  # no shared expert: weight 0 (no fill)
 
 
 @triton.jit
@@ -212,7 +215,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config) ->
     t, h = x.shape
     be, bk, warps = config["router"]
     logits = torch.empty(t, r.n, dtype=torch.float32, device=x.device)
-    sw = torch.zeros(t, dtype=torch.float32, device=x.device)
+    sw = torch.empty(t, dtype=torch.float32, device=x.device)
     _router_kernel[(t, triton.cdiv(r.n, be))](
         x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw,
         r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), H=h,

@@ -1,15 +1,19 @@
 """MoE block for decode (T <= ~16 tokens), restructured for parallelism on top of the decode GEMV
 (`kernels/quant/triton_gemv.py`). Same signature and meaning as `kernels/moe/triton_decode.py::moe_decode`:
 
-  routing      moe_route (router logits fp32 + the routing contract: top-k, ties to the lower id, ids ascending)
+  router       router logits fp32 [T, E] and the shared gate's sigmoid (triton_decode._router_kernel)
   gate/up      grid (T * SLOTS, cdiv(I, BN)): slot s < k is the token's s-th picked expert, slot k the shared one;
+               each routed program applies the routing contract (top-k, ties to the lower id, ids ascending) to
+               its token's logits itself, column block 0 publishes ids/weights (no top-k launch);
                h = bf16(bf16(SiLU(bf16 g)) * bf16 u) into hbuf [T, SLOTS, I]
   down         grid (T * SLOTS, cdiv(H, BN)): part[t, s] = w_s * bf16(h_s Wd_s^T) in fp32 (w = shared gate
                sigmoid for the shared slot)
   combine      grid (T, cdiv(H, BC)): out = bf16(sum over s = 0..SLOTS-1 of part[t, s]), in that fixed order
                (ascending expert id, then shared), + residual: bf16(r + out)
 
-Many small programs (BN = 8 features, the full K each) instead of a few long ones. Every GEMV row is computed by
+Four launches, none for preparing x: every GEMV reads its bf16 rows raw (gemv_row's INLINE; inline_prep=False and
+fuse_topk=False restore the prep and top-k launches for timing). Many small programs (BN = 8 features, the full K
+each) instead of a few long ones. Every GEMV row is computed by
 `gemv_row`, whose arithmetic depends on the weight format and shape only, and every reduction has one fixed order,
 so a token's output never depends on the other tokens of the launch.
 """
@@ -22,23 +26,48 @@ import triton.language as tl
 
 from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, prep_x, unit
 from ..triton_common import DENSE_BITS, WeightSpec
-from .triton_decode import MoeRouting, _silu_mul_bf16, _spec, moe_route, moe_weight_specs
+from .triton_decode import (DEFAULT_CONFIG, MoeRouting, _router_logits, _router_specs, _silu_mul_bf16, _spec,
+                           _topk, moe_route, moe_weight_specs)
 
 BN = 8  # features per program (gate/up: of I; down: of H)
 BC = 256  # features per combine program
 
 
 @triton.jit
+def _slot_expert(logit_ptr, ids_ptr, wts_ptr, t, slot, E, EP: tl.constexpr, TOPK: tl.constexpr,
+                 NORMALIZE: tl.constexpr, FUSE_TOPK: tl.constexpr):
+    """Expert id (int64) of routed slot `slot` of token t. FUSE_TOPK: the routing contract applied here to the
+    token's E fp32 logits (triton_decode._topk: ties to the lower id, slots in ascending id, weights normalised),
+    every program of the token computing the same answer from the same values; the programs of column block 0
+    publish ids/weights for the down kernel and the caller. Else: read from ids (moe_route ran before)."""
+    if FUSE_TOPK:
+        sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE)
+        rows = tl.arange(0, EP)
+        mine = sel & (rank == slot)
+        e = tl.sum(tl.where(mine, rows, 0), axis=0)
+        if tl.program_id(1) == 0:
+            tl.store(ids_ptr + t * TOPK + slot, e.to(tl.int32))
+            tl.store(wts_ptr + t * TOPK + slot, tl.sum(tl.where(mine, wts, 0.0), axis=0))
+        return e.to(tl.int64)
+    else:
+        return tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
+
+
+@triton.jit
 def _gate_up_kernel(
-    x_ptr, xp_ptr, xs_ptr, sxp_ptr, sxs_ptr, ids_ptr, h_ptr,
+    x_ptr, xp_ptr, xs_ptr, sxp_ptr, sxs_ptr, logit_ptr, ids_ptr, wts_ptr, h_ptr,
     gw, gs, gb, uw, us, ub, sgw, sgs, sgb, suw, sus, sub,
-    I, IS, magic, stride_xt, stride_ht, stride_hs,
+    E, I, IS, magic, stride_xt, stride_ht, stride_hs,
     stride_ge, stride_gn, stride_gse, stride_gsn, stride_ue, stride_un, stride_use, stride_usn,
     stride_sgn, stride_sgsn, stride_sun, stride_susn,
     H: tl.constexpr, TOPK: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
     BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr,
     S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr,
+    EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True, FUSE_TOPK: tl.constexpr = False,
+    INLINE: tl.constexpr = False,
 ):
+    # grid (T * SLOTS, cdiv(max(I, IS), BN)); slot < TOPK: the token's slot-th expert (ascending id), slot TOPK:
+    # the shared expert. INLINE: gemv_row reads x raw (xp/xs unused).
     pid = tl.program_id(0)
     t = pid // SLOTS
     slot = pid % SLOTS
@@ -46,23 +75,23 @@ def _gate_up_kernel(
     x_row = x_ptr + t.to(tl.int64) * stride_xt
     h_row = h_ptr + t.to(tl.int64) * stride_ht + slot * stride_hs
     if slot < TOPK:
-        e = tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
+        e = _slot_expert(logit_ptr, ids_ptr, wts_ptr, t, slot, E, EP, TOPK, NORMALIZE, FUSE_TOPK)
         n_mask = rn < I
         xp_row = xp_ptr + t.to(tl.int64) * H
         xs_row = xs_ptr + t.to(tl.int64) * (H // GROUP)
         g = gemv_row(x_row, xp_row, xs_row, gw + e * stride_ge, gs + e * stride_gse, gb + e * stride_gse, rn, n_mask,
-                     stride_gn, stride_gsn, magic, H, BITS, GROUP, BN, CG)
+                     stride_gn, stride_gsn, magic, H, BITS, GROUP, BN, CG, INLINE)
         u = gemv_row(x_row, xp_row, xs_row, uw + e * stride_ue, us + e * stride_use, ub + e * stride_use, rn, n_mask,
-                     stride_un, stride_usn, magic, H, BITS, GROUP, BN, CG)
+                     stride_un, stride_usn, magic, H, BITS, GROUP, BN, CG, INLINE)
         tl.store(h_row + rn, _silu_mul_bf16(g, u), mask=n_mask)
     else:
         n_mask = rn < IS
         xp_row = sxp_ptr + t.to(tl.int64) * H
         xs_row = sxs_ptr + t.to(tl.int64) * (H // S_GROUP)
         g = gemv_row(x_row, xp_row, xs_row, sgw, sgs, sgb, rn, n_mask, stride_sgn, stride_sgsn, magic,
-                     H, S_BITS, S_GROUP, BN, S_CG)
+                     H, S_BITS, S_GROUP, BN, S_CG, INLINE)
         u = gemv_row(x_row, xp_row, xs_row, suw, sus, sub, rn, n_mask, stride_sun, stride_susn, magic,
-                     H, S_BITS, S_GROUP, BN, S_CG)
+                     H, S_BITS, S_GROUP, BN, S_CG, INLINE)
         tl.store(h_row + rn, _silu_mul_bf16(g, u), mask=n_mask)
 
 
@@ -73,7 +102,7 @@ def _down_kernel(
     H, magic, stride_hr, stride_de, stride_dn, stride_dse, stride_dsn, stride_sdn, stride_sdsn,
     I: tl.constexpr, IS: tl.constexpr, TOPK: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
     BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr,
-    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr,
+    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr, INLINE: tl.constexpr = False,
 ):
     # grid (T * SLOTS, cdiv(H, BN)); row r = t * SLOTS + slot of hbuf (stride_hr) and of part [T*SLOTS, H]
     r = tl.program_id(0)
@@ -87,11 +116,12 @@ def _down_kernel(
         w_s = tl.load(wts_ptr + t * TOPK + slot)
         y = gemv_row(h_row, hp_ptr + r.to(tl.int64) * stride_hr, hs_ptr + r.to(tl.int64) * (stride_hr // GROUP),
                      dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse, rn, n_mask, stride_dn, stride_dsn,
-                     magic, I, BITS, GROUP, BN, CG)
+                     magic, I, BITS, GROUP, BN, CG, INLINE)
     else:
         w_s = tl.load(sw_ptr + t)
         y = gemv_row(h_row, shp_ptr + r.to(tl.int64) * stride_hr, shs_ptr + r.to(tl.int64) * (stride_hr // S_GROUP),
-                     sdw, sds, sdb, rn, n_mask, stride_sdn, stride_sdsn, magic, IS, S_BITS, S_GROUP, BN, S_CG)
+                     sdw, sds, sdb, rn, n_mask, stride_sdn, stride_sdsn, magic, IS, S_BITS, S_GROUP, BN, S_CG,
+                     INLINE)
     tl.store(part_ptr + r.to(tl.int64) * H + rn, w_s * y.to(tl.bfloat16).to(tl.float32), mask=n_mask)
 
 
@@ -125,54 +155,88 @@ def _group(spec: WeightSpec) -> int:
     return unit(spec)
 
 
+def _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk: bool):
+    """(routing, logits or None). fuse_topk: the router launch only (logits fp32 + the shared gate weight), ids
+    and weights left for the gate/up kernel to write; else moe_route (router + top-k launches)."""
+    if not fuse_topk:
+        return moe_route(x, router, top_k, normalize, shared_gate, config), None
+    config = {**DEFAULT_CONFIG, **(config or {})}
+    r, gsp = _router_specs(x, router, top_k, shared_gate)
+    logits, sw = _router_logits(x, r, gsp, shared_gate is not None, config)
+    t = x.shape[0]
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
+    wts = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
+    return MoeRouting(ids, wts, sw), logits
+
+
+def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep):
+    t, h = x.shape
+    i_r, i_s = g.n, (sg.n if slots > top_k else 0)
+    if inline_prep:
+        xp = xs = sxp = sxs = x  # unused
+    else:
+        xp, xs = _prep(x, g)
+        sxp, sxs = _prep(x, sg) if (sg.bits, sg.group) != (g.bits, g.group) else (xp, xs)
+    fuse = logits is not None
+    e = logits.shape[1] if fuse else 1
+    _gate_up_kernel[(t * slots, triton.cdiv(hbuf.shape[2], BN))](
+        x, xp, xs, sxp, sxs, logits if fuse else x, routing.ids, routing.weights, hbuf,
+        g.w, g.scales, g.biases, u.w, u.scales, u.biases, sg.w, sg.scales, sg.biases, su.w, su.scales, su.biases,
+        e, i_r, i_s, MAGIC, x.stride(0), hbuf.stride(0), hbuf.stride(1),
+        g.w.stride(0), g.w.stride(1), g.scales.stride(0), g.scales.stride(1),
+        u.w.stride(0), u.w.stride(1), u.scales.stride(0), u.scales.stride(1),
+        sg.w.stride(-2), sg.scales.stride(-2), su.w.stride(-2), su.scales.stride(-2),
+        H=h, TOPK=top_k, SLOTS=slots, BN=BN, BITS=g.bits, GROUP=_group(g), CG=chunk_groups(g, BN),
+        S_BITS=sg.bits, S_GROUP=_group(sg), S_CG=chunk_groups(sg, BN), EP=triton.next_power_of_2(e),
+        NORMALIZE=normalize, FUSE_TOPK=fuse, INLINE=inline_prep, num_warps=4,
+    )
+
+
+def _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep):
+    if inline_prep:
+        hp = hs = shp = shs = rows  # unused
+    else:
+        hp, hs = _prep_rows(rows, d)
+        shp, shs = _prep_rows(rows, sd) if (sd.bits, sd.group) != (d.bits, d.group) else (hp, hs)
+    _down_kernel[(rows.shape[0], triton.cdiv(h, BN))](
+        rows, hp, hs, shp, shs, routing.ids, routing.weights, routing.shared_weight, part,
+        d.w, d.scales, d.biases, sd.w, sd.scales, sd.biases,
+        h, MAGIC, rows.stride(0), d.w.stride(0), d.w.stride(1), d.scales.stride(0), d.scales.stride(1),
+        sd.w.stride(-2), sd.scales.stride(-2),
+        I=d.k, IS=i_s if slots > top_k else d.k, TOPK=top_k, SLOTS=slots, BN=BN,
+        BITS=d.bits, GROUP=_group(d), CG=chunk_groups(d, BN), S_BITS=sd.bits, S_GROUP=_group(sd),
+        S_CG=chunk_groups(sd, BN), INLINE=inline_prep, num_warps=4,
+    )
+
+
 def moe_decode_v2(
     x: torch.Tensor, router, gate, up, down, top_k: int, *, normalize: bool = True,
     shared_gate_proj=None, shared_up=None, shared_down=None, shared_gate=None,
     residual: torch.Tensor | None = None, return_routing: bool = False, out: torch.Tensor | None = None,
-    config: dict | None = None,
+    config: dict | None = None, inline_prep: bool = True, fuse_topk: bool = True,
 ):
     """The MoE block for T tokens x [T, H] (bf16); arguments and result as `triton_decode.moe_decode`
-    (config is passed to moe_route for the router launch)."""
+    (config is passed to the router launch). Launches: router, gate/up, down, combine (4) by default;
+    fuse_topk=False adds the top-k launch (moe_route), inline_prep=False the prep launches of x and of hbuf
+    (the v2 path, kept so the two can be timed against each other)."""
     t, h = x.shape
     g, u, d, sg, su, sd, has_shared = moe_weight_specs(
         x, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual
     )
-    routing = moe_route(x, router, top_k, normalize, shared_gate, config)
+    routing, logits = _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk)
     if g.w.dim() != 3 or g.w.shape[0] != routing_experts(router):
         raise ValueError(f"moe experts: gate/up/down must be stacked [E, ..] like the router, found "
                          f"{tuple(g.w.shape)}")
     out = torch.empty_like(x) if out is None else out
     if t == 0:
         return (out, routing) if return_routing else out
-    i_r, i_s = g.n, (sg.n if has_shared else 0)
+    i_s = sg.n if has_shared else 0
     slots = top_k + int(has_shared)
-    width = max(i_r, i_s)
-    xp, xs = _prep(x, g)
-    sxp, sxs = _prep(x, sg) if (sg.bits, sg.group) != (g.bits, g.group) else (xp, xs)
-    hbuf = torch.empty(t, slots, width, dtype=torch.bfloat16, device=x.device)
-    _gate_up_kernel[(t * slots, triton.cdiv(width, BN))](
-        x, xp, xs, sxp, sxs, routing.ids, hbuf, g.w, g.scales, g.biases, u.w, u.scales, u.biases,
-        sg.w, sg.scales, sg.biases, su.w, su.scales, su.biases,
-        i_r, i_s, MAGIC, x.stride(0), hbuf.stride(0), hbuf.stride(1),
-        g.w.stride(0), g.w.stride(1), g.scales.stride(0), g.scales.stride(1),
-        u.w.stride(0), u.w.stride(1), u.scales.stride(0), u.scales.stride(1),
-        sg.w.stride(-2), sg.scales.stride(-2), su.w.stride(-2), su.scales.stride(-2),
-        H=h, TOPK=top_k, SLOTS=slots, BN=BN, BITS=g.bits, GROUP=_group(g), CG=chunk_groups(g, BN),
-        S_BITS=sg.bits, S_GROUP=_group(sg), S_CG=chunk_groups(sg, BN), num_warps=4,
-    )
-    rows = hbuf.view(t * slots, width)
-    hp, hs = _prep_rows(rows, d)
-    shp, shs = _prep_rows(rows, sd) if (sd.bits, sd.group) != (d.bits, d.group) else (hp, hs)
+    hbuf = torch.empty(t, slots, max(g.n, i_s), dtype=torch.bfloat16, device=x.device)
+    _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep)
+    rows = hbuf.view(t * slots, hbuf.shape[2])
     part = torch.empty(t * slots, h, dtype=torch.float32, device=x.device)
-    _down_kernel[(t * slots, triton.cdiv(h, BN))](
-        rows, hp, hs, shp, shs, routing.ids, routing.weights, routing.shared_weight, part,
-        d.w, d.scales, d.biases, sd.w, sd.scales, sd.biases,
-        h, MAGIC, rows.stride(0), d.w.stride(0), d.w.stride(1), d.scales.stride(0), d.scales.stride(1),
-        sd.w.stride(-2), sd.scales.stride(-2),
-        I=i_r, IS=i_s if has_shared else i_r, TOPK=top_k, SLOTS=slots, BN=BN,
-        BITS=d.bits, GROUP=_group(d), CG=chunk_groups(d, BN), S_BITS=sd.bits, S_GROUP=_group(sd),
-        S_CG=chunk_groups(sd, BN), num_warps=4,
-    )
+    _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep)
     res = residual if residual is not None else x
     _combine_kernel[(t, triton.cdiv(h, BC))](
         part, res, out, h, res.stride(0), out.stride(0), SLOTS=slots, HAS_RES=residual is not None, BC=BC,
