@@ -181,12 +181,15 @@ def load_records(paths: list[str | Path]) -> list[dict]:
     return out
 
 
-def side_by_side(recs: list[dict], gpu: str | None = None) -> str:
+def side_by_side(recs: list[dict], gpu: str | None = None, commit: str | None = None) -> str:
     """One row per (model, test, n, depth, batch); one column per (engine, quant), deltaserve first; the latest
     record (by date, then file order) fills a cell. Ratio columns: the first deltaserve column / each peer column
-    (> 1: deltaserve is faster)."""
+    (> 1: deltaserve is faster). commit: keep only deltaserve records of that commit (prefix), so one table never
+    mixes our commits; a footer names the commits (and peer versions) each column's cells come from."""
     if gpu:
         recs = [r for r in recs if r.get("gpu") == gpu]
+    if commit:
+        recs = [r for r in recs if r["engine"] != "deltaserve" or str(r.get("commit", "")).startswith(commit)]
     if not recs:
         return "no benchmark records" + (f" for gpu {gpu!r}" if gpu else "")
     latest: dict[tuple, dict] = {}
@@ -213,6 +216,12 @@ def side_by_side(recs: list[dict], gpu: str | None = None) -> str:
     lines = ["| " + " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) + " |"
              for r in table]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for c in cols:
+        used = [r for k, r in latest.items() if k[-1] == c]
+        commits = sorted({str(r.get("commit", "?")) for r in used})
+        dates = sorted({str(r.get("date", "?")) for r in used})
+        lines.append(f"{c[0]} {c[1]}: deltaserve commit {', '.join(commits)}; {', '.join(dates)}; "
+                     f"{str(used[0].get('notes', ''))[:120]}")
     return "\n".join(lines)
 
 
@@ -261,6 +270,7 @@ def parse_args(argv):
     tb = sub.add_parser("table", help="side-by-side table of the records")
     tb.add_argument("files", nargs="*", help="JSON-line files (default: bench/results/*.jsonl)")
     tb.add_argument("--gpu", help="only records of this gpu, e.g. 'NVIDIA H200'")
+    tb.add_argument("--commit", help="only deltaserve records of this commit (sha prefix); peers are kept")
     for s in (lb, tf):
         s.add_argument("--results", default="bench/results", help="directory for the JSON-line records")
         s.add_argument("--no-record", action="store_true", help="print only, append nothing")
@@ -271,7 +281,7 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.command == "table":
         files = args.files or sorted(Path("bench/results").glob("*.jsonl"))
-        print(side_by_side(load_records(files), args.gpu))
+        print(side_by_side(load_records(files), args.gpu, args.commit))
         return 0
     if args.command == "llama-bench":
         text = sys.stdin.read() if args.result == "-" else Path(args.result).read_text()
