@@ -36,9 +36,32 @@ def _cases():
         "moe_v2_unnormalised": lambda mods: tg.check_moe_v2(mods, CPU, t=2, h=64, e=8, i=64, top_k=2, bits=4,
                                                             group=32, normalize=False),
         "moe_v2_batch_invariance": lambda mods: tg.check_moe_v2_invariance(mods, CPU, h=64, e=8, i=64, top_k=3),
+        # one-launch paths: prep inlined, conv in the GEMV epilogue, top-k inside the MoE gate/up
+        "gemv_inline_prep_q4": lambda mods: _bit_identical(kc.check_gemv_inline_prep(mods, CPU, 4, 64, m=3, n=24,
+                                                                                       k=256)),
+        "gemv_inline_prep_q8_ragged": lambda mods: _bit_identical(kc.check_gemv_inline_prep(mods, CPU, 8, 32, m=5,
+                                                                                              n=13, k=128)),
+        "gemv_inline_batch_invariance": lambda mods: kc.check_gemv_inline_invariance(mods, CPU, n=24, k=256),
+        "gemv_conv_q4": lambda mods: kc.check_gemv_conv(mods, CPU, 4, 64, m=3, c=40, extra=24, k=128),
+        "gemv_conv_q8_kw3_fresh": lambda mods: kc.check_gemv_conv(mods, CPU, 8, 32, m=2, c=16, extra=10, k=64,
+                                                                  kw=3, fresh=(0,)),
+        "gemv_conv_dense_m9": lambda mods: kc.check_gemv_conv(mods, CPU, 16, 64, m=9, c=16, extra=8, k=128,
+                                                              fresh=(0, 8)),
+        "gemv_conv_batch_invariance": lambda mods: kc.check_gemv_conv_invariance(mods, CPU, c=16, extra=8, k=128),
+        "moe_v2_fused_q4": lambda mods: _bit_identical(kc.check_moe_v2_fused(mods, CPU, 2, 64, 8, 32, 3, 4, 32)),
+        "moe_v2_fused_no_shared_q8": lambda mods: kc.check_moe_v2_fused(mods, CPU, 2, 64, 8, 32, 2, 8, 32,
+                                                                        shared=False),
+        "moe_v2_fused_ties": lambda mods: kc.check_moe_v2_fused_ties(mods, CPU),
     })
-    del kc, torch
+    del torch
     return cases
+
+
+def _bit_identical(same: bool) -> None:
+    """Inline prep vs prep path: the products are the same bits and a group sum of bf16 values is exact in fp32
+    unless its values span more than ~2^16 in magnitude, so on these seeded normal inputs the results are equal
+    bit for bit (in general they may differ in the last fp32 bit of a group sum: the summation orders differ)."""
+    assert same, "inline prep and prep path differ on the seeded inputs"
 
 
 def _names():
@@ -53,7 +76,7 @@ def _child(names: list[str]) -> None:
     """Runs in the child process, TRITON_INTERPRET=1 already in the environment."""
     interpret_harness.run_cases(names, _cases, {
         "gemv": "quant.triton_gemv", "affine": "quant.triton_affine", "moe": "moe.triton_decode",
-        "moe2": "moe.triton_moe_gemv"})
+        "moe2": "moe.triton_moe_gemv", "gdn": "gated_delta.triton_decode"})
 
 
 @pytest.fixture(scope="module")

@@ -160,3 +160,46 @@ def test_moe_v2_bf16(mods, dev, small):
 def test_moe_v2_batch_invariance(mods, dev, small):
     h, e, i, top_k = (64, 8, 64, 3) if small else (2048, 256, 512, 8)
     check_moe_v2_invariance(mods, dev, h=h, e=e, i=i, top_k=top_k)
+
+
+# ------------------------------------------------------------------------------------------ fused decode paths
+
+
+@pytest.fixture(scope="module")
+def fused_mods(mods):
+    return {**mods, "gdn": importlib.import_module("deltaserve.kernels.gated_delta.triton_decode")}
+
+
+@pytest.mark.parametrize("bits,group", [(4, 64), (8, 64)])
+def test_gemv_inline_prep(fused_mods, dev, small, bits, group):
+    # one launch (x read raw) against fp64 and the prep path; bit-identity of the two is reported, not required
+    n, k = (24, 256) if small else (2048, 2048)
+    for m in (1, 4, 16):
+        same = kc.check_gemv_inline_prep(fused_mods, dev, bits, group, m=m, n=n, k=k)
+        print(f"inline prep == prep path, bits={bits} M={m}: {same}")
+
+
+def test_gemv_inline_invariance(fused_mods, dev, small):
+    kc.check_gemv_inline_invariance(fused_mods, dev, *((24, 256) if small else (2048, 2048)))
+
+
+def test_gemv_conv(fused_mods, dev, small):
+    # 35B-A3B DeltaNet fused projection: qkv C = 8192 conv channels | z 4096 | b 32 | a 32, K = 2048
+    c, extra, k = (40, 24, 128) if small else (8192, 4160, 2048)
+    for m in (1, 4):
+        kc.check_gemv_conv(fused_mods, dev, 4, 64, m=m, c=c, extra=extra, k=k, fresh=(1,))
+
+
+def test_gemv_conv_invariance(fused_mods, dev, small):
+    kc.check_gemv_conv_invariance(fused_mods, dev, *((16, 8, 128) if small else (8192, 4160, 2048)))
+
+
+@pytest.mark.parametrize("t,shared", [(1, True), (3, False)])
+def test_moe_v2_fused(fused_mods, dev, small, t, shared):
+    h, e, i, top_k = (64, 8, 64, 3) if small else (2048, 256, 512, 8)
+    same = kc.check_moe_v2_fused(fused_mods, dev, t, h, e, i, top_k, 4, 64, shared=shared)
+    print(f"MoE v2 4-launch == prep/top-k path, T={t}: {same}")
+
+
+def test_moe_v2_fused_ties(fused_mods, dev):
+    kc.check_moe_v2_fused_ties(fused_mods, dev)
