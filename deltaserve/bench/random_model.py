@@ -45,6 +45,7 @@ def build_random_model(
         for name, param in list(module.named_parameters(recurse=False)):
             value = _random_param(f"{mod_name}.{name}", module, name, param, device, dtype, gen)
             setattr(module, name, nn.Parameter(value, requires_grad=False))
+    model.fuse_projections()  # as load_checkpoint does: the bench measures the served layout
     return model.eval()
 
 

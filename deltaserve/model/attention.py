@@ -7,7 +7,7 @@ from torch import nn
 
 from ..kernels.attention import paged_attention, write_kv
 from ..kernels.rope import apply_rope
-from . import fast
+from . import fast, fusion
 from .cache import HybridCache
 from .config import ModelConfig
 from .forward_batch import ForwardBatch
@@ -16,6 +16,9 @@ from .norm import RMSNorm
 
 
 class GatedAttention(nn.Module):
+    # fusion.fuse_projections: one [Hq*D*(1+gated) + 2*Hkv*D, H] weight, rows in this order
+    FUSED_PROJECTIONS = ("qkv_proj", ("q_proj", "k_proj", "v_proj"))
+
     def __init__(self, prefix: str, layer: int, config: ModelConfig, weights: WeightFactory, norm_offset: float):
         super().__init__()
         self.layer = layer
@@ -36,14 +39,13 @@ class GatedAttention(nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         decode = batch.max_seqlen == 1
-        qg = fast.linear(self.q_proj, x, decode)
+        qg, k, v = self._project(x, decode)
         if self.gated:
             qg = qg.view(t, self.hq, 2 * self.d)
             q, gate = qg[..., : self.d], qg[..., self.d :].reshape(t, self.hq * self.d)
         else:
             q, gate = qg.view(t, self.hq, self.d), None
-        k = fast.linear(self.k_proj, x, decode).view(t, self.hkv, self.d)
-        v = fast.linear(self.v_proj, x, decode).view(t, self.hkv, self.d)
+        k, v = k.view(t, self.hkv, self.d), v.view(t, self.hkv, self.d)
         q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -59,6 +61,14 @@ class GatedAttention(nn.Module):
         if gate is not None:
             o = o * torch.sigmoid(gate)
         return fast.linear(self.o_proj, o, decode)
+
+    def _project(self, x: torch.Tensor, decode: bool):
+        """(q|gate [T, Hq*D*(1+gated)], k, v [T, Hkv*D]): one launch on the fused weight on the fast path (column
+        views of one output; write_kv and the norms take row strides), else one per projection."""
+        proj = fusion.fused(self, "qkv_proj") if fast.enabled(x) else None
+        if proj is not None:
+            return fast.linear(proj, x, decode).split(proj.sizes, dim=-1)
+        return tuple(fast.linear(m, x, decode) for m in (self.q_proj, self.k_proj, self.v_proj))
 
     def _attend_fast(self, q, k, v, k_cache, v_cache, batch: ForwardBatch) -> torch.Tensor:
         from ..kernels.attention import triton_paged as tp

@@ -7,7 +7,7 @@ from torch import nn
 
 from ..kernels.conv1d import causal_conv1d
 from ..kernels.gated_delta import gated_delta_chunked, gated_delta_recurrent, gdn_gates, l2norm
-from . import fast
+from . import fast, fusion
 from .cache import HybridCache
 from .config import ModelConfig
 from .forward_batch import ForwardBatch
@@ -19,6 +19,9 @@ CHUNKED_MIN_TOKENS = 16
 
 
 class GatedDeltaNet(nn.Module):
+    # fusion.fuse_projections: one [conv_dim + value_dim + 2 Hv, H] weight, rows in this order
+    FUSED_PROJECTIONS = ("in_proj", ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"))
+
     def __init__(self, prefix: str, layer: int, config: ModelConfig, weights: WeightFactory):
         super().__init__()
         self.layer = layer
@@ -65,15 +68,23 @@ class GatedDeltaNet(nn.Module):
         y = self.norm(out, z).reshape(t, self.value_dim)
         return self.out_proj(y)
 
+    def _project(self, x: torch.Tensor, decode: bool):
+        """(qkv [T, conv_dim], z [T, value_dim], b [T, Hv], a [T, Hv]): one launch on the fused weight when fused
+        (column views of one [T, total] output, row stride total: conv, the decode step and the gates take row
+        strides), else one per projection."""
+        proj = fusion.fused(self, "in_proj")
+        if proj is not None:
+            return fast.linear(proj, x, decode).split(proj.sizes, dim=-1)
+        parts = (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        return tuple(fast.linear(m, x, decode) for m in parts)
+
     def _forward_fast(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
         """All sequences at once: conv over the slot pool, then the fused step (decode) or fla's chunked rule."""
         from ..kernels.gated_delta import triton_decode as td
 
         t = x.shape[0]
         decode = batch.max_seqlen == 1
-        qkv = fast.linear(self.in_proj_qkv, x, decode)
-        z = fast.linear(self.in_proj_z, x, decode)
-        a, b = fast.linear(self.in_proj_a, x, decode), fast.linear(self.in_proj_b, x, decode)
+        qkv, z, b, a = self._project(x, decode)
         conv_pool, ssm_pool = cache.conv[self.layer], cache.ssm[self.layer]
         mixed = td.causal_conv(
             qkv, self.conv1d.weight[:, 0, :], conv_pool, batch.cu_seqlens, batch.state_slots, batch.context_lens,

@@ -7,7 +7,7 @@ from torch import nn
 
 from ..kernels import linear as linear_ops
 from ..kernels.moe import moe_combine_reference, route_topk
-from . import fast
+from . import fast, fusion
 from .config import ModelConfig
 from .layers import WeightFactory
 
@@ -20,15 +20,24 @@ MOE_GEMV_MAX_TOKENS = 16
 class MLP(nn.Module):
     """y = down(SiLU(gate(x)) * up(x))."""
 
+    # fusion.fuse_projections: one [2I, H] weight, gate rows then up rows
+    FUSED_PROJECTIONS = ("gate_up_proj", ("gate_proj", "up_proj"))
+
     def __init__(self, prefix: str, hidden: int, intermediate: int, weights: WeightFactory):
         super().__init__()
         self.gate_proj = weights.linear(f"{prefix}.gate_proj", hidden, intermediate)
         self.up_proj = weights.linear(f"{prefix}.up_proj", hidden, intermediate)
         self.down_proj = weights.linear(f"{prefix}.down_proj", intermediate, hidden)
 
-    def forward(self, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
-        gate, up = fast.linear(self.gate_proj, x, decode), fast.linear(self.up_proj, x, decode)
-        return fast.linear(self.down_proj, linear_ops.silu_mul(gate, up), decode)
+    def forward(self, x: torch.Tensor, decode: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """residual: added to the output (rounded once more, as `residual + mlp(x)` would be)."""
+        proj = fusion.fused(self, "gate_up_proj") if fast.enabled(x) else None
+        if proj is not None:
+            gate, up = fast.linear(proj, x, decode).split(proj.sizes, dim=-1)
+        else:
+            gate, up = fast.linear(self.gate_proj, x, decode), fast.linear(self.up_proj, x, decode)
+        out = fast.linear(self.down_proj, linear_ops.silu_mul(gate, up), decode)
+        return out if residual is None else residual + out
 
 
 class SparseMoeBlock(nn.Module):
@@ -46,17 +55,19 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert = MLP(f"{prefix}.shared_expert", h, config.shared_expert_intermediate_size, weights)
             self.shared_expert_gate = weights.linear(f"{prefix}.shared_expert_gate", h, 1)
 
-    def forward(self, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
-        """decode: every sequence contributes one token (selects the batch-invariant GEMV kernels on the GPU)."""
+    def forward(self, x: torch.Tensor, decode: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """decode: every sequence contributes one token (selects the batch-invariant GEMV kernels on the GPU).
+        residual [N, H]: returned as residual + block(x) (on the fast decode path added inside the combine kernel)."""
         if fast.enabled(x):
-            return self._forward_fast(x, decode)
+            return self._forward_fast(x, decode, residual)
         logits = self.gate(x.float())  # [N, E] fp32: the router runs in fp32 whatever the activation dtype
         weights, ids = route_topk(logits, self.top_k, self.normalize)
         shared = gate = None
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
             gate = self.shared_expert_gate(x.float())
-        return moe_combine_reference(x, weights, ids, self.experts.forward_expert, shared, gate)
+        out = moe_combine_reference(x, weights, ids, self.experts.forward_expert, shared, gate)
+        return out if residual is None else residual + out
 
     def _shared_specs(self) -> dict:
         if self.shared_expert is None:
@@ -69,7 +80,7 @@ class SparseMoeBlock(nn.Module):
             shared_gate=fast.weight_spec(self.shared_expert_gate),
         )
 
-    def _forward_fast(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
+    def _forward_fast(self, x: torch.Tensor, decode: bool, residual: torch.Tensor | None) -> torch.Tensor:
         from ..kernels.moe.triton_decode import moe_decode, moe_route
 
         if decode and fast.decode_kernels() == "gemv":
@@ -79,9 +90,11 @@ class SparseMoeBlock(nn.Module):
         router = fast.weight_spec(self.gate)
         shared = self._shared_specs()
         if decode or x.shape[0] <= MOE_GEMV_MAX_TOKENS:
-            return moe_decode(x, router, gate, up, down, self.top_k, normalize=self.normalize, **shared)
+            return moe_decode(x, router, gate, up, down, self.top_k, normalize=self.normalize, residual=residual,
+                              **shared)
         routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"))
-        return self._grouped(x, routing, gate, up, down)
+        out = self._grouped(x, routing, gate, up, down)
+        return out if residual is None else residual + out  # prefill: the same two roundings as the reference
 
     def _grouped(self, x: torch.Tensor, routing, gate, up, down) -> torch.Tensor:
         """Prefill: every (token, pick) row through the grouped expert matmul, combined in fp32 in pick order

@@ -40,6 +40,8 @@ class DecoderLayer(nn.Module):
             self.mlp = MLP(f"{p}.mlp", config.hidden_size, config.intermediate_size, weights)
 
     def forward(self, x, batch: ForwardBatch, cache: HybridCache, rope) -> torch.Tensor:
+        if fast.enabled(x):
+            return self._forward_fast(x, batch, cache, rope)
         h = self.input_layernorm(x)
         if self.is_attention:
             h = self.self_attn(h, batch, cache, rope)
@@ -47,6 +49,20 @@ class DecoderLayer(nn.Module):
             h = self.linear_attn(h, batch, cache)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x), decode=batch.max_seqlen == 1)
+
+    def _forward_fast(self, x, batch: ForwardBatch, cache: HybridCache, rope) -> torch.Tensor:
+        """Same math, fewer launches: add_rms_norm writes x + h and its post-attention norm in one kernel, and the
+        feed-forward block adds the residual itself (the MoE decode kernels inside their combine launch)."""
+        from ..kernels.triton_norm import add_rms_norm
+
+        h = self.input_layernorm(x)
+        if self.is_attention:
+            h = self.self_attn(h, batch, cache, rope)
+        else:
+            h = self.linear_attn(h, batch, cache)
+        post = self.post_attention_layernorm
+        h, x = add_rms_norm(h, x, post.weight, post.eps, post.offset)  # (norm(x + h), x + h), both [T, H]
+        return self.mlp(h, decode=batch.max_seqlen == 1, residual=x)
 
 
 class Qwen3_5ForCausalLM(nn.Module):
@@ -62,6 +78,12 @@ class Qwen3_5ForCausalLM(nn.Module):
         self.lm_head = None
         if not config.tie_word_embeddings:
             self.lm_head = weights.linear("lm_head", config.hidden_size, config.vocab_size)
+
+    def fuse_projections(self) -> int:
+        """Fuse the projections that share an input into one weight each (model/fusion.py); idempotent."""
+        from .fusion import fuse_projections
+
+        return fuse_projections(self)
 
     def make_cache(
         self, num_blocks: int, block_size: int, num_state_slots: int, dtype: torch.dtype | None = None, device=None

@@ -72,6 +72,7 @@ def load_checkpoint(
     plan = build_plan(infos, fmt, model, str(path))
     _materialise(model, ckpt, plan, fmt, torch.device(device), dtype or plan.checkpoint_float_dtype(), progress)
     fmt.finalize(model)
+    model.fuse_projections()  # shared-input projections -> one weight each (views: no memory growth)
     model.eval()
     set_aside = {g: [t.name for t in ts] for g, ts in plan.set_aside.items()}
     info = {t.name: t for ts in plan.set_aside.values() for t in ts}
