@@ -106,7 +106,8 @@ def checkpoint(tmp_path_factory):
 
 
 def test_fast_path_decode_matches_reference_and_is_batch_invariant(checkpoint):
-    env = dict(os.environ, TRITON_INTERPRET="1", DELTASERVE_FAST_INTERPRET="1", PYTHONPATH=str(HERE))
+    env = dict(os.environ, TRITON_INTERPRET="1", DELTASERVE_FAST_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))  # the repo too: no install needed
     proc = subprocess.run([sys.executable, __file__, str(checkpoint)], env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
