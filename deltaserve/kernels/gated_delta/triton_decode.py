@@ -9,13 +9,18 @@ Same meaning as the reference path of the model's GatedDeltaNet (`kernels/conv1d
   qkv        [T, C]           pre-conv projections, C = 2*Hk*dk + Hv*dv laid out [q heads | k heads | v heads]
 A sequence flagged fresh (context length 0) starts from zero conv and recurrent state whatever its slot holds.
 
-Decode (one token per sequence) is two launches: `causal_conv` (conv + SiLU + conv-state update) and
-`gdn_decode_step` (L2 norms, gates, delta rule on the state pool in place, o = S^T q, gated RMSNorm). The conv is
-its own launch because the q/k channels of a key head feed Hv/Hk value-head programs: a fused conv-state update
-would race with their reads. Prefill uses `causal_conv` too, then fla-core's chunked kernel (`gdn_prefill`).
+Decode (one token per sequence) is the projection GEMV with the conv in its epilogue (`conv_epilogue`, through
+`quant.triton_gemv.affine_gemv(..., conv=DecodeConv(...))`: each GEMV program owns its output channels, so it can
+shift exactly those channels of the slot's conv state) and then `gdn_decode_step` (L2 norms, gates, delta rule on
+the state pool in place, o = S^T q, gated RMSNorm); or `causal_conv` as a launch of its own before the step. The
+conv cannot move into the step kernel: the q/k channels of a key head feed Hv/Hk value-head programs, and a fused
+conv-state update would race with their reads. Prefill uses `causal_conv` too, then fla-core's chunked kernel
+(`gdn_prefill`).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -103,6 +108,72 @@ def causal_conv(
         conv_pool.stride(2), y.stride(0), KW=kw, KWP=kwp, BT=bt, BC=bc, num_warps=4,
     )
     return y
+
+
+@triton.jit
+def conv_epilogue(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                  stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV: tl.constexpr):
+    """The decode conv in a GEMV epilogue (quant.triton_gemv, CONV=True), for row m (one new token of sequence
+    m) and the program's features rn; acc [BN, X] fp32 is the row's accumulator (summed over axis 1). rn < C are
+    conv channels. y = the projection rounded to the activation dtype (what the plain GEMV stores); out =
+    SiLU(sum_j w[c, j] * [state ; y]_j) accumulated in fp32 in the order j = 0 .. KCONV-1 from zero, exactly as
+    _conv_kernel; the pool slot's [C, KCONV-1] window shifts by one (oldest dropped, y appended). This program
+    owns its features, so no other program touches these channels of the slot. Context 0 (fresh): the old state
+    reads as zeros. Features >= C are stored plain. Rows m >= M (padding of the row block) neither store nor update the pool."""
+    act = out_ptr.dtype.element_ty
+    y = tl.sum(acc, axis=1).to(act)
+    live = m < M
+    mm = tl.minimum(m, M - 1)
+    slot = tl.load(slot_ptr + mm).to(tl.int64)
+    keep = tl.load(ctx_ptr + mm) != 0
+    c_mask = n_mask & (rn < C)
+    st = pool_ptr + slot * stride_ps + rn.to(tl.int64) * stride_pc
+    conv = tl.zeros(y.shape, dtype=tl.float32)
+    for j in tl.static_range(KCONV - 1):
+        sv = tl.load(st + j * stride_pk, mask=c_mask & keep, other=0.0)
+        wj = tl.load(cw_ptr + rn * stride_cwc + j * stride_cwk, mask=c_mask, other=0.0).to(tl.float32)
+        conv += sv.to(tl.float32) * wj
+    wl = tl.load(cw_ptr + rn * stride_cwc + (KCONV - 1) * stride_cwk, mask=c_mask, other=0.0).to(tl.float32)
+    conv += y.to(tl.float32) * wl
+    conv = conv / (1.0 + tl.exp(-conv))  # SiLU written as torch's (and _conv_kernel's), x / (1 + e^-x)
+    res = tl.where(rn < C, conv.to(act), y)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + rn, res, mask=n_mask & live)
+    # shift the window: new[j] = old[j + 1] (zeros when fresh), new[KCONV-2] = y; every read above is done first
+    upd = c_mask & live
+    for j in tl.static_range(KCONV - 2):
+        nxt = tl.load(st + (j + 1) * stride_pk, mask=c_mask & keep, other=0.0)
+        tl.debug_barrier()
+        tl.store(st + j * stride_pk, nxt, mask=upd)
+    tl.debug_barrier()
+    tl.store(st + (KCONV - 2) * stride_pk, y.to(pool_ptr.dtype.element_ty), mask=upd)
+
+
+class DecodeConv(NamedTuple):
+    """The DeltaNet decode conv to run in a GEMV's epilogue (one token per row of x = per sequence): output
+    features < channels are conv channels. weight [C, K] (any strides; conv1d.weight[:, 0, :]); pool [S, C, K-1]
+    in the activation dtype, updated in place at state_slots [M]; context_lens [M] == 0 starts from zeros."""
+    weight: torch.Tensor
+    pool: torch.Tensor
+    state_slots: torch.Tensor
+    context_lens: torch.Tensor
+    channels: int
+
+
+def check_decode_conv(conv: DecodeConv, m: int, n: int, dtype) -> int:
+    """The conv's kernel width K after checking it against m rows, n GEMV features and the activation dtype."""
+    c = conv.channels
+    kw = conv.weight.shape[-1]
+    if conv.weight.dim() != 2 or conv.weight.shape[0] != c or tuple(conv.pool.shape[1:]) != (c, kw - 1):
+        raise ValueError(f"gemv conv: weight {tuple(conv.weight.shape)}, pool {tuple(conv.pool.shape)}: expected "
+                         f"weight [{c}, K] and pool [S, {c}, K-1]")
+    if not 2 < kw <= 16 or not 0 < c <= n:
+        raise ValueError(f"gemv conv: kernel width {kw} outside 3..16 or {c} channels outside 1..{n} features")
+    if conv.state_slots.numel() != m or conv.context_lens.numel() != m:
+        raise ValueError(f"gemv conv: {m} rows (one token per sequence) but {conv.state_slots.numel()} slots, "
+                         f"{conv.context_lens.numel()} context lengths")
+    if conv.pool.dtype != dtype:
+        raise ValueError(f"gemv conv: pool dtype {conv.pool.dtype} != activation dtype {dtype}")
+    return kw
 
 
 @triton.jit

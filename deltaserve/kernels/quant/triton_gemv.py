@@ -21,20 +21,17 @@ per word) whatever M is, and row i of x is reduced against it by the same helper
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
+from ..gated_delta.triton_decode import DecodeConv, check_decode_conv, conv_epilogue
 from ..triton_common import DENSE_BITS, WeightSpec
 
 MAX_ROWS = 16  # the GEMV regime; larger M belongs to triton_affine.affine_matmul (tensor cores)
 MAGIC = 0x4B000000  # fp32 bits of 2^23: OR a code into its mantissa to read 2^23 + code
 ROW_BLOCK = 8  # rows of x per program at most (M = 9..16 runs two row blocks, each reading W from L2)
-# With the prep inlined a packed row costs ~1.3x the registers (its x tiles are converted in the program): 8 rows
-# spill on sm_90 (472 B stack at K=2048 q4), 4 do not (168 registers), so the inline path stops at 4 rows per program.
-ROW_BLOCK_INLINE = 4
+ROW_BLOCK_INLINE = 4  # with the prep inlined (see row_cap)
 
 
 @triton.jit
@@ -154,48 +151,11 @@ def _store_row(out_ptr, acc, rn, n_mask, m, M, stride_om, AXES: tl.constexpr):
 
 
 @triton.jit
-def _store_row_conv(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
-                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV: tl.constexpr):
-    """The decode conv in the GEMV epilogue, for row m (one new token of sequence m): features rn < C are conv
-    channels. y = bf16 projection (exactly what _store_row writes); out = SiLU(sum_j w[c, j] * [state ; y]_j)
-    accumulated in fp32 in the order j = 0 .. KCONV-1 from zero, exactly as gated_delta.triton_decode._conv_kernel;
-    the pool slot's [C, KCONV-1] window shifts by one (oldest dropped, y appended). This program owns its features,
-    so no other program touches these channels of the slot. Context 0 (fresh): the old state reads as zeros.
-    Features >= C are stored plain. Rows m >= M (padding of the row block) neither store nor update the pool."""
-    act = out_ptr.dtype.element_ty
-    y = tl.sum(acc, axis=1).to(act)
-    live = m < M
-    mm = tl.minimum(m, M - 1)
-    slot = tl.load(slot_ptr + mm).to(tl.int64)
-    keep = tl.load(ctx_ptr + mm) != 0
-    c_mask = n_mask & (rn < C)
-    st = pool_ptr + slot * stride_ps + rn.to(tl.int64) * stride_pc
-    conv = tl.zeros(y.shape, dtype=tl.float32)
-    for j in tl.static_range(KCONV - 1):
-        sv = tl.load(st + j * stride_pk, mask=c_mask & keep, other=0.0)
-        wj = tl.load(cw_ptr + rn * stride_cwc + j * stride_cwk, mask=c_mask, other=0.0).to(tl.float32)
-        conv += sv.to(tl.float32) * wj
-    wl = tl.load(cw_ptr + rn * stride_cwc + (KCONV - 1) * stride_cwk, mask=c_mask, other=0.0).to(tl.float32)
-    conv += y.to(tl.float32) * wl
-    conv = conv / (1.0 + tl.exp(-conv))  # SiLU written as torch's (and _conv_kernel's), x / (1 + e^-x)
-    res = tl.where(rn < C, conv.to(act), y)
-    tl.store(out_ptr + m.to(tl.int64) * stride_om + rn, res, mask=n_mask & live)
-    # shift the window: new[j] = old[j + 1] (zeros when fresh), new[KCONV-2] = y; every read above is done first
-    upd = c_mask & live
-    for j in tl.static_range(KCONV - 2):
-        nxt = tl.load(st + (j + 1) * stride_pk, mask=c_mask & keep, other=0.0)
-        tl.debug_barrier()
-        tl.store(st + j * stride_pk, nxt, mask=upd)
-    tl.debug_barrier()
-    tl.store(st + (KCONV - 2) * stride_pk, y.to(pool_ptr.dtype.element_ty), mask=upd)
-
-
-@triton.jit
 def _finish_row(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc,
                 stride_cwk, stride_ps, stride_pc, stride_pk, CONV: tl.constexpr, KCONV: tl.constexpr):
     if CONV:
-        _store_row_conv(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
-                        stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV)
+        conv_epilogue(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                      stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV)
     else:
         _store_row(out_ptr, acc, rn, n_mask, m, M, stride_om, 1)
 
@@ -340,10 +300,19 @@ def _gemv_kernel(
                     stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
 
 
-def row_block(m: int, inline: bool = False) -> int:
-    """Rows of x per program: the next power of two up to ROW_BLOCK (ROW_BLOCK_INLINE for a packed weight read
-    with the inline prep); rows beyond M are masked. A row's arithmetic does not depend on this choice."""
-    return min(ROW_BLOCK_INLINE if inline else ROW_BLOCK, triton.next_power_of_2(max(m, 1)))
+def row_block(m: int, cap: int = ROW_BLOCK) -> int:
+    """Rows of x per program: the next power of two up to cap (rows beyond M are masked). A row's arithmetic
+    does not depend on this choice (each row has its own accumulator and the same helpers)."""
+    return min(cap, triton.next_power_of_2(max(m, 1)))
+
+
+def row_cap(spec: WeightSpec, inline_prep: bool, conv: bool) -> int:
+    """Most rows per program that compile without spilling on sm_90 (cuobjdump at K = 2048): packed weights with
+    the inline prep spill at 8 rows (472 B) and not at 4 (168 registers, 198 with the conv epilogue); dense weights
+    with the conv epilogue spill at 4 (264 B) and not at 2 (201 registers)."""
+    if spec.bits == DENSE_BITS:
+        return 2 if conv else ROW_BLOCK
+    return ROW_BLOCK_INLINE if inline_prep else ROW_BLOCK
 
 
 def default_config(spec: WeightSpec) -> tuple[int, int, int]:
@@ -397,44 +366,18 @@ def gemv_spec(qweight, scales, biases, bits: int, group: int, name: str) -> Weig
     return spec
 
 
-class DecodeConv(NamedTuple):
-    """The DeltaNet decode conv to run in a GEMV's epilogue (one token per row of x = per sequence): output
-    features < channels are conv channels. weight [C, K] (any strides; conv1d.weight[:, 0, :]); pool [S, C, K-1]
-    in the activation dtype, updated in place at state_slots [M]; context_lens [M] == 0 starts from zeros."""
-    weight: torch.Tensor
-    pool: torch.Tensor
-    state_slots: torch.Tensor
-    context_lens: torch.Tensor
-    channels: int
-
-
-def _check_conv(conv: DecodeConv, m: int, n: int, dtype) -> int:
-    c = conv.channels
-    kw = conv.weight.shape[-1]
-    if conv.weight.dim() != 2 or conv.weight.shape[0] != c or tuple(conv.pool.shape[1:]) != (c, kw - 1):
-        raise ValueError(f"gemv conv: weight {tuple(conv.weight.shape)}, pool {tuple(conv.pool.shape)}: expected "
-                         f"weight [{c}, K] and pool [S, {c}, K-1]")
-    if not 2 < kw <= 16 or not 0 < c <= n:
-        raise ValueError(f"gemv conv: kernel width {kw} outside 3..16 or {c} channels outside 1..{n} features")
-    if conv.state_slots.numel() != m or conv.context_lens.numel() != m:
-        raise ValueError(f"gemv conv: {m} rows (one token per sequence) but {conv.state_slots.numel()} slots, "
-                         f"{conv.context_lens.numel()} context lengths")
-    if conv.pool.dtype != dtype:
-        raise ValueError(f"gemv conv: pool dtype {conv.pool.dtype} != activation dtype {dtype}")
-    return kw
-
-
 def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=None, inline_prep: bool = True,
                 conv: DecodeConv | None = None) -> None:
     """x2 [M, K] (K contiguous), out [M, N] (N contiguous); M <= MAX_ROWS is the intended regime. inline_prep:
-    the kernel reads x raw (one launch); else prep_x runs first (two launches, the v2 path; same result bit for
-    bit in the products, see _x_codes/_group_sums). conv: the decode conv in the epilogue (DecodeConv)."""
+    the kernel reads x raw (one launch); else prep_x runs first (two launches, the v2 path; the same products bit
+    for bit, group sums in another fixed order: see _row_part_inline). conv: the decode conv in the epilogue
+    (gated_delta.triton_decode.DecodeConv)."""
     m = x2.shape[0]
     bn, cg, warps = config or default_config(spec)
     group = unit(spec)
     if spec.k % (cg * group):
         raise ValueError(f"affine_gemv: chunk of {cg} x {group} must divide K = {spec.k}")
-    mb = row_block(m, inline_prep and spec.bits != DENSE_BITS)
+    mb = row_block(m, row_cap(spec, inline_prep, conv is not None))
     if spec.bits == DENSE_BITS or inline_prep:
         xp = xs = x2  # unused
     else:
@@ -442,7 +385,7 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
     if conv is None:
         kw, cargs = 4, (x2, x2, x2, x2, 0, 0, 0, 0, 0, 0)  # unused
     else:
-        kw = _check_conv(conv, m, spec.n, out.dtype)
+        kw = check_decode_conv(conv, m, spec.n, out.dtype)
         cw, pool = conv.weight, conv.pool
         cargs = (cw, pool, conv.state_slots, conv.context_lens, conv.channels, cw.stride(0), cw.stride(1),
                  pool.stride(0), pool.stride(1), pool.stride(2))
