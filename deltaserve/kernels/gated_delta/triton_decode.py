@@ -119,7 +119,8 @@ def conv_epilogue(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, s
     SiLU(sum_j w[c, j] * [state ; y]_j) accumulated in fp32 in the order j = 0 .. KCONV-1 from zero, exactly as
     _conv_kernel; the pool slot's [C, KCONV-1] window shifts by one (oldest dropped, y appended). This program
     owns its features, so no other program touches these channels of the slot. Context 0 (fresh): the old state
-    reads as zeros. Features >= C are stored plain. Rows m >= M (padding of the row block) neither store nor update the pool."""
+    reads as zeros. Features >= C are stored plain. Rows m >= M (padding of the row block) neither store nor
+    update the pool."""
     act = out_ptr.dtype.element_ty
     y = tl.sum(acc, axis=1).to(act)
     live = m < M
