@@ -101,6 +101,8 @@ def _attn_fused_cases():
         "qk_prep_batch_invariance": lambda m: ac.check_qk_prep_invariance(m, CPU, (1, 4), **dims),
         "decode_gate": lambda m: ac.check_decode_gate(m, CPU, [1, 100, 128, 129, 300], 4, 2, 32, 8, 128),
         "decode_gate_single_split": lambda m: ac.check_decode_gate(m, CPU, [1, 60, 128], 4, 2, 32, 8, 128),
+        "attention_decode_fused_vs_unfused": lambda m: ac.check_attention_decode_fused(
+            m, CPU, [1, 40, 128, 129, 260], 4, 2, 32, 16, 8),
         "decode_gate_batch_invariance": lambda m: ac.check_decode_gate_invariance(
             m, CPU, [200, 1, 128, 129, 300, 50], (1, 3, 5), 4, 2, 32, 8),
     })

@@ -189,6 +189,10 @@ def check_decode_gate(mods, device, lens, hq, hkv, d, bs, split):
     # interpreter truncates both roundings (sigmoid and product) where torch rounds: up to 3 steps there
     limit = 3 if INTERPRETED else 1
     assert steps <= limit, f"gated decode vs o * torch.sigmoid(gate): {steps} bf16 steps apart (> {limit})"
+    ctx_t = torch.tensor(ctx, device=device, dtype=torch.int64)  # the model's context_lens, + 1 in the kernel
+    again = tp.paged_decode_attention(q, p["kc"], p["vc"], p["tables"], ctx_t, scale, max(lens), gate=gate,
+                                      lens_add=1)
+    assert torch.equal(again, o), "gated decode: context lengths + lens_add=1 != kv lengths"
     for bound in (max(lens) + split, 5 * split):  # more splits in the grid, or a single-split grid: same bits
         if bound >= max(lens):
             again = tp.paged_decode_attention(q, p["kc"], p["vc"], p["tables"], kv, scale, bound, gate=gate)
@@ -211,3 +215,37 @@ def check_decode_gate_invariance(mods, device, lens, others, hq, hkv, d, bs):
     alone = first(1)
     for n in others:
         assert torch.equal(first(n + 1), alone), f"gated decode: row 0 changed among {n} others"
+
+
+# ---------------------------------------------------------------- the layer's decode, fused vs unfused
+
+
+def check_attention_decode_fused(mods, device, lens, hq, hkv, d, rd, bs):
+    """The attention layer's decode between its projections, both ways on the same cache: today's sequence
+    (rms_norm x2, rope_cos_sin + apply_rope x2, write_kv, decode attention, o * torch.sigmoid(gate)) and the fused
+    one (qk_norm_rope_write, paged_decode_attention(gate=..., lens_add=1)). Outputs and caches agree within bf16
+    rounding; row order of the result follows the batch."""
+    tp, qp, nm = mods["attn"], mods["qkprep"], mods["norm"]
+    b, ctx = len(lens), [n - 1 for n in lens]
+    p = paged_problem(device, ctx, [1] * b, hq, hkv, d, bs)
+    qg = torch.randn(b, hq * 2 * d, device=device).bfloat16()
+    q, gate = qg.view(b, hq, 2 * d)[..., :d], qg.view(b, hq, 2 * d)[..., d:]
+    qw, kw = (0.2 * torch.randn(d, device=device)).bfloat16(), (0.2 * torch.randn(d, device=device)).bfloat16()
+    pos = torch.tensor(ctx, device=device)
+    sec = _sections(rd // 2)
+    ctx_t, kv = pos.clone(), (pos + 1).to(torch.int32)
+    scale = d**-0.5
+    kc_u, vc_u = p["kc"].clone(), p["vc"].clone()
+    cos, sin = rope_cos_sin(pos, rd, THETA, sec, True)
+    qn = apply_rope(nm.rms_norm(q, qw, EPS, 1.0), cos, sin)
+    kn = apply_rope(nm.rms_norm(p["k"], kw, EPS, 1.0), cos, sin)
+    tp.write_kv(kc_u, vc_u, p["slots"], kn, p["v"])
+    o_u = tp.paged_decode_attention(qn.contiguous(), kc_u, vc_u, p["tables"], kv, scale, max(lens))
+    o_u = o_u.reshape(b, hq * d) * torch.sigmoid(gate.reshape(b, hq * d))
+    qf = qp.qk_norm_rope_write(q, p["k"], p["v"], qw, kw, EPS, 1.0, pos, rope_inv_freq(rd, THETA, device), p["kc"],
+                               p["vc"], p["slots"], mrope_section=sec, mrope_interleaved=True)
+    o_f = tp.paged_decode_attention(qf, p["kc"], p["vc"], p["tables"], ctx_t, scale, max(lens), gate=gate,
+                                    lens_add=1)
+    assert bf16_ulps(p["kc"], kc_u).max().item() <= 1 and torch.equal(p["vc"], vc_u), "fused layer: caches differ"
+    # q/k one bf16 step apart at most move the softmax slightly: a few steps of the output's scale
+    close(o_f.reshape(b, hq * d), o_u.double(), 4 * BF16_EPS, "fused layer decode vs unfused")

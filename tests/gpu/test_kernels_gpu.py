@@ -258,3 +258,8 @@ def test_decode_attention_gate_batch_invariance(mods, dev, small):
     lens = torch.randint(1, 600 if small else 5000, (64,)).tolist()
     for first in (40, 129, 2500):  # row 0 single-split and merged
         ac.check_decode_gate_invariance(mods, dev, [first] + lens[1:], OTHERS, *dims)
+
+
+def test_attention_decode_fused_vs_unfused(mods, dev, small):
+    dims = (4, 2, 32, 16, 8) if small else (16, 2, 256, 64, 16)
+    ac.check_attention_decode_fused(mods, dev, [1, 40, 128, 129, 700, 4000], *dims)

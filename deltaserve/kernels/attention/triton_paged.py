@@ -91,13 +91,13 @@ def _decode_split_kernel(
     stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
     stride_gb, stride_gh, qk_scale,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
-    BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr,
+    BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
 ):
     # grid (B, Hkv, max splits): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
-    L = tl.load(lens_ptr + b)
+    L = tl.load(lens_ptr + b) + LENS_ADD
     start = sp * SPLIT
     if start >= L:
         return
@@ -142,11 +142,11 @@ def _decode_split_kernel(
 @triton.jit
 def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stride_pb, stride_ph, stride_ps,
                          stride_ob, stride_oh, stride_gb, stride_gh, D: tl.constexpr, SPLIT: tl.constexpr,
-                         BSP: tl.constexpr, HAS_GATE: tl.constexpr):
+                         BSP: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr):
     # grid (B, Hq): merge the splits of one row, BSP splits per step, always in ascending split order
     b = tl.program_id(0)
     h = tl.program_id(1)
-    L = tl.load(lens_ptr + b)
+    L = tl.load(lens_ptr + b) + LENS_ADD
     if L <= SPLIT:  # single split: the split program wrote this row's output
         return
     n_split = tl.cdiv(L, SPLIT)
@@ -173,12 +173,14 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stri
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     kv_lens: torch.Tensor, scale: float, max_kv_len: int, out: torch.Tensor | None = None,
-    gate: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None, lens_add: int = 0,
 ) -> torch.Tensor:
     """One new token per sequence: q [B, Hq, D] attends to the first kv_lens[b] cached tokens (context + the new
     token, already written). max_kv_len: a host upper bound on kv_lens (sizes the split grid; a CUDA graph can pass
     the model's maximum). gate: None or [B, Hq, D] (any batch/head strides, e.g. qg.view(B, Hq, 2D)[..., D:]),
-    returns bf16(bf16(o) * bf16(sigmoid(gate))) then. Returns [B, Hq, D] in q's dtype."""
+    returns bf16(bf16(o) * bf16(sigmoid(gate))) then. lens_add: a constant added to every kv_lens[b] in the kernel
+    (1 lets the caller pass the context lengths without a `+ 1` launch; max_kv_len bounds the sum). Returns
+    [B, Hq, D] in q's dtype."""
     bsz, hq, d = q.shape
     nb, bs, hkv, dc = k_cache.shape
     if dc != d or hq % hkv or block_tables.shape[0] != bsz or kv_lens.numel() != bsz:
@@ -203,12 +205,12 @@ def paged_decode_attention(
         q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
         BS=bs, SPLIT=SPLIT_TOKENS, BN=64 if d <= 128 else 32, F32=dot_f32(), HAS_GATE=gate is not None,
-        num_warps=4,
+        LENS_ADD=lens_add, num_warps=4,
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
         _decode_merge_kernel[(bsz, hq)](
             po, pm, pl, kv_lens, out, gt, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0), out.stride(1),
-            sgb, sgh, D=d, SPLIT=SPLIT_TOKENS, BSP=16, HAS_GATE=gate is not None, num_warps=4,
+            sgb, sgh, D=d, SPLIT=SPLIT_TOKENS, BSP=16, HAS_GATE=gate is not None, LENS_ADD=lens_add, num_warps=4,
         )
     return out
 
