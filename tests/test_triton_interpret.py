@@ -96,6 +96,7 @@ def _attn_fused_cases():
              for kind in ("text", "mrope3", "mrope_text")}
     cases.update({
         "qk_prep_offset0": lambda m: ac.check_qk_prep(m, CPU, 3, offset=0.0, **dims),
+        "qk_prep_cos_sin_tables": lambda m: ac.check_qk_prep(m, CPU, 5, kind="mrope3", table=True, **dims),
         "qk_prep_mrope_text_equals_text": lambda m: ac.check_qk_prep_mrope_text(m, CPU, 4, **dims),
         "qk_prep_errors": lambda m: ac.check_qk_prep_errors(m, CPU),
         "qk_prep_batch_invariance": lambda m: ac.check_qk_prep_invariance(m, CPU, (1, 4), **dims),

@@ -67,10 +67,10 @@ def qk_problem(device, t, hq, hkv, d, rd, kind="text", offset=1.0, bs=4, pad_row
     )
 
 
-def run_qk_prep(mods, p, out=None):
+def run_qk_prep(mods, p, out=None, cos_sin=None):
     return mods["qkprep"].qk_norm_rope_write(
         p["q"], p["k"], p["v"], p["qw"], p["kw"], EPS, p["offset"], p["pos"], p["invf"], p["kc"], p["vc"],
-        p["slots"], mrope_section=p["sec"], mrope_interleaved=True, out=out)
+        p["slots"], mrope_section=p["sec"], mrope_interleaved=True, out=out, cos_sin=cos_sin)
 
 
 def _norm_rope_fp64(x, w, offset, cos, sin):
@@ -80,11 +80,12 @@ def _norm_rope_fp64(x, w, offset, cos, sin):
     return apply_rope(n, cos.double(), sin.double())
 
 
-def check_qk_prep(mods, device, t, hq, hkv, d, rd, kind="text", offset=1.0):
+def check_qk_prep(mods, device, t, hq, hkv, d, rd, kind="text", offset=1.0, table=False):
+    """table: the kernel reads rope_cos_sin's tables instead of computing cos/sin from the positions."""
     p = qk_problem(device, t, hq, hkv, d, rd, kind, offset)
     kc0, vc0 = p["kc"].clone(), p["vc"].clone()
-    q = run_qk_prep(mods, p, out=poisoned((t, hq, d), torch.bfloat16, device))
     cos, sin = rope_cos_sin(p["pos"], rd, THETA, p["sec"], True)  # the model's cos/sin, fp32
+    q = run_qk_prep(mods, p, out=poisoned((t, hq, d), torch.bfloat16, device), cos_sin=(cos, sin) if table else None)
     close(q, _norm_rope_fp64(p["q"], p["qw"], p["offset"], cos, sin), 2 * BF16_EPS, f"qk prep q ({kind})")
     live = p["slots"] >= 0
     slots = p["slots"][live]

@@ -235,6 +235,7 @@ def test_qk_norm_rope_write(mods, dev, small, kind):
     for t in (1, 7, 64):
         ac.check_qk_prep(mods, dev, t, kind=kind, **_attn_dims(small))
     ac.check_qk_prep(mods, dev, 5, kind=kind, offset=0.0, **_attn_dims(small))
+    ac.check_qk_prep(mods, dev, 7, kind=kind, table=True, **_attn_dims(small))
 
 
 def test_qk_norm_rope_write_text_mrope(mods, dev, small):

@@ -77,17 +77,23 @@ def _norm_rope_store(src_ptr, w_ptr, dst_ptr, cos, sin, eps, offset, D: tl.const
 
 @triton.jit
 def _qk_prep_kernel(
-    q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, invf_ptr, qo_ptr, kc_ptr, vc_ptr, slot_ptr,
+    q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, invf_ptr, cos_ptr, sin_ptr, qo_ptr, kc_ptr, vc_ptr, slot_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_pa, stride_pt,
-    stride_cs, stride_ch, eps, offset,
+    stride_ct, stride_st, stride_cs, stride_ch, eps, offset,
     HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, HALF: tl.constexpr, HP: tl.constexpr,
-    SEC0: tl.constexpr, SEC1: tl.constexpr, SEC2: tl.constexpr, INTERLEAVED: tl.constexpr,
+    SEC0: tl.constexpr, SEC1: tl.constexpr, SEC2: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE: tl.constexpr,
 ):
     # grid (T, HQ + HKV); caches viewed as [num_blocks * block_size, HKV, D]
     t = tl.program_id(0)
     h = tl.program_id(1)
     t64 = t.to(tl.int64)
-    cos, sin = _rope_angles(pos_ptr, invf_ptr, t, stride_pa, stride_pt, HALF, HP, SEC0, SEC1, SEC2, INTERLEAVED)
+    if TABLE:  # rope_cos_sin's [T, rotary_dim] tables (both halves equal): read the first half
+        j = tl.arange(0, HP)
+        cos = tl.load(cos_ptr + t64 * stride_ct + j, mask=j < HALF, other=0.0)
+        sin = tl.load(sin_ptr + t64 * stride_st + j, mask=j < HALF, other=0.0)
+    else:
+        cos, sin = _rope_angles(pos_ptr, invf_ptr, t, stride_pa, stride_pt, HALF, HP, SEC0, SEC1, SEC2,
+                                INTERLEAVED)
     if h < HQ:
         _norm_rope_store(q_ptr + t64 * stride_qt + h * stride_qh, qw_ptr, qo_ptr + t64 * stride_ot + h * stride_oh,
                          cos, sin, eps, offset, D, BD, HALF, HP)
@@ -125,17 +131,7 @@ def _sections(positions: torch.Tensor, half: int, mrope_section, interleaved: bo
     return sec
 
 
-def qk_norm_rope_write(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: torch.Tensor, eps: float,
-    offset: float, positions: torch.Tensor, inv_freq: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor, mrope_section: tuple[int, ...] | None = None, mrope_interleaved: bool = True,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """q [T, Hq, D] (any token/head strides: e.g. qg.view(T, Hq, 2D)[..., :D] of the q|gate projection), k, v
-    [T, Hkv, D]; norm weights [D]; positions [T] or [3, T] integer; inv_freq [rotary_dim/2] fp32
-    (rope.rope_inv_freq, computed once); caches [num_blocks, block_size, Hkv, D] contiguous; slot_mapping [T]
-    (negative = padding, not written). Writes the normed, rotated k and the raw v into the cache and returns the
-    normed, rotated q as a contiguous [T, Hq, D] (into `out` when given)."""
+def _check(q, k, v, q_norm_w, k_norm_w, inv_freq, k_cache, v_cache, slot_mapping) -> None:
     t, hq, d = q.shape
     hkv, dc = k_cache.shape[2:]
     half = inv_freq.numel()
@@ -148,17 +144,40 @@ def qk_norm_rope_write(
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or not (
             k_cache.is_contiguous() and v_cache.is_contiguous() and inv_freq.is_contiguous()):
         raise ValueError("qk_norm_rope_write: q/k/v must be contiguous along D, caches and inv_freq contiguous")
+
+
+def qk_norm_rope_write(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm_w: torch.Tensor, k_norm_w: torch.Tensor, eps: float,
+    offset: float, positions: torch.Tensor, inv_freq: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor, mrope_section: tuple[int, ...] | None = None, mrope_interleaved: bool = True,
+    out: torch.Tensor | None = None, cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """q [T, Hq, D] (any token/head strides: e.g. qg.view(T, Hq, 2D)[..., :D] of the q|gate projection), k, v
+    [T, Hkv, D]; norm weights [D]; positions [T] or [3, T] integer; inv_freq [rotary_dim/2] fp32
+    (rope.rope_inv_freq, computed once); caches [num_blocks, block_size, Hkv, D] contiguous; slot_mapping [T]
+    (negative = padding, not written). Writes the normed, rotated k and the raw v into the cache and returns the
+    normed, rotated q as a contiguous [T, Hq, D] (into `out` when given). cos_sin: optionally rope_cos_sin's fp32
+    tables [T, rotary_dim] to use instead of the in-kernel cos/sin (positions are then only validated)."""
+    t, hq, d = q.shape
+    hkv, half = k_cache.shape[2], inv_freq.numel()
+    _check(q, k, v, q_norm_w, k_norm_w, inv_freq, k_cache, v_cache, slot_mapping)
     stride_pa, stride_pt = _position_strides(positions, t)
     sec = _sections(positions, half, mrope_section, mrope_interleaved)
     out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device) if out is None else out
     if out.shape != (t, hq, d) or out.stride(-1) != 1:
         raise ValueError(f"qk_norm_rope_write: out {tuple(out.shape)} must be [{t}, {hq}, {d}], contiguous along D")
+    cos, sin = cos_sin if cos_sin is not None else (inv_freq, inv_freq)  # (unread without tables)
+    if cos_sin is not None and any(tuple(c.shape) != (t, 2 * half) or c.dtype != torch.float32 or c.stride(-1) != 1
+                                   for c in cos_sin):
+        raise ValueError(f"qk_norm_rope_write: cos_sin must be fp32 [{t}, {2 * half}] tables, contiguous along "
+                         "the rotary axis")
     if t:
         _qk_prep_kernel[(t, hq + hkv)](
-            q, k, v, q_norm_w, k_norm_w, positions, inv_freq, out, k_cache, v_cache, slot_mapping,
+            q, k, v, q_norm_w, k_norm_w, positions, inv_freq, cos, sin, out, k_cache, v_cache, slot_mapping,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
-            out.stride(1), stride_pa, stride_pt, hkv * d, d, eps, offset,
+            out.stride(1), stride_pa, stride_pt, cos.stride(0), sin.stride(0), hkv * d, d, eps, offset,
             HQ=hq, D=d, BD=triton.next_power_of_2(d), HALF=half, HP=triton.next_power_of_2(half),
-            SEC0=sec[0], SEC1=sec[1], SEC2=sec[2], INTERLEAVED=bool(mrope_interleaved), num_warps=4,
+            SEC0=sec[0], SEC1=sec[1], SEC2=sec[2], INTERLEAVED=bool(mrope_interleaved),
+            TABLE=cos_sin is not None, num_warps=4,
         )
     return out
