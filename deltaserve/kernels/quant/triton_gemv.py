@@ -84,20 +84,23 @@ def _x_tile(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK:
 
 
 @triton.jit
-def _scaled(xv, SH: tl.constexpr):
-    """xv * 2^-SH, exact (a power of two); no multiply for SH = 0."""
-    if SH == 0:
-        return xv
-    else:
-        return xv * tl.full((1, 1), (127 - SH) << 23, tl.int32).to(tl.float32, bitcast=True)
+def _code_dot_unscaled(d, src, xv, magic, SH: tl.constexpr, BITS: tl.constexpr):
+    """d + q * x for the code at bits [SH, SH+BITS) of src and UNscaled fp32 x: the field ORed into the mantissa
+    of 2^(23-SH) (whose mantissa bit SH has weight 1; magic - (SH << 23) are its fp32 bits) reads as 2^(23-SH) + q,
+    and subtracting 2^(23-SH) leaves q exactly. Same instruction count as _code_dot (one LOP3, FADD, FFMA) and the
+    same product q * x (exact in fp32: an 8-bit mantissa times a code < 2^8), so no pre-scaled x is needed."""
+    mag = magic - (SH << 23)  # a runtime value: stays in a register so AND and OR fuse into one LOP3
+    v = ((src & (((1 << BITS) - 1) << SH)) | mag).to(tl.float32, bitcast=True) - (8388608.0 / (1 << SH))
+    return d + v * xv
 
 
 @triton.jit
 def _row_part_inline(p, ph, s, b, magic, x_row, c, CG: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr):
     """_row_part reading the raw row (no prep launch): per chunk and code i one [CG, GW] tile of x, broadcast over
-    the BN weight rows, scaled by the exact power of two. The group sums come from the same tiles: per word
-    x_0 + x_1 + ... + x_{PACK-1} in that order, then summed over the GW words of the group by tl.sum. The products
-    equal the prep path's bit for bit; the group sums are the same values summed in another (fixed) order."""
+    the BN weight rows, used unscaled (_code_dot_unscaled). The group sums come from the same tiles: per word
+    x_0 + x_1 + ... + x_{PACK-1} in that order, then summed over the GW words of the group by tl.sum. The
+    products and their order equal the prep path's bit for bit; the group sums add the same values in another
+    (fixed) order, equal whenever the fp32 sums are exact (a group's bf16 values spanning < 2^16 in magnitude)."""
     PACK: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PACK // 2
     GW: tl.constexpr = GROUP // PACK
@@ -106,11 +109,11 @@ def _row_part_inline(p, ph, s, b, magic, x_row, c, CG: tl.constexpr, BITS: tl.co
     for i in tl.static_range(HALF):
         xv = _x_tile(x_row, c, i, CG, GW, PACK)
         xsum += xv
-        d = _code_dot(d, p, _scaled(xv, BITS * i)[None, :, :], magic, BITS * i, BITS)
+        d = _code_dot_unscaled(d, p, xv[None, :, :], magic, BITS * i, BITS)
     for i in tl.static_range(HALF):
         xv = _x_tile(x_row, c, HALF + i, CG, GW, PACK)
         xsum += xv
-        d = _code_dot(d, ph, _scaled(xv, BITS * i)[None, :, :], magic, BITS * i, BITS)
+        d = _code_dot_unscaled(d, ph, xv[None, :, :], magic, BITS * i, BITS)
     return s * tl.sum(d, axis=2) + b * tl.sum(xsum, axis=1)[None, :]
 
 
