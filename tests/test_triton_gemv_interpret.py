@@ -52,6 +52,8 @@ def _cases():
         "moe_v2_fused_no_shared_q8": lambda mods: kc.check_moe_v2_fused(mods, CPU, 2, 64, 8, 32, 2, 8, 32,
                                                                         shared=False),
         "moe_v2_fused_ties": lambda mods: kc.check_moe_v2_fused_ties(mods, CPU),
+        "topk_contract_e37_k8": lambda mods: kc.check_topk_contract(mods, CPU, 37, 8),
+        "topk_contract_e256_k8": lambda mods: kc.check_topk_contract(mods, CPU, 256, 8),
     })
     del torch
     return cases

@@ -470,3 +470,22 @@ def check_moe_v2_fused_ties(mods, device):
     _, rt = mods["moe2"].moe_decode_v2(row.clone(), top_k=3, return_routing=True, **kw)
     assert rt.ids.tolist() == [[0, 1, 3]], rt.ids.tolist()
     assert torch.allclose(rt.weights, torch.full_like(rt.weights, 1 / 3))
+
+
+def check_topk_contract(mods, device, e, k):
+    """The in-kernel top-k (_topk, used by moe_route and inside the fused gate/up) on adversarial fp32 logits:
+    ties among negatives, -0 against +0, integer-valued logits (many ties), E not a power of two. Ids must equal
+    route_topk's (ties to the lower id) in ascending order, weights to fp32 rounding."""
+    md = mods["moe"]
+    lg = torch.randn(4, e, device=device) * 3
+    lg[0, ::3] = -1.5
+    lg[1] = 0.0
+    lg[1, 1::4] = -0.0
+    lg[2] = lg[2].round()
+    ids = torch.full((4, k), -1, dtype=torch.int32, device=device)
+    w = poisoned((4, k), torch.float32, device)
+    md._topk_kernel[(4,)](lg, ids, w, e, EP=1 << (e - 1).bit_length(), TOPK=k, NORMALIZE=True, num_warps=4)
+    rw, rid = route_topk(lg.double().cpu(), k, True)
+    order = rid.sort(-1)
+    assert torch.equal(ids.long().cpu(), order.values), f"top-k ids {ids.tolist()} != {order.values.tolist()}"
+    close(w.cpu(), rw.gather(1, order.indices).double(), 1e-6, "top-k weights")

@@ -203,3 +203,8 @@ def test_moe_v2_fused(fused_mods, dev, small, t, shared):
 
 def test_moe_v2_fused_ties(fused_mods, dev):
     kc.check_moe_v2_fused_ties(fused_mods, dev)
+
+
+def test_topk_contract(fused_mods, dev):
+    for e, k in ((37, 8), (256, 8)):
+        kc.check_topk_contract(fused_mods, dev, e, k)

@@ -73,22 +73,31 @@ def _router_kernel(
 
 
 @triton.jit
+def _order_keys(logits, rows, EP: tl.constexpr):
+    """int64 keys whose order is (logit, then LOWER id) for fp32 logits [EP]: the fp32 bits made monotonic as a
+    signed int32 (negative floats' magnitude bits flipped) in the high word, EP-1-id in the low word. -inf (the
+    masked lanes) orders below every finite logit, -0 equals +0. NaN logits are outside the routing contract."""
+    b = tl.where(logits == 0.0, 0.0, logits).to(tl.int32, bitcast=True)  # -0 ties with +0, as floats compare
+    mono = b ^ ((b >> 31) & 0x7FFFFFFF)
+    return (mono.to(tl.int64) << 32) | (EP - 1 - rows).to(tl.int64)
+
+
+@triton.jit
 def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr):
     """The routing contract on one token's logits: (selected mask [EP], weights [EP], rank [EP]) where rank is
-    the slot of a selected expert in ascending id order. k rounds of (max, lowest id holding it): ties go to the
-    lower id."""
+    the slot of a selected expert in ascending id order. k rounds of one max over (logit, lower id) keys
+    (_order_keys): ties go to the lower id."""
     rows = tl.arange(0, EP)
     e_mask = rows < E
     logits = tl.load(logit_row + rows, mask=e_mask, other=float("-inf"))
-    work = logits
+    work = _order_keys(logits, rows, EP)
     sel = rows < 0
-    top = tl.max(work, axis=0)
+    top = tl.max(logits, axis=0)
     for _ in tl.static_range(TOPK):
-        m = tl.max(work, axis=0)
-        idx = tl.min(tl.where(work == m, rows, EP), axis=0)
+        idx = EP - 1 - (tl.max(work, axis=0) & 0xFFFFFFFF)  # one reduction per round (was max, then min id)
         hit = rows == idx
         sel = sel | hit
-        work = tl.where(hit, float("-inf"), work)
+        work = tl.where(hit, -9223372036854775807 - 1, work)
     if NORMALIZE:
         p = tl.where(sel, tl.exp(logits - top), 0.0)
         wts = p / tl.sum(p, axis=0)
