@@ -52,11 +52,32 @@ def _cases():
         "moe_v2_fused_no_shared_q8": lambda mods: kc.check_moe_v2_fused(mods, CPU, 2, 64, 8, 32, 2, 8, 32,
                                                                         shared=False),
         "moe_v2_fused_ties": lambda mods: kc.check_moe_v2_fused_ties(mods, CPU),
+        "gemv_inline_policy": _inline_policy,
         "topk_contract_e37_k8": lambda mods: kc.check_topk_contract(mods, CPU, 37, 8),
         "topk_contract_e256_k8": lambda mods: kc.check_topk_contract(mods, CPU, 256, 8),
     })
     del torch
     return cases
+
+
+def _inline_policy(mods) -> None:
+    """Auto prep choice: inline for the decoder's weights (by N only), the prep launch for the 248320-row lm_head;
+    an explicit choice wins; dense weights never prep."""
+    from deltaserve.kernels.triton_common import WeightSpec
+    import torch
+
+    g = mods["gemv"]
+
+    def spec(n, bits=4):
+        if bits == 16:
+            return WeightSpec.dense(torch.zeros(n, 64, dtype=torch.bfloat16), "w")
+        return WeightSpec(torch.zeros(n, 8, dtype=torch.int32), torch.zeros(n, 1).bfloat16(),
+                          torch.zeros(n, 1).bfloat16(), 4, 64, "w")
+
+    assert g.use_inline_prep(spec(12352), 8, None) and g.use_inline_prep(spec(512), 8, None)
+    assert not g.use_inline_prep(spec(248320), 8, None)
+    assert g.use_inline_prep(spec(248320), 8, True) and not g.use_inline_prep(spec(512), 8, False)
+    assert not g.use_inline_prep(spec(512, 16), 8, True)
 
 
 def _bit_identical(same: bool) -> None:

@@ -354,17 +354,18 @@ def check_gemv_inline_prep(mods, device, bits, group, m, n, k):
 
 
 def check_gemv_inline_invariance(mods, device, n, k, others=(1, 3, 15)):
-    """Inline-prep GEMV: row r alone == row r among others, bit for bit (r = 0 and the last row)."""
+    """Row r alone == row r among others, bit for bit (r = 0 and the last row), with the prep inlined and with the
+    prep launch (the lm_head's path under the auto choice)."""
     g = mods["gemv"]
     x = torch.randn(16, k, device=device).bfloat16()
-    for bits, group in ((4, 64), (8, 32)):
+    for bits, group, inline in ((4, 64, True), (8, 32, True), (4, 64, False)):
         (p, s, b), _ = gemv_weight(n, k, bits, group, device)
-        alone = g.affine_gemv(x[:1], p, s, b, bits, group)
+        alone = g.affine_gemv(x[:1], p, s, b, bits, group, inline_prep=inline)
         for o in others:
-            got = g.affine_gemv(x[: o + 1], p, s, b, bits, group)
-            assert torch.equal(got[:1], alone), f"inline bits {bits}: row 0 alone != among {o} others"
-            last = g.affine_gemv(x[o : o + 1], p, s, b, bits, group)
-            assert torch.equal(got[o : o + 1], last), f"inline bits {bits}: row {o} alone != among {o} others"
+            got = g.affine_gemv(x[: o + 1], p, s, b, bits, group, inline_prep=inline)
+            assert torch.equal(got[:1], alone), f"bits {bits} inline {inline}: row 0 alone != among {o} others"
+            last = g.affine_gemv(x[o : o + 1], p, s, b, bits, group, inline_prep=inline)
+            assert torch.equal(got[o : o + 1], last), f"bits {bits} inline {inline}: row {o} alone != among {o}"
 
 
 def conv_problem(device, m, c, kw, num_slots, fresh):

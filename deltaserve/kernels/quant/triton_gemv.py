@@ -32,6 +32,11 @@ MAX_ROWS = 16  # the GEMV regime; larger M belongs to triton_affine.affine_matmu
 MAGIC = 0x4B000000  # fp32 bits of 2^23: OR a code into its mantissa to read 2^23 + code
 ROW_BLOCK = 8  # rows of x per program at most (M = 9..16 runs two row blocks, each reading W from L2)
 ROW_BLOCK_INLINE = 4  # with the prep inlined (see row_cap)
+# inline_prep=None (auto) inlines the prep for weights of at most this many BN-row programs. The inline path costs
+# ~25% more instructions per program (sm_90 SASS, q4 K=2048, M=1: 1328 vs 1064; prep kernel 536), which only
+# matters with many programs per SM: the decoder weights (N <= 12352, <= 1544 programs, ~12 per SM) save a launch,
+# the 248320-row lm_head (31040 programs) would issue ~8M more warp instructions than its one prep launch costs.
+INLINE_MAX_PROGRAMS = 4096
 
 
 @triton.jit
@@ -369,17 +374,26 @@ def gemv_spec(qweight, scales, biases, bits: int, group: int, name: str) -> Weig
     return spec
 
 
-def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=None, inline_prep: bool = True,
+def use_inline_prep(spec: WeightSpec, bn: int, inline_prep: bool | None) -> bool:
+    """The prep choice for a weight: explicit, or auto (None) by the weight's program count only, never by M, so
+    a row's arithmetic stays independent of the batch."""
+    if inline_prep is None:
+        return spec.bits != DENSE_BITS and triton.cdiv(spec.n, bn) <= INLINE_MAX_PROGRAMS
+    return bool(inline_prep) and spec.bits != DENSE_BITS
+
+
+def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=None, inline_prep: bool | None = None,
                 conv: DecodeConv | None = None) -> None:
-    """x2 [M, K] (K contiguous), out [M, N] (N contiguous); M <= MAX_ROWS is the intended regime. inline_prep:
-    the kernel reads x raw (one launch); else prep_x runs first (two launches, the v2 path; the same products bit
-    for bit, group sums in another fixed order: see _row_part_inline). conv: the decode conv in the epilogue
+    """x2 [M, K] (K contiguous), out [M, N] (N contiguous); M <= MAX_ROWS is the intended regime. inline_prep
+    (resolved by use_inline_prep): the kernel reads x raw (one launch); else prep_x runs first (two launches, the v2
+    path; the same products bit for bit, group sums in another fixed order: see _row_part_inline). conv: the decode conv in the epilogue
     (gated_delta.triton_decode.DecodeConv)."""
     m = x2.shape[0]
     bn, cg, warps = config or default_config(spec)
     group = unit(spec)
     if spec.k % (cg * group):
         raise ValueError(f"affine_gemv: chunk of {cg} x {group} must divide K = {spec.k}")
+    inline_prep = use_inline_prep(spec, bn, inline_prep)
     mb = row_block(m, row_cap(spec, inline_prep, conv is not None))
     if spec.bits == DENSE_BITS or inline_prep:
         xp = xs = x2  # unused
@@ -404,12 +418,13 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
 def affine_gemv(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor | None, biases: torch.Tensor | None,
     bits: int, group: int, out: torch.Tensor | None = None, config: tuple | None = None, *,
-    inline_prep: bool = True, conv: DecodeConv | tuple | None = None,
+    inline_prep: bool | None = None, conv: DecodeConv | tuple | None = None,
 ) -> torch.Tensor:
     """y = x W^T for x [..., K] bf16/fp16 with at most MAX_ROWS rows; W packed uint32 [N, K*bits/32] with scales
     and biases [N, K/group] (bits 4 or 8, group 32/64/128), or dense [N, K] with bits=16 (scales = biases = None).
     Returns [..., N] in x's dtype (fp32 accumulation, rounded once). config: (BN, CG, num_warps) override.
-    inline_prep: one launch, x read raw (default); False: the prep_x launch first (kept for timing).
+    inline_prep: True: one launch, x read raw; False: the prep_x launch first (two launches, kept for timing);
+    None (default): inline unless the weight has more than INLINE_MAX_PROGRAMS programs (the lm_head).
     conv: DecodeConv(weight, pool, state_slots, context_lens, channels) (or the same as a tuple): x holds one token
     per sequence, and features < channels come out as SiLU(causal conv) with the pool updated, equal bit for bit
     to this GEMV followed by gated_delta.triton_decode.causal_conv on those features."""
