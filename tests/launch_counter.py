@@ -116,7 +116,8 @@ def layer_kind(model, i: int) -> str:
 
 
 def count_decode_step(model, batch: int = 1, context: int = 5, block_size: int = 16) -> dict:
-    """Prefill `context` tokens for `batch` sequences (not counted), then count one decode step.
+    """Prefill `context` tokens for `batch` sequences and one warm-up decode step (not counted: one-time work such
+    as the RoPE frequency table happens there, as in a CUDA graph's eager warm-up), then count one decode step.
     Returns {"layers": {i: {kind, triton: {name: n}, torch: {name: n}}}, "outside": {...}}."""
     from deltaserve.kernels import backend
     from deltaserve.model import ForwardBatch
@@ -129,7 +130,10 @@ def count_decode_step(model, batch: int = 1, context: int = 5, block_size: int =
     with torch.no_grad():
         with backend.reference():  # the prompt on the reference path: fla's prefill rule has no interpreter path
             model(ForwardBatch.build(prompts, [0] * batch, tables, list(range(batch)), block_size), cache)
-        step = ForwardBatch.build([[p[-1]] for p in prompts], [context] * batch, tables, list(range(batch)), block_size)
+        warm = ForwardBatch.build([[p[-1]] for p in prompts], [context] * batch, tables, list(range(batch)), block_size)
+        model(warm, cache)
+        step = ForwardBatch.build([[p[0]] for p in prompts], [context + 1] * batch, tables, list(range(batch)),
+                                  block_size)
         counter = LaunchCounter()
         handles = _scope_hooks(model, counter)
         try:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..kernels.attention import paged_attention, write_kv
-from ..kernels.rope import apply_rope
+from ..kernels.rope import apply_rope, rope_inv_freq
 from . import fast, fusion
 from .cache import HybridCache
 from .config import ModelConfig
@@ -33,10 +33,15 @@ class GatedAttention(nn.Module):
         self.q_norm = RMSNorm(self.d, config.rms_norm_eps, norm_offset)
         self.k_norm = RMSNorm(self.d, config.rms_norm_eps, norm_offset)
         self.scale = self.d**-0.5
+        self.rotary_dim, self.rope_theta = config.rotary_dim, config.rope_theta
+        self.mrope_section, self.mrope_interleaved = config.mrope_section, config.mrope_interleaved
 
     def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, rope: tuple[torch.Tensor, torch.Tensor]
+        self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, rope: tuple[torch.Tensor, torch.Tensor] | None
     ) -> torch.Tensor:
+        """rope: rope_cos_sin's (cos, sin) for the reference path; the fast path computes its angles in-kernel."""
+        if fast.enabled(x):
+            return self._forward_fast(x, batch, cache)
         t = x.shape[0]
         decode = batch.max_seqlen == 1
         qg, k, v = self._project(x, decode)
@@ -50,13 +55,10 @@ class GatedAttention(nn.Module):
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_cache, v_cache = cache.k[self.layer], cache.v[self.layer]
-        if fast.enabled(x):
-            o = self._attend_fast(q.contiguous(), k, v, k_cache, v_cache, batch)
-        else:
-            write_kv(k_cache, v_cache, batch.slot_mapping, k, v)
-            o = paged_attention(
-                q, k_cache, v_cache, batch.block_tables, batch.context_lens_cpu, batch.seq_lens_cpu, self.scale
-            )
+        write_kv(k_cache, v_cache, batch.slot_mapping, k, v)
+        o = paged_attention(
+            q, k_cache, v_cache, batch.block_tables, batch.context_lens_cpu, batch.seq_lens_cpu, self.scale
+        )
         o = o.reshape(t, self.hq * self.d)
         if gate is not None:
             o = o * torch.sigmoid(gate)
@@ -70,15 +72,42 @@ class GatedAttention(nn.Module):
             return fast.linear(proj, x, decode).split(proj.sizes, dim=-1)
         return tuple(fast.linear(m, x, decode) for m in (self.q_proj, self.k_proj, self.v_proj))
 
-    def _attend_fast(self, q, k, v, k_cache, v_cache, batch: ForwardBatch) -> torch.Tensor:
-        from ..kernels.attention import triton_paged as tp
+    def _inv_freq(self, device) -> torch.Tensor:
+        """RoPE inverse frequencies [rotary_dim / 2] fp32, made once per device (the first, eager step: never
+        inside a CUDA-graph capture)."""
+        inv = self.__dict__.get("_inv_freq_cache")
+        if inv is None or inv.device != device:
+            inv = rope_inv_freq(self.rotary_dim, self.rope_theta, device)
+            self.__dict__["_inv_freq_cache"] = inv
+        return inv
 
-        tp.write_kv(k_cache, v_cache, batch.slot_mapping, k, v)
-        if batch.max_seqlen == 1 and batch.num_tokens == batch.num_seqs:  # decode: one token per sequence
-            max_kv = batch.block_tables.shape[1] * batch.block_size
-            return tp.paged_decode_attention(
-                q, k_cache, v_cache, batch.block_tables, batch.context_lens + 1, self.scale, max_kv
-            )
-        return tp.paged_prefill_attention(
-            q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens, batch.context_lens, self.scale, batch.max_seqlen
+    def _forward_fast(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
+        """Decode: fused projection, one kernel for q/k norms + RoPE + KV append, decode attention with the sigmoid
+        gate in its epilogue, o_proj (3 launches between the projections). Prefill: the same prep kernel, varlen
+        attention, the gate by torch."""
+        from ..kernels.attention import triton_paged as tp
+        from ..kernels.attention.triton_qk_prep import qk_norm_rope_write
+
+        t, d = x.shape[0], self.d
+        decode = batch.max_seqlen == 1
+        qg, k, v = self._project(x, decode)
+        qg = qg.view(t, self.hq, (2 if self.gated else 1) * d)
+        k_cache, v_cache = cache.k[self.layer], cache.v[self.layer]
+        q = qk_norm_rope_write(
+            qg[..., :d], k.view(t, self.hkv, d), v.view(t, self.hkv, d), self.q_norm.weight, self.k_norm.weight,
+            self.q_norm.eps, self.q_norm.offset, batch.positions, self._inv_freq(x.device), k_cache, v_cache,
+            batch.slot_mapping, self.mrope_section, self.mrope_interleaved,
         )
+        gate = qg[..., d:] if self.gated else None
+        if decode and batch.num_tokens == batch.num_seqs:  # one token per sequence
+            max_kv = batch.block_tables.shape[1] * batch.block_size
+            o = tp.paged_decode_attention(
+                q, k_cache, v_cache, batch.block_tables, batch.context_lens, self.scale, max_kv, gate=gate, lens_add=1
+            )
+            return fast.linear(self.o_proj, o.view(t, self.hq * d), decode)
+        o = tp.paged_prefill_attention(
+            q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens, batch.context_lens, self.scale, batch.max_seqlen
+        ).reshape(t, self.hq * d)
+        if gate is not None:
+            o = o * torch.sigmoid(gate.reshape(t, self.hq * d))
+        return fast.linear(self.o_proj, o, decode)

@@ -95,7 +95,10 @@ class Qwen3_5ForCausalLM(nn.Module):
         """Hidden states [T, H] of every new token after the last layer, before the final norm."""
         cfg = self.config
         x = self.embed_tokens(batch.input_ids)
-        rope = rope_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta, cfg.mrope_section, cfg.mrope_interleaved)
+        rope = None  # the fast path's attention computes its RoPE angles in-kernel
+        if not fast.enabled(x):
+            rope = rope_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta, cfg.mrope_section,
+                                cfg.mrope_interleaved)
         for layer in self.layers:
             x = layer(x, batch, cache, rope)
         return x
