@@ -45,6 +45,8 @@ def _cases():
         "gemv_conv_q4": lambda mods: kc.check_gemv_conv(mods, CPU, 4, 64, m=3, c=40, extra=24, k=128),
         "gemv_conv_q8_kw3_fresh": lambda mods: kc.check_gemv_conv(mods, CPU, 8, 32, m=2, c=16, extra=10, k=64,
                                                                   kw=3, fresh=(0,)),
+        "gemv_conv_q4_kw2_all_channels": lambda mods: kc.check_gemv_conv(mods, CPU, 4, 32, m=2, c=24, extra=0,
+                                                                         k=64, kw=2, fresh=(1,)),
         "gemv_conv_dense_m9": lambda mods: kc.check_gemv_conv(mods, CPU, 16, 64, m=9, c=16, extra=8, k=128,
                                                               fresh=(0, 8)),
         "gemv_conv_batch_invariance": lambda mods: kc.check_gemv_conv_invariance(mods, CPU, c=16, extra=8, k=128),

@@ -167,8 +167,8 @@ def check_decode_conv(conv: DecodeConv, m: int, n: int, dtype) -> int:
     if conv.weight.dim() != 2 or conv.weight.shape[0] != c or tuple(conv.pool.shape[1:]) != (c, kw - 1):
         raise ValueError(f"gemv conv: weight {tuple(conv.weight.shape)}, pool {tuple(conv.pool.shape)}: expected "
                          f"weight [{c}, K] and pool [S, {c}, K-1]")
-    if not 2 < kw <= 16 or not 0 < c <= n:
-        raise ValueError(f"gemv conv: kernel width {kw} outside 3..16 or {c} channels outside 1..{n} features")
+    if not 2 <= kw <= 16 or not 0 < c <= n:
+        raise ValueError(f"gemv conv: kernel width {kw} outside 2..16 or {c} channels outside 1..{n} features")
     if conv.state_slots.numel() != m or conv.context_lens.numel() != m:
         raise ValueError(f"gemv conv: {m} rows (one token per sequence) but {conv.state_slots.numel()} slots, "
                          f"{conv.context_lens.numel()} context lengths")
