@@ -19,7 +19,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
-def _reference_gdn_prefill(q, k, v, g, beta, cu, pool, slots, ctx, scale, cu_cpu=None):
+def _reference_gdn_prefill(q, k, v, g, beta, cu, pool, slots, ctx, scale, cu_seqlens_cpu=None):
     import torch
 
     from deltaserve.kernels.gated_delta import reference as ref
@@ -78,6 +78,22 @@ def _child(ckpt: str) -> None:
     alone = decode(True, [0])[:, 0]
     for rows in ([0, 1], [0, 1, 2, 3]):
         assert torch.equal(decode(True, rows)[:, 0], alone), f"row 0 decoded among {len(rows) - 1} others differs"
+
+    # a prompt past MOE_GEMV_MAX_TOKENS takes the prefill kernels (grouped expert matmul with shared tiles, the
+    # one-launch combine with the residual, varlen attention): every position's logits against the reference
+    long_prompt = [(5 * j + 3) % 31 + 1 for j in range(24)]
+
+    def prefill(fast: bool) -> torch.Tensor:
+        backend.use_reference(not fast)
+        cache = model.make_cache(16, 16, 1, torch.bfloat16)
+        with torch.no_grad():
+            return model(ForwardBatch.build([long_prompt], [0], [[0, 1]], [0], 16, logits="all"), cache).float()
+
+    ref_p, fast_p = prefill(False), prefill(True)
+    rel_p = ((ref_p - fast_p).abs().max() / ref_p.abs().max()).item()
+    assert rel_p < 0.02, f"fast-path prefill logits differ from the reference by {rel_p:.3g} (relative)"
+    agree = (ref_p.argmax(-1) == fast_p.argmax(-1)).float().mean().item()
+    assert agree >= 0.9, f"fast-path prefill top-1 agrees with the reference at {agree:.0%} of positions"
 
     # DecodeGraph's step (run eagerly here: capture needs CUDA) feeds its own argmax back like the loop above
     from deltaserve.engine.cuda_graph import DecodeGraph

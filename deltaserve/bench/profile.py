@@ -84,16 +84,20 @@ def profile_prefill(model, config: ModelConfig, n: int, batch: int = 1, block_si
         model(fb, cache)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, _labelled_blocks():
             model(fb, cache)
             torch.cuda.synchronize()
     events = prof.key_averages()
+    by_label = {e.key: (getattr(e, "device_time_total", 0.0) or 0.0, e.cpu_time_total) for e in events
+                if e.key.startswith("block: ")}
     gpu = [(getattr(e, "device_time_total", 0.0) or 0.0, e.count, e.key) for e in events]
     gpu_total = sum(t for t, _, k in gpu if t > 0 and not k.startswith("cuda"))
     blocking = [(e.count, e.key) for e in events
                 if any(s in e.key for s in ("Synchronize", "cudaMemcpy", "aten::item", "aten::_local_scalar_dense"))]
     lines = [f"# prefill profile: batch {batch} x {n} tokens, wall {wall * 1e3:.1f} ms (unprofiled), kernels "
              f"{gpu_total / 1e3:.1f} ms GPU time"]
+    for key, (dev_t, cpu_t) in sorted(by_label.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"  {key:<34} GPU {dev_t / 1e3:8.3f} ms   host {cpu_t / 1e3:8.3f} ms")
     lines.append("  host-blocking calls: " + (", ".join(f"{k} x{c}" for c, k in blocking) or "none"))
     lines.append("  top kernels by GPU time:")
     for t, c, k in sorted((g for g in gpu if g[0] > 0), reverse=True)[:top]:
@@ -102,3 +106,38 @@ def profile_prefill(model, config: ModelConfig, n: int, batch: int = 1, block_si
     for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
         lines.append(f"    {e.self_cpu_time_total / 1e3:8.3f} ms {e.count:6d}x  {e.key[:90]}")
     return "\n".join(lines)
+
+
+class _labelled_blocks:
+    """While active, the model's blocks run inside profiler ranges ("block: ..."), so GPU time can be split by
+    block even where one Triton kernel serves several (the affine matmul: projections and grouped experts)."""
+
+    def __enter__(self):
+        from ..model.attention import GatedAttention
+        from ..model.gated_deltanet import GatedDeltaNet
+        from ..model.mlp import SparseMoeBlock
+
+        targets = [(GatedDeltaNet, "forward", "deltanet mixer"), (GatedAttention, "forward", "attention mixer"),
+                   (SparseMoeBlock, "forward", "moe block"), (SparseMoeBlock, "_grouped", "moe experts+combine")]
+        self.saved = []
+        for cls, name, label in targets:
+            orig = getattr(cls, name)
+            self.saved.append((cls, name, orig))
+            setattr(cls, name, _ranged(orig, f"block: {label}"))
+        return self
+
+    def __exit__(self, *exc):
+        for cls, name, orig in self.saved:
+            setattr(cls, name, orig)
+        return False
+
+
+def _ranged(fn, label: str):
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with torch.profiler.record_function(label):
+            return fn(*args, **kwargs)
+
+    return wrapper

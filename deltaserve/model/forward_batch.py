@@ -51,6 +51,15 @@ class ForwardBatch:
         return int(self.input_ids.shape[0])
 
     @property
+    def cu_seqlens_cpu(self) -> torch.Tensor:
+        """cu_seqlens on the host (from seq_lens_cpu), for kernels that would otherwise copy it back (a sync)."""
+        out, total = [0], 0
+        for n in self.seq_lens_cpu:
+            total += n
+            out.append(total)
+        return torch.tensor(out, dtype=torch.int64)
+
+    @property
     def max_seqlen(self) -> int:
         """Most new tokens of any sequence (1 for a pure decode step); a host size, never a device read."""
         return max(self.seq_lens_cpu)

@@ -101,6 +101,7 @@ class GatedDeltaNet(nn.Module):
         o = td.gdn_prefill(
             q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk), v.reshape(t, self.hv, self.dv), g, beta,
             batch.cu_seqlens, ssm_pool, batch.state_slots, batch.context_lens, self.scale,
+            cu_seqlens_cpu=batch.cu_seqlens_cpu,  # fla's chunk indices without a device -> host copy per layer
         )
         y = self.norm(o.to(x.dtype), z.view(t, self.hv, self.dv)).reshape(t, self.value_dim)
         return fast.linear(self.out_proj, y)

@@ -93,27 +93,30 @@ class SparseMoeBlock(nn.Module):
             return moe_decode(x, router, gate, up, down, self.top_k, normalize=self.normalize, residual=residual,
                               **shared)
         routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"))
-        out = self._grouped(x, routing, gate, up, down)
-        return out if residual is None else residual + out  # prefill: the same two roundings as the reference
+        return self._grouped(x, routing, gate, up, down, residual)
 
-    def _grouped(self, x: torch.Tensor, routing, gate, up, down) -> torch.Tensor:
-        """Prefill: every (token, pick) row through the grouped expert matmul, combined in fp32 in pick order
-        (ascending expert id), then the shared expert; rounded once."""
-        from ..kernels.quant.triton_affine import affine_matmul_experts
+    def _grouped(self, x: torch.Tensor, routing, gate, up, down, residual: torch.Tensor | None) -> torch.Tensor:
+        """Prefill: every (token, pick) row through the grouped expert matmul (rows sorted into expert tiles once
+        for gate, up and down), then one combine launch: the k picks in pick order (ascending expert id), then the
+        shared expert, summed in fp32 and rounded once, + residual rounded once (the reference's two roundings)."""
+        from ..kernels.moe.triton_combine import combine_slots
+        from ..kernels.quant.triton_affine import affine_matmul_experts, expert_tiles_for
 
         t, k = routing.ids.shape
         ids = routing.ids.reshape(-1)
+        tiles = expert_tiles_for(ids, gate.w.shape[0])
 
         def run(spec, inp, repeat):
             sc = None if spec.bits == 16 else spec.scales
             bi = None if spec.bits == 16 else spec.biases
-            return affine_matmul_experts(inp, spec.w, sc, bi, ids, spec.bits, spec.group, x_repeat=repeat)
+            return affine_matmul_experts(inp, spec.w, sc, bi, ids, spec.bits, spec.group, x_repeat=repeat,
+                                         tiles=tiles)
 
         h = linear_ops.silu_mul(run(gate, x, k), run(up, x, k))  # [T*k, I]
         y = run(down, h, 1).view(t, k, -1)  # [T*k, H] -> [T, k, H]
-        acc = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
-        for j in range(k):
-            acc += routing.weights[:, j : j + 1] * y[:, j].float()
+        slots = k + int(self.shared_expert is not None)
+        part = torch.empty(t, slots, x.shape[1], dtype=torch.float32, device=x.device)  # w_s * bf16 y_s, fp32
+        torch.mul(routing.weights[:, :, None], y, out=part[:, :k])
         if self.shared_expert is not None:
-            acc += routing.shared_weight[:, None] * self.shared_expert(x).float()
-        return acc.to(x.dtype)
+            torch.mul(routing.shared_weight[:, None], self.shared_expert(x), out=part[:, k])
+        return combine_slots(part, residual, out=torch.empty_like(x))

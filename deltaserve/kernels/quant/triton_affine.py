@@ -210,12 +210,15 @@ def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int)
 def affine_matmul_experts(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor | None, biases: torch.Tensor | None,
     expert_ids: torch.Tensor, bits: int, group_size: int, x_repeat: int = 1, out: torch.Tensor | None = None,
+    tiles: tuple | None = None,
 ) -> torch.Tensor:
     """Row m of the result = x[m // x_repeat] W[expert_ids[m]]^T for a stacked weight [E, N, K*bits/32] (scales,
     biases [E, N, K/group]) or dense [E, N, K] (bits 16). x [M / x_repeat, K]; expert_ids [M]; returns [M, N].
 
     x_repeat = k lets MoE prefill pass each token once for its k routed rows. Rows are grouped by expert inside
     (sorted, tiles of <= 64 rows); a row's value does not depend on the others (see module doc).
+    tiles: `expert_tiles_for(expert_ids, E)` computed once and shared by the calls over the same ids (an MoE
+    block's gate, up and down), instead of a sort per call.
     """
     spec = WeightSpec(qweight, scales, biases, bits, group_size, "affine_matmul_experts weight")
     if spec.w.dim() != 3:
@@ -231,6 +234,14 @@ def affine_matmul_experts(
         out = torch.empty(m, spec.n, dtype=x.dtype, device=x.device)
     if m:
         sub = _subtiles(m)
-        tiles = expert_tiles(expert_ids, num_e, 16 * sub)
+        tiles = expert_tiles(expert_ids, num_e, 16 * sub) if tiles is None else tiles
+        if tiles[0].numel() != triton.cdiv(m, 16 * sub) + min(num_e, m):
+            raise ValueError(f"affine_matmul_experts: tiles were built for another row count or expert count "
+                             f"({tiles[0].numel()} tiles for {m} rows over {num_e} experts)")
         _launch(x, spec, out, tiles[0].numel(), sub, default_config(spec, m), experts=tiles, x_repeat=x_repeat)
     return out
+
+
+def expert_tiles_for(expert_ids: torch.Tensor, num_experts: int):
+    """The tiles affine_matmul_experts builds for these ids (same rows-per-tile rule), to share across calls."""
+    return expert_tiles(expert_ids, num_experts, 16 * _subtiles(expert_ids.numel()))
