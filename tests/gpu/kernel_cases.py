@@ -337,18 +337,18 @@ def gemv_weight(n, k, bits, group, device):
     return (p, s, b), wd
 
 
-def check_gemv_inline_prep(mods, device, bits, group, m, n, k):
+def check_gemv_inline_prep(mods, device, bits, group, m, n, k, dtype=torch.bfloat16):
     """The one-launch GEMV (prep inlined) against fp64 and against the prep_x + GEMV path. The products are the
     same bits (exact power-of-two pre-scale); the group sums add the same values in another fixed order, so the
     two paths may differ in the last fp32 bit of a group sum: compared to 1/2 bf16 ulp, and their equality is
     reported by the return value (True where bit-identical)."""
     g = mods["gemv"]
     (p, s, b), wd = gemv_weight(n, k, bits, group, device)
-    x = torch.randn(m, k, device=device).bfloat16()
-    out = poisoned((m, n), torch.bfloat16, device)
+    x = torch.randn(m, k, device=device).to(dtype)  # bf16 rows are read in pairs, fp16 ones one value at a time
+    out = poisoned((m, n), dtype, device)
     y = g.affine_gemv(x, p, s, b, bits, group, out=out, inline_prep=True)
-    close(y, x.double() @ wd.t(), 2 * BF16_EPS, f"inline-prep gemv bits={bits} g={group} M={m}")
-    y0 = g.affine_gemv(x, p, s, b, bits, group, out=poisoned((m, n), torch.bfloat16, device), inline_prep=False)
+    close(y, x.double() @ wd.t(), 2 * BF16_EPS, f"inline-prep gemv bits={bits} g={group} M={m} {dtype}")
+    y0 = g.affine_gemv(x, p, s, b, bits, group, out=poisoned((m, n), dtype, device), inline_prep=False)
     close(y, y0.double(), BF16_EPS, f"inline-prep vs prep path bits={bits} g={group} M={m}")
     return torch.equal(y, y0)
 

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ..gated_delta.triton_decode import DecodeConv, check_decode_conv, conv_epilogue
+from .triton_gemv_inline import row_part_inline
 from ..triton_common import DENSE_BITS, WeightSpec
 
 MAX_ROWS = 16  # the GEMV regime; larger M belongs to triton_affine.affine_matmul (tensor cores)
@@ -33,7 +34,7 @@ MAGIC = 0x4B000000  # fp32 bits of 2^23: OR a code into its mantissa to read 2^2
 ROW_BLOCK = 8  # rows of x per program at most (M = 9..16 runs two row blocks, each reading W from L2)
 ROW_BLOCK_INLINE = 4  # with the prep inlined (see row_cap)
 # inline_prep=None (auto) inlines the prep for weights of at most this many BN-row programs. The inline path costs
-# ~25% more instructions per program (sm_90 SASS, q4 K=2048, M=1: 1328 vs 1064; prep kernel 536), which only
+# ~17% more instructions per program (sm_90 SASS, q4 K=2048, M=1: 1248 vs 1064; prep kernel 536), which only
 # matters with many programs per SM: the decoder weights (N <= 12352, <= 1544 programs, ~12 per SM) save a launch,
 # the 248320-row lm_head (31040 programs) would issue ~8M more warp instructions than its one prep launch costs.
 INLINE_MAX_PROGRAMS = 4096
@@ -81,56 +82,14 @@ def _word_offsets(c, CG: tl.constexpr, GW: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _x_tile(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK: tl.constexpr):
-    """fp32 x of code i (0 .. PACK-1) of every word of chunk c, [CG, GW], read from the raw bf16/fp16 row."""
-    g = c * CG + tl.arange(0, CG)
-    j = tl.arange(0, GW)
-    return tl.load(x_row + (g[:, None] * GW + j[None, :]) * PACK + i).to(tl.float32)
-
-
-@triton.jit
-def _code_dot_unscaled(d, src, xv, magic, SH: tl.constexpr, BITS: tl.constexpr):
-    """d + q * x for the code at bits [SH, SH+BITS) of src and UNscaled fp32 x: the field ORed into the mantissa
-    of 2^(23-SH) (whose mantissa bit SH has weight 1; magic - (SH << 23) are its fp32 bits) reads as 2^(23-SH) + q,
-    and subtracting 2^(23-SH) leaves q exactly. Same instruction count as _code_dot (one LOP3, FADD, FFMA) and the
-    same product q * x (exact in fp32: an 8-bit mantissa times a code < 2^8), so no pre-scaled x is needed."""
-    mag = magic - (SH << 23)  # a runtime value: stays in a register so AND and OR fuse into one LOP3
-    v = ((src & (((1 << BITS) - 1) << SH)) | mag).to(tl.float32, bitcast=True) - (8388608.0 / (1 << SH))
-    return d + v * xv
-
-
-@triton.jit
-def _row_part_inline(p, ph, s, b, magic, x_row, c, CG: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr):
-    """_row_part reading the raw row (no prep launch): per chunk and code i one [CG, GW] tile of x, broadcast over
-    the BN weight rows, used unscaled (_code_dot_unscaled). The group sums come from the same tiles: per word
-    x_0 + x_1 + ... + x_{PACK-1} in that order, then summed over the GW words of the group by tl.sum. The
-    products and their order equal the prep path's bit for bit; the group sums add the same values in another
-    (fixed) order, equal whenever the fp32 sums are exact (a group's bf16 values spanning < 2^16 in magnitude)."""
-    PACK: tl.constexpr = 32 // BITS
-    HALF: tl.constexpr = PACK // 2
-    GW: tl.constexpr = GROUP // PACK
-    d = tl.zeros(p.shape, dtype=tl.float32)
-    xsum = tl.zeros((CG, GW), dtype=tl.float32)
-    for i in tl.static_range(HALF):
-        xv = _x_tile(x_row, c, i, CG, GW, PACK)
-        xsum += xv
-        d = _code_dot_unscaled(d, p, xv[None, :, :], magic, BITS * i, BITS)
-    for i in tl.static_range(HALF):
-        xv = _x_tile(x_row, c, HALF + i, CG, GW, PACK)
-        xsum += xv
-        d = _code_dot_unscaled(d, ph, xv[None, :, :], magic, BITS * i, BITS)
-    return s * tl.sum(d, axis=2) + b * tl.sum(xsum, axis=1)[None, :]
-
-
-@triton.jit
 def _row_part(p, ph, s, b, magic, x_row, xp_row, xs_row, wofs, c, KW: tl.constexpr, CG: tl.constexpr,
               BITS: tl.constexpr, GROUP: tl.constexpr, INLINE: tl.constexpr):
     """One row of x against chunk c: s * (q . x_g) + b * sum(x_g) per (feature, group), fp32 [BN, CG].
     p: the chunk's words [BN, CG, GW] (int32), ph = p >> 16 (codes of the upper half-word moved into the
-    mantissa's reach). INLINE: x_row is the raw row (_row_part_inline); else xp_row/xs_row are its _prep_kernel
-    output. Codes are added in order i = 0 .. PACK-1 per word, words summed per group by tl.sum."""
+    mantissa's reach). INLINE: x_row is the raw row (triton_gemv_inline.row_part_inline); else xp_row/xs_row
+    are its _prep_kernel output. Codes are added in order i = 0 .. PACK-1 per word, words summed per group by tl.sum."""
     if INLINE:
-        return _row_part_inline(p, ph, s, b, magic, x_row, c, CG, BITS, GROUP)
+        return row_part_inline(p, ph, s, b, magic, x_row, c, CG, BITS, GROUP)
     else:
         PACK: tl.constexpr = 32 // BITS
         HALF: tl.constexpr = PACK // 2
@@ -315,9 +274,9 @@ def row_block(m: int, cap: int = ROW_BLOCK) -> int:
 
 
 def row_cap(spec: WeightSpec, inline_prep: bool, conv: bool) -> int:
-    """Most rows per program that compile without spilling on sm_90 (cuobjdump at K = 2048): packed weights with
-    the inline prep spill at 8 rows (472 B) and not at 4 (168 registers, 198 with the conv epilogue); dense weights
-    with the conv epilogue spill at 4 (264 B) and not at 2 (201 registers)."""
+    """Rows per program, from sm_90 register counts (cuobjdump at K = 2048, q4 g64): packed weights with the
+    inline prep need all 255 registers at 8 rows (the prep path 179) and 168 at 4 (188 with the conv epilogue);
+    dense weights with the conv epilogue spill at 4 (264 B) and not at 2 (201 registers)."""
     if spec.bits == DENSE_BITS:
         return 2 if conv else ROW_BLOCK
     return ROW_BLOCK_INLINE if inline_prep else ROW_BLOCK
@@ -386,8 +345,8 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
                 conv: DecodeConv | None = None) -> None:
     """x2 [M, K] (K contiguous), out [M, N] (N contiguous); M <= MAX_ROWS is the intended regime. inline_prep
     (resolved by use_inline_prep): the kernel reads x raw (one launch); else prep_x runs first (two launches, the v2
-    path; the same products bit for bit, group sums in another fixed order: see _row_part_inline). conv: the decode conv in the epilogue
-    (gated_delta.triton_decode.DecodeConv)."""
+    path; the same products bit for bit, group sums in another fixed order: see triton_gemv_inline). conv: the
+    decode conv in the epilogue (gated_delta.triton_decode.DecodeConv)."""
     m = x2.shape[0]
     bn, cg, warps = config or default_config(spec)
     group = unit(spec)

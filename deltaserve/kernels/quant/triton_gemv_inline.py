@@ -1,0 +1,80 @@
+"""The decode GEMV's x reader without a prep launch (`triton_gemv._gemv_kernel` / `gemv_row` with INLINE): each
+program reads its rows of x raw (bf16 in pairs, one 32-bit load per two codes; fp16 one value at a time) in the
+[CG, GW] word layout of a chunk, broadcast over the BN weight rows, and dequantises the codes against UNscaled x
+(the code ORed into a per-position magic reads back as exactly q), so no pre-scaled copy of x is needed.
+The products q * x are the same fp32 values, added in the same order, as the prep path's (s * q * 2^SH) * (x *
+2^-SH); the group sums are the same values added in another fixed order (exactly equal whenever the fp32 sum is
+exact). A row's arithmetic depends on (K, BITS, GROUP, BN, CG) only, never on M or its neighbours.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _x_tile(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK: tl.constexpr):
+    """fp32 x of code i (0 .. PACK-1) of every word of chunk c, [CG, GW], read from the raw bf16/fp16 row."""
+    g = c * CG + tl.arange(0, CG)
+    j = tl.arange(0, GW)
+    return tl.load(x_row + (g[:, None] * GW + j[None, :]) * PACK + i).to(tl.float32)
+
+
+@triton.jit
+def _code_dot_unscaled(d, src, xv, magic, SH: tl.constexpr, BITS: tl.constexpr):
+    """d + q * x for the code at bits [SH, SH+BITS) of src and UNscaled fp32 x: the field ORed into the mantissa
+    of 2^(23-SH) (whose mantissa bit SH has weight 1; magic - (SH << 23) are its fp32 bits) reads as 2^(23-SH) + q,
+    and subtracting 2^(23-SH) leaves q exactly. Same instruction count as triton_gemv._code_dot (one LOP3, FADD,
+    FFMA) and the same product q * x (exact in fp32: an 8-bit mantissa times a code < 2^8), so no pre-scaled x
+    is needed."""
+    mag = magic - (SH << 23)  # a runtime value: stays in a register so AND and OR fuse into one LOP3
+    v = ((src & (((1 << BITS) - 1) << SH)) | mag).to(tl.float32, bitcast=True) - (8388608.0 / (1 << SH))
+    return d + v * xv
+
+
+@triton.jit
+def _x_pair(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK: tl.constexpr):
+    """fp32 x of codes i and i+1 (i even) of every word of chunk c, [CG, GW] each, from ONE 32-bit load of the two
+    adjacent bf16 values (little endian: x[i] in the low half). bf16 -> fp32 is exact: the bits moved to the top."""
+    g = c * CG + tl.arange(0, CG)
+    j = tl.arange(0, GW)
+    w = tl.load((x_row + (g[:, None] * GW + j[None, :]) * PACK + i).to(tl.pointer_type(tl.int32), bitcast=True))
+    return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _x_two(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK: tl.constexpr):
+    """x of codes i and i+1 as fp32 [CG, GW] tiles: one paired load for bf16 rows, two loads otherwise."""
+    if x_row.dtype.element_ty == tl.bfloat16:
+        return _x_pair(x_row, c, i, CG, GW, PACK)
+    else:
+        return _x_tile(x_row, c, i, CG, GW, PACK), _x_tile(x_row, c, i + 1, CG, GW, PACK)
+
+
+@triton.jit
+def row_part_inline(p, ph, s, b, magic, x_row, c, CG: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr):
+    """triton_gemv._row_part reading the raw row (no prep launch): per chunk and pair of codes one [CG, GW]
+    tile of x pairs (_x_two), broadcast over the BN weight rows, used unscaled (_code_dot_unscaled). The group
+    sums come from the same tiles: per word x_0 + x_1 + ... + x_{PACK-1} in that order, then summed over the GW
+    words of the group by tl.sum. The products and their order equal the prep path's bit for bit; the group sums
+    add the same values in another (fixed) order, equal whenever the fp32 sums are exact (a group's bf16 values
+    spanning < 2^16)."""
+    PACK: tl.constexpr = 32 // BITS
+    HALF: tl.constexpr = PACK // 2
+    GW: tl.constexpr = GROUP // PACK
+    d = tl.zeros(p.shape, dtype=tl.float32)
+    xsum = tl.zeros((CG, GW), dtype=tl.float32)
+    for i in tl.static_range(0, HALF, 2):  # codes i, i+1 in the low half-word
+        xa, xb = _x_two(x_row, c, i, CG, GW, PACK)
+        xsum += xa
+        xsum += xb
+        d = _code_dot_unscaled(d, p, xa[None, :, :], magic, BITS * i, BITS)
+        d = _code_dot_unscaled(d, p, xb[None, :, :], magic, BITS * (i + 1), BITS)
+    for i in tl.static_range(0, HALF, 2):  # codes HALF+i, HALF+i+1 from the high half-word (ph = p >> 16)
+        xa, xb = _x_two(x_row, c, HALF + i, CG, GW, PACK)
+        xsum += xa
+        xsum += xb
+        d = _code_dot_unscaled(d, ph, xa[None, :, :], magic, BITS * i, BITS)
+        d = _code_dot_unscaled(d, ph, xb[None, :, :], magic, BITS * (i + 1), BITS)
+    return s * tl.sum(d, axis=2) + b * tl.sum(xsum, axis=1)[None, :]
