@@ -43,6 +43,7 @@ def _cases():
                                                                                               n=13, k=128)),
         "gemv_inline_prep_fp16": lambda mods: _bit_identical(kc.check_gemv_inline_prep(mods, CPU, 4, 32, m=2, n=16,
                                                                                          k=128, dtype=torch.float16)),
+        "gemv_inline_unaligned_rows": lambda mods: kc.check_gemv_inline_unaligned(mods, CPU, n=16, k=128),
         "gemv_inline_batch_invariance": lambda mods: kc.check_gemv_inline_invariance(mods, CPU, n=24, k=256),
         "gemv_conv_q4": lambda mods: kc.check_gemv_conv(mods, CPU, 4, 64, m=3, c=40, extra=24, k=128),
         "gemv_conv_q8_kw3_fresh": lambda mods: kc.check_gemv_conv(mods, CPU, 8, 32, m=2, c=16, extra=10, k=64,

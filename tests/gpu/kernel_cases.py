@@ -491,3 +491,19 @@ def check_topk_contract(mods, device, e, k):
     order = rid.sort(-1)
     assert torch.equal(ids.long().cpu(), order.values), f"top-k ids {ids.tolist()} != {order.values.tolist()}"
     close(w.cpu(), rw.gather(1, order.indices).double(), 1e-6, "top-k weights")
+
+
+def check_gemv_inline_unaligned(mods, device, n, k, m=3):
+    """x rows that are not 4-byte aligned (a column view at an odd offset, odd pitch) take single loads instead of
+    paired ones: the same values in the same arithmetic, so the result equals the aligned rows' bit for bit."""
+    g = mods["gemv"]
+    from deltaserve.kernels.quant.triton_gemv_inline import INLINE_PAIR, INLINE_SINGLE, inline_mode
+
+    (p, s, b), _ = gemv_weight(n, k, 4, 64, device)
+    wide = torch.randn(m, k + 1, device=device).bfloat16()
+    view = wide[:, 1:]
+    dense = view.contiguous()
+    assert inline_mode(view, True) == INLINE_SINGLE and inline_mode(dense, True) == INLINE_PAIR
+    got = g.affine_gemv(view, p, s, b, 4, 64, inline_prep=True)
+    want = g.affine_gemv(dense, p, s, b, 4, 64, inline_prep=True)
+    assert torch.equal(got, want), "unaligned x rows (single loads) != aligned rows (paired loads)"

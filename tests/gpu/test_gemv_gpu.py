@@ -179,6 +179,10 @@ def test_gemv_inline_prep(fused_mods, dev, small, bits, group):
         print(f"inline prep == prep path, bits={bits} M={m}: {same}")
 
 
+def test_gemv_inline_unaligned(fused_mods, dev, small):
+    kc.check_gemv_inline_unaligned(fused_mods, dev, *((16, 128) if small else (2048, 2048)))
+
+
 def test_gemv_inline_invariance(fused_mods, dev, small):
     kc.check_gemv_inline_invariance(fused_mods, dev, *((24, 256) if small else (2048, 2048)))
 

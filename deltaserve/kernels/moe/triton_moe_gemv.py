@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, prep_x, unit
+from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import DENSE_BITS, WeightSpec
 from .triton_decode import (DEFAULT_CONFIG, MoeRouting, _router_logits, _router_specs, _silu_mul_bf16, _spec,
                            _topk, moe_route, moe_weight_specs)
@@ -64,10 +65,10 @@ def _gate_up_kernel(
     BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr,
     S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr,
     EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True, FUSE_TOPK: tl.constexpr = False,
-    INLINE: tl.constexpr = False,
+    INLINE: tl.constexpr = 0,
 ):
     # grid (T * SLOTS, cdiv(max(I, IS), BN)); slot < TOPK: the token's slot-th expert (ascending id), slot TOPK:
-    # the shared expert. INLINE: gemv_row reads x raw (xp/xs unused).
+    # the shared expert. INLINE (triton_gemv_inline.inline_mode): gemv_row reads x raw (xp/xs unused).
     pid = tl.program_id(0)
     t = pid // SLOTS
     slot = pid % SLOTS
@@ -102,7 +103,7 @@ def _down_kernel(
     H, magic, stride_hr, stride_de, stride_dn, stride_dse, stride_dsn, stride_sdn, stride_sdsn,
     I: tl.constexpr, IS: tl.constexpr, TOPK: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
     BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr,
-    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr, INLINE: tl.constexpr = False,
+    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr, INLINE: tl.constexpr = 0,
 ):
     # grid (T * SLOTS, cdiv(H, BN)); row r = t * SLOTS + slot of hbuf (stride_hr) and of part [T*SLOTS, H]
     r = tl.program_id(0)
@@ -188,7 +189,7 @@ def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normal
         sg.w.stride(-2), sg.scales.stride(-2), su.w.stride(-2), su.scales.stride(-2),
         H=h, TOPK=top_k, SLOTS=slots, BN=BN, BITS=g.bits, GROUP=_group(g), CG=chunk_groups(g, BN),
         S_BITS=sg.bits, S_GROUP=_group(sg), S_CG=chunk_groups(sg, BN), EP=triton.next_power_of_2(e),
-        NORMALIZE=normalize, FUSE_TOPK=fuse, INLINE=inline_prep, num_warps=4,
+        NORMALIZE=normalize, FUSE_TOPK=fuse, INLINE=inline_mode(x, inline_prep), num_warps=4,
     )
 
 
@@ -205,7 +206,7 @@ def _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep):
         sd.w.stride(-2), sd.scales.stride(-2),
         I=d.k, IS=i_s if slots > top_k else d.k, TOPK=top_k, SLOTS=slots, BN=BN,
         BITS=d.bits, GROUP=_group(d), CG=chunk_groups(d, BN), S_BITS=sd.bits, S_GROUP=_group(sd),
-        S_CG=chunk_groups(sd, BN), INLINE=inline_prep, num_warps=4,
+        S_CG=chunk_groups(sd, BN), INLINE=inline_mode(rows, inline_prep), num_warps=4,
     )
 
 

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..gated_delta.triton_decode import DecodeConv, check_decode_conv, conv_epilogue
-from .triton_gemv_inline import row_part_inline
+from .triton_gemv_inline import inline_mode, row_part_inline
 from ..triton_common import DENSE_BITS, WeightSpec
 
 MAX_ROWS = 16  # the GEMV regime; larger M belongs to triton_affine.affine_matmul (tensor cores)
@@ -86,10 +86,11 @@ def _row_part(p, ph, s, b, magic, x_row, xp_row, xs_row, wofs, c, KW: tl.constex
               BITS: tl.constexpr, GROUP: tl.constexpr, INLINE: tl.constexpr):
     """One row of x against chunk c: s * (q . x_g) + b * sum(x_g) per (feature, group), fp32 [BN, CG].
     p: the chunk's words [BN, CG, GW] (int32), ph = p >> 16 (codes of the upper half-word moved into the
-    mantissa's reach). INLINE: x_row is the raw row (triton_gemv_inline.row_part_inline); else xp_row/xs_row
+    mantissa's reach). INLINE (1 or 2, triton_gemv_inline.inline_mode): x_row is the raw row (row_part_inline,
+    2: read in pairs); else (0) xp_row/xs_row
     are its _prep_kernel output. Codes are added in order i = 0 .. PACK-1 per word, words summed per group by tl.sum."""
     if INLINE:
-        return row_part_inline(p, ph, s, b, magic, x_row, c, CG, BITS, GROUP)
+        return row_part_inline(p, ph, s, b, magic, x_row, c, CG, BITS, GROUP, INLINE == 2)
     else:
         PACK: tl.constexpr = 32 // BITS
         HALF: tl.constexpr = PACK // 2
@@ -130,7 +131,7 @@ def _finish_row(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, slo
 @triton.jit
 def gemv_row(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, magic,
              K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
-             INLINE: tl.constexpr = True):
+             INLINE: tl.constexpr = 1):
     """W[rn, :K] . x as fp32 [BN] for ONE row of x, with exactly the per-row arithmetic of _gemv_kernel (same
     helpers, same chunking): x_row is the bf16 row (read for dense weights, and for packed ones when INLINE),
     xp_row/xs_row its _prep_kernel output (read for packed weights when not INLINE; pass anything otherwise)."""
@@ -178,7 +179,7 @@ def _gemv_kernel(
     x_ptr, xp_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_om, magic,
     cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk,
     K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
-    MB: tl.constexpr, INLINE: tl.constexpr = False, CONV: tl.constexpr = False, KCONV: tl.constexpr = 4,
+    MB: tl.constexpr, INLINE: tl.constexpr = 0, CONV: tl.constexpr = False, KCONV: tl.constexpr = 4,
 ):
     # grid (cdiv(N, BN), cdiv(M, MB)); rows m0 .. m0+MB-1 of x, each with its own accumulator (a0..a7). Rows past
     # M read row M-1 (valid memory) and are not stored. INLINE: x is read raw (xp/xs unused); CONV: the decode conv
@@ -369,7 +370,8 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
     _gemv_kernel[grid](
         x2, xp, xs, spec.w, spec.scales, spec.biases, out, m, spec.n, x2.stride(0), spec.w.stride(0),
         spec.scales.stride(0), out.stride(0), MAGIC, *cargs,
-        K=spec.k, BITS=spec.bits, GROUP=group, BN=bn, CG=cg, MB=mb, INLINE=inline_prep, CONV=conv is not None,
+        K=spec.k, BITS=spec.bits, GROUP=group, BN=bn, CG=cg, MB=mb, INLINE=inline_mode(x2, inline_prep),
+        CONV=conv is not None,
         KCONV=kw, num_warps=warps,
     )
 

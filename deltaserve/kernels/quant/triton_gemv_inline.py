@@ -44,16 +44,18 @@ def _x_pair(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK:
 
 
 @triton.jit
-def _x_two(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK: tl.constexpr):
-    """x of codes i and i+1 as fp32 [CG, GW] tiles: one paired load for bf16 rows, two loads otherwise."""
-    if x_row.dtype.element_ty == tl.bfloat16:
+def _x_two(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK: tl.constexpr, PAIR: tl.constexpr):
+    """x of codes i and i+1 as fp32 [CG, GW] tiles: one paired load when PAIR (bf16 rows, 4-byte aligned: see
+    inline_mode), two loads otherwise. The same values either way."""
+    if PAIR:
         return _x_pair(x_row, c, i, CG, GW, PACK)
     else:
         return _x_tile(x_row, c, i, CG, GW, PACK), _x_tile(x_row, c, i + 1, CG, GW, PACK)
 
 
 @triton.jit
-def row_part_inline(p, ph, s, b, magic, x_row, c, CG: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr):
+def row_part_inline(p, ph, s, b, magic, x_row, c, CG: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
+                    PAIR: tl.constexpr):
     """triton_gemv._row_part reading the raw row (no prep launch): per chunk and pair of codes one [CG, GW]
     tile of x pairs (_x_two), broadcast over the BN weight rows, used unscaled (_code_dot_unscaled). The group
     sums come from the same tiles: per word x_0 + x_1 + ... + x_{PACK-1} in that order, then summed over the GW
@@ -66,15 +68,29 @@ def row_part_inline(p, ph, s, b, magic, x_row, c, CG: tl.constexpr, BITS: tl.con
     d = tl.zeros(p.shape, dtype=tl.float32)
     xsum = tl.zeros((CG, GW), dtype=tl.float32)
     for i in tl.static_range(0, HALF, 2):  # codes i, i+1 in the low half-word
-        xa, xb = _x_two(x_row, c, i, CG, GW, PACK)
+        xa, xb = _x_two(x_row, c, i, CG, GW, PACK, PAIR)
         xsum += xa
         xsum += xb
         d = _code_dot_unscaled(d, p, xa[None, :, :], magic, BITS * i, BITS)
         d = _code_dot_unscaled(d, p, xb[None, :, :], magic, BITS * (i + 1), BITS)
     for i in tl.static_range(0, HALF, 2):  # codes HALF+i, HALF+i+1 from the high half-word (ph = p >> 16)
-        xa, xb = _x_two(x_row, c, HALF + i, CG, GW, PACK)
+        xa, xb = _x_two(x_row, c, HALF + i, CG, GW, PACK, PAIR)
         xsum += xa
         xsum += xb
         d = _code_dot_unscaled(d, ph, xa[None, :, :], magic, BITS * i, BITS)
         d = _code_dot_unscaled(d, ph, xb[None, :, :], magic, BITS * (i + 1), BITS)
     return s * tl.sum(d, axis=2) + b * tl.sum(xsum, axis=1)[None, :]
+
+
+INLINE_OFF, INLINE_SINGLE, INLINE_PAIR = 0, 1, 2  # the GEMV kernels' INLINE constexpr
+
+
+def inline_mode(x2, inline: bool) -> int:
+    """INLINE for rows x2 [R, K]: paired 32-bit loads need bf16 rows whose every even element is 4-byte aligned
+    (base address and row pitch); otherwise single loads (same values, same arithmetic), or the prep path."""
+    import torch
+
+    if not inline:
+        return INLINE_OFF
+    aligned = x2.dtype == torch.bfloat16 and x2.data_ptr() % 4 == 0 and (x2.shape[0] <= 1 or x2.stride(0) % 2 == 0)
+    return INLINE_PAIR if aligned else INLINE_SINGLE
