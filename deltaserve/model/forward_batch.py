@@ -21,6 +21,7 @@ engine never has to clear slots); cache index of new token i of sequence b is co
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -50,9 +51,10 @@ class ForwardBatch:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
-    @property
+    @functools.cached_property
     def cu_seqlens_cpu(self) -> torch.Tensor:
-        """cu_seqlens on the host (from seq_lens_cpu), for kernels that would otherwise copy it back (a sync)."""
+        """cu_seqlens on the host (from seq_lens_cpu), for kernels that would otherwise copy it back (a sync).
+        One tensor per batch: fla caches its chunk indices by the identity of this argument across layers."""
         out, total = [0], 0
         for n in self.seq_lens_cpu:
             total += n
