@@ -131,3 +131,26 @@ def test_fast_path_decode_matches_reference_and_is_batch_invariant(checkpoint):
 
 if __name__ == "__main__":
     _child(sys.argv[1])
+
+
+def test_kernel_choice_env_vars_are_checked(monkeypatch):
+    from deltaserve.model import fast
+
+    monkeypatch.delenv("DELTASERVE_MOE_TOPK", raising=False)
+    monkeypatch.delenv("DELTASERVE_DECODE_KERNELS", raising=False)
+    monkeypatch.delenv("DELTASERVE_DECODE_CONV", raising=False)
+    assert fast.moe_topk_mode() == "fused" and fast.decode_kernels() == "gemv"  # the defaults
+    monkeypatch.setenv("DELTASERVE_MOE_TOPK", "split")
+    assert fast.moe_topk_mode() == "split"
+    monkeypatch.setenv("DELTASERVE_MOE_TOPK", "sorted")
+    with pytest.raises(ValueError, match="DELTASERVE_MOE_TOPK must be 'fused' or 'split', found 'sorted'"):
+        fast.moe_topk_mode()
+    import torch
+
+    pool, x = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.bfloat16)
+    assert fast.conv_in_gemv(pool, x) and not fast.conv_in_gemv(pool.float(), x)  # the pool must match x's dtype
+    monkeypatch.setenv("DELTASERVE_DECODE_CONV", "kernel")
+    assert not fast.conv_in_gemv(pool, x)
+    monkeypatch.setenv("DELTASERVE_DECODE_CONV", "epilogue")
+    with pytest.raises(ValueError, match="DELTASERVE_DECODE_CONV must be 'gemv' or 'kernel', found 'epilogue'"):
+        fast.conv_in_gemv(pool, x)

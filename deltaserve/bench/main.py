@@ -15,6 +15,7 @@ inside the device budget. Records say so in their notes.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -157,6 +158,9 @@ def main(argv=None) -> int:
     recs = []
     max_len = max(args.depth) + max(max(args.n_prompt), max(args.n_gen)) + 8
     note = "depth laid down synthetically (random KV/state)"
+    knobs = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("DELTASERVE_") and k != "DELTASERVE_COMMIT")
+    if knobs:
+        note += "; " + " ".join(knobs)  # kernel choices made by environment (model/fast.py) travel with the numbers
     for b in args.batch:
         streams = Streams(model, config, b, max_len)
         for d in args.depth:

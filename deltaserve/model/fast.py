@@ -71,12 +71,35 @@ def decode_kernels() -> str:
     return value
 
 
-def linear(module: nn.Module, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
+def conv_in_gemv(pool: torch.Tensor, x: torch.Tensor) -> bool:
+    """Run the DeltaNet decode conv in the input projection's GEMV epilogue (one launch fewer per layer)? Needs the
+    decode GEMV and a conv pool in the activation dtype; env DELTASERVE_DECODE_CONV=gemv (default) | kernel."""
+    value = os.environ.get("DELTASERVE_DECODE_CONV", "gemv")
+    if value not in ("gemv", "kernel"):
+        raise ValueError(f"DELTASERVE_DECODE_CONV must be 'gemv' or 'kernel', found {value!r}")
+    return value == "gemv" and decode_kernels() == "gemv" and pool.dtype == x.dtype
+
+
+def moe_topk_mode() -> str:
+    """Where the decode MoE's top-k runs: "fused" (recomputed at the head of every gate/up program, no launch of
+    its own) or "split" (its own launch between the router and gate/up). Same bits either way (the same routing
+    contract on the same fp32 logits); env DELTASERVE_MOE_TOPK, for timing the two against each other."""
+    value = os.environ.get("DELTASERVE_MOE_TOPK", "fused")
+    if value not in ("fused", "split"):
+        raise ValueError(f"DELTASERVE_MOE_TOPK must be 'fused' or 'split', found {value!r}")
+    return value
+
+
+def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple | None = None) -> torch.Tensor:
     """module(x), through the batch-invariant Triton kernels on the fast path.
 
     decode: the rows are one token per sequence. Decode steps of any batch size take the GEMV kernel in fixed blocks
-    of rows (a row's bits never depend on the other rows), prefill takes the tiled matmul."""
+    of rows (a row's bits never depend on the other rows), prefill takes the tiled matmul.
+    conv: (weight [C, K], pool [S, C, K-1], state_slots [B], context_lens [B], C) runs the DeltaNet decode conv in
+    the GEMV's epilogue (kernels/gated_delta/triton_decode.DecodeConv): decode GEMV only (`conv_in_gemv`)."""
     if not enabled(x) or not hasattr(module, "weight"):
+        if conv is not None:
+            raise ValueError("fast.linear: conv= needs the fast path's decode GEMV")
         return module(x)
     s = weight_spec(module)
     scales, biases = (None, None) if s.bits == 16 else (s.scales, s.biases)
@@ -87,8 +110,14 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False) -> torch.Te
         out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device)
         for start in range(0, x2.shape[0], MAX_ROWS):
             stop = min(start + MAX_ROWS, x2.shape[0])
-            affine_gemv(x2[start:stop], s.w, scales, biases, s.bits, s.group, out=out[start:stop])
+            rows_conv = None
+            if conv is not None:  # the same rows' sequences: slots and context lengths sliced alike
+                w, pool, slots, ctx, channels = conv
+                rows_conv = (w, pool, slots[start:stop], ctx[start:stop], channels)
+            affine_gemv(x2[start:stop], s.w, scales, biases, s.bits, s.group, out=out[start:stop], conv=rows_conv)
         return out.view(*x.shape[:-1], s.n)
+    if conv is not None:
+        raise ValueError("fast.linear: conv= needs the decode GEMV (decode=True, DELTASERVE_DECODE_KERNELS=gemv)")
     from ..kernels.quant.triton_affine import affine_matmul
 
     return affine_matmul(x, s.w, scales, biases, s.bits, s.group)

@@ -84,12 +84,18 @@ class GatedDeltaNet(nn.Module):
 
         t = x.shape[0]
         decode = batch.max_seqlen == 1
-        qkv, z, b, a = self._project(x, decode)
         conv_pool, ssm_pool = cache.conv[self.layer], cache.ssm[self.layer]
-        mixed = td.causal_conv(
-            qkv, self.conv1d.weight[:, 0, :], conv_pool, batch.cu_seqlens, batch.state_slots, batch.context_lens,
-            batch.max_seqlen,
-        )
+        conv_w = self.conv1d.weight[:, 0, :]
+        proj = fusion.fused(self, "in_proj")
+        if decode and proj is not None and fast.conv_in_gemv(conv_pool, x):
+            # one launch: the fused projection with the conv (+ SiLU, state shift) on its first conv_dim features
+            conv = (conv_w, conv_pool, batch.state_slots, batch.context_lens, conv_w.shape[0])
+            mixed, z, b, a = fast.linear(proj, x, decode, conv=conv).split(proj.sizes, dim=-1)
+        else:
+            qkv, z, b, a = self._project(x, decode)
+            mixed = td.causal_conv(
+                qkv, conv_w, conv_pool, batch.cu_seqlens, batch.state_slots, batch.context_lens, batch.max_seqlen,
+            )
         if batch.max_seqlen == 1:
             y = td.gdn_decode_step(
                 mixed, z, a, b, self.A_log, self.dt_bias, self.norm.weight, ssm_pool, batch.state_slots,

@@ -83,12 +83,14 @@ class SparseMoeBlock(nn.Module):
     def _forward_fast(self, x: torch.Tensor, decode: bool, residual: torch.Tensor | None) -> torch.Tensor:
         from ..kernels.moe.triton_decode import moe_decode, moe_route
 
-        if decode and fast.decode_kernels() == "gemv":
-            from ..kernels.moe.triton_moe_gemv import moe_decode_v2 as moe_decode
-
         gate, up, down = fast.stacked_specs(self.experts)
         router = fast.weight_spec(self.gate)
         shared = self._shared_specs()
+        if decode and fast.decode_kernels() == "gemv":
+            from ..kernels.moe.triton_moe_gemv import moe_decode_v2
+
+            return moe_decode_v2(x, router, gate, up, down, self.top_k, normalize=self.normalize, residual=residual,
+                                 fuse_topk=fast.moe_topk_mode() == "fused", **shared)
         if decode or x.shape[0] <= MOE_GEMV_MAX_TOKENS:
             return moe_decode(x, router, gate, up, down, self.top_k, normalize=self.normalize, residual=residual,
                               **shared)
