@@ -161,22 +161,28 @@ def main(argv=None) -> int:
     knobs = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("DELTASERVE_") and k != "DELTASERVE_COMMIT")
     if knobs:
         note += "; " + " ".join(knobs)  # kernel choices made by environment (model/fast.py) travel with the numbers
+    def keep(rec: dict) -> None:
+        # appended as soon as measured: a run cut short by a device time limit keeps what it finished
+        recs.append(rec)
+        if not args.no_record:
+            records.append_records([rec], args.results, gpu)
+
     for b in args.batch:
         streams = Streams(model, config, b, max_len)
         for d in args.depth:
             for n in args.n_prompt:
                 times = bench_prefill(streams, n, d, args.reps)
                 tps, sd = _stats(times, n * b)
-                recs.append(records.make_record("deltaserve", gpu, name, quant, "pp", n, d, b, tps, sd, args.reps,
-                                                notes=note))
+                keep(records.make_record("deltaserve", gpu, name, quant, "pp", n, d, b, tps, sd, args.reps,
+                                         notes=note))
                 print(records.format_table(recs[-1:]).splitlines()[-1], flush=True)
             for n in args.n_gen:
                 times = bench_decode(streams, n, d, args.reps, not args.no_graph)
                 tps, sd = _stats(times, n * b)
                 step_bytes = roofline.decode_step_bytes(config, fmt, b, d + n // 2)
                 gbps, pct = roofline.roofline(b / tps if tps else float("inf"), step_bytes)
-                recs.append(records.make_record("deltaserve", gpu, name, quant, "tg", n, d, b, tps, sd, args.reps,
-                                                gbps, pct, notes=note + ("; eager" if args.no_graph else "; cuda graph")))
+                keep(records.make_record("deltaserve", gpu, name, quant, "tg", n, d, b, tps, sd, args.reps,
+                                         gbps, pct, notes=note + ("; eager" if args.no_graph else "; cuda graph")))
                 print(records.format_table(recs[-1:]).splitlines()[-1], flush=True)
         del streams
         torch.cuda.empty_cache()
@@ -190,7 +196,6 @@ def main(argv=None) -> int:
 
         print(profile_prefill(model, config, args.n_prompt[0]))
     if not args.no_record:
-        path = records.append_records(recs, args.results, gpu)
-        print(f"# {len(recs)} records appended to {path}")
+        print(f"# {len(recs)} records appended under {args.results}")
     print(f"# peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     return 0
