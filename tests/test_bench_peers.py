@@ -148,7 +148,7 @@ def test_table_puts_engines_side_by_side_with_ratios(tmp_path):
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     table = peers.side_by_side(peers.load_records([path]), gpu="NVIDIA H200")
     head, rule, pp_row, tg_row, *footer = table.splitlines()
-    assert len(footer) == 3 and footer[0].startswith("deltaserve q4g64: deltaserve commit c;")
+    assert len(footer) == 3 and footer[0].startswith("deltaserve q4g64: records of deltaserve tree c;")
     assert head.index("deltaserve q4g64") < head.index("llama.cpp q4_k_m") < head.index("transformers bf16")
     assert "ds/llama.cpp q4_k_m" in head and "ds/transformers bf16" in head
     assert "pp512 @ d512" in pp_row and "3.00x" in pp_row and pp_row.count("|") == head.count("|")
@@ -164,7 +164,7 @@ def test_table_keeps_one_deltaserve_commit_when_asked(tmp_path):
     rows = table.splitlines()
     assert "400.00" not in table and "450.00" in table  # the other commit's cell is dropped, not mixed in
     assert any("250.00" in r for r in rows)  # peers are kept whatever their commit field
-    assert "deltaserve commit bbb222" in table
+    assert "records of deltaserve tree bbb222" in table
 
 
 def test_table_command_reads_the_results_dir(tmp_path, capsys, monkeypatch):

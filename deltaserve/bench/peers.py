@@ -220,7 +220,7 @@ def side_by_side(recs: list[dict], gpu: str | None = None, commit: str | None = 
         used = [r for k, r in latest.items() if k[-1] == c]
         commits = sorted({str(r.get("commit", "?")) for r in used})
         dates = sorted({str(r.get("date", "?")) for r in used})
-        lines.append(f"{c[0]} {c[1]}: deltaserve commit {', '.join(commits)}; {', '.join(dates)}; "
+        lines.append(f"{c[0]} {c[1]}: records of deltaserve tree {', '.join(commits)}; {', '.join(dates)}; "
                      f"{str(used[0].get('notes', ''))[:120]}")
     return "\n".join(lines)
 

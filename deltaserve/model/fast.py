@@ -81,10 +81,11 @@ def conv_in_gemv(pool: torch.Tensor, x: torch.Tensor) -> bool:
 
 
 def moe_topk_mode() -> str:
-    """Where the decode MoE's top-k runs: "fused" (recomputed at the head of every gate/up program, no launch of
-    its own) or "split" (its own launch between the router and gate/up). Same bits either way (the same routing
+    """Where the decode MoE's top-k runs: "split" (its own launch between the router and gate/up; the default:
+    the configuration behind the published H200 numbers, bench/NOTES.md) or "fused" (recomputed at the head of every
+    gate/up program, no launch of its own; not yet timed end to end). Same bits either way (the same routing
     contract on the same fp32 logits); env DELTASERVE_MOE_TOPK, for timing the two against each other."""
-    value = os.environ.get("DELTASERVE_MOE_TOPK", "fused")
+    value = os.environ.get("DELTASERVE_MOE_TOPK", "split")
     if value not in ("fused", "split"):
         raise ValueError(f"DELTASERVE_MOE_TOPK must be 'fused' or 'split', found {value!r}")
     return value
