@@ -8,13 +8,17 @@ decode steps is N back-to-back replays with no host work (what the benchmark tim
 
 Buckets: a batch of B sequences uses the smallest bucket >= B; the padding rows point at a dedicated scratch state
 slot and a scratch KV block, so they never touch a real sequence's cache.
+
+`DecodeGraphs` is the engine's side: one lazily captured `DecodeGraph` per bucket, the padding, and the copy-out of
+the real rows' logits. On a device without capture (CPU) `DecodeGraph.replay` runs the same step eagerly, so the
+padding and bucketing logic is testable without a GPU.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..model import ForwardBatch, HybridCache
+from ..model import ForwardBatch, HybridCache, fast
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -57,6 +61,7 @@ class DecodeGraph:
             self.input_ids.copy_(nxt)
             self.positions.add_(1)
             self.context_lens.add_(1)
+            self.fb.context_lens_cpu = [c + 1 for c in self.fb.context_lens_cpu]  # the eager reference path reads it
             self._derive_slots()
         return logits
 
@@ -67,9 +72,10 @@ class DecodeGraph:
         self.slot_mapping.copy_(blk * self.block_size + pos % self.block_size)
 
     @torch.no_grad()
-    def capture(self, warmup: int = 2) -> None:
+    def capture(self, warmup: int = 2, pool=None) -> None:
         """Run eagerly (compiles kernels, settles allocations), then capture one step. The caller restores any
-        cache state the warm-up steps changed (they write real KV slots / state slots of the loaded metadata)."""
+        cache state the warm-up steps changed (they write real KV slots / state slots of the loaded metadata). `pool`: a
+        memory pool shared with other graphs that never run concurrently (torch.cuda.graph_pool_handle())."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         snapshot = self._snapshot()
@@ -80,16 +86,19 @@ class DecodeGraph:
         torch.cuda.current_stream().wait_stream(stream)
         self._restore(snapshot)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool):
             self.logits = self._forward()
         self._restore(snapshot)
 
     def _snapshot(self):
-        return [t.clone() for t in (self.input_ids, self.positions, self.context_lens, self.slot_mapping)]
+        tensors = [t.clone() for t in (self.input_ids, self.positions, self.context_lens, self.slot_mapping)]
+        return tensors, list(self.fb.context_lens_cpu)
 
     def _restore(self, snap) -> None:
-        for dst, src in zip((self.input_ids, self.positions, self.context_lens, self.slot_mapping), snap):
+        tensors, host = snap
+        for dst, src in zip((self.input_ids, self.positions, self.context_lens, self.slot_mapping), tensors):
             dst.copy_(src)
+        self.fb.context_lens_cpu = list(host)
 
     def load(self, input_ids, positions, context_lens, block_tables, state_slots) -> None:
         """Set the step's metadata (device or host tensors of the bucket's size; the cache index of each new token
@@ -99,6 +108,8 @@ class DecodeGraph:
         self.context_lens.copy_(context_lens)
         self.block_tables.copy_(block_tables)
         self.state_slots.copy_(state_slots)
+        if not context_lens.is_cuda:  # the reference path's host copy; the fast path reads only the device tensor
+            self.fb.context_lens_cpu = [int(c) for c in context_lens.tolist()]
         self._derive_slots()
 
     def replay(self) -> torch.Tensor:
@@ -108,3 +119,75 @@ class DecodeGraph:
                 return self._forward()
         self.graph.replay()
         return self.logits
+
+
+def bucket_for(n: int, buckets=DEFAULT_BUCKETS) -> int | None:
+    """The smallest bucket >= n, or None when n exceeds the largest (the step runs eagerly)."""
+    return next((b for b in sorted(buckets) if b >= n), None)
+
+
+class DecodeGraphs:
+    """Per-bucket decode graphs for the engine's runner.
+
+    A decode step of B real rows runs in the graph of bucket_for(B); rows B.. are padding that read and write only
+    the reserved `scratch_slot` (DeltaNet state) and `scratch_block` (KV), which the engine keeps out of the
+    scheduler's pools. Padding rows decode token 0 at cache index 0 of the scratch block (context 0: a fresh
+    sequence), so they never read a real sequence's cache. Rows are independent (batch-invariant decode kernels),
+    so a real row's logits do not depend on the bucket or on the padding.
+
+    Graphs are captured lazily, the first time a bucket is used, only where `capturable` (CUDA and the fast path:
+    the reference path synchronises with the host); elsewhere `DecodeGraph.replay` runs the step eagerly.
+    """
+
+    def __init__(self, model, cache: HybridCache, scratch_slot: int, scratch_block: int, max_blocks: int,
+                 buckets=DEFAULT_BUCKETS):
+        self.model, self.cache = model, cache
+        self.scratch_slot, self.scratch_block = scratch_slot, scratch_block
+        self.max_blocks, self.buckets = max_blocks, tuple(sorted(buckets))
+        p = next(model.parameters())
+        self.device = p.device
+        self.capturable = p.is_cuda and fast.enabled(torch.empty(0, dtype=p.dtype, device=p.device))
+        self.graphs: dict[int, DecodeGraph] = {}
+        self._pool = None  # one memory pool for all buckets: their replays never overlap
+
+    def bucket(self, n: int) -> int | None:
+        return bucket_for(n, self.buckets)
+
+    def fits(self, tables: list[list[int]]) -> bool:
+        """Every block table fits the graphs' static [bucket, max_blocks] table (else the step runs eagerly)."""
+        return all(len(t) <= self.max_blocks for t in tables)
+
+    def _graph(self, bucket: int) -> DecodeGraph:
+        g = self.graphs.get(bucket)
+        if g is None:
+            g = DecodeGraph(self.model, self.cache, bucket, self.max_blocks)
+            if self.capturable:
+                # Warm-up and capture run with every row on the scratch slot/block: the warm-up steps write state
+                # and KV, and must never touch a real sequence.
+                self._load(g, [], [], [], [])
+                if self._pool is None:
+                    self._pool = torch.cuda.graph_pool_handle()
+                g.capture(pool=self._pool)
+            self.graphs[bucket] = g
+        return g
+
+    def _load(self, g: DecodeGraph, tokens: list[int], starts: list[int], tables: list[list[int]],
+              slots: list[int]) -> None:
+        """Real rows first, then padding rows (token 0, cache index 0, scratch slot, a table of scratch blocks)."""
+        pad = g.batch - len(tokens)
+        i64 = dict(dtype=torch.int64)
+        table = torch.full((g.batch, self.max_blocks), -1, dtype=torch.int32)  # -1: past a real row's blocks
+        for b, t in enumerate(tables):
+            table[b, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        table[len(tables):] = self.scratch_block
+        start = torch.tensor(starts + [0] * pad, **i64)
+        g.load(torch.tensor(tokens + [0] * pad, **i64), start, start, table,
+               torch.tensor(slots + [self.scratch_slot] * pad, **i64))
+
+    def run(self, tokens: list[int], starts: list[int], tables: list[list[int]], slots: list[int]) -> torch.Tensor:
+        """One decode step of B = len(tokens) rows (token b at cache index starts[b] of the sequence with block
+        table tables[b] and state slot slots[b]). Returns the real rows' fp32 logits [B, V], copied out of the
+        graph's static output (the next replay overwrites it)."""
+        g = self._graph(self.bucket(len(tokens)))
+        self._load(g, tokens, starts, tables, slots)
+        return g.replay()[: len(tokens)].clone()

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 from ..model.cache import cache_spec
 from ..utils.memory import cache_budget_bytes
 from .block_pool import BlockPool, StateSlotPool
+from .cuda_graph import DecodeGraphs
 from .detokenizer import IncrementalDetokenizer
 from .outputs import RequestOutput
 from .request import FinishReason, Request
@@ -39,6 +40,9 @@ class EngineConfig:
     max_model_len: int | None = None  # None: min(max_position_embeddings, 8192)
     cache_memory_bytes: int | None = None  # None: utils.memory.cache_budget_bytes(device)
     seed: int = 0  # seeds the engine RNG that gives unseeded requests their seed
+    # Decode-only steps through per-bucket CUDA graphs (engine/cuda_graph.DecodeGraphs); reserves one scratch state
+    # slot and one scratch KV block for the padding rows. Off until the path has run on a GPU.
+    cuda_graphs: bool = False
 
 
 class LLMEngine:
@@ -63,12 +67,19 @@ class LLMEngine:
                 f"{mcfg.max_position_embeddings}"
             )
         self.num_blocks = config.num_blocks or self._auto_num_blocks()
-        self.cache = model.make_cache(self.num_blocks, config.block_size, config.max_num_seqs)
+        # With graphs the cache holds one more block and one more state slot than the pools hand out: ids
+        # num_blocks and max_num_seqs are the padding rows' scratch, never owned by a request.
+        extra = int(config.cuda_graphs)
+        self.cache = model.make_cache(self.num_blocks + extra, config.block_size, config.max_num_seqs + extra)
         sched_cfg = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
         self.scheduler = Scheduler(
             sched_cfg, BlockPool(self.num_blocks, config.block_size), StateSlotPool(config.max_num_seqs)
         )
-        self.runner = ModelRunner(model, self.cache, self.device)
+        graphs = None
+        if config.cuda_graphs:
+            max_blocks = -(-self.max_model_len // config.block_size)
+            graphs = DecodeGraphs(model, self.cache, config.max_num_seqs, self.num_blocks, max_blocks)
+        self.runner = ModelRunner(model, self.cache, self.device, graphs)
         self.rng = random.Random(config.seed)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -84,7 +95,8 @@ class LLMEngine:
         usable = cfg.max_num_seqs * per_seq
         if spec.bytes_per_block == 0:  # no full-attention layers: blocks cost nothing
             return usable
-        fit = (budget - cfg.max_num_seqs * spec.bytes_per_state_slot) // spec.bytes_per_block
+        extra = int(cfg.cuda_graphs)  # the graphs' scratch slot and block come out of the same budget
+        fit = (budget - (cfg.max_num_seqs + extra) * spec.bytes_per_state_slot) // spec.bytes_per_block - extra
         if fit < per_seq:
             raise ValueError(
                 f"cache budget {budget / 2**20:.0f} MiB holds {max(fit, 0)} KV blocks of {cfg.block_size} tokens "

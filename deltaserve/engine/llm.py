@@ -45,6 +45,7 @@ class LLM:
         max_num_batched_tokens: int = 512,
         seed: int = 0,
         progress: bool = False,
+        cuda_graphs: bool = False,
     ):
         from ..weights.loader import load_checkpoint  # lazy: loading pulls in every checkpoint format
 
@@ -52,7 +53,8 @@ class LLM:
         ModelConfig.from_dir(self.model_dir)  # cheap checks first: config, then tokenizer, then the weights
         tok = load_tokenizer(self.model_dir)
         ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype), progress)
-        config = EngineConfig(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, seed=seed)
+        config = EngineConfig(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, seed=seed,
+                              cuda_graphs=cuda_graphs)
         self._setup(ckpt.model, tok, config)
 
     @classmethod

@@ -3,6 +3,11 @@
 The scheduler's output is the only message from the scheduler; the ForwardBatch (a model type) is the only message
 to the model. Logits are taken only where needed: the last new token of a sequence that samples, and every new
 token of a logits_only request.
+
+With `graphs` (engine/cuda_graph.DecodeGraphs), a decode-only step (every sequence has one new token and samples,
+no logits_only request) of at most the largest bucket's sequences runs through the bucket's CUDA graph; every
+other step (prefill, mixed, logits_only, larger batches) runs eagerly. On a device where graphs cannot be captured
+the graph path is used only when `graphs_off_device` is set (tests: it then runs the same padded step eagerly).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import torch
 from ..kernels.sampling import SamplingTensors, sample, seed_to_int64, token_statistics
 from ..model.cache import HybridCache
 from ..model.forward_batch import ForwardBatch
+from .cuda_graph import DecodeGraphs
 from .request import Request
 from .scheduler import SchedulerOutput
 
@@ -25,11 +31,30 @@ class RunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cache: HybridCache, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache: HybridCache,
+        device: torch.device | str = "cpu",
+        graphs: DecodeGraphs | None = None,
+    ):
         self.model = model
         self.cache = cache
         self.device = torch.device(device)
         self.vocab_size = model.config.vocab_size
+        self.graphs = graphs
+        self.graphs_off_device = False  # use the (eager) graph path where capture is impossible: tests on CPU
+        self.graph_steps = 0  # steps run through DecodeGraphs / eagerly (observability, tests)
+        self.eager_steps = 0
+
+    def _graph_step(self, out: SchedulerOutput) -> bool:
+        """Does this step run through the bucketed decode graphs?"""
+        g = self.graphs
+        if g is None or not (g.capturable or self.graphs_off_device) or g.bucket(len(out.seqs)) is None:
+            return False
+        if not all(s.num_new_tokens == 1 and s.sample and not s.request.logits_only for s in out.seqs):
+            return False
+        return g.fits([s.request.block_table for s in out.seqs])
 
     def build_batch(self, out: SchedulerOutput) -> tuple[ForwardBatch, list[tuple[Request, slice]]]:
         """The ForwardBatch and, per sequence, which rows of the returned logits belong to it."""
@@ -55,6 +80,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        if self._graph_step(out):
+            return self._execute_graph(out)
+        self.eager_steps += 1
         batch, rows = self.build_batch(out)
         logits = self.model(batch, self.cache)  # [N, V] fp32
         result = RunnerOutput({}, {})
@@ -70,6 +98,19 @@ class ModelRunner:
             for (r, _), t in zip(to_sample, ids.tolist()):
                 result.sampled[r.request_id] = t
         return result
+
+    def _execute_graph(self, out: SchedulerOutput) -> RunnerOutput:
+        """A decode-only step in the bucket's graph; sampling as in the eager path, on the real rows' logits."""
+        self.graph_steps += 1
+        reqs = [s.request for s in out.seqs]
+        logits = self.graphs.run(
+            [r.token_slice(s.start, s.start + 1)[0] for s, r in zip(out.seqs, reqs)],
+            [s.start for s in out.seqs],
+            [r.block_table for r in reqs],
+            [r.state_slot for r in reqs],
+        )  # [B, V] fp32, row b = out.seqs[b]
+        ids = sample(logits, self.sampling_tensors(reqs))
+        return RunnerOutput({r.request_id: t for r, t in zip(reqs, ids.tolist())}, {})
 
     def sampling_tensors(self, reqs: list[Request]) -> SamplingTensors:
         def col(values, dtype=torch.float32):

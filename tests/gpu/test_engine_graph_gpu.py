@@ -1,0 +1,79 @@
+"""The engine's bucketed CUDA-graph decode (EngineConfig.cuda_graphs) on the GPU: same tokens as the eager engine.
+
+Run on the H200: `pytest -m gpu tests/gpu/test_engine_graph_gpu.py`. CUDA only: the engine's prefill runs fla's
+chunked kernels, which have no interpreter path (tests/test_engine_graph.py covers the graph runner's logic on CPU).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from deltaserve.engine.cuda_graph import bucket_for
+from deltaserve.engine.engine import EngineConfig, LLMEngine
+from deltaserve.engine.sampling_params import SamplingParams
+from deltaserve.weights.loader import load_checkpoint
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from model_helpers import make_hf_model, ours_from_checkpoint  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A tiny MoE checkpoint (fused layout, bf16-exact weights) loaded in bf16 on the GPU: the fast path."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (the engine's prefill needs fla's GPU kernels)")
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    hf = make_hf_model(True, seed=0, vocab_size=32)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if not name.endswith("A_log"):
+                p.copy_(p.bfloat16().float())
+    ours_from_checkpoint(hf, ckpt)
+    return load_checkpoint(ckpt, device="cuda", dtype=torch.bfloat16, progress=False).model
+
+
+def generate(model, n: int, graphs: bool):
+    """n concurrent greedy requests (lengths and max_tokens staggered: the batch shrinks through several buckets).
+    Returns the tokens, the engine and the decode batch sizes that went through the graphs."""
+    engine = LLMEngine(model, None, [], EngineConfig(num_blocks=256, max_num_seqs=32, max_model_len=256,
+                                                     cuda_graphs=graphs))
+    sizes = []
+    if graphs:
+        run = engine.runner.graphs.run
+
+        def recording(tokens, *args):
+            sizes.append(len(tokens))
+            return run(tokens, *args)
+
+        engine.runner.graphs.run = recording
+    gen = torch.Generator().manual_seed(n)
+    ids = []
+    for i in range(n):
+        prompt = torch.randint(0, 32, (3 + 5 * i,), generator=gen).tolist()
+        ids.append(engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=4 + i % 5, ignore_eos=True)))
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    return [done[i] for i in ids], engine, sizes
+
+
+@pytest.mark.parametrize("n", [1, 3, 17])
+def test_engine_graphs_equal_eager(model, n):
+    eager, e_engine, _ = generate(model, n, graphs=False)
+    graph, g_engine, sizes = generate(model, n, graphs=True)
+    assert graph == eager
+    assert e_engine.runner.graph_steps == 0
+    runner = g_engine.runner
+    assert runner.graphs.capturable and runner.graph_steps == len(sizes) > 0
+    assert n in sizes  # every request decodes together at least once
+    used = {bucket_for(b) for b in sizes}
+    assert set(runner.graphs.graphs) == used
+    assert all(g.graph is not None for g in runner.graphs.graphs.values())  # captured, not eager replays

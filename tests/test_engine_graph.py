@@ -1,0 +1,218 @@
+"""The runner's bucketed decode graphs (engine/cuda_graph.DecodeGraphs) on CPU: no capture, the same padded step run
+eagerly (`graphs_off_device`), bf16 tiny model on the reference path.
+
+graph runner == eager runner token for token (greedy, seeded; 1, 3, 5 concurrent requests: buckets 1, 4, 8 with
+padding), a request's logits identical alone in bucket 1 or padded into bucket 8, padding rows and the capture's
+warm-up write only the scratch slot/block (never handed to the pools), and the fallbacks run eagerly.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine_helpers import random_prompt, tiny_model
+from deltaserve.engine import cuda_graph
+from deltaserve.engine.cuda_graph import DecodeGraph, DecodeGraphs, bucket_for
+from deltaserve.engine.engine import EngineConfig, LLMEngine
+from deltaserve.engine.sampling_params import SamplingParams
+
+BS = 16
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(moe=True, seed=3).to(torch.bfloat16)
+
+
+def make_engine(model, graphs: bool, buckets=None, **cfg) -> LLMEngine:
+    cfg = dict(dict(num_blocks=64, max_model_len=256, block_size=BS, max_num_batched_tokens=512), **cfg)
+    engine = LLMEngine(model, None, [], EngineConfig(cuda_graphs=graphs, **cfg))
+    if graphs:
+        engine.runner.graphs_off_device = True
+        if buckets is not None:
+            engine.runner.graphs.buckets = buckets
+    return engine
+
+
+def drain(engine, prompts, params, on_step=None) -> list[list[int]]:
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+        if on_step is not None:
+            on_step(engine)
+    assert engine.scheduler.blocks.num_free == engine.num_blocks
+    return [done[i] for i in ids]
+
+
+def requests(n: int, kind: str):
+    prompts = [random_prompt(4 + 7 * i, seed=i) for i in range(n)]
+    # Different lengths: the batch shrinks as requests finish, so several buckets are used.
+    if kind == "greedy":
+        params = [SamplingParams(temperature=0, max_tokens=6 + 2 * i) for i in range(n)]
+    else:
+        params = [SamplingParams(temperature=1.0, top_k=50, top_p=0.95, seed=100 + i, max_tokens=6 + 2 * i)
+                  for i in range(n)]
+    return prompts, params
+
+
+@pytest.mark.parametrize("kind", ["greedy", "seeded"])
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_graph_runner_equals_eager(model, n, kind):
+    prompts, params = requests(n, kind)
+    eager = drain(make_engine(model, False), prompts, params)
+    engine = make_engine(model, True)
+    graph = drain(engine, prompts, params)
+    assert graph == eager
+    assert engine.runner.graph_steps > 0
+    assert bucket_for(n) in engine.runner.graphs.graphs  # the padded bucket of the first decode step ran
+    assert all(g.graph is None for g in engine.runner.graphs.graphs.values())  # CPU: nothing captured
+
+
+def test_scratch_is_reserved_and_never_handed_out(model):
+    engine = make_engine(model, True, max_num_seqs=4)
+    g = engine.runner.graphs
+    assert (g.scratch_block, g.scratch_slot) == (engine.num_blocks, 4)
+    assert engine.cache.num_blocks == engine.num_blocks + 1 and engine.cache.num_state_slots == 4 + 1
+    assert engine.scheduler.blocks.num_blocks == engine.num_blocks and engine.scheduler.slots.num_slots == 4
+    seen = []
+
+    def check(e):
+        for r in e.requests.values():
+            assert g.scratch_block not in r.block_table and r.state_slot != g.scratch_slot
+            seen.append(r.state_slot)
+
+    prompts, params = requests(5, "greedy")  # 5 requests on 4 slots: slots are reused
+    drain(engine, prompts, params, on_step=check)
+    assert seen and engine.runner.graph_steps > 0
+
+
+def logits_of(model, prompt, buckets) -> list[torch.Tensor]:
+    """The graph-path logits of every decode step of one greedy request run alone."""
+    engine = make_engine(model, True, buckets=buckets)
+    graphs = engine.runner.graphs
+    got = []
+    run = graphs.run
+
+    def recording(*args):
+        out = run(*args)
+        got.append(out)
+        return out
+
+    graphs.run = recording
+    drain(engine, [prompt], [SamplingParams(temperature=0, max_tokens=8)])
+    assert set(graphs.graphs) == set(buckets)
+    return got
+
+
+def test_real_row_logits_do_not_depend_on_bucket(model):
+    prompt = random_prompt(19, seed=7)
+    alone = logits_of(model, prompt, (1,))
+    padded = logits_of(model, prompt, (8,))
+    assert len(alone) == len(padded) == 7
+    for a, p in zip(alone, padded):
+        assert a.shape == p.shape == (1, model.config.vocab_size)
+        assert torch.equal(a, p)
+
+
+def filled_cache(model, blocks: int, slots: int):
+    cache = model.make_cache(blocks, BS, slots)
+    g = torch.Generator().manual_seed(0)
+    for pool in (cache.k, cache.v, cache.conv, cache.ssm):
+        for t in pool.values():
+            t.copy_(torch.randn(t.shape, generator=g))
+    return cache
+
+
+def changed(before, after) -> dict[str, set]:
+    """Which (block, offset) KV entries and which state slots differ."""
+    kv, st = set(), set()
+    for name in ("k", "v"):
+        for layer, t in getattr(after, name).items():
+            diff = (t != getattr(before, name)[layer]).flatten(2).any(-1)  # [blocks, block_size]
+            kv.update(map(tuple, diff.nonzero().tolist()))
+    for name in ("conv", "ssm"):
+        for layer, t in getattr(after, name).items():
+            diff = (t != getattr(before, name)[layer]).flatten(1).any(-1)  # [slots]
+            st.update(diff.nonzero().flatten().tolist())
+    return {"kv": kv, "state": st}
+
+
+def clone_cache(cache) -> SimpleNamespace:
+    return SimpleNamespace(**{n: {i: t.clone() for i, t in getattr(cache, n).items()} for n in ("k", "v", "conv", "ssm")})
+
+
+@torch.inference_mode()
+def test_padding_rows_write_only_scratch(model):
+    """One real row (slot 1, blocks [2, 0], token at cache index 21) padded into bucket 8: only its own state slot
+    and KV entry change, plus the scratch slot 3 and scratch block 4 (offset 0)."""
+    cache = filled_cache(model, blocks=5, slots=4)
+    graphs = DecodeGraphs(model, cache, scratch_slot=3, scratch_block=4, max_blocks=4, buckets=(8,))
+    before = clone_cache(cache)
+    logits = graphs.run([5], [21], [[2, 0]], [1])
+    assert logits.shape == (1, model.config.vocab_size) and torch.isfinite(logits).all()
+    assert changed(before, cache) == {"kv": {(0, 21 - BS), (4, 0)}, "state": {1, 3}}
+
+
+@torch.inference_mode()
+def test_capture_warmup_runs_on_scratch_only(model, monkeypatch):
+    """The capture's warm-up writes state: when a bucket is first used it must run with every row on the scratch
+    slot/block. On CPU the capture is replaced by its eager warm-up step."""
+    cache = filled_cache(model, blocks=5, slots=4)
+    graphs = DecodeGraphs(model, cache, scratch_slot=3, scratch_block=4, max_blocks=4, buckets=(4,))
+    graphs.capturable = True
+    writes = {}
+
+    def fake_capture(self, warmup=2, pool=None):
+        before = clone_cache(cache)
+        self.replay()  # graph is None: the eager step the warm-up would run
+        writes.update(changed(before, cache))
+
+    monkeypatch.setattr(DecodeGraph, "capture", fake_capture)
+    monkeypatch.setattr(cuda_graph.torch.cuda, "graph_pool_handle", lambda: None)
+    graphs.run([5, 6], [21, 3], [[2, 0], [1]], [1, 0])
+    assert writes == {"kv": {(4, 0)}, "state": {3}}
+
+
+def test_fallbacks_run_eagerly(model):
+    prompt = random_prompt(10, seed=1)
+    # A prefill step (eager) samples the first token; the 3 decode steps after it run through the graphs.
+    engine = make_engine(model, True)
+    drain(engine, [prompt], [SamplingParams(temperature=0, max_tokens=4)])
+    assert (engine.runner.eager_steps, engine.runner.graph_steps) == (1, 3)
+    # logits_only: prompt steps only, never a graph.
+    engine = make_engine(model, True)
+    engine.add_request(prompt, logits_only=True)
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.runner.graph_steps == 0 and engine.runner.eager_steps >= 1
+    # More sequences than the largest bucket: eager.
+    engine = make_engine(model, True, buckets=(1, 2))
+    prompts, params = requests(3, "greedy")
+    drain(engine, prompts, params)
+    # max_tokens 6, 8, 10: one prefill step, 5 decode steps at B = 3 (eager), 2 at B = 2 and 2 at B = 1 (graphs).
+    assert (engine.runner.eager_steps, engine.runner.graph_steps) == (6, 4)
+    assert set(engine.runner.graphs.graphs) == {1, 2}
+    # cuda_graphs on CPU without the test flag: everything eager, nothing built.
+    engine = LLMEngine(model, None, [], EngineConfig(num_blocks=64, max_model_len=256, cuda_graphs=True))
+    drain(engine, [prompt], [SamplingParams(temperature=0, max_tokens=4)])
+    assert engine.runner.graph_steps == 0 and not engine.runner.graphs.graphs
+
+
+def test_decode_with_logits_only_neighbour_is_eager(model):
+    """A decode step shared with a logits_only request's prompt chunk is a mixed step: eager."""
+    engine = make_engine(model, True, max_num_batched_tokens=16, block_size=4)
+    gen = engine.add_request(random_prompt(6, seed=2), SamplingParams(temperature=0, max_tokens=12))
+    engine.step()  # the prefill: eager
+    engine.add_request(random_prompt(40, seed=3), logits_only=True)
+    steps_before = engine.runner.graph_steps
+    engine.step()  # decode of `gen` + a chunk of the logits_only prompt
+    assert engine.runner.graph_steps == steps_before
+    while engine.has_unfinished():
+        engine.step()
+    assert gen not in engine.requests
