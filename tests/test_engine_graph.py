@@ -3,11 +3,16 @@ eagerly (`graphs_off_device`), bf16 tiny model on the reference path.
 
 graph runner == eager runner token for token (greedy, seeded; 1, 3, 5 concurrent requests: buckets 1, 4, 8 with
 padding), a request's logits identical alone in bucket 1 or padded into bucket 8, padding rows and the capture's
-warm-up write only the scratch slot/block (never handed to the pools), and the fallbacks run eagerly.
+warm-up write only the scratch slot/block (never handed to the pools), and the fallbacks run eagerly. One test
+repeats the padding checks on the model's fast path (Triton kernels) in a child under Triton's interpreter.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +23,7 @@ from deltaserve.engine import cuda_graph
 from deltaserve.engine.cuda_graph import DecodeGraph, DecodeGraphs, bucket_for
 from deltaserve.engine.engine import EngineConfig, LLMEngine
 from deltaserve.engine.sampling_params import SamplingParams
+from deltaserve.model import ForwardBatch
 
 BS = 16
 
@@ -216,3 +222,43 @@ def test_decode_with_logits_only_neighbour_is_eager(model):
     while engine.has_unfinished():
         engine.step()
     assert gen not in engine.requests
+
+
+def _fast_path_child() -> None:
+    """Child under TRITON_INTERPRET=1 + DELTASERVE_FAST_INTERPRET=1: the padded step on the Triton kernels."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+    from kernel_cases import interpreter_numpy_shim
+
+    interpreter_numpy_shim()
+    from deltaserve.model import fast
+
+    model = tiny_model(moe=True, seed=3).to(torch.bfloat16)
+    assert fast.enabled(torch.empty(1, dtype=torch.bfloat16))
+    rows = ([5, 7], [21, 3], [[2, 0], [1]], [1, 0])  # two real rows: (token, cache index, blocks, state slot)
+    out = {}
+    with torch.inference_mode():
+        for bucket in (2, 8):
+            cache = filled_cache(model, blocks=5, slots=4)
+            before = clone_cache(cache)
+            out[bucket] = DecodeGraphs(model, cache, 3, 4, max_blocks=4, buckets=(bucket,)).run(*rows)
+            want = {"kv": {(0, 21 - BS), (1, 3)}, "state": {0, 1}}
+            if bucket > 2:
+                want = {"kv": want["kv"] | {(4, 0)}, "state": want["state"] | {3}}
+            assert changed(before, cache) == want, (bucket, changed(before, cache))
+        cache = filled_cache(model, blocks=5, slots=4)
+        out["eager"] = model(ForwardBatch.build([[5], [7]], *rows[1:], BS), cache)  # the eager runner's batch
+    assert torch.isfinite(out[2]).all()
+    assert torch.equal(out[2], out[8]) and torch.equal(out[2], out["eager"])
+    print("FAST-PATH-OK")
+
+
+def test_padded_step_on_fast_path_interpreted():
+    """Fast path: a real row's logits are bit-identical unpadded (bucket 2), padded (bucket 8) and in the eager
+    runner's batch; the padding rows write only the scratch slot/block."""
+    env = dict(os.environ, TRITON_INTERPRET="1", DELTASERVE_FAST_INTERPRET="1")
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "FAST-PATH-OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+if __name__ == "__main__":
+    _fast_path_child()

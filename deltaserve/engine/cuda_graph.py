@@ -47,7 +47,8 @@ class DecodeGraph:
             state_slots=self.state_slots,
             logits_indices=torch.arange(batch, **i64),
             seq_lens_cpu=[1] * batch,
-            context_lens_cpu=[1] * batch,  # host copy unused on the fast path (device context_lens are read)
+            context_lens_cpu=[1] * batch,  # host copy: set by load() from host tensors for the (eager) reference
+            # path; the fast path reads only the device context_lens
             block_size=self.block_size,
         )
         self.greedy_feedback = greedy_feedback
