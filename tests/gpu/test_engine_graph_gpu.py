@@ -39,10 +39,12 @@ def model(tmp_path_factory):
 
 
 def generate(model, n: int, graphs: bool):
-    """n concurrent greedy requests (lengths and max_tokens staggered: the batch shrinks through several buckets).
-    Returns the tokens, the engine and the decode batch sizes that went through the graphs."""
-    engine = LLMEngine(model, None, [], EngineConfig(num_blocks=256, max_num_seqs=32, max_model_len=256,
-                                                     cuda_graphs=graphs))
+    """n concurrent greedy requests (lengths and max_tokens staggered: the batch shrinks through several buckets;
+    every prompt is prefilled in the first step, so the second decodes all n). Returns the tokens, the engine and
+    the decode batch sizes that went through the graphs."""
+    cfg = EngineConfig(num_blocks=256, max_num_seqs=32, max_model_len=256, max_num_batched_tokens=1024,
+                       cuda_graphs=graphs)
+    engine = LLMEngine(model, None, [], cfg)
     sizes = []
     if graphs:
         run = engine.runner.graphs.run
