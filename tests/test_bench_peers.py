@@ -147,8 +147,8 @@ def test_table_puts_engines_side_by_side_with_ratios(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     table = peers.side_by_side(peers.load_records([path]), gpu="NVIDIA H200")
-    head, rule, pp_row, tg_row, *footer = table.splitlines()
-    assert len(footer) == 3 and footer[0].startswith("deltaserve q4g64: records of deltaserve tree c;")
+    head, rule, pp_row, tg_row, blank, *footer = table.splitlines()
+    assert blank == "" and len(footer) == 3 and footer[0].startswith("deltaserve q4g64: records of deltaserve tree c;")
     assert head.index("deltaserve q4g64") < head.index("llama.cpp q4_k_m") < head.index("transformers bf16")
     assert "ds/llama.cpp q4_k_m" in head and "ds/transformers bf16" in head
     assert "pp512 @ d512" in pp_row and "3.00x" in pp_row and pp_row.count("|") == head.count("|")

@@ -216,6 +216,7 @@ def side_by_side(recs: list[dict], gpu: str | None = None, commit: str | None = 
     lines = ["| " + " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) + " |"
              for r in table]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    lines.append("")  # the footer is prose, not a table row
     for c in cols:
         used = [r for k, r in latest.items() if k[-1] == c]
         commits = sorted({str(r.get("commit", "?")) for r in used})
