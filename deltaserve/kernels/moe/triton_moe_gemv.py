@@ -20,6 +20,8 @@ so a token's output never depends on the other tokens of the launch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -27,11 +29,57 @@ import triton.language as tl
 from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, prep_x, unit
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import DENSE_BITS, WeightSpec
-from .triton_decode import (DEFAULT_CONFIG, MoeRouting, _router_logits, _router_specs, _silu_mul_bf16, _spec,
-                           _topk, moe_route, moe_weight_specs)
+from .triton_decode import (
+    DEFAULT_CONFIG,
+    MoeRouting,
+    _router_logits,
+    _router_specs,
+    _silu_mul_bf16,
+    _spec,
+    _topk,
+    moe_route,
+    moe_weight_specs,
+)
 
 BN = 8  # features per program (gate/up: of I; down: of H)
 BC = 256  # features per combine program
+
+
+@dataclass(frozen=True)
+class MoeLaunch:
+    """Launch shape of moe_decode_v2's gate/up, down and combine kernels (the defaults are the tuned-by-default
+    constants above, so MoeLaunch() compiles the same kernels as before). bn: features per program; cg: groups per
+    K chunk (None: chunk_groups(weight, bn), i.e. it shrinks as bn grows; an int holds a weight's chunking, and so
+    its per-row summation order, fixed while bn changes); bc: features per combine program. Every field is fixed
+    per call and none depends on T, so a token's arithmetic never depends on the other tokens of the launch."""
+
+    gate_up_bn: int = BN
+    gate_up_warps: int = 4
+    gate_up_cg: int | None = None
+    down_bn: int = BN
+    down_warps: int = 4
+    down_cg: int | None = None
+    combine_bc: int = BC
+    combine_warps: int = 4
+
+    def __post_init__(self):
+        for name in ("gate_up_bn", "gate_up_warps", "down_bn", "down_warps", "combine_bc", "combine_warps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise ValueError(f"MoeLaunch.{name} = {v!r}: must be a power of two >= 1")
+        for name in ("gate_up_cg", "down_cg"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1 or v & (v - 1)):
+                raise ValueError(f"MoeLaunch.{name} = {v!r}: must be None or a power of two >= 1")
+
+
+def _cg(spec: WeightSpec, bn: int, cg: int | None) -> int:
+    """CG for a weight under a launch shape: chunk_groups(spec, bn) (the default), or cg if it divides K."""
+    if cg is None:
+        return chunk_groups(spec, bn)
+    if spec.k % (cg * _group(spec)):
+        raise ValueError(f"moe_decode_v2: a chunk of {cg} x {_group(spec)} does not divide K = {spec.k}")
+    return cg
 
 
 @triton.jit
@@ -170,7 +218,7 @@ def _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk: bool):
     return MoeRouting(ids, wts, sw), logits
 
 
-def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep):
+def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch):
     t, h = x.shape
     i_r, i_s = g.n, (sg.n if slots > top_k else 0)
     if inline_prep:
@@ -180,33 +228,35 @@ def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normal
         sxp, sxs = _prep(x, sg) if (sg.bits, sg.group) != (g.bits, g.group) else (xp, xs)
     fuse = logits is not None
     e = logits.shape[1] if fuse else 1
-    _gate_up_kernel[(t * slots, triton.cdiv(hbuf.shape[2], BN))](
+    bn = launch.gate_up_bn
+    _gate_up_kernel[(t * slots, triton.cdiv(hbuf.shape[2], bn))](
         x, xp, xs, sxp, sxs, logits if fuse else x, routing.ids, routing.weights, hbuf,
         g.w, g.scales, g.biases, u.w, u.scales, u.biases, sg.w, sg.scales, sg.biases, su.w, su.scales, su.biases,
         e, i_r, i_s, MAGIC, x.stride(0), hbuf.stride(0), hbuf.stride(1),
         g.w.stride(0), g.w.stride(1), g.scales.stride(0), g.scales.stride(1),
         u.w.stride(0), u.w.stride(1), u.scales.stride(0), u.scales.stride(1),
         sg.w.stride(-2), sg.scales.stride(-2), su.w.stride(-2), su.scales.stride(-2),
-        H=h, TOPK=top_k, SLOTS=slots, BN=BN, BITS=g.bits, GROUP=_group(g), CG=chunk_groups(g, BN),
-        S_BITS=sg.bits, S_GROUP=_group(sg), S_CG=chunk_groups(sg, BN), EP=triton.next_power_of_2(e),
-        NORMALIZE=normalize, FUSE_TOPK=fuse, INLINE=inline_mode(x, inline_prep), num_warps=4,
+        H=h, TOPK=top_k, SLOTS=slots, BN=bn, BITS=g.bits, GROUP=_group(g), CG=_cg(g, bn, launch.gate_up_cg),
+        S_BITS=sg.bits, S_GROUP=_group(sg), S_CG=_cg(sg, bn, launch.gate_up_cg), EP=triton.next_power_of_2(e),
+        NORMALIZE=normalize, FUSE_TOPK=fuse, INLINE=inline_mode(x, inline_prep), num_warps=launch.gate_up_warps,
     )
 
 
-def _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep):
+def _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch):
     if inline_prep:
         hp = hs = shp = shs = rows  # unused
     else:
         hp, hs = _prep_rows(rows, d)
         shp, shs = _prep_rows(rows, sd) if (sd.bits, sd.group) != (d.bits, d.group) else (hp, hs)
-    _down_kernel[(rows.shape[0], triton.cdiv(h, BN))](
+    bn = launch.down_bn
+    _down_kernel[(rows.shape[0], triton.cdiv(h, bn))](
         rows, hp, hs, shp, shs, routing.ids, routing.weights, routing.shared_weight, part,
         d.w, d.scales, d.biases, sd.w, sd.scales, sd.biases,
         h, MAGIC, rows.stride(0), d.w.stride(0), d.w.stride(1), d.scales.stride(0), d.scales.stride(1),
         sd.w.stride(-2), sd.scales.stride(-2),
-        I=d.k, IS=i_s if slots > top_k else d.k, TOPK=top_k, SLOTS=slots, BN=BN,
-        BITS=d.bits, GROUP=_group(d), CG=chunk_groups(d, BN), S_BITS=sd.bits, S_GROUP=_group(sd),
-        S_CG=chunk_groups(sd, BN), INLINE=inline_mode(rows, inline_prep), num_warps=4,
+        I=d.k, IS=i_s if slots > top_k else d.k, TOPK=top_k, SLOTS=slots, BN=bn,
+        BITS=d.bits, GROUP=_group(d), CG=_cg(d, bn, launch.down_cg), S_BITS=sd.bits, S_GROUP=_group(sd),
+        S_CG=_cg(sd, bn, launch.down_cg), INLINE=inline_mode(rows, inline_prep), num_warps=launch.down_warps,
     )
 
 
@@ -214,12 +264,14 @@ def moe_decode_v2(
     x: torch.Tensor, router, gate, up, down, top_k: int, *, normalize: bool = True,
     shared_gate_proj=None, shared_up=None, shared_down=None, shared_gate=None,
     residual: torch.Tensor | None = None, return_routing: bool = False, out: torch.Tensor | None = None,
-    config: dict | None = None, inline_prep: bool = True, fuse_topk: bool = True,
+    config: dict | None = None, inline_prep: bool = True, fuse_topk: bool = True, launch: MoeLaunch | None = None,
 ):
     """The MoE block for T tokens x [T, H] (bf16); arguments and result as `triton_decode.moe_decode`
     (config is passed to the router launch). Launches: router, gate/up, down, combine (4) by default;
     fuse_topk=False adds the top-k launch (moe_route), inline_prep=False the prep launches of x and of hbuf
-    (the v2 path, kept so the two can be timed against each other)."""
+    (the v2 path, kept so the two can be timed against each other). launch: the kernels' launch shape (MoeLaunch;
+    None: the defaults), for sweeps (scripts/sweep_decode_kernels.py)."""
+    launch = MoeLaunch() if launch is None else launch
     t, h = x.shape
     g, u, d, sg, su, sd, has_shared = moe_weight_specs(
         x, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual
@@ -234,14 +286,15 @@ def moe_decode_v2(
     i_s = sg.n if has_shared else 0
     slots = top_k + int(has_shared)
     hbuf = torch.empty(t, slots, max(g.n, i_s), dtype=torch.bfloat16, device=x.device)
-    _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep)
+    _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch)
     rows = hbuf.view(t * slots, hbuf.shape[2])
     part = torch.empty(t * slots, h, dtype=torch.float32, device=x.device)
-    _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep)
+    _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch)
     res = residual if residual is not None else x
-    _combine_kernel[(t, triton.cdiv(h, BC))](
-        part, res, out, h, res.stride(0), out.stride(0), SLOTS=slots, HAS_RES=residual is not None, BC=BC,
-        num_warps=4,
+    bc = launch.combine_bc
+    _combine_kernel[(t, triton.cdiv(h, bc))](
+        part, res, out, h, res.stride(0), out.stride(0), SLOTS=slots, HAS_RES=residual is not None, BC=bc,
+        num_warps=launch.combine_warps,
     )
     return (out, routing) if return_routing else out
 
