@@ -78,10 +78,15 @@ def test_grids_start_with_the_default_and_bits_expectation():
     assert moe[0] == dict(gu=(8, 4, None), dn=(8, 4, None), cb=(256, 4), fuse=True, inline=True)
     assert len({sweep.moe_label(c) for c in moe}) == len(moe)  # labels identify configurations
     assert len(sweep.moe_grid(False, 8, 8)) > len(moe)
-    assert sweep.moe_bits_expected(moe[0], 8, 8)
-    assert sweep.moe_bits_expected({**moe[0], "gu": (16, 4, 8)}, 8, 8)  # CG held: launch shape only
-    assert not sweep.moe_bits_expected({**moe[0], "gu": (16, 4, None)}, 8, 4)  # CG follows BN: regrouped sum
-    assert not sweep.moe_bits_expected({**moe[0], "inline": False}, 8, 8)
+    def cg_of(bn):  # chunk_groups at K = 2048, group 64: 4096 codes per chunk
+        return min(32, 4096 // (bn * 64))
+
+    assert sweep.moe_bits_expected(moe[0], cg_of, cg_of)
+    assert sweep.moe_bits_expected({**moe[0], "gu": (16, 4, 8)}, cg_of, cg_of)  # CG held: launch shape only
+    assert sweep.moe_bits_expected({**moe[0], "dn": (8, 8, None)}, cg_of, cg_of)  # warps only
+    assert not sweep.moe_bits_expected({**moe[0], "gu": (16, 4, None)}, cg_of, cg_of)  # CG follows BN: regrouped
+    assert sweep.moe_bits_expected({**moe[0], "gu": (16, 4, None)}, lambda bn: 1, cg_of)  # ... unless CG cannot move
+    assert not sweep.moe_bits_expected({**moe[0], "inline": False}, cg_of, cg_of)
     gemv = sweep.gemv_grid(True)
     assert gemv[0] == dict(bn=8, warps=4, inline=None)
 
