@@ -90,3 +90,18 @@ class ScriptedModel(torch.nn.Module):
             j = idx + 1 - self.prompt_len
             logits[row, self.script[j] if 0 <= j < len(self.script) else 0] = 10.0
         return logits
+
+
+def drain(engine, prompts, params, on_step=None) -> list[list[int]]:
+    """Add every prompt, step the engine until all finish (on_step(engine) after each step), check every block
+    was given back, and return each request's output token ids in prompt order."""
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+        if on_step is not None:
+            on_step(engine)
+    assert engine.scheduler.blocks.num_free == engine.num_blocks  # everything given back
+    return [done[i] for i in ids]

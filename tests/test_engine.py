@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_helpers import random_prompt, tiny_model
+from engine_helpers import drain, random_prompt, tiny_model
 from deltaserve.engine.engine import EngineConfig, LLMEngine
 from deltaserve.engine.llm import LLM
 from deltaserve.engine.sampling_params import SamplingParams
@@ -24,15 +24,7 @@ def model():
 
 def run(model, prompts, params, **cfg) -> list[list[int]]:
     cfg = dict(dict(num_blocks=128, max_model_len=256), **cfg)
-    engine = LLMEngine(model, None, [], EngineConfig(**cfg))
-    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.token_ids
-    assert engine.scheduler.blocks.num_free == engine.num_blocks  # everything given back
-    return [done[i] for i in ids]
+    return drain(LLMEngine(model, None, [], EngineConfig(**cfg)), prompts, params)
 
 
 @pytest.mark.parametrize("kind", ["greedy", "seeded"])

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine_helpers import random_prompt, tiny_model
+from engine_helpers import drain, random_prompt, tiny_model
 from deltaserve.engine import cuda_graph
 from deltaserve.engine.cuda_graph import DecodeGraph, DecodeGraphs, bucket_for
 from deltaserve.engine.engine import EngineConfig, LLMEngine
@@ -41,19 +41,6 @@ def make_engine(model, graphs: bool, buckets=None, **cfg) -> LLMEngine:
         if buckets is not None:
             engine.runner.graphs.buckets = buckets
     return engine
-
-
-def drain(engine, prompts, params, on_step=None) -> list[list[int]]:
-    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.token_ids
-        if on_step is not None:
-            on_step(engine)
-    assert engine.scheduler.blocks.num_free == engine.num_blocks
-    return [done[i] for i in ids]
 
 
 def requests(n: int, kind: str):
