@@ -109,6 +109,26 @@ def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.cons
 
 
 @triton.jit
+def slot_expert(logit_ptr, ids_ptr, wts_ptr, t, slot, E, EP: tl.constexpr, TOPK: tl.constexpr,
+                 NORMALIZE: tl.constexpr, FUSE_TOPK: tl.constexpr):
+    """Expert id (int64) of routed slot `slot` of token t. FUSE_TOPK: the routing contract applied here to the
+    token's E fp32 logits (_topk: ties to the lower id, slots in ascending id, weights normalised),
+    every program of the token computing the same answer from the same values; the programs of column block 0
+    publish ids/weights for the down kernel and the caller. Else: read from ids (moe_route ran before)."""
+    if FUSE_TOPK:
+        sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE)
+        rows = tl.arange(0, EP)
+        mine = sel & (rank == slot)
+        e = tl.sum(tl.where(mine, rows, 0), axis=0)
+        if tl.program_id(1) == 0:
+            tl.store(ids_ptr + t * TOPK + slot, e.to(tl.int32))
+            tl.store(wts_ptr + t * TOPK + slot, tl.sum(tl.where(mine, wts, 0.0), axis=0))
+        return e.to(tl.int64)
+    else:
+        return tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
+
+
+@triton.jit
 def _silu_mul_bf16(g, u):
     """bf16(bf16(SiLU(bf16 g)) * bf16 u), the rounding points of the reference's bf16 SwiGLU."""
     gb = g.to(tl.bfloat16).to(tl.float32)
@@ -137,13 +157,7 @@ def _gate_up_kernel(
     x_row = x_ptr + t.to(tl.int64) * stride_xt
     h_row = h_ptr + t.to(tl.int64) * stride_ht + slot * stride_hs
     if slot < TOPK:
-        sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE)
-        rows = tl.arange(0, EP)
-        e = tl.sum(tl.where(sel & (rank == slot), rows, 0), axis=0).to(tl.int64)
-        if tl.program_id(1) == 0:
-            # publish this slot's routing (read by the down kernel, returned to callers)
-            tl.store(ids_ptr + t * TOPK + slot, e.to(tl.int32))
-            tl.store(wts_ptr + t * TOPK + slot, tl.sum(tl.where(sel & (rank == slot), wts, 0.0), axis=0))
+        e = slot_expert(logit_ptr, ids_ptr, wts_ptr, t, slot, E, EP, TOPK, NORMALIZE, True)  # publishes routing
         n_mask = rn < I
         g = gemv(x_row, gw + e * stride_ge, gs + e * stride_gse, gb + e * stride_gse, rn, n_mask, stride_gn,
                  stride_gsn, H, BN, BK, BITS, GROUP, True)

@@ -36,9 +36,9 @@ from .triton_decode import (
     _router_specs,
     _silu_mul_bf16,
     _spec,
-    _topk,
     moe_route,
     moe_weight_specs,
+    slot_expert,
 )
 
 BN = 8  # features per program (gate/up: of I; down: of H)
@@ -83,26 +83,6 @@ def _cg(spec: WeightSpec, bn: int, cg: int | None) -> int:
 
 
 @triton.jit
-def _slot_expert(logit_ptr, ids_ptr, wts_ptr, t, slot, E, EP: tl.constexpr, TOPK: tl.constexpr,
-                 NORMALIZE: tl.constexpr, FUSE_TOPK: tl.constexpr):
-    """Expert id (int64) of routed slot `slot` of token t. FUSE_TOPK: the routing contract applied here to the
-    token's E fp32 logits (triton_decode._topk: ties to the lower id, slots in ascending id, weights normalised),
-    every program of the token computing the same answer from the same values; the programs of column block 0
-    publish ids/weights for the down kernel and the caller. Else: read from ids (moe_route ran before)."""
-    if FUSE_TOPK:
-        sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE)
-        rows = tl.arange(0, EP)
-        mine = sel & (rank == slot)
-        e = tl.sum(tl.where(mine, rows, 0), axis=0)
-        if tl.program_id(1) == 0:
-            tl.store(ids_ptr + t * TOPK + slot, e.to(tl.int32))
-            tl.store(wts_ptr + t * TOPK + slot, tl.sum(tl.where(mine, wts, 0.0), axis=0))
-        return e.to(tl.int64)
-    else:
-        return tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
-
-
-@triton.jit
 def _gate_up_kernel(
     x_ptr, xp_ptr, xs_ptr, sxp_ptr, sxs_ptr, logit_ptr, ids_ptr, wts_ptr, h_ptr,
     gw, gs, gb, uw, us, ub, sgw, sgs, sgb, suw, sus, sub,
@@ -124,7 +104,7 @@ def _gate_up_kernel(
     x_row = x_ptr + t.to(tl.int64) * stride_xt
     h_row = h_ptr + t.to(tl.int64) * stride_ht + slot * stride_hs
     if slot < TOPK:
-        e = _slot_expert(logit_ptr, ids_ptr, wts_ptr, t, slot, E, EP, TOPK, NORMALIZE, FUSE_TOPK)
+        e = slot_expert(logit_ptr, ids_ptr, wts_ptr, t, slot, E, EP, TOPK, NORMALIZE, FUSE_TOPK)
         n_mask = rn < I
         xp_row = xp_ptr + t.to(tl.int64) * H
         xs_row = xs_ptr + t.to(tl.int64) * (H // GROUP)
