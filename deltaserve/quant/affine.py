@@ -208,11 +208,7 @@ class AffineWeights:
         return AffineStacked(e, in_features, out_features, spec)
 
     def experts(self, name: str, num_experts: int, hidden: int, intermediate: int) -> nn.Module:
-        return StackedExperts(
-            self._stacked(f"{name}.gate_proj", num_experts, hidden, intermediate),
-            self._stacked(f"{name}.up_proj", num_experts, hidden, intermediate),
-            self._stacked(f"{name}.down_proj", num_experts, intermediate, hidden),
-        )
+        return StackedExperts.build(self._stacked, name, num_experts, hidden, intermediate)
 
     def embedding(self, name: str, vocab: int, hidden: int) -> nn.Module:
         spec = self.spec_for(name, hidden)

@@ -123,11 +123,7 @@ class Fp8BlockWeights:
                                                                                           out_features, block)
 
     def experts(self, name: str, num_experts: int, hidden: int, intermediate: int) -> nn.Module:
-        return StackedExperts(
-            self._stacked(f"{name}.gate_proj", num_experts, hidden, intermediate),
-            self._stacked(f"{name}.up_proj", num_experts, hidden, intermediate),
-            self._stacked(f"{name}.down_proj", num_experts, intermediate, hidden),
-        )
+        return StackedExperts.build(self._stacked, name, num_experts, hidden, intermediate)
 
     def embedding(self, name: str, vocab: int, hidden: int) -> nn.Module:
         # The releases keep the embedding in bf16 (a lookup gains nothing from FP8); a checkpoint that converts it

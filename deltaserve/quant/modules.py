@@ -79,5 +79,14 @@ class StackedExperts(nn.Module):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
 
+    @classmethod
+    def build(cls, stacked, name: str, num_experts: int, hidden: int, intermediate: int) -> StackedExperts:
+        """The bank of `name` from a factory's stacked(name, E, in_features, out_features) -> StackedLinear."""
+        return cls(
+            stacked(f"{name}.gate_proj", num_experts, hidden, intermediate),
+            stacked(f"{name}.up_proj", num_experts, hidden, intermediate),
+            stacked(f"{name}.down_proj", num_experts, intermediate, hidden),
+        )
+
     def forward_expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
         return self.down_proj.forward_one(silu_mul(self.gate_proj.forward_one(x, e), self.up_proj.forward_one(x, e)), e)
