@@ -29,7 +29,7 @@ def classify(name: str) -> str:
     return "other (torch elementwise, copies, argmax)"
 
 
-def profile_decode(model, config: ModelConfig, depth: int, batch: int = 1, block_size: int = 64) -> str:
+def profile_decode(model, config: ModelConfig, depth: int, batch: int = 1, block_size: int = 64, top: int = 14) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     blocks = -(-(depth + 8) // block_size)
@@ -47,6 +47,7 @@ def profile_decode(model, config: ModelConfig, depth: int, batch: int = 1, block
         torch.cuda.synchronize()
     per_class: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
+    kernels = []  # (GPU time, launches, name): the per-kernel view under the classes
     for evt in prof.key_averages():
         t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
         if t <= 0:
@@ -54,10 +55,14 @@ def profile_decode(model, config: ModelConfig, depth: int, batch: int = 1, block
         cls = classify(evt.key)
         per_class[cls] += t
         counts[cls] += evt.count
+        kernels.append((t, evt.count, evt.key))
     total = sum(per_class.values()) or 1.0
     lines = [f"# decode step profile (eager, batch {batch}, depth {depth}): {total / 1e3:.3f} ms GPU time"]
     for cls, t in sorted(per_class.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {cls:<42} {t / 1e3:8.3f} ms  {100 * t / total:5.1f}%  {counts[cls]:5d} launches")
+    lines.append("  top kernels (GPU time, launches, us per launch):")
+    for t, c, k in sorted(kernels, reverse=True)[:top]:
+        lines.append(f"    {t / 1e3:8.3f} ms {c:5d}x {t / max(c, 1):7.2f} us  {k[:80]}")
     return "\n".join(lines)
 
 
