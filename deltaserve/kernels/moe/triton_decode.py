@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row
+from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import WeightSpec, dequant_tile
 
 
@@ -49,27 +51,32 @@ def gemv(x_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, K: tl.con
 @triton.jit
 def _router_kernel(
     x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr,
-    E, stride_xt, stride_rn, stride_rsn, H: tl.constexpr,
-    BE: tl.constexpr, BK: tl.constexpr, R_BITS: tl.constexpr, R_GROUP: tl.constexpr,
-    HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr, G_BK: tl.constexpr,
+    E, stride_xt, stride_rn, stride_rsn, stride_gn, stride_gsn, magic, H: tl.constexpr, BE: tl.constexpr,
+    R_BITS: tl.constexpr, R_GROUP: tl.constexpr, R_CG: tl.constexpr,
+    HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr, G_CG: tl.constexpr,
+    INLINE: tl.constexpr,
 ):
-    # grid (T, cdiv(E, BE)): fp32 router logits of BE experts for one token; block 0 writes the shared gate's
-    # sigmoid (0 without a shared expert: every element of sg is written, no zeros fill launch)
+    # grid (T, cdiv(E, BE) + 1): column j < cdiv(E, BE) writes the fp32 logits of experts j*BE .. j*BE+BE-1 of
+    # one token, the last column the shared gate's sigmoid (0 without a shared expert: every element of sg is
+    # written, no zeros fill launch). Each row is one gemv_row (the full K unrolled, all loads in flight): a
+    # token's logits depend on (H, format, BE, CG) only, never on T.
     t = tl.program_id(0)
-    eb = tl.program_id(1)
+    j = tl.program_id(1)
     x_row = x_ptr + t.to(tl.int64) * stride_xt
-    rows = eb * BE + tl.arange(0, BE)
-    e_mask = rows < E
-    logits = gemv(x_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, H, BE, BK, R_BITS, R_GROUP,
-                  False)
-    tl.store(logit_ptr + t * E + rows, logits, mask=e_mask)
-    if eb == 0:
-        one = tl.arange(0, 1)
+    rows = j * BE + tl.arange(0, BE)
+    if j * BE < E:
+        e_mask = rows < E
+        logits = gemv_row(x_row, x_row, x_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, magic,
+                          H, R_BITS, R_GROUP, BE, R_CG, INLINE)
+        tl.store(logit_ptr + t * E + rows, logits, mask=e_mask)
+    else:
+        one = tl.arange(0, BE)
         if HAS_SHARED:
-            sg = gemv(x_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, 0, 0, H, 1, G_BK, G_BITS, G_GROUP, False)
-            tl.store(sg_ptr + t + one, tl.sigmoid(sg))
+            sg = gemv_row(x_row, x_row, x_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, stride_gn, stride_gsn, magic,
+                          H, G_BITS, G_GROUP, BE, G_CG, INLINE)
+            tl.store(sg_ptr + t + one, tl.sigmoid(sg), mask=one < 1)
         else:
-            tl.store(sg_ptr + t + one, tl.zeros((1,), dtype=tl.float32))  # no shared expert: weight 0 (no fill)
+            tl.store(sg_ptr + t + one, tl.zeros((BE,), dtype=tl.float32), mask=one < 1)
 
 
 @triton.jit
@@ -222,7 +229,9 @@ def _gemv_bk(spec: WeightSpec, prefer: int) -> int:
 # program runs does not depend on T), only the reduction chunking, which is fixed per configuration.
 # H200, T=1, 35B-A3B shapes (bench/NOTES.md): gate_up/down (16, 512, 4) 78 us; (8, 256, 4) 103; (16, 256, 4) 109;
 # (32, 256, 4) 164.
-DEFAULT_CONFIG = {"router": (16, 256, 4), "gate_up": (16, 512, 4), "down": (16, 512, 4)}
+# router: (BE experts per program, num_warps); H200 T=1 (bench/NOTES.md): the v1 router, 16 programs of 16 experts
+# looping over K, took 20.4 us, more than the gate/up and down launches together.
+DEFAULT_CONFIG = {"router": (4, 4), "gate_up": (16, 512, 4), "down": (16, 512, 4)}
 
 
 @triton.jit
@@ -235,16 +244,21 @@ def _topk_kernel(logit_ptr, ids_ptr, wts_ptr, E, EP: tl.constexpr, TOPK: tl.cons
 
 
 def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 logits [T, E], shared gate sigmoid [T]) in one launch of (T, cdiv(E, BE) + 1) programs. The x row
+    is read raw (inline prep), so no prep launch; one program per BE experts keeps every SM busy even at T = 1
+    (E = 256, BE = 4: 65 programs of 8 KB of an 8-bit router each)."""
     t, h = x.shape
-    be, bk, warps = config["router"]
+    be, warps = config["router"]
     logits = torch.empty(t, r.n, dtype=torch.float32, device=x.device)
     sw = torch.empty(t, dtype=torch.float32, device=x.device)
-    _router_kernel[(t, triton.cdiv(r.n, be))](
-        x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw,
-        r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), H=h,
-        BE=be, BK=_gemv_bk(r, bk), R_BITS=r.bits, R_GROUP=r.group,
-        HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_BK=_gemv_bk(g, bk), num_warps=warps,
-    )
+    if t:
+        _router_kernel[(t, triton.cdiv(r.n, be) + 1)](
+            x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw,
+            r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2), g.scales.stride(-2), MAGIC,
+            H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=chunk_groups(r, be),
+            HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=chunk_groups(g, be),
+            INLINE=inline_mode(x, True), num_warps=warps,
+        )
     return logits, sw
 
 
