@@ -88,7 +88,8 @@ def cmd_run(args) -> int:
     model_dir = Path(args.model) if args.model else ensure_default_checkpoint()
     if not model_dir.is_dir():
         raise CLIError(f"--model {model_dir}: not a directory")
-    llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=1)
+    llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=1,
+              cuda_graphs=False if args.enforce_eager else None)
     params = sampling_from_args(args, model_dir)
     chat = not args.no_chat and llm.tokenizer_info is not None and bool(llm.tokenizer_info.chat_template)
     if args.prompt is not None:
@@ -251,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto (default float32)")
     run.add_argument("--threads", type=int, help="CPU threads (default: 1 for the built-in model, else torch's)")
     run.add_argument("--max-model-len", type=int, help="context length (default min(model's, 8192))")
+    run.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode (default: graphs on CUDA)")
     run.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, no chat template")
     run.add_argument("--no-thinking", action="store_true", help="chat template with enable_thinking=False")
     run.set_defaults(func=cmd_run)

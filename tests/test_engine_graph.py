@@ -197,6 +197,15 @@ def test_fallbacks_run_eagerly(model):
     assert engine.runner.graph_steps == 0 and not engine.runner.graphs.graphs
 
 
+def test_graphs_default_follows_the_device(model):
+    """EngineConfig().cuda_graphs is None: graphs on a CUDA device, none on CPU (no scratch slot or block reserved),
+    and the caller's config object is not modified."""
+    cfg = EngineConfig(num_blocks=64, max_model_len=256)
+    engine = LLMEngine(model, None, [], cfg)
+    assert cfg.cuda_graphs is None and engine.config.cuda_graphs is False and engine.runner.graphs is None
+    assert engine.cache.num_blocks == 64
+
+
 def test_decode_with_logits_only_neighbour_is_eager(model):
     """A decode step shared with a logits_only request's prompt chunk is a mixed step: eager."""
     engine = make_engine(model, True, max_num_batched_tokens=16, block_size=4)

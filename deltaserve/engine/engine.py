@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -41,8 +41,9 @@ class EngineConfig:
     cache_memory_bytes: int | None = None  # None: utils.memory.cache_budget_bytes(device)
     seed: int = 0  # seeds the engine RNG that gives unseeded requests their seed
     # Decode-only steps through per-bucket CUDA graphs (engine/cuda_graph.DecodeGraphs); reserves one scratch state
-    # slot and one scratch KV block for the padding rows. Off until the path has run on a GPU.
-    cuda_graphs: bool = False
+    # slot and one scratch KV block for the padding rows. None: on when the model sits on a CUDA device (graph ==
+    # eager bit for bit: tests/gpu/test_engine_graph_gpu.py), like vLLM without --enforce-eager.
+    cuda_graphs: bool | None = None
 
 
 class LLMEngine:
@@ -53,13 +54,16 @@ class LLMEngine:
         eos_token_ids: Sequence[int] = (),
         config: EngineConfig | None = None,
     ):
-        self.config = config = config or EngineConfig()
+        config = config or EngineConfig()
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         mcfg = model.config
         self.vocab_size = mcfg.vocab_size
         self.device = next(model.parameters()).device
+        if config.cuda_graphs is None:
+            config = replace(config, cuda_graphs=self.device.type == "cuda")
+        self.config = config
         self.max_model_len = config.max_model_len or min(mcfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
         if self.max_model_len > mcfg.max_position_embeddings:
             raise ValueError(

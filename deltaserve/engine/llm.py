@@ -45,7 +45,7 @@ class LLM:
         max_num_batched_tokens: int = 512,
         seed: int = 0,
         progress: bool = False,
-        cuda_graphs: bool = False,
+        cuda_graphs: bool | None = None,
     ):
         from ..weights.loader import load_checkpoint  # lazy: loading pulls in every checkpoint format
 
