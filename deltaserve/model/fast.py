@@ -81,13 +81,14 @@ def conv_in_gemv(pool: torch.Tensor, x: torch.Tensor) -> bool:
 
 
 def moe_topk_mode() -> str:
-    """Where the decode MoE's top-k runs: "split" (its own launch between the router and gate/up; the default:
-    the configuration behind the published H200 numbers, bench/NOTES.md) or "fused" (recomputed at the head of every
-    gate/up program, no launch of its own; not yet timed end to end). Same bits either way (the same routing
-    contract on the same fp32 logits); env DELTASERVE_MOE_TOPK, for timing the two against each other."""
-    value = os.environ.get("DELTASERVE_MOE_TOPK", "split")
-    if value not in ("fused", "split"):
-        raise ValueError(f"DELTASERVE_MOE_TOPK must be 'fused' or 'split', found {value!r}")
+    """Where the decode MoE's top-k runs: "router" (the default: at each token's last-arriving router program, no
+    launch of its own), "split" (its own launch between the router and gate/up: the configuration of the first
+    published H200 numbers, bench/NOTES.md) or "fused" (recomputed at the head of every gate/up program). Same
+    bits every way (the same routing contract on the same fp32 logits); env DELTASERVE_MOE_TOPK, for timing them
+    against each other."""
+    value = os.environ.get("DELTASERVE_MOE_TOPK", "router")
+    if value not in ("router", "fused", "split"):
+        raise ValueError(f"DELTASERVE_MOE_TOPK must be 'router', 'fused' or 'split', found {value!r}")
     return value
 
 

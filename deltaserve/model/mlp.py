@@ -90,7 +90,8 @@ class SparseMoeBlock(nn.Module):
             from ..kernels.moe.triton_moe_gemv import moe_decode_v2
 
             return moe_decode_v2(x, router, gate, up, down, self.top_k, normalize=self.normalize, residual=residual,
-                                 fuse_topk=fast.moe_topk_mode() == "fused", **shared)
+                                 fuse_topk=fast.moe_topk_mode() == "fused",
+                                 separate_topk=fast.moe_topk_mode() == "split", **shared)
         if decode or x.shape[0] <= MOE_GEMV_MAX_TOKENS:
             return moe_decode(x, router, gate, up, down, self.top_k, normalize=self.normalize, residual=residual,
                               **shared)

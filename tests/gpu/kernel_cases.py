@@ -231,8 +231,11 @@ def gdn_step_reference(inp, i, hk, dk, state):
     return y.reshape(-1), s
 
 
-def check_gdn_decode(mods, device, b, hk, hv, dk, dv, fresh_rows=(1,), num_slots=6):
+def check_gdn_decode(mods, device, b, hk, hv, dk, dv, fresh_rows=(1,), num_slots=6, dv_block="default"):
+    """gdn_decode_step (dv_block: "default" = the library's, None = one program per head, or an int) against
+    the fp64 step reference, rows fresh and resumed; outputs poisoned first."""
     gd = mods["gdn"]
+    kw = {} if dv_block == "default" else dict(dv_block=dv_block)
     inp = gdn_inputs(device, b, hk, hv, dk, dv, num_slots)
     slots = torch.randperm(num_slots)[:b].to(device)
     ctx = torch.tensor([0 if i in fresh_rows else 5 + i for i in range(b)], device=device)
@@ -242,12 +245,39 @@ def check_gdn_decode(mods, device, b, hk, hv, dk, dv, fresh_rows=(1,), num_slots
     ssm0 = inp["ssm"].clone()
     out = poisoned((b, hv * dv), torch.bfloat16, device)
     o = gd.gdn_decode_step(inp["qkv"], inp["z"], inp["a"], inp["b"], inp["a_log"], inp["dt_bias"], inp["norm_w"],
-                           inp["ssm"], slots, ctx, hk, 1e-6, out=out)
+                           inp["ssm"], slots, ctx, hk, 1e-6, out=out, **kw)
     for i in range(b):
         st = None if int(ctx[i]) == 0 else ssm0[slots[i]].double()
         y, s = gdn_step_reference(inp, i, hk, dk, st)
         close(o[i], y.double(), 4 * BF16_EPS, f"gdn decode row {i}")  # 4 bf16 roundings in the norm
         close(inp["ssm"][slots[i]], s, 1e-5, f"gdn state row {i}")
+
+
+def check_gdn_split_vs_whole(mods, device, b, hk, hv, dk, dv, blocks):
+    """The split step (dv_block columns per program, norm at the head's last arrival) == the one-program-per-head
+    step: the state bit for bit (the same per-column arithmetic), the output within 1 bf16 ulp (the norm's sum of
+    squares is added in another fixed order); and each split result is the same on a repeated call (fresh state
+    copies), i.e. independent of which program arrives last."""
+    from deltaserve.kernels.triton_sync import arrival_counters
+
+    gd = mods["gdn"]
+    inp = gdn_inputs(device, b, hk, hv, dk, dv, b + 2)
+    slots = torch.arange(b, device=device) + 1
+    ctx = torch.tensor([0 if i == 1 else 4 + i for i in range(b)], device=device)
+    args = lambda pool: (inp["qkv"], inp["z"], inp["a"], inp["b"], inp["a_log"], inp["dt_bias"], inp["norm_w"],
+                         pool, slots, ctx, hk, 1e-6)
+    whole_pool = inp["ssm"].clone()
+    whole = gd.gdn_decode_step(*args(whole_pool), dv_block=None)
+    for bv in blocks:
+        runs = []
+        for _ in range(2):
+            pool = inp["ssm"].clone()
+            out = poisoned((b, hv * dv), torch.bfloat16, device)
+            runs.append((gd.gdn_decode_step(*args(pool), out=out, dv_block=bv), pool))
+        assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1]), f"dv_block {bv}: repeat"
+        assert torch.equal(runs[0][1], whole_pool), f"dv_block {bv}: state differs from the one-program step"
+        close(runs[0][0], whole.double(), BF16_EPS, f"dv_block {bv} vs one program per head")
+        assert int(arrival_counters(device, b * hv)[: b * hv].abs().sum()) == 0, "arrival counters not reset"
 
 
 # ---------------------------------------------------------------- attention
@@ -436,11 +466,11 @@ def check_gemv_conv_invariance(mods, device, c, extra, k, others=(1, 3, 15)):
 
 
 def check_moe_v2_fused(mods, device, t, h, e, i, top_k, bits, group, shared=True):
-    """moe_decode_v2's 4-launch path (top-k inside gate/up, prep inlined) == its 6+-launch path (moe_route, prep
-    launches): routing bit for bit (same _topk on the same logits), outputs within 1 bf16 ulp (the inline group
-    sums add in another fixed order), equal to v1 moe_decode within the block's rounding. Without a shared expert
-    the shared weight must come back exactly 0 (written by the router kernel, no zeros fill). Returns whether the
-    two paths' outputs are bit-identical."""
+    """moe_decode_v2's 4-launch path (top-k at the router's last arrival, prep inlined) == the top-k recomputed
+    inside gate/up (fuse_topk) == its 6+-launch path (top-k and prep launches of their own): routing bit for bit
+    (same _topk on the same logits), outputs within 1 bf16 ulp (the inline group sums add in another fixed order),
+    equal to v1 moe_decode within the block's rounding. Without a shared expert the shared weight must come back
+    exactly 0 (written by the router kernel, no zeros fill). Returns whether the paths' outputs are bit-identical."""
     md, m2 = mods["moe"], mods["moe2"]
     x, kw, _ = moe_problem(device, t, h, e, i, i, bits, group, router_bits=8 if bits != 16 else 16)
     if not shared:
@@ -448,16 +478,38 @@ def check_moe_v2_fused(mods, device, t, h, e, i, top_k, bits, group, shared=True
             kw.pop(key)
     out = poisoned((t, h), torch.bfloat16, device)
     y, rt = m2.moe_decode_v2(x, top_k=top_k, return_routing=True, out=out, **kw)
-    y0, rt0 = m2.moe_decode_v2(x, top_k=top_k, return_routing=True, fuse_topk=False, inline_prep=False, **kw)
-    assert torch.equal(rt.ids, rt0.ids), f"fused top-k ids {rt.ids.tolist()} != moe_route's {rt0.ids.tolist()}"
-    assert torch.equal(rt.weights, rt0.weights), "fused top-k weights != moe_route's"
-    assert torch.equal(rt.shared_weight, rt0.shared_weight), "shared weight differs"
+    y1, rt1 = m2.moe_decode_v2(x, top_k=top_k, return_routing=True, fuse_topk=True, **kw)
+    y0, rt0 = m2.moe_decode_v2(x, top_k=top_k, return_routing=True, separate_topk=True, inline_prep=False, **kw)
+    for name, other in (("in gate/up", rt1), ("own launch", rt0)):
+        assert torch.equal(rt.ids, other.ids), f"router top-k ids {rt.ids.tolist()} != {name} {other.ids.tolist()}"
+        assert torch.equal(rt.weights, other.weights), f"router top-k weights != {name}"
+        assert torch.equal(rt.shared_weight, other.shared_weight), f"shared weight differs ({name})"
+    assert torch.equal(y, y1), "top-k in the router vs in gate/up: outputs differ"
     if not shared:
         assert torch.equal(rt.shared_weight, torch.zeros_like(rt.shared_weight)), "no shared expert: weight != 0"
     close(y, y0.double(), BF16_EPS, f"MoE v2 fused vs unfused T={t} bits={bits} shared={shared}")
     old = md.moe_decode(x, top_k=top_k, **kw)
     close(y, old.double(), 8 * BF16_EPS, f"MoE v2 fused vs v1 T={t} bits={bits} shared={shared}")
     return torch.equal(y, y0)
+
+
+def check_router_last_arrival(mods, device, ts=(1, 7, 64), h=64, e=12, top_k=3):
+    """moe_route's top-k at each token's last-arriving router program == the top-k in its own launch, bit for bit,
+    for several T and on repeated calls (the arrival counters must be back at zero after every launch), with
+    the logits poisoned between calls so that a top-k reading stale values would show."""
+    from deltaserve.kernels.triton_sync import arrival_counters
+
+    md = mods["moe"]
+    _, kw, _ = moe_problem(device, 1, h, e, 32, 32, 4, 32, router_bits=8)
+    for t in ts:
+        x = torch.randn(t, h, device=device).bfloat16()
+        want = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], separate_topk=True)
+        for rep in range(3):
+            got = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"])
+            assert torch.equal(got.ids, want.ids), f"T={t} call {rep}: ids {got.ids.tolist()} != {want.ids.tolist()}"
+            assert torch.equal(got.weights, want.weights), f"T={t} call {rep}: weights differ"
+            assert torch.equal(got.shared_weight, want.shared_weight), f"T={t} call {rep}: shared weight differs"
+            assert int(arrival_counters(device, t)[: t].abs().sum()) == 0, f"T={t}: counters not reset"
 
 
 def check_moe_v2_fused_ties(mods, device):

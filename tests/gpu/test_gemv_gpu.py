@@ -205,6 +205,11 @@ def test_moe_v2_fused(fused_mods, dev, small, t, shared):
     print(f"MoE v2 4-launch == prep/top-k path, T={t}: {same}")
 
 
+def test_router_last_arrival(fused_mods, dev, small):
+    kc.check_router_last_arrival(fused_mods, dev, **({} if small else dict(ts=(1, 7, 64, 512), h=2048, e=256,
+                                                                              top_k=8)))
+
+
 def test_moe_v2_fused_ties(fused_mods, dev):
     kc.check_moe_v2_fused_ties(fused_mods, dev)
 

@@ -28,6 +28,7 @@ import triton.language as tl
 from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import WeightSpec, dequant_tile
+from ..triton_sync import arrival_counters, last_arrival
 
 
 @triton.jit
@@ -50,16 +51,18 @@ def gemv(x_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, K: tl.con
 
 @triton.jit
 def _router_kernel(
-    x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr,
+    x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr, ids_ptr, wts_ptr, cnt_ptr,
     E, stride_xt, stride_rn, stride_rsn, stride_gn, stride_gsn, magic, H: tl.constexpr, BE: tl.constexpr,
     R_BITS: tl.constexpr, R_GROUP: tl.constexpr, R_CG: tl.constexpr,
     HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr, G_CG: tl.constexpr,
-    INLINE: tl.constexpr,
+    INLINE: tl.constexpr, TOPK: tl.constexpr = 0, EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True,
 ):
     # grid (T, cdiv(E, BE) + 1): column j < cdiv(E, BE) writes the fp32 logits of experts j*BE .. j*BE+BE-1 of
     # one token, the last column the shared gate's sigmoid (0 without a shared expert: every element of sg is
     # written, no zeros fill launch). Each row is one gemv_row (the full K unrolled, all loads in flight): a
-    # token's logits depend on (H, format, BE, CG) only, never on T.
+    # token's logits depend on (H, format, BE, CG) only, never on T. TOPK > 0: the token's last program to
+    # finish (triton_sync.last_arrival on cnt[t]) applies the routing contract to all E logits and writes
+    # ids/weights, so the top-k needs no launch of its own.
     t = tl.program_id(0)
     j = tl.program_id(1)
     x_row = x_ptr + t.to(tl.int64) * stride_xt
@@ -77,6 +80,12 @@ def _router_kernel(
             tl.store(sg_ptr + t + one, tl.sigmoid(sg), mask=one < 1)
         else:
             tl.store(sg_ptr + t + one, tl.zeros((BE,), dtype=tl.float32), mask=one < 1)
+    if TOPK > 0:
+        if last_arrival(cnt_ptr + t, tl.num_programs(1)):
+            sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE, True)
+            ex = tl.arange(0, EP)
+            tl.store(ids_ptr + t * TOPK + rank, ex, mask=sel)
+            tl.store(wts_ptr + t * TOPK + rank, wts, mask=sel)
 
 
 @triton.jit
@@ -90,13 +99,17 @@ def _order_keys(logits, rows, EP: tl.constexpr):
 
 
 @triton.jit
-def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr):
+def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr, FRESH: tl.constexpr = False):
     """The routing contract on one token's logits: (selected mask [EP], weights [EP], rank [EP]) where rank is
     the slot of a selected expert in ascending id order. k rounds of one max over (logit, lower id) keys
-    (_order_keys): ties go to the lower id."""
+    (_order_keys): ties go to the lower id. FRESH: the logits were written by other programs of this launch, read
+    them from L2 (".cg"), not from this SM's L1."""
     rows = tl.arange(0, EP)
     e_mask = rows < E
-    logits = tl.load(logit_row + rows, mask=e_mask, other=float("-inf"))
+    if FRESH:
+        logits = tl.load(logit_row + rows, mask=e_mask, other=float("-inf"), cache_modifier=".cg")
+    else:
+        logits = tl.load(logit_row + rows, mask=e_mask, other=float("-inf"))
     work = _order_keys(logits, rows, EP)
     sel = rows < 0
     top = tl.max(logits, axis=0)
@@ -243,21 +256,26 @@ def _topk_kernel(logit_ptr, ids_ptr, wts_ptr, E, EP: tl.constexpr, TOPK: tl.cons
     tl.store(wts_ptr + t * TOPK + rank, wts, mask=sel)
 
 
-def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config) -> tuple[torch.Tensor, torch.Tensor]:
+def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
+                   topk: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 logits [T, E], shared gate sigmoid [T]) in one launch of (T, cdiv(E, BE) + 1) programs. The x row
     is read raw (inline prep), so no prep launch; one program per BE experts keeps every SM busy even at T = 1
-    (E = 256, BE = 4: 65 programs of 8 KB of an 8-bit router each)."""
+    (E = 256, BE = 4: 65 programs of 8 KB of an 8-bit router each). topk = (ids [T, k], weights [T, k], k,
+    normalize): the same launch also applies the routing contract (its last-arriving program per token)."""
     t, h = x.shape
     be, warps = config["router"]
     logits = torch.empty(t, r.n, dtype=torch.float32, device=x.device)
     sw = torch.empty(t, dtype=torch.float32, device=x.device)
     if t:
+        ids, wts, k, normalize = topk if topk is not None else (logits, logits, 0, True)
+        cnt = arrival_counters(x.device, t) if topk is not None else logits
         _router_kernel[(t, triton.cdiv(r.n, be) + 1)](
-            x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw,
+            x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, ids, wts, cnt,
             r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2), g.scales.stride(-2), MAGIC,
             H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=chunk_groups(r, be),
             HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=chunk_groups(g, be),
-            INLINE=inline_mode(x, True), num_warps=warps,
+            INLINE=inline_mode(x, True), TOPK=k, EP=triton.next_power_of_2(r.n), NORMALIZE=normalize,
+            num_warps=warps,
         )
     return logits, sw
 
@@ -278,18 +296,22 @@ def _router_specs(x, router, top_k, shared_gate):
 
 
 def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, shared_gate=None,
-              config=None) -> MoeRouting:
-    """Router logits (fp32) + the routing contract, on their own (moe_decode fuses the top-k into its gate/up
-    launch). x [T, H]; router [E, H] (WeightSpec or dense tensor); shared_gate [1, H] or None."""
-    config = config or DEFAULT_CONFIG
+              config=None, separate_topk: bool = False) -> MoeRouting:
+    """Router logits (fp32) + the routing contract, in one launch (the top-k at each token's last-arriving router
+    program); separate_topk: the top-k in a launch of its own (the two-launch path, for timing). x [T, H];
+    router [E, H] (WeightSpec or dense tensor); shared_gate [1, H] or None."""
+    config = {**DEFAULT_CONFIG, **(config or {})}
     r, g = _router_specs(x, router, top_k, shared_gate)
-    logits, sw = _router_logits(x, r, g, shared_gate is not None, config)
     t = x.shape[0]
     ids = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
     wts = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
-    if t:
-        _topk_kernel[(t,)](logits, ids, wts, r.n, EP=triton.next_power_of_2(r.n), TOPK=top_k,
-                           NORMALIZE=normalize, num_warps=4)
+    if separate_topk:
+        logits, sw = _router_logits(x, r, g, shared_gate is not None, config)
+        if t:
+            _topk_kernel[(t,)](logits, ids, wts, r.n, EP=triton.next_power_of_2(r.n), TOPK=top_k,
+                               NORMALIZE=normalize, num_warps=4)
+    else:
+        _, sw = _router_logits(x, r, g, shared_gate is not None, config, (ids, wts, top_k, normalize))
     return MoeRouting(ids, wts, sw)
 
 

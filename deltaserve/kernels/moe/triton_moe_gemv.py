@@ -61,6 +61,8 @@ class MoeLaunch:
     down_cg: int | None = None
     combine_bc: int = BC
     combine_warps: int = 4
+    gate_up_maxnreg: int | None = None  # register cap per thread (Triton's maxnreg), None: the compiler's choice
+    down_maxnreg: int | None = None
 
     def __post_init__(self):
         for name in ("gate_up_bn", "gate_up_warps", "down_bn", "down_warps", "combine_bc", "combine_warps"):
@@ -71,6 +73,10 @@ class MoeLaunch:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1 or v & (v - 1)):
                 raise ValueError(f"MoeLaunch.{name} = {v!r}: must be None or a power of two >= 1")
+        for name in ("gate_up_maxnreg", "down_maxnreg"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or not 24 <= v <= 255 or v % 8):
+                raise ValueError(f"MoeLaunch.{name} = {v!r}: must be None or a multiple of 8 in 24..255")
 
 
 def _cg(spec: WeightSpec, bn: int, cg: int | None) -> int:
@@ -184,11 +190,12 @@ def _group(spec: WeightSpec) -> int:
     return unit(spec)
 
 
-def _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk: bool):
+def _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk: bool, separate_topk: bool = False):
     """(routing, logits or None). fuse_topk: the router launch only (logits fp32 + the shared gate weight), ids
-    and weights left for the gate/up kernel to write; else moe_route (router + top-k launches)."""
+    and weights left for the gate/up kernel to write; else moe_route (the top-k inside the router launch, or in
+    a launch of its own when separate_topk)."""
     if not fuse_topk:
-        return moe_route(x, router, top_k, normalize, shared_gate, config), None
+        return moe_route(x, router, top_k, normalize, shared_gate, config, separate_topk), None
     config = {**DEFAULT_CONFIG, **(config or {})}
     r, gsp = _router_specs(x, router, top_k, shared_gate)
     logits, sw = _router_logits(x, r, gsp, shared_gate is not None, config)
@@ -219,6 +226,7 @@ def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normal
         H=h, TOPK=top_k, SLOTS=slots, BN=bn, BITS=g.bits, GROUP=_group(g), CG=_cg(g, bn, launch.gate_up_cg),
         S_BITS=sg.bits, S_GROUP=_group(sg), S_CG=_cg(sg, bn, launch.gate_up_cg), EP=triton.next_power_of_2(e),
         NORMALIZE=normalize, FUSE_TOPK=fuse, INLINE=inline_mode(x, inline_prep), num_warps=launch.gate_up_warps,
+        **_regs(launch.gate_up_maxnreg),
     )
 
 
@@ -237,18 +245,28 @@ def _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, 
         I=d.k, IS=i_s if slots > top_k else d.k, TOPK=top_k, SLOTS=slots, BN=bn,
         BITS=d.bits, GROUP=_group(d), CG=_cg(d, bn, launch.down_cg), S_BITS=sd.bits, S_GROUP=_group(sd),
         S_CG=_cg(sd, bn, launch.down_cg), INLINE=inline_mode(rows, inline_prep), num_warps=launch.down_warps,
+        **_regs(launch.down_maxnreg),
     )
+
+
+def _regs(maxnreg: int | None) -> dict:
+    """Launch kwargs capping registers per thread: more resident programs per SM (the H200 ncu of the gate/up
+    kernel: 166 registers, 3 programs of 4 warps per SM, 1.45 waves for T = 1)."""
+    return {} if maxnreg is None else {"maxnreg": maxnreg}
 
 
 def moe_decode_v2(
     x: torch.Tensor, router, gate, up, down, top_k: int, *, normalize: bool = True,
     shared_gate_proj=None, shared_up=None, shared_down=None, shared_gate=None,
     residual: torch.Tensor | None = None, return_routing: bool = False, out: torch.Tensor | None = None,
-    config: dict | None = None, inline_prep: bool = True, fuse_topk: bool = True, launch: MoeLaunch | None = None,
+    config: dict | None = None, inline_prep: bool = True, fuse_topk: bool = False, launch: MoeLaunch | None = None,
+    separate_topk: bool = False,
 ):
     """The MoE block for T tokens x [T, H] (bf16); arguments and result as `triton_decode.moe_decode`
-    (config is passed to the router launch). Launches: router, gate/up, down, combine (4) by default;
-    fuse_topk=False adds the top-k launch (moe_route), inline_prep=False the prep launches of x and of hbuf
+    (config is passed to the router launch). Launches: router (the top-k at each token's last-arriving router
+    program), gate/up, down, combine (4) by default; fuse_topk=True recomputes the top-k at the head of every
+    gate/up program instead, separate_topk=True gives it a launch of its own, inline_prep=False adds the prep
+    launches of x and of hbuf
     (the v2 path, kept so the two can be timed against each other). launch: the kernels' launch shape (MoeLaunch;
     None: the defaults), for sweeps (scripts/sweep_decode_kernels.py)."""
     launch = MoeLaunch() if launch is None else launch
@@ -256,7 +274,7 @@ def moe_decode_v2(
     g, u, d, sg, su, sd, has_shared = moe_weight_specs(
         x, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual
     )
-    routing, logits = _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk)
+    routing, logits = _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk, separate_topk)
     if g.w.dim() != 3 or g.w.shape[0] != routing_experts(router):
         raise ValueError(f"moe experts: gate/up/down must be stacked [E, ..] like the router, found "
                          f"{tuple(g.w.shape)}")
