@@ -14,7 +14,7 @@ CLASSES = (
     ("router", "moe"), ("gate_up", "moe"), ("down_combine", "moe"), ("_down_kernel", "moe"), ("_combine", "moe"),
     ("affine_mm", "linear (affine/dense matmul)"), ("_gemv", "linear (affine/dense matmul)"),
     ("_prep", "linear (affine/dense matmul)"),
-    ("conv", "deltanet conv"), ("decode_kernel", "deltanet step"), ("gates", "deltanet step"),
+    ("conv", "deltanet conv"), ("decode_kernel", "deltanet step"), ("gdn_step", "deltanet step"), ("gates", "deltanet step"),
     ("chunk", "deltanet prefill"),
     ("write_kv", "attention"), ("decode_split", "attention"), ("decode_merge", "attention"), ("prefill", "attention"),
     ("rms_norm", "norm"), ("gated_norm", "norm"),

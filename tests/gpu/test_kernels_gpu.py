@@ -59,9 +59,15 @@ def test_causal_conv(mods, dev, small):
                   ctx=[0, 9, 0, 1, 100])
 
 
-def test_gdn_decode_step(mods, dev, small):
+@pytest.mark.parametrize("dv_block", ["default", None])
+def test_gdn_decode_step(mods, dev, small, dv_block):
     dims = (2, 4, 16, 32) if small else (16, 32, 128, 128)
-    kc.check_gdn_decode(mods, dev, 5, *dims, fresh_rows=(0, 3), num_slots=9)
+    kc.check_gdn_decode(mods, dev, 5, *dims, fresh_rows=(0, 3), num_slots=9, dv_block=dv_block)
+
+
+def test_gdn_decode_split_vs_whole(mods, dev, small):
+    dims = (2, 4, 16, 32) if small else (16, 32, 128, 128)
+    kc.check_gdn_split_vs_whole(mods, dev, 3, *dims, blocks=(8, 16) if small else (16, 32, 64))
 
 
 def test_paged_attention(mods, dev, small):
