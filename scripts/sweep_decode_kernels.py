@@ -1,4 +1,4 @@
-"""One-call device sweep of the decode kernels' launch shapes: moe_decode_v2 (MoeLaunch, fuse_topk, inline_prep)
+"""One-call device sweep of the decode kernels' launch shapes: moe_decode_v2 (MoeLaunch, top-k placement, inline_prep)
 and affine_gemv ((BN, CG, num_warps), inline_prep) at the Qwen3.6-35B-A3B decode shapes (H 2048, E 256, top-8,
 I 512, shared I 512, q4 g64 experts, 8-bit g64 router and shared-expert gate; GEMVs 12352x2048, 2048x4096,
 9216x2048, 248320x2048 q4 g64), T / M in (1, 8).
@@ -75,27 +75,31 @@ def judge(got, ref64, base, alone_rows, rel_ref: float, rel_base: float) -> dict
 
 
 def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
-    """MoE configurations, the default first. Keys: gu/dn (bn, warps, cg or None), cb (bc, warps), fuse, inline.
-    cg_gu / cg_dn: the default chunking (BN = 8) of the gate/up and down weights, for the CG-held variants."""
-    base = dict(gu=(8, 4, None), dn=(8, 4, None), cb=(256, 4), fuse=True, inline=True)
-    pairs = ([(16, 4), (32, 4), (8, 8), (16, 8)] if quick else
+    """MoE configurations, the default first. Keys: gu/dn (bn, warps, cg or None), cb (bc, warps), topk ("router":
+    at the router's last arrival, "fused": in every gate/up program, "split": its own launch), inline, regs
+    (maxnreg of gate/up, of down; None: the compiler's). cg_gu / cg_dn: the default chunking (BN = 8) of the
+    gate/up and down weights, for the CG-held variants."""
+    base = dict(gu=(8, 4, None), dn=(8, 4, None), cb=(256, 4), topk="router", inline=True, regs=(None, None))
+    pairs = ([(4, 4), (4, 2), (8, 2), (16, 4)] if quick else
              [(bn, w) for bn in (4, 8, 16, 32) for w in (2, 4, 8) if (bn, w) != (8, 4)])
     out = [base]
+    out += [{**base, "regs": r} for r in ((128, None), (96, None), (80, None), (None, 64))]
     out += [{**base, "gu": (bn, w, None)} for bn, w in pairs]
     out += [{**base, "dn": (bn, w, None)} for bn, w in pairs]
-    out += [{**base, "gu": (bn, 4, cg_gu)} for bn in ((16,) if quick else (4, 16, 32))]
+    out += [{**base, "gu": (bn, 4, cg_gu)} for bn in ((4,) if quick else (4, 16, 32))]
     out += [{**base, "dn": (bn, 4, cg_dn)} for bn in ((16,) if quick else (4, 16, 32))]
     out += [{**base, "cb": cb} for cb in ([(1024, 4)] if quick else [(128, 4), (512, 4), (1024, 4), (256, 2),
                                                                         (1024, 8)])]
-    out += [{**base, "fuse": False}, {**base, "inline": False}, {**base, "fuse": False, "inline": False}]
+    out += [{**base, "topk": "fused"}, {**base, "topk": "split"}, {**base, "inline": False},
+            {**base, "topk": "split", "inline": False}]
     return out
 
 
 def gemv_grid(quick: bool) -> list[dict]:
     """GEMV configurations (bn, warps, inline: None = the library's auto choice), the default first; CG is
     chunk_groups(weight, bn) as the library's default would pick for that BN."""
-    pairs = [(16, 4), (8, 8), (16, 8)] if quick else [(bn, w) for bn in (4, 8, 16, 32) for w in (2, 4, 8)
-                                                      if (bn, w) != (8, 4)]
+    pairs = [(4, 4), (4, 2), (2, 2), (8, 8)] if quick else [(bn, w) for bn in (2, 4, 8, 16, 32) for w in (1, 2, 4, 8)
+                                                            if (bn, w) != (8, 4)]
     out = [dict(bn=8, warps=4, inline=None), dict(bn=8, warps=4, inline=True), dict(bn=8, warps=4, inline=False)]
     return out + [dict(bn=bn, warps=w, inline=None) for bn, w in pairs]
 
@@ -103,7 +107,9 @@ def gemv_grid(quick: bool) -> list[dict]:
 def moe_label(c: dict) -> str:
     def part(v):
         return "/".join(str(a) for a in v if a is not None) + ("" if len(v) < 3 or v[2] is None else "cg")
-    flags = ("" if c["fuse"] else " topk-split") + ("" if c["inline"] else " prep")
+    regs = c.get("regs", (None, None))
+    flags = ("" if c["topk"] == "router" else f" topk-{c['topk']}") + ("" if c["inline"] else " prep") + (
+        "" if regs == (None, None) else f" regs={regs[0] or '-'}/{regs[1] or '-'}")
     return f"gu={part(c['gu'])} dn={part(c['dn'])} cb={part(c['cb'])}{flags}{' CANARY' if c.get('corrupt') else ''}"
 
 
@@ -197,12 +203,14 @@ def moe_bytes(kw, ids) -> float:
 def moe_call(m2, kw, top_k, c):
     from deltaserve.kernels.moe.triton_moe_gemv import MoeLaunch
 
+    regs = c.get("regs", (None, None))
     launch = MoeLaunch(gate_up_bn=c["gu"][0], gate_up_warps=c["gu"][1], gate_up_cg=c["gu"][2],
                        down_bn=c["dn"][0], down_warps=c["dn"][1], down_cg=c["dn"][2],
-                       combine_bc=c["cb"][0], combine_warps=c["cb"][1])
+                       combine_bc=c["cb"][0], combine_warps=c["cb"][1], gate_up_maxnreg=regs[0], down_maxnreg=regs[1])
 
     def run(x, res):
-        y = m2.moe_decode_v2(x, top_k=top_k, residual=res, launch=launch, fuse_topk=c["fuse"],
+        y = m2.moe_decode_v2(x, top_k=top_k, residual=res, launch=launch, fuse_topk=c["topk"] == "fused",
+                             separate_topk=c["topk"] == "split",
                              inline_prep=c["inline"], **kw)
         if c.get("corrupt"):  # the canary: a deliberately wrong output the checks must flag
             y[0, 0] += 0.25 * y.float().abs().max().to(y.dtype)
