@@ -79,13 +79,13 @@ def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
     at the router's last arrival, "fused": in every gate/up program, "split": its own launch), inline, regs
     (maxnreg of gate/up, of down; None: the compiler's). cg_gu / cg_dn: the default chunking (BN = 8) of the
     gate/up and down weights, for the CG-held variants."""
-    base = dict(gu=(8, 4, None), dn=(8, 4, None), cb=(256, 4), topk="router", inline=True, regs=(None, None))
-    pairs = ([(4, 4), (4, 2), (8, 2), (16, 4)] if quick else
-             [(bn, w) for bn in (4, 8, 16, 32) for w in (2, 4, 8) if (bn, w) != (8, 4)])
+    base = dict(gu=(8, 4, None), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True, regs=(None, None))
+    pairs = ([(4, 4), (8, 2), (8, 4), (16, 4)] if quick else
+             [(bn, w) for bn in (4, 8, 16, 32) for w in (2, 4, 8)])
     out = [base]
-    out += [{**base, "regs": r} for r in ((128, None), (96, None), (80, None), (None, 64))]
-    out += [{**base, "gu": (bn, w, None)} for bn, w in pairs]
-    out += [{**base, "dn": (bn, w, None)} for bn, w in pairs]
+    out += [{**base, "regs": r} for r in ((128, None), (None, 64))]
+    out += [{**base, "gu": (bn, w, None)} for bn, w in pairs if (bn, w) != base["gu"][:2]]
+    out += [{**base, "dn": (bn, w, None)} for bn, w in pairs if (bn, w) != base["dn"][:2]]
     out += [{**base, "gu": (bn, 4, cg_gu)} for bn in ((4,) if quick else (4, 16, 32))]
     out += [{**base, "dn": (bn, 4, cg_dn)} for bn in ((16,) if quick else (4, 16, 32))]
     out += [{**base, "cb": cb} for cb in ([(1024, 4)] if quick else [(128, 4), (512, 4), (1024, 4), (256, 2),
@@ -100,7 +100,8 @@ def gemv_grid(quick: bool) -> list[dict]:
     chunk_groups(weight, bn) as the library's default would pick for that BN."""
     pairs = [(4, 4), (4, 2), (2, 2), (8, 8)] if quick else [(bn, w) for bn in (2, 4, 8, 16, 32) for w in (1, 2, 4, 8)
                                                             if (bn, w) != (8, 4)]
-    out = [dict(bn=8, warps=4, inline=None), dict(bn=8, warps=4, inline=True), dict(bn=8, warps=4, inline=False)]
+    out = [dict(bn=None, warps=None, inline=None), dict(bn=None, warps=None, inline=True),
+           dict(bn=None, warps=None, inline=False), dict(bn=8, warps=4, inline=None)]
     return out + [dict(bn=bn, warps=w, inline=None) for bn, w in pairs]
 
 
@@ -291,13 +292,19 @@ def gemv_section(args, shp, device, deadline, emit) -> None:
             xs = [x[:m].contiguous() for x in x_all]
             base = tg.affine_gemv(xs[0], *ws[0], BITS, GROUP)
             for c in grid:
-                config = (c["bn"], tg.chunk_groups(spec, c["bn"]), c["warps"])
-                inl = tg.use_inline_prep(spec, c["bn"], c["inline"])
+                # bn None: the library's default_config for this weight
+                config = tg.default_config(spec) if c["bn"] is None else (
+                    c["bn"], tg.chunk_groups(spec, c["bn"]), c["warps"])
+                if c["bn"] is not None and config == tg.default_config(spec) and c["inline"] is None:
+                    continue  # the same launch as the default row
+                inl = tg.use_inline_prep(spec, config[0], c["inline"])
+                base_cfg = tg.default_config(spec)
                 rec = dict(kernel="affine_gemv", shape=f"M={m} N={n} K={kk} q{BITS}g{GROUP}",
                            config=f"bn={config[0]} cg={config[1]} w={config[2]} {'inline' if inl else 'prep'}"
-                                  f"{'' if c['inline'] is not None else '(auto)'}",
-                           cfg=c, bits_expected=config[1] == tg.chunk_groups(spec, 8) and inl == tg.use_inline_prep(
-                               spec, 8, None))
+                                  f"{'' if c['inline'] is not None else '(auto)'}"
+                                  f"{' default' if c['bn'] is None else ''}",
+                           cfg=c, bits_expected=config[1] == base_cfg[1] and inl == tg.use_inline_prep(
+                               spec, base_cfg[0], None))
                 if time.monotonic() > deadline:
                     emit({**rec, "ok": None, "skipped": "budget"})
                     continue

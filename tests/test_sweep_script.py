@@ -75,7 +75,7 @@ def test_judge_one_ulp_from_default_is_close_not_identical():
 
 def test_grids_start_with_the_default_and_bits_expectation():
     moe = sweep.moe_grid(True, 8, 8)
-    assert moe[0] == dict(gu=(8, 4, None), dn=(8, 4, None), cb=(256, 4), topk="router", inline=True,
+    assert moe[0] == dict(gu=(8, 4, None), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True,
                           regs=(None, None))
     assert len({sweep.moe_label(c) for c in moe}) == len(moe)  # labels identify configurations
     assert len(sweep.moe_grid(False, 8, 8)) > len(moe)
@@ -89,14 +89,14 @@ def test_grids_start_with_the_default_and_bits_expectation():
     assert sweep.moe_bits_expected({**moe[0], "gu": (16, 4, None)}, lambda bn: 1, cg_of)  # ... unless CG cannot move
     assert not sweep.moe_bits_expected({**moe[0], "inline": False}, cg_of, cg_of)
     gemv = sweep.gemv_grid(True)
-    assert gemv[0] == dict(bn=8, warps=4, inline=None)
+    assert gemv[0] == dict(bn=None, warps=None, inline=None)  # the library's default_config
 
 
 def test_moe_launch_defaults_and_validation():
     m2 = pytest.importorskip("deltaserve.kernels.moe.triton_moe_gemv")
     d = m2.MoeLaunch()
     assert (d.gate_up_bn, d.down_bn, d.combine_bc) == (m2.BN, m2.BN, m2.BC)
-    assert (d.gate_up_warps, d.down_warps, d.combine_warps, d.gate_up_cg, d.down_cg) == (4, 4, 4, None, None)
+    assert (d.gate_up_warps, d.down_warps, d.combine_warps, d.gate_up_cg, d.down_cg) == (4, 2, 4, None, None)
     for bad in (dict(gate_up_bn=12), dict(down_warps=0), dict(combine_bc=100), dict(down_cg=3),
                 dict(gate_up_maxnreg=100), dict(down_maxnreg=16)):
         with pytest.raises(ValueError):

@@ -254,10 +254,10 @@ def check_gdn_decode(mods, device, b, hk, hv, dk, dv, fresh_rows=(1,), num_slots
 
 
 def check_gdn_split_vs_whole(mods, device, b, hk, hv, dk, dv, blocks):
-    """The split step (dv_block columns per program, norm at the head's last arrival) == the one-program-per-head
-    step: the state bit for bit (the same per-column arithmetic), the output within 1 bf16 ulp (the norm's sum of
-    squares is added in another fixed order); and each split result is the same on a repeated call (fresh state
-    copies), i.e. independent of which program arrives last."""
+    """The split step (dv_block columns per program, norm at the head's last arrival) against the one-program-
+    per-head step: the state to fp32 rounding (the S^T k and S^T q sums over dk follow the tile's layout, so the
+    two orders differ on the GPU: seen on the H200), the output within 2 bf16 ulp; and each split result is the
+    same bit for bit on a repeated call (fresh state copies), i.e. independent of which program arrives last."""
     from deltaserve.kernels.triton_sync import arrival_counters
 
     gd = mods["gdn"]
@@ -275,8 +275,8 @@ def check_gdn_split_vs_whole(mods, device, b, hk, hv, dk, dv, blocks):
             out = poisoned((b, hv * dv), torch.bfloat16, device)
             runs.append((gd.gdn_decode_step(*args(pool), out=out, dv_block=bv), pool))
         assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1]), f"dv_block {bv}: repeat"
-        assert torch.equal(runs[0][1], whole_pool), f"dv_block {bv}: state differs from the one-program step"
-        close(runs[0][0], whole.double(), BF16_EPS, f"dv_block {bv} vs one program per head")
+        close(runs[0][1], whole_pool.double(), 1e-6, f"dv_block {bv}: state vs one program per head")
+        close(runs[0][0], whole.double(), 2 * BF16_EPS, f"dv_block {bv} vs one program per head")
         assert int(arrival_counters(device, b * hv)[: b * hv].abs().sum()) == 0, "arrival counters not reset"
 
 

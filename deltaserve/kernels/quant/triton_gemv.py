@@ -283,10 +283,17 @@ def row_cap(spec: WeightSpec, inline_prep: bool, conv: bool) -> int:
     return ROW_BLOCK_INLINE if inline_prep else ROW_BLOCK
 
 
+FEW_PROGRAMS = 512  # below this many BN = 8 programs a packed weight takes BN = 4 programs of 2 warps
+
+
 def default_config(spec: WeightSpec) -> tuple[int, int, int]:
     """(BN, CG, num_warps). CG = groups per chunk (dense: CG * 64 elements per chunk). A chunk is
-    BN * CG * GROUP codes, ~32 per thread at 4 warps; BN = 8 keeps >= 4 programs per SM from N = 4096
-    (N = 512 gives 64 programs: these layers are latency-bound whatever the split)."""
+    BN * CG * GROUP codes, ~32 per thread at 4 warps; BN = 8 keeps >= 4 programs per SM from N = 4096.
+    A packed weight with fewer rows (the out projections, N = 2048, K = 4096: 256 programs, 0.16 waves) takes
+    twice the programs at half the warps: H200 sweep (bench/NOTES.md) 9.50 -> 7.35 us; at N >= 9216 the BN = 4
+    configurations were slower (12352 x 2048: 11.8 -> 15.8 us). Depends on the weight only, never on M."""
+    if spec.bits != DENSE_BITS and triton.cdiv(spec.n, 8) < FEW_PROGRAMS:
+        return 4, chunk_groups(spec, 4), 2
     return 8, chunk_groups(spec, 8), 4  # dense: 8 x 512 bf16 chunks
 
 
