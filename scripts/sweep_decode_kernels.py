@@ -295,8 +295,6 @@ def gemv_section(args, shp, device, deadline, emit) -> None:
                 # bn None: the library's default_config for this weight
                 config = tg.default_config(spec) if c["bn"] is None else (
                     c["bn"], tg.chunk_groups(spec, c["bn"]), c["warps"])
-                if c["bn"] is not None and config == tg.default_config(spec) and c["inline"] is None:
-                    continue  # the same launch as the default row
                 inl = tg.use_inline_prep(spec, config[0], c["inline"])
                 base_cfg = tg.default_config(spec)
                 rec = dict(kernel="affine_gemv", shape=f"M={m} N={n} K={kk} q{BITS}g{GROUP}",
