@@ -18,7 +18,7 @@ the register layout, which depends on the tile shape and num_warps. So the sweep
 assuming it; configurations with `cg` held at the BN = 8 value isolate (a) from (b). inline_prep=False sums x's
 groups in another fixed order (within 1 bf16 ulp, not bitwise).
 
-  python scripts/sweep_decode_kernels.py [--quick] [--out FILE] [--budget-s 400] [--only moe|gemv]
+  python scripts/sweep_decode_kernels.py [--quick] [--out FILE] [--budget-s 400] [--only moe|gemv] [--ts 1,8,64]
   python scripts/sweep_decode_kernels.py --dry-run   # CPU, TRITON_INTERPRET=1, tiny shapes, checks only
 Exit status 1 when any configuration fails its checks. Configurations reached after --budget-s (MoE gets the first
 55% of it) are listed as skipped, so one device call stays under its limit whatever the compile times are; the
@@ -82,7 +82,7 @@ def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
     base = dict(gu=(8, 4, None), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True, regs=(None, None))
     pairs = ([(4, 4), (8, 2), (8, 4), (16, 4)] if quick else
              [(bn, w) for bn in (4, 8, 16, 32) for w in (2, 4, 8)])
-    out = [base]
+    out = [base, {**base, "kernel": "experts"}]  # expert-major: the same bits, each picked expert read once
     out += [{**base, "regs": r} for r in ((128, None), (None, 64))]
     out += [{**base, "gu": (bn, w, None)} for bn, w in pairs if (bn, w) != base["gu"][:2]]
     out += [{**base, "dn": (bn, w, None)} for bn, w in pairs if (bn, w) != base["dn"][:2]]
@@ -109,7 +109,8 @@ def moe_label(c: dict) -> str:
     def part(v):
         return "/".join(str(a) for a in v if a is not None) + ("" if len(v) < 3 or v[2] is None else "cg")
     regs = c.get("regs", (None, None))
-    flags = ("" if c["topk"] == "router" else f" topk-{c['topk']}") + ("" if c["inline"] else " prep") + (
+    flags = (" experts-major" if c.get("kernel") == "experts" else "") + (
+        "" if c["topk"] == "router" else f" topk-{c['topk']}") + ("" if c["inline"] else " prep") + (
         "" if regs == (None, None) else f" regs={regs[0] or '-'}/{regs[1] or '-'}")
     return f"gu={part(c['gu'])} dn={part(c['dn'])} cb={part(c['cb'])}{flags}{' CANARY' if c.get('corrupt') else ''}"
 
@@ -210,9 +211,13 @@ def moe_call(m2, kw, top_k, c):
                        combine_bc=c["cb"][0], combine_warps=c["cb"][1], gate_up_maxnreg=regs[0], down_maxnreg=regs[1])
 
     def run(x, res):
-        y = m2.moe_decode_v2(x, top_k=top_k, residual=res, launch=launch, fuse_topk=c["topk"] == "fused",
-                             separate_topk=c["topk"] == "split",
-                             inline_prep=c["inline"], **kw)
+        if c.get("kernel") == "experts":
+            from deltaserve.kernels.moe.triton_moe_experts_major import moe_decode_experts_major
+
+            y = moe_decode_experts_major(x, top_k=top_k, residual=res, launch=launch, **kw)
+        else:
+            y = m2.moe_decode_v2(x, top_k=top_k, residual=res, launch=launch, fuse_topk=c["topk"] == "fused",
+                                 separate_topk=c["topk"] == "split", inline_prep=c["inline"], **kw)
         if c.get("corrupt"):  # the canary: a deliberately wrong output the checks must flag
             y[0, 0] += 0.25 * y.float().abs().max().to(y.dtype)
         return y

@@ -77,6 +77,9 @@ def _cases():
                                                                 bits=4, group=32, normalize=False, router_bits=16),
         "moe_router_ties": lambda m: kc.check_moe_ties(m, CPU),
         "moe_router_last_arrival": lambda m: kc.check_router_last_arrival(m, CPU),
+        "moe_experts_major": lambda m: kc.check_moe_experts_major(m, CPU, (1, 5, 9), 64, 8, 32, 3, 4, 32),
+        "moe_experts_major_bf16_no_shared": lambda m: kc.check_moe_experts_major(m, CPU, (6,), 64, 8, 32, 3, 16, 32,
+                                                                                 shared=False),
         "conv_varlen": lambda m: kc.check_conv(m, CPU, c=48, kw=4, seqs=[5, 1, 2, 19], ctx=[3, 0, 7, 0]),
         "gdn_decode": lambda m: kc.check_gdn_decode(m, CPU, b=3, hk=2, hv=4, dk=16, dv=32, fresh_rows=(1,)),
         "gdn_decode_one_program_per_head": lambda m: kc.check_gdn_decode(m, CPU, b=3, hk=2, hv=4, dk=16, dv=32,
@@ -121,7 +124,8 @@ def _child(names: list[str]) -> None:
     """Runs in the child process, TRITON_INTERPRET=1 already in the environment."""
     interpret_harness.run_cases(names, _cases, {
         "affine": "quant.triton_affine", "moe": "moe.triton_decode", "gdn": "gated_delta.triton_decode",
-        "attn": "attention.triton_paged", "norm": "triton_norm", "qkprep": "attention.triton_qk_prep"})
+        "attn": "attention.triton_paged", "norm": "triton_norm", "qkprep": "attention.triton_qk_prep",
+        "moe2": "moe.triton_moe_gemv"})
 
 
 @pytest.fixture(scope="module")
