@@ -77,19 +77,22 @@ def judge(got, ref64, base, alone_rows, rel_ref: float, rel_base: float) -> dict
 def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
     """MoE configurations, the default first. Keys: gu/dn (bn, warps, cg or None), cb (bc, warps), topk ("router":
     at the router's last arrival, "fused": in every gate/up program, "split": its own launch), inline, regs
-    (maxnreg of gate/up, of down; None: the compiler's). cg_gu / cg_dn: the default chunking (BN = 8) of the
-    gate/up and down weights, for the CG-held variants."""
+    (maxnreg of gate/up, of down; None: the compiler's), kernel ("experts": moe_decode_experts_major, else v2).
+    cg_gu / cg_dn: the default chunking (BN = 8) of the gate/up and down weights, for the CG-held variants.
+    The quick grid keeps what the H200 sweeps of 2026-11-29 left open (bench/NOTES.md: register caps, gate/up BN
+    4/16, 2-warp gate/up, BC 1024 and the top-k in gate/up were all slower; the full grid still has them)."""
     base = dict(gu=(8, 4, None), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True, regs=(None, None))
-    pairs = ([(4, 4), (8, 2), (8, 4), (16, 4)] if quick else
-             [(bn, w) for bn in (4, 8, 16, 32) for w in (2, 4, 8)])
     out = [base, {**base, "kernel": "experts"}]  # expert-major: the same bits, each picked expert read once
-    out += [{**base, "regs": r} for r in ((128, None), (None, 64))]
+    if quick:
+        return out + [{**base, "kernel": "experts", "gu": (4, 4, None)}, {**base, "dn": (16, 2, None)},
+                      {**base, "dn": (16, 4, cg_dn)}, {**base, "topk": "split"}, {**base, "inline": False}]
+    pairs = [(bn, w) for bn in (4, 8, 16, 32) for w in (2, 4, 8)]
+    out += [{**base, "regs": r} for r in ((128, None), (96, None), (None, 64))]
     out += [{**base, "gu": (bn, w, None)} for bn, w in pairs if (bn, w) != base["gu"][:2]]
     out += [{**base, "dn": (bn, w, None)} for bn, w in pairs if (bn, w) != base["dn"][:2]]
-    out += [{**base, "gu": (bn, 4, cg_gu)} for bn in ((4,) if quick else (4, 16, 32))]
-    out += [{**base, "dn": (bn, 4, cg_dn)} for bn in ((16,) if quick else (4, 16, 32))]
-    out += [{**base, "cb": cb} for cb in ([(1024, 4)] if quick else [(128, 4), (512, 4), (1024, 4), (256, 2),
-                                                                        (1024, 8)])]
+    out += [{**base, "gu": (bn, 4, cg_gu)} for bn in (4, 16, 32)]
+    out += [{**base, "dn": (bn, 4, cg_dn)} for bn in (4, 16, 32)]
+    out += [{**base, "cb": cb} for cb in [(128, 4), (512, 4), (1024, 4), (256, 2), (1024, 8)]]
     out += [{**base, "topk": "fused"}, {**base, "topk": "split"}, {**base, "inline": False},
             {**base, "topk": "split", "inline": False}]
     return out
@@ -97,11 +100,12 @@ def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
 
 def gemv_grid(quick: bool) -> list[dict]:
     """GEMV configurations (bn, warps, inline: None = the library's auto choice), the default first; CG is
-    chunk_groups(weight, bn) as the library's default would pick for that BN."""
-    pairs = [(4, 4), (4, 2), (2, 2), (8, 8)] if quick else [(bn, w) for bn in (2, 4, 8, 16, 32) for w in (1, 2, 4, 8)
-                                                            if (bn, w) != (8, 4)]
-    out = [dict(bn=None, warps=None, inline=None), dict(bn=None, warps=None, inline=True),
-           dict(bn=None, warps=None, inline=False), dict(bn=8, warps=4, inline=None)]
+    chunk_groups(weight, bn) as the library's default would pick for that BN. Quick: the launch shapes the
+    2026-11-29 sweeps found closest to the default."""
+    pairs = [(4, 2), (8, 8)] if quick else [(bn, w) for bn in (2, 4, 8, 16, 32) for w in (1, 2, 4, 8)
+                                            if (bn, w) != (8, 4)]
+    out = [dict(bn=None, warps=None, inline=None), dict(bn=None, warps=None, inline=False),
+           dict(bn=8, warps=4, inline=None)]
     return out + [dict(bn=bn, warps=w, inline=None) for bn, w in pairs]
 
 
