@@ -186,20 +186,16 @@ def _softplus(x):
 
 
 @triton.jit
-def _decode_kernel(
-    qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, slot_ptr, ctx_ptr, o_ptr,
-    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, stride_ot,
-    key_dim, scale, eps,
-    HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-):
-    # grid (B, Hv): one program owns state[slot, h] ([DK, DV] fp32, read once, written once)
-    bi = tl.program_id(0)
-    h = tl.program_id(1)
+def _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv,
+                        stride_qt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, key_dim, scale,
+                        R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
+    """One decode token of sequence bi, value head h, on the state columns rv (all DV of them or a block): L2-normed
+    q/k of key head h // R, the gates, S <- exp(g) S + k (beta (v - S^T k))^T written back in place (fp32; zero
+    state when the sequence is fresh), and returns o = S^T q over rv (fp32)."""
     kh = h // R
     slot = tl.load(slot_ptr + bi).to(tl.int64)
     keep = tl.load(ctx_ptr + bi) != 0
     rk = tl.arange(0, DK)
-    rv = tl.arange(0, DV)
     row = qkv_ptr + bi.to(tl.int64) * stride_qt
     q = tl.load(row + kh * DK + rk).to(tl.float32)
     k = tl.load(row + key_dim + kh * DK + rk).to(tl.float32)
@@ -211,20 +207,44 @@ def _decode_kernel(
     g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * _softplus(a + tl.load(dtb_ptr + h).to(tl.float32))
     beta = tl.sigmoid(bb)
     sp = ssm_ptr + slot * stride_ss + h * stride_sh + rk[:, None] * stride_sk + rv[None, :]
-    s = tl.load(sp, mask=(rk[:, None] >= 0) & keep, other=0.0)  # [DK, DV]; zeros for a fresh sequence
+    s = tl.load(sp, mask=(rk[:, None] >= 0) & keep, other=0.0)  # [DK, len(rv)]; zeros for a fresh sequence
     s = s * tl.exp(g)
-    mem = tl.sum(s * k[:, None], axis=0)  # S^T k   [DV]
+    mem = tl.sum(s * k[:, None], axis=0)  # S^T k
     u = beta * (v - mem)
     s = s + k[:, None] * u[None, :]
-    o = tl.sum(s * q[:, None], axis=0)  # S^T q   [DV]
     tl.store(sp, s)
-    # gated RMSNorm with the reference's rounding points: o -> act dtype, normed -> act, * w -> act, * SiLU(z)
+    return tl.sum(s * q[:, None], axis=0)  # S^T q
+
+
+@triton.jit
+def _gated_norm_row(o_row, of, z_row, nw_ptr, inv, rv, act):
+    """The reference's gated RMSNorm rounding points on o (act dtype values of), given 1 / rms: normed -> act,
+    * w -> act, * SiLU(z) -> act, stored at o_row + rv."""
+    y = (of * inv).to(act)
+    y = (tl.load(nw_ptr + rv).to(act).to(tl.float32) * y.to(tl.float32)).to(act).to(tl.float32)
+    z = tl.load(z_row + rv).to(tl.float32)
+    tl.store(o_row + rv, (y * (z / (1.0 + tl.exp(-z)))).to(act))
+
+
+@triton.jit
+def _decode_kernel(
+    qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, slot_ptr, ctx_ptr, o_ptr,
+    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, stride_ot,
+    key_dim, scale, eps,
+    HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+):
+    # grid (B, Hv): one program owns state[slot, h] ([DK, DV] fp32, read once, written once)
+    bi = tl.program_id(0)
+    h = tl.program_id(1)
+    rv = tl.arange(0, DV)
+    o = _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv,
+                            stride_qt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, key_dim, scale,
+                            R, DK, DV)
     act = o_ptr.dtype.element_ty
     of = o.to(act).to(tl.float32)
-    y = (of * (1.0 / tl.sqrt(tl.sum(of * of, axis=0) / DV + eps))).to(act)
-    y = (tl.load(nw_ptr + rv).to(act).to(tl.float32) * y.to(tl.float32)).to(act).to(tl.float32)
-    z = tl.load(z_ptr + bi.to(tl.int64) * stride_zt + h * DV + rv).to(tl.float32)
-    tl.store(o_ptr + bi.to(tl.int64) * stride_ot + h * DV + rv, (y * (z / (1.0 + tl.exp(-z)))).to(act))
+    inv = 1.0 / tl.sqrt(tl.sum(of * of, axis=0) / DV + eps)
+    _gated_norm_row(o_ptr + bi.to(tl.int64) * stride_ot + h * DV, of, z_ptr + bi.to(tl.int64) * stride_zt + h * DV,
+                    nw_ptr, inv, rv, act)
 
 
 @triton.jit
@@ -243,29 +263,10 @@ def _gdn_step_kernel(
     h = tl.program_id(1)
     j = tl.program_id(2)
     NS: tl.constexpr = DV // BV
-    kh = h // R
-    slot = tl.load(slot_ptr + bi).to(tl.int64)
-    keep = tl.load(ctx_ptr + bi) != 0
-    rk = tl.arange(0, DK)
     rv = j * BV + tl.arange(0, BV)
-    row = qkv_ptr + bi.to(tl.int64) * stride_qt
-    q = tl.load(row + kh * DK + rk).to(tl.float32)
-    k = tl.load(row + key_dim + kh * DK + rk).to(tl.float32)
-    v = tl.load(row + 2 * key_dim + h * DV + rv).to(tl.float32)
-    q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)) * scale
-    k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6))
-    a = tl.load(a_ptr + bi.to(tl.int64) * stride_at + h).to(tl.float32)
-    bb = tl.load(b_ptr + bi.to(tl.int64) * stride_bt + h).to(tl.float32)
-    g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * _softplus(a + tl.load(dtb_ptr + h).to(tl.float32))
-    beta = tl.sigmoid(bb)
-    sp = ssm_ptr + slot * stride_ss + h * stride_sh + rk[:, None] * stride_sk + rv[None, :]
-    s = tl.load(sp, mask=(rk[:, None] >= 0) & keep, other=0.0)  # [DK, BV]; zeros for a fresh sequence
-    s = s * tl.exp(g)
-    mem = tl.sum(s * k[:, None], axis=0)  # S^T k   [BV]
-    u = beta * (v - mem)
-    s = s + k[:, None] * u[None, :]
-    o = tl.sum(s * q[:, None], axis=0)  # S^T q   [BV]
-    tl.store(sp, s)
+    o = _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv,
+                            stride_qt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, key_dim, scale,
+                            R, DK, DV)
     act = o_ptr.dtype.element_ty
     o_row = o_ptr + bi.to(tl.int64) * stride_ot + h * DV
     of = o.to(act)
@@ -274,15 +275,11 @@ def _gdn_step_kernel(
     of32 = of.to(tl.float32)
     tl.store(ss_ptr + head * NS + j, tl.sum(of32 * of32, axis=0))
     if last_arrival(cnt_ptr + head, NS):
-        # gated RMSNorm with the reference's rounding points: o (act) -> normed -> act, * w -> act, * SiLU(z)
         parts = tl.load(ss_ptr + head * NS + tl.arange(0, NS), cache_modifier=".cg")
         inv = 1.0 / tl.sqrt(tl.sum(parts, axis=0) / DV + eps)
         ra = tl.arange(0, DV)
         full = tl.load(o_row + ra, cache_modifier=".cg").to(tl.float32)
-        y = (full * inv).to(act)
-        y = (tl.load(nw_ptr + ra).to(act).to(tl.float32) * y.to(tl.float32)).to(act).to(tl.float32)
-        z = tl.load(z_ptr + bi.to(tl.int64) * stride_zt + h * DV + ra).to(tl.float32)
-        tl.store(o_row + ra, (y * (z / (1.0 + tl.exp(-z)))).to(act))
+        _gated_norm_row(o_row, full, z_ptr + bi.to(tl.int64) * stride_zt + h * DV, nw_ptr, inv, ra, act)
 
 
 DV_BLOCK = 32  # state columns per program of the decode step: Hv * DV / 32 programs (128 at B = 1 for 35B-A3B)
