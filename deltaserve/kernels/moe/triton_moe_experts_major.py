@@ -8,9 +8,9 @@ expert slices per layer read from L2/DRAM for ~200 distinct experts (H200, 64 st
                distinct experts in ascending order (`active`), their first pick and count
   gate/up      grid (min(E, T*k) + 1, cdiv(max(I, IS), BN)): program j < n_active owns expert active[j] and loops
                over its picks (token t = pick // k, slot = pick % k), the last row of programs owns the shared
-               expert and loops over all T tokens; each (token, slot) row is the SAME gemv_row call, with the same
-               compile-time shape (BN, CG, INLINE, num_warps), as moe_decode_v2's gate/up program for that row
-  down         the same over H, writing part[t * SLOTS + slot] = w * bf16(h . Wd) exactly as v2's down kernel
+               expert and loops over all T tokens; each (token, slot) row is the SAME helper (triton_moe_gemv.swiglu_block),
+               with the same compile-time shape (BN, CG, INLINE, num_warps), as moe_decode_v2's gate/up program
+  down         the same over H through v2's down_block: part[t * SLOTS + slot] = w * bf16(h . Wd)
   combine      v2's combine (slots summed in order, + residual)
 
 So a token's output is bit-identical to moe_decode_v2's whatever the batch (tests: `check_moe_experts_major`), and
@@ -24,10 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant.triton_gemv import MAGIC, gemv_row
+from ..quant.triton_gemv import MAGIC
 from ..quant.triton_gemv_inline import inline_mode
-from .triton_decode import _silu_mul_bf16, moe_weight_specs
-from .triton_moe_gemv import MoeLaunch, _cg, _combine_kernel, _group, _routing, routing_experts
+from .triton_decode import moe_weight_specs
+from .triton_moe_gemv import MoeLaunch, _cg, _combine_kernel, _group, _routing, down_block, routing_experts, swiglu_block
 
 
 @triton.jit
@@ -76,23 +76,19 @@ def _gate_up_experts_kernel(
                 t = pick // TOPK
                 slot = pick % TOPK
                 x_row = x_ptr + tl.cast(t, tl.int64) * stride_xt
-                g = gemv_row(x_row, x_row, x_row, gw + e * stride_ge, gs + e * stride_gse, gb + e * stride_gse, rn,
-                             n_mask, stride_gn, stride_gsn, magic, H, BITS, GROUP, BN, CG, INLINE)
-                u = gemv_row(x_row, x_row, x_row, uw + e * stride_ue, us + e * stride_use, ub + e * stride_use, rn,
-                             n_mask, stride_un, stride_usn, magic, H, BITS, GROUP, BN, CG, INLINE)
-                h_row = h_ptr + tl.cast(t, tl.int64) * stride_ht + slot * stride_hs
-                tl.store(h_row + rn, _silu_mul_bf16(g, u), mask=n_mask)
+                swiglu_block(x_row, x_row, x_row, gw + e * stride_ge, gs + e * stride_gse, gb + e * stride_gse,
+                             uw + e * stride_ue, us + e * stride_use, ub + e * stride_use,
+                             h_ptr + tl.cast(t, tl.int64) * stride_ht + slot * stride_hs, rn, n_mask,
+                             stride_gn, stride_gsn, stride_un, stride_usn, magic, H, BITS, GROUP, BN, CG, INLINE)
     else:
         if HAS_SHARED:
             n_mask = rn < IS
             for t in range(0, T):
                 x_row = x_ptr + tl.cast(t, tl.int64) * stride_xt
-                g = gemv_row(x_row, x_row, x_row, sgw, sgs, sgb, rn, n_mask, stride_sgn, stride_sgsn, magic,
-                             H, S_BITS, S_GROUP, BN, S_CG, INLINE)
-                u = gemv_row(x_row, x_row, x_row, suw, sus, sub, rn, n_mask, stride_sun, stride_susn, magic,
-                             H, S_BITS, S_GROUP, BN, S_CG, INLINE)
-                h_row = h_ptr + tl.cast(t, tl.int64) * stride_ht + TOPK * stride_hs
-                tl.store(h_row + rn, _silu_mul_bf16(g, u), mask=n_mask)
+                swiglu_block(x_row, x_row, x_row, sgw, sgs, sgb, suw, sus, sub,
+                             h_ptr + tl.cast(t, tl.int64) * stride_ht + TOPK * stride_hs, rn, n_mask,
+                             stride_sgn, stride_sgsn, stride_sun, stride_susn, magic, H, S_BITS, S_GROUP, BN, S_CG,
+                             INLINE)
 
 
 @triton.jit
@@ -119,19 +115,16 @@ def _down_experts_kernel(
                 slot = pick % TOPK
                 r = t * SLOTS + slot
                 h_row = h_ptr + tl.cast(r, tl.int64) * stride_hr
-                w_s = tl.load(wts_ptr + t * TOPK + slot)
-                y = gemv_row(h_row, h_row, h_row, dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse, rn,
-                             n_mask, stride_dn, stride_dsn, magic, I, BITS, GROUP, BN, CG, INLINE)
-                tl.store(part_ptr + tl.cast(r, tl.int64) * H + rn, w_s * y.to(tl.bfloat16).to(tl.float32), mask=n_mask)
+                down_block(h_row, h_row, h_row, dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse,
+                           tl.load(wts_ptr + t * TOPK + slot), part_ptr + tl.cast(r, tl.int64) * H, rn, n_mask,
+                           stride_dn, stride_dsn, magic, I, BITS, GROUP, BN, CG, INLINE)
     else:
         if HAS_SHARED:
             for t in range(0, T):
                 r = t * SLOTS + TOPK
                 h_row = h_ptr + tl.cast(r, tl.int64) * stride_hr
-                w_s = tl.load(sw_ptr + t)
-                y = gemv_row(h_row, h_row, h_row, sdw, sds, sdb, rn, n_mask, stride_sdn, stride_sdsn, magic,
-                             IS, S_BITS, S_GROUP, BN, S_CG, INLINE)
-                tl.store(part_ptr + tl.cast(r, tl.int64) * H + rn, w_s * y.to(tl.bfloat16).to(tl.float32), mask=n_mask)
+                down_block(h_row, h_row, h_row, sdw, sds, sdb, tl.load(sw_ptr + t), part_ptr + tl.cast(r, tl.int64) * H,
+                           rn, n_mask, stride_sdn, stride_sdsn, magic, IS, S_BITS, S_GROUP, BN, S_CG, INLINE)
 
 
 def expert_lists(ids: torch.Tensor, num_experts: int):

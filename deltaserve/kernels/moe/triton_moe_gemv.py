@@ -89,6 +89,30 @@ def _cg(spec: WeightSpec, bn: int, cg: int | None) -> int:
 
 
 @triton.jit
+def swiglu_block(x_row, xp_row, xs_row, gw, gs, gb, uw, us, ub, h_row, rn, n_mask, stride_gn, stride_gsn,
+                 stride_un, stride_usn, magic, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
+                 BN: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr):
+    """h[rn] = bf16 SwiGLU of one x row against rows rn of a gate and an up weight (an expert's base pointers):
+    the one place the MoE decode kernels (this one and triton_moe_experts_major) compute a (token, slot) gate/up
+    block, so they give the same bits."""
+    g = gemv_row(x_row, xp_row, xs_row, gw, gs, gb, rn, n_mask, stride_gn, stride_gsn, magic, K, BITS, GROUP, BN, CG,
+                 INLINE)
+    u = gemv_row(x_row, xp_row, xs_row, uw, us, ub, rn, n_mask, stride_un, stride_usn, magic, K, BITS, GROUP, BN, CG,
+                 INLINE)
+    tl.store(h_row + rn, _silu_mul_bf16(g, u), mask=n_mask)
+
+
+@triton.jit
+def down_block(h_row, hp_row, hs_row, dw, ds, db, w_s, part_row, rn, n_mask, stride_dn, stride_dsn, magic,
+               K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
+               INLINE: tl.constexpr):
+    """part[rn] = w_s * bf16(h . Wd[rn]) in fp32 for one (token, slot) row: the down kernels' one block."""
+    y = gemv_row(h_row, hp_row, hs_row, dw, ds, db, rn, n_mask, stride_dn, stride_dsn, magic, K, BITS, GROUP, BN, CG,
+                 INLINE)
+    tl.store(part_row + rn, w_s * y.to(tl.bfloat16).to(tl.float32), mask=n_mask)
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, xp_ptr, xs_ptr, sxp_ptr, sxs_ptr, logit_ptr, ids_ptr, wts_ptr, h_ptr,
     gw, gs, gb, uw, us, ub, sgw, sgs, sgb, suw, sus, sub,
@@ -111,23 +135,14 @@ def _gate_up_kernel(
     h_row = h_ptr + t.to(tl.int64) * stride_ht + slot * stride_hs
     if slot < TOPK:
         e = slot_expert(logit_ptr, ids_ptr, wts_ptr, t, slot, E, EP, TOPK, NORMALIZE, FUSE_TOPK)
-        n_mask = rn < I
-        xp_row = xp_ptr + t.to(tl.int64) * H
-        xs_row = xs_ptr + t.to(tl.int64) * (H // GROUP)
-        g = gemv_row(x_row, xp_row, xs_row, gw + e * stride_ge, gs + e * stride_gse, gb + e * stride_gse, rn, n_mask,
-                     stride_gn, stride_gsn, magic, H, BITS, GROUP, BN, CG, INLINE)
-        u = gemv_row(x_row, xp_row, xs_row, uw + e * stride_ue, us + e * stride_use, ub + e * stride_use, rn, n_mask,
-                     stride_un, stride_usn, magic, H, BITS, GROUP, BN, CG, INLINE)
-        tl.store(h_row + rn, _silu_mul_bf16(g, u), mask=n_mask)
+        swiglu_block(x_row, xp_ptr + t.to(tl.int64) * H, xs_ptr + t.to(tl.int64) * (H // GROUP),
+                     gw + e * stride_ge, gs + e * stride_gse, gb + e * stride_gse,
+                     uw + e * stride_ue, us + e * stride_use, ub + e * stride_use, h_row, rn, rn < I,
+                     stride_gn, stride_gsn, stride_un, stride_usn, magic, H, BITS, GROUP, BN, CG, INLINE)
     else:
-        n_mask = rn < IS
-        xp_row = sxp_ptr + t.to(tl.int64) * H
-        xs_row = sxs_ptr + t.to(tl.int64) * (H // S_GROUP)
-        g = gemv_row(x_row, xp_row, xs_row, sgw, sgs, sgb, rn, n_mask, stride_sgn, stride_sgsn, magic,
-                     H, S_BITS, S_GROUP, BN, S_CG, INLINE)
-        u = gemv_row(x_row, xp_row, xs_row, suw, sus, sub, rn, n_mask, stride_sun, stride_susn, magic,
-                     H, S_BITS, S_GROUP, BN, S_CG, INLINE)
-        tl.store(h_row + rn, _silu_mul_bf16(g, u), mask=n_mask)
+        swiglu_block(x_row, sxp_ptr + t.to(tl.int64) * H, sxs_ptr + t.to(tl.int64) * (H // S_GROUP),
+                     sgw, sgs, sgb, suw, sus, sub, h_row, rn, rn < IS,
+                     stride_sgn, stride_sgsn, stride_sun, stride_susn, magic, H, S_BITS, S_GROUP, BN, S_CG, INLINE)
 
 
 @triton.jit
@@ -146,18 +161,16 @@ def _down_kernel(
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     n_mask = rn < H
     h_row = h_ptr + r.to(tl.int64) * stride_hr
+    part_row = part_ptr + r.to(tl.int64) * H
     if slot < TOPK:
         e = tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
-        w_s = tl.load(wts_ptr + t * TOPK + slot)
-        y = gemv_row(h_row, hp_ptr + r.to(tl.int64) * stride_hr, hs_ptr + r.to(tl.int64) * (stride_hr // GROUP),
-                     dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse, rn, n_mask, stride_dn, stride_dsn,
-                     magic, I, BITS, GROUP, BN, CG, INLINE)
+        down_block(h_row, hp_ptr + r.to(tl.int64) * stride_hr, hs_ptr + r.to(tl.int64) * (stride_hr // GROUP),
+                   dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse, tl.load(wts_ptr + t * TOPK + slot),
+                   part_row, rn, n_mask, stride_dn, stride_dsn, magic, I, BITS, GROUP, BN, CG, INLINE)
     else:
-        w_s = tl.load(sw_ptr + t)
-        y = gemv_row(h_row, shp_ptr + r.to(tl.int64) * stride_hr, shs_ptr + r.to(tl.int64) * (stride_hr // S_GROUP),
-                     sdw, sds, sdb, rn, n_mask, stride_sdn, stride_sdsn, magic, IS, S_BITS, S_GROUP, BN, S_CG,
-                     INLINE)
-    tl.store(part_ptr + r.to(tl.int64) * H + rn, w_s * y.to(tl.bfloat16).to(tl.float32), mask=n_mask)
+        down_block(h_row, shp_ptr + r.to(tl.int64) * stride_hr, shs_ptr + r.to(tl.int64) * (stride_hr // S_GROUP),
+                   sdw, sds, sdb, tl.load(sw_ptr + t), part_row, rn, n_mask, stride_sdn, stride_sdsn, magic,
+                   IS, S_BITS, S_GROUP, BN, S_CG, INLINE)
 
 
 @triton.jit
