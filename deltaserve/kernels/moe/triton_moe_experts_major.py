@@ -26,8 +26,17 @@ import triton.language as tl
 
 from ..quant.triton_gemv import MAGIC
 from ..quant.triton_gemv_inline import inline_mode
-from .triton_decode import moe_weight_specs
-from .triton_moe_gemv import MoeLaunch, _cg, _combine_kernel, _group, _routing, down_block, routing_experts, swiglu_block
+from .triton_moe_gemv import (
+    MoeLaunch,
+    _cg,
+    _group,
+    _routing,
+    down_block,
+    expert_specs,
+    launch_combine,
+    slot_buffers,
+    swiglu_block,
+)
 
 
 @triton.jit
@@ -156,24 +165,18 @@ def moe_decode_experts_major(
     kernel sorts all picks in one program)."""
     launch = MoeLaunch() if launch is None else launch
     t, h = x.shape
-    g, u, d, sg, su, sd, has_shared = moe_weight_specs(
-        x, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual
+    g, u, d, sg, su, sd, has_shared = expert_specs(
+        x, router, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual
     )
-    n_exp = routing_experts(router)
-    if g.w.dim() != 3 or g.w.shape[0] != n_exp:
-        raise ValueError(f"moe experts: gate/up/down must be stacked [E, ..] like the router, found "
-                         f"{tuple(g.w.shape)}")
     if t * top_k > 4096:
         raise ValueError(f"moe_decode_experts_major: {t} tokens x top-{top_k} = {t * top_k} picks > 4096")
     routing, _ = _routing(x, router, top_k, normalize, shared_gate, config, False)
     out = torch.empty_like(x) if out is None else out
     if t == 0:
         return (out, routing) if return_routing else out
-    order, active, first, count, n_active = expert_lists(routing.ids, n_exp)
+    order, active, first, count, n_active = expert_lists(routing.ids, g.w.shape[0])
     ne = active.numel()
-    i_s = sg.n if has_shared else 0
-    slots = top_k + int(has_shared)
-    hbuf = torch.empty(t, slots, max(g.n, i_s), dtype=torch.bfloat16, device=x.device)
+    i_s, slots, hbuf, part = slot_buffers(x, g, sg, has_shared, top_k)
     bn = launch.gate_up_bn
     _gate_up_experts_kernel[(ne + 1, triton.cdiv(hbuf.shape[2], bn))](
         x, order, active, first, count, n_active, hbuf,
@@ -187,7 +190,6 @@ def moe_decode_experts_major(
         INLINE=inline_mode(x, True), num_warps=launch.gate_up_warps,
     )
     rows = hbuf.view(t * slots, hbuf.shape[2])
-    part = torch.empty(t * slots, h, dtype=torch.float32, device=x.device)
     bn = launch.down_bn
     _down_experts_kernel[(ne + 1, triton.cdiv(h, bn))](
         rows, order, active, first, count, n_active, routing.weights, routing.shared_weight, part,
@@ -199,10 +201,5 @@ def moe_decode_experts_major(
         S_CG=_cg(sd, bn, launch.down_cg), HAS_SHARED=has_shared, INLINE=inline_mode(rows, True),
         num_warps=launch.down_warps,
     )
-    res = residual if residual is not None else x
-    bc = launch.combine_bc
-    _combine_kernel[(t, triton.cdiv(h, bc))](
-        part, res, out, h, res.stride(0), out.stride(0), SLOTS=slots, HAS_RES=residual is not None, BC=bc,
-        num_warps=launch.combine_warps,
-    )
+    launch_combine(part, x, residual, out, slots, launch)
     return (out, routing) if return_routing else out

@@ -284,30 +284,51 @@ def moe_decode_v2(
     None: the defaults), for sweeps (scripts/sweep_decode_kernels.py)."""
     launch = MoeLaunch() if launch is None else launch
     t, h = x.shape
-    g, u, d, sg, su, sd, has_shared = moe_weight_specs(
-        x, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual
+    g, u, d, sg, su, sd, has_shared = expert_specs(
+        x, router, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual
     )
     routing, logits = _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk, separate_topk)
-    if g.w.dim() != 3 or g.w.shape[0] != routing_experts(router):
-        raise ValueError(f"moe experts: gate/up/down must be stacked [E, ..] like the router, found "
-                         f"{tuple(g.w.shape)}")
     out = torch.empty_like(x) if out is None else out
     if t == 0:
         return (out, routing) if return_routing else out
+    i_s, slots, hbuf, part = slot_buffers(x, g, sg, has_shared, top_k)
+    _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch)
+    rows = hbuf.view(t * slots, hbuf.shape[2])
+    _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch)
+    launch_combine(part, x, residual, out, slots, launch)
+    return (out, routing) if return_routing else out
+
+
+def expert_specs(x, router, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual):
+    """moe_weight_specs, with the routed experts checked to be stacked [E, ..] like the router."""
+    specs = moe_weight_specs(x, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual)
+    g = specs[0]
+    if g.w.dim() != 3 or g.w.shape[0] != routing_experts(router):
+        raise ValueError(f"moe experts: gate/up/down must be stacked [E, ..] like the router, found "
+                         f"{tuple(g.w.shape)}")
+    return specs
+
+
+def slot_buffers(x, g: WeightSpec, sg: WeightSpec, has_shared: bool, top_k: int):
+    """(shared I or 0, slots per token, hbuf [T, slots, max I] bf16, part [T * slots, H] fp32): the SwiGLU rows and
+    the weighted down outputs of every (token, slot), the routed picks first, the shared expert last."""
+    t, h = x.shape
     i_s = sg.n if has_shared else 0
     slots = top_k + int(has_shared)
     hbuf = torch.empty(t, slots, max(g.n, i_s), dtype=torch.bfloat16, device=x.device)
-    _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch)
-    rows = hbuf.view(t * slots, hbuf.shape[2])
     part = torch.empty(t * slots, h, dtype=torch.float32, device=x.device)
-    _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch)
+    return i_s, slots, hbuf, part
+
+
+def launch_combine(part, x, residual, out, slots: int, launch: MoeLaunch) -> None:
+    """out = bf16(sum of each token's slots in order) (+ residual, rounded once more): _combine_kernel."""
+    t, h = x.shape
     res = residual if residual is not None else x
     bc = launch.combine_bc
     _combine_kernel[(t, triton.cdiv(h, bc))](
         part, res, out, h, res.stride(0), out.stride(0), SLOTS=slots, HAS_RES=residual is not None, BC=bc,
         num_warps=launch.combine_warps,
     )
-    return (out, routing) if return_routing else out
 
 
 def routing_experts(router) -> int:
