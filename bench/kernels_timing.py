@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 
+from deltaserve.bench.graph_capture import capture_calls  # noqa: E402  (after the sys.path lines)
+
 CEILING_GBPS = 4290.0  # device-to-device copy, bytes read + written (GPU_NOTES.md)
 L2_BYTES = 60 << 20
 DRY = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -42,21 +44,7 @@ def time_graph(calls, reps: int = 32) -> float:
         for c in calls:
             c()
         return float("nan")
-    for c in calls:
-        c()  # compile + allocate
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for r in range(reps):
-            calls[r % len(calls)]()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = capture_calls([calls[r % len(calls)] for r in range(reps)], warmup=calls)
     times = []
     for _ in range(5):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

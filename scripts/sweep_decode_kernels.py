@@ -135,23 +135,11 @@ def time_calls(fns, device, replays: int) -> tuple[float | None, str | None]:
     `replays` times, or, if capture fails, 200 eager calls; (None, None) off CUDA (the dry run checks only)."""
     if device.type != "cuda":
         return None, None
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
+    from deltaserve.bench.graph_capture import capture_calls
+
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for f in fns:
-                f()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for f in fns:
-                f()
-        graph.replay()
-        torch.cuda.synchronize()
+        graph = capture_calls(fns)
         start.record()
         for _ in range(replays):
             graph.replay()
