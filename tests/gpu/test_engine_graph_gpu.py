@@ -18,7 +18,7 @@ from deltaserve.engine.sampling_params import SamplingParams
 from deltaserve.weights.loader import load_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from model_helpers import make_hf_model, ours_from_checkpoint  # noqa: E402
+from model_helpers import bf16_exact_moe_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -29,12 +29,7 @@ def model(tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device (the engine's prefill needs fla's GPU kernels)")
     ckpt = tmp_path_factory.mktemp("ckpt")
-    hf = make_hf_model(True, seed=0, vocab_size=32)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if not name.endswith("A_log"):
-                p.copy_(p.bfloat16().float())
-    ours_from_checkpoint(hf, ckpt)
+    bf16_exact_moe_checkpoint(ckpt)
     return load_checkpoint(ckpt, device="cuda", dtype=torch.bfloat16, progress=False).model
 
 

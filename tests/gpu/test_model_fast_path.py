@@ -16,7 +16,7 @@ from deltaserve.model import ForwardBatch
 from deltaserve.weights.loader import load_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from model_helpers import make_hf_model, ours_from_checkpoint  # noqa: E402
+from model_helpers import bf16_exact_moe_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 BS = 16
@@ -35,12 +35,7 @@ def models(tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     ckpt = tmp_path_factory.mktemp("ckpt")
-    hf = make_hf_model(True, seed=0, vocab_size=32)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if not name.endswith("A_log"):  # A_log stays fp32 in the releases
-                p.copy_(p.bfloat16().float())
-    cpu = ours_from_checkpoint(hf, ckpt)
+    cpu = bf16_exact_moe_checkpoint(ckpt)
     gpu = load_checkpoint(ckpt, device="cuda", dtype=torch.bfloat16, progress=False).model
     return cpu, gpu
 
