@@ -13,10 +13,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_pdl import pdl_args, pdl_open, pdl_wait
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, stride_x, stride_r, stride_y, stride_ro, eps, offset,
-                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_open(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < N
@@ -47,7 +51,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, x2, weight, y, y, n, x2.stride(0), 0, y.stride(0), 0, eps, offset,
                                          HAS_RES=False, BLOCK=triton.next_power_of_2(n),
-                                         num_warps=4 if n <= 4096 else 8)
+                                         num_warps=4 if n <= 4096 else 8, **pdl_args(x2))
     return y.view(x.shape)
 
 
@@ -63,7 +67,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, y, r_out, n, x2.stride(0), r2.stride(0), y.stride(0),
                                          r_out.stride(0), eps, offset, HAS_RES=True,
-                                         BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8)
+                                         BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8,
+                                         **pdl_args(x2))
     return y.view(x.shape), r_out.view(x.shape)
 
 

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ..triton_common import dot_f32, mma
+from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 
 # decode: tokens per split, fixed so the merge order of a row never depends on the batch (64 was slower on the
 # H200 at 32k contexts, bench/NOTES.md)
@@ -92,8 +93,11 @@ def _decode_split_kernel(
     stride_gb, stride_gh, qk_scale,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
     BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # grid (B, Hkv, max splits): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT)
+    pdl_open(PDL)
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -142,8 +146,10 @@ def _decode_split_kernel(
 @triton.jit
 def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stride_pb, stride_ph, stride_ps,
                          stride_ob, stride_oh, stride_gb, stride_gh, D: tl.constexpr, SPLIT: tl.constexpr,
-                         BSP: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr):
+                         BSP: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr, PDL: tl.constexpr = False):
     # grid (B, Hq): merge the splits of one row, BSP splits per step, always in ascending split order
+    pdl_open(PDL)
+    pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     L = tl.load(lens_ptr + b) + LENS_ADD
@@ -205,12 +211,13 @@ def paged_decode_attention(
         q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
         BS=bs, SPLIT=SPLIT_TOKENS, BN=64 if d <= 128 else 32, F32=dot_f32(), HAS_GATE=gate is not None,
-        LENS_ADD=lens_add, num_warps=4,
+        LENS_ADD=lens_add, num_warps=4, **pdl_args(out),
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
         _decode_merge_kernel[(bsz, hq)](
             po, pm, pl, kv_lens, out, gt, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0), out.stride(1),
             sgb, sgh, D=d, SPLIT=SPLIT_TOKENS, BSP=16, HAS_GATE=gate is not None, LENS_ADD=lens_add, num_warps=4,
+            **pdl_args(out),
         )
     return out
 

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_pdl import pdl_args, pdl_open, pdl_wait
+
 
 @triton.jit
 def _inv_rms(row_ptr, w_ptr, eps, offset, D: tl.constexpr, BD: tl.constexpr):
@@ -82,8 +84,11 @@ def _qk_prep_kernel(
     stride_ct, stride_st, stride_cs, stride_ch, eps, offset,
     HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, HALF: tl.constexpr, HP: tl.constexpr,
     SEC0: tl.constexpr, SEC1: tl.constexpr, SEC2: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # grid (T, HQ + HKV); caches viewed as [num_blocks * block_size, HKV, D]
+    pdl_open(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     t64 = t.to(tl.int64)
@@ -178,6 +183,6 @@ def qk_norm_rope_write(
             out.stride(1), stride_pa, stride_pt, cos.stride(0), sin.stride(0), hkv * d, d, eps, offset,
             HQ=hq, D=d, BD=triton.next_power_of_2(d), HALF=half, HP=triton.next_power_of_2(half),
             SEC0=sec[0], SEC1=sec[1], SEC2=sec[2], INTERLEAVED=bool(mrope_interleaved),
-            TABLE=cos_sin is not None, num_warps=4,
+            TABLE=cos_sin is not None, num_warps=4, **pdl_args(out),
         )
     return out

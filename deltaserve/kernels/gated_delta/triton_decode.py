@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ..triton_sync import arrival_counters, last_arrival
+from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 
 
 @triton.jit
@@ -232,8 +233,11 @@ def _decode_kernel(
     stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, stride_ot,
     key_dim, scale, eps,
     HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # grid (B, Hv): one program owns state[slot, h] ([DK, DV] fp32, read once, written once)
+    pdl_open(PDL)
+    pdl_wait(PDL)
     bi = tl.program_id(0)
     h = tl.program_id(1)
     rv = tl.arange(0, DV)
@@ -253,12 +257,15 @@ def _gdn_step_kernel(
     stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, stride_ot,
     key_dim, scale, eps,
     HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # grid (B, Hv, DV / BV): one program owns columns [j*BV, (j+1)*BV) of state[slot, h] ([DK, BV] fp32, read once,
     # written once; the columns of the delta rule are independent). The gated RMSNorm needs the whole row's sum of
     # squares: each program writes its act-rounded output slice to o and its partial sum of squares to ss[b, h, j];
     # the head's last-arriving program (triton_sync.last_arrival) sums the DV / BV partials in order j = 0, 1, ..
     # and normalises, gates and rewrites the row. Every split does the same q/k norms (DK values, cheap).
+    pdl_open(PDL)
+    pdl_wait(PDL)
     bi = tl.program_id(0)
     h = tl.program_id(1)
     j = tl.program_id(2)
@@ -326,14 +333,14 @@ def gdn_decode_step(
             arrival_counters(o.device, bsz * hv),
             qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
             ssm_pool.stride(2), o.stride(0), key_dim, dk ** -0.5, eps,
-            HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=dv_block, num_warps=4,
+            HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=dv_block, num_warps=4, **pdl_args(o),
         )
         return o
     _decode_kernel[(bsz, hv)](
         qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots, context_lens, o,
         qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
         ssm_pool.stride(2), o.stride(0), key_dim, dk ** -0.5, eps,
-        HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, num_warps=8,
+        HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, num_warps=8, **pdl_args(o),
     )
     return o
 

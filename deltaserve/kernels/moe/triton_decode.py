@@ -29,6 +29,7 @@ from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import WeightSpec, dequant_tile
 from ..triton_sync import arrival_counters, last_arrival
+from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 
 
 @triton.jit
@@ -56,13 +57,16 @@ def _router_kernel(
     R_BITS: tl.constexpr, R_GROUP: tl.constexpr, R_CG: tl.constexpr,
     HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr, G_CG: tl.constexpr,
     INLINE: tl.constexpr, TOPK: tl.constexpr = 0, EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True,
+    PDL: tl.constexpr = False,
 ):
     # grid (T, cdiv(E, BE) + 1): column j < cdiv(E, BE) writes the fp32 logits of experts j*BE .. j*BE+BE-1 of
     # one token, the last column the shared gate's sigmoid (0 without a shared expert: every element of sg is
     # written, no zeros fill launch). Each row is one gemv_row (the full K unrolled, all loads in flight): a
     # token's logits depend on (H, format, BE, CG) only, never on T. TOPK > 0: the token's last program to
     # finish (triton_sync.last_arrival on cnt[t]) applies the routing contract to all E logits and writes
-    # ids/weights, so the top-k needs no launch of its own.
+    # ids/weights, so the top-k needs no launch of its own. PDL (triton_pdl): every branch waits for the kernel
+    # that wrote x once its first weight chunks are requested (gemv_row's PDL_WAIT), before any store.
+    pdl_open(PDL)
     t = tl.program_id(0)
     j = tl.program_id(1)
     x_row = x_ptr + t.to(tl.int64) * stride_xt
@@ -70,15 +74,16 @@ def _router_kernel(
     if j * BE < E:
         e_mask = rows < E
         logits = gemv_row(x_row, x_row, x_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, magic,
-                          H, R_BITS, R_GROUP, BE, R_CG, INLINE)
+                          H, R_BITS, R_GROUP, BE, R_CG, INLINE, PDL)
         tl.store(logit_ptr + t * E + rows, logits, mask=e_mask)
     else:
         one = tl.arange(0, BE)
         if HAS_SHARED:
             sg = gemv_row(x_row, x_row, x_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, stride_gn, stride_gsn, magic,
-                          H, G_BITS, G_GROUP, BE, G_CG, INLINE)
+                          H, G_BITS, G_GROUP, BE, G_CG, INLINE, PDL)
             tl.store(sg_ptr + t + one, tl.sigmoid(sg), mask=one < 1)
         else:
+            pdl_wait(PDL)
             tl.store(sg_ptr + t + one, tl.zeros((BE,), dtype=tl.float32), mask=one < 1)
     if TOPK > 0:
         if last_arrival(cnt_ptr + t, tl.num_programs(1)):
@@ -248,7 +253,10 @@ DEFAULT_CONFIG = {"router": (4, 4), "gate_up": (16, 512, 4), "down": (16, 512, 4
 
 
 @triton.jit
-def _topk_kernel(logit_ptr, ids_ptr, wts_ptr, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr):
+def _topk_kernel(logit_ptr, ids_ptr, wts_ptr, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr,
+                 PDL: tl.constexpr = False):
+    pdl_open(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0)
     sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE)
     rows = tl.arange(0, EP)
@@ -275,7 +283,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
             H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=chunk_groups(r, be),
             HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=chunk_groups(g, be),
             INLINE=inline_mode(x, True), TOPK=k, EP=triton.next_power_of_2(r.n), NORMALIZE=normalize,
-            num_warps=warps,
+            num_warps=warps, **pdl_args(x),
         )
     return logits, sw
 
@@ -309,7 +317,7 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
         logits, sw = _router_logits(x, r, g, shared_gate is not None, config)
         if t:
             _topk_kernel[(t,)](logits, ids, wts, r.n, EP=triton.next_power_of_2(r.n), TOPK=top_k,
-                               NORMALIZE=normalize, num_warps=4)
+                               NORMALIZE=normalize, num_warps=4, **pdl_args(logits))
     else:
         _, sw = _router_logits(x, r, g, shared_gate is not None, config, (ids, wts, top_k, normalize))
     return MoeRouting(ids, wts, sw)

@@ -29,6 +29,7 @@ import triton.language as tl
 from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, prep_x, unit
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import DENSE_BITS, WeightSpec
+from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 from .triton_decode import (
     DEFAULT_CONFIG,
     MoeRouting,
@@ -124,9 +125,12 @@ def _gate_up_kernel(
     S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr,
     EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True, FUSE_TOPK: tl.constexpr = False,
     INLINE: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     # grid (T * SLOTS, cdiv(max(I, IS), BN)); slot < TOPK: the token's slot-th expert (ascending id), slot TOPK:
     # the shared expert. INLINE (triton_gemv_inline.inline_mode): gemv_row reads x raw (xp/xs unused).
+    pdl_open(PDL)
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     t = pid // SLOTS
     slot = pid % SLOTS
@@ -153,8 +157,11 @@ def _down_kernel(
     I: tl.constexpr, IS: tl.constexpr, TOPK: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
     BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr,
     S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr, INLINE: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     # grid (T * SLOTS, cdiv(H, BN)); row r = t * SLOTS + slot of hbuf (stride_hr) and of part [T*SLOTS, H]
+    pdl_open(PDL)
+    pdl_wait(PDL)
     r = tl.program_id(0)
     t = r // SLOTS
     slot = r % SLOTS
@@ -175,8 +182,10 @@ def _down_kernel(
 
 @triton.jit
 def _combine_kernel(part_ptr, res_ptr, out_ptr, H, stride_rt, stride_ot,
-                    SLOTS: tl.constexpr, HAS_RES: tl.constexpr, BC: tl.constexpr):
+                    SLOTS: tl.constexpr, HAS_RES: tl.constexpr, BC: tl.constexpr, PDL: tl.constexpr = False):
     # grid (T, cdiv(H, BC)): slots summed in order 0 .. SLOTS-1 (ascending expert id, then the shared expert)
+    pdl_open(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0)
     rn = tl.program_id(1) * BC + tl.arange(0, BC)
     n_mask = rn < H
@@ -239,7 +248,7 @@ def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normal
         H=h, TOPK=top_k, SLOTS=slots, BN=bn, BITS=g.bits, GROUP=_group(g), CG=_cg(g, bn, launch.gate_up_cg),
         S_BITS=sg.bits, S_GROUP=_group(sg), S_CG=_cg(sg, bn, launch.gate_up_cg), EP=triton.next_power_of_2(e),
         NORMALIZE=normalize, FUSE_TOPK=fuse, INLINE=inline_mode(x, inline_prep), num_warps=launch.gate_up_warps,
-        **_regs(launch.gate_up_maxnreg),
+        **_regs(launch.gate_up_maxnreg), **pdl_args(x),
     )
 
 
@@ -258,7 +267,7 @@ def _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, 
         I=d.k, IS=i_s if slots > top_k else d.k, TOPK=top_k, SLOTS=slots, BN=bn,
         BITS=d.bits, GROUP=_group(d), CG=_cg(d, bn, launch.down_cg), S_BITS=sd.bits, S_GROUP=_group(sd),
         S_CG=_cg(sd, bn, launch.down_cg), INLINE=inline_mode(rows, inline_prep), num_warps=launch.down_warps,
-        **_regs(launch.down_maxnreg),
+        **_regs(launch.down_maxnreg), **pdl_args(rows),
     )
 
 
@@ -327,7 +336,7 @@ def launch_combine(part, x, residual, out, slots: int, launch: MoeLaunch) -> Non
     bc = launch.combine_bc
     _combine_kernel[(t, triton.cdiv(h, bc))](
         part, res, out, h, res.stride(0), out.stride(0), SLOTS=slots, HAS_RES=residual is not None, BC=bc,
-        num_warps=launch.combine_warps,
+        num_warps=launch.combine_warps, **pdl_args(part),
     )
 
 

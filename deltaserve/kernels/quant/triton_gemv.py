@@ -28,6 +28,7 @@ import triton.language as tl
 from ..gated_delta.triton_decode import DecodeConv, check_decode_conv, conv_epilogue
 from .triton_gemv_inline import inline_mode, row_part_inline
 from ..triton_common import DENSE_BITS, WeightSpec
+from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 
 MAX_ROWS = 16  # the GEMV regime; larger M belongs to triton_affine.affine_matmul (tensor cores)
 MAGIC = 0x4B000000  # fp32 bits of 2^23: OR a code into its mantissa to read 2^23 + code
@@ -41,10 +42,13 @@ INLINE_MAX_PROGRAMS = 4096
 
 
 @triton.jit
-def _prep_kernel(x_ptr, xp_ptr, xs_ptr, stride_xm, stride_pm, stride_sm, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr):
+def _prep_kernel(x_ptr, xp_ptr, xs_ptr, stride_xm, stride_pm, stride_sm, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
+                 PDL: tl.constexpr = False):
     """grid (M,): row m of x -> xp[m, i, j] = fp32 x[m, j*PACK + i] * 2^-(BITS * (i % (PACK/2))) (the codes'
     order, code i of word j, pre-scaled by the power of two the shift-free decode leaves on code i: exact), and
     xs[m, g] = sum of the row's group g (fp32, one fixed order). Row pitches of xp / xs: stride_pm / stride_sm."""
+    pdl_open(PDL)
+    pdl_wait(PDL)  # x is the previous kernel's output
     m = tl.program_id(0)
     PACK: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PACK // 2
@@ -129,35 +133,62 @@ def _finish_row(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, slo
 
 
 @triton.jit
-def gemv_row(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, magic,
-             K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
-             INLINE: tl.constexpr = 1):
-    """W[rn, :K] . x as fp32 [BN] for ONE row of x, with exactly the per-row arithmetic of _gemv_kernel (same
-    helpers, same chunking): x_row is the bf16 row (read for dense weights, and for packed ones when INLINE),
-    xp_row/xs_row its _prep_kernel output (read for packed weights when not INLINE; pass anything otherwise)."""
-    rn64 = rn.to(tl.int64)
+def _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, BITS: tl.constexpr,
+                GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr):
+    """Chunk c of the BN weight rows rn64: packed (words [BN, CG, GW] int32, scales and biases [BN, CG] fp32) or
+    dense (the fp32 values [BN, CG * GROUP], returned three times so both kinds unpack alike). The one place the
+    GEMVs (gemv_row, _gemv_kernel) read weights."""
     if BITS == 16:
-        BKD: tl.constexpr = CG * GROUP
-        acc = tl.zeros((BN, BKD), dtype=tl.float32)
+        kk = c * (CG * GROUP) + tl.arange(0, CG * GROUP)
+        wv = tl.load(w_ptr + rn64[:, None] * stride_wn + kk[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
+        return wv, wv, wv
     else:
         PACK: tl.constexpr = 32 // BITS
-        GW: tl.constexpr = GROUP // PACK
-        KW: tl.constexpr = K // PACK
+        wofs = _word_offsets(c, CG, GROUP // PACK, BN)
+        p = tl.load(w_ptr + rn64[:, None, None] * stride_wn + wofs, mask=n_mask[:, None, None], other=0)
+        g = c * CG + tl.arange(0, CG)
+        sofs = rn64[:, None] * stride_sn + g[None, :]
+        s = tl.load(s_ptr + sofs, mask=n_mask[:, None], other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + sofs, mask=n_mask[:, None], other=0.0).to(tl.float32)
+        return p, s, b
+
+
+@triton.jit
+def gemv_row(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, magic,
+             K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
+             INLINE: tl.constexpr = 1, PDL_WAIT: tl.constexpr = False):
+    """W[rn, :K] . x as fp32 [BN] for ONE row of x, with exactly the per-row arithmetic of _gemv_kernel (same
+    helpers, same chunking): x_row is the bf16 row (read for dense weights, and for packed ones when INLINE),
+    xp_row/xs_row its _prep_kernel output (read for packed weights when not INLINE; pass anything otherwise).
+    PDL_WAIT: the caller was launched with PDL and has not waited yet: wait (triton_pdl.pdl_wait) once the first
+    chunk's weights are requested, before x is read."""
+    rn64 = rn.to(tl.int64)
+    NC: tl.constexpr = K // (CG * GROUP)
+    if BITS == 16:
+        acc = tl.zeros((BN, CG * GROUP), dtype=tl.float32)
+    else:
+        PACK: tl.constexpr = 32 // BITS
         acc = tl.zeros((BN, CG), dtype=tl.float32)
-    for c in tl.static_range(K // (CG * GROUP)):
+    # Chunks c+1 and c+2 are requested before chunk c is reduced (the compiler issues each chunk's loads where
+    # they are written: without the lookahead one chunk's latency is exposed after another).
+    nxt1 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 0, BITS, GROUP, BN, CG)
+    nxt2 = nxt1
+    if NC > 1:
+        nxt2 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 1, BITS, GROUP, BN, CG)
+    for c in tl.static_range(NC):
+        cur = nxt1
+        nxt1 = nxt2
+        if c + 2 < NC:
+            nxt2 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c + 2, BITS, GROUP, BN, CG)
+        if c == 0:
+            pdl_wait(PDL_WAIT)
+        p, s, b = cur
         if BITS == 16:
-            kk = c * BKD + tl.arange(0, BKD)
-            wv = tl.load(w_ptr + rn64[:, None] * stride_wn + kk[None, :], mask=n_mask[:, None],
-                         other=0.0).to(tl.float32)
-            acc += _dense_part(wv, x_row, c, BKD)
+            acc += _dense_part(p, x_row, c, CG * GROUP)
         else:
-            wofs = _word_offsets(c, CG, GW, BN)
-            p = tl.load(w_ptr + rn64[:, None, None] * stride_wn + wofs, mask=n_mask[:, None, None], other=0)
-            g = c * CG + tl.arange(0, CG)
-            sofs = rn64[:, None] * stride_sn + g[None, :]
-            s = tl.load(s_ptr + sofs, mask=n_mask[:, None], other=0.0).to(tl.float32)
-            b = tl.load(b_ptr + sofs, mask=n_mask[:, None], other=0.0).to(tl.float32)
-            acc += _row_part(p, p >> 16, s, b, magic, x_row, xp_row, xs_row, wofs, c, KW, CG, BITS, GROUP, INLINE)
+            wofs = _word_offsets(c, CG, GROUP // PACK, BN)
+            acc += _row_part(p, p >> 16, s, b, magic, x_row, xp_row, xs_row, wofs, c, K // PACK, CG, BITS, GROUP,
+                             INLINE)
     return tl.sum(acc, axis=1)
 
 
@@ -180,10 +211,13 @@ def _gemv_kernel(
     cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk,
     K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
     MB: tl.constexpr, INLINE: tl.constexpr = 0, CONV: tl.constexpr = False, KCONV: tl.constexpr = 4,
+    PDL: tl.constexpr = False,
 ):
     # grid (cdiv(N, BN), cdiv(M, MB)); rows m0 .. m0+MB-1 of x, each with its own accumulator (a0..a7). Rows past
     # M read row M-1 (valid memory) and are not stored. INLINE: x is read raw (xp/xs unused); CONV: the decode conv
-    # runs in the epilogue (_store_row_conv; cw/pool/slot/ctx unused otherwise).
+    # runs in the epilogue (_store_row_conv; cw/pool/slot/ctx unused otherwise). PDL (triton_pdl): the first
+    # chunk's weights are requested before waiting for the kernel that wrote x.
+    pdl_open(PDL)
     rn = tl.program_id(0) * BN + tl.arange(0, BN)
     n_mask = rn < N
     rn64 = rn.to(tl.int64)
@@ -209,25 +243,26 @@ def _gemv_kernel(
     a5 = tl.zeros(acc_shape, dtype=tl.float32)
     a6 = tl.zeros(acc_shape, dtype=tl.float32)
     a7 = tl.zeros(acc_shape, dtype=tl.float32)
-    for c in tl.static_range(K // (CG * GROUP)):
-        if BITS == 16:
-            kk = c * (CG * GROUP) + tl.arange(0, CG * GROUP)
-            wv = tl.load(w_ptr + rn64[:, None] * stride_wn + kk[None, :], mask=n_mask[:, None],
-                         other=0.0).to(tl.float32)
-            p = wv  # the packed-only operands are unused for a dense weight
-            ph = wv
-            s = wv
-            b = wv
-            wofs = wv
-        else:
-            wofs = _word_offsets(c, CG, GW, BN)
-            p = tl.load(w_ptr + rn64[:, None, None] * stride_wn + wofs, mask=n_mask[:, None, None], other=0)
-            g = c * CG + tl.arange(0, CG)
-            sofs = rn64[:, None] * stride_sn + g[None, :]
-            s = tl.load(s_ptr + sofs, mask=n_mask[:, None], other=0.0).to(tl.float32)
-            b = tl.load(b_ptr + sofs, mask=n_mask[:, None], other=0.0).to(tl.float32)
+    NC: tl.constexpr = K // (CG * GROUP)
+    # lookahead of two chunks, as in gemv_row; with PDL the first two are requested before the wait
+    nxt1 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 0, BITS, GROUP, BN, CG)
+    nxt2 = nxt1
+    if NC > 1:
+        nxt2 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 1, BITS, GROUP, BN, CG)
+    for c in tl.static_range(NC):
+        cur = nxt1
+        nxt1 = nxt2
+        if c + 2 < NC:
+            nxt2 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c + 2, BITS, GROUP, BN, CG)
+        if c == 0:
+            pdl_wait(PDL)
+        p, s, b = cur
+        wv = p  # dense: the chunk's values (s, b unused)
+        ph = p  # dense: unused
+        wofs = p  # dense: unused
+        if BITS != 16:
             ph = p >> 16
-            wv = p  # unused
+            wofs = _word_offsets(c, CG, GW, BN)
         a0 = _chunk_row(a0, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, m0, stride_xm, wofs, c, K, BITS, GROUP,
                         CG, INLINE)
         if MB > 1:
@@ -330,7 +365,7 @@ def prep_x(x2: torch.Tensor, bits: int, group: int, k: int | None = None) -> tup
     xs = torch.empty(r, width // group, dtype=torch.float32, device=x2.device)
     if r:
         _prep_kernel[(r,)](x2, xp, xs, x2.stride(0), xp.stride(0), xs.stride(0), K=k, BITS=bits, GROUP=group,
-                           num_warps=4)
+                           num_warps=4, **pdl_args(x2))
     return xp, xs
 
 
@@ -379,7 +414,7 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
         spec.scales.stride(0), out.stride(0), MAGIC, *cargs,
         K=spec.k, BITS=spec.bits, GROUP=group, BN=bn, CG=cg, MB=mb, INLINE=inline_mode(x2, inline_prep),
         CONV=conv is not None,
-        KCONV=kw, num_warps=warps,
+        KCONV=kw, num_warps=warps, **pdl_args(x2),
     )
 
 

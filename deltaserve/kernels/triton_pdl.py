@@ -1,0 +1,64 @@
+"""Programmatic dependent launch (PDL, sm_90+) for the decode kernels: a kernel may start while the one before it
+in the stream is finishing, run its prologue (index math, the first chunk of its constant weights) and then wait
+for its predecessor's results. In a CUDA graph of ~400 small kernels per decode step this hides each launch's
+ramp and the previous kernel's tail.
+
+The protocol every kernel launched with PDL follows (a kernel that breaks it races):
+    pdl_open(PDL)        first thing: lets the NEXT kernel in the stream launch once all of this one's programs
+                         have started (they then wait for us in their own pdl_wait)
+    ... reads of constant data only (weights, scales); no stores, no atomics ...
+    pdl_wait(PDL)        blocks until the previous kernel has completed and its writes are visible
+    ... everything else ...
+Chains stay safe: a kernel's pdl_wait returns only after its predecessor completed, and that predecessor passed its
+own pdl_wait only after ITS predecessor completed, so every earlier write is visible after the wait. Writes come
+after the wait, so no kernel overwrites memory an unfinished predecessor still reads. Kernels launched without PDL
+(torch's, or ours with PDL off) are serialised as usual, and pdl_wait in a kernel launched without the attribute
+returns at once.
+
+Exactness: PDL moves when a program starts, never what it computes: the same instructions on the same values.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+@triton.jit
+def pdl_open(PDL: tl.constexpr):
+    """Allow the next kernel in the stream to launch (griddepcontrol.launch_dependents). No-op unless PDL."""
+    if PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Wait for the previous kernel in the stream to complete (griddepcontrol.wait). No-op unless PDL."""
+    if PDL:
+        gdc_wait()
+
+
+@functools.lru_cache(maxsize=None)
+def _device_supports(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_enabled(t: torch.Tensor) -> bool:
+    """PDL for kernels whose operands live with t: CUDA, sm_90 or newer, not switched off by DELTASERVE_PDL=0,
+    never in the Triton interpreter (it cannot run the griddepcontrol instructions)."""
+    if not t.is_cuda or os.environ.get("DELTASERVE_PDL", "1") == "0":
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    return _device_supports(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+def pdl_args(t: torch.Tensor) -> dict:
+    """Launch kwargs of a PDL-aware kernel for operands on t's device: the kernel's PDL constexpr and Triton's
+    launch_pdl option together (one without the other is either useless or a race)."""
+    return {"PDL": True, "launch_pdl": True} if pdl_enabled(t) else {}
