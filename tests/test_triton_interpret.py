@@ -77,9 +77,6 @@ def _cases():
                                                                 bits=4, group=32, normalize=False, router_bits=16),
         "moe_router_ties": lambda m: kc.check_moe_ties(m, CPU),
         "moe_router_last_arrival": lambda m: kc.check_router_last_arrival(m, CPU),
-        "moe_experts_major": lambda m: kc.check_moe_experts_major(m, CPU, (2, 7), 64, 8, 32, 3, 4, 32),
-        "moe_experts_major_bf16_no_shared": lambda m: kc.check_moe_experts_major(m, CPU, (4,), 64, 8, 32, 3, 16, 32,
-                                                                                 shared=False),
         "conv_varlen": lambda m: kc.check_conv(m, CPU, c=48, kw=4, seqs=[5, 1, 2, 19], ctx=[3, 0, 7, 0]),
         "gdn_decode": lambda m: kc.check_gdn_decode(m, CPU, b=3, hk=2, hv=4, dk=16, dv=32, fresh_rows=(1,)),
         "gdn_decode_one_program_per_head": lambda m: kc.check_gdn_decode(m, CPU, b=3, hk=2, hv=4, dk=16, dv=32,
@@ -109,6 +106,8 @@ def _attn_fused_cases():
         "qk_prep_batch_invariance": lambda m: ac.check_qk_prep_invariance(m, CPU, (1, 4), **dims),
         "decode_gate": lambda m: ac.check_decode_gate(m, CPU, [1, 100, 128, 129, 300], 4, 2, 32, 8, 128),
         "decode_gate_single_split": lambda m: ac.check_decode_gate(m, CPU, [1, 60, 128], 4, 2, 32, 8, 128),
+        "decode_merge_steps": lambda m: ac.check_decode_merge_steps(m, CPU, [1, 1100, 256, 700], 4, 2, 32, 8, 128, 2,
+                                                                    16),
         "attention_decode_fused_vs_unfused": lambda m: ac.check_attention_decode_fused(
             m, CPU, [1, 40, 128, 129, 260], 4, 2, 32, 16, 8),
         "decode_gate_batch_invariance": lambda m: ac.check_decode_gate_invariance(

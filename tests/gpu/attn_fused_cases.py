@@ -218,6 +218,20 @@ def check_decode_gate_invariance(mods, device, lens, others, hq, hkv, d, bs):
         assert torch.equal(first(n + 1), alone), f"gated decode: row 0 changed among {n} others"
 
 
+def check_decode_merge_steps(mods, device, lens, hq, hkv, d, bs, split, bsp, bd):
+    """The one-pass split merge over several steps and column blocks (the running maximum rescales acc and l when
+    a later step holds a larger logit), reached at small lengths by shrinking the merge's step (MERGE_BSP) and
+    column block (MERGE_BD): vs fp64, host-bound independence and batch invariance."""
+    tp = mods["attn"]
+    saved = tp.MERGE_BSP, tp.MERGE_BD
+    tp.MERGE_BSP, tp.MERGE_BD = bsp, bd
+    try:
+        check_decode_gate(mods, device, lens, hq, hkv, d, bs, split)
+        check_decode_gate_invariance(mods, device, lens, (1, 2), hq, hkv, d, bs)
+    finally:
+        tp.MERGE_BSP, tp.MERGE_BD = saved
+
+
 # ---------------------------------------------------------------- the layer's decode, fused vs unfused
 
 

@@ -258,6 +258,10 @@ def test_decode_attention_gate(mods, dev, small):
     split = mods["attn"].SPLIT_TOKENS
     ac.check_decode_gate(mods, dev, [1, 100, split, split + 1, 3 * split + 7, 2000], *dims, split)
     ac.check_decode_gate(mods, dev, [1, 17, split - 1, split], *dims, split)  # every row single-split
+    if not small:  # 32k tokens: 256 splits, 8 merge steps of the default merge
+        ac.check_decode_gate(mods, dev, [32768, 1, 4 * split + 5, 20000], *dims, split)
+    ac.check_decode_merge_steps(mods, dev, [1, 9 * split + 3, 2 * split, 5 * split + 1], *dims, split, 2,
+                                16 if small else 64)
 
 
 def test_decode_attention_gate_batch_invariance(mods, dev, small):

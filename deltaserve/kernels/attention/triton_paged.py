@@ -145,9 +145,14 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stride_pb, stride_ph, stride_ps,
-                         stride_ob, stride_oh, stride_gb, stride_gh, D: tl.constexpr, SPLIT: tl.constexpr,
-                         BSP: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr, PDL: tl.constexpr = False):
-    # grid (B, Hq): merge the splits of one row, BSP splits per step, always in ascending split order
+                         stride_ob, stride_oh, stride_gb, stride_gh, D: tl.constexpr, BD: tl.constexpr,
+                         SPLIT: tl.constexpr, BSP: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    # grid (B, Hq, D / BD): columns [j*BD, (j+1)*BD) of one row, merged over its splits in ONE pass, BSP splits
+    # per step in ascending split order with a running maximum (acc and l rescaled when it grows). The order
+    # depends on the row's length only: never on the batch, nor on the column block (every block computes the
+    # same m and l the same way). One pass and D blocks: at 32k tokens a row has 256 splits, and the two-pass
+    # merge of whole rows (16 programs at B = 1, 32 dependent steps each) was latency-bound.
     pdl_open(PDL)
     pdl_wait(PDL)
     b = tl.program_id(0)
@@ -156,24 +161,29 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stri
     if L <= SPLIT:  # single split: the split program wrote this row's output
         return
     n_split = tl.cdiv(L, SPLIT)
-    rd = tl.arange(0, D)
+    rd = tl.program_id(2) * BD + tl.arange(0, BD)
     rs = tl.arange(0, BSP)
     base = b.to(tl.int64) * stride_pb + h * stride_ph
-    m_all = tl.max(tl.full((BSP,), float("-inf"), dtype=tl.float32), axis=0)
-    for s0 in range(0, n_split, BSP):
-        m = tl.load(pm_ptr + base + (s0 + rs) * stride_ps, mask=s0 + rs < n_split, other=float("-inf"))
-        m_all = tl.maximum(m_all, tl.max(m, axis=0))
-    acc = tl.zeros((D,), dtype=tl.float32)
-    l_all = tl.sum(tl.zeros((BSP,), dtype=tl.float32), axis=0)
+    m_run = tl.max(tl.full((BSP,), float("-inf"), dtype=tl.float32), axis=0)
+    l_run = tl.sum(tl.zeros((BSP,), dtype=tl.float32), axis=0)
+    acc = tl.zeros((BD,), dtype=tl.float32)
     for s0 in range(0, n_split, BSP):
         live = s0 + rs < n_split
         off = base + (s0 + rs) * stride_ps
-        w = tl.where(live, tl.exp2(tl.load(pm_ptr + off, mask=live, other=0.0) - m_all), 0.0)
-        l_all += tl.sum(w * tl.load(pl_ptr + off, mask=live, other=0.0), axis=0)
+        m = tl.load(pm_ptr + off, mask=live, other=float("-inf"))
+        m_new = tl.maximum(m_run, tl.max(m, axis=0))  # finite: every live split holds >= 1 token
+        alpha = tl.exp2(m_run - m_new)  # 0 on the first step (m_run = -inf)
+        w = tl.where(live, tl.exp2(m - m_new), 0.0)
+        l_run = l_run * alpha + tl.sum(w * tl.load(pl_ptr + off, mask=live, other=0.0), axis=0)
         part = tl.load(po_ptr + off[:, None] * D + rd[None, :], mask=live[:, None], other=0.0)
-        acc += tl.sum(w[:, None] * part, axis=0)
-    o = _gated(acc / l_all, gate_ptr + b.to(tl.int64) * stride_gb + h * stride_gh + rd, rd < D, HAS_GATE)
+        acc = acc * alpha + tl.sum(w[:, None] * part, axis=0)
+        m_run = m_new
+    o = _gated(acc / l_run, gate_ptr + b.to(tl.int64) * stride_gb + h * stride_gh + rd, rd < D, HAS_GATE)
     tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + rd, o.to(o_ptr.dtype.element_ty))
+
+
+MERGE_BD = 64  # merge columns per program: D = 256 gives 4 programs per (row, head)
+MERGE_BSP = 32  # splits per merge step: 32k tokens = 256 splits = 8 steps
 
 
 def paged_decode_attention(
@@ -214,10 +224,11 @@ def paged_decode_attention(
         LENS_ADD=lens_add, num_warps=4, **pdl_args(out),
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
-        _decode_merge_kernel[(bsz, hq)](
+        bd = min(d, MERGE_BD)
+        _decode_merge_kernel[(bsz, hq, d // bd)](
             po, pm, pl, kv_lens, out, gt, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0), out.stride(1),
-            sgb, sgh, D=d, SPLIT=SPLIT_TOKENS, BSP=16, HAS_GATE=gate is not None, LENS_ADD=lens_add, num_warps=4,
-            **pdl_args(out),
+            sgb, sgh, D=d, BD=bd, SPLIT=SPLIT_TOKENS, BSP=MERGE_BSP, HAS_GATE=gate is not None, LENS_ADD=lens_add,
+            num_warps=4, **pdl_args(out),
         )
     return out
 
