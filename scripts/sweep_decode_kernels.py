@@ -77,15 +77,15 @@ def judge(got, ref64, base, alone_rows, rel_ref: float, rel_base: float) -> dict
 def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
     """MoE configurations, the default first. Keys: gu/dn (bn, warps, cg or None), cb (bc, warps), topk ("router":
     at the router's last arrival, "fused": in every gate/up program, "split": its own launch), inline, regs
-    (maxnreg of gate/up, of down; None: the compiler's), kernel ("experts": moe_decode_experts_major, else v2).
+    (maxnreg of gate/up, of down; None: the compiler's).
     cg_gu / cg_dn: the default chunking (BN = 8) of the gate/up and down weights, for the CG-held variants.
     The quick grid keeps what the H200 sweeps of 2026-11-29 left open (bench/NOTES.md: register caps, gate/up BN
     4/16, 2-warp gate/up, BC 1024 and the top-k in gate/up were all slower; the full grid still has them)."""
     base = dict(gu=(8, 4, None), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True, regs=(None, None))
-    out = [base, {**base, "kernel": "experts"}]  # expert-major: the same bits, each picked expert read once
+    out = [base]
     if quick:
-        return out + [{**base, "kernel": "experts", "gu": (4, 4, None)}, {**base, "dn": (16, 2, None)},
-                      {**base, "dn": (16, 4, cg_dn)}, {**base, "topk": "split"}, {**base, "inline": False}]
+        return out + [{**base, "dn": (16, 2, None)}, {**base, "dn": (16, 4, cg_dn)}, {**base, "topk": "split"},
+                      {**base, "inline": False}]
     pairs = [(bn, w) for bn in (4, 8, 16, 32) for w in (2, 4, 8)]
     out += [{**base, "regs": r} for r in ((128, None), (96, None), (None, 64))]
     out += [{**base, "gu": (bn, w, None)} for bn, w in pairs if (bn, w) != base["gu"][:2]]
@@ -113,7 +113,7 @@ def moe_label(c: dict) -> str:
     def part(v):
         return "/".join(str(a) for a in v if a is not None) + ("" if len(v) < 3 or v[2] is None else "cg")
     regs = c.get("regs", (None, None))
-    flags = (" experts-major" if c.get("kernel") == "experts" else "") + (
+    flags = (
         "" if c["topk"] == "router" else f" topk-{c['topk']}") + ("" if c["inline"] else " prep") + (
         "" if regs == (None, None) else f" regs={regs[0] or '-'}/{regs[1] or '-'}")
     return f"gu={part(c['gu'])} dn={part(c['dn'])} cb={part(c['cb'])}{flags}{' CANARY' if c.get('corrupt') else ''}"
@@ -203,13 +203,8 @@ def moe_call(m2, kw, top_k, c):
                        combine_bc=c["cb"][0], combine_warps=c["cb"][1], gate_up_maxnreg=regs[0], down_maxnreg=regs[1])
 
     def run(x, res):
-        if c.get("kernel") == "experts":
-            from deltaserve.kernels.moe.triton_moe_experts_major import moe_decode_experts_major
-
-            y = moe_decode_experts_major(x, top_k=top_k, residual=res, launch=launch, **kw)
-        else:
-            y = m2.moe_decode_v2(x, top_k=top_k, residual=res, launch=launch, fuse_topk=c["topk"] == "fused",
-                                 separate_topk=c["topk"] == "split", inline_prep=c["inline"], **kw)
+        y = m2.moe_decode_v2(x, top_k=top_k, residual=res, launch=launch, fuse_topk=c["topk"] == "fused",
+                             separate_topk=c["topk"] == "split", inline_prep=c["inline"], **kw)
         if c.get("corrupt"):  # the canary: a deliberately wrong output the checks must flag
             y[0, 0] += 0.25 * y.float().abs().max().to(y.dtype)
         return y

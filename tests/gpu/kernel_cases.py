@@ -512,37 +512,6 @@ def check_router_last_arrival(mods, device, ts=(1, 7, 64), h=64, e=12, top_k=3):
             assert int(arrival_counters(device, t)[: t].abs().sum()) == 0, f"T={t}: counters not reset"
 
 
-def check_moe_experts_major(mods, device, ts, h, e, i, top_k, bits, group, shared=True):
-    """moe_decode_experts_major (each picked expert read once, its picks looped over) == moe_decode_v2 (one
-    program per token and slot), bit for bit, output and routing, for each T (few active experts to all of them),
-    and both within the block's rounding of the fp64 reference; its expert lists are a valid grouping."""
-    from deltaserve.kernels.moe import triton_moe_experts_major as em
-
-    m2 = mods["moe2"]
-    for t in ts:
-        x, kw, ref = moe_problem(device, t, h, e, i, i, bits, group, router_bits=8 if bits != 16 else 16)
-        if not shared:
-            for key in ("shared_gate_proj", "shared_up", "shared_down", "shared_gate"):
-                kw.pop(key)
-        want, rt0 = m2.moe_decode_v2(x, top_k=top_k, return_routing=True, **kw)
-        out = poisoned((t, h), torch.bfloat16, device)
-        got, rt = em.moe_decode_experts_major(x, top_k=top_k, return_routing=True, out=out, **kw)
-        assert torch.equal(rt.ids, rt0.ids) and torch.equal(rt.weights, rt0.weights), f"T={t}: routing differs"
-        assert torch.equal(got, want), (f"T={t} shared={shared}: expert-major != v2, max diff "
-                                        f"{(got.float() - want.float()).abs().max().item():.3g}")
-        if shared:
-            close(got, moe_reference(x, ref, top_k)[0], 8 * BF16_EPS, f"expert-major MoE T={t} vs fp64")
-        order, active, first, count, n_act = em.expert_lists(rt.ids, e)
-        ids = rt.ids.reshape(-1).long().cpu()
-        order, first, count = order.long().cpu(), first.long().cpu(), count.long().cpu()
-        assert sorted(order.tolist()) == list(range(ids.numel())), "order is not a permutation of the picks"
-        assert torch.equal(ids[order], ids.sort(stable=True).values), "picks not grouped by ascending expert"
-        assert torch.equal(count, torch.bincount(ids, minlength=e)), "per-expert counts"
-        used = torch.nonzero(count).flatten()
-        assert int(n_act) == used.numel() and torch.equal(active[: used.numel()].long().cpu(), used)
-        assert torch.equal(first[used], (torch.cumsum(count, 0) - count)[used]), "first pick of each expert"
-
-
 def check_moe_v2_fused_ties(mods, device):
     """Equal router logits go to the lower expert id in the fused top-k too (as check_moe_ties for moe_route)."""
     h, e = 64, 8

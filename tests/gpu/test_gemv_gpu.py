@@ -210,14 +210,6 @@ def test_router_last_arrival(fused_mods, dev, small):
                                                                               top_k=8)))
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_moe_experts_major(fused_mods, dev, small, shared):
-    if small:
-        kc.check_moe_experts_major(fused_mods, dev, (1, 5, 9), 64, 8, 32, 3, 4, 32, shared=shared)
-    else:
-        kc.check_moe_experts_major(fused_mods, dev, (1, 8, 64), 2048, 256, 512, 8, 4, 64, shared=shared)
-
-
 def test_moe_v2_fused_ties(fused_mods, dev):
     kc.check_moe_v2_fused_ties(fused_mods, dev)
 

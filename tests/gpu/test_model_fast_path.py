@@ -132,3 +132,18 @@ def test_graph_replay_equals_eager(models):
     assert torch.equal(eager, graph)
     padded = decode_logits(gpu, prompts, 5, graph=True, bucket=4)  # a bucket larger than the batch
     assert torch.equal(eager, padded)
+
+
+def test_pdl_equals_serial_launches(models, monkeypatch):
+    """Programmatic dependent launch (kernels/triton_pdl.py) changes when programs start, never what they compute:
+    decode logits with PDL (the default on sm_90) == with every kernel serialised (DELTASERVE_PDL=0), eager and
+    in a graph, bit for bit. On a GPU without PDL both runs are serial and the test still holds."""
+    _, gpu = models
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 32, (n,), generator=gen).tolist() for n in (9, 33)]
+    with_pdl = decode_logits(gpu, prompts, 5, graph=True)
+    with_pdl_eager = decode_logits(gpu, prompts, 5, graph=False)
+    monkeypatch.setenv("DELTASERVE_PDL", "0")
+    serial = decode_logits(gpu, prompts, 5, graph=True)
+    assert torch.equal(with_pdl, serial)
+    assert torch.equal(with_pdl_eager, serial)

@@ -94,8 +94,7 @@ def swiglu_block(x_row, xp_row, xs_row, gw, gs, gb, uw, us, ub, h_row, rn, n_mas
                  stride_un, stride_usn, magic, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
                  BN: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr):
     """h[rn] = bf16 SwiGLU of one x row against rows rn of a gate and an up weight (an expert's base pointers):
-    the one place the MoE decode kernels (this one and triton_moe_experts_major) compute a (token, slot) gate/up
-    block, so they give the same bits."""
+    the one place the MoE decode computes a (token, slot) gate/up block."""
     g = gemv_row(x_row, xp_row, xs_row, gw, gs, gb, rn, n_mask, stride_gn, stride_gsn, magic, K, BITS, GROUP, BN, CG,
                  INLINE)
     u = gemv_row(x_row, xp_row, xs_row, uw, us, ub, rn, n_mask, stride_un, stride_usn, magic, K, BITS, GROUP, BN, CG,

@@ -1,0 +1,126 @@
+"""The programmatic-dependent-launch protocol (deltaserve/kernels/triton_pdl.py), checked on the kernels' source:
+a kernel launched with PDL may start before its predecessor has finished, so before its wait it may only read
+constant data. Statically: in every @triton.jit kernel with a PDL parameter, pdl_open(PDL) comes first and no
+store or atomic (direct, or through a helper that stores) comes before the wait in source order. Plus the switch:
+PDL is never requested off CUDA or under DELTASERVE_PDL=0. (PDL on == off, bit for bit, on the GPU:
+tests/gpu/test_model_fast_path.py.)"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+KERNELS = Path(__file__).resolve().parent.parent / "deltaserve" / "kernels"
+WRITES = {"store", "atomic_add", "atomic_cas", "atomic_xchg", "atomic_max", "atomic_min", "atomic_and",
+          "atomic_or", "atomic_xor"}
+
+
+def _name(call: ast.Call) -> str:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def _jit_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+            out[node.name] = node
+    return out
+
+
+def _all_jit() -> dict[str, ast.FunctionDef]:
+    funcs = {}
+    for path in KERNELS.rglob("*.py"):
+        funcs.update(_jit_functions(ast.parse(path.read_text())))
+    return funcs
+
+
+def _writes(fn: ast.FunctionDef, funcs: dict, seen: set) -> bool:
+    """Does fn (or a jit helper it calls) store or do an atomic?"""
+    if fn.name in seen:
+        return False
+    seen.add(fn.name)
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call):
+            n = _name(node)
+            if n in WRITES or n == "last_arrival" or (n in funcs and _writes(funcs[n], funcs, seen)):
+                return True
+    return False
+
+
+def _is_wait(call: ast.Call) -> bool:
+    """pdl_wait(PDL), or a gemv_row call passed PDL as its PDL_WAIT (it waits after requesting weights)."""
+    n = _name(call)
+    if n == "pdl_wait":
+        return True
+    return n == "gemv_row" and (any(isinstance(a, ast.Name) and a.id == "PDL" for a in call.args) or
+                                any(k.arg == "PDL_WAIT" for k in call.keywords))
+
+
+def _pdl_kernels():
+    """(jit helpers by name for call resolution, {"module:kernel": FunctionDef} of the kernels with a PDL
+    parameter). Kernels are keyed by module: two modules may each have a _gate_up_kernel."""
+    kernels = {}
+    for path in sorted(KERNELS.rglob("*.py")):
+        for name, fn in _jit_functions(ast.parse(path.read_text())).items():
+            if any(a.arg == "PDL" for a in fn.args.args) and name not in ("pdl_open", "pdl_wait"):
+                kernels[f"{path.parent.name}/{path.stem}:{name}"] = fn
+    return _all_jit(), kernels
+
+
+def test_pdl_kernels_found():
+    _, kernels = _pdl_kernels()
+    for expected in ("quant/triton_gemv:_gemv_kernel", "moe/triton_decode:_router_kernel",
+                     "moe/triton_moe_gemv:_gate_up_kernel", "moe/triton_moe_gemv:_down_kernel",
+                     "moe/triton_moe_gemv:_combine_kernel", "gated_delta/triton_decode:_gdn_step_kernel",
+                     "kernels/triton_norm:_rms_norm_kernel", "attention/triton_qk_prep:_qk_prep_kernel",
+                     "attention/triton_paged:_decode_split_kernel"):
+        assert expected in kernels
+
+
+@pytest.mark.parametrize("kernel", sorted(_pdl_kernels()[1]))
+def test_no_write_before_wait(kernel):
+    funcs, kernels = _pdl_kernels()
+    fn = kernels[kernel]
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    first = body[0]
+    assert isinstance(first, ast.Expr) and isinstance(first.value, ast.Call) and _name(first.value) == "pdl_open", \
+        f"{kernel}: the first statement must be pdl_open(PDL)"
+    calls = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
+    waits = [c for c in calls if _is_wait(c)]
+    assert waits, f"{kernel}: has a PDL parameter but never waits (pdl_wait(PDL))"
+    first_wait = (waits[0].lineno, waits[0].col_offset)
+    for c in calls:
+        if (c.lineno, c.col_offset) >= first_wait:
+            break
+        n = _name(c)
+        writes = n in WRITES or n == "last_arrival" or (n in funcs and _writes(funcs[n], funcs, set()))
+        assert not writes, f"{kernel}: line {c.lineno} writes memory ({n}) before the PDL wait"
+
+
+def test_launch_sites_pass_pdl_to_pdl_kernels():
+    """Every launch with **pdl_args(..) targets a kernel that has the PDL parameter (the flag and Triton's
+    launch_pdl always travel together)."""
+    _, kernels = _pdl_kernels()
+    found = 0
+    for path in KERNELS.rglob("*.py"):
+        names = {k.split(":")[1] for k in kernels if k.startswith(f"{path.parent.name}/{path.stem}:")}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and any(isinstance(k.value, ast.Call) and _name(k.value) == "pdl_args"
+                                                  for k in node.keywords if k.arg is None):
+                target = node.func.value if isinstance(node.func, ast.Subscript) else node.func
+                assert isinstance(target, ast.Name) and target.id in names, \
+                    f"{path.name}:{node.lineno}: pdl_args on a launch of {ast.unparse(target)}"
+                found += 1
+    assert found >= 10
+
+
+def test_pdl_switch(monkeypatch):
+    from deltaserve.kernels import triton_pdl
+
+    assert triton_pdl.pdl_args(torch.zeros(1)) == {}  # CPU: never
+    monkeypatch.setenv("DELTASERVE_PDL", "0")
+    assert not triton_pdl.pdl_enabled(torch.zeros(1))
