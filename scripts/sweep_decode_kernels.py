@@ -104,7 +104,7 @@ def gemv_grid(quick: bool) -> list[dict]:
     2026-11-29 sweeps found closest to the default."""
     pairs = [(4, 2), (8, 8)] if quick else [(bn, w) for bn in (2, 4, 8, 16, 32) for w in (1, 2, 4, 8)
                                             if (bn, w) != (8, 4)]
-    out = [dict(bn=None, warps=None, inline=None), dict(bn=None, warps=None, inline=False),
+    out = [dict(bn=None, warps=None, inline=None), dict(bn=None, warps=None, inline=True),
            dict(bn=8, warps=4, inline=None)]
     return out + [dict(bn=bn, warps=w, inline=None) for bn, w in pairs]
 

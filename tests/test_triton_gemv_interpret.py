@@ -65,8 +65,8 @@ def _cases():
 
 
 def _inline_policy(mods) -> None:
-    """Auto prep choice: inline for the decoder's weights (by N only), the prep launch for the 248320-row lm_head;
-    an explicit choice wins; dense weights never prep."""
+    """Auto prep choice: the prep launch for every packed weight (never by M); an explicit choice wins; dense
+    weights never prep."""
     from deltaserve.kernels.triton_common import WeightSpec
     import torch
 
@@ -78,7 +78,7 @@ def _inline_policy(mods) -> None:
         return WeightSpec(torch.zeros(n, 8, dtype=torch.int32), torch.zeros(n, 1).bfloat16(),
                           torch.zeros(n, 1).bfloat16(), 4, 64, "w")
 
-    assert g.use_inline_prep(spec(12352), 8, None) and g.use_inline_prep(spec(512), 8, None)
+    assert not g.use_inline_prep(spec(12352), 8, None) and not g.use_inline_prep(spec(512), 8, None)
     assert not g.use_inline_prep(spec(248320), 8, None)
     assert g.use_inline_prep(spec(248320), 8, True) and not g.use_inline_prep(spec(512), 8, False)
     assert not g.use_inline_prep(spec(512, 16), 8, True)

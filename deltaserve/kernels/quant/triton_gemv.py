@@ -34,11 +34,6 @@ MAX_ROWS = 16  # the GEMV regime; larger M belongs to triton_affine.affine_matmu
 MAGIC = 0x4B000000  # fp32 bits of 2^23: OR a code into its mantissa to read 2^23 + code
 ROW_BLOCK = 8  # rows of x per program at most (M = 9..16 runs two row blocks, each reading W from L2)
 ROW_BLOCK_INLINE = 4  # with the prep inlined (see row_cap)
-# inline_prep=None (auto) inlines the prep for weights of at most this many BN-row programs. The inline path costs
-# ~17% more instructions per program (sm_90 SASS, q4 K=2048, M=1: 1248 vs 1064; prep kernel 536), which only
-# matters with many programs per SM: the decoder weights (N <= 12352, <= 1544 programs, ~12 per SM) save a launch,
-# the 248320-row lm_head (31040 programs) would issue ~8M more warp instructions than its one prep launch costs.
-INLINE_MAX_PROGRAMS = 4096
 
 
 @triton.jit
@@ -377,10 +372,14 @@ def gemv_spec(qweight, scales, biases, bits: int, group: int, name: str) -> Weig
 
 
 def use_inline_prep(spec: WeightSpec, bn: int, inline_prep: bool | None) -> bool:
-    """The prep choice for a weight: explicit, or auto (None) by the weight's program count only, never by M, so
-    a row's arithmetic stays independent of the batch."""
+    """The prep choice for a weight: explicit, or auto (None): the prep launch for every packed weight. Never by
+    M, so a row's arithmetic stays independent of the batch, and not by whether PDL is on, so the bits are the
+    same with serial launches. Why prep: in the model on the H200 with PDL (triton_pdl), every decoder GEMV
+    through prep_x gave tg128 @ d512 452.3 tok/s against 421.5 with x read inline (bench/NOTES.md), the extra
+    launch hidden by PDL while the GEMV's x reads get cheaper; without PDL the inline path was the faster one
+    (the sweep: 2048x4096 7.1 vs 10.1 us)."""
     if inline_prep is None:
-        return spec.bits != DENSE_BITS and triton.cdiv(spec.n, bn) <= INLINE_MAX_PROGRAMS
+        return False
     return bool(inline_prep) and spec.bits != DENSE_BITS
 
 
@@ -427,7 +426,7 @@ def affine_gemv(
     and biases [N, K/group] (bits 4 or 8, group 32/64/128), or dense [N, K] with bits=16 (scales = biases = None).
     Returns [..., N] in x's dtype (fp32 accumulation, rounded once). config: (BN, CG, num_warps) override.
     inline_prep: True: one launch, x read raw; False: the prep_x launch first (two launches, kept for timing);
-    None (default): inline unless the weight has more than INLINE_MAX_PROGRAMS programs (the lm_head).
+    None (default): the prep launch (use_inline_prep).
     conv: DecodeConv(weight, pool, state_slots, context_lens, channels) (or the same as a tuple): x holds one token
     per sequence, and features < channels come out as SiLU(causal conv) with the pool updated, equal bit for bit
     to this GEMV followed by gated_delta.triton_decode.causal_conv on those features."""
