@@ -36,6 +36,11 @@ def _cases():
         "moe_v2_unnormalised": lambda mods: tg.check_moe_v2(mods, CPU, t=2, h=64, e=8, i=64, top_k=2, bits=4,
                                                             group=32, normalize=False),
         "moe_v2_batch_invariance": lambda mods: tg.check_moe_v2_invariance(mods, CPU, h=64, e=8, i=64, top_k=3),
+        # a shared expert narrower than the routed ones, both x paths (the prep of the SwiGLU rows is per width)
+        "moe_v2_shared_narrower_prep": lambda mods: tg.check_moe_v2(mods, CPU, t=3, h=64, e=8, i=64, top_k=3, bits=4,
+                                                                   group=32, i_s=32, inline_prep=False),
+        "moe_v2_shared_narrower_inline": lambda mods: tg.check_moe_v2(mods, CPU, t=3, h=64, e=8, i=64, top_k=3,
+                                                                     bits=4, group=32, i_s=32),
         # one-launch paths: prep inlined, conv in the GEMV epilogue, top-k inside the MoE gate/up
         "gemv_inline_prep_q4": lambda mods: _bit_identical(kc.check_gemv_inline_prep(mods, CPU, 4, 64, m=3, n=24,
                                                                                        k=256)),

@@ -81,12 +81,15 @@ def check_gemv_errors(mods, device):
             raise AssertionError(f"no error for {msg}")
 
 
-def check_moe_v2(mods, device, t, h, e, i, top_k, bits, group, normalize=True):
+def check_moe_v2(mods, device, t, h, e, i, top_k, bits, group, normalize=True, i_s=None, inline_prep=True):
     """moe_decode_v2 against the fp64 reference (routing + block), as kernel_cases.check_moe does for v1, and
-    against v1 itself (same rounding points: a few bf16 ulps apart at most)."""
-    x, kw, ref = kc.moe_problem(device, t, h, e, i, i, bits, group, router_bits=8 if bits != 16 else 16)
+    against v1 itself (same rounding points: a few bf16 ulps apart at most). i_s: the shared expert's
+    intermediate size (default i); inline_prep=False: the prep launches of x and of the SwiGLU rows."""
+    x, kw, ref = kc.moe_problem(device, t, h, e, i, i if i_s is None else i_s, bits, group,
+                                router_bits=8 if bits != 16 else 16)
     out = kc.poisoned((t, h), torch.bfloat16, device)
-    y, routing = mods["moe2"].moe_decode_v2(x, top_k=top_k, normalize=normalize, return_routing=True, out=out, **kw)
+    y, routing = mods["moe2"].moe_decode_v2(x, top_k=top_k, normalize=normalize, return_routing=True, out=out,
+                                            inline_prep=inline_prep, **kw)
     assert y.data_ptr() == out.data_ptr(), "moe_decode_v2 did not write into out"
     want, ids, w = kc.moe_reference(x, ref, top_k, normalize)
     order = ids.sort(-1)

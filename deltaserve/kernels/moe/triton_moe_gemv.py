@@ -256,7 +256,10 @@ def _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, 
         hp = hs = shp = shs = rows  # unused
     else:
         hp, hs = _prep_rows(rows, d)
-        shp, shs = _prep_rows(rows, sd) if (sd.bits, sd.group) != (d.bits, d.group) else (hp, hs)
+        # the prep layout depends on the width read (its deinterleave pitch is K / PACK): a shared expert of
+        # another format or intermediate size gets its own
+        shared_like_routed = (sd.bits, sd.group, sd.k) == (d.bits, d.group, d.k)
+        shp, shs = (hp, hs) if shared_like_routed else _prep_rows(rows, sd)
     bn = launch.down_bn
     _down_kernel[(rows.shape[0], triton.cdiv(h, bn))](
         rows, hp, hs, shp, shs, routing.ids, routing.weights, routing.shared_weight, part,
