@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, prep_x, unit
+from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, gemv_row_pair, prep_x, unit
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import DENSE_BITS, WeightSpec
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -94,11 +94,10 @@ def swiglu_block(x_row, xp_row, xs_row, gw, gs, gb, uw, us, ub, h_row, rn, n_mas
                  stride_un, stride_usn, magic, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
                  BN: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr):
     """h[rn] = bf16 SwiGLU of one x row against rows rn of a gate and an up weight (an expert's base pointers):
-    the one place the MoE decode computes a (token, slot) gate/up block."""
-    g = gemv_row(x_row, xp_row, xs_row, gw, gs, gb, rn, n_mask, stride_gn, stride_gsn, magic, K, BITS, GROUP, BN, CG,
-                 INLINE)
-    u = gemv_row(x_row, xp_row, xs_row, uw, us, ub, rn, n_mask, stride_un, stride_usn, magic, K, BITS, GROUP, BN, CG,
-                 INLINE)
+    the one place the MoE decode computes a (token, slot) gate/up block. Both weights in one gemv_row_pair (the
+    bits of two gemv_row calls, the up weight's loads issued alongside the gate's)."""
+    g, u = gemv_row_pair(x_row, xp_row, xs_row, gw, gs, gb, uw, us, ub, rn, n_mask, stride_gn, stride_gsn,
+                         stride_un, stride_usn, magic, K, BITS, GROUP, BN, CG, INLINE, False, True)
     tl.store(h_row + rn, _silu_mul_bf16(g, u), mask=n_mask)
 
 

@@ -157,6 +157,22 @@ def gemv_row(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, 
     xp_row/xs_row its _prep_kernel output (read for packed weights when not INLINE; pass anything otherwise).
     PDL_WAIT: the caller was launched with PDL and has not waited yet: wait (triton_pdl.pdl_wait) once the first
     chunk's weights are requested, before x is read."""
+    y, _ = gemv_row_pair(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn,
+                         stride_sn, stride_wn, stride_sn, magic, K, BITS, GROUP, BN, CG, INLINE, PDL_WAIT, False)
+    return y
+
+
+@triton.jit
+def gemv_row_pair(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, w2_ptr, s2_ptr, b2_ptr, rn, n_mask, stride_wn,
+                  stride_sn, stride_w2n, stride_s2n, magic, K: tl.constexpr, BITS: tl.constexpr,
+                  GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr,
+                  PDL_WAIT: tl.constexpr, TWO: tl.constexpr):
+    """(W[rn] . x, W2[rn] . x) as fp32 [BN] each for one row of x and two weights of one format and shape (TWO;
+    else the first twice, W2 unread). Each weight's arithmetic is gemv_row's exactly (same chunks, same helpers,
+    same order), so a pair gives the bits of two gemv_row calls; what changes is when the loads are issued: both
+    weights' chunks c+1 and c+2 are requested before chunk c is reduced, so the second weight's loads no longer
+    wait behind the first weight's FMAs (sm_90 SASS of the MoE gate/up: the up weight's first load sat after the
+    gate's last FMA), and the x tile of a chunk is read once for both."""
     rn64 = rn.to(tl.int64)
     NC: tl.constexpr = K // (CG * GROUP)
     if BITS == 16:
@@ -164,27 +180,50 @@ def gemv_row(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, 
     else:
         PACK: tl.constexpr = 32 // BITS
         acc = tl.zeros((BN, CG), dtype=tl.float32)
+    acc2 = acc
     # Chunks c+1 and c+2 are requested before chunk c is reduced (the compiler issues each chunk's loads where
     # they are written: without the lookahead one chunk's latency is exposed after another).
     nxt1 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 0, BITS, GROUP, BN, CG)
     nxt2 = nxt1
+    mxt1 = nxt1
+    mxt2 = nxt1
+    if TWO:
+        mxt1 = _load_chunk(w2_ptr, s2_ptr, b2_ptr, rn64, n_mask, stride_w2n, stride_s2n, 0, BITS, GROUP, BN, CG)
+        mxt2 = mxt1
     if NC > 1:
         nxt2 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 1, BITS, GROUP, BN, CG)
+        if TWO:
+            mxt2 = _load_chunk(w2_ptr, s2_ptr, b2_ptr, rn64, n_mask, stride_w2n, stride_s2n, 1, BITS, GROUP, BN, CG)
     for c in tl.static_range(NC):
         cur = nxt1
         nxt1 = nxt2
+        cur2 = mxt1
+        mxt1 = mxt2
         if c + 2 < NC:
             nxt2 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c + 2, BITS, GROUP, BN, CG)
+            if TWO:
+                mxt2 = _load_chunk(w2_ptr, s2_ptr, b2_ptr, rn64, n_mask, stride_w2n, stride_s2n, c + 2, BITS, GROUP,
+                                   BN, CG)
         if c == 0:
             pdl_wait(PDL_WAIT)
-        p, s, b = cur
-        if BITS == 16:
-            acc += _dense_part(p, x_row, c, CG * GROUP)
-        else:
-            wofs = _word_offsets(c, CG, GROUP // PACK, BN)
-            acc += _row_part(p, p >> 16, s, b, magic, x_row, xp_row, xs_row, wofs, c, K // PACK, CG, BITS, GROUP,
-                             INLINE)
-    return tl.sum(acc, axis=1)
+        acc = _chunk_dot(acc, cur, magic, x_row, xp_row, xs_row, c, K, BITS, GROUP, BN, CG, INLINE)
+        if TWO:
+            acc2 = _chunk_dot(acc2, cur2, magic, x_row, xp_row, xs_row, c, K, BITS, GROUP, BN, CG, INLINE)
+    return tl.sum(acc, axis=1), tl.sum(acc2, axis=1)
+
+
+@triton.jit
+def _chunk_dot(acc, chunk, magic, x_row, xp_row, xs_row, c, K: tl.constexpr, BITS: tl.constexpr,
+               GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr):
+    """acc + one row of x against chunk c (a _load_chunk result): gemv_row's per-chunk step."""
+    p, s, b = chunk
+    if BITS == 16:
+        return acc + _dense_part(p, x_row, c, CG * GROUP)
+    else:
+        PACK: tl.constexpr = 32 // BITS
+        wofs = _word_offsets(c, CG, GROUP // PACK, BN)
+        return acc + _row_part(p, p >> 16, s, b, magic, x_row, xp_row, xs_row, wofs, c, K // PACK, CG, BITS, GROUP,
+                               INLINE)
 
 
 @triton.jit
