@@ -464,7 +464,7 @@ def affine_gemv(
     """y = x W^T for x [..., K] bf16/fp16 with at most MAX_ROWS rows; W packed uint32 [N, K*bits/32] with scales
     and biases [N, K/group] (bits 4 or 8, group 32/64/128), or dense [N, K] with bits=16 (scales = biases = None).
     Returns [..., N] in x's dtype (fp32 accumulation, rounded once). config: (BN, CG, num_warps) override.
-    inline_prep: True: one launch, x read raw; False: the prep_x launch first (two launches, kept for timing);
+    inline_prep: True: one launch, x read raw (kept for timing: faster without PDL); False: the prep_x launch first;
     None (default): the prep launch (use_inline_prep).
     conv: DecodeConv(weight, pool, state_slots, context_lens, channels) (or the same as a tuple): x holds one token
     per sequence, and features < channels come out as SiLU(causal conv) with the pool updated, equal bit for bit
