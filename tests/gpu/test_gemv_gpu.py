@@ -55,6 +55,20 @@ def check_gemv_invariance(mods, device, n, k, others=(1, 3, 15)):
             assert torch.equal(got[o : o + 1], last), f"bits {bits}: row {o} alone != among {o} others"
 
 
+def check_gemv_row_pair(mods, device, n, k):
+    """gemv_row_pair (the MoE gate/up's two weights, loads issued together) gives each weight exactly the bits of
+    a gemv_row call, and is close to the fp64 product."""
+    from pair_kernel import pair_and_singles
+
+    for bits, group in ((4, 64), (8, 32)):
+        first, wd1 = _weight(n, k, bits, group, device)
+        second, wd2 = _weight(n, k, bits, group, device)
+        x = torch.randn(k, device=device).bfloat16()
+        p1, p2, one1, one2 = pair_and_singles(x, first, second, bits, group)
+        assert torch.equal(p1, one1) and torch.equal(p2, one2), f"bits {bits}: pair != two gemv_row calls"
+        kc.close(p2, wd2 @ x.double(), 2 * kc.BF16_EPS * kc.SLACK, f"gemv_row_pair bits={bits}")
+
+
 def check_gemv_vs_matmul(mods, device, n, k):
     """The new GEMV and the old affine_matmul agree to bf16 rounding (the old one rounds w to bf16 first)."""
     for bits, group in ((4, 64), (8, 128)):
@@ -135,6 +149,11 @@ def test_gemv(mods, dev, small, bits, group):
 def test_gemv_lm_head_shape(mods, dev, small):
     n = 40 if small else 248320
     check_gemv(mods, dev, 4, 64, m=1, n=n, k=2048 if not small else 128)
+
+
+def test_gemv_row_pair(mods, dev, small):
+    tg_n, tg_k = (12, 512) if small else (512, 2048)  # an expert's gate and up: I = 512 rows each, K = H
+    check_gemv_row_pair(mods, dev, tg_n, tg_k)
 
 
 def test_gemv_batch_invariance(mods, dev, small):

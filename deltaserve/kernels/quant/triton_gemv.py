@@ -37,8 +37,8 @@ ROW_BLOCK_INLINE = 4  # with the prep inlined (see row_cap)
 
 
 @triton.jit
-def _prep_kernel(x_ptr, xp_ptr, xs_ptr, stride_xm, stride_pm, stride_sm, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
-                 PDL: tl.constexpr = False):
+def _prep_kernel(x_ptr, xp_ptr, xs_ptr, stride_xm, stride_pm, stride_sm, K: tl.constexpr, BITS: tl.constexpr,
+                 GROUP: tl.constexpr, PDL: tl.constexpr = False):
     """grid (M,): row m of x -> xp[m, i, j] = fp32 x[m, j*PACK + i] * 2^-(BITS * (i % (PACK/2))) (the codes'
     order, code i of word j, pre-scaled by the power of two the shift-free decode leaves on code i: exact), and
     xs[m, g] = sum of the row's group g (fp32, one fixed order). Row pitches of xp / xs: stride_pm / stride_sm."""
