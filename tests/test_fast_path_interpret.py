@@ -76,8 +76,9 @@ def _child(ckpt: str) -> None:
     assert rel < 0.02, f"fast-path decode logits differ from the reference by {rel:.3g} (relative)"
     assert torch.equal(ref.argmax(-1), fast.argmax(-1)), "fast path picks other greedy tokens"
     alone = decode(True, [0])[:, 0]
-    for rows in ([0, 1], [0, 1, 2, 3]):
-        assert torch.equal(decode(True, rows)[:, 0], alone), f"row 0 decoded among {len(rows) - 1} others differs"
+    # the batch of two decoded above serves as "among 1 other" (decoding it again costs ~1 min of interpreter time)
+    for others, got in ((1, fast[:, 0]), (3, decode(True, [0, 1, 2, 3])[:, 0])):
+        assert torch.equal(got, alone), f"row 0 decoded among {others} others differs"
 
     # a prompt past MOE_GEMV_MAX_TOKENS takes the prefill kernels (grouped expert matmul with shared tiles, the
     # one-launch combine with the residual, varlen attention): every position's logits against the reference
