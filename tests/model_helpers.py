@@ -130,13 +130,13 @@ def bf16_exact_moe_checkpoint(directory) -> Qwen3_5ForCausalLM:
     release holds (A_log stays fp32, as in the releases), written to `directory` (fused layout); returns our fp32
     model loaded from it. The GPU tests load the same directory in bf16 on the fast path."""
     hf = make_hf_model(True, seed=0, vocab_size=32)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if not name.endswith("A_log"):
-                p.copy_(p.bfloat16().float())
+    for name, p in hf.named_parameters():
+        if not name.endswith("A_log"):
+            p.copy_(p.bfloat16().float())
     return ours_from_checkpoint(hf, directory)
 
 
+@torch.no_grad()
 def greedy(model, prompt: list[int], n: int, prefill_chunk: int | None = None) -> tuple[list[int], torch.Tensor]:
     """Greedy continuation of n tokens; returns the tokens and the prompt's all-position logits."""
     sess = Session(model)
