@@ -287,14 +287,13 @@ def gemv_section(args, shp, device, deadline, emit) -> None:
                 # bn None: the library's default_config for this weight
                 config = tg.default_config(spec) if c["bn"] is None else (
                     c["bn"], tg.chunk_groups(spec, c["bn"]), c["warps"])
-                inl = tg.use_inline_prep(spec, config[0], c["inline"])
+                inl = tg.use_inline_prep(spec, c["inline"])
                 base_cfg = tg.default_config(spec)
                 rec = dict(kernel="affine_gemv", shape=f"M={m} N={n} K={kk} q{BITS}g{GROUP}",
                            config=f"bn={config[0]} cg={config[1]} w={config[2]} {'inline' if inl else 'prep'}"
                                   f"{'' if c['inline'] is not None else '(auto)'}"
                                   f"{' default' if c['bn'] is None else ''}",
-                           cfg=c, bits_expected=config[1] == base_cfg[1] and inl == tg.use_inline_prep(
-                               spec, base_cfg[0], None))
+                           cfg=c, bits_expected=config[1] == base_cfg[1] and inl == tg.use_inline_prep(spec, None))
                 if time.monotonic() > deadline:
                     emit({**rec, "ok": None, "skipped": "budget"})
                     continue

@@ -84,10 +84,10 @@ def _inline_policy(mods) -> None:
         return WeightSpec(torch.zeros(n, 8, dtype=torch.int32), torch.zeros(n, 1).bfloat16(),
                           torch.zeros(n, 1).bfloat16(), 4, 64, "w")
 
-    assert not g.use_inline_prep(spec(12352), 8, None) and not g.use_inline_prep(spec(512), 8, None)
-    assert not g.use_inline_prep(spec(248320), 8, None)
-    assert g.use_inline_prep(spec(248320), 8, True) and not g.use_inline_prep(spec(512), 8, False)
-    assert not g.use_inline_prep(spec(512, 16), 8, True)
+    assert not g.use_inline_prep(spec(12352), None) and not g.use_inline_prep(spec(512), None)
+    assert not g.use_inline_prep(spec(248320), None)
+    assert g.use_inline_prep(spec(248320), True) and not g.use_inline_prep(spec(512), False)
+    assert not g.use_inline_prep(spec(512, 16), True)
 
 
 def _bit_identical(same: bool) -> None:

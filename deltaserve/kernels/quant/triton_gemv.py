@@ -410,16 +410,14 @@ def gemv_spec(qweight, scales, biases, bits: int, group: int, name: str) -> Weig
     return spec
 
 
-def use_inline_prep(spec: WeightSpec, bn: int, inline_prep: bool | None) -> bool:
+def use_inline_prep(spec: WeightSpec, inline_prep: bool | None) -> bool:
     """The prep choice for a weight: explicit, or auto (None): the prep launch for every packed weight. Never by
     M, so a row's arithmetic stays independent of the batch, and not by whether PDL is on, so the bits are the
     same with serial launches. Why prep: in the model on the H200 with PDL (triton_pdl), every decoder GEMV
     through prep_x gave tg128 @ d512 452.3 tok/s against 421.5 with x read inline (bench/NOTES.md), the extra
     launch hidden by PDL while the GEMV's x reads get cheaper; without PDL the inline path was the faster one
     (the sweep: 2048x4096 7.1 vs 10.1 us)."""
-    if inline_prep is None:
-        return False
-    return bool(inline_prep) and spec.bits != DENSE_BITS
+    return bool(inline_prep) and spec.bits != DENSE_BITS  # None (auto) -> prep
 
 
 def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=None, inline_prep: bool | None = None,
@@ -433,7 +431,7 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
     group = unit(spec)
     if spec.k % (cg * group):
         raise ValueError(f"affine_gemv: chunk of {cg} x {group} must divide K = {spec.k}")
-    inline_prep = use_inline_prep(spec, bn, inline_prep)
+    inline_prep = use_inline_prep(spec, inline_prep)
     mb = row_block(m, row_cap(spec, inline_prep, conv is not None))
     if spec.bits == DENSE_BITS or inline_prep:
         xp = xs = x2  # unused
