@@ -149,6 +149,30 @@ def _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, BITS
 
 
 @triton.jit
+def _first_chunks(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, NC: tl.constexpr, BITS: tl.constexpr,
+                  GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr):
+    """Chunks 0 and 1 (chunk 0 twice when NC == 1): the start of the GEMVs' two-chunk lookahead. The lookahead
+    exists because the compiler issues each chunk's loads where they are written: without it one chunk's latency
+    is exposed after another (sm_90 SASS)."""
+    c0 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 0, BITS, GROUP, BN, CG)
+    c1 = c0
+    if NC > 1:
+        c1 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 1, BITS, GROUP, BN, CG)
+    return c0, c1
+
+
+@triton.jit
+def _next_chunk(nxt1, nxt2, w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, NC: tl.constexpr,
+                BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr):
+    """One step of the lookahead at chunk c: (chunk c, chunk c+1, chunk c+2) from the two held, chunk c+2 requested
+    now (while chunk c is reduced) when it exists."""
+    nxt3 = nxt2
+    if c + 2 < NC:
+        nxt3 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c + 2, BITS, GROUP, BN, CG)
+    return nxt1, nxt2, nxt3
+
+
+@triton.jit
 def gemv_row(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, magic,
              K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
              INLINE: tl.constexpr = 1, PDL_WAIT: tl.constexpr = False):
@@ -181,29 +205,18 @@ def gemv_row_pair(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, w2_ptr, s2_ptr, b2
         PACK: tl.constexpr = 32 // BITS
         acc = tl.zeros((BN, CG), dtype=tl.float32)
     acc2 = acc
-    # Chunks c+1 and c+2 are requested before chunk c is reduced (the compiler issues each chunk's loads where
-    # they are written: without the lookahead one chunk's latency is exposed after another).
-    nxt1 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 0, BITS, GROUP, BN, CG)
-    nxt2 = nxt1
-    mxt1 = nxt1
-    mxt2 = nxt1
+    # both weights' chunks c+1 and c+2 are requested before chunk c is reduced (_first_chunks, _next_chunk)
+    nxt1, nxt2 = _first_chunks(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, NC, BITS, GROUP, BN, CG)
+    mxt1, mxt2 = nxt1, nxt2
     if TWO:
-        mxt1 = _load_chunk(w2_ptr, s2_ptr, b2_ptr, rn64, n_mask, stride_w2n, stride_s2n, 0, BITS, GROUP, BN, CG)
-        mxt2 = mxt1
-    if NC > 1:
-        nxt2 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 1, BITS, GROUP, BN, CG)
-        if TWO:
-            mxt2 = _load_chunk(w2_ptr, s2_ptr, b2_ptr, rn64, n_mask, stride_w2n, stride_s2n, 1, BITS, GROUP, BN, CG)
+        mxt1, mxt2 = _first_chunks(w2_ptr, s2_ptr, b2_ptr, rn64, n_mask, stride_w2n, stride_s2n, NC, BITS, GROUP, BN,
+                                   CG)
     for c in tl.static_range(NC):
-        cur = nxt1
-        nxt1 = nxt2
-        cur2 = mxt1
-        mxt1 = mxt2
-        if c + 2 < NC:
-            nxt2 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c + 2, BITS, GROUP, BN, CG)
-            if TWO:
-                mxt2 = _load_chunk(w2_ptr, s2_ptr, b2_ptr, rn64, n_mask, stride_w2n, stride_s2n, c + 2, BITS, GROUP,
-                                   BN, CG)
+        cur, nxt1, nxt2 = _next_chunk(nxt1, nxt2, w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, NC,
+                                      BITS, GROUP, BN, CG)
+        if TWO:
+            cur2, mxt1, mxt2 = _next_chunk(mxt1, mxt2, w2_ptr, s2_ptr, b2_ptr, rn64, n_mask, stride_w2n, stride_s2n,
+                                           c, NC, BITS, GROUP, BN, CG)
         if c == 0:
             pdl_wait(PDL_WAIT)
         acc = _chunk_dot(acc, cur, magic, x_row, xp_row, xs_row, c, K, BITS, GROUP, BN, CG, INLINE)
@@ -278,16 +291,11 @@ def _gemv_kernel(
     a6 = tl.zeros(acc_shape, dtype=tl.float32)
     a7 = tl.zeros(acc_shape, dtype=tl.float32)
     NC: tl.constexpr = K // (CG * GROUP)
-    # lookahead of two chunks, as in gemv_row; with PDL the first two are requested before the wait
-    nxt1 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 0, BITS, GROUP, BN, CG)
-    nxt2 = nxt1
-    if NC > 1:
-        nxt2 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 1, BITS, GROUP, BN, CG)
+    # the two-chunk lookahead of gemv_row; with PDL chunks 0..2 are requested before the wait
+    nxt1, nxt2 = _first_chunks(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, NC, BITS, GROUP, BN, CG)
     for c in tl.static_range(NC):
-        cur = nxt1
-        nxt1 = nxt2
-        if c + 2 < NC:
-            nxt2 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c + 2, BITS, GROUP, BN, CG)
+        cur, nxt1, nxt2 = _next_chunk(nxt1, nxt2, w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, NC,
+                                      BITS, GROUP, BN, CG)
         if c == 0:
             pdl_wait(PDL)
         p, s, b = cur
