@@ -61,7 +61,7 @@ def _router_kernel(
 ):
     # grid (T, cdiv(E, BE) + 1): column j < cdiv(E, BE) writes the fp32 logits of experts j*BE .. j*BE+BE-1 of
     # one token, the last column the shared gate's sigmoid (0 without a shared expert: every element of sg is
-    # written, no zeros fill launch). Each row is one gemv_row (the full K unrolled, all loads in flight): a
+    # written, no zeros fill launch). Each row is one gemv_row (the full K unrolled, two chunks ahead): a
     # token's logits depend on (H, format, BE, CG) only, never on T. TOPK > 0: the token's last program to
     # finish (triton_sync.last_arrival on cnt[t]) applies the routing contract to all E logits and writes
     # ids/weights, so the top-k needs no launch of its own. PDL (triton_pdl): every branch waits for the kernel

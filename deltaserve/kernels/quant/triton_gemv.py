@@ -6,7 +6,9 @@ w uint32 [N, K*BITS/32] (32/BITS codes per word, lowest bits first), scales/bias
 [N, K] weight with BITS = 16.
 
 Work split: a program owns BN output features and the FULL K (no split-K), for MB rows of x. K is a compile-time
-constant, so the chunk loop is unrolled and every chunk's loads are independent and all in flight together.
+constant, so the chunk loop is unrolled; the compiler issues a chunk's loads where they are written, so chunks
+c+1 and c+2 are requested before chunk c is reduced (_first_chunks / _next_chunk; sm_90 SASS showed the plain loop
+waiting one memory latency per chunk).
 Grid (cdiv(N, BN), cdiv(M, MB)): N = 512..8192 gives 64..1024 programs of 4 warps.
 
 Cheap dequant, by the group factorisation  sum_k (s q_k + b) x_k = s * (sum_k q_k x_k) + b * (sum_k x_k):
