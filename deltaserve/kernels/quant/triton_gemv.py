@@ -8,27 +8,31 @@ w uint32 [N, K*BITS/32] (32/BITS codes per word, lowest bits first), scales/bias
 Work split: a program owns BN output features and the FULL K (no split-K), for MB rows of x. K is a compile-time
 constant, so the chunk loop is unrolled; the compiler issues a chunk's loads where they are written, so chunks
 c+1 and c+2 are requested before chunk c is reduced (_first_chunks / _next_chunk; sm_90 SASS showed the plain loop
-waiting one memory latency per chunk).
-Grid (cdiv(N, BN), cdiv(M, MB)): N = 512..8192 gives 64..1024 programs of 4 warps.
+waiting one memory latency per chunk). Packed weights take row runs by default (row_run_config): BN = 4 rows
+over the whole K in one chunk, one 128-bit load per thread and row, so each thread reads its x positions once
+for all BN rows (before: once per row, the GEMVs' L1 bound).
+Grid (cdiv(N, BN), cdiv(M, MB)).
 
 Cheap dequant, by the group factorisation  sum_k (s q_k + b) x_k = s * (sum_k q_k x_k) + b * (sum_k x_k):
 per weight element one shift+mask, the exact int->fp32 trick (q | 0x4B000000 read as fp32 is 2^23 + q, minus 2^23)
 and one FMA per row of x; s and b are applied once per group.
 
-Batch invariance: a tile of codes has shape [BN, CG, GW, PACK] (rows, groups of the chunk, words per group, codes
-per word) whatever M is, and row i of x is reduced against it by the same helper (`_row_part`) into its own
-[BN, CG] fp32 accumulator, chunks added in order, groups summed once at the end. So a row's arithmetic depends on
-(N, K, BITS, GROUP, BN, CG, num_warps) only, never on M or on which rows share the program.
+Batch invariance: a chunk's words are a [BN, CG * GW] tile (rows; the chunk's groups x words per group) whatever
+M is, and row i of x is reduced against it by the same helper (`_row_part`) into its own [BN, CG] fp32 accumulator,
+chunks added in order, groups summed once at the end. So a row's arithmetic depends on (N, K, BITS, GROUP, BN, CG,
+num_warps) only, never on M or on which rows share the program.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 from ..gated_delta.triton_decode import DecodeConv, check_decode_conv, conv_epilogue
-from .triton_gemv_inline import inline_mode, row_part_inline
+from .triton_gemv_inline import group_sums, inline_mode, row_part_inline
 from ..triton_common import DENSE_BITS, WeightSpec
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 
@@ -74,19 +78,19 @@ def _code_dot(d, src, xi, magic, SH: tl.constexpr, BITS: tl.constexpr):
 
 @triton.jit
 def _word_offsets(c, CG: tl.constexpr, GW: tl.constexpr, BN: tl.constexpr):
-    """Word index of chunk c as [BN, CG, GW] (the same for every row: the full shape fixes one layout for the
-    codes, x and the products)."""
-    g = c * CG + tl.arange(0, CG)
-    j = tl.arange(0, GW)
+    """Word index of chunk c as [BN, CG * GW] (the same for every row). The chunk's words are one contiguous run
+    per row, so the compiler lays the tile out along K first: when one row's run covers every thread's 128-bit load,
+    each thread holds the same K positions of all BN rows and reads their x once (see _row_part)."""
+    j = c * (CG * GW) + tl.arange(0, CG * GW)
     zn = tl.zeros((BN,), dtype=tl.int32)
-    return zn[:, None, None] + g[None, :, None] * GW + j[None, None, :]
+    return zn[:, None] + j[None, :]
 
 
 @triton.jit
 def _row_part(p, ph, s, b, magic, x_row, xp_row, xs_row, wofs, c, KW: tl.constexpr, CG: tl.constexpr,
               BITS: tl.constexpr, GROUP: tl.constexpr, INLINE: tl.constexpr):
     """One row of x against chunk c: s * (q . x_g) + b * sum(x_g) per (feature, group), fp32 [BN, CG].
-    p: the chunk's words [BN, CG, GW] (int32), ph = p >> 16 (codes of the upper half-word moved into the
+    p: the chunk's words [BN, CG * GW] (int32), ph = p >> 16 (codes of the upper half-word moved into the
     mantissa's reach). INLINE (1 or 2, triton_gemv_inline.inline_mode): x_row is the raw row (row_part_inline,
     2: read in pairs); else (0) xp_row/xs_row
     are its _prep_kernel output. Codes are added in order i = 0 .. PACK-1 per word, words summed per group by tl.sum."""
@@ -95,14 +99,18 @@ def _row_part(p, ph, s, b, magic, x_row, xp_row, xs_row, wofs, c, KW: tl.constex
     else:
         PACK: tl.constexpr = 32 // BITS
         HALF: tl.constexpr = PACK // 2
+        GW: tl.constexpr = GROUP // PACK
+        xo = c * (CG * GW) + tl.arange(0, CG * GW)  # [CG * GW]: one x tile for every row of the chunk
         d = tl.zeros(p.shape, dtype=tl.float32)
         for i in tl.static_range(HALF):
-            d = _code_dot(d, p, tl.load(xp_row + i * KW + wofs), magic, BITS * i, BITS)
+            d = _code_dot(d, p, tl.load(xp_row + i * KW + xo)[None, :], magic, BITS * i, BITS)
         for i in tl.static_range(HALF):
-            d = _code_dot(d, ph, tl.load(xp_row + (HALF + i) * KW + wofs), magic, BITS * i, BITS)
+            d = _code_dot(d, ph, tl.load(xp_row + (HALF + i) * KW + xo)[None, :], magic, BITS * i, BITS)
         g = c * CG + tl.arange(0, CG)
         xs = tl.load(xs_row + g)
-        return s * tl.sum(d, axis=2) + b * xs[None, :]
+        # s * sum + b * xs with its one fused multiply-add spelled out: left to the compiler, which of the two
+        # products is fused may differ between the kernels that inline this helper, and so would their bits
+        return tl.fma(s, group_sums(d, CG, GW), b * xs[None, :])
 
 
 @triton.jit
@@ -132,7 +140,7 @@ def _finish_row(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, slo
 @triton.jit
 def _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, BITS: tl.constexpr,
                 GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr):
-    """Chunk c of the BN weight rows rn64: packed (words [BN, CG, GW] int32, scales and biases [BN, CG] fp32) or
+    """Chunk c of the BN weight rows rn64: packed (words [BN, CG * GW] int32, scales and biases [BN, CG] fp32) or
     dense (the fp32 values [BN, CG * GROUP], returned three times so both kinds unpack alike). The one place the
     GEMVs (gemv_row, _gemv_kernel) read weights."""
     if BITS == 16:
@@ -142,7 +150,7 @@ def _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, BITS
     else:
         PACK: tl.constexpr = 32 // BITS
         wofs = _word_offsets(c, CG, GROUP // PACK, BN)
-        p = tl.load(w_ptr + rn64[:, None, None] * stride_wn + wofs, mask=n_mask[:, None, None], other=0)
+        p = tl.load(w_ptr + rn64[:, None] * stride_wn + wofs, mask=n_mask[:, None], other=0)
         g = c * CG + tl.arange(0, CG)
         sofs = rn64[:, None] * stride_sn + g[None, :]
         s = tl.load(s_ptr + sofs, mask=n_mask[:, None], other=0.0).to(tl.float32)
@@ -362,15 +370,36 @@ def row_cap(spec: WeightSpec, inline_prep: bool, conv: bool) -> int:
     return ROW_BLOCK_INLINE if inline_prep else ROW_BLOCK
 
 
+ROW_RUN_BN = 4  # packed weights: row_run_config(spec, 4) (H200 sweep 2026-11-30, bench/NOTES.md)
 FEW_PROGRAMS = 512  # below this many BN = 8 programs a packed weight takes BN = 4 programs of 2 warps
 
 
+def row_run_config(spec: WeightSpec, bn: int) -> tuple[int, int, int] | None:
+    """(bn, CG, num_warps) whose chunk is one row's run of words covered by every thread's 128-bit load exactly
+    once (4 words per thread, up to 8 warps, the whole K when it fits): the tile [bn, CG * GW] is then laid out
+    along K first, each thread holds the same K positions of all bn rows and reads their x once, instead of once
+    per row (sass_report at sm_90, 12352 x 2048: 8 x-loads per weight load -> 1). None for dense weights or when
+    a row has fewer than 128 words (the threads would spread over rows again)."""
+    if spec.bits == DENSE_BITS:
+        return None
+    words = spec.k * spec.bits // 32
+    gw = spec.group * spec.bits // 32
+    if words < 128:
+        return None
+    warps = min(8, words // 128)
+    return bn, 128 * warps // gw, warps
+
+
 def default_config(spec: WeightSpec) -> tuple[int, int, int]:
-    """(BN, CG, num_warps). CG = groups per chunk (dense: CG * 64 elements per chunk). A chunk is
-    BN * CG * GROUP codes, ~32 per thread at 4 warps; BN = 8 keeps >= 4 programs per SM from N = 4096.
-    A packed weight with fewer rows (the out projections, N = 2048, K = 4096: 256 programs, 0.16 waves) takes
-    twice the programs at half the warps: H200 sweep (bench/NOTES.md) 9.50 -> 7.35 us; at N >= 9216 the BN = 4
-    configurations were slower (12352 x 2048: 11.8 -> 15.8 us). Depends on the weight only, never on M."""
+    """(BN, CG, num_warps). CG = groups per chunk (dense: CG * 64 elements per chunk). Depends on the weight
+    only, never on M. Packed weights with rows of >= 128 words: row_run_config(spec, ROW_RUN_BN), BN = 4 rows per
+    program over the whole K (H200 sweep, bench/NOTES.md: 12352 x 2048 8.66 -> 8.52 us at M = 1 and 37.6 -> 27.3
+    at M = 8; 2048 x 4096 9.81 -> 4.59 us). Otherwise chunks of BN * CG * GROUP codes, ~32 per thread at 4 warps;
+    BN = 8 keeps >= 4 programs per SM from N = 4096, and a packed weight with fewer rows takes twice the programs
+    at half the warps (2048 x 4096 before the row runs: 9.50 -> 7.35 us)."""
+    rr = int(os.environ.get("DELTASERVE_GEMV_ROWRUN", ROW_RUN_BN))  # timing switch (in-model A/B): 0 = off
+    if rr and row_run_config(spec, rr) is not None:
+        return row_run_config(spec, rr)
     if spec.bits != DENSE_BITS and triton.cdiv(spec.n, 8) < FEW_PROGRAMS:
         return 4, chunk_groups(spec, 4), 2
     return 8, chunk_groups(spec, 8), 4  # dense: 8 x 512 bf16 chunks

@@ -1,6 +1,6 @@
 """The decode GEMV's x reader without a prep launch (`triton_gemv._gemv_kernel` / `gemv_row` with INLINE): each
 program reads its rows of x raw (bf16 in pairs, one 32-bit load per two codes; fp16 one value at a time) in the
-[CG, GW] word layout of a chunk, broadcast over the BN weight rows, and dequantises the codes against UNscaled x
+[CG * GW] word layout of a chunk, broadcast over the BN weight rows, and dequantises the codes against UNscaled x
 (the code ORed into a per-position magic reads back as exactly q), so no pre-scaled copy of x is needed.
 The products q * x are the same fp32 values, added in the same order, as the prep path's (s * q * 2^SH) * (x *
 2^-SH); the group sums are the same values added in another fixed order (exactly equal whenever the fp32 sum is
@@ -15,10 +15,9 @@ import triton.language as tl
 
 @triton.jit
 def _x_tile(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK: tl.constexpr):
-    """fp32 x of code i (0 .. PACK-1) of every word of chunk c, [CG, GW], read from the raw bf16/fp16 row."""
-    g = c * CG + tl.arange(0, CG)
-    j = tl.arange(0, GW)
-    return tl.load(x_row + (g[:, None] * GW + j[None, :]) * PACK + i).to(tl.float32)
+    """fp32 x of code i (0 .. PACK-1) of every word of chunk c, [CG * GW], read from the raw bf16/fp16 row."""
+    j = c * (CG * GW) + tl.arange(0, CG * GW)
+    return tl.load(x_row + j * PACK + i).to(tl.float32)
 
 
 @triton.jit
@@ -35,17 +34,16 @@ def _code_dot_unscaled(d, src, xv, magic, SH: tl.constexpr, BITS: tl.constexpr):
 
 @triton.jit
 def _x_pair(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK: tl.constexpr):
-    """fp32 x of codes i and i+1 (i even) of every word of chunk c, [CG, GW] each, from ONE 32-bit load of the two
+    """fp32 x of codes i and i+1 (i even) of every word of chunk c, [CG * GW] each, from ONE 32-bit load of the two
     adjacent bf16 values (little endian: x[i] in the low half). bf16 -> fp32 is exact: the bits moved to the top."""
-    g = c * CG + tl.arange(0, CG)
-    j = tl.arange(0, GW)
-    w = tl.load((x_row + (g[:, None] * GW + j[None, :]) * PACK + i).to(tl.pointer_type(tl.int32), bitcast=True))
+    j = c * (CG * GW) + tl.arange(0, CG * GW)
+    w = tl.load((x_row + j * PACK + i).to(tl.pointer_type(tl.int32), bitcast=True))
     return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _x_two(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK: tl.constexpr, PAIR: tl.constexpr):
-    """x of codes i and i+1 as fp32 [CG, GW] tiles: one paired load when PAIR (bf16 rows, 4-byte aligned: see
+    """x of codes i and i+1 as fp32 [CG * GW] tiles: one paired load when PAIR (bf16 rows, 4-byte aligned: see
     inline_mode), two loads otherwise. The same values either way."""
     if PAIR:
         return _x_pair(x_row, c, i, CG, GW, PACK)
@@ -56,7 +54,7 @@ def _x_two(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK: 
 @triton.jit
 def row_part_inline(p, ph, s, b, magic, x_row, c, CG: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
                     PAIR: tl.constexpr):
-    """triton_gemv._row_part reading the raw row (no prep launch): per chunk and pair of codes one [CG, GW]
+    """triton_gemv._row_part reading the raw row (no prep launch): per chunk and pair of codes one [CG * GW]
     tile of x pairs (_x_two), broadcast over the BN weight rows, used unscaled (_code_dot_unscaled). The group
     sums come from the same tiles: per word x_0 + x_1 + ... + x_{PACK-1} in that order, then summed over the GW
     words of the group by tl.sum. The products and their order equal the prep path's bit for bit; the group sums
@@ -66,20 +64,26 @@ def row_part_inline(p, ph, s, b, magic, x_row, c, CG: tl.constexpr, BITS: tl.con
     HALF: tl.constexpr = PACK // 2
     GW: tl.constexpr = GROUP // PACK
     d = tl.zeros(p.shape, dtype=tl.float32)
-    xsum = tl.zeros((CG, GW), dtype=tl.float32)
+    xsum = tl.zeros((CG * GW,), dtype=tl.float32)
     for i in tl.static_range(0, HALF, 2):  # codes i, i+1 in the low half-word
         xa, xb = _x_two(x_row, c, i, CG, GW, PACK, PAIR)
         xsum += xa
         xsum += xb
-        d = _code_dot_unscaled(d, p, xa[None, :, :], magic, BITS * i, BITS)
-        d = _code_dot_unscaled(d, p, xb[None, :, :], magic, BITS * (i + 1), BITS)
+        d = _code_dot_unscaled(d, p, xa[None, :], magic, BITS * i, BITS)
+        d = _code_dot_unscaled(d, p, xb[None, :], magic, BITS * (i + 1), BITS)
     for i in tl.static_range(0, HALF, 2):  # codes HALF+i, HALF+i+1 from the high half-word (ph = p >> 16)
         xa, xb = _x_two(x_row, c, HALF + i, CG, GW, PACK, PAIR)
         xsum += xa
         xsum += xb
-        d = _code_dot_unscaled(d, ph, xa[None, :, :], magic, BITS * i, BITS)
-        d = _code_dot_unscaled(d, ph, xb[None, :, :], magic, BITS * (i + 1), BITS)
-    return s * tl.sum(d, axis=2) + b * tl.sum(xsum, axis=1)[None, :]
+        d = _code_dot_unscaled(d, ph, xa[None, :], magic, BITS * i, BITS)
+        d = _code_dot_unscaled(d, ph, xb[None, :], magic, BITS * (i + 1), BITS)
+    return tl.fma(s, group_sums(d, CG, GW), b * tl.sum(tl.reshape(xsum, (CG, GW)), axis=1)[None, :])
+
+
+@triton.jit
+def group_sums(d, CG: tl.constexpr, GW: tl.constexpr):
+    """Per-group sums [BN, CG] of a chunk's per-word values d [BN, CG * GW] (words of a group adjacent)."""
+    return tl.sum(tl.reshape(d, (d.shape[0], CG, GW)), axis=2)
 
 
 INLINE_OFF, INLINE_SINGLE, INLINE_PAIR = 0, 1, 2  # the GEMV kernels' INLINE constexpr
