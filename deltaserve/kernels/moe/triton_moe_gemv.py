@@ -20,13 +20,14 @@ so a token's output never depends on the other tokens of the launch.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, gemv_row_pair, prep_x, unit
+from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, gemv_row_pair, prep_x, row_run_config, unit
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import DENSE_BITS, WeightSpec
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -42,21 +43,23 @@ from .triton_decode import (
     slot_expert,
 )
 
-BN = 8  # features per program (gate/up: of I; down: of H)
+BN = 8  # features per program (down: of H)
+GATE_UP_BN = 4  # features of I per gate/up program, over the whole K (row runs): H200 sweep T=1 19.76 -> 16.94 us
 BC = 256  # features per combine program
 
 
 @dataclass(frozen=True)
 class MoeLaunch:
     """Launch shape of moe_decode_v2's gate/up, down and combine kernels (the defaults are the tuned-by-default
-    constants above, so MoeLaunch() compiles the same kernels as before). bn: features per program; cg: groups per
+    constants above). bn: features per program; cg: groups per
     K chunk (None: chunk_groups(weight, bn), i.e. it shrinks as bn grows; an int holds a weight's chunking, and so
     its per-row summation order, fixed while bn changes); bc: features per combine program. Every field is fixed
     per call and none depends on T, so a token's arithmetic never depends on the other tokens of the launch."""
 
-    gate_up_bn: int = BN
+    gate_up_bn: int = GATE_UP_BN
     gate_up_warps: int = 4
     gate_up_cg: int | None = None
+    gate_up_row_run: bool = True  # CG and warps from triton_gemv.row_run_config (gate_up_cg/_warps unused then)
     down_bn: int = BN
     down_warps: int = 2  # H200 sweep, T = 1: 25.4 -> 24.5 us per MoE block against 4 warps, same bits
     down_cg: int | None = None
@@ -78,6 +81,34 @@ class MoeLaunch:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or not 24 <= v <= 255 or v % 8):
                 raise ValueError(f"MoeLaunch.{name} = {v!r}: must be None or a multiple of 8 in 24..255")
+
+
+def _env_launch() -> MoeLaunch:
+    """MoeLaunch(), or the gate/up and down shapes of env DELTASERVE_MOE_LAUNCH="bn,warps,cg/bn,warps,cg" (cg 0:
+    None): a timing switch for in-model A/Bs (bench/NOTES.md)."""
+    value = os.environ.get("DELTASERVE_MOE_LAUNCH")
+    if not value:
+        return MoeLaunch()
+    try:
+        (gb, gw, gc), (db, dw, dc) = (tuple(int(v) for v in part.split(",")) for part in value.split("/"))
+    except ValueError:
+        raise ValueError(f"DELTASERVE_MOE_LAUNCH={value!r}: expected 'bn,warps,cg/bn,warps,cg'") from None
+    return MoeLaunch(gate_up_bn=gb, gate_up_warps=gw, gate_up_cg=gc or None, gate_up_row_run=False, down_bn=db,
+                     down_warps=dw, down_cg=dc or None)
+
+
+def _gate_up_shape(g: WeightSpec, sg: WeightSpec, launch: MoeLaunch) -> tuple[int, int, int]:
+    """(CG of the routed gate/up, CG of the shared ones, num_warps) of the gate/up launch. Row runs
+    (launch.gate_up_row_run, triton_gemv.row_run_config): each program's BN rows over the whole K = H, one 128-bit
+    load per thread and row, so a thread reads its x positions once for all BN rows of both weights (H = 2048,
+    q4: CG 32, 2 warps); weights whose rows are too short for it (dense, or under 128 words) keep the chunked
+    shape. Fixed per weight format: never depends on T."""
+    bn = launch.gate_up_bn
+    if launch.gate_up_row_run:
+        rr, srr = row_run_config(g, bn), row_run_config(sg, bn)
+        if rr is not None:
+            return rr[1], srr[1] if srr is not None else _cg(sg, bn, None), rr[2]
+    return _cg(g, bn, launch.gate_up_cg), _cg(sg, bn, launch.gate_up_cg), launch.gate_up_warps
 
 
 def _cg(spec: WeightSpec, bn: int, cg: int | None) -> int:
@@ -236,6 +267,7 @@ def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normal
     fuse = logits is not None
     e = logits.shape[1] if fuse else 1
     bn = launch.gate_up_bn
+    cg, s_cg, warps = _gate_up_shape(g, sg, launch)
     _gate_up_kernel[(t * slots, triton.cdiv(hbuf.shape[2], bn))](
         x, xp, xs, sxp, sxs, logits if fuse else x, routing.ids, routing.weights, hbuf,
         g.w, g.scales, g.biases, u.w, u.scales, u.biases, sg.w, sg.scales, sg.biases, su.w, su.scales, su.biases,
@@ -243,9 +275,9 @@ def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normal
         g.w.stride(0), g.w.stride(1), g.scales.stride(0), g.scales.stride(1),
         u.w.stride(0), u.w.stride(1), u.scales.stride(0), u.scales.stride(1),
         sg.w.stride(-2), sg.scales.stride(-2), su.w.stride(-2), su.scales.stride(-2),
-        H=h, TOPK=top_k, SLOTS=slots, BN=bn, BITS=g.bits, GROUP=_group(g), CG=_cg(g, bn, launch.gate_up_cg),
-        S_BITS=sg.bits, S_GROUP=_group(sg), S_CG=_cg(sg, bn, launch.gate_up_cg), EP=triton.next_power_of_2(e),
-        NORMALIZE=normalize, FUSE_TOPK=fuse, INLINE=inline_mode(x, inline_prep), num_warps=launch.gate_up_warps,
+        H=h, TOPK=top_k, SLOTS=slots, BN=bn, BITS=g.bits, GROUP=_group(g), CG=cg,
+        S_BITS=sg.bits, S_GROUP=_group(sg), S_CG=s_cg, EP=triton.next_power_of_2(e),
+        NORMALIZE=normalize, FUSE_TOPK=fuse, INLINE=inline_mode(x, inline_prep), num_warps=warps,
         **_regs(launch.gate_up_maxnreg), **pdl_args(x),
     )
 
@@ -292,7 +324,7 @@ def moe_decode_v2(
     launches of x and of hbuf
     (the v2 path, kept so the two can be timed against each other). launch: the kernels' launch shape (MoeLaunch;
     None: the defaults), for sweeps (scripts/sweep_decode_kernels.py)."""
-    launch = MoeLaunch() if launch is None else launch
+    launch = _env_launch() if launch is None else launch
     t, h = x.shape
     g, u, d, sg, su, sd, has_shared = expert_specs(
         x, router, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual
