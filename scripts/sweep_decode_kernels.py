@@ -33,7 +33,6 @@ import os
 import subprocess
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -79,18 +78,21 @@ def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
     at the router's last arrival, "fused": in every gate/up program, "split": its own launch), inline, regs
     (maxnreg of gate/up, of down; None: the compiler's).
     cg_gu / cg_dn: the default chunking (BN = 8) of the gate/up and down weights, for the CG-held variants.
-    The quick grid keeps what the H200 sweeps of 2026-11-29 left open (bench/NOTES.md: register caps, gate/up BN
-    4/16, 2-warp gate/up, BC 1024 and the top-k in gate/up were all slower; the full grid still has them)."""
-    base = dict(gu=(8, 4, None), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True, regs=(None, None))
+    The quick grid: the default, the chunked gate/up that was the default before the row runs, and the row-run
+    shapes the 2026-11-30 sweep left close (bench/NOTES.md); register caps, other BN/warps, BC and the top-k in
+    gate/up (all slower on 2026-11-29) are in the full grid."""
+    base = dict(gu=(4, 2, "row"), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True, regs=(None, None))
     out = [base]
     if quick:
-        return out + [{**base, "dn": (16, 2, None)}, {**base, "dn": (16, 4, cg_dn)}, {**base, "topk": "split"},
-                      {**base, "inline": False}]
+        # the default before row runs (gu 8/4, chunked), and the row-run shapes the 2026-11-30 sweep left close
+        # ("row": CG = the weight's K / GROUP, "half": half that; resolved by moe_call)
+        return out + [{**base, "gu": (8, 4, None)}, {**base, "gu": (8, 2, "row")}, {**base, "dn": (16, 1, "row")},
+                      {**base, "topk": "split"}, {**base, "inline": False}]
     pairs = [(bn, w) for bn in (4, 8, 16, 32) for w in (2, 4, 8)]
     out += [{**base, "regs": r} for r in ((128, None), (96, None), (None, 64))]
     out += [{**base, "gu": (bn, w, None)} for bn, w in pairs if (bn, w) != base["gu"][:2]]
     out += [{**base, "dn": (bn, w, None)} for bn, w in pairs if (bn, w) != base["dn"][:2]]
-    out += [{**base, "gu": (bn, 4, cg_gu)} for bn in (4, 16, 32)]
+    out += [{**base, "gu": (bn, 4, cg_gu)} for bn in (4, 16, 32)] + [{**base, "gu": (4, 1, "half")}]
     out += [{**base, "dn": (bn, 4, cg_dn)} for bn in (4, 16, 32)]
     out += [{**base, "cb": cb} for cb in [(128, 4), (512, 4), (1024, 4), (256, 2), (1024, 8)]]
     out += [{**base, "topk": "fused"}, {**base, "topk": "split"}, {**base, "inline": False},
@@ -99,14 +101,34 @@ def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
 
 
 def gemv_grid(quick: bool) -> list[dict]:
-    """GEMV configurations (bn, warps, inline: None = the library's auto choice), the default first; CG is
-    chunk_groups(weight, bn) as the library's default would pick for that BN. Quick: the launch shapes the
-    2026-11-29 sweeps found closest to the default."""
-    pairs = [(4, 2), (8, 8)] if quick else [(bn, w) for bn in (2, 4, 8, 16, 32) for w in (1, 2, 4, 8)
-                                            if (bn, w) != (8, 4)]
+    """GEMV configurations (bn, warps, inline: None = the library's auto choice; rowrun: CG and warps from
+    triton_gemv.row_run_config, "half": half that chunk at half the warps), the default first. Without rowrun, CG is
+    chunk_groups(weight, bn) as the library's chunked rule would pick for that BN. Quick: the default, the two
+    chunked shapes that were the default before the row runs (8/4, and 4/2 for the out projections) and row runs
+    of 8 rows."""
     out = [dict(bn=None, warps=None, inline=None), dict(bn=None, warps=None, inline=True),
-           dict(bn=8, warps=4, inline=None)]
-    return out + [dict(bn=bn, warps=w, inline=None) for bn, w in pairs]
+           dict(bn=8, warps=4, inline=None), dict(bn=4, warps=2, inline=None),
+           dict(bn=8, warps=None, inline=None, rowrun=True)]
+    if quick:
+        return out
+    out += [dict(bn=bn, warps=w, inline=None) for bn in (2, 4, 8, 16, 32) for w in (1, 2, 4, 8)
+            if (bn, w) not in ((8, 4), (4, 2))]
+    out += [dict(bn=bn, warps=None, inline=None, rowrun=True) for bn in (2, 16)]
+    out += [dict(bn=bn, warps=None, inline=None, rowrun="half") for bn in (4, 8)]
+    return out + [dict(bn=bn, warps=None, inline=True, rowrun=True) for bn in (4, 8)]
+
+
+def gemv_config(tg, spec, c: dict) -> tuple[int, int, int]:
+    """(BN, CG, warps) of a gemv_grid entry for one weight. Row-run entries on rows too short for
+    row_run_config (the dry run's tiny weights) take the whole row in one warp."""
+    if c["bn"] is None:
+        return tg.default_config(spec)
+    if c.get("rowrun"):
+        bn, cg, warps = tg.row_run_config(spec, c["bn"]) or (c["bn"], spec.k // tg.unit(spec), 1)
+        if c["rowrun"] == "half" and warps > 1:
+            return bn, cg // 2, warps // 2
+        return bn, cg, warps
+    return c["bn"], tg.chunk_groups(spec, c["bn"]), c["warps"]
 
 
 def moe_label(c: dict) -> str:
@@ -119,12 +141,23 @@ def moe_label(c: dict) -> str:
     return f"gu={part(c['gu'])} dn={part(c['dn'])} cb={part(c['cb'])}{flags}{' CANARY' if c.get('corrupt') else ''}"
 
 
-def moe_bits_expected(c: dict, gu_cg_of, dn_cg_of) -> bool:
-    """Only the launch shape changes (each weight's CG as the default's, the same x path): bit equality with the
-    default is expected. *_cg_of(bn): the CG chunk_groups picks for that weight at BN = bn."""
-    same_cg = all((cg if cg is not None else cg_of(bn)) == cg_of(8)
-                  for (bn, _, cg), cg_of in ((c["gu"], gu_cg_of), (c["dn"], dn_cg_of)))
-    return same_cg and c["inline"]
+def moe_bits_expected(c: dict, gu_cg_of, dn_cg_of, base: dict | None = None) -> bool:
+    """Only the launch shape changes (each weight's CG as the base configuration's, the same x path): bit
+    equality with the base (default: moe_grid's first) is expected. *_cg_of(bn, cg): the CG a (bn, cg) entry
+    gives that weight (cg None: chunk_groups at bn; "row"/"half": the whole or half K; an int: itself)."""
+    base = base or moe_grid(True, 1, 1)[0]
+    same_cg = all(cg_of(*c[key][::2]) == cg_of(*base[key][::2]) for key, cg_of in (("gu", gu_cg_of), ("dn", dn_cg_of)))
+    return same_cg and c["inline"] == base["inline"]
+
+
+def resolve_cg(spec, group: int):
+    """cg_of for moe_bits_expected: (bn, cg) -> the CG moe_call gives `spec` (a WeightSpec)."""
+    from deltaserve.kernels.quant.triton_gemv import chunk_groups
+
+    def cg_of(bn, cg):
+        groups = spec.k // group
+        return {None: None, "row": groups, "half": max(1, groups // 2)}.get(cg, cg) or chunk_groups(spec, bn)
+    return cg_of
 
 
 # ------------------------------------------------------------------ timing
@@ -198,8 +231,13 @@ def moe_call(m2, kw, top_k, c):
     from deltaserve.kernels.moe.triton_moe_gemv import MoeLaunch
 
     regs = c.get("regs", (None, None))
-    launch = MoeLaunch(gate_up_bn=c["gu"][0], gate_up_warps=c["gu"][1], gate_up_cg=c["gu"][2],
-                       down_bn=c["dn"][0], down_warps=c["dn"][1], down_cg=c["dn"][2],
+
+    def cg(part, spec):  # "row": the whole K in one chunk, "half": half of it
+        groups = spec.k // GROUP
+        return {"row": groups, "half": max(1, groups // 2)}.get(part[2], part[2])
+    launch = MoeLaunch(gate_up_bn=c["gu"][0], gate_up_warps=c["gu"][1], gate_up_cg=cg(c["gu"], kw["gate"]),
+                       gate_up_row_run=False,
+                       down_bn=c["dn"][0], down_warps=c["dn"][1], down_cg=cg(c["dn"], kw["down"]),
                        combine_bc=c["cb"][0], combine_warps=c["cb"][1], gate_up_maxnreg=regs[0], down_maxnreg=regs[1])
 
     def run(x, res):
@@ -238,8 +276,8 @@ def moe_section(args, shp, device, deadline, emit) -> None:
             nbytes /= len(xs)
         for c in grid:
             rec = dict(kernel="moe_decode_v2", shape=shape, config=moe_label(c), cfg=c,
-                       bits_expected=moe_bits_expected(c, partial(chunk_groups, kw["gate"]),
-                                                       partial(chunk_groups, kw["down"])))
+                       bits_expected=moe_bits_expected(c, resolve_cg(kw["gate"], GROUP), resolve_cg(kw["down"], GROUP),
+                                                       grid[0]))
             if time.monotonic() > deadline:
                 emit({**rec, "ok": None, "skipped": "budget"})
                 continue
@@ -285,8 +323,7 @@ def gemv_section(args, shp, device, deadline, emit) -> None:
             base = tg.affine_gemv(xs[0], *ws[0], BITS, GROUP)
             for c in grid:
                 # bn None: the library's default_config for this weight
-                config = tg.default_config(spec) if c["bn"] is None else (
-                    c["bn"], tg.chunk_groups(spec, c["bn"]), c["warps"])
+                config = gemv_config(tg, spec, c)
                 inl = tg.use_inline_prep(spec, c["inline"])
                 base_cfg = tg.default_config(spec)
                 rec = dict(kernel="affine_gemv", shape=f"M={m} N={n} K={kk} q{BITS}g{GROUP}",

@@ -75,19 +75,22 @@ def test_judge_one_ulp_from_default_is_close_not_identical():
 
 def test_grids_start_with_the_default_and_bits_expectation():
     moe = sweep.moe_grid(True, 8, 8)
-    assert moe[0] == dict(gu=(8, 4, None), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True,
+    assert moe[0] == dict(gu=(4, 2, "row"), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True,
                           regs=(None, None))
     assert len({sweep.moe_label(c) for c in moe}) == len(moe)  # labels identify configurations
     assert len(sweep.moe_grid(False, 8, 8)) > len(moe)
-    def cg_of(bn):  # chunk_groups at K = 2048, group 64: 4096 codes per chunk
-        return min(32, 4096 // (bn * 64))
 
-    assert sweep.moe_bits_expected(moe[0], cg_of, cg_of)
-    assert sweep.moe_bits_expected({**moe[0], "gu": (16, 4, 8)}, cg_of, cg_of)  # CG held: launch shape only
-    assert sweep.moe_bits_expected({**moe[0], "dn": (8, 8, None)}, cg_of, cg_of)  # warps only
-    assert not sweep.moe_bits_expected({**moe[0], "gu": (16, 4, None)}, cg_of, cg_of)  # CG follows BN: regrouped
-    assert sweep.moe_bits_expected({**moe[0], "gu": (16, 4, None)}, lambda bn: 1, cg_of)  # ... unless CG cannot move
-    assert not sweep.moe_bits_expected({**moe[0], "inline": False}, cg_of, cg_of)
+    def cg_of(bn, cg):  # K = 2048, group 64: chunk_groups gives 4096 codes per chunk, "row" the whole K
+        return {"row": 32, "half": 16}.get(cg, cg) or min(32, 4096 // (bn * 64))
+
+    base = moe[0]
+    assert sweep.moe_bits_expected(base, cg_of, cg_of)
+    assert sweep.moe_bits_expected({**base, "gu": (16, 4, 32)}, cg_of, cg_of)  # CG held (32 = the row): shape only
+    assert sweep.moe_bits_expected({**base, "dn": (8, 8, None)}, cg_of, cg_of)  # warps only
+    assert not sweep.moe_bits_expected({**base, "gu": (8, 4, None)}, cg_of, cg_of)  # chunked: regrouped
+    assert not sweep.moe_bits_expected({**base, "dn": (16, 2, None)}, cg_of, cg_of)  # CG follows BN: regrouped
+    assert sweep.moe_bits_expected({**base, "dn": (16, 2, None)}, cg_of, lambda bn, cg: 1)  # ... unless it cannot
+    assert not sweep.moe_bits_expected({**base, "inline": False}, cg_of, cg_of)
     gemv = sweep.gemv_grid(True)
     assert gemv[0] == dict(bn=None, warps=None, inline=None)  # the library's default_config
 
@@ -95,8 +98,9 @@ def test_grids_start_with_the_default_and_bits_expectation():
 def test_moe_launch_defaults_and_validation():
     m2 = pytest.importorskip("deltaserve.kernels.moe.triton_moe_gemv")
     d = m2.MoeLaunch()
-    assert (d.gate_up_bn, d.down_bn, d.combine_bc) == (m2.BN, m2.BN, m2.BC)
+    assert (d.gate_up_bn, d.down_bn, d.combine_bc) == (m2.GATE_UP_BN, m2.BN, m2.BC)
     assert (d.gate_up_warps, d.down_warps, d.combine_warps, d.gate_up_cg, d.down_cg) == (4, 2, 4, None, None)
+    assert d.gate_up_row_run
     for bad in (dict(gate_up_bn=12), dict(down_warps=0), dict(combine_bc=100), dict(down_cg=3),
                 dict(gate_up_maxnreg=100), dict(down_maxnreg=16)):
         with pytest.raises(ValueError):
