@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row
+from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, row_run_config
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import WeightSpec, dequant_tile
 from ..triton_sync import arrival_counters, last_arrival
@@ -280,12 +280,20 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
         _router_kernel[(t, triton.cdiv(r.n, be) + 1)](
             x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, ids, wts, cnt,
             r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2), g.scales.stride(-2), MAGIC,
-            H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=chunk_groups(r, be),
-            HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=chunk_groups(g, be),
+            H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=_router_cg(r, be, warps),
+            HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=_router_cg(g, be, warps),
             INLINE=inline_mode(x, True), TOPK=k, EP=triton.next_power_of_2(r.n), NORMALIZE=normalize,
             num_warps=warps, **pdl_args(x),
         )
     return logits, sw
+
+
+def _router_cg(spec: WeightSpec, be: int, warps: int) -> int:
+    """CG of a router (or shared gate) row: the row run of triton_gemv.row_run_config when it fits the launch's
+    warps (H = 2048 at 8 bits: the whole K, each thread one 128-bit load per expert row and x read once for the
+    BE rows), else chunk_groups. Fixed per weight format: never depends on T."""
+    rr = row_run_config(spec, be)
+    return rr[1] if rr is not None and rr[2] == warps else chunk_groups(spec, be)
 
 
 def _router_specs(x, router, top_k, shared_gate):
