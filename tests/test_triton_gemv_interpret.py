@@ -30,6 +30,7 @@ def _cases():
         "gemv_dense": lambda mods: tg.check_gemv(mods, CPU, 16, 64, m=5, n=24, k=512),
         "gemv_batch_invariance": lambda mods: tg.check_gemv_invariance(mods, CPU, n=24, k=256),
         "gemv_row_pair": lambda mods: tg.check_gemv_row_pair(mods, CPU, n=12, k=512),
+        "norm_prep": lambda mods: tg.check_norm_prep(mods, CPU, n=12, k=256),
         "gemv_matches_affine_matmul": lambda mods: tg.check_gemv_vs_matmul(mods, CPU, n=24, k=256),
         "gemv_errors": lambda mods: tg.check_gemv_errors(mods, CPU),
         "moe_v2_q4": lambda mods: tg.check_moe_v2(mods, CPU, t=3, h=64, e=8, i=32, top_k=3, bits=4, group=32),

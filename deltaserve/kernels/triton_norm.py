@@ -13,12 +13,16 @@ import torch
 import triton
 import triton.language as tl
 
+from .quant.triton_gemv import prep_row
 from .triton_pdl import pdl_args, pdl_open, pdl_wait
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, stride_x, stride_r, stride_y, stride_ro, eps, offset,
-                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                     xp_ptr, xs_ptr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PREP_BITS: tl.constexpr = 0,
+                     PREP_GROUP: tl.constexpr = 64, PDL: tl.constexpr = False):
+    # PREP_BITS > 0: also the decode GEMV's prep of the output row (quant.triton_gemv.prep_row, xp / xs rows of
+    # N and N / PREP_GROUP), read back from y after a barrier so it is the prep kernel's code on the same values.
     pdl_open(PDL)
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -33,6 +37,10 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, stride_x, stride_r, 
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_y + cols, (xf * inv * (offset + w)).to(y_ptr.dtype.element_ty), mask=m)
+    if PREP_BITS > 0:
+        tl.debug_barrier()  # the row's stores (every thread's) before its reads
+        prep_row(y_ptr + row * stride_y, xp_ptr + row * BLOCK, xs_ptr + row * (BLOCK // PREP_GROUP), BLOCK,
+                 PREP_BITS, PREP_GROUP)
 
 
 def _rows(x: torch.Tensor, n: int, name: str) -> torch.Tensor:
@@ -43,15 +51,28 @@ def _rows(x: torch.Tensor, n: int, name: str) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 1.0,
-             out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., N] -> [..., N] in x's dtype (= kernels.norm.rms_norm)."""
+             out: torch.Tensor | None = None, prep: tuple[int, int] | None = None):
+    """x [..., N] -> [..., N] in x's dtype (= kernels.norm.rms_norm). prep = (bits, group): also returns the
+    decode GEMV's prep of the output rows, (y, (xp [R, N], xs [R, N / group])) as quant.triton_gemv.prep_x would
+    make them from y (the same bits), so a GEMV reading y (affine_gemv(..., prep=)) needs no prep launch."""
     n = weight.numel()
     x2 = _rows(x, n, "rms_norm")
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if out is None else out.view(x2.shape)
+    xp = xs = y  # unused without prep
+    bits, group = prep or (0, 64)
+    if prep is not None:
+        if bits not in (4, 8) or n % group or n & (n - 1):
+            raise ValueError(f"rms_norm prep: bits {bits} / group {group} for N = {n} (bits 4 or 8, N a power "
+                             f"of two and a multiple of the group)")
+        xp = torch.empty(x2.shape[0], n, dtype=torch.float32, device=x.device)
+        xs = torch.empty(x2.shape[0], n // group, dtype=torch.float32, device=x.device)
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, x2, weight, y, y, n, x2.stride(0), 0, y.stride(0), 0, eps, offset,
-                                         HAS_RES=False, BLOCK=triton.next_power_of_2(n),
-                                         num_warps=4 if n <= 4096 else 8, **pdl_args(x2))
+                                         xp, xs, HAS_RES=False, BLOCK=triton.next_power_of_2(n), PREP_BITS=bits,
+                                         PREP_GROUP=group, num_warps=4 if n <= 4096 or prep else 8,
+                                         **pdl_args(x2))  # prep: the prep kernel's 4 warps (prep_row's bits)
+    if prep is not None:
+        return y.view(x.shape), (xp, xs)
     return y.view(x.shape)
 
 
@@ -66,7 +87,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     r_out = torch.empty_like(y)
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, y, r_out, n, x2.stride(0), r2.stride(0), y.stride(0),
-                                         r_out.stride(0), eps, offset, HAS_RES=True,
+                                         r_out.stride(0), eps, offset, y, y, HAS_RES=True,
                                          BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8,
                                          **pdl_args(x2))
     return y.view(x.shape), r_out.view(x.shape)

@@ -92,6 +92,36 @@ def moe_topk_mode() -> str:
     return value
 
 
+GEMV_PREP_ATTR = "_deltaserve_gemv_prep"  # on a norm's output tensor: ((bits, group), (xp, xs)) its kernel made
+
+
+def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, decode: bool) -> torch.Tensor:
+    """norm(x) (an RMSNorm module) on the fast path. When the output feeds `consumer`'s decode GEMV through the prep
+    path (a packed weight: triton_gemv.use_inline_prep), the norm kernel also writes that GEMV's prep of its rows
+    (the prep kernel's code on the same values: the same bits) and the returned tensor carries it (GEMV_PREP_ATTR);
+    `linear` then skips the prep launch. Any other case: plain norm(x)."""
+    if consumer is None or not decode or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
+        return norm(x)
+    from ..kernels.quant.triton_gemv import use_inline_prep
+    from ..kernels.triton_norm import rms_norm
+
+    s = weight_spec(consumer)
+    n = norm.weight.numel()
+    if use_inline_prep(s, None) or s.k != n or n & (n - 1) or n % s.group or n > 8192:
+        return norm(x)
+    y, prep = rms_norm(x, norm.weight, norm.eps, norm.offset, prep=(s.bits, s.group))
+    setattr(y, GEMV_PREP_ATTR, ((s.bits, s.group), prep))
+    return y
+
+
+def _gemv_prep(x: torch.Tensor, s) -> tuple | None:
+    """The prep x carries (norm_for_gemv) if it was made for this weight's format, else None."""
+    carried = getattr(x, GEMV_PREP_ATTR, None)
+    if carried is None or carried[0] != (s.bits, s.group):
+        return None
+    return carried[1]
+
+
 def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple | None = None) -> torch.Tensor:
     """module(x), through the batch-invariant Triton kernels on the fast path.
 
@@ -108,15 +138,18 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
     if decode and decode_kernels() == "gemv":
         from ..kernels.quant.triton_gemv import MAX_ROWS, affine_gemv
 
+        prep = _gemv_prep(x, s)  # [R, K] and [R, K / group]: sliced with the rows below
         x2 = x.reshape(-1, x.shape[-1])
         out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device)
         for start in range(0, x2.shape[0], MAX_ROWS):
             stop = min(start + MAX_ROWS, x2.shape[0])
+            rows_prep = None if prep is None else (prep[0][start:stop], prep[1][start:stop])
             rows_conv = None
             if conv is not None:  # the same rows' sequences: slots and context lengths sliced alike
                 w, pool, slots, ctx, channels = conv
                 rows_conv = (w, pool, slots[start:stop], ctx[start:stop], channels)
-            affine_gemv(x2[start:stop], s.w, scales, biases, s.bits, s.group, out=out[start:stop], conv=rows_conv)
+            affine_gemv(x2[start:stop], s.w, scales, biases, s.bits, s.group, out=out[start:stop], conv=rows_conv,
+                        prep=rows_prep)
         return out.view(*x.shape[:-1], s.n)
     if conv is not None:
         raise ValueError("fast.linear: conv= needs the decode GEMV (decode=True, DELTASERVE_DECODE_KERNELS=gemv)")

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..kernels.rope import rope_cos_sin
-from . import fast
+from . import fast, fusion
 from .attention import GatedAttention
 from .cache import HybridCache
 from .config import ModelConfig
@@ -55,14 +55,16 @@ class DecoderLayer(nn.Module):
         feed-forward block adds the residual itself (the MoE decode kernels inside their combine launch)."""
         from ..kernels.triton_norm import add_rms_norm
 
-        h = self.input_layernorm(x)
+        decode = batch.max_seqlen == 1
+        mixer, group = (self.self_attn, "qkv_proj") if self.is_attention else (self.linear_attn, "in_proj")
+        h = fast.norm_for_gemv(self.input_layernorm, x, fusion.fused(mixer, group), decode)  # + the GEMV's prep
         if self.is_attention:
             h = self.self_attn(h, batch, cache, rope)
         else:
             h = self.linear_attn(h, batch, cache)
         post = self.post_attention_layernorm
         h, x = add_rms_norm(h, x, post.weight, post.eps, post.offset)  # (norm(x + h), x + h), both [T, H]
-        return self.mlp(h, decode=batch.max_seqlen == 1, residual=x)
+        return self.mlp(h, decode=decode, residual=x)
 
 
 class Qwen3_5ForCausalLM(nn.Module):
@@ -104,7 +106,7 @@ class Qwen3_5ForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor, decode: bool = False) -> torch.Tensor:
-        h = self.norm(hidden)
+        h = fast.norm_for_gemv(self.norm, hidden, self.lm_head, decode)  # + the lm_head GEMV's prep
         if self.lm_head is not None:
             logits = fast.linear(self.lm_head, h, decode)
         elif fast.enabled(h):  # the tied table read as a [V, H] matrix by the fast matmul

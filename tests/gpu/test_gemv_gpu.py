@@ -69,6 +69,29 @@ def check_gemv_row_pair(mods, device, n, k):
         kc.close(p2, wd2 @ x.double(), 2 * kc.BF16_EPS * kc.SLACK, f"gemv_row_pair bits={bits}")
 
 
+def check_norm_prep(mods, device, n, k):
+    """The RMSNorm that also writes its GEMV's prep (triton_norm.rms_norm(prep=), used by model/fast.norm_for_gemv):
+    its output equals the plain norm's, its (xp, xs) equal prep_x of that output, and the GEMV reading them equals
+    the GEMV with its own prep launch, all bit for bit, for every row count of the decode (the prep is per row)."""
+    from deltaserve.kernels import triton_norm as tn
+
+    g = mods["gemv"]
+    for bits, group in ((4, 64), (8, 32)):
+        (p, s, b), _ = _weight(n, k, bits, group, device)
+        nw = torch.randn(k, device=device)
+        for m in (1, 3, 16):
+            x = (4 * torch.randn(m, k, device=device)).bfloat16()
+            y, (xp, xs) = tn.rms_norm(x, nw, 1e-6, 1.0, prep=(bits, group))
+            assert torch.equal(y, tn.rms_norm(x, nw, 1e-6, 1.0)), f"bits {bits} M={m}: prepped norm != norm"
+            xp0, xs0 = g.prep_x(y, bits, group)
+            assert torch.equal(xp, xp0) and torch.equal(xs, xs0), f"bits {bits} M={m}: norm's prep != prep_x"
+            out = kc.poisoned((m, n), torch.bfloat16, device)
+            got = g.affine_gemv(y, p, s, b, bits, group, out=out, prep=(xp, xs))
+            assert torch.equal(got, g.affine_gemv(y, p, s, b, bits, group)), f"bits {bits} M={m}: prep= != own"
+    with pytest.raises(ValueError, match="xs must be contiguous fp32"):
+        g.affine_gemv(y, p, s, b, bits, group, prep=(xp, xs[:, :1]))
+
+
 def check_gemv_vs_matmul(mods, device, n, k):
     """The new GEMV and the old affine_matmul agree to bf16 rounding (the old one rounds w to bf16 first)."""
     for bits, group in ((4, 64), (8, 128)):
@@ -154,6 +177,10 @@ def test_gemv_lm_head_shape(mods, dev, small):
 def test_gemv_row_pair(mods, dev, small):
     tg_n, tg_k = (12, 512) if small else (512, 2048)  # an expert's gate and up: I = 512 rows each, K = H
     check_gemv_row_pair(mods, dev, tg_n, tg_k)
+
+
+def test_norm_prep(mods, dev, small):
+    check_norm_prep(mods, dev, *((24, 256) if small else (12352, 2048)))
 
 
 def test_gemv_batch_invariance(mods, dev, small):

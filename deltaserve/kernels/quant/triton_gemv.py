@@ -45,24 +45,31 @@ ROW_BLOCK_INLINE = 4  # with the prep inlined (see row_cap)
 @triton.jit
 def _prep_kernel(x_ptr, xp_ptr, xs_ptr, stride_xm, stride_pm, stride_sm, K: tl.constexpr, BITS: tl.constexpr,
                  GROUP: tl.constexpr, PDL: tl.constexpr = False):
-    """grid (M,): row m of x -> xp[m, i, j] = fp32 x[m, j*PACK + i] * 2^-(BITS * (i % (PACK/2))) (the codes'
-    order, code i of word j, pre-scaled by the power of two the shift-free decode leaves on code i: exact), and
-    xs[m, g] = sum of the row's group g (fp32, one fixed order). Row pitches of xp / xs: stride_pm / stride_sm."""
+    """grid (M,): prep_row for row m of x (row pitches stride_xm, stride_pm / stride_sm of xp / xs)."""
     pdl_open(PDL)
     pdl_wait(PDL)  # x is the previous kernel's output
-    m = tl.program_id(0)
+    m = tl.program_id(0).to(tl.int64)
+    prep_row(x_ptr + m * stride_xm, xp_ptr + m * stride_pm, xs_ptr + m * stride_sm, K, BITS, GROUP)
+
+
+@triton.jit
+def prep_row(x_row, xp_row, xs_row, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr):
+    """One row of x (bf16/fp16, K features) -> xp[i, j] = fp32 x[j*PACK + i] * 2^-(BITS * (i % (PACK/2))) (the
+    codes' order, code i of word j, pre-scaled by the power of two the shift-free decode leaves on code i: exact),
+    and xs[g] = sum of the row's group g (fp32, one fixed order). The one prep: _prep_kernel and the RMSNorm that
+    preps its output (kernels/triton_norm.py) both call it, so their outputs are the same bits (4 warps)."""
     PACK: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PACK // 2
     KW: tl.constexpr = K // PACK
     j = tl.arange(0, KW)
     i = tl.arange(0, PACK)
-    xv = tl.load(x_ptr + m.to(tl.int64) * stride_xm + j[:, None] * PACK + i[None, :]).to(tl.float32)
+    xv = tl.load(x_row + j[:, None] * PACK + i[None, :]).to(tl.float32)
     scale = ((127 - BITS * (i % HALF)) << 23).to(tl.float32, bitcast=True)  # 2^-(BITS*(i%HALF)), exactly
-    tl.store(xp_ptr + m.to(tl.int64) * stride_pm + i[None, :] * KW + j[:, None], xv * scale[None, :])
+    tl.store(xp_row + i[None, :] * KW + j[:, None], xv * scale[None, :])
     g = tl.arange(0, K // GROUP)
     e = tl.arange(0, GROUP)
-    xg = tl.load(x_ptr + m.to(tl.int64) * stride_xm + g[:, None] * GROUP + e[None, :]).to(tl.float32)
-    tl.store(xs_ptr + m.to(tl.int64) * stride_sm + g, tl.sum(xg, axis=1))
+    xg = tl.load(x_row + g[:, None] * GROUP + e[None, :]).to(tl.float32)
+    tl.store(xs_row + g, tl.sum(xg, axis=1))
 
 
 @triton.jit
@@ -442,6 +449,17 @@ def prep_x(x2: torch.Tensor, bits: int, group: int, k: int | None = None) -> tup
     return xp, xs
 
 
+def check_prep(prep: tuple, m: int, spec: WeightSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(xp, xs) given for m rows of x against a packed weight, checked: contiguous fp32 [m, K] and [m, K / group]
+    (prep_x's layout: the GEMV reads row r at r * K and r * K / group)."""
+    xp, xs = prep
+    for t, width, name in ((xp, spec.k, "xp"), (xs, spec.k // spec.group, "xs")):
+        if t.dtype != torch.float32 or tuple(t.shape) != (m, width) or not t.is_contiguous():
+            raise ValueError(f"affine_gemv prep: {name} must be contiguous fp32 [{m}, {width}], found "
+                             f"{t.dtype} {tuple(t.shape)} strides {t.stride()}")
+    return xp, xs
+
+
 def gemv_spec(qweight, scales, biases, bits: int, group: int, name: str) -> WeightSpec:
     spec = WeightSpec(qweight, scales, biases, bits, group, name)
     if spec.w.dim() != 2:
@@ -460,11 +478,12 @@ def use_inline_prep(spec: WeightSpec, inline_prep: bool | None) -> bool:
 
 
 def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=None, inline_prep: bool | None = None,
-                conv: DecodeConv | None = None) -> None:
+                conv: DecodeConv | None = None, prep: tuple | None = None) -> None:
     """x2 [M, K] (K contiguous), out [M, N] (N contiguous); M <= MAX_ROWS is the intended regime. inline_prep
     (resolved by use_inline_prep): the kernel reads x raw (one launch); else prep_x runs first (two launches, the v2
     path; the same products bit for bit, group sums in another fixed order: see triton_gemv_inline). conv: the
-    decode conv in the epilogue (gated_delta.triton_decode.DecodeConv)."""
+    decode conv in the epilogue (gated_delta.triton_decode.DecodeConv). prep: (xp, xs) of these rows already made
+    (prep_row, e.g. by the RMSNorm that wrote x2): used instead of the prep launch when the prep path runs."""
     m = x2.shape[0]
     bn, cg, warps = config or default_config(spec)
     group = unit(spec)
@@ -474,6 +493,8 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
     mb = row_block(m, row_cap(spec, inline_prep, conv is not None))
     if spec.bits == DENSE_BITS or inline_prep:
         xp = xs = x2  # unused
+    elif prep is not None:
+        xp, xs = check_prep(prep, m, spec)
     else:
         xp, xs = prep_x(x2, spec.bits, spec.group)
     if conv is None:
@@ -496,7 +517,7 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
 def affine_gemv(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor | None, biases: torch.Tensor | None,
     bits: int, group: int, out: torch.Tensor | None = None, config: tuple | None = None, *,
-    inline_prep: bool | None = None, conv: DecodeConv | tuple | None = None,
+    inline_prep: bool | None = None, conv: DecodeConv | tuple | None = None, prep: tuple | None = None,
 ) -> torch.Tensor:
     """y = x W^T for x [..., K] bf16/fp16 with at most MAX_ROWS rows; W packed uint32 [N, K*bits/32] with scales
     and biases [N, K/group] (bits 4 or 8, group 32/64/128), or dense [N, K] with bits=16 (scales = biases = None).
@@ -505,7 +526,9 @@ def affine_gemv(
     None (default): the prep launch (use_inline_prep).
     conv: DecodeConv(weight, pool, state_slots, context_lens, channels) (or the same as a tuple): x holds one token
     per sequence, and features < channels come out as SiLU(causal conv) with the pool updated, equal bit for bit
-    to this GEMV followed by gated_delta.triton_decode.causal_conv on those features."""
+    to this GEMV followed by gated_delta.triton_decode.causal_conv on those features.
+    prep: (xp, xs) of x's rows as prep_x would make them (triton_norm.rms_norm(..., prep=...)): the prep path
+    reads them instead of launching prep_x (same bits: both come from prep_row)."""
     if bits not in (4, 8, DENSE_BITS):
         raise ValueError(f"affine_gemv: bits {bits} unsupported (4, 8, or 16 for a dense weight)")
     spec = gemv_spec(qweight, scales, biases, bits, group, "affine_gemv weight")
@@ -526,5 +549,5 @@ def affine_gemv(
         raise ValueError(f"affine_gemv: out must be [{m}, {spec.n}] with contiguous rows, found {tuple(out.shape)}")
     if m:
         conv = DecodeConv(*conv) if conv is not None and not isinstance(conv, DecodeConv) else conv
-        launch_gemv(x2, spec, out.view(m, spec.n), config, inline_prep, conv)
+        launch_gemv(x2, spec, out.view(m, spec.n), config, inline_prep, conv, prep)
     return out.view(*lead, spec.n)
