@@ -8,8 +8,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 M="--preset qwen3.6-35b-a3b --quant q4"
-timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_model_fast_path.py \
-  tests/gpu/test_kernels_gpu.py tests/gpu/test_gemv_gpu.py \
+# TEST_FILES: which files, in order (a test cut by the window is one the files before it left no time for)
+timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -m gpu -q -rf -p no:cacheprovider \
+  ${TEST_FILES:-tests/gpu/test_model_fast_path.py tests/gpu/test_kernels_gpu.py tests/gpu/test_gemv_gpu.py} \
   -k "${TEST_FILTER:-fast_path or decode_attention_gate or router_last or gemv_batch or moe_v2_fused or gdn_decode}" \
   2>&1 | tee "$OUT/tests.log" | tail -15
 timeout 190 python3 -m deltaserve bench $M -p 512 -n 128 -d 0,512,4096,8192,32768 -b 1 -r 5 --profile \
