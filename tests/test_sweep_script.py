@@ -131,3 +131,34 @@ def test_dry_run_checks_every_configuration(tmp_path):
     assert all(r["batch_invariant"] for r in recs if r not in canary)
     # the default configuration is the base of the comparison: it equals itself bit for bit
     assert moe[0]["same_bits"] and gemv[0]["same_bits"]
+
+
+def test_row_run_defaults_and_timing_switches(monkeypatch):
+    """Packed decoder GEMVs default to row runs of 4 rows over the whole K; DELTASERVE_GEMV_ROWRUN=0 gives the
+    chunked shapes back (in-model A/Bs), DELTASERVE_MOE_LAUNCH sets the MoE shapes; bad values name the variable."""
+    torch = pytest.importorskip("torch")
+    tg = pytest.importorskip("deltaserve.kernels.quant.triton_gemv")
+    m2 = pytest.importorskip("deltaserve.kernels.moe.triton_moe_gemv")
+
+    def spec(n, k, bits=4):
+        w = torch.zeros(n, k * bits // 32, dtype=torch.int32)
+        s = torch.zeros(n, k // 64, dtype=torch.bfloat16)
+        return tg.gemv_spec(w, s, s, bits, 64, "w")
+
+    monkeypatch.delenv("DELTASERVE_GEMV_ROWRUN", raising=False)
+    assert tg.default_config(spec(12352, 2048)) == (4, 32, 2)  # 256 words per row: 2 warps x 32 x 4 words
+    assert tg.default_config(spec(2048, 4096)) == (4, 64, 4)
+    assert tg.default_config(spec(512, 2048, bits=8)) == (4, 32, 4)  # q8: 512 words per row, 4 warps, all 32 groups
+    assert tg.row_run_config(spec(64, 512), 4) is None  # 64 words per row: too short for a row run
+    monkeypatch.setenv("DELTASERVE_GEMV_ROWRUN", "0")
+    assert tg.default_config(spec(12352, 2048)) == (8, 8, 4) and tg.default_config(spec(2048, 4096)) == (4, 16, 2)
+    monkeypatch.setenv("DELTASERVE_GEMV_ROWRUN", "3")
+    with pytest.raises(ValueError, match="DELTASERVE_GEMV_ROWRUN"):
+        tg.default_config(spec(12352, 2048))
+    monkeypatch.setenv("DELTASERVE_MOE_LAUNCH", "8,4,0/16,1,8")
+    got = m2._env_launch()
+    assert (got.gate_up_bn, got.gate_up_warps, got.gate_up_cg, got.gate_up_row_run) == (8, 4, None, False)
+    assert (got.down_bn, got.down_warps, got.down_cg) == (16, 1, 8)
+    monkeypatch.setenv("DELTASERVE_MOE_LAUNCH", "8,4")
+    with pytest.raises(ValueError, match="DELTASERVE_MOE_LAUNCH"):
+        m2._env_launch()

@@ -397,6 +397,17 @@ def row_run_config(spec: WeightSpec, bn: int) -> tuple[int, int, int] | None:
     return bn, 128 * warps // gw, warps
 
 
+def row_run_bn() -> int:
+    """BN of the default row runs: ROW_RUN_BN, or env DELTASERVE_GEMV_ROWRUN (a timing switch for in-model A/Bs:
+    a power of two up to 16, or 0 for the chunked shapes that were the default before)."""
+    value = os.environ.get("DELTASERVE_GEMV_ROWRUN", "")
+    if not value:
+        return ROW_RUN_BN
+    if value not in ("0", "1", "2", "4", "8", "16"):
+        raise ValueError(f"DELTASERVE_GEMV_ROWRUN must be 0 (off) or a power of two up to 16, found {value!r}")
+    return int(value)
+
+
 def default_config(spec: WeightSpec) -> tuple[int, int, int]:
     """(BN, CG, num_warps). CG = groups per chunk (dense: CG * 64 elements per chunk). Depends on the weight
     only, never on M. Packed weights with rows of >= 128 words: row_run_config(spec, ROW_RUN_BN), BN = 4 rows per
@@ -404,7 +415,7 @@ def default_config(spec: WeightSpec) -> tuple[int, int, int]:
     at M = 8; 2048 x 4096 9.81 -> 4.59 us). Otherwise chunks of BN * CG * GROUP codes, ~32 per thread at 4 warps;
     BN = 8 keeps >= 4 programs per SM from N = 4096, and a packed weight with fewer rows takes twice the programs
     at half the warps (2048 x 4096 before the row runs: 9.50 -> 7.35 us)."""
-    rr = int(os.environ.get("DELTASERVE_GEMV_ROWRUN", ROW_RUN_BN))  # timing switch (in-model A/B): 0 = off
+    rr = row_run_bn()
     if rr and row_run_config(spec, rr) is not None:
         return row_run_config(spec, rr)
     if spec.bits != DENSE_BITS and triton.cdiv(spec.n, 8) < FEW_PROGRAMS:
