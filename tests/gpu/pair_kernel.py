@@ -7,7 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.quant.triton_gemv import MAGIC, gemv_row, gemv_row_pair
+from deltaserve.kernels.quant.triton_gemv import MAGIC, gemv_row, gemv_row_pair, row_run_config
+from deltaserve.kernels.triton_common import WeightSpec
 
 
 @triton.jit
@@ -25,11 +26,14 @@ def _pair_kernel(x, w1, s1, b1, w2, s2, b2, o_pair1, o_pair2, o_one1, o_one2, N,
              mask=m)
 
 
-def pair_and_singles(x_row, first, second, bits, group, bn=8, cg=2):
-    """(pair's W1.x, pair's W2.x, gemv_row W1.x, gemv_row W2.x), fp32 [N] each, for packed (w, s, b) weights."""
+def pair_and_singles(x_row, first, second, bits, group):
+    """(pair's W1.x, pair's W2.x, gemv_row W1.x, gemv_row W2.x), fp32 [N] each, for packed (w, s, b) weights, in
+    the MoE gate/up's launch shape (row runs of 4 rows: triton_gemv.row_run_config; one warp over the whole row
+    when the row is too short for it)."""
     (w1, s1, b1), (w2, s2, b2) = first, second
     n, k = w1.shape[0], x_row.numel()
+    bn, cg, warps = row_run_config(WeightSpec(w1, s1, b1, bits, group), 4) or (4, k // group, 1)
     outs = [torch.full((n,), float("nan"), device=x_row.device) for _ in range(4)]
     _pair_kernel[(triton.cdiv(n, bn),)](x_row, w1, s1, b1, w2, s2, b2, *outs, n, w1.stride(0), s1.stride(0), MAGIC, K=k,
-                                        BITS=bits, GROUP=group, BN=bn, CG=cg)
+                                        BITS=bits, GROUP=group, BN=bn, CG=cg, num_warps=warps)
     return outs
