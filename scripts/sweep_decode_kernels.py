@@ -40,7 +40,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(h=2048, e=256, k=8, i=512, i_s=512, ts=(1, 8), gemv=((12352, 2048), (2048, 4096), (9216, 2048),
                                                                   (248320, 2048)), calls=40)
-TINY = dict(h=128, e=4, k=2, i=64, i_s=64, ts=(1, 3), gemv=((96, 128), (64, 256), (80, 128), (320, 128)), calls=1)
+# the dry run's GEMVs: one K = H weight and one wider-K weight (the four FULL shapes differ only in N and K)
+TINY = dict(h=128, e=4, k=2, i=64, i_s=64, ts=(1, 3), gemv=((96, 128), (64, 256)), calls=1)
 BITS, GROUP, GATE_BITS = 4, 64, 8
 EPS = 2.0**-8  # bf16 ulp at 1
 L2_BYTES = 256 << 20  # GEMV weight copies cycled per graph: more than the H200's 50 MB L2 several times over

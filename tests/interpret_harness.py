@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Callable
@@ -35,11 +36,13 @@ def run_cases(names: list[str], cases: Callable[[], dict], modules: dict[str, st
     table = cases()
     for name in names:
         torch.manual_seed(0)
+        start = time.monotonic()
         try:
             table[name](mods)
             line = {"case": name, "ok": True}
         except Exception as exc:  # reported to the parent test, which fails with this text
             line = {"case": name, "ok": False, "error": f"{exc!r}\n{traceback.format_exc()[-3000:]}"}
+        line["seconds"] = round(time.monotonic() - start, 2)  # where the interpreter time goes (CI budget)
         print("CASE " + json.dumps(line), flush=True)
 
 
