@@ -84,17 +84,7 @@ def _code_dot(d, src, xi, magic, SH: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def _word_offsets(c, CG: tl.constexpr, GW: tl.constexpr, BN: tl.constexpr):
-    """Word index of chunk c as [BN, CG * GW] (the same for every row). The chunk's words are one contiguous run
-    per row, so the compiler lays the tile out along K first: when one row's run covers every thread's 128-bit load,
-    each thread holds the same K positions of all BN rows and reads their x once (see _row_part)."""
-    j = c * (CG * GW) + tl.arange(0, CG * GW)
-    zn = tl.zeros((BN,), dtype=tl.int32)
-    return zn[:, None] + j[None, :]
-
-
-@triton.jit
-def _row_part(p, ph, s, b, magic, x_row, xp_row, xs_row, wofs, c, KW: tl.constexpr, CG: tl.constexpr,
+def _row_part(p, ph, s, b, magic, x_row, xp_row, xs_row, c, KW: tl.constexpr, CG: tl.constexpr,
               BITS: tl.constexpr, GROUP: tl.constexpr, INLINE: tl.constexpr):
     """One row of x against chunk c: s * (q . x_g) + b * sum(x_g) per (feature, group), fp32 [BN, CG].
     p: the chunk's words [BN, CG * GW] (int32), ph = p >> 16 (codes of the upper half-word moved into the
@@ -155,9 +145,12 @@ def _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, BITS
         wv = tl.load(w_ptr + rn64[:, None] * stride_wn + kk[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
         return wv, wv, wv
     else:
-        PACK: tl.constexpr = 32 // BITS
-        wofs = _word_offsets(c, CG, GROUP // PACK, BN)
-        p = tl.load(w_ptr + rn64[:, None] * stride_wn + wofs, mask=n_mask[:, None], other=0)
+        # the chunk's words are one contiguous run per row, so the compiler lays the [BN, CG * GW] tile out along
+        # K first: when one row's run covers every thread's 128-bit load, each thread holds the same K positions
+        # of all BN rows and reads their x once (see _row_part)
+        CGW: tl.constexpr = CG * GROUP * BITS // 32
+        j = c * CGW + tl.arange(0, CGW)
+        p = tl.load(w_ptr + rn64[:, None] * stride_wn + j[None, :], mask=n_mask[:, None], other=0)
         g = c * CG + tl.arange(0, CG)
         sofs = rn64[:, None] * stride_sn + g[None, :]
         s = tl.load(s_ptr + sofs, mask=n_mask[:, None], other=0.0).to(tl.float32)
@@ -219,7 +212,6 @@ def gemv_row_pair(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, w2_ptr, s2_ptr, b2
     if BITS == 16:
         acc = tl.zeros((BN, CG * GROUP), dtype=tl.float32)
     else:
-        PACK: tl.constexpr = 32 // BITS
         acc = tl.zeros((BN, CG), dtype=tl.float32)
     acc2 = acc
     # both weights' chunks c+1 and c+2 are requested before chunk c is reduced (_first_chunks, _next_chunk)
@@ -251,13 +243,11 @@ def _chunk_dot(acc, chunk, magic, x_row, xp_row, xs_row, c, K: tl.constexpr, BIT
         return acc + _dense_part(p, x_row, c, CG * GROUP)
     else:
         PACK: tl.constexpr = 32 // BITS
-        wofs = _word_offsets(c, CG, GROUP // PACK, BN)
-        return acc + _row_part(p, p >> 16, s, b, magic, x_row, xp_row, xs_row, wofs, c, K // PACK, CG, BITS, GROUP,
-                               INLINE)
+        return acc + _row_part(p, p >> 16, s, b, magic, x_row, xp_row, xs_row, c, K // PACK, CG, BITS, GROUP, INLINE)
 
 
 @triton.jit
-def _chunk_row(acc, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r, stride_xm, wofs, c, K: tl.constexpr,
+def _chunk_row(acc, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r, stride_xm, c, K: tl.constexpr,
                BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr):
     """acc + row r of x against chunk c (dense: wv; packed: p/ph/s/b), the per-row step of _gemv_kernel."""
     x_row = x_ptr + r.to(tl.int64) * stride_xm
@@ -265,7 +255,7 @@ def _chunk_row(acc, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r, stride_xm,
         return acc + _dense_part(wv, x_row, c, CG * GROUP)
     else:
         PACK: tl.constexpr = 32 // BITS
-        return acc + _row_part(p, ph, s, b, magic, x_row, xp_ptr + r * K, xs_ptr + r * (K // GROUP), wofs, c,
+        return acc + _row_part(p, ph, s, b, magic, x_row, xp_ptr + r * K, xs_ptr + r * (K // GROUP), c,
                                K // PACK, CG, BITS, GROUP, INLINE)
 
 
@@ -296,8 +286,6 @@ def _gemv_kernel(
     if BITS == 16:
         acc_shape: tl.constexpr = (BN, CG * GROUP)  # dense: chunks of CG * GROUP elements
     else:
-        PACK: tl.constexpr = 32 // BITS
-        GW: tl.constexpr = GROUP // PACK
         acc_shape: tl.constexpr = (BN, CG)
     a0 = tl.zeros(acc_shape, dtype=tl.float32)
     a1 = tl.zeros(acc_shape, dtype=tl.float32)
@@ -318,28 +306,26 @@ def _gemv_kernel(
         p, s, b = cur
         wv = p  # dense: the chunk's values (s, b unused)
         ph = p  # dense: unused
-        wofs = p  # dense: unused
         if BITS != 16:
             ph = p >> 16
-            wofs = _word_offsets(c, CG, GW, BN)
-        a0 = _chunk_row(a0, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, m0, stride_xm, wofs, c, K, BITS, GROUP,
+        a0 = _chunk_row(a0, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, m0, stride_xm, c, K, BITS, GROUP,
                         CG, INLINE)
         if MB > 1:
-            a1 = _chunk_row(a1, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r1, stride_xm, wofs, c, K, BITS,
+            a1 = _chunk_row(a1, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r1, stride_xm, c, K, BITS,
                             GROUP, CG, INLINE)
         if MB > 2:
-            a2 = _chunk_row(a2, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r2, stride_xm, wofs, c, K, BITS,
+            a2 = _chunk_row(a2, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r2, stride_xm, c, K, BITS,
                             GROUP, CG, INLINE)
-            a3 = _chunk_row(a3, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r3, stride_xm, wofs, c, K, BITS,
+            a3 = _chunk_row(a3, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r3, stride_xm, c, K, BITS,
                             GROUP, CG, INLINE)
         if MB > 4:
-            a4 = _chunk_row(a4, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r4, stride_xm, wofs, c, K, BITS,
+            a4 = _chunk_row(a4, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r4, stride_xm, c, K, BITS,
                             GROUP, CG, INLINE)
-            a5 = _chunk_row(a5, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r5, stride_xm, wofs, c, K, BITS,
+            a5 = _chunk_row(a5, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r5, stride_xm, c, K, BITS,
                             GROUP, CG, INLINE)
-            a6 = _chunk_row(a6, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r6, stride_xm, wofs, c, K, BITS,
+            a6 = _chunk_row(a6, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r6, stride_xm, c, K, BITS,
                             GROUP, CG, INLINE)
-            a7 = _chunk_row(a7, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r7, stride_xm, wofs, c, K, BITS,
+            a7 = _chunk_row(a7, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r7, stride_xm, c, K, BITS,
                             GROUP, CG, INLINE)
     _finish_row(out_ptr, a0, rn, n_mask, m0, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
                     stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
@@ -416,8 +402,9 @@ def default_config(spec: WeightSpec) -> tuple[int, int, int]:
     BN = 8 keeps >= 4 programs per SM from N = 4096, and a packed weight with fewer rows takes twice the programs
     at half the warps (2048 x 4096 before the row runs: 9.50 -> 7.35 us)."""
     rr = row_run_bn()
-    if rr and row_run_config(spec, rr) is not None:
-        return row_run_config(spec, rr)
+    run = row_run_config(spec, rr) if rr else None
+    if run is not None:
+        return run
     if spec.bits != DENSE_BITS and triton.cdiv(spec.n, 8) < FEW_PROGRAMS:
         return 4, chunk_groups(spec, 4), 2
     return 8, chunk_groups(spec, 8), 4  # dense: 8 x 512 bf16 chunks
