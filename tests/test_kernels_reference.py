@@ -272,3 +272,17 @@ def test_moe_combine_matches_direct_sum(gen):
             want[i] += w[i, j].to(f64) * (mats[ids[i, j]].to(f64) @ x[i].to(f64))
         want[i] += torch.sigmoid(gate[i].to(f64)) * shared[i].to(f64)
     close(got, want, 1e-5)
+
+
+def test_norm_prep_support_is_one_rule():
+    """rms_norm(prep=) and the model's norm_for_gemv share one predicate: formats and widths it refuses raise in
+    rms_norm (before any launch) and make norm_for_gemv fall back to the plain norm."""
+    pytest.importorskip("triton")
+    from deltaserve.kernels import triton_norm as tn
+
+    assert tn.prep_supported(2048, 4, 64) and tn.prep_supported(4096, 8, 32)
+    for n, bits, group in ((3072, 4, 64), (2048, 16, 64), (2 * tn.PREP_MAX_N, 4, 64), (32, 4, 64)):
+        assert not tn.prep_supported(n, bits, group)
+        x = torch.zeros(1, n, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="rms_norm prep"):
+            tn.rms_norm(x, torch.ones(n), 1e-6, prep=(bits, group))

@@ -50,6 +50,15 @@ def _rows(x: torch.Tensor, n: int, name: str) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
+PREP_MAX_N = 8192  # the prep runs in the norm's one 4-warp program per row (prep_row's layout and bits)
+
+
+def prep_supported(n: int, bits: int, group: int) -> bool:
+    """Can rms_norm(prep=(bits, group)) prep rows of n features: bits 4 or 8, n a power of two (the norm's block
+    is the prep's K), a multiple of the group, at most PREP_MAX_N."""
+    return bits in (4, 8) and n % group == 0 and n & (n - 1) == 0 and n <= PREP_MAX_N
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 1.0,
              out: torch.Tensor | None = None, prep: tuple[int, int] | None = None):
     """x [..., N] -> [..., N] in x's dtype (= kernels.norm.rms_norm). prep = (bits, group): also returns the
@@ -61,9 +70,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
     xp = xs = y  # unused without prep
     bits, group = prep or (0, 64)
     if prep is not None:
-        if bits not in (4, 8) or n % group or n & (n - 1):
+        if not prep_supported(n, bits, group):
             raise ValueError(f"rms_norm prep: bits {bits} / group {group} for N = {n} (bits 4 or 8, N a power "
-                             f"of two and a multiple of the group)")
+                             f"of two, a multiple of the group and at most {PREP_MAX_N})")
         xp = torch.empty(x2.shape[0], n, dtype=torch.float32, device=x.device)
         xs = torch.empty(x2.shape[0], n // group, dtype=torch.float32, device=x.device)
     if x2.shape[0]:

@@ -103,11 +103,11 @@ def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, 
     if consumer is None or not decode or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
         return norm(x)
     from ..kernels.quant.triton_gemv import use_inline_prep
-    from ..kernels.triton_norm import rms_norm
+    from ..kernels.triton_norm import prep_supported, rms_norm
 
     s = weight_spec(consumer)
     n = norm.weight.numel()
-    if use_inline_prep(s, None) or s.k != n or n & (n - 1) or n % s.group or n > 8192:
+    if use_inline_prep(s, None) or s.k != n or not prep_supported(n, s.bits, s.group):
         return norm(x)
     y, prep = rms_norm(x, norm.weight, norm.eps, norm.offset, prep=(s.bits, s.group))
     setattr(y, GEMV_PREP_ATTR, ((s.bits, s.group), prep))
