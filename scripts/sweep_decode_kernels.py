@@ -151,13 +151,19 @@ def moe_bits_expected(c: dict, gu_cg_of, dn_cg_of, base: dict | None = None) -> 
     return same_cg and c["inline"] == base["inline"]
 
 
-def resolve_cg(spec, group: int):
+def named_cg(spec, cg):
+    """A MoE grid entry's cg for a WeightSpec: "row" = the whole K in one chunk (K / GROUP groups), "half" = half
+    of it; None (the library's chunk_groups) and ints as given."""
+    groups = spec.k // GROUP
+    return {"row": groups, "half": max(1, groups // 2)}.get(cg, cg)
+
+
+def resolve_cg(spec):
     """cg_of for moe_bits_expected: (bn, cg) -> the CG moe_call gives `spec` (a WeightSpec)."""
     from deltaserve.kernels.quant.triton_gemv import chunk_groups
 
     def cg_of(bn, cg):
-        groups = spec.k // group
-        return {None: None, "row": groups, "half": max(1, groups // 2)}.get(cg, cg) or chunk_groups(spec, bn)
+        return named_cg(spec, cg) or chunk_groups(spec, bn)
     return cg_of
 
 
@@ -232,13 +238,9 @@ def moe_call(m2, kw, top_k, c):
     from deltaserve.kernels.moe.triton_moe_gemv import MoeLaunch
 
     regs = c.get("regs", (None, None))
-
-    def cg(part, spec):  # "row": the whole K in one chunk, "half": half of it
-        groups = spec.k // GROUP
-        return {"row": groups, "half": max(1, groups // 2)}.get(part[2], part[2])
-    launch = MoeLaunch(gate_up_bn=c["gu"][0], gate_up_warps=c["gu"][1], gate_up_cg=cg(c["gu"], kw["gate"]),
+    launch = MoeLaunch(gate_up_bn=c["gu"][0], gate_up_warps=c["gu"][1], gate_up_cg=named_cg(kw["gate"], c["gu"][2]),
                        gate_up_row_run=False,
-                       down_bn=c["dn"][0], down_warps=c["dn"][1], down_cg=cg(c["dn"], kw["down"]),
+                       down_bn=c["dn"][0], down_warps=c["dn"][1], down_cg=named_cg(kw["down"], c["dn"][2]),
                        combine_bc=c["cb"][0], combine_warps=c["cb"][1], gate_up_maxnreg=regs[0], down_maxnreg=regs[1])
 
     def run(x, res):
@@ -277,7 +279,7 @@ def moe_section(args, shp, device, deadline, emit) -> None:
             nbytes /= len(xs)
         for c in grid:
             rec = dict(kernel="moe_decode_v2", shape=shape, config=moe_label(c), cfg=c,
-                       bits_expected=moe_bits_expected(c, resolve_cg(kw["gate"], GROUP), resolve_cg(kw["down"], GROUP),
+                       bits_expected=moe_bits_expected(c, resolve_cg(kw["gate"]), resolve_cg(kw["down"]),
                                                        grid[0]))
             if time.monotonic() > deadline:
                 emit({**rec, "ok": None, "skipped": "budget"})
