@@ -51,13 +51,22 @@ def _writes(fn: ast.FunctionDef, funcs: dict, seen: set) -> bool:
     return False
 
 
-def _is_wait(call: ast.Call) -> bool:
-    """pdl_wait(PDL), or a gemv_row call passed PDL as its PDL_WAIT (it waits after requesting weights)."""
+def _is_wait(call: ast.Call, funcs: dict, flag: str = "PDL") -> bool:
+    """pdl_wait(..), or a call of a jit helper passed `flag` (a kernel's PDL, a helper's own PDL_WAIT) as its
+    PDL_WAIT parameter (gemv_row, _gemv_blocks: they wait after requesting weights;
+    test_wait_helpers_wait_before_writing checks them)."""
     n = _name(call)
     if n == "pdl_wait":
         return True
-    return n == "gemv_row" and (any(isinstance(a, ast.Name) and a.id == "PDL" for a in call.args) or
-                                any(k.arg == "PDL_WAIT" for k in call.keywords))
+    helper = funcs.get(n)
+    if helper is None:
+        return False
+    params = [a.arg for a in helper.args.args]
+    if "PDL_WAIT" not in params:
+        return False
+    i = params.index("PDL_WAIT")
+    return (i < len(call.args) and isinstance(call.args[i], ast.Name) and call.args[i].id == flag) or \
+        any(k.arg == "PDL_WAIT" for k in call.keywords)
 
 
 def _pdl_kernels():
@@ -75,7 +84,8 @@ def test_pdl_kernels_found():
     _, kernels = _pdl_kernels()
     for expected in ("quant/triton_gemv:_gemv_kernel", "moe/triton_decode:_router_kernel",
                      "moe/triton_moe_gemv:_gate_up_kernel", "moe/triton_moe_gemv:_down_kernel",
-                     "moe/triton_moe_gemv:_combine_kernel", "gated_delta/triton_decode:_gdn_step_kernel",
+                     "moe/triton_moe_gemv:_combine_kernel", "moe/triton_moe_gemv:_down_combine_kernel",
+                     "gated_delta/triton_decode:_gdn_step_kernel",
                      "kernels/triton_norm:_rms_norm_kernel", "attention/triton_qk_prep:_qk_prep_kernel",
                      "attention/triton_paged:_decode_split_kernel"):
         assert expected in kernels
@@ -90,7 +100,7 @@ def test_no_write_before_wait(kernel):
     assert isinstance(first, ast.Expr) and isinstance(first.value, ast.Call) and _name(first.value) == "pdl_open", \
         f"{kernel}: the first statement must be pdl_open(PDL)"
     calls = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
-    waits = [c for c in calls if _is_wait(c)]
+    waits = [c for c in calls if _is_wait(c, funcs)]
     assert waits, f"{kernel}: has a PDL parameter but never waits (pdl_wait(PDL))"
     first_wait = (waits[0].lineno, waits[0].col_offset)
     for c in calls:
@@ -99,6 +109,25 @@ def test_no_write_before_wait(kernel):
         n = _name(c)
         writes = n in WRITES or n == "last_arrival" or (n in funcs and _writes(funcs[n], funcs, set()))
         assert not writes, f"{kernel}: line {c.lineno} writes memory ({n}) before the PDL wait"
+
+
+def test_wait_helpers_wait_before_writing():
+    """A jit helper with a PDL_WAIT parameter stands in for its caller's wait, so it must itself call
+    pdl_wait(PDL_WAIT) before any write, in source order."""
+    funcs = _all_jit()
+    helpers = {n: f for n, f in funcs.items() if any(a.arg == "PDL_WAIT" for a in f.args.args)}
+    assert {"gemv_row", "_gemv_blocks"} <= set(helpers)
+    for name, fn in helpers.items():
+        calls = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
+        waited = False
+        for c in calls:
+            n = _name(c)
+            if _is_wait(c, funcs, "PDL_WAIT"):
+                waited = True
+                continue
+            writes = n in WRITES or n == "last_arrival" or (n in funcs and _writes(funcs[n], funcs, set()))
+            assert waited or not writes, f"{name}: line {c.lineno} writes memory ({n}) before its PDL wait"
+        assert waited, f"{name}: has a PDL_WAIT parameter but never waits"
 
 
 def test_launch_sites_pass_pdl_to_pdl_kernels():
