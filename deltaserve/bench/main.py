@@ -46,7 +46,7 @@ def parse_args(argv):
     p.add_argument("-b", "--batch", type=_ints, default=[1], help="streams (comma list)")
     p.add_argument("-r", "--reps", type=int, default=5)
     p.add_argument("--no-graph", action="store_true", help="decode eagerly instead of CUDA-graph replay")
-    p.add_argument("--profile", action="store_true", help="break one decode step down by kernel class")
+    p.add_argument("--profile", action="store_true", help="break one decode step down by kernel class (at the first -d depth and -b batch)")
     p.add_argument("--profile-prefill", action="store_true",
                    help="profile one prefill of the first -p length (host vs GPU time, syncs, top kernels and ops)")
     p.add_argument("--results", default="bench/results", help="directory for the JSON-line records")
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     if args.profile:
         from .profile import profile_decode
 
-        print(profile_decode(model, config, max(args.depth[0], 1)))
+        print(profile_decode(model, config, max(args.depth[0], 1), batch=args.batch[0]))
     if args.profile_prefill:
         from .profile import profile_prefill
 
