@@ -12,12 +12,8 @@ itself cheaper, or make fewer, bigger kernels. This script answers it on the H20
   split    the same bytes in two launches of half the size (the price of one more launch in a graph)
   gemv     `affine_gemv` at the model's shapes, default configuration: with its prep launch, and with the prep
            given (the in-model case after the prepped norm)
-  loop     the same GEMVs (prep given) at M = 1 and 8 with 1, 2, 3, 4, 8 feature blocks per program
-           (triton_gemv.gemv_loop), each checked equal to one block per program bit for bit
-  moe      the MoE decode block with down + combine in one launch or two and 1 / 2 / 4 feature blocks per
-           gate/up program, each checked equal to the first bit for bit
 
-  python bench/kernels_floor.py [--out floor.jsonl] [--commit abc1234] [--only loop]
+  python bench/kernels_floor.py [--out floor.jsonl] [--commit abc1234]
   TRITON_INTERPRET=1 python bench/kernels_floor.py --dry     (every case once at toy sizes, on CPU)
 
 Timing as bench/kernels_timing.py: copies past the L2, R calls cycling over them in one CUDA graph, median of 5
@@ -122,73 +118,6 @@ def _fold(t: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-def loop_cases(dev, name: str, n: int, k: int, dry: bool, loops=(1, 2, 3, 4, 8), ms=(1, 8)) -> list[dict]:
-    """`affine_gemv` with the prep given, default (BN, CG, warps), for each feature-blocks-per-program `loop`
-    (triton_gemv.gemv_loop) and M; every loop's output checked equal, bit for bit, to loop = 1's."""
-    import kernel_cases as kc
-
-    from deltaserve.kernels.quant import triton_gemv as tg
-
-    if dry:
-        n, k, loops = 52, 1024, (1, 3)
-    wbytes = q_bytes(n, k, 4)
-    ws = []
-    for _ in range(1 if dry else copies_for(wbytes)):
-        p, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
-        ws.append((p, s, b))
-    cfg = tg.default_config(tg.gemv_spec(*ws[0], 4, 64, "w"))
-    rows = []
-    for m in ms:
-        x = torch.randn(m, k, device=dev).bfloat16()
-        out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-        prep = tg.prep_x(x, 4, 64)
-        base = tg.affine_gemv(x, *ws[0], 4, 64, prep=prep, loop=1)
-        for loop in loops:
-            got = tg.affine_gemv(x, *ws[0], 4, 64, prep=prep, loop=loop)
-            us = time_graph([lambda w=w, loop=loop: tg.affine_gemv(x, *w, 4, 64, out=out, prep=prep, loop=loop)
-                             for w in ws])
-            rows.append(dict(kernel="affine_gemv", shape=f"{name} M={m} N={n} K={k} q4g64 {wbytes / 1e6:.1f} MB",
-                             config=f"{cfg} loop={loop}, prep given", us=us, bytes=wbytes,
-                             ok=torch.equal(got, base)))
-    return rows
-
-
-def moe_cases(dev, dry: bool, ts=(1, 8)) -> list[dict]:
-    """moe_decode_v2 (Qwen3.6-35B-A3B shapes: H 2048, 256 experts top-8, I 512, shared expert, q4 g64, 8-bit
-    gates) under launch variants: down + combine in one launch or two, 1 / 2 / 4 feature blocks per gate/up
-    program; each checked equal, bit for bit, to the first (two launches, one block), timed over 40 distinct
-    inputs (distinct experts: not L2-resident). GB/s is not given: the bytes depend on the picks."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import sweep_decode_kernels as sw
-
-    from deltaserve.kernels.moe import triton_moe_gemv as m2
-
-    shp = dict(sw.TINY if dry else sw.FULL)
-    if dry:  # row runs need >= 128 words per row: q4 H = 1024
-        shp.update(h=1024, e=4, k=2, i=64, i_s=64)
-    kw, _ = sw.moe_setup(shp, dev)
-    variants = [("split, gate/up 1 block", m2.MoeLaunch(fuse_down_combine=False)),
-                ("fused, gate/up 1 block", m2.MoeLaunch()),
-                ("split, gate/up 2 blocks", m2.MoeLaunch(fuse_down_combine=False, gate_up_loop=2)),
-                ("fused, gate/up 2 blocks", m2.MoeLaunch(gate_up_loop=2)),
-                ("fused, gate/up 4 blocks", m2.MoeLaunch(gate_up_loop=4))]
-    rows = []
-    for t in (ts[:1] if dry else ts):
-        xs = [torch.randn(t, shp["h"], device=dev).bfloat16() for _ in range(1 if dry else 40)]
-        rs = [torch.randn(t, shp["h"], device=dev).bfloat16() for _ in range(len(xs))]
-        base = None
-        for label, launch in variants:
-            y = m2.moe_decode_v2(xs[0], top_k=shp["k"], residual=rs[0], launch=launch, **kw)
-            base = y if base is None else base
-            us = time_graph([lambda x=x, r=r, launch=launch: m2.moe_decode_v2(x, top_k=shp["k"], residual=r,
-                                                                               launch=launch, **kw)
-                             for x, r in zip(xs, rs)])
-            rows.append(dict(kernel="moe_decode_v2", shape=f"T={t} H={shp['h']} E={shp['e']} I={shp['i']} q4g64",
-                             config=label, us=us, bytes=0, ok=torch.equal(y.view(torch.int16),
-                                                                         base.view(torch.int16))))
-    return rows
-
-
 def gemv_cases(dev, name: str, n: int, k: int, dry: bool) -> list[dict]:
     import kernel_cases as kc
 
@@ -221,36 +150,28 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="append one JSON line per row here")
     ap.add_argument("--commit", default=os.environ.get("DELTASERVE_COMMIT", ""))
     ap.add_argument("--dry", action="store_true", help="toy sizes, each case once (with TRITON_INTERPRET=1)")
-    ap.add_argument("--only", choices=("all", "loop"), default="all",
-                    help="loop: only the GEMV loop rows and the MoE rows")
     args = ap.parse_args(argv)
     dry = args.dry or DRY
     dev = torch.device("cpu" if dry and not torch.cuda.is_available() else "cuda")
     gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (interpreter)"
-    rows = []
-    sizes = [(nm, q_bytes(n, k, 4)) for nm, n, k in GEMVS] + MOE_BYTES
-    gemvs = GEMVS[:1] if dry else GEMVS
-    if args.only == "all":
-        for nm, nbytes in sizes[:1] if dry else sizes:
-            rows += stream_cases(dev, nm, nbytes, dry)
-        for nm, n, k in gemvs:
-            rows += gemv_cases(dev, nm, n, k, dry)
-    for nm, n, k in gemvs:
-        rows += loop_cases(dev, nm, n, k, dry)
-    rows += moe_cases(dev, dry)
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     print(f"# {gpu}  commit {args.commit or '?'}  (GB/s against the {CEILING_GBPS:.0f} copy ceiling)")
-    print(f"{'kernel':<12} {'shape':<46} {'config':<36} {'us':>8} {'GB/s':>7} {'%':>5} ok")
-    for r in rows:
-        us = r["us"]
-        gbs = r["bytes"] / us / 1e3 if us == us and us and r["bytes"] else float("nan")
-        r.update(gbs=gbs, commit=args.commit, gpu=gpu, time=stamp)
-        print(f"{r['kernel']:<12} {r['shape']:<46} {r['config']:<36} {us:8.2f} {gbs:7.0f} "
-              f"{100 * gbs / CEILING_GBPS:5.1f} {'ok' if r['ok'] else 'MISMATCH'}")
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    print(f"{'kernel':<12} {'shape':<46} {'config':<36} {'us':>8} {'GB/s':>7} {'%':>5} ok", flush=True)
+    rows = []
+    sizes = [(nm, q_bytes(n, k, 4)) for nm, n, k in GEMVS] + MOE_BYTES
+    cases = [lambda nm=nm, nb=nb: stream_cases(dev, nm, nb, dry) for nm, nb in (sizes[:1] if dry else sizes)]
+    cases += [lambda nm=nm, n=n, k=k: gemv_cases(dev, nm, n, k, dry) for nm, n, k in (GEMVS[:1] if dry else GEMVS)]
+    for case in cases:  # each row printed (and appended) as it comes: a cut run keeps what it measured
+        for r in case():
+            us = r["us"]
+            gbs = r["bytes"] / us / 1e3 if us == us and us and r["bytes"] else float("nan")
+            r.update(gbs=gbs, commit=args.commit, gpu=gpu, time=stamp)
+            print(f"{r['kernel']:<12} {r['shape']:<46} {r['config']:<36} {us:8.2f} {gbs:7.0f} "
+                  f"{100 * gbs / CEILING_GBPS:5.1f} {'ok' if r['ok'] else 'MISMATCH'}", flush=True)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(r) + "\n")
+            rows.append(r)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

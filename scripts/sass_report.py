@@ -123,8 +123,7 @@ def run_moe() -> None:
 
     kw, _ = sw.moe_setup(dict(sw.FULL), torch.device("cpu"))
     x = torch.randn(1, sw.FULL["h"]).bfloat16()
-    m2.moe_decode_v2(x, top_k=sw.FULL["k"], residual=x, **kw)  # down + combine in one launch (the default)
-    m2.moe_decode_v2(x, top_k=sw.FULL["k"], residual=x, launch=m2.MoeLaunch(fuse_down_combine=False), **kw)
+    m2.moe_decode_v2(x, top_k=sw.FULL["k"], residual=x, **kw)
 
 
 def main(argv=None) -> int:

@@ -75,29 +75,27 @@ def judge(got, ref64, base, alone_rows, rel_ref: float, rel_base: float) -> dict
 
 
 def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
-    """MoE configurations, the default first. Keys: gu/dn (bn, warps, cg or None), cb (bc, warps; the split combine
-    only), topk ("router": at the router's last arrival, "fused": in every gate/up program, "split": its own
-    launch), inline, regs (maxnreg of gate/up, of down; None: the compiler's), dc (down and combine: "fused" in one
-    launch, "split" in two; the same bits).
+    """MoE configurations, the default first. Keys: gu/dn (bn, warps, cg or None), cb (bc, warps), topk ("router":
+    at the router's last arrival, "fused": in every gate/up program, "split": its own launch), inline, regs
+    (maxnreg of gate/up, of down; None: the compiler's).
     cg_gu / cg_dn: the default chunking (BN = 8) of the gate/up and down weights, for the CG-held variants.
     The quick grid: the default, the chunked gate/up that was the default before the row runs, and the row-run
-    shapes the 2026-11-30 sweep left close (bench/NOTES.md), and the split down + combine (the A/B of their fusion);
-    register caps, other BN/warps, BC and the top-k in gate/up (all slower on 2026-11-29) are in the full grid."""
-    base = dict(gu=(4, 2, "row"), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True, regs=(None, None),
-                dc="fused")
+    shapes the 2026-11-30 sweep left close (bench/NOTES.md); register caps, other BN/warps, BC and the top-k in
+    gate/up (all slower on 2026-11-29) are in the full grid."""
+    base = dict(gu=(4, 2, "row"), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True, regs=(None, None))
     out = [base]
     if quick:
         # the default before row runs (gu 8/4, chunked), and the row-run shapes the 2026-11-30 sweep left close
         # ("row": CG = the weight's K / GROUP, "half": half that; resolved by moe_call)
         return out + [{**base, "gu": (8, 4, None)}, {**base, "gu": (8, 2, "row")}, {**base, "dn": (16, 1, "row")},
-                      {**base, "topk": "split"}, {**base, "inline": False}, {**base, "dc": "split"}]
+                      {**base, "topk": "split"}, {**base, "inline": False}]
     pairs = [(bn, w) for bn in (4, 8, 16, 32) for w in (2, 4, 8)]
     out += [{**base, "regs": r} for r in ((128, None), (96, None), (None, 64))]
     out += [{**base, "gu": (bn, w, None)} for bn, w in pairs if (bn, w) != base["gu"][:2]]
     out += [{**base, "dn": (bn, w, None)} for bn, w in pairs if (bn, w) != base["dn"][:2]]
     out += [{**base, "gu": (bn, 4, cg_gu)} for bn in (4, 16, 32)] + [{**base, "gu": (4, 1, "half")}]
     out += [{**base, "dn": (bn, 4, cg_dn)} for bn in (4, 16, 32)]
-    out += [{**base, "dc": "split", "cb": cb} for cb in [(256, 4), (128, 4), (512, 4), (1024, 4), (256, 2), (1024, 8)]]
+    out += [{**base, "cb": cb} for cb in [(128, 4), (512, 4), (1024, 4), (256, 2), (1024, 8)]]
     out += [{**base, "topk": "fused"}, {**base, "topk": "split"}, {**base, "inline": False},
             {**base, "topk": "split", "inline": False}]
     return out
@@ -141,8 +139,7 @@ def moe_label(c: dict) -> str:
     flags = (
         "" if c["topk"] == "router" else f" topk-{c['topk']}") + ("" if c["inline"] else " prep") + (
         "" if regs == (None, None) else f" regs={regs[0] or '-'}/{regs[1] or '-'}")
-    down = f"dn+cb={part(c['dn'])}" if c.get("dc", "fused") == "fused" else f"dn={part(c['dn'])} cb={part(c['cb'])}"
-    return f"gu={part(c['gu'])} {down}{flags}{' CANARY' if c.get('corrupt') else ''}"
+    return f"gu={part(c['gu'])} dn={part(c['dn'])} cb={part(c['cb'])}{flags}{' CANARY' if c.get('corrupt') else ''}"
 
 
 def moe_bits_expected(c: dict, gu_cg_of, dn_cg_of, base: dict | None = None) -> bool:
@@ -244,8 +241,7 @@ def moe_call(m2, kw, top_k, c):
     launch = MoeLaunch(gate_up_bn=c["gu"][0], gate_up_warps=c["gu"][1], gate_up_cg=named_cg(kw["gate"], c["gu"][2]),
                        gate_up_row_run=False,
                        down_bn=c["dn"][0], down_warps=c["dn"][1], down_cg=named_cg(kw["down"], c["dn"][2]),
-                       combine_bc=c["cb"][0], combine_warps=c["cb"][1], gate_up_maxnreg=regs[0], down_maxnreg=regs[1],
-                       fuse_down_combine=c.get("dc", "fused") == "fused")
+                       combine_bc=c["cb"][0], combine_warps=c["cb"][1], gate_up_maxnreg=regs[0], down_maxnreg=regs[1])
 
     def run(x, res):
         y = m2.moe_decode_v2(x, top_k=top_k, residual=res, launch=launch, fuse_topk=c["topk"] == "fused",

@@ -53,7 +53,7 @@ def _writes(fn: ast.FunctionDef, funcs: dict, seen: set) -> bool:
 
 def _is_wait(call: ast.Call, funcs: dict, flag: str = "PDL") -> bool:
     """pdl_wait(..), or a call of a jit helper passed `flag` (a kernel's PDL, a helper's own PDL_WAIT) as its
-    PDL_WAIT parameter (gemv_row, _gemv_blocks: they wait after requesting weights;
+    PDL_WAIT parameter (gemv_row, gemv_row_pair: they wait after requesting weights;
     test_wait_helpers_wait_before_writing checks them)."""
     n = _name(call)
     if n == "pdl_wait":
@@ -84,7 +84,7 @@ def test_pdl_kernels_found():
     _, kernels = _pdl_kernels()
     for expected in ("quant/triton_gemv:_gemv_kernel", "moe/triton_decode:_router_kernel",
                      "moe/triton_moe_gemv:_gate_up_kernel", "moe/triton_moe_gemv:_down_kernel",
-                     "moe/triton_moe_gemv:_combine_kernel", "moe/triton_moe_gemv:_down_combine_kernel",
+                     "moe/triton_moe_gemv:_combine_kernel",
                      "gated_delta/triton_decode:_gdn_step_kernel",
                      "kernels/triton_norm:_rms_norm_kernel", "attention/triton_qk_prep:_qk_prep_kernel",
                      "attention/triton_paged:_decode_split_kernel"):
@@ -116,7 +116,7 @@ def test_wait_helpers_wait_before_writing():
     pdl_wait(PDL_WAIT) before any write, in source order."""
     funcs = _all_jit()
     helpers = {n: f for n, f in funcs.items() if any(a.arg == "PDL_WAIT" for a in f.args.args)}
-    assert {"gemv_row", "_gemv_blocks"} <= set(helpers)
+    assert {"gemv_row", "gemv_row_pair"} <= set(helpers)
     for name, fn in helpers.items():
         calls = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
         waited = False

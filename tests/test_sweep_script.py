@@ -76,8 +76,7 @@ def test_judge_one_ulp_from_default_is_close_not_identical():
 def test_grids_start_with_the_default_and_bits_expectation():
     moe = sweep.moe_grid(True, 8, 8)
     assert moe[0] == dict(gu=(4, 2, "row"), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True,
-                          regs=(None, None), dc="fused")
-    assert {**moe[0], "dc": "split"} in moe  # the A/B of the down + combine fusion
+                          regs=(None, None))
     assert len({sweep.moe_label(c) for c in moe}) == len(moe)  # labels identify configurations
     assert len(sweep.moe_grid(False, 8, 8)) > len(moe)
 
@@ -92,7 +91,6 @@ def test_grids_start_with_the_default_and_bits_expectation():
     assert not sweep.moe_bits_expected({**base, "dn": (16, 2, None)}, cg_of, cg_of)  # CG follows BN: regrouped
     assert sweep.moe_bits_expected({**base, "dn": (16, 2, None)}, cg_of, lambda bn, cg: 1)  # ... unless it cannot
     assert not sweep.moe_bits_expected({**base, "inline": False}, cg_of, cg_of)
-    assert sweep.moe_bits_expected({**base, "dc": "split"}, cg_of, cg_of)  # two launches: the same bits
     gemv = sweep.gemv_grid(True)
     assert gemv[0] == dict(bn=None, warps=None, inline=None)  # the library's default_config
 
@@ -102,9 +100,9 @@ def test_moe_launch_defaults_and_validation():
     d = m2.MoeLaunch()
     assert (d.gate_up_bn, d.down_bn, d.combine_bc) == (m2.GATE_UP_BN, m2.BN, m2.BC)
     assert (d.gate_up_warps, d.down_warps, d.combine_warps, d.gate_up_cg, d.down_cg) == (4, 2, 4, None, None)
-    assert d.gate_up_row_run and d.fuse_down_combine
+    assert d.gate_up_row_run
     for bad in (dict(gate_up_bn=12), dict(down_warps=0), dict(combine_bc=100), dict(down_cg=3),
-                dict(gate_up_maxnreg=100), dict(down_maxnreg=16), dict(fuse_down_combine=1)):
+                dict(gate_up_maxnreg=100), dict(down_maxnreg=16)):
         with pytest.raises(ValueError):
             m2.MoeLaunch(**bad)
 
@@ -137,8 +135,7 @@ def test_dry_run_checks_every_configuration(tmp_path):
 
 def test_row_run_defaults_and_timing_switches(monkeypatch):
     """Packed decoder GEMVs default to row runs of 4 rows over the whole K; DELTASERVE_GEMV_ROWRUN=0 gives the
-    chunked shapes back (in-model A/Bs), DELTASERVE_MOE_LAUNCH sets the MoE shapes, DELTASERVE_MOE_DOWN_COMBINE
-    splits the down + combine launch in two; bad values name the variable."""
+    chunked shapes back (in-model A/Bs), DELTASERVE_MOE_LAUNCH sets the MoE shapes; bad values name the variable."""
     torch = pytest.importorskip("torch")
     tg = pytest.importorskip("deltaserve.kernels.quant.triton_gemv")
     m2 = pytest.importorskip("deltaserve.kernels.moe.triton_moe_gemv")
@@ -158,23 +155,10 @@ def test_row_run_defaults_and_timing_switches(monkeypatch):
     monkeypatch.setenv("DELTASERVE_GEMV_ROWRUN", "3")
     with pytest.raises(ValueError, match="DELTASERVE_GEMV_ROWRUN"):
         tg.default_config(spec(12352, 2048))
-    monkeypatch.delenv("DELTASERVE_MOE_LAUNCH", raising=False)
-    monkeypatch.delenv("DELTASERVE_MOE_DOWN_COMBINE", raising=False)
-    assert m2._env_launch() == m2.MoeLaunch()
     monkeypatch.setenv("DELTASERVE_MOE_LAUNCH", "8,4,0/16,1,8")
     got = m2._env_launch()
     assert (got.gate_up_bn, got.gate_up_warps, got.gate_up_cg, got.gate_up_row_run) == (8, 4, None, False)
-    assert (got.down_bn, got.down_warps, got.down_cg, got.fuse_down_combine) == (16, 1, 8, True)
-    monkeypatch.setenv("DELTASERVE_MOE_DOWN_COMBINE", "split")
-    assert not m2._env_launch().fuse_down_combine and m2._env_launch().down_bn == 16
-    monkeypatch.delenv("DELTASERVE_MOE_LAUNCH")
-    assert m2._env_launch() == m2.MoeLaunch(fuse_down_combine=False)
-    monkeypatch.setenv("DELTASERVE_MOE_DOWN_COMBINE", "fused")
-    assert m2._env_launch() == m2.MoeLaunch()
-    monkeypatch.setenv("DELTASERVE_MOE_DOWN_COMBINE", "one")
-    with pytest.raises(ValueError, match="DELTASERVE_MOE_DOWN_COMBINE.*'fused' or 'split'"):
-        m2._env_launch()
-    monkeypatch.delenv("DELTASERVE_MOE_DOWN_COMBINE")
+    assert (got.down_bn, got.down_warps, got.down_cg) == (16, 1, 8)
     monkeypatch.setenv("DELTASERVE_MOE_LAUNCH", "8,4")
     with pytest.raises(ValueError, match="DELTASERVE_MOE_LAUNCH"):
         m2._env_launch()

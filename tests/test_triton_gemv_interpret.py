@@ -67,16 +67,6 @@ def _cases():
         "moe_v2_fused_no_shared_q8": lambda mods: kc.check_moe_v2_fused(mods, CPU, 2, 64, 8, 32, 2, 8, 32,
                                                                         shared=False),
         "moe_v2_fused_ties": lambda mods: kc.check_moe_v2_fused_ties(mods, CPU),
-        # several feature blocks per program (row runs: K >= 1024 at q4): the same bits as one block per program
-        "gemv_loop_q4_conv": lambda mods: kc.check_gemv_loop(mods, CPU, 4, 64, m=2, n=44, k=1024, conv_c=20),
-        "gemv_loop_q8": lambda mods: kc.check_gemv_loop(mods, CPU, 8, 32, m=3, n=20, k=512, loops=(4,)),
-        "moe_v2_gate_up_loop": lambda mods: kc.check_moe_v2_gate_up_loop(mods, CPU, (2,), 512, 4, 64, 2, bits=8,
-                                                                              loops=(3,)),
-        # down + combine in one launch == two launches, bit for bit (the GPU test: T = 1, 3, 8, both residuals)
-        "moe_v2_down_combine_q4": lambda mods: kc.check_moe_v2_down_combine(mods, CPU, ((1, True), (3, False)), 64,
-                                                                            8, 32, 3, 4, 32),
-        "moe_v2_down_combine_no_shared_q8": lambda mods: kc.check_moe_v2_down_combine(mods, CPU, ((2, True),), 64, 8,
-                                                                                      32, 2, 8, 32, shared=False),
         "gemv_inline_policy": _inline_policy,
         "topk_contract_e37_k8": lambda mods: kc.check_topk_contract(mods, CPU, 37, 8),
         "topk_contract_e256_k8": lambda mods: kc.check_topk_contract(mods, CPU, 256, 8),

@@ -466,7 +466,7 @@ def check_gemv_conv_invariance(mods, device, c, extra, k, others=(1, 3, 15)):
 
 
 def check_moe_v2_fused(mods, device, t, h, e, i, top_k, bits, group, shared=True):
-    """moe_decode_v2's default path (top-k at the router's last arrival, prep inlined) == the top-k recomputed
+    """moe_decode_v2's 4-launch path (top-k at the router's last arrival, prep inlined) == the top-k recomputed
     inside gate/up (fuse_topk) == its 6+-launch path (top-k and prep launches of their own): routing bit for bit
     (same _topk on the same logits), outputs within 1 bf16 ulp (the inline group sums add in another fixed order),
     equal to v1 moe_decode within the block's rounding. Without a shared expert the shared weight must come back
@@ -491,71 +491,6 @@ def check_moe_v2_fused(mods, device, t, h, e, i, top_k, bits, group, shared=True
     old = md.moe_decode(x, top_k=top_k, **kw)
     close(y, old.double(), 8 * BF16_EPS, f"MoE v2 fused vs v1 T={t} bits={bits} shared={shared}")
     return torch.equal(y, y0)
-
-
-def check_moe_v2_down_combine(mods, device, runs, h, e, i, top_k, bits, group, shared=True):
-    """moe_decode_v2's down projection and combine in one launch (the default) == the two launches of their own,
-    bit for bit (compared as raw bf16 bits: -0 vs +0 counts), on fresh random inputs for each (T, with a residual?)
-    of runs, each output written into a NaN-poisoned buffer. The per-slot products are the same instructions and
-    the slots are summed in the same order, so any difference is a bug (an FMA contraction, another order)."""
-    m2 = mods["moe2"]
-    for t, with_res in runs:
-        x, kw, _ = moe_problem(device, t, h, e, i, i, bits, group, router_bits=8 if bits != 16 else 16)
-        if not with_res:
-            kw.pop("residual")
-        if not shared:
-            for key in ("shared_gate_proj", "shared_up", "shared_down", "shared_gate"):
-                kw.pop(key)
-        # both paths launched before any check (scripts/compile_check_sm90.py compiles what a case launches)
-        outs = [poisoned((t, h), torch.bfloat16, device) for _ in range(2)]
-        ys = [m2.moe_decode_v2(x, top_k=top_k, out=out, launch=m2.MoeLaunch(fuse_down_combine=fuse), **kw)
-              for out, fuse in zip(outs, (True, False))]
-        for y, out, name in zip(ys, outs, ("fused", "split")):
-            assert y.data_ptr() == out.data_ptr(), f"moe_decode_v2 ({name}) did not write into out"
-            assert bool(torch.isfinite(y).all()), f"T={t} {name}: NaN/inf left in the output"
-        diff = int((ys[0].view(torch.int16) != ys[1].view(torch.int16)).sum())
-        assert diff == 0, f"T={t} residual={with_res} bits={bits}: fused down+combine != split in {diff} values"
-
-
-def check_gemv_loop(mods, device, bits, group, m, n, k, loops=(2, 3), conv_c=0):
-    """affine_gemv with LOOP feature blocks per program (triton_gemv.gemv_loop) == one block per program, bit for bit,
-    on fresh random inputs with NaN-poisoned outputs (n not a multiple of BN * LOOP: the last program's tail is
-    masked). conv_c > 0: with the decode conv on the first conv_c features (the DeltaNet in_proj), the conv pool
-    compared too. k must give row runs (>= 128 words per row)."""
-    g = mods["gemv"]
-    (p, s, b), _ = gemv_weight(n, k, bits, group, device)
-    x = torch.randn(m, k, device=device).bfloat16()
-    if conv_c:
-        w, pool, slots, ctx = conv_problem(device, m, conv_c, 4, 3 * m + 2, (0,))
-    results = []
-    for loop in (1, *loops):
-        out = poisoned((m, n), torch.bfloat16, device)
-        conv = None
-        if conv_c:
-            pl = pool.clone()
-            conv = (w, pl, slots, ctx, conv_c)
-        y = g.affine_gemv(x, p, s, b, bits, group, out=out, conv=conv, loop=loop)
-        assert bool(torch.isfinite(y).all()), f"GEMV loop {loop}: NaN left in the output"
-        results.append((loop, y, pl if conv_c else None))
-    for loop, y, pl in results[1:]:
-        assert torch.equal(y.view(torch.int16), results[0][1].view(torch.int16)), f"GEMV loop {loop} != loop 1"
-        if conv_c:
-            assert torch.equal(pl, results[0][2]), f"GEMV loop {loop}: conv pool != loop 1's"
-
-
-def check_moe_v2_gate_up_loop(mods, device, runs, h, e, i, top_k, bits=4, loops=(2, 3)):
-    """moe_decode_v2 with gate_up_loop blocks per gate/up program == one block per program, bit for bit (g64 with
-    row runs: h >= 4096 / bits; i not a multiple of BN * loop for some loop: masked tails), for each T of runs."""
-    m2 = mods["moe2"]
-    for t in runs:
-        x, kw, _ = moe_problem(device, t, h, e, i, i, bits, 64)
-        ys = []
-        for loop in (1, *loops):
-            out = poisoned((t, h), torch.bfloat16, device)
-            ys.append(m2.moe_decode_v2(x, top_k=top_k, out=out, launch=m2.MoeLaunch(gate_up_loop=loop), **kw))
-        for loop, y in zip(loops, ys[1:]):
-            assert bool(torch.isfinite(y).all()), f"T={t} gate/up loop {loop}: NaN left in the output"
-            assert torch.equal(y.view(torch.int16), ys[0].view(torch.int16)), f"T={t}: gate/up loop {loop} != 1"
 
 
 def check_router_last_arrival(mods, device, ts=(1, 7, 64), h=64, e=12, top_k=3):

@@ -6,16 +6,14 @@
                each routed program applies the routing contract (top-k, ties to the lower id, ids ascending) to
                its token's logits itself, column block 0 publishes ids/weights (no top-k launch);
                h = bf16(bf16(SiLU(bf16 g)) * bf16 u) into hbuf [T, SLOTS, I]
-  down+combine grid (T, cdiv(H, BN)): part_s = w_s * bf16(h_s Wd_s^T) in fp32 for s = 0..SLOTS-1 in that fixed
-               order (ascending expert id, then shared; w = the shared gate's sigmoid for the shared slot),
-               out = bf16(part_0 + part_1 + ...), + residual: bf16(r + out)
+  down         grid (T * SLOTS, cdiv(H, BN)): part[t, s] = w_s * bf16(h_s Wd_s^T) in fp32 (w = shared gate
+               sigmoid for the shared slot)
+  combine      grid (T, cdiv(H, BC)): out = bf16(sum over s = 0..SLOTS-1 of part[t, s]), in that fixed order
+               (ascending expert id, then shared), + residual: bf16(r + out)
 
-Three launches, none for preparing x: every GEMV reads its bf16 rows raw (gemv_row's INLINE; inline_prep=False and
-fuse_topk=False restore the prep and top-k launches for timing). MoeLaunch(fuse_down_combine=False) splits the last
-launch in two, the same bits: down, grid (T * SLOTS, cdiv(H, BN)), writes every part_s to a buffer [T * SLOTS, H]
-fp32, and combine, grid (T, cdiv(H, BC)), sums them in the same order (each part is slot_part's in both, its
-product never contracted into the sum: _mul_rn). Many small programs (BN = 8 features, the full K each) instead
-of a few long ones. Every GEMV row is computed by
+Four launches, none for preparing x: every GEMV reads its bf16 rows raw (gemv_row's INLINE; inline_prep=False and
+fuse_topk=False restore the prep and top-k launches for timing). Many small programs (BN = 8 features, the full K
+each) instead of a few long ones. Every GEMV row is computed by
 `gemv_row`, whose arithmetic depends on the weight format and shape only, and every reduction has one fixed order,
 so a token's output never depends on the other tokens of the launch.
 """
@@ -29,9 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant.triton_gemv import (
-    MAGIC, chunk_dot, load_chunk, chunk_groups, gemv_row, gemv_row_pair, prep_x, row_run_config, unit,
-)
+from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, gemv_row_pair, prep_x, row_run_config, unit
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import DENSE_BITS, WeightSpec
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -49,7 +45,7 @@ from .triton_decode import (
 
 BN = 8  # features per program (down: of H)
 GATE_UP_BN = 4  # features of I per gate/up program, over the whole K (row runs): H200 sweep T=1 19.76 -> 16.94 us
-BC = 256  # features per combine program (the split down + combine, MoeLaunch.fuse_down_combine=False)
+BC = 256  # features per combine program
 
 
 @dataclass(frozen=True)
@@ -57,10 +53,8 @@ class MoeLaunch:
     """Launch shape of moe_decode_v2's gate/up, down and combine kernels (the defaults are the tuned-by-default
     constants above). bn: features per program; cg: groups per
     K chunk (None: chunk_groups(weight, bn), i.e. it shrinks as bn grows; an int holds a weight's chunking, and so
-    its per-row summation order, fixed while bn changes); bc: features per combine program. fuse_down_combine:
-    the down projection and the combine in one launch (down's bn and warps); False: the down and combine launches
-    of their own (combine_bc/_warps), the same bits, kept for A/Bs. Every field is fixed per call and none
-    depends on T, so a token's arithmetic never depends on the other tokens of the launch."""
+    its per-row summation order, fixed while bn changes); bc: features per combine program. Every field is fixed
+    per call and none depends on T, so a token's arithmetic never depends on the other tokens of the launch."""
 
     gate_up_bn: int = GATE_UP_BN
     gate_up_warps: int = 4
@@ -73,8 +67,6 @@ class MoeLaunch:
     combine_warps: int = 4
     gate_up_maxnreg: int | None = None  # register cap per thread (Triton's maxnreg), None: the compiler's choice
     down_maxnreg: int | None = None
-    fuse_down_combine: bool = True
-    gate_up_loop: int = 1  # blocks of gate_up_bn features per gate/up program (row runs only; swiglu_blocks)
 
     def __post_init__(self):
         for name in ("gate_up_bn", "gate_up_warps", "down_bn", "down_warps", "combine_bc", "combine_warps"):
@@ -89,32 +81,20 @@ class MoeLaunch:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or not 24 <= v <= 255 or v % 8):
                 raise ValueError(f"MoeLaunch.{name} = {v!r}: must be None or a multiple of 8 in 24..255")
-        if not isinstance(self.gate_up_loop, int) or not 1 <= self.gate_up_loop <= 16:
-            raise ValueError(f"MoeLaunch.gate_up_loop = {self.gate_up_loop!r}: must be an integer in 1..16")
-        if not isinstance(self.fuse_down_combine, bool):
-            raise ValueError(f"MoeLaunch.fuse_down_combine = {self.fuse_down_combine!r}: must be a bool")
 
 
 def _env_launch() -> MoeLaunch:
-    """MoeLaunch(), with two timing switches for in-model A/Bs (bench/NOTES.md): env DELTASERVE_MOE_LAUNCH=
-    "bn,warps,cg/bn,warps,cg" (cg 0: None) sets the gate/up and down shapes, DELTASERVE_MOE_DOWN_COMBINE=fused|split
-    (default fused) the down and combine in one launch or two."""
-    mode = os.environ.get("DELTASERVE_MOE_DOWN_COMBINE") or "fused"
-    if mode not in ("fused", "split"):
-        raise ValueError(f"DELTASERVE_MOE_DOWN_COMBINE={mode!r}: expected 'fused' or 'split'")
-    fuse = mode == "fused"
-    loop = os.environ.get("DELTASERVE_MOE_GATE_UP_LOOP") or str(MoeLaunch.gate_up_loop)
-    if not loop.isdigit() or not 1 <= int(loop) <= 16:
-        raise ValueError(f"DELTASERVE_MOE_GATE_UP_LOOP={loop!r}: expected an integer in 1..16")
+    """MoeLaunch(), or the gate/up and down shapes of env DELTASERVE_MOE_LAUNCH="bn,warps,cg/bn,warps,cg" (cg 0:
+    None): a timing switch for in-model A/Bs (bench/NOTES.md)."""
     value = os.environ.get("DELTASERVE_MOE_LAUNCH")
     if not value:
-        return MoeLaunch(fuse_down_combine=fuse, gate_up_loop=int(loop))
+        return MoeLaunch()
     try:
         (gb, gw, gc), (db, dw, dc) = (tuple(int(v) for v in part.split(",")) for part in value.split("/"))
     except ValueError:
         raise ValueError(f"DELTASERVE_MOE_LAUNCH={value!r}: expected 'bn,warps,cg/bn,warps,cg'") from None
     return MoeLaunch(gate_up_bn=gb, gate_up_warps=gw, gate_up_cg=gc or None, gate_up_row_run=False, down_bn=db,
-                     down_warps=dw, down_cg=dc or None, fuse_down_combine=fuse, gate_up_loop=int(loop))
+                     down_warps=dw, down_cg=dc or None)
 
 
 def _gate_up_shape(g: WeightSpec, sg: WeightSpec, launch: MoeLaunch) -> tuple[int, int, int]:
@@ -153,125 +133,13 @@ def swiglu_block(x_row, xp_row, xs_row, gw, gs, gb, uw, us, ub, h_row, rn, n_mas
 
 
 @triton.jit
-def swiglu_blocks(x_row, xp_row, xs_row, gw, gs, gb, uw, us, ub, h_row, rn, n_max, stride_gn, stride_gsn,
-                  stride_un, stride_usn, magic, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
-                  BN: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr, LOOP: tl.constexpr):
-    """swiglu_block for LOOP consecutive blocks of BN features from rn (features < n_max), each block's gate and
-    up words requested before the previous block is reduced (pinned there by a barrier: ptxas sinks loads to
-    their use). Row runs only (the whole K in one chunk), where gemv_row_pair is one load_chunk and one
-    chunk_dot per weight: the same per-block instructions, so the same bits as LOOP programs of one block."""
-    if LOOP == 1:
-        swiglu_block(x_row, xp_row, xs_row, gw, gs, gb, uw, us, ub, h_row, rn, rn < n_max, stride_gn, stride_gsn,
-                     stride_un, stride_usn, magic, K, BITS, GROUP, BN, CG, INLINE)
-    else:
-        tl.static_assert(K == CG * GROUP and BITS != 16, "gate/up blocks per program need packed row runs")
-        n_mask = rn < n_max
-        cur_g = load_chunk(gw, gs, gb, rn.to(tl.int64), n_mask, stride_gn, stride_gsn, 0, BITS, GROUP, BN, CG)
-        cur_u = load_chunk(uw, us, ub, rn.to(tl.int64), n_mask, stride_un, stride_usn, 0, BITS, GROUP, BN, CG)
-        for i in tl.static_range(LOOP):
-            rn_next = rn + BN
-            mask_next = rn_next < n_max
-            nxt_g = cur_g
-            nxt_u = cur_u
-            if i + 1 < LOOP:
-                nxt_g = load_chunk(gw, gs, gb, rn_next.to(tl.int64), mask_next, stride_gn, stride_gsn, 0, BITS,
-                                    GROUP, BN, CG)
-                nxt_u = load_chunk(uw, us, ub, rn_next.to(tl.int64), mask_next, stride_un, stride_usn, 0, BITS,
-                                    GROUP, BN, CG)
-                tl.debug_barrier()
-            zero = tl.zeros((BN, CG), dtype=tl.float32)
-            g = tl.sum(chunk_dot(zero, cur_g, magic, x_row, xp_row, xs_row, 0, K, BITS, GROUP, BN, CG, INLINE), 1)
-            u = tl.sum(chunk_dot(zero, cur_u, magic, x_row, xp_row, xs_row, 0, K, BITS, GROUP, BN, CG, INLINE), 1)
-            tl.store(h_row + rn, _silu_mul_bf16(g, u), mask=n_mask)
-            cur_g = nxt_g
-            cur_u = nxt_u
-            rn = rn_next
-            n_mask = mask_next
-
-
-@triton.jit
-def _mul_rn(a, b, MUL_RN: tl.constexpr):
-    """a * b in fp32, rounded on its own. MUL_RN: PTX mul.rn, which ptxas never contracts into an FMA with a later
-    add (Triton's fp fusion turns `acc += w * y` into one FMA, a different rounding); off only in the interpreter
-    (no inline asm there, and numpy never contracts). The same bits either way: IEEE round to nearest."""
-    if MUL_RN:
-        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32, is_pure=True,
-                                         pack=1)
-    else:
-        return a * b
-
-
-@triton.jit
-def slot_part(h_ptr, hp_ptr, hs_ptr, shp_ptr, shs_ptr, ids_ptr, wts_ptr, sw_ptr, dw, ds, db, sdw, sds, sdb, t, slot,
-              rn, n_mask, magic, stride_hr, stride_de, stride_dn, stride_dse, stride_dsn, stride_sdn, stride_sdsn,
-              I: tl.constexpr, IS: tl.constexpr, TOPK: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
-              BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr, S_BITS: tl.constexpr,
-              S_GROUP: tl.constexpr, S_CG: tl.constexpr, INLINE: tl.constexpr, MUL_RN: tl.constexpr):
-    """w_s * bf16(h . Wd[rn]) in fp32 [BN] for token t's slot (hbuf row t * SLOTS + slot): the down kernels' one
-    block, the same instructions whether slot is a runtime value (_down_kernel) or a constexpr (the fused kernel).
-    Slot < TOPK: the token's slot-th routed expert and its routing weight; slot TOPK: the shared expert and its
-    gate's sigmoid."""
-    r = t.to(tl.int64) * SLOTS + slot
-    if slot < TOPK:
-        e = tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
-        y = gemv_row(h_ptr + r * stride_hr, hp_ptr + r * stride_hr, hs_ptr + r * (stride_hr // GROUP),
-                     dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse, rn, n_mask, stride_dn, stride_dsn,
-                     magic, I, BITS, GROUP, BN, CG, INLINE)
-        w_s = tl.load(wts_ptr + t * TOPK + slot)
-    else:
-        y = gemv_row(h_ptr + r * stride_hr, shp_ptr + r * stride_hr, shs_ptr + r * (stride_hr // S_GROUP),
-                     sdw, sds, sdb, rn, n_mask, stride_sdn, stride_sdsn, magic, IS, S_BITS, S_GROUP, BN, S_CG, INLINE)
-        w_s = tl.load(sw_ptr + t)
-    return _mul_rn(w_s, y.to(tl.bfloat16).to(tl.float32), MUL_RN)
-
-
-@triton.jit
-def _slot_chunk(ids_ptr, dw, ds, db, sdw, sds, sdb, t, slot: tl.constexpr, rn64, n_mask, stride_de, stride_dn,
-                stride_dse, stride_dsn, stride_sdn, stride_sdsn, TOPK: tl.constexpr, BN: tl.constexpr,
-                BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr, S_BITS: tl.constexpr,
-                S_GROUP: tl.constexpr, S_CG: tl.constexpr):
-    """The down weight rows rn of token t's slot (a constexpr) as one load_chunk: the loads of slot_part's
-    gemv_row when its K is one chunk."""
-    if slot < TOPK:
-        e = tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
-        return load_chunk(dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse, rn64, n_mask, stride_dn,
-                          stride_dsn, 0, BITS, GROUP, BN, CG)
-    else:
-        return load_chunk(sdw, sds, sdb, rn64, n_mask, stride_sdn, stride_sdsn, 0, S_BITS, S_GROUP, BN, S_CG)
-
-
-@triton.jit
-def _slot_part_of(chunk, h_ptr, hp_ptr, hs_ptr, shp_ptr, shs_ptr, wts_ptr, sw_ptr, t, slot: tl.constexpr, magic,
-                  stride_hr, I: tl.constexpr, IS: tl.constexpr, TOPK: tl.constexpr, SLOTS: tl.constexpr,
-                  BN: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr,
-                  S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr, INLINE: tl.constexpr,
-                  MUL_RN: tl.constexpr):
-    """slot_part from its _slot_chunk: gemv_row of a one-chunk K is chunk_dot from a zero accumulator, summed
-    over the chunk's groups, so the same instructions on the same values (the same bits)."""
-    r = t.to(tl.int64) * SLOTS + slot
-    if slot < TOPK:
-        a = tl.zeros((BN, CG) if BITS != 16 else (BN, CG * GROUP), dtype=tl.float32)
-        y = tl.sum(chunk_dot(a, chunk, magic, h_ptr + r * stride_hr, hp_ptr + r * stride_hr,
-                             hs_ptr + r * (stride_hr // GROUP), 0, I, BITS, GROUP, BN, CG, INLINE), axis=1)
-        w_s = tl.load(wts_ptr + t * TOPK + slot)
-    else:
-        a = tl.zeros((BN, S_CG) if S_BITS != 16 else (BN, S_CG * S_GROUP), dtype=tl.float32)
-        y = tl.sum(chunk_dot(a, chunk, magic, h_ptr + r * stride_hr, shp_ptr + r * stride_hr,
-                             shs_ptr + r * (stride_hr // S_GROUP), 0, IS, S_BITS, S_GROUP, BN, S_CG, INLINE), axis=1)
-        w_s = tl.load(sw_ptr + t)
-    return _mul_rn(w_s, y.to(tl.bfloat16).to(tl.float32), MUL_RN)
-
-
-@triton.jit
-def combine_store(acc, res_ptr, out_ptr, t, rn, n_mask, stride_rt, stride_ot, HAS_RES: tl.constexpr):
-    """out[t, rn] = bf16(acc) (the slots' fp32 sum), then bf16(float(residual) + float(that)) when HAS_RES: the
-    combine's epilogue, shared by both MoE down paths."""
-    o_ty = out_ptr.dtype.element_ty
-    out = acc.to(o_ty)
-    if HAS_RES:
-        r = tl.load(res_ptr + t.to(tl.int64) * stride_rt + rn, mask=n_mask, other=0.0)
-        out = (r.to(tl.float32) + out.to(tl.float32)).to(o_ty)
-    tl.store(out_ptr + t.to(tl.int64) * stride_ot + rn, out, mask=n_mask)
+def down_block(h_row, hp_row, hs_row, dw, ds, db, w_s, part_row, rn, n_mask, stride_dn, stride_dsn, magic,
+               K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
+               INLINE: tl.constexpr):
+    """part[rn] = w_s * bf16(h . Wd[rn]) in fp32 for one (token, slot) row: the down kernels' one block."""
+    y = gemv_row(h_row, hp_row, hs_row, dw, ds, db, rn, n_mask, stride_dn, stride_dsn, magic, K, BITS, GROUP, BN, CG,
+                 INLINE)
+    tl.store(part_row + rn, w_s * y.to(tl.bfloat16).to(tl.float32), mask=n_mask)
 
 
 @triton.jit
@@ -286,53 +154,59 @@ def _gate_up_kernel(
     S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr,
     EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True, FUSE_TOPK: tl.constexpr = False,
     INLINE: tl.constexpr = 0,
-    PDL: tl.constexpr = False, LOOP: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
-    # grid (T * SLOTS, cdiv(cdiv(max(I, IS), BN), LOOP)); slot < TOPK: the token's slot-th expert (ascending id),
-    # slot TOPK: the shared expert; LOOP blocks of BN features per program (swiglu_blocks). INLINE
-    # (triton_gemv_inline.inline_mode): gemv_row reads x raw (xp/xs unused).
+    # grid (T * SLOTS, cdiv(max(I, IS), BN)); slot < TOPK: the token's slot-th expert (ascending id), slot TOPK:
+    # the shared expert. INLINE (triton_gemv_inline.inline_mode): gemv_row reads x raw (xp/xs unused).
     pdl_open(PDL)
     pdl_wait(PDL)
     pid = tl.program_id(0)
     t = pid // SLOTS
     slot = pid % SLOTS
-    rn = tl.program_id(1) * (LOOP * BN) + tl.arange(0, BN)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
     x_row = x_ptr + t.to(tl.int64) * stride_xt
     h_row = h_ptr + t.to(tl.int64) * stride_ht + slot * stride_hs
     if slot < TOPK:
         e = slot_expert(logit_ptr, ids_ptr, wts_ptr, t, slot, E, EP, TOPK, NORMALIZE, FUSE_TOPK)
-        swiglu_blocks(x_row, xp_ptr + t.to(tl.int64) * H, xs_ptr + t.to(tl.int64) * (H // GROUP),
-                      gw + e * stride_ge, gs + e * stride_gse, gb + e * stride_gse,
-                      uw + e * stride_ue, us + e * stride_use, ub + e * stride_use, h_row, rn, I,
-                      stride_gn, stride_gsn, stride_un, stride_usn, magic, H, BITS, GROUP, BN, CG, INLINE, LOOP)
+        swiglu_block(x_row, xp_ptr + t.to(tl.int64) * H, xs_ptr + t.to(tl.int64) * (H // GROUP),
+                     gw + e * stride_ge, gs + e * stride_gse, gb + e * stride_gse,
+                     uw + e * stride_ue, us + e * stride_use, ub + e * stride_use, h_row, rn, rn < I,
+                     stride_gn, stride_gsn, stride_un, stride_usn, magic, H, BITS, GROUP, BN, CG, INLINE)
     else:
-        swiglu_blocks(x_row, sxp_ptr + t.to(tl.int64) * H, sxs_ptr + t.to(tl.int64) * (H // S_GROUP),
-                      sgw, sgs, sgb, suw, sus, sub, h_row, rn, IS,
-                      stride_sgn, stride_sgsn, stride_sun, stride_susn, magic, H, S_BITS, S_GROUP, BN, S_CG, INLINE,
-                      LOOP)
+        swiglu_block(x_row, sxp_ptr + t.to(tl.int64) * H, sxs_ptr + t.to(tl.int64) * (H // S_GROUP),
+                     sgw, sgs, sgb, suw, sus, sub, h_row, rn, rn < IS,
+                     stride_sgn, stride_sgsn, stride_sun, stride_susn, magic, H, S_BITS, S_GROUP, BN, S_CG, INLINE)
 
 
 @triton.jit
 def _down_kernel(
-    h_ptr, hp_ptr, hs_ptr, shp_ptr, shs_ptr, ids_ptr, wts_ptr, sw_ptr,
+    h_ptr, hp_ptr, hs_ptr, shp_ptr, shs_ptr, ids_ptr, wts_ptr, sw_ptr, part_ptr,
     dw, ds, db, sdw, sds, sdb,
-    H, magic, stride_hr, stride_de, stride_dn, stride_dse, stride_dsn, stride_sdn, stride_sdsn, part_ptr,
+    H, magic, stride_hr, stride_de, stride_dn, stride_dse, stride_dsn, stride_sdn, stride_sdsn,
     I: tl.constexpr, IS: tl.constexpr, TOPK: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
     BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr,
     S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr, INLINE: tl.constexpr = 0,
-    MUL_RN: tl.constexpr = True, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     # grid (T * SLOTS, cdiv(H, BN)); row r = t * SLOTS + slot of hbuf (stride_hr) and of part [T*SLOTS, H]
     pdl_open(PDL)
     pdl_wait(PDL)
     r = tl.program_id(0)
+    t = r // SLOTS
+    slot = r % SLOTS
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     n_mask = rn < H
-    p = slot_part(h_ptr, hp_ptr, hs_ptr, shp_ptr, shs_ptr, ids_ptr, wts_ptr, sw_ptr, dw, ds, db, sdw, sds, sdb,
-                  r // SLOTS, r % SLOTS, rn, n_mask, magic, stride_hr, stride_de, stride_dn, stride_dse, stride_dsn,
-                  stride_sdn, stride_sdsn, I, IS, TOPK, SLOTS, BN, BITS, GROUP, CG, S_BITS, S_GROUP, S_CG, INLINE,
-                  MUL_RN)
-    tl.store(part_ptr + r.to(tl.int64) * H + rn, p, mask=n_mask)
+    h_row = h_ptr + r.to(tl.int64) * stride_hr
+    part_row = part_ptr + r.to(tl.int64) * H
+    if slot < TOPK:
+        e = tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
+        down_block(h_row, hp_ptr + r.to(tl.int64) * stride_hr, hs_ptr + r.to(tl.int64) * (stride_hr // GROUP),
+                   dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse, tl.load(wts_ptr + t * TOPK + slot),
+                   part_row, rn, n_mask, stride_dn, stride_dsn, magic, I, BITS, GROUP, BN, CG, INLINE)
+    else:
+        down_block(h_row, shp_ptr + r.to(tl.int64) * stride_hr, shs_ptr + r.to(tl.int64) * (stride_hr // S_GROUP),
+                   sdw, sds, sdb, tl.load(sw_ptr + t), part_row, rn, n_mask, stride_sdn, stride_sdsn, magic,
+                   IS, S_BITS, S_GROUP, BN, S_CG, INLINE)
 
 
 @triton.jit
@@ -348,66 +222,12 @@ def _combine_kernel(part_ptr, res_ptr, out_ptr, H, stride_rt, stride_ot,
     acc = tl.load(base, mask=n_mask, other=0.0)
     for s in tl.static_range(1, SLOTS):
         acc += tl.load(base + s * H, mask=n_mask, other=0.0)
-    combine_store(acc, res_ptr, out_ptr, t, rn, n_mask, stride_rt, stride_ot, HAS_RES)
-
-
-@triton.jit
-def _down_combine_kernel(
-    h_ptr, hp_ptr, hs_ptr, shp_ptr, shs_ptr, ids_ptr, wts_ptr, sw_ptr,
-    dw, ds, db, sdw, sds, sdb,
-    H, magic, stride_hr, stride_de, stride_dn, stride_dse, stride_dsn, stride_sdn, stride_sdsn,
-    res_ptr, out_ptr, stride_rt, stride_ot,
-    I: tl.constexpr, IS: tl.constexpr, TOPK: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
-    BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr,
-    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr, HAS_RES: tl.constexpr,
-    INLINE: tl.constexpr = 0, MUL_RN: tl.constexpr = True, PDL: tl.constexpr = False,
-):
-    # grid (T, cdiv(H, BN)): _down_kernel's SLOTS programs of token t and the combine of their features rn in one
-    # program. Each slot's part is slot_part's (the same instructions), summed in the combine's order
-    # (acc = part 0, then += part s for s = 1 .. SLOTS-1), then the combine's epilogue: the bits of the two launches.
-    # One chunk per slot (K = I in one chunk, the default shapes): slots s+1 and s+2 are requested before slot s
-    # is reduced, the loads pinned ahead by a barrier (ptxas sinks loads to their use: sm_90 SASS of the plain
-    # slot loop had 2 of its 18 wide loads ahead of the first FMA, 29 vs 16.7 us per MoE block at T = 1).
-    pdl_open(PDL)
-    pdl_wait(PDL)
-    t = tl.program_id(0)
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
-    n_mask = rn < H
-    if I == CG * GROUP and IS == S_CG * S_GROUP:
-        rn64 = rn.to(tl.int64)
-        nxt1 = _slot_chunk(ids_ptr, dw, ds, db, sdw, sds, sdb, t, 0, rn64, n_mask, stride_de, stride_dn, stride_dse,
-                           stride_dsn, stride_sdn, stride_sdsn, TOPK, BN, BITS, GROUP, CG, S_BITS, S_GROUP, S_CG)
-        nxt2 = nxt1
-        if SLOTS > 1:
-            nxt2 = _slot_chunk(ids_ptr, dw, ds, db, sdw, sds, sdb, t, 1, rn64, n_mask, stride_de, stride_dn,
-                               stride_dse, stride_dsn, stride_sdn, stride_sdsn, TOPK, BN, BITS, GROUP, CG, S_BITS,
-                               S_GROUP, S_CG)
-        acc = tl.zeros((BN,), dtype=tl.float32)
-        for s in tl.static_range(SLOTS):
-            cur = nxt1
-            nxt1 = nxt2
-            if s + 2 < SLOTS:
-                nxt2 = _slot_chunk(ids_ptr, dw, ds, db, sdw, sds, sdb, t, s + 2, rn64, n_mask, stride_de, stride_dn,
-                                   stride_dse, stride_dsn, stride_sdn, stride_sdsn, TOPK, BN, BITS, GROUP, CG, S_BITS,
-                                   S_GROUP, S_CG)
-                tl.debug_barrier()
-            part = _slot_part_of(cur, h_ptr, hp_ptr, hs_ptr, shp_ptr, shs_ptr, wts_ptr, sw_ptr, t, s, magic,
-                                 stride_hr, I, IS, TOPK, SLOTS, BN, BITS, GROUP, CG, S_BITS, S_GROUP, S_CG, INLINE,
-                                 MUL_RN)
-            if s == 0:
-                acc = part  # the combine's order: part 0, then += part s
-            else:
-                acc += part
-    else:
-        acc = slot_part(h_ptr, hp_ptr, hs_ptr, shp_ptr, shs_ptr, ids_ptr, wts_ptr, sw_ptr, dw, ds, db, sdw, sds, sdb,
-                        t, 0, rn, n_mask, magic, stride_hr, stride_de, stride_dn, stride_dse, stride_dsn, stride_sdn,
-                        stride_sdsn, I, IS, TOPK, SLOTS, BN, BITS, GROUP, CG, S_BITS, S_GROUP, S_CG, INLINE, MUL_RN)
-        for s in tl.static_range(1, SLOTS):
-            acc += slot_part(h_ptr, hp_ptr, hs_ptr, shp_ptr, shs_ptr, ids_ptr, wts_ptr, sw_ptr, dw, ds, db, sdw, sds,
-                             sdb, t, s, rn, n_mask, magic, stride_hr, stride_de, stride_dn, stride_dse, stride_dsn,
-                             stride_sdn, stride_sdsn, I, IS, TOPK, SLOTS, BN, BITS, GROUP, CG, S_BITS, S_GROUP, S_CG,
-                             INLINE, MUL_RN)
-    combine_store(acc, res_ptr, out_ptr, t, rn, n_mask, stride_rt, stride_ot, HAS_RES)
+    o_ty = out_ptr.dtype.element_ty
+    out = acc.to(o_ty)
+    if HAS_RES:
+        r = tl.load(res_ptr + t.to(tl.int64) * stride_rt + rn, mask=n_mask, other=0.0)
+        out = (r.to(tl.float32) + out.to(tl.float32)).to(o_ty)
+    tl.store(out_ptr + t.to(tl.int64) * stride_ot + rn, out, mask=n_mask)
 
 
 def _prep(rows: torch.Tensor, spec: WeightSpec):
@@ -448,11 +268,7 @@ def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normal
     e = logits.shape[1] if fuse else 1
     bn = launch.gate_up_bn
     cg, s_cg, warps = _gate_up_shape(g, sg, launch)
-    loop = launch.gate_up_loop
-    if loop > 1 and (DENSE_BITS in (g.bits, sg.bits) or cg * _group(g) != h or s_cg * _group(sg) != h):
-        raise ValueError(f"moe_decode_v2: gate_up_loop {loop} needs packed gate/up weights read in one chunk per row "
-                         f"(row runs), found CG {cg} / {s_cg} for H = {h}")
-    _gate_up_kernel[(t * slots, triton.cdiv(triton.cdiv(hbuf.shape[2], bn), loop))](
+    _gate_up_kernel[(t * slots, triton.cdiv(hbuf.shape[2], bn))](
         x, xp, xs, sxp, sxs, logits if fuse else x, routing.ids, routing.weights, hbuf,
         g.w, g.scales, g.biases, u.w, u.scales, u.biases, sg.w, sg.scales, sg.biases, su.w, su.scales, su.biases,
         e, i_r, i_s, MAGIC, x.stride(0), hbuf.stride(0), hbuf.stride(1),
@@ -461,16 +277,12 @@ def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normal
         sg.w.stride(-2), sg.scales.stride(-2), su.w.stride(-2), su.scales.stride(-2),
         H=h, TOPK=top_k, SLOTS=slots, BN=bn, BITS=g.bits, GROUP=_group(g), CG=cg,
         S_BITS=sg.bits, S_GROUP=_group(sg), S_CG=s_cg, EP=triton.next_power_of_2(e),
-        NORMALIZE=normalize, FUSE_TOPK=fuse, INLINE=inline_mode(x, inline_prep), LOOP=loop, num_warps=warps,
+        NORMALIZE=normalize, FUSE_TOPK=fuse, INLINE=inline_mode(x, inline_prep), num_warps=warps,
         **_regs(launch.gate_up_maxnreg), **pdl_args(x),
     )
 
 
-def _launch_down(rows, routing, d, sd, top_k, slots, h, i_s, inline_prep, launch, part=None, combine=None):
-    """The down projection of hbuf's rows [T * slots, width] in one of two launches (the same bits):
-    part given: _down_kernel, grid (T * slots, cdiv(H, BN)), writing every (token, slot)'s weighted row into part
-    [T * slots, H] fp32 for launch_combine; combine = (x, residual or None, out) instead: _down_combine_kernel, grid
-    (T, cdiv(H, BN)), each program its token's slots in order, summed and written to out as launch_combine would."""
+def _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch):
     if inline_prep:
         hp = hs = shp = shs = rows  # unused
     else:
@@ -480,28 +292,16 @@ def _launch_down(rows, routing, d, sd, top_k, slots, h, i_s, inline_prep, launch
         shared_like_routed = (sd.bits, sd.group, sd.k) == (d.bits, d.group, d.k)
         shp, shs = (hp, hs) if shared_like_routed else _prep_rows(rows, sd)
     bn = launch.down_bn
-    args = (rows, hp, hs, shp, shs, routing.ids, routing.weights, routing.shared_weight,
-            d.w, d.scales, d.biases, sd.w, sd.scales, sd.biases,
-            h, MAGIC, rows.stride(0), d.w.stride(0), d.w.stride(1), d.scales.stride(0), d.scales.stride(1),
-            sd.w.stride(-2), sd.scales.stride(-2))
-    meta = dict(I=d.k, IS=i_s if slots > top_k else d.k, TOPK=top_k, SLOTS=slots, BN=bn,
-                BITS=d.bits, GROUP=_group(d), CG=_cg(d, bn, launch.down_cg), S_BITS=sd.bits, S_GROUP=_group(sd),
-                S_CG=_cg(sd, bn, launch.down_cg), INLINE=inline_mode(rows, inline_prep), MUL_RN=_mul_rn_asm(),
-                num_warps=launch.down_warps, **_regs(launch.down_maxnreg))
-    if combine is None:
-        _down_kernel[(rows.shape[0], triton.cdiv(h, bn))](*args, part, **meta, **pdl_args(rows))
-        return
-    x, residual, out = combine
-    res = residual if residual is not None else x
-    _down_combine_kernel[(x.shape[0], triton.cdiv(h, bn))](
-        *args, res, out, res.stride(0), out.stride(0), HAS_RES=residual is not None, **meta, **pdl_args(rows),
+    _down_kernel[(rows.shape[0], triton.cdiv(h, bn))](
+        rows, hp, hs, shp, shs, routing.ids, routing.weights, routing.shared_weight, part,
+        d.w, d.scales, d.biases, sd.w, sd.scales, sd.biases,
+        h, MAGIC, rows.stride(0), d.w.stride(0), d.w.stride(1), d.scales.stride(0), d.scales.stride(1),
+        sd.w.stride(-2), sd.scales.stride(-2),
+        I=d.k, IS=i_s if slots > top_k else d.k, TOPK=top_k, SLOTS=slots, BN=bn,
+        BITS=d.bits, GROUP=_group(d), CG=_cg(d, bn, launch.down_cg), S_BITS=sd.bits, S_GROUP=_group(sd),
+        S_CG=_cg(sd, bn, launch.down_cg), INLINE=inline_mode(rows, inline_prep), num_warps=launch.down_warps,
+        **_regs(launch.down_maxnreg), **pdl_args(rows),
     )
-
-
-def _mul_rn_asm() -> bool:
-    """MUL_RN of the down kernels (_mul_rn): the PTX multiply, except in Triton's interpreter. TRITON_INTERPRET is
-    read here, not backend.interpreting(), which the compile-only scripts (scripts/sass_report.py) force on."""
-    return os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
 
 def _regs(maxnreg: int | None) -> dict:
@@ -519,12 +319,11 @@ def moe_decode_v2(
 ):
     """The MoE block for T tokens x [T, H] (bf16); arguments and result as `triton_decode.moe_decode`
     (config is passed to the router launch). Launches: router (the top-k at each token's last-arriving router
-    program), gate/up, down+combine (3) by default; fuse_topk=True recomputes the top-k at the head of every
+    program), gate/up, down, combine (4) by default; fuse_topk=True recomputes the top-k at the head of every
     gate/up program instead, separate_topk=True gives it a launch of its own, inline_prep=False adds the prep
     launches of x and of hbuf
     (the v2 path, kept so the two can be timed against each other). launch: the kernels' launch shape (MoeLaunch;
-    None: the defaults and env switches, _env_launch), for sweeps (scripts/sweep_decode_kernels.py);
-    launch.fuse_down_combine=False: down and combine as two launches (4 by default), the same bits."""
+    None: the defaults), for sweeps (scripts/sweep_decode_kernels.py)."""
     launch = _env_launch() if launch is None else launch
     t, h = x.shape
     g, u, d, sg, su, sd, has_shared = expert_specs(
@@ -534,15 +333,11 @@ def moe_decode_v2(
     out = torch.empty_like(x) if out is None else out
     if t == 0:
         return (out, routing) if return_routing else out
-    i_s, slots, hbuf = slot_buffers(x, g, sg, has_shared, top_k)
+    i_s, slots, hbuf, part = slot_buffers(x, g, sg, has_shared, top_k)
     _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch)
     rows = hbuf.view(t * slots, hbuf.shape[2])
-    if launch.fuse_down_combine:
-        _launch_down(rows, routing, d, sd, top_k, slots, h, i_s, inline_prep, launch, combine=(x, residual, out))
-    else:
-        part = torch.empty(t * slots, h, dtype=torch.float32, device=x.device)
-        _launch_down(rows, routing, d, sd, top_k, slots, h, i_s, inline_prep, launch, part=part)
-        launch_combine(part, x, residual, out, slots, launch)
+    _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch)
+    launch_combine(part, x, residual, out, slots, launch)
     return (out, routing) if return_routing else out
 
 
@@ -557,13 +352,14 @@ def expert_specs(x, router, gate, up, down, shared_gate_proj, shared_up, shared_
 
 
 def slot_buffers(x, g: WeightSpec, sg: WeightSpec, has_shared: bool, top_k: int):
-    """(shared I or 0, slots per token, hbuf [T, slots, max I] bf16): the SwiGLU rows of every (token, slot), the
-    routed picks first, the shared expert last."""
-    t = x.shape[0]
+    """(shared I or 0, slots per token, hbuf [T, slots, max I] bf16, part [T * slots, H] fp32): the SwiGLU rows and
+    the weighted down outputs of every (token, slot), the routed picks first, the shared expert last."""
+    t, h = x.shape
     i_s = sg.n if has_shared else 0
     slots = top_k + int(has_shared)
     hbuf = torch.empty(t, slots, max(g.n, i_s), dtype=torch.bfloat16, device=x.device)
-    return i_s, slots, hbuf
+    part = torch.empty(t * slots, h, dtype=torch.float32, device=x.device)
+    return i_s, slots, hbuf, part
 
 
 def launch_combine(part, x, residual, out, slots: int, launch: MoeLaunch) -> None:

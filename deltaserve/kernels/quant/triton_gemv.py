@@ -135,7 +135,7 @@ def _finish_row(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, slo
 
 
 @triton.jit
-def load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, BITS: tl.constexpr,
+def _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, BITS: tl.constexpr,
                 GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr):
     """Chunk c of the BN weight rows rn64: packed (words [BN, CG * GW] int32, scales and biases [BN, CG] fp32) or
     dense (the fp32 values [BN, CG * GROUP], returned three times so both kinds unpack alike). The one place the
@@ -164,10 +164,10 @@ def _first_chunks(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, NC: t
     """Chunks 0 and 1 (chunk 0 twice when NC == 1): the start of the GEMVs' two-chunk lookahead. The lookahead
     exists because the compiler issues each chunk's loads where they are written: without it one chunk's latency
     is exposed after another (sm_90 SASS)."""
-    c0 = load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 0, BITS, GROUP, BN, CG)
+    c0 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 0, BITS, GROUP, BN, CG)
     c1 = c0
     if NC > 1:
-        c1 = load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 1, BITS, GROUP, BN, CG)
+        c1 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, 1, BITS, GROUP, BN, CG)
     return c0, c1
 
 
@@ -178,7 +178,7 @@ def _next_chunk(nxt1, nxt2, w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride
     now (while chunk c is reduced) when it exists."""
     nxt3 = nxt2
     if c + 2 < NC:
-        nxt3 = load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c + 2, BITS, GROUP, BN, CG)
+        nxt3 = _load_chunk(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c + 2, BITS, GROUP, BN, CG)
     return nxt1, nxt2, nxt3
 
 
@@ -228,16 +228,16 @@ def gemv_row_pair(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, w2_ptr, s2_ptr, b2
                                            c, NC, BITS, GROUP, BN, CG)
         if c == 0:
             pdl_wait(PDL_WAIT)
-        acc = chunk_dot(acc, cur, magic, x_row, xp_row, xs_row, c, K, BITS, GROUP, BN, CG, INLINE)
+        acc = _chunk_dot(acc, cur, magic, x_row, xp_row, xs_row, c, K, BITS, GROUP, BN, CG, INLINE)
         if TWO:
-            acc2 = chunk_dot(acc2, cur2, magic, x_row, xp_row, xs_row, c, K, BITS, GROUP, BN, CG, INLINE)
+            acc2 = _chunk_dot(acc2, cur2, magic, x_row, xp_row, xs_row, c, K, BITS, GROUP, BN, CG, INLINE)
     return tl.sum(acc, axis=1), tl.sum(acc2, axis=1)
 
 
 @triton.jit
-def chunk_dot(acc, chunk, magic, x_row, xp_row, xs_row, c, K: tl.constexpr, BITS: tl.constexpr,
+def _chunk_dot(acc, chunk, magic, x_row, xp_row, xs_row, c, K: tl.constexpr, BITS: tl.constexpr,
                GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr):
-    """acc + one row of x against chunk c (a load_chunk result): gemv_row's per-chunk step."""
+    """acc + one row of x against chunk c (a _load_chunk result): gemv_row's per-chunk step."""
     p, s, b = chunk
     if BITS == 16:
         return acc + _dense_part(p, x_row, c, CG * GROUP)
@@ -260,158 +260,92 @@ def _chunk_row(acc, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r, stride_xm,
 
 
 @triton.jit
-def _block_rows(chunk, rn, n_mask, magic, x_ptr, xp_ptr, xs_ptr, out_ptr, m0, M, stride_xm, stride_om,
-                cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk,
-                K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr, MB: tl.constexpr,
-                INLINE: tl.constexpr, CONV: tl.constexpr, KCONV: tl.constexpr):
-    """Rows m0 .. m0+MB-1 of x against one block of features whose whole K is one chunk (a load_chunk result),
-    finished and stored: per row the same _chunk_row (from a zero accumulator) and _finish_row as _gemv_kernel's
-    one-block path, so the same bits."""
-    p, s, b = chunk
-    ph = p
-    if BITS != 16:
-        ph = p >> 16
-    for j in tl.static_range(MB):
-        r = tl.minimum(m0 + j, M - 1)
-        a = tl.zeros(s.shape if BITS != 16 else p.shape, dtype=tl.float32)
-        a = _chunk_row(a, p, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r, stride_xm, 0, K, BITS, GROUP, CG, INLINE)
-        _finish_row(out_ptr, a, rn, n_mask, m0 + j, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
-                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
-
-
-@triton.jit
-def _gemv_blocks(
-    x_ptr, xp_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_om, magic,
-    cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk,
-    K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
-    MB: tl.constexpr, INLINE: tl.constexpr, CONV: tl.constexpr, KCONV: tl.constexpr, PDL_WAIT: tl.constexpr,
-    LOOP: tl.constexpr,
-):
-    """_gemv_kernel's body for LOOP > 1: feature blocks j*LOOP .. j*LOOP+LOOP-1 of program j, each block's words
-    requested before the previous block is reduced. Why: a decode GEMV of 4 KB programs (row runs of 4 rows) runs
-    ~1.3 waves of short programs, each waiting one DRAM latency before its FMAs, and the last wave leaves SMs idle
-    (H200 ncu, 12352 x 2048: 13.3k of 18.2k cycles active); a read-only kernel of the same bytes in 16 KB programs
-    reached 98% of the copy bandwidth against 72% in 4 KB ones (bench/kernels_floor.py). Which program computes a
-    block never changes the block's arithmetic (_block_rows). PDL_WAIT: the kernel was launched with PDL and has
-    not waited yet (triton_pdl): wait once the first block's weights are requested."""
-    tl.static_assert(K == CG * GROUP, "LOOP > 1 needs the whole K in one chunk (row runs)")
-    m0 = tl.program_id(1) * MB
-    rn = tl.program_id(0) * (LOOP * BN) + tl.arange(0, BN)
-    n_mask = rn < N
-    cur = load_chunk(w_ptr, s_ptr, b_ptr, rn.to(tl.int64), n_mask, stride_wn, stride_sn, 0, BITS, GROUP, BN, CG)
-    pdl_wait(PDL_WAIT)
-    for i in tl.static_range(LOOP):
-        rn_next = rn + BN
-        mask_next = rn_next < N
-        nxt = cur
-        if i + 1 < LOOP:  # the next block's loads go out before this block's FMAs
-            nxt = load_chunk(w_ptr, s_ptr, b_ptr, rn_next.to(tl.int64), mask_next, stride_wn, stride_sn, 0, BITS,
-                              GROUP, BN, CG)
-            # ptxas sinks loads towards their first use, here past this block's FMAs down to its reduction's
-            # barrier (sm_90 SASS); a barrier here pins them (it orders memory operations, it does not wait for
-            # the loads to complete)
-            tl.debug_barrier()
-        _block_rows(cur, rn, n_mask, magic, x_ptr, xp_ptr, xs_ptr, out_ptr, m0, M, stride_xm, stride_om,
-                    cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk,
-                    K, BITS, GROUP, CG, MB, INLINE, CONV, KCONV)
-        cur = nxt
-        rn = rn_next
-        n_mask = mask_next
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr, xp_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_om, magic,
     cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk,
     K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
     MB: tl.constexpr, INLINE: tl.constexpr = 0, CONV: tl.constexpr = False, KCONV: tl.constexpr = 4,
-    PDL: tl.constexpr = False, LOOP: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
-    # grid (cdiv(cdiv(N, BN), LOOP), cdiv(M, MB)); rows m0 .. m0+MB-1 of x, each with its own accumulator (a0..a7).
-    # Rows past M read row M-1 (valid memory) and are not stored. INLINE: x is read raw (xp/xs unused); CONV: the
-    # decode conv runs in the epilogue (_store_row_conv; cw/pool/slot/ctx unused otherwise). PDL (triton_pdl): the
-    # first chunk's weights are requested before waiting for the kernel that wrote x. LOOP > 1 (row runs only: the
-    # whole K in one chunk): the program owns LOOP consecutive blocks of BN features (_gemv_blocks).
+    # grid (cdiv(N, BN), cdiv(M, MB)); rows m0 .. m0+MB-1 of x, each with its own accumulator (a0..a7). Rows past
+    # M read row M-1 (valid memory) and are not stored. INLINE: x is read raw (xp/xs unused); CONV: the decode conv
+    # runs in the epilogue (_store_row_conv; cw/pool/slot/ctx unused otherwise). PDL (triton_pdl): the first
+    # chunk's weights are requested before waiting for the kernel that wrote x.
     pdl_open(PDL)
-    if LOOP > 1:
-        _gemv_blocks(x_ptr, xp_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn,
-                     stride_om, magic, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps,
-                     stride_pc, stride_pk, K, BITS, GROUP, BN, CG, MB, INLINE, CONV, KCONV, PDL, LOOP)
-    else:  # one block per program
-        rn = tl.program_id(0) * BN + tl.arange(0, BN)
-        n_mask = rn < N
-        rn64 = rn.to(tl.int64)
-        m0 = tl.program_id(1) * MB
-        r1 = tl.minimum(m0 + 1, M - 1)
-        r2 = tl.minimum(m0 + 2, M - 1)
-        r3 = tl.minimum(m0 + 3, M - 1)
-        r4 = tl.minimum(m0 + 4, M - 1)
-        r5 = tl.minimum(m0 + 5, M - 1)
-        r6 = tl.minimum(m0 + 6, M - 1)
-        r7 = tl.minimum(m0 + 7, M - 1)
-        if BITS == 16:
-            acc_shape: tl.constexpr = (BN, CG * GROUP)  # dense: chunks of CG * GROUP elements
-        else:
-            acc_shape: tl.constexpr = (BN, CG)
-        a0 = tl.zeros(acc_shape, dtype=tl.float32)
-        a1 = tl.zeros(acc_shape, dtype=tl.float32)
-        a2 = tl.zeros(acc_shape, dtype=tl.float32)
-        a3 = tl.zeros(acc_shape, dtype=tl.float32)
-        a4 = tl.zeros(acc_shape, dtype=tl.float32)
-        a5 = tl.zeros(acc_shape, dtype=tl.float32)
-        a6 = tl.zeros(acc_shape, dtype=tl.float32)
-        a7 = tl.zeros(acc_shape, dtype=tl.float32)
-        NC: tl.constexpr = K // (CG * GROUP)
-        # the two-chunk lookahead of gemv_row; with PDL chunks 0..2 are requested before the wait
-        nxt1, nxt2 = _first_chunks(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, NC, BITS, GROUP, BN, CG)
-        for c in tl.static_range(NC):
-            cur, nxt1, nxt2 = _next_chunk(nxt1, nxt2, w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, NC,
-                                          BITS, GROUP, BN, CG)
-            if c == 0:
-                pdl_wait(PDL)
-            p, s, b = cur
-            wv = p  # dense: the chunk's values (s, b unused)
-            ph = p  # dense: unused
-            if BITS != 16:
-                ph = p >> 16
-            a0 = _chunk_row(a0, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, m0, stride_xm, c, K, BITS, GROUP,
-                            CG, INLINE)
-            if MB > 1:
-                a1 = _chunk_row(a1, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r1, stride_xm, c, K, BITS,
-                                GROUP, CG, INLINE)
-            if MB > 2:
-                a2 = _chunk_row(a2, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r2, stride_xm, c, K, BITS,
-                                GROUP, CG, INLINE)
-                a3 = _chunk_row(a3, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r3, stride_xm, c, K, BITS,
-                                GROUP, CG, INLINE)
-            if MB > 4:
-                a4 = _chunk_row(a4, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r4, stride_xm, c, K, BITS,
-                                GROUP, CG, INLINE)
-                a5 = _chunk_row(a5, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r5, stride_xm, c, K, BITS,
-                                GROUP, CG, INLINE)
-                a6 = _chunk_row(a6, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r6, stride_xm, c, K, BITS,
-                                GROUP, CG, INLINE)
-                a7 = _chunk_row(a7, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r7, stride_xm, c, K, BITS,
-                                GROUP, CG, INLINE)
-        _finish_row(out_ptr, a0, rn, n_mask, m0, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
-                        stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    n_mask = rn < N
+    rn64 = rn.to(tl.int64)
+    m0 = tl.program_id(1) * MB
+    r1 = tl.minimum(m0 + 1, M - 1)
+    r2 = tl.minimum(m0 + 2, M - 1)
+    r3 = tl.minimum(m0 + 3, M - 1)
+    r4 = tl.minimum(m0 + 4, M - 1)
+    r5 = tl.minimum(m0 + 5, M - 1)
+    r6 = tl.minimum(m0 + 6, M - 1)
+    r7 = tl.minimum(m0 + 7, M - 1)
+    if BITS == 16:
+        acc_shape: tl.constexpr = (BN, CG * GROUP)  # dense: chunks of CG * GROUP elements
+    else:
+        acc_shape: tl.constexpr = (BN, CG)
+    a0 = tl.zeros(acc_shape, dtype=tl.float32)
+    a1 = tl.zeros(acc_shape, dtype=tl.float32)
+    a2 = tl.zeros(acc_shape, dtype=tl.float32)
+    a3 = tl.zeros(acc_shape, dtype=tl.float32)
+    a4 = tl.zeros(acc_shape, dtype=tl.float32)
+    a5 = tl.zeros(acc_shape, dtype=tl.float32)
+    a6 = tl.zeros(acc_shape, dtype=tl.float32)
+    a7 = tl.zeros(acc_shape, dtype=tl.float32)
+    NC: tl.constexpr = K // (CG * GROUP)
+    # the two-chunk lookahead of gemv_row; with PDL chunks 0..2 are requested before the wait
+    nxt1, nxt2 = _first_chunks(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, NC, BITS, GROUP, BN, CG)
+    for c in tl.static_range(NC):
+        cur, nxt1, nxt2 = _next_chunk(nxt1, nxt2, w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, NC,
+                                      BITS, GROUP, BN, CG)
+        if c == 0:
+            pdl_wait(PDL)
+        p, s, b = cur
+        wv = p  # dense: the chunk's values (s, b unused)
+        ph = p  # dense: unused
+        if BITS != 16:
+            ph = p >> 16
+        a0 = _chunk_row(a0, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, m0, stride_xm, c, K, BITS, GROUP,
+                        CG, INLINE)
         if MB > 1:
-            _finish_row(out_ptr, a1, rn, n_mask, m0 + 1, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
-                        stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+            a1 = _chunk_row(a1, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r1, stride_xm, c, K, BITS,
+                            GROUP, CG, INLINE)
         if MB > 2:
-            _finish_row(out_ptr, a2, rn, n_mask, m0 + 2, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
-                        stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
-            _finish_row(out_ptr, a3, rn, n_mask, m0 + 3, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
-                        stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+            a2 = _chunk_row(a2, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r2, stride_xm, c, K, BITS,
+                            GROUP, CG, INLINE)
+            a3 = _chunk_row(a3, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r3, stride_xm, c, K, BITS,
+                            GROUP, CG, INLINE)
         if MB > 4:
-            _finish_row(out_ptr, a4, rn, n_mask, m0 + 4, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
-                        stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
-            _finish_row(out_ptr, a5, rn, n_mask, m0 + 5, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
-                        stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
-            _finish_row(out_ptr, a6, rn, n_mask, m0 + 6, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
-                        stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
-            _finish_row(out_ptr, a7, rn, n_mask, m0 + 7, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
-                        stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+            a4 = _chunk_row(a4, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r4, stride_xm, c, K, BITS,
+                            GROUP, CG, INLINE)
+            a5 = _chunk_row(a5, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r5, stride_xm, c, K, BITS,
+                            GROUP, CG, INLINE)
+            a6 = _chunk_row(a6, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r6, stride_xm, c, K, BITS,
+                            GROUP, CG, INLINE)
+            a7 = _chunk_row(a7, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r7, stride_xm, c, K, BITS,
+                            GROUP, CG, INLINE)
+    _finish_row(out_ptr, a0, rn, n_mask, m0, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+    if MB > 1:
+        _finish_row(out_ptr, a1, rn, n_mask, m0 + 1, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+    if MB > 2:
+        _finish_row(out_ptr, a2, rn, n_mask, m0 + 2, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+        _finish_row(out_ptr, a3, rn, n_mask, m0 + 3, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+    if MB > 4:
+        _finish_row(out_ptr, a4, rn, n_mask, m0 + 4, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+        _finish_row(out_ptr, a5, rn, n_mask, m0 + 5, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+        _finish_row(out_ptr, a6, rn, n_mask, m0 + 6, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
+        _finish_row(out_ptr, a7, rn, n_mask, m0 + 7, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                    stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
 
 
 def row_block(m: int, cap: int = ROW_BLOCK) -> int:
@@ -474,27 +408,6 @@ def default_config(spec: WeightSpec) -> tuple[int, int, int]:
     if spec.bits != DENSE_BITS and triton.cdiv(spec.n, 8) < FEW_PROGRAMS:
         return 4, chunk_groups(spec, 4), 2
     return 8, chunk_groups(spec, 8), 4  # dense: 8 x 512 bf16 chunks
-
-
-GEMV_LOOP = 1  # feature blocks per program of the row-run GEMVs (_gemv_blocks); 1: one block per program
-
-
-def gemv_loop(spec: WeightSpec, config: tuple[int, int, int], loop: int | None = None) -> int:
-    """Feature blocks per program for a weight under config (BN, CG, warps): `loop` if given, else env
-    DELTASERVE_GEMV_LOOP (a timing switch: 1..16), else GEMV_LOOP; always 1 unless the whole K is one chunk (row
-    runs). Never depends on M, and never changes a row's arithmetic (only which program computes a block)."""
-    if loop is None:
-        value = os.environ.get("DELTASERVE_GEMV_LOOP", "")
-        if value and (not value.isdigit() or not 1 <= int(value) <= 16):
-            raise ValueError(f"DELTASERVE_GEMV_LOOP must be an integer in 1..16, found {value!r}")
-        loop = int(value) if value else GEMV_LOOP
-        return loop if spec.bits != DENSE_BITS and config[1] * unit(spec) == spec.k else 1
-    if not isinstance(loop, int) or not 1 <= loop <= 16:
-        raise ValueError(f"affine_gemv: loop must be an integer in 1..16, found {loop!r}")
-    if loop > 1 and (spec.bits == DENSE_BITS or config[1] * unit(spec) != spec.k):
-        raise ValueError(f"affine_gemv: loop {loop} needs a packed weight read in one chunk per row (CG * group = "
-                         f"K = {spec.k}), found CG {config[1]}")
-    return loop
 
 
 def unit(spec: WeightSpec) -> int:
@@ -563,16 +476,14 @@ def use_inline_prep(spec: WeightSpec, inline_prep: bool | None) -> bool:
 
 
 def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=None, inline_prep: bool | None = None,
-                conv: DecodeConv | None = None, prep: tuple | None = None, loop: int | None = None) -> None:
+                conv: DecodeConv | None = None, prep: tuple | None = None) -> None:
     """x2 [M, K] (K contiguous), out [M, N] (N contiguous); M <= MAX_ROWS is the intended regime. inline_prep
     (resolved by use_inline_prep): the kernel reads x raw (one launch); else prep_x runs first (two launches, the v2
     path; the same products bit for bit, group sums in another fixed order: see triton_gemv_inline). conv: the
     decode conv in the epilogue (gated_delta.triton_decode.DecodeConv). prep: (xp, xs) of these rows already made
-    (prep_row, e.g. by the RMSNorm that wrote x2): used instead of the prep launch when the prep path runs.
-    loop: feature blocks per program (gemv_loop)."""
+    (prep_row, e.g. by the RMSNorm that wrote x2): used instead of the prep launch when the prep path runs."""
     m = x2.shape[0]
     bn, cg, warps = config or default_config(spec)
-    loop = gemv_loop(spec, (bn, cg, warps), loop)
     group = unit(spec)
     if spec.k % (cg * group):
         raise ValueError(f"affine_gemv: chunk of {cg} x {group} must divide K = {spec.k}")
@@ -591,13 +502,13 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
         cw, pool = conv.weight, conv.pool
         cargs = (cw, pool, conv.state_slots, conv.context_lens, conv.channels, cw.stride(0), cw.stride(1),
                  pool.stride(0), pool.stride(1), pool.stride(2))
-    grid = (triton.cdiv(triton.cdiv(spec.n, bn), loop), triton.cdiv(m, mb))
+    grid = (triton.cdiv(spec.n, bn), triton.cdiv(m, mb))
     _gemv_kernel[grid](
         x2, xp, xs, spec.w, spec.scales, spec.biases, out, m, spec.n, x2.stride(0), spec.w.stride(0),
         spec.scales.stride(0), out.stride(0), MAGIC, *cargs,
         K=spec.k, BITS=spec.bits, GROUP=group, BN=bn, CG=cg, MB=mb, INLINE=inline_mode(x2, inline_prep),
         CONV=conv is not None,
-        KCONV=kw, LOOP=loop, num_warps=warps, **pdl_args(x2),
+        KCONV=kw, num_warps=warps, **pdl_args(x2),
     )
 
 
@@ -605,7 +516,6 @@ def affine_gemv(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor | None, biases: torch.Tensor | None,
     bits: int, group: int, out: torch.Tensor | None = None, config: tuple | None = None, *,
     inline_prep: bool | None = None, conv: DecodeConv | tuple | None = None, prep: tuple | None = None,
-    loop: int | None = None,
 ) -> torch.Tensor:
     """y = x W^T for x [..., K] bf16/fp16 with at most MAX_ROWS rows; W packed uint32 [N, K*bits/32] with scales
     and biases [N, K/group] (bits 4 or 8, group 32/64/128), or dense [N, K] with bits=16 (scales = biases = None).
@@ -616,8 +526,7 @@ def affine_gemv(
     per sequence, and features < channels come out as SiLU(causal conv) with the pool updated, equal bit for bit
     to this GEMV followed by gated_delta.triton_decode.causal_conv on those features.
     prep: (xp, xs) of x's rows as prep_x would make them (triton_norm.rms_norm(..., prep=...)): the prep path
-    reads them instead of launching prep_x (same bits: both come from prep_row).
-    loop: feature blocks per program (gemv_loop; None: the default), for sweeps: never changes the result."""
+    reads them instead of launching prep_x (same bits: both come from prep_row)."""
     if bits not in (4, 8, DENSE_BITS):
         raise ValueError(f"affine_gemv: bits {bits} unsupported (4, 8, or 16 for a dense weight)")
     spec = gemv_spec(qweight, scales, biases, bits, group, "affine_gemv weight")
@@ -638,5 +547,5 @@ def affine_gemv(
         raise ValueError(f"affine_gemv: out must be [{m}, {spec.n}] with contiguous rows, found {tuple(out.shape)}")
     if m:
         conv = DecodeConv(*conv) if conv is not None and not isinstance(conv, DecodeConv) else conv
-        launch_gemv(x2, spec, out.view(m, spec.n), config, inline_prep, conv, prep, loop)
+        launch_gemv(x2, spec, out.view(m, spec.n), config, inline_prep, conv, prep)
     return out.view(*lead, spec.n)
