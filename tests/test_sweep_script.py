@@ -135,7 +135,8 @@ def test_dry_run_checks_every_configuration(tmp_path):
 
 def test_row_run_defaults_and_timing_switches(monkeypatch):
     """Packed decoder GEMVs default to row runs of 4 rows over the whole K; DELTASERVE_GEMV_ROWRUN=0 gives the
-    chunked shapes back (in-model A/Bs), DELTASERVE_MOE_LAUNCH sets the MoE shapes; bad values name the variable."""
+    chunked shapes back (in-model A/Bs), DELTASERVE_MOE_LAUNCH sets the MoE shapes, DELTASERVE_ROUTER_LAUNCH the
+    router's; bad values name the variable."""
     torch = pytest.importorskip("torch")
     tg = pytest.importorskip("deltaserve.kernels.quant.triton_gemv")
     m2 = pytest.importorskip("deltaserve.kernels.moe.triton_moe_gemv")
@@ -162,3 +163,12 @@ def test_row_run_defaults_and_timing_switches(monkeypatch):
     monkeypatch.setenv("DELTASERVE_MOE_LAUNCH", "8,4")
     with pytest.raises(ValueError, match="DELTASERVE_MOE_LAUNCH"):
         m2._env_launch()
+    md = pytest.importorskip("deltaserve.kernels.moe.triton_decode")
+    monkeypatch.delenv("DELTASERVE_ROUTER_LAUNCH", raising=False)
+    assert md.router_launch(md.DEFAULT_CONFIG["router"]) == (4, 4)
+    monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", "2,4")
+    assert md.router_launch(md.DEFAULT_CONFIG["router"]) == (2, 4)
+    for bad in ("3,4", "2", "2,x"):
+        monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_ROUTER_LAUNCH"):
+            md.router_launch((4, 4))

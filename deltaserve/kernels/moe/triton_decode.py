@@ -19,6 +19,7 @@ the other tokens of the launch. Meant for T <= ~16 tokens; larger batches belong
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -271,7 +272,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
     (E = 256, BE = 4: 65 programs of 8 KB of an 8-bit router each). topk = (ids [T, k], weights [T, k], k,
     normalize): the same launch also applies the routing contract (its last-arriving program per token)."""
     t, h = x.shape
-    be, warps = config["router"]
+    be, warps = router_launch(config["router"])
     logits = torch.empty(t, r.n, dtype=torch.float32, device=x.device)
     sw = torch.empty(t, dtype=torch.float32, device=x.device)
     if t:
@@ -286,6 +287,18 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
             num_warps=warps, **pdl_args(x),
         )
     return logits, sw
+
+
+def router_launch(default: tuple[int, int]) -> tuple[int, int]:
+    """(BE experts per program, num_warps) of the router launch: `default`, or env DELTASERVE_ROUTER_LAUNCH="be,warps"
+    (a timing switch for in-model A/Bs, powers of two; with the row-run CG held, a row's bits do not change)."""
+    value = os.environ.get("DELTASERVE_ROUTER_LAUNCH")
+    if not value:
+        return default
+    parts = value.split(",")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 and int(p) & (int(p) - 1) == 0 for p in parts):
+        raise ValueError(f"DELTASERVE_ROUTER_LAUNCH={value!r}: expected 'be,warps', powers of two")
+    return int(parts[0]), int(parts[1])
 
 
 def _router_cg(spec: WeightSpec, be: int, warps: int) -> int:
