@@ -81,14 +81,15 @@ def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
     cg_gu / cg_dn: the default chunking (BN = 8) of the gate/up and down weights, for the CG-held variants.
     The quick grid: the default, the chunked gate/up that was the default before the row runs, and the row-run
     shapes the 2026-11-30 sweep left close (bench/NOTES.md); register caps, other BN/warps, BC and the top-k in
-    gate/up (all slower on 2026-11-29) are in the full grid."""
-    base = dict(gu=(4, 2, "row"), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True, regs=(None, None))
+    gate/up (all slower on 2026-11-29) are in the full grid. The default top-k is the model's: its own launch
+    (model/fast.py::moe_topk_mode)."""
+    base = dict(gu=(4, 2, "row"), dn=(8, 2, None), cb=(256, 4), topk="split", inline=True, regs=(None, None))
     out = [base]
     if quick:
         # the default before row runs (gu 8/4, chunked), and the row-run shapes the 2026-11-30 sweep left close
         # ("row": CG = the weight's K / GROUP, "half": half that; resolved by moe_call)
         return out + [{**base, "gu": (8, 4, None)}, {**base, "gu": (8, 2, "row")}, {**base, "dn": (16, 1, "row")},
-                      {**base, "topk": "split"}, {**base, "inline": False}]
+                      {**base, "topk": "router"}, {**base, "inline": False}]
     pairs = [(bn, w) for bn in (4, 8, 16, 32) for w in (2, 4, 8)]
     out += [{**base, "regs": r} for r in ((128, None), (96, None), (None, 64))]
     out += [{**base, "gu": (bn, w, None)} for bn, w in pairs if (bn, w) != base["gu"][:2]]
@@ -96,8 +97,8 @@ def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
     out += [{**base, "gu": (bn, 4, cg_gu)} for bn in (4, 16, 32)] + [{**base, "gu": (4, 1, "half")}]
     out += [{**base, "dn": (bn, 4, cg_dn)} for bn in (4, 16, 32)]
     out += [{**base, "cb": cb} for cb in [(128, 4), (512, 4), (1024, 4), (256, 2), (1024, 8)]]
-    out += [{**base, "topk": "fused"}, {**base, "topk": "split"}, {**base, "inline": False},
-            {**base, "topk": "split", "inline": False}]
+    out += [{**base, "topk": "fused"}, {**base, "topk": "router"}, {**base, "inline": False},
+            {**base, "topk": "router", "inline": False}]
     return out
 
 

@@ -140,7 +140,7 @@ def test_kernel_choice_env_vars_are_checked(monkeypatch):
     monkeypatch.delenv("DELTASERVE_MOE_TOPK", raising=False)
     monkeypatch.delenv("DELTASERVE_DECODE_KERNELS", raising=False)
     monkeypatch.delenv("DELTASERVE_DECODE_CONV", raising=False)
-    assert fast.moe_topk_mode() == "router" and fast.decode_kernels() == "gemv"  # the defaults
+    assert fast.moe_topk_mode() == "split" and fast.decode_kernels() == "gemv"  # the defaults
     for mode in ("fused", "split"):
         monkeypatch.setenv("DELTASERVE_MOE_TOPK", mode)
         assert fast.moe_topk_mode() == mode

@@ -75,7 +75,7 @@ def test_judge_one_ulp_from_default_is_close_not_identical():
 
 def test_grids_start_with_the_default_and_bits_expectation():
     moe = sweep.moe_grid(True, 8, 8)
-    assert moe[0] == dict(gu=(4, 2, "row"), dn=(8, 2, None), cb=(256, 4), topk="router", inline=True,
+    assert moe[0] == dict(gu=(4, 2, "row"), dn=(8, 2, None), cb=(256, 4), topk="split", inline=True,
                           regs=(None, None))
     assert len({sweep.moe_label(c) for c in moe}) == len(moe)  # labels identify configurations
     assert len(sweep.moe_grid(False, 8, 8)) > len(moe)
@@ -165,9 +165,9 @@ def test_row_run_defaults_and_timing_switches(monkeypatch):
         m2._env_launch()
     md = pytest.importorskip("deltaserve.kernels.moe.triton_decode")
     monkeypatch.delenv("DELTASERVE_ROUTER_LAUNCH", raising=False)
-    assert md.router_launch(md.DEFAULT_CONFIG["router"]) == (4, 4)
-    monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", "2,4")
     assert md.router_launch(md.DEFAULT_CONFIG["router"]) == (2, 4)
+    monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", "8,4")
+    assert md.router_launch(md.DEFAULT_CONFIG["router"]) == (8, 4)
     for bad in ("3,4", "2", "2,x"):
         monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", bad)
         with pytest.raises(ValueError, match="DELTASERVE_ROUTER_LAUNCH"):
