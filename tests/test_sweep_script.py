@@ -165,9 +165,9 @@ def test_row_run_defaults_and_timing_switches(monkeypatch):
         m2._env_launch()
     md = pytest.importorskip("deltaserve.kernels.moe.triton_decode")
     monkeypatch.delenv("DELTASERVE_ROUTER_LAUNCH", raising=False)
+    assert md.router_launch(md.DEFAULT_CONFIG["router"]) == (4, 4)
+    monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", "2,4")
     assert md.router_launch(md.DEFAULT_CONFIG["router"]) == (2, 4)
-    monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", "8,4")
-    assert md.router_launch(md.DEFAULT_CONFIG["router"]) == (8, 4)
     for bad in ("3,4", "2", "2,x"):
         monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", bad)
         with pytest.raises(ValueError, match="DELTASERVE_ROUTER_LAUNCH"):

@@ -86,8 +86,7 @@ def moe_topk_mode() -> str:
     head of every gate/up program). Same bits every way (the same routing contract on the same fp32 logits); env
     DELTASERVE_MOE_TOPK, for timing them against each other. Why split: in the model on the H200 with PDL, one
     launch more per layer costs less than the router's serial tail (its last program waiting for all the others,
-    then 8 rounds of selection): tg128 @ d512 571.3 (router) -> 580.4 (split), 582.3 with 2 experts per router
-    program (bench/NOTES.md)."""
+    then 8 rounds of selection): tg128 @ d512 571.3 (router) -> 580.4 (split) (bench/NOTES.md)."""
     value = os.environ.get("DELTASERVE_MOE_TOPK", "split")
     if value not in ("router", "fused", "split"):
         raise ValueError(f"DELTASERVE_MOE_TOPK must be 'router', 'fused' or 'split', found {value!r}")

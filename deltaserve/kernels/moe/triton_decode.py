@@ -250,9 +250,10 @@ def _gemv_bk(spec: WeightSpec, prefer: int) -> int:
 # (32, 256, 4) 164.
 # router: (BE experts per program, num_warps); H200 T=1 (bench/NOTES.md): the v1 router, 16 programs of 16 experts
 # looping over K, took 20.4 us, more than the gate/up and down launches together.
-# router (BE, warps): 2 experts per program (129 programs at T = 1 for E = 256), H200 in the model: tg128 @ d512
-# 577.2 (BE 1), 582.3 (BE 2), 580.4 (BE 4), with the top-k in its own launch (bench/NOTES.md)
-DEFAULT_CONFIG = {"router": (2, 4), "gate_up": (16, 512, 4), "down": (16, 512, 4)}
+# router (BE, warps): 4 experts per program. H200 in the model, top-k in its own launch: tg128 @ d512 577.2 (BE 1),
+# 582.3 (BE 2), 580.4 (BE 4), within run-to-run noise (~0.5%) of each other, while BE 2 doubles the router programs
+# the interpreter tests run (+100 s of CI in tests/test_fast_path_interpret.py); bench/NOTES.md
+DEFAULT_CONFIG = {"router": (4, 4), "gate_up": (16, 512, 4), "down": (16, 512, 4)}
 
 
 @triton.jit
@@ -270,8 +271,8 @@ def _topk_kernel(logit_ptr, ids_ptr, wts_ptr, E, EP: tl.constexpr, TOPK: tl.cons
 def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
                    topk: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 logits [T, E], shared gate sigmoid [T]) in one launch of (T, cdiv(E, BE) + 1) programs. The x row
-    is read raw (inline prep), so no prep launch; one program per BE experts keeps the SMs busy even at T = 1
-    (E = 256, BE = 2: 129 programs of 4 KB of an 8-bit router each). topk = (ids [T, k], weights [T, k], k,
+    is read raw (inline prep), so no prep launch; one program per BE experts keeps every SM busy even at T = 1
+    (E = 256, BE = 4: 65 programs of 8 KB of an 8-bit router each). topk = (ids [T, k], weights [T, k], k,
     normalize): the same launch also applies the routing contract (its last-arriving program per token)."""
     t, h = x.shape
     be, warps = router_launch(config["router"])
