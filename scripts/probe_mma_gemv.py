@@ -99,9 +99,7 @@ def sass(n=12352, k=2048) -> list[str]:
     for bn in (64, 128):
         before = set(compiled)
         mma_gemv(torch.zeros(1, k, dtype=torch.bfloat16), w, s, s, k, bn=bn, f32=False)  # the GPU's bf16 MMA
-        kern = compiled[next(x for x in compiled if x not in before)]
-        text = sr._tool(["cuobjdump", "-sass"], kern.asm["cubin"])
-        ins = [ln.split(";")[0] for ln in text.splitlines() if re.search(r"/\*[0-9a-f]{4,5}\*/ ", ln) and ";" in ln]
+        ins = [ln.split(";")[0] for ln in sr.instructions(compiled[next(x for x in compiled if x not in before)])]
         ops = collections.Counter(re.sub(r"^\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", i).split(" ")[0].split(".")[0]
                                   for i in ins)
         per_code = len(ins) * 4 * 32 / ((k // 64) * bn * 64)

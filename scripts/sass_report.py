@@ -94,10 +94,15 @@ def _tool(args: list[str], cubin: bytes) -> str:
         return subprocess.run([str(BIN / args[0]), *args[1:], f.name], capture_output=True, text=True).stdout
 
 
+def instructions(k) -> list[str]:
+    """The SASS instruction lines of a compiled kernel, in order (cuobjdump's address-tagged lines)."""
+    return [ln for ln in _tool(["cuobjdump", "-sass"], k.asm["cubin"]).splitlines()
+            if re.search(r"/\*[0-9a-f]{4,5}\*/ ", ln) and ";" in ln]
+
+
 def summary(name: str, k) -> str:
     regs = re.search(r"REG:(\d+)", _tool(["cuobjdump", "-res-usage"], k.asm["cubin"]))
-    ins = [ln for ln in _tool(["cuobjdump", "-sass"], k.asm["cubin"]).splitlines()
-           if re.search(r"/\*[0-9a-f]{4,5}\*/ ", ln) and ";" in ln]
+    ins = instructions(k)
     ldg = [i for i, ln in enumerate(ins) if "LDG" in ln and ".128" in ln]
     ffma = next((i for i, ln in enumerate(ins) if "FFMA" in ln), None)
     wait = [i for i, ln in enumerate(ins) if "ACQBULK" in ln]

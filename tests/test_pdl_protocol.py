@@ -65,8 +65,19 @@ def _is_wait(call: ast.Call, funcs: dict, flag: str = "PDL") -> bool:
     if "PDL_WAIT" not in params:
         return False
     i = params.index("PDL_WAIT")
-    return (i < len(call.args) and isinstance(call.args[i], ast.Name) and call.args[i].id == flag) or \
-        any(k.arg == "PDL_WAIT" for k in call.keywords)
+    passed = call.args[i] if i < len(call.args) else next((k.value for k in call.keywords if k.arg == "PDL_WAIT"),
+                                                            None)
+    return isinstance(passed, ast.Name) and passed.id == flag
+
+
+def _calls_in_order(fn: ast.FunctionDef) -> list[ast.Call]:
+    return sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
+
+
+def _call_writes(call: ast.Call, funcs: dict) -> bool:
+    """Does this call store or do an atomic (directly, or in the jit helper it calls)?"""
+    n = _name(call)
+    return n in WRITES or n == "last_arrival" or (n in funcs and _writes(funcs[n], funcs, set()))
 
 
 def _pdl_kernels():
@@ -84,8 +95,7 @@ def test_pdl_kernels_found():
     _, kernels = _pdl_kernels()
     for expected in ("quant/triton_gemv:_gemv_kernel", "moe/triton_decode:_router_kernel",
                      "moe/triton_moe_gemv:_gate_up_kernel", "moe/triton_moe_gemv:_down_kernel",
-                     "moe/triton_moe_gemv:_combine_kernel",
-                     "gated_delta/triton_decode:_gdn_step_kernel",
+                     "moe/triton_moe_gemv:_combine_kernel", "gated_delta/triton_decode:_gdn_step_kernel",
                      "kernels/triton_norm:_rms_norm_kernel", "attention/triton_qk_prep:_qk_prep_kernel",
                      "attention/triton_paged:_decode_split_kernel"):
         assert expected in kernels
@@ -99,16 +109,14 @@ def test_no_write_before_wait(kernel):
     first = body[0]
     assert isinstance(first, ast.Expr) and isinstance(first.value, ast.Call) and _name(first.value) == "pdl_open", \
         f"{kernel}: the first statement must be pdl_open(PDL)"
-    calls = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
+    calls = _calls_in_order(fn)
     waits = [c for c in calls if _is_wait(c, funcs)]
     assert waits, f"{kernel}: has a PDL parameter but never waits (pdl_wait(PDL))"
     first_wait = (waits[0].lineno, waits[0].col_offset)
     for c in calls:
         if (c.lineno, c.col_offset) >= first_wait:
             break
-        n = _name(c)
-        writes = n in WRITES or n == "last_arrival" or (n in funcs and _writes(funcs[n], funcs, set()))
-        assert not writes, f"{kernel}: line {c.lineno} writes memory ({n}) before the PDL wait"
+        assert not _call_writes(c, funcs), f"{kernel}: line {c.lineno} writes memory ({_name(c)}) before the PDL wait"
 
 
 def test_wait_helpers_wait_before_writing():
@@ -118,15 +126,13 @@ def test_wait_helpers_wait_before_writing():
     helpers = {n: f for n, f in funcs.items() if any(a.arg == "PDL_WAIT" for a in f.args.args)}
     assert {"gemv_row", "gemv_row_pair"} <= set(helpers)
     for name, fn in helpers.items():
-        calls = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
         waited = False
-        for c in calls:
-            n = _name(c)
+        for c in _calls_in_order(fn):
             if _is_wait(c, funcs, "PDL_WAIT"):
                 waited = True
                 continue
-            writes = n in WRITES or n == "last_arrival" or (n in funcs and _writes(funcs[n], funcs, set()))
-            assert waited or not writes, f"{name}: line {c.lineno} writes memory ({n}) before its PDL wait"
+            assert waited or not _call_writes(c, funcs), \
+                f"{name}: line {c.lineno} writes memory ({_name(c)}) before its PDL wait"
         assert waited, f"{name}: has a PDL_WAIT parameter but never waits"
 
 

@@ -168,6 +168,8 @@ def test_row_run_defaults_and_timing_switches(monkeypatch):
     assert md.router_launch(md.DEFAULT_CONFIG["router"]) == (4, 4)
     monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", "2,4")
     assert md.router_launch(md.DEFAULT_CONFIG["router"]) == (2, 4)
+    assert md.merged_config(None)["router"] == (2, 4)  # the switch replaces the default shape ...
+    assert md.merged_config({"router": (8, 4)})["router"] == (8, 4)  # ... never an explicit configuration
     for bad in ("3,4", "2", "2,x"):
         monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", bad)
         with pytest.raises(ValueError, match="DELTASERVE_ROUTER_LAUNCH"):

@@ -248,11 +248,11 @@ def _gemv_bk(spec: WeightSpec, prefer: int) -> int:
 # program runs does not depend on T), only the reduction chunking, which is fixed per configuration.
 # H200, T=1, 35B-A3B shapes (bench/NOTES.md): gate_up/down (16, 512, 4) 78 us; (8, 256, 4) 103; (16, 256, 4) 109;
 # (32, 256, 4) 164.
-# router: (BE experts per program, num_warps); H200 T=1 (bench/NOTES.md): the v1 router, 16 programs of 16 experts
-# looping over K, took 20.4 us, more than the gate/up and down launches together.
-# router (BE, warps): 4 experts per program. H200 in the model, top-k in its own launch: tg128 @ d512 577.2 (BE 1),
-# 582.3 (BE 2), 580.4 (BE 4), within run-to-run noise (~0.5%) of each other, while BE 2 doubles the router programs
-# the interpreter tests run (+100 s of CI in tests/test_fast_path_interpret.py); bench/NOTES.md
+# router: (BE experts per program, num_warps); H200 (bench/NOTES.md): the v1 router, 16 programs of 16 experts
+# looping over K, took 20.4 us at T=1, more than the gate/up and down launches together. 4 experts per program: in
+# the model, top-k in its own launch, tg128 @ d512 577.2 (BE 1), 582.3 (BE 2), 580.4 (BE 4), within run-to-run noise
+# (~0.5%) of each other, while BE 2 nearly doubles the router programs the interpreter tests run (+100 s of CI in
+# tests/test_fast_path_interpret.py).
 DEFAULT_CONFIG = {"router": (4, 4), "gate_up": (16, 512, 4), "down": (16, 512, 4)}
 
 
@@ -275,7 +275,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
     (E = 256, BE = 4: 65 programs of 8 KB of an 8-bit router each). topk = (ids [T, k], weights [T, k], k,
     normalize): the same launch also applies the routing contract (its last-arriving program per token)."""
     t, h = x.shape
-    be, warps = router_launch(config["router"])
+    be, warps = config["router"]
     logits = torch.empty(t, r.n, dtype=torch.float32, device=x.device)
     sw = torch.empty(t, dtype=torch.float32, device=x.device)
     if t:
@@ -292,9 +292,16 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
     return logits, sw
 
 
+def merged_config(config: dict | None) -> dict:
+    """The launch configuration of the MoE decode kernels: DEFAULT_CONFIG, its router shape through the
+    DELTASERVE_ROUTER_LAUNCH timing switch (router_launch), overridden by an explicit `config` (sweeps)."""
+    return {**DEFAULT_CONFIG, "router": router_launch(DEFAULT_CONFIG["router"]), **(config or {})}
+
+
 def router_launch(default: tuple[int, int]) -> tuple[int, int]:
     """(BE experts per program, num_warps) of the router launch: `default`, or env DELTASERVE_ROUTER_LAUNCH="be,warps"
-    (a timing switch for in-model A/Bs, powers of two; with the row-run CG held, a row's bits do not change)."""
+    (a timing switch for in-model A/Bs, powers of two; with the row-run CG held, a row's bits do not change).
+    It replaces the default only (merged_config): a configuration given explicitly wins."""
     value = os.environ.get("DELTASERVE_ROUTER_LAUNCH")
     if not value:
         return default
@@ -332,7 +339,7 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
     """Router logits (fp32) + the routing contract, in one launch (the top-k at each token's last-arriving router
     program); separate_topk: the top-k in a launch of its own (the two-launch path, for timing). x [T, H];
     router [E, H] (WeightSpec or dense tensor); shared_gate [1, H] or None."""
-    config = {**DEFAULT_CONFIG, **(config or {})}
+    config = merged_config(config)
     r, g = _router_specs(x, router, top_k, shared_gate)
     t = x.shape[0]
     ids = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
@@ -388,7 +395,7 @@ def moe_decode(
     router [E, H]; routed gate/up [E, I, H], down [E, H, I] (fused gate_up_proj: pass the views [:, :I], [:, I:]);
     shared expert gate/up [IS, H], down [H, IS] and its gate [1, H] (all four or none). Returns out [T, H] (with
     residual added when given), and the routing too when return_routing. config overrides DEFAULT_CONFIG."""
-    config = {**DEFAULT_CONFIG, **(config or {})}
+    config = merged_config(config)
     r, gsp = _router_specs(x, router, top_k, shared_gate)
     t, h = x.shape
     g, u, d, sg, su, sd, has_shared = moe_weight_specs(

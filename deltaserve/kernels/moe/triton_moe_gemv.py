@@ -32,12 +32,12 @@ from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import DENSE_BITS, WeightSpec
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 from .triton_decode import (
-    DEFAULT_CONFIG,
     MoeRouting,
     _router_logits,
     _router_specs,
     _silu_mul_bf16,
     _spec,
+    merged_config,
     moe_route,
     moe_weight_specs,
     slot_expert,
@@ -247,7 +247,7 @@ def _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk: bool, 
     a launch of its own when separate_topk)."""
     if not fuse_topk:
         return moe_route(x, router, top_k, normalize, shared_gate, config, separate_topk), None
-    config = {**DEFAULT_CONFIG, **(config or {})}
+    config = merged_config(config)
     r, gsp = _router_specs(x, router, top_k, shared_gate)
     logits, sw = _router_logits(x, r, gsp, shared_gate is not None, config)
     t = x.shape[0]
