@@ -41,7 +41,7 @@ def parse_args(argv):
     src.add_argument("--preset", help="synthetic preset (weights generated on the device), e.g. qwen3.6-35b-a3b")
     p.add_argument("--quant", default="q4", choices=["q4", "q8", "bf16"], help="weight format for --preset")
     p.add_argument("-p", "--n-prompt", type=_ints, default=[512], help="prefill tokens (comma list)")
-    p.add_argument("-n", "--n-gen", type=_ints, default=[128], help="decode tokens (comma list)")
+    p.add_argument("-n", "--n-gen", type=_ints, default=[128], help="decode tokens (comma list; 0: no decode test)")
     p.add_argument("-d", "--depth", type=_ints, default=[0], help="context depths (comma list)")
     p.add_argument("-b", "--batch", type=_ints, default=[1], help="streams (comma list)")
     p.add_argument("-r", "--reps", type=int, default=5)
@@ -177,6 +177,8 @@ def main(argv=None) -> int:
                                          notes=note))
                 print(records.format_table(recs[-1:]).splitlines()[-1], flush=True)
             for n in args.n_gen:
+                if n == 0:  # -n 0: prefill only
+                    continue
                 times = bench_decode(streams, n, d, args.reps, not args.no_graph)
                 tps, sd = _stats(times, n * b)
                 step_bytes = roofline.decode_step_bytes(config, fmt, b, d + n // 2)

@@ -1,0 +1,380 @@
+"""One-call device sweep of the prefill matmuls (`kernels/quant/triton_affine.py`) at the Qwen3.6-35B-A3B pp512
+shapes: the dense projections at M = 512 rows (DeltaNet in_proj 12352x2048, attention q|k|v 9216x2048, the out
+projections 2048x4096, shared expert 1024x2048 and 2048x512, all q4 g64) and the routed experts at T = 512 tokens x
+top-8 (gate / up 512x2048 with x_repeat 8, down 2048x512; 256 experts, ~16 rows each).
+
+Two kernels are swept:
+  lib   the library kernel (16-row sub-tiles, SUB of them sharing each dequantised weight tile; `_launch`) over
+        (SUB, BN, BK, num_warps, num_stages): none of these changes a row's arithmetic (its module doc), so every
+        configuration must give the default's bits;
+  wide  one `tl.dot` over a [BM, BK] x tile (BM = 16 .. 128), the same dequantised tile: at BM >= 64 Triton emits
+        Hopper wgmma instead of mma.sync. Whether a row's bits survive that change of instruction is what the
+        `bits` column answers (against the library kernel's default); a wide kernel is only usable if every BM it
+        would run at gives the same bits.
+Every configuration is CHECKED before it is timed (NaN-poisoned output, vs the fp64 product of x and the bf16-rounded
+dequantised weight, vs the default's output bit for bit). References: cuBLAS bf16 (F.linear with the dequantised
+weight) at the same shape, and for the experts a dense matmul of the same FLOPs (a ceiling, not a grouped GEMM).
+Timing: eager back-to-back calls between CUDA events (prefill kernels run 50 us and more, so launch gaps hide),
+dense weights cycled over copies past the 50 MB L2.
+
+  python scripts/sweep_prefill_kernels.py [--quick] [--out FILE] [--budget-s 300] [--only dense|experts]
+  python scripts/sweep_prefill_kernels.py --dry-run   # CPU, TRITON_INTERPRET=1, tiny shapes, checks only
+Exit status 1 when a configuration fails a check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu")]
+import triton  # noqa: E402  (the dry run re-executes itself with TRITON_INTERPRET=1 before anything is compiled)
+import triton.language as tl  # noqa: E402
+
+from deltaserve.kernels.quant import triton_affine as ta  # noqa: E402
+from deltaserve.kernels.triton_common import dequant_tile, dot_f32, mma  # noqa: E402
+FULL = dict(t=512, e=256, k=8, h=2048, i=512,
+            dense=((12352, 2048), (9216, 2048), (2048, 4096), (1024, 2048), (2048, 512)), calls=20)
+TINY = dict(t=24, e=8, k=2, h=128, i=128, dense=((96, 128), (64, 256)), calls=1)
+BITS, GROUP = 4, 64
+EPS = 2.0**-8
+L2_BYTES = 256 << 20
+
+
+def lib_grid(quick: bool, experts: bool) -> list[dict]:
+    """Library-kernel configurations, the default first (sub=None, config=None)."""
+    grid = [dict(kernel="default", sub=None, config=None)]
+    subs = (1, 2, 4) if experts else (4,)
+    shapes = [(64, 128, 4, 3), (128, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3), (128, 64, 8, 3), (64, 128, 4, 2),
+              (64, 128, 4, 4), (128, 128, 8, 3), (64, 256, 4, 2), (32, 128, 4, 3)]
+    if quick:
+        shapes = shapes[:4]
+    for sub in subs:
+        for cfg in shapes:
+            grid.append(dict(kernel="lib", sub=sub, config=cfg))
+    return grid
+
+
+def wide_grid(quick: bool) -> list[dict]:
+    shapes = [(64, 64, 128, 4, 3), (64, 128, 64, 4, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3),
+              (128, 64, 128, 8, 3), (64, 64, 128, 4, 4), (64, 256, 64, 8, 3), (16, 64, 128, 4, 3),
+              (32, 64, 128, 4, 3), (128, 128, 128, 8, 2)]
+    if quick:
+        shapes = shapes[:4]
+    return [dict(kernel="wide", bm=bm, config=(bn, bk, w, s)) for bm, bn, bk, w, s in shapes]
+
+
+def canary(args) -> list[dict]:
+    return [dict(kernel="default", sub=None, config=None, canary=True)] if args.canary else []
+
+
+def label(c: dict) -> str:
+    if c.get("canary"):
+        return "canary (corrupted default)"
+    if c["kernel"] == "default":
+        return "default"
+    if c["kernel"] == "lib":
+        return f"lib sub{c['sub']} bn{c['config'][0]} bk{c['config'][1]} " \
+            f"w{c['config'][2]} s{c['config'][3]}"
+    bn, bk, w, s = c["config"]
+    return f"wide bm{c['bm']} bn{bn} bk{bk} w{w} s{s}"
+
+
+def rel_err(got, ref) -> float:
+    g, r = got.double().cpu(), ref.double().cpu()
+    if not bool(torch.isfinite(g).all()):
+        return float("inf")
+    return (g - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+
+
+# ------------------------------------------------------------------ the wide kernel at any config
+
+
+def run_wide(x, spec, out, bm, config, tiles=None, x_repeat=1):
+    """The library's wide kernel (dense weights) or, for experts, this script's expert-tile variant of it."""
+    bn, bk, warps, stages = config
+    if tiles is None:
+        return ta._launch_wide(x, spec, out, (bm, bn, bk, warps, stages))
+    m = x.shape[0] * x_repeat
+    wide_experts_kernel[(triton.cdiv(spec.n, bn), tiles[0].numel())](
+        x, spec.w, spec.scales, spec.biases, out, *tiles, m, spec.n, spec.k, x_repeat,
+        x.stride(0), spec.w.stride(0), spec.w.stride(-2), spec.scales.stride(0), spec.scales.stride(-2),
+        out.stride(0), BITS=spec.bits, GROUP=spec.group, BN=bn, BK=bk, BM=bm, F32=dot_f32(),
+        num_warps=warps, num_stages=stages)
+
+
+@triton.jit
+def wide_experts_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, order_ptr,
+    M, N, K, x_repeat, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_om,
+    BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
+    F32: tl.constexpr,
+):
+    # the library's expert tiles with one [BM, BK] x [BK, BN] dot per K step (a candidate, not in the library)
+    pid_n = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_mask = rn < N
+    rm = tl.arange(0, BM)
+    e = tl.load(tile_e_ptr + pid_t)
+    if e < 0:
+        return
+    lo = tl.load(tile_lo_ptr + pid_t)
+    hi = tl.load(tile_hi_ptr + pid_t)
+    w_ptr += e.to(tl.int64) * stride_we
+    s_ptr += e.to(tl.int64) * stride_se
+    b_ptr += e.to(tl.int64) * stride_se
+    m_row = lo + rm < hi
+    row = tl.load(order_ptr + lo + rm, mask=m_row, other=0)
+    xp = x_ptr + (row // x_repeat).to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    rk = tl.arange(0, BK)
+    for k0 in range(0, K, BK):
+        w = dequant_tile(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, BITS, GROUP)
+        wt = tl.trans(w.to(x_ptr.dtype.element_ty))
+        xa = tl.load(xp + (k0 + rk)[None, :], mask=m_row[:, None], other=0.0)
+        acc = mma(xa, wt, acc, F32)
+    tl.store(out_ptr + row.to(tl.int64)[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_row[:, None] & n_mask[None, :])
+
+
+# ------------------------------------------------------------------ timing
+
+
+def time_calls(fns, device) -> float | None:
+    """us per call: 3 warm-up calls, then every fn in turn until >= 20 calls, between CUDA events."""
+    if device.type != "cuda":
+        return None
+    for f in fns[:3]:
+        f()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    n = max(20, len(fns))
+    start.record()
+    for j in range(n):
+        fns[j % len(fns)]()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
+
+
+# ------------------------------------------------------------------ sections
+
+
+def make_weight(lead, n, k, device, copies=1):
+    from kernel_cases import affine_weight
+
+    from deltaserve.kernels.triton_common import WeightSpec
+
+    out = []
+    for _ in range(copies):
+        packed, s, b, w64 = affine_weight((*lead, n, k), BITS, GROUP, device)
+        out.append((WeightSpec(packed, s, b, BITS, GROUP, "sweep weight"), w64.to(torch.bfloat16)))
+    return out
+
+
+def sweep_case(args, name, shape_tag, k, flops, base_fn, fns_for, ref64, grid, device, deadline, emit):
+    """Check then time each configuration of `grid`; fns_for(c) -> (one call writing `out`, out, [timed calls])."""
+    base_out = None
+    for c in grid:
+        rec = dict(case=name, shape=shape_tag, label=label(c))
+        if time.monotonic() > deadline:
+            emit(dict(rec, skipped=True, why="budget"))
+            continue
+        bk = (c["config"] or (0, 0))[1]
+        if bk and k % bk:
+            emit(dict(rec, skipped=True, why=f"BK {bk} does not divide K {k}"))
+            continue
+        try:
+            run, out, timed = fns_for(c)
+            out.fill_(float("nan"))
+            run()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001  a config that does not compile is reported, not fatal
+            emit(dict(rec, ok=False, error=f"{type(exc).__name__}: {str(exc)[:160]}"))
+            continue
+        got = out.clone()
+        if c.get("canary"):  # --canary: a corrupted copy of the default, which the checks must fail
+            got[0, 0] = got[0, 0] * 2 + 1
+        if base_out is None:
+            base_out = got
+        err = rel_err(got, ref64)
+        same = bool(torch.equal(got, base_out))
+        # the library kernel's configurations must keep the default's bits; under the interpreter only those with
+        # the default's BK (128), since its dot sums a whole [16, BK] x [BK, BN] block in numpy before adding it
+        # to the accumulator, where the GPU chains k16 MMAs in the same order for every BK
+        strict = c["kernel"] == "lib" and not (args.dry_run and bk not in (0, 128))
+        ok = err <= 8 * EPS * args.slack and (same or not strict)
+        us = time_calls(timed, device) if ok else None
+        emit(dict(rec, ok=ok, err_ref=err, same_bits=same, us=us,
+                  tflops=(flops / us / 1e6 if us else None)))
+    ref_us = time_calls(base_fn, device) if base_fn else None
+    if ref_us:
+        emit(dict(case=name, shape=shape_tag, label="cuBLAS bf16 reference", ok=True, us=ref_us,
+                  tflops=flops / ref_us / 1e6))
+
+
+def dense_section(args, shp, device, deadline, emit):
+    import torch.nn.functional as F
+
+    from deltaserve.kernels.quant import triton_affine as ta
+
+    m = shp["t"]
+    for n, k in shp["dense"]:
+        per = n * k * BITS // 8
+        copies = 1 if device.type != "cuda" else max(1, min(8, L2_BYTES // per))
+        weights = make_weight((), n, k, device, copies)
+        x = torch.randn(m, k, device=device).bfloat16()
+        ref64 = x.double() @ weights[0][1].double().T
+        outs = [torch.empty(m, n, dtype=torch.bfloat16, device=device) for _ in weights]
+
+        def fns_for(c, weights=weights, x=x, outs=outs):
+            def call(j):
+                spec, out = weights[j][0], outs[j]
+                if c["kernel"] == "default":
+                    return lambda: ta.affine_matmul(x, spec.w, spec.scales, spec.biases, BITS, GROUP, out=out)
+                if c["kernel"] == "lib":
+                    sub, cfg = c["sub"], c["config"]
+                    return lambda: ta._launch(x, spec, out, -(-m // (16 * sub)), sub, cfg)
+                return lambda: run_wide(x, spec, out, c["bm"], c["config"])
+            calls = [call(j) for j in range(len(weights))]
+            return calls[0], outs[0], calls
+
+        base = None
+        if device.type == "cuda":
+            base = [lambda w=w: F.linear(x, w) for _, w in weights]
+        wide = [c for c in wide_grid(args.quick) if c["bm"] % 64 == 0 and c["config"][2] == c["bm"] // 16]
+        grid = lib_grid(args.quick, False) + wide + canary(args)
+        sweep_case(args, "dense", f"M{m} N{n} K{k}", k, 2.0 * m * n * k, base, fns_for, ref64, grid, device, deadline,
+                   emit)
+        del weights, outs
+
+
+def experts_section(args, shp, device, deadline, emit):
+    from deltaserve.kernels.quant import triton_affine as ta
+
+    t, e, top, h, i = shp["t"], shp["e"], shp["k"], shp["h"], shp["i"]
+    ids = torch.rand(t, e, device=device).topk(top, dim=1).indices.sort(dim=1).values.reshape(-1)
+    m = ids.numel()
+    for what, n, k, rep in (("gate/up", i, h, top), ("down", h, i, 1)):
+        (spec, w16), = make_weight((e,), n, k, device)
+        x = torch.randn(m // rep, k, device=device).bfloat16()
+        xr = x.repeat_interleave(rep, dim=0).double()
+        ref64 = torch.einsum("mk,mnk->mn", xr, w16[ids].double()) if m * n * k < 2**31 else \
+            torch.cat([torch.einsum("mk,mnk->mn", xr[j:j + 256], w16[ids[j:j + 256]].double())
+                       for j in range(0, m, 256)])
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+        tiles_by_rows = {}
+
+        def fns_for(c, spec=spec, x=x, out=out, rep=rep, tiles_by_rows=tiles_by_rows):
+            if c["kernel"] == "default":
+                def run():
+                    ta.affine_matmul_experts(x, spec.w, spec.scales, spec.biases, ids, BITS, GROUP, x_repeat=rep,
+                                             out=out)
+                return run, out, [run]
+            rows = 16 * c["sub"] if c["kernel"] == "lib" else c["bm"]
+            if rows not in tiles_by_rows:
+                tiles_by_rows[rows] = ta.expert_tiles(ids, e, rows)
+            tiles = tiles_by_rows[rows]
+            if c["kernel"] == "lib":
+                def run():
+                    ta._launch(x, spec, out, tiles[0].numel(), c["sub"], c["config"], experts=tiles, x_repeat=rep)
+            else:
+                def run():
+                    run_wide(x, spec, out, c["bm"], c["config"], tiles=tiles, x_repeat=rep)
+            return run, out, [run]
+
+        base = None
+        if device.type == "cuda":
+            xd = torch.randn(m, k, device=device).bfloat16()
+            wd = w16[0]
+            base = [lambda: xd @ wd.T]
+        grid = lib_grid(args.quick, True) + wide_grid(args.quick) + canary(args)
+        sweep_case(args, f"experts {what}", f"T{t} x{top} E{e} N{n} K{k}", k, 2.0 * m * n * k, base, fns_for, ref64,
+                   grid, device, deadline, emit)
+        del spec, w16, out
+
+
+def fmt(rec: dict) -> str:
+    if rec.get("skipped"):
+        return f"{rec['case']:<16} {rec['shape']:<24} {rec['label']:<34} skipped ({rec.get('why', 'budget')})"
+    if rec.get("error"):
+        return f"{rec['case']:<16} {rec['shape']:<24} {rec['label']:<34} FAIL {rec['error']}"
+    us = f"{rec['us']:9.1f} us {rec['tflops']:7.1f} TFLOP/s" if rec.get("us") else " " * 28
+    bits = "" if "same_bits" not in rec else ("bits =" if rec["same_bits"] else "bits ~")
+    err = "" if "err_ref" not in rec else f"err {rec['err_ref']:.2e}"
+    return f"{rec['case']:<16} {rec['shape']:<24} {rec['label']:<34} {us} {bits} {err} {'ok' if rec['ok'] else 'FAIL'}"
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes, no timing")
+    ap.add_argument("--quick", action="store_true", help="the smaller grids")
+    ap.add_argument("--only", choices=("dense", "experts", "all"), default="all")
+    ap.add_argument("--out", help="JSON lines file (default $OUT/sweep_prefill_kernels.jsonl if $OUT is set)")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="configurations past this are skipped")
+    ap.add_argument("--canary", action="store_true", help="add a deliberately corrupted configuration (must FAIL)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv if argv is not None else sys.argv[1:])
+    if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":  # must be set before triton is imported
+        env = dict(os.environ, TRITON_INTERPRET="1", DELTASERVE_REFERENCE="0")
+        return subprocess.call([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])], env=env)
+    if args.dry_run:
+        from kernel_cases import interpreter_numpy_shim
+
+        interpreter_numpy_shim()
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    shp = TINY if args.dry_run else FULL
+    args.slack = 2.0 if args.dry_run else 1.0  # the interpreter truncates fp32 -> bf16 (kernel_cases.SLACK)
+    out = args.out or (os.path.join(os.environ["OUT"], "sweep_prefill_kernels.jsonl") if os.environ.get("OUT") else None)
+    sink = open(out, "w") if out else None  # noqa: SIM115  lines flushed as they come
+    records: list[dict] = []
+    t0 = time.monotonic()
+    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "CPU, Triton interpreter (checks only)"
+    commit = os.environ.get("DELTASERVE_COMMIT", "")
+
+    def emit(rec):
+        rec = dict(rec, gpu=gpu, commit=commit)
+        records.append(rec)
+        print(f"[{time.monotonic() - t0:6.1f}s] " + fmt(rec), flush=True)
+        if sink:
+            sink.write(json.dumps(rec) + "\n")
+            sink.flush()
+
+    print(f"# {gpu}; q4 g64; bits: '=' same as the library default's output, '~' not", flush=True)
+    torch.manual_seed(0)
+    budget = float("inf") if args.dry_run else args.budget_s
+    if args.only in ("experts", "all"):
+        experts_section(args, shp, device, t0 + (0.6 * budget if args.only == "all" else budget), emit)
+    if args.only in ("dense", "all"):
+        dense_section(args, shp, device, t0 + budget, emit)
+    print("\n# best per case (checked configurations, us):")
+    for case in dict.fromkeys((r["case"], r["shape"]) for r in records):
+        timed = [r for r in records if (r["case"], r["shape"]) == case and r.get("us") and r.get("ok")]
+        if timed:
+            best = min((r for r in timed if r["label"] != "cuBLAS bf16 reference"), key=lambda r: r["us"], default=None)
+            base = next((r for r in timed if r["label"] == "default"), None)
+            ref = next((r for r in timed if r["label"] == "cuBLAS bf16 reference"), None)
+            print(f"  {case[0]:<16} {case[1]:<24} default {base['us'] if base else float('nan'):8.1f}  best "
+                  f"{best['us']:8.1f} ({best['label']}, bits {'=' if best['same_bits'] else '~'})  cuBLAS bf16 "
+                  f"{ref['us'] if ref else float('nan'):8.1f}")
+    bad = [r for r in records if r.get("ok") is False]
+    print(f"\n{len(records)} records, {len(bad)} failing, {sum(bool(r.get('skipped')) for r in records)} skipped, "
+          f"{time.monotonic() - t0:.0f} s" + (f"; JSON lines in {out}" if out else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
