@@ -137,6 +137,18 @@ def test_affine_batch_invariance(mods, dev, small):
         assert torch.equal(ta.dense_matmul(x[: others + 1], wd)[:1], alone_d), f"bf16 +{others}"
 
 
+def test_affine_wide_rows_independent_of_tile_position_and_equal_to_16_row_kernel(mods, dev, small):
+    """The wide kernel (prefill, dense weights): every row of a 300-row call equals the same row computed at another
+    position of its 128-row tile (the call shifted by 37 rows), and equals the 16-row mma.sync kernel's bits."""
+    ta = mods["affine"]
+    for n, k in ((200, 256), (72, 512)) if small else ((9216, 2048), (2048, 4096), (1024, 2048)):
+        packed, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
+        x = torch.randn(300, k, device=dev).bfloat16()
+        whole = ta.affine_matmul(x, packed, s, b, 4, 64)
+        assert torch.equal(ta.affine_matmul(x[37:], packed, s, b, 4, 64), whole[37:]), f"{n}x{k} shifted"
+        assert torch.equal(ta.affine_matmul(x, packed, s, b, 4, 64, config=(64, 128, 4, 3)), whole), f"{n}x{k} m16"
+
+
 def test_affine_experts_batch_invariance(mods, dev, small):
     e, n, k = (4, 24, 128) if small else (16, 512, 2048)
     packed, s, b, _ = kc.affine_weight((e, n, k), 4, 64, dev)

@@ -4,12 +4,19 @@ Same meaning as `kernels/quant/affine.py::affine_linear` (dequantise to the acti
 result in x's dtype). Layouts: see `kernels/triton_common.py`. Also serves dense bf16 weights (bits=16) so that
 every projection can share one batch-invariant kernel.
 
-Batch invariance by construction: every program multiplies 16-row sub-tiles of x by a dequantised [BK, BN] weight
-tile with `tl.dot` of the SAME shape [16, BK] x [BK, BN]-slices, chaining the K steps in order into one fp32
-accumulator per sub-tile. A row's result therefore depends only on (N, K, bits, group): neither the number of rows
-M, nor how many 16-row sub-tiles share a program (SUB = 1 for M <= 16, the "GEMV" regime; 2 or 4 for larger M, the
-tensor-core "GEMM" regime that reuses each dequantised tile for up to 64 rows), nor BN (more n8 MMA columns) changes
-the instruction sequence that produces it. No split-K.
+Two kernels, each batch-invariant by construction (a row's result depends only on (N, K, bits, group), never on
+how many rows share the launch; no split-K):
+
+  _affine_mm_kernel       (stacked experts) 16-row sub-tiles of x times a dequantised [BK, BN] weight tile with
+                          `tl.dot` of the SAME shape [16, BK] x [BK, BN] (mma.sync m16), the K steps chained in
+                          order into one fp32 accumulator per sub-tile. Neither M, nor how many sub-tiles share a
+                          program (SUB: each dequantised tile serves up to 16 * SUB rows), nor BN changes the
+                          instruction sequence that produces a row.
+  _affine_mm_wide_kernel  (one 2-D weight) one [BM, BK] x [BK, BN] `tl.dot` per K step, BM a multiple of 64 fixed
+                          by the weight's shape alone (never by M), so every row of every call runs the same Hopper
+                          wgmma chain (m64 per warpgroup; rows of an MMA are independent). On the H200 its bits also
+                          equal the 16-row kernel's (scripts/sweep_prefill_kernels.py, every prefill shape), which
+                          the GPU tests check, but nothing here relies on that.
 """
 
 from __future__ import annotations
@@ -104,6 +111,69 @@ def _affine_mm_kernel(
                  mask=m3[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def _affine_mm_wide_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_om,
+    BITS: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    F32: tl.constexpr,
+):
+    # grid: (cdiv(N, BN), cdiv(M, BM)). out[rows, rn] = x[rows] W[rn]^T, one dot of BM rows per K step.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_mask = rn < N
+    row = pid_m * BM + tl.arange(0, BM)
+    m_row = row < M
+    xp = x_ptr + row.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    rk = tl.arange(0, BK)
+    for k0 in range(0, K, BK):
+        w = dequant_tile(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, BITS, GROUP)
+        wt = tl.trans(w.to(x_ptr.dtype.element_ty))  # [BK, BN], rounded once to the activation dtype
+        xa = tl.load(xp + (k0 + rk)[None, :], mask=m_row[:, None], other=0.0)
+        acc = mma(xa, wt, acc, F32)
+    tl.store(out_ptr + row.to(tl.int64)[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_row[:, None] & n_mask[None, :])
+
+
+def wide_config(spec: WeightSpec) -> tuple[int, int, int, int, int]:
+    """(BM, BN, BK, num_warps, num_stages) of the wide kernel for a weight: a function of the weight alone (BM may
+    not depend on M: see the module doc). Measured on the H200 at M = 512 (scripts/sweep_prefill_kernels.py,
+    bench/NOTES.md), against the 16-row kernel's (SUB 4, 64, 128, 4, 3): 12352x2048 238 -> 145 us, 9216x2048
+    182 -> 139, 2048x4096 87 -> 64, 2048x512 44 -> 30, 1024x2048 46 -> 28."""
+    bk = spec.block_k(128)
+    if spec.n >= 8192:
+        return 128, 128, bk, 8, 2
+    if spec.n >= 2048:
+        return 128, 64, bk, 8, 3
+    return 64, 64, bk, 4, 3
+
+
+def _launch_wide(x2, spec: WeightSpec, out, config=None):
+    bm, bn, bk, warps, stages = config or wide_config(spec)
+    if spec.k % bk or (spec.bits != DENSE_BITS and bk % spec.group and spec.group % bk):
+        raise ValueError(f"affine config: BK {bk} must divide K {spec.k} and nest with the group size {spec.group}")
+    if bm % 64 or warps != 4 * (bm // 64):
+        raise ValueError(f"affine wide config: BM {bm} must be a multiple of 64 with 4 warps per 64 rows (one "
+                         f"warpgroup each), found {warps} warps")
+    m = x2.shape[0]
+    grid = (triton.cdiv(spec.n, bn), triton.cdiv(m, bm))
+    _affine_mm_wide_kernel[grid](
+        x2, spec.w, spec.scales, spec.biases, out, m, spec.n, spec.k,
+        x2.stride(0), spec.w.stride(-2), spec.scales.stride(-2), out.stride(0),
+        BITS=spec.bits, GROUP=spec.group, BM=bm, BN=bn, BK=bk, F32=dot_f32(), num_warps=warps, num_stages=stages,
+    )
+
+
+def _expert_subtiles(m: int, num_experts: int) -> int:
+    """16-row sub-tiles per expert-matmul program, from the mean rows per expert: a tile is one expert's, so at
+    ~16 rows per expert (T = 512 x top-8 over 256 experts) 64-row tiles would be three quarters empty. H200, that
+    shape: SUB 1 / 2 / 4: gate/up 296 / 245 / 332 us, down 303 / 250 / 352 (scripts/sweep_prefill_kernels.py)."""
+    if m <= 16:
+        return 1
+    return 2 if m <= 32 * num_experts else 4
+
+
 def _subtiles(m: int) -> int:
     """16-row sub-tiles per program: 1 for decode-sized M (more programs, pure bandwidth), up to 4 for prefill."""
     return 1 if m <= 16 else (2 if m <= 64 else 4)
@@ -159,7 +229,8 @@ def affine_matmul(
 ) -> torch.Tensor:
     """y = x W^T. x [..., K] bf16/fp16; W packed uint32 [N, K*bits/32] with scales/biases [N, K/group]
     (bits 2/4/8), or dense [N, K] with bits=16 and scales = biases = None. Returns [..., N] in x's dtype.
-    config: (BN, BK, num_warps, num_stages) to override `default_config` (benchmark sweeps)."""
+    Runs the wide kernel (`wide_config`); config: its (BM, BN, BK, num_warps, num_stages) to override that, or
+    (BN, BK, num_warps, num_stages) for the 16-row kernel instead (benchmark sweeps)."""
     spec = WeightSpec(qweight, scales, biases, bits, group_size, "affine_matmul weight")
     if spec.w.dim() != 2:
         raise ValueError(f"affine_matmul: weight must be 2-D [N, packed K], found shape {tuple(qweight.shape)}")
@@ -172,8 +243,11 @@ def affine_matmul(
     if out is None:
         out = torch.empty(m, spec.n, dtype=x.dtype, device=x.device)
     if m:
-        sub = _subtiles(m)
-        _launch(x2, spec, out, triton.cdiv(m, 16 * sub), sub, config or default_config(spec, m))
+        if config is None or len(config) == 5:
+            _launch_wide(x2, spec, out, config)
+        else:
+            sub = _subtiles(m)
+            _launch(x2, spec, out, triton.cdiv(m, 16 * sub), sub, config)
     return out.view(*lead, spec.n)
 
 
@@ -192,7 +266,9 @@ def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int)
     m = expert_ids.numel()
     ids = expert_ids.reshape(-1).to(torch.int64)
     order = torch.argsort(ids, stable=True).to(torch.int32)
-    counts = torch.bincount(ids, minlength=num_experts)[:num_experts]
+    # a scatter-add, not torch.bincount: on CUDA bincount reads the largest id back to size its output (a host
+    # sync per MoE block, 40 per prefill); ids < num_experts is the router's contract
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, ids, torch.ones_like(ids))
     starts = torch.cumsum(counts, 0) - counts
     per = (counts + rows_per_tile - 1) // rows_per_tile
     cum = torch.cumsum(per, 0)
@@ -233,7 +309,7 @@ def affine_matmul_experts(
     if out is None:
         out = torch.empty(m, spec.n, dtype=x.dtype, device=x.device)
     if m:
-        sub = _subtiles(m)
+        sub = _expert_subtiles(m, num_e)
         tiles = expert_tiles(expert_ids, num_e, 16 * sub) if tiles is None else tiles
         if tiles[0].numel() != triton.cdiv(m, 16 * sub) + min(num_e, m):
             raise ValueError(f"affine_matmul_experts: tiles were built for another row count or expert count "
@@ -244,4 +320,4 @@ def affine_matmul_experts(
 
 def expert_tiles_for(expert_ids: torch.Tensor, num_experts: int):
     """The tiles affine_matmul_experts builds for these ids (same rows-per-tile rule), to share across calls."""
-    return expert_tiles(expert_ids, num_experts, 16 * _subtiles(expert_ids.numel()))
+    return expert_tiles(expert_ids, num_experts, 16 * _expert_subtiles(expert_ids.numel(), num_experts))
