@@ -3,14 +3,16 @@ shapes: the dense projections at M = 512 rows (DeltaNet in_proj 12352x2048, atte
 projections 2048x4096, shared expert 1024x2048 and 2048x512, all q4 g64) and the routed experts at T = 512 tokens x
 top-8 (gate / up 512x2048 with x_repeat 8, down 2048x512; 256 experts, ~16 rows each).
 
-Two kernels are swept:
-  lib   the library kernel (16-row sub-tiles, SUB of them sharing each dequantised weight tile; `_launch`) over
+Kernels swept (`default` is the library's own call: the wide kernel for a dense weight, the 16-row kernel for
+experts):
+  lib   the library's 16-row kernel (SUB sub-tiles sharing each dequantised weight tile; `_launch`) over
         (SUB, BN, BK, num_warps, num_stages): none of these changes a row's arithmetic (its module doc), so every
         configuration must give the default's bits;
-  wide  one `tl.dot` over a [BM, BK] x tile (BM = 16 .. 128), the same dequantised tile: at BM >= 64 Triton emits
-        Hopper wgmma instead of mma.sync. Whether a row's bits survive that change of instruction is what the
-        `bits` column answers (against the library kernel's default); a wide kernel is only usable if every BM it
-        would run at gives the same bits.
+  wide  one `tl.dot` over a [BM, BK] x tile per K step (the library's wide kernel for dense weights at var 0, this
+        script's candidate_kernel otherwise): var 0 the library's dequantised tile transposed, var 2 the tile
+        dequantised directly as [BK, BN], var 3 the operands swapped (out^T = W x^T: the weight as the MMA's A
+        operand, which wgmma can read from registers, x^T as B). At BM >= 64 Triton emits wgmma, below it mma.sync;
+        whether a row's bits survive the change is what the `bits` column answers (against the default).
 Every configuration is CHECKED before it is timed (NaN-poisoned output, vs the fp64 product of x and the bf16-rounded
 dequantised weight, vs the default's output bit for bit). References: cuBLAS bf16 (F.linear with the dequantised
 weight) at the same shape, and for the experts a dense matmul of the same FLOPs (a ceiling, not a grouped GEMM).
@@ -53,23 +55,31 @@ def lib_grid(quick: bool, experts: bool) -> list[dict]:
     """Library-kernel configurations, the default first (sub=None, config=None)."""
     grid = [dict(kernel="default", sub=None, config=None)]
     subs = (1, 2, 4) if experts else (4,)
-    shapes = [(64, 128, 4, 3), (128, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3), (128, 64, 8, 3), (64, 128, 4, 2),
-              (64, 128, 4, 4), (128, 128, 8, 3), (64, 256, 4, 2), (32, 128, 4, 3)]
+    # the best of a wider grid (BN 32-128, BK 64-256, 4/8 warps, 2-4 stages) that the H200 ran at 97d4309's parent
+    # (bench/results/sweep-prefill-h200-2026-11-30.jsonl): 8 warps and BK 64 lost everywhere
+    shapes = [(64, 128, 4, 3), (128, 128, 4, 3), (64, 128, 4, 4)]
     if quick:
-        shapes = shapes[:4]
+        shapes = shapes[:2] + [(64, 64, 4, 3)]
     for sub in subs:
         for cfg in shapes:
             grid.append(dict(kernel="lib", sub=sub, config=cfg))
     return grid
 
 
-def wide_grid(quick: bool) -> list[dict]:
-    shapes = [(64, 64, 128, 4, 3), (64, 128, 64, 4, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3),
-              (128, 64, 128, 8, 3), (64, 64, 128, 4, 4), (64, 256, 64, 8, 3), (16, 64, 128, 4, 3),
-              (32, 64, 128, 4, 3), (128, 128, 128, 8, 2)]
+def wide_grid(quick: bool, experts: bool) -> list[dict]:
+    """Candidate-kernel configurations (var, bm, bn, bk, warps, stages); var 0 on a dense weight is the library's
+    wide kernel at another launch shape."""
+    if experts:
+        shapes = [(0, 32, 64, 128, 4, 3), (2, 32, 64, 128, 4, 3), (2, 32, 128, 128, 4, 3), (3, 32, 64, 128, 4, 3),
+                  (3, 16, 64, 128, 4, 3), (3, 32, 128, 128, 8, 3), (3, 64, 64, 128, 4, 3), (2, 64, 64, 128, 4, 3),
+                  (3, 32, 64, 128, 4, 4), (3, 16, 128, 128, 8, 3)]
+    else:
+        shapes = [(0, 64, 64, 128, 4, 3), (0, 128, 64, 128, 8, 3), (2, 128, 128, 128, 8, 2), (2, 64, 64, 128, 4, 3),
+                  (2, 128, 64, 128, 8, 3), (3, 128, 128, 128, 8, 2), (3, 64, 64, 128, 4, 3), (3, 128, 64, 128, 4, 3),
+                  (3, 64, 128, 128, 8, 3), (2, 64, 128, 128, 4, 3)]
     if quick:
-        shapes = shapes[:4]
-    return [dict(kernel="wide", bm=bm, config=(bn, bk, w, s)) for bm, bn, bk, w, s in shapes]
+        shapes = shapes[:2] + [c for c in shapes if c[0] == 2][:1] + [c for c in shapes if c[0] == 3][:1]
+    return [dict(kernel="wide", var=v, bm=bm, config=(bn, bk, w, s)) for v, bm, bn, bk, w, s in shapes]
 
 
 def canary(args) -> list[dict]:
@@ -85,7 +95,7 @@ def label(c: dict) -> str:
         return f"lib sub{c['sub']} bn{c['config'][0]} bk{c['config'][1]} " \
             f"w{c['config'][2]} s{c['config'][3]}"
     bn, bk, w, s = c["config"]
-    return f"wide bm{c['bm']} bn{bn} bk{bk} w{w} s{s}"
+    return f"wide v{c['var']} bm{c['bm']} bn{bn} bk{bk} w{w} s{s}"
 
 
 def rel_err(got, ref) -> float:
@@ -98,50 +108,86 @@ def rel_err(got, ref) -> float:
 # ------------------------------------------------------------------ the wide kernel at any config
 
 
-def run_wide(x, spec, out, bm, config, tiles=None, x_repeat=1):
-    """The library's wide kernel (dense weights) or, for experts, this script's expert-tile variant of it."""
+def run_wide(x, spec, out, bm, config, tiles=None, x_repeat=1, var=0):
+    """var 0 on a dense weight: the library's wide kernel; otherwise this script's candidate kernel."""
     bn, bk, warps, stages = config
-    if tiles is None:
-        return ta._launch_wide(x, spec, out, (bm, bn, bk, warps, stages))
+    if tiles is None and var == 0:
+        return ta._launch_wide(x, spec, out, (bm, bn, bk, warps, stages, False))
     m = x.shape[0] * x_repeat
-    wide_experts_kernel[(triton.cdiv(spec.n, bn), tiles[0].numel())](
-        x, spec.w, spec.scales, spec.biases, out, *tiles, m, spec.n, spec.k, x_repeat,
-        x.stride(0), spec.w.stride(0), spec.w.stride(-2), spec.scales.stride(0), spec.scales.stride(-2),
-        out.stride(0), BITS=spec.bits, GROUP=spec.group, BN=bn, BK=bk, BM=bm, F32=dot_f32(),
-        num_warps=warps, num_stages=stages)
+    if tiles is None:
+        t_args, grid_t, swe, sse = (x, x, x, x), triton.cdiv(m, bm), 0, 0
+    else:
+        t_args, grid_t, swe, sse = tiles, tiles[0].numel(), spec.w.stride(0), spec.scales.stride(0)
+    candidate_kernel[(triton.cdiv(spec.n, bn), grid_t)](
+        x, spec.w, spec.scales, spec.biases, out, *t_args, m, spec.n, spec.k, x_repeat,
+        x.stride(0), swe, spec.w.stride(-2), sse, spec.scales.stride(-2),
+        out.stride(0), BITS=spec.bits, GROUP=spec.group, BN=bn, BK=bk, BM=bm, EXPERTS=tiles is not None, VAR=var,
+        F32=dot_f32(), num_warps=warps, num_stages=stages)
 
 
 @triton.jit
-def wide_experts_kernel(
+def dequant_kmajor(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN: tl.constexpr, BK: tl.constexpr,
+                   BITS: tl.constexpr, GROUP: tl.constexpr):
+    # dequant_tile's values, produced directly as [BK, BN]: words [BK/PACK, BN] -> codes [BK/PACK, PACK, BN]
+    PACK: tl.constexpr = 32 // BITS
+    WPG: tl.constexpr = GROUP // PACK
+    j = tl.arange(0, BK // PACK)
+    p = tl.load(w_ptr + rn[None, :] * stride_wn + (k0 // PACK + j)[:, None], mask=n_mask[None, :], other=0)
+    shifts = tl.arange(0, PACK) * BITS
+    q = (p[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1)
+    q = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    g = k0 // GROUP + j // WPG
+    s = tl.load(s_ptr + rn[None, :] * stride_sn + g[:, None], mask=n_mask[None, :], other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + rn[None, :] * stride_sn + g[:, None], mask=n_mask[None, :], other=0.0).to(tl.float32)
+    return tl.reshape(q * s[:, None, :] + b[:, None, :], (BK, BN))
+
+
+@triton.jit
+def candidate_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, order_ptr,
     M, N, K, x_repeat, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_om,
     BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
-    F32: tl.constexpr,
+    EXPERTS: tl.constexpr, VAR: tl.constexpr, F32: tl.constexpr,
 ):
-    # the library's expert tiles with one [BM, BK] x [BK, BN] dot per K step (a candidate, not in the library)
+    # the library's tiles with one [BM, BK] x [BK, BN] dot per K step. VAR 0: the library's dequant_tile,
+    # transposed; 2: the tile dequantised directly as [BK, BN]; 3: swapped operands, out^T = W x^T (the weight
+    # as the MMA's A operand, which wgmma may take from registers; x^T as B)
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
     n_mask = rn < N
     rm = tl.arange(0, BM)
-    e = tl.load(tile_e_ptr + pid_t)
-    if e < 0:
-        return
-    lo = tl.load(tile_lo_ptr + pid_t)
-    hi = tl.load(tile_hi_ptr + pid_t)
-    w_ptr += e.to(tl.int64) * stride_we
-    s_ptr += e.to(tl.int64) * stride_se
-    b_ptr += e.to(tl.int64) * stride_se
-    m_row = lo + rm < hi
-    row = tl.load(order_ptr + lo + rm, mask=m_row, other=0)
+    if EXPERTS:
+        e = tl.load(tile_e_ptr + pid_t)
+        if e < 0:
+            return
+        lo = tl.load(tile_lo_ptr + pid_t)
+        hi = tl.load(tile_hi_ptr + pid_t)
+        w_ptr += e.to(tl.int64) * stride_we
+        s_ptr += e.to(tl.int64) * stride_se
+        b_ptr += e.to(tl.int64) * stride_se
+        m_row = lo + rm < hi
+        row = tl.load(order_ptr + lo + rm, mask=m_row, other=0)
+    else:
+        row = pid_t * BM + rm
+        m_row = row < M
     xp = x_ptr + (row // x_repeat).to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acct = tl.zeros((BN, BM), dtype=tl.float32)
     rk = tl.arange(0, BK)
     for k0 in range(0, K, BK):
-        w = dequant_tile(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, BITS, GROUP)
-        wt = tl.trans(w.to(x_ptr.dtype.element_ty))
         xa = tl.load(xp + (k0 + rk)[None, :], mask=m_row[:, None], other=0.0)
-        acc = mma(xa, wt, acc, F32)
+        if VAR == 2:
+            wt = dequant_kmajor(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, BITS, GROUP)
+            acc = mma(xa, wt.to(x_ptr.dtype.element_ty), acc, F32)
+        elif VAR == 3:
+            w = dequant_tile(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, BITS, GROUP)
+            acct = mma(w.to(x_ptr.dtype.element_ty), tl.trans(xa), acct, F32)
+        else:
+            w = dequant_tile(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, BITS, GROUP)
+            acc = mma(xa, tl.trans(w.to(x_ptr.dtype.element_ty)), acc, F32)
+    if VAR == 3:
+        acc = tl.trans(acct)
     tl.store(out_ptr + row.to(tl.int64)[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=m_row[:, None] & n_mask[None, :])
 
@@ -245,15 +291,14 @@ def dense_section(args, shp, device, deadline, emit):
                 if c["kernel"] == "lib":
                     sub, cfg = c["sub"], c["config"]
                     return lambda: ta._launch(x, spec, out, -(-m // (16 * sub)), sub, cfg)
-                return lambda: run_wide(x, spec, out, c["bm"], c["config"])
+                return lambda: run_wide(x, spec, out, c["bm"], c["config"], var=c["var"])
             calls = [call(j) for j in range(len(weights))]
             return calls[0], outs[0], calls
 
         base = None
         if device.type == "cuda":
             base = [lambda w=w: F.linear(x, w) for _, w in weights]
-        wide = [c for c in wide_grid(args.quick) if c["bm"] % 64 == 0 and c["config"][2] == c["bm"] // 16]
-        grid = lib_grid(args.quick, False) + wide + canary(args)
+        grid = lib_grid(args.quick, False) + wide_grid(args.quick, False) + canary(args)
         sweep_case(args, "dense", f"M{m} N{n} K{k}", k, 2.0 * m * n * k, base, fns_for, ref64, grid, device, deadline,
                    emit)
         del weights, outs
@@ -290,7 +335,7 @@ def experts_section(args, shp, device, deadline, emit):
                     ta._launch(x, spec, out, tiles[0].numel(), c["sub"], c["config"], experts=tiles, x_repeat=rep)
             else:
                 def run():
-                    run_wide(x, spec, out, c["bm"], c["config"], tiles=tiles, x_repeat=rep)
+                    run_wide(x, spec, out, c["bm"], c["config"], tiles=tiles, x_repeat=rep, var=c["var"])
             return run, out, [run]
 
         base = None
@@ -298,7 +343,7 @@ def experts_section(args, shp, device, deadline, emit):
             xd = torch.randn(m, k, device=device).bfloat16()
             wd = w16[0]
             base = [lambda: xd @ wd.T]
-        grid = lib_grid(args.quick, True) + wide_grid(args.quick) + canary(args)
+        grid = lib_grid(args.quick, True) + wide_grid(args.quick, True) + canary(args)
         sweep_case(args, f"experts {what}", f"T{t} x{top} E{e} N{n} K{k}", k, 2.0 * m * n * k, base, fns_for, ref64,
                    grid, device, deadline, emit)
         del spec, w16, out

@@ -70,6 +70,7 @@ def _cases():
         "affine_errors": affine_errors,
         "dense_matmul": dense,
         "affine_experts_q4": lambda m: kc.check_affine_experts(m, CPU, 4, 32, m=37, n=24, k=128, e=5, repeat=2),
+        "expert_tiles": lambda m: kc.check_expert_tiles(m, CPU),
         "affine_experts_bf16": lambda m: kc.check_affine_experts(m, CPU, 16, 32, m=9, n=24, k=64, e=3, repeat=1),
         "moe_q4": lambda m: kc.check_moe(m, CPU, t=3, h=64, e=8, i=32, i_s=32, top_k=3, bits=4, group=32),
         "moe_bf16": lambda m: kc.check_moe(m, CPU, t=2, h=64, e=8, i=32, i_s=32, top_k=3, bits=16, group=32),

@@ -104,6 +104,22 @@ def check_affine_experts(mods, device, bits, group, m, n, k, e, repeat):
     close(y, ref, 4 * BF16_EPS, f"affine experts bits={bits} M={m}x{repeat}")
 
 
+def check_expert_tiles(mods, device, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32), (130, 256, 16), (4096, 256, 32))):
+    """The expert-tile kernels give the torch reference's tensors exactly (a stable sort, so the same order too), for
+    (rows, experts, rows per tile) with an expert left without rows, E not a power of two, M not a multiple of the
+    kernels' block."""
+    ta = mods["affine"]
+    gen = torch.Generator().manual_seed(3)
+    for m, e, r in cases:
+        ids = torch.randint(0, e, (m,), generator=gen)
+        if m > 100:
+            ids[ids == 1] = 2
+        ids = ids.to(device)
+        got, ref = ta.expert_tiles(ids, e, r), ta.expert_tiles_reference(ids, e, r)
+        for name, a, b in zip(("tile_e", "tile_lo", "tile_hi", "order"), got, ref):
+            assert torch.equal(a, b), f"expert_tiles {name}: M={m} E={e} R={r}"
+
+
 # ---------------------------------------------------------------- MoE decode
 
 

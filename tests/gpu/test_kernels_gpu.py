@@ -32,6 +32,11 @@ def test_affine_matmul(mods, dev, small, bits, group):
         kc.check_affine(mods, dev, bits, group, m=m, n=n, k=k)
 
 
+def test_expert_tiles(mods, dev):
+    kc.check_expert_tiles(mods, dev, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32), (130, 256, 16), (4096, 256, 32),
+                                            (32768, 256, 64)))
+
+
 def test_affine_matmul_experts(mods, dev, small):
     e, n, k, m = (5, 24, 128, 37) if small else (32, 512, 2048, 100)
     kc.check_affine_experts(mods, dev, 4, 64, m=m, n=n, k=k, e=e, repeat=8)
@@ -139,7 +144,8 @@ def test_affine_batch_invariance(mods, dev, small):
 
 def test_affine_wide_rows_independent_of_tile_position_and_equal_to_16_row_kernel(mods, dev, small):
     """The wide kernel (prefill, dense weights): every row of a 300-row call equals the same row computed at another
-    position of its 128-row tile (the call shifted by 37 rows), and equals the 16-row mma.sync kernel's bits."""
+    position of its 128-row tile (the call shifted by 37 rows), and equals the 16-row mma.sync kernel's bits and the
+    wide kernel's with the operands swapped or not."""
     ta = mods["affine"]
     for n, k in ((200, 256), (72, 512)) if small else ((9216, 2048), (2048, 4096), (1024, 2048)):
         packed, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
@@ -147,6 +153,8 @@ def test_affine_wide_rows_independent_of_tile_position_and_equal_to_16_row_kerne
         whole = ta.affine_matmul(x, packed, s, b, 4, 64)
         assert torch.equal(ta.affine_matmul(x[37:], packed, s, b, 4, 64), whole[37:]), f"{n}x{k} shifted"
         assert torch.equal(ta.affine_matmul(x, packed, s, b, 4, 64, config=(64, 128, 4, 3)), whole), f"{n}x{k} m16"
+        for cfg in ((128, 64, 128, 4, 3, True), (128, 64, 128, 8, 3, False)):  # swapped operands and not
+            assert torch.equal(ta.affine_matmul(x, packed, s, b, 4, 64, config=cfg), whole), f"{n}x{k} {cfg}"
 
 
 def test_affine_experts_batch_invariance(mods, dev, small):

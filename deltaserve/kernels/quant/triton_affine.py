@@ -12,9 +12,10 @@ how many rows share the launch; no split-K):
                           order into one fp32 accumulator per sub-tile. Neither M, nor how many sub-tiles share a
                           program (SUB: each dequantised tile serves up to 16 * SUB rows), nor BN changes the
                           instruction sequence that produces a row.
-  _affine_mm_wide_kernel  (one 2-D weight) one [BM, BK] x [BK, BN] `tl.dot` per K step, BM a multiple of 64 fixed
-                          by the weight's shape alone (never by M), so every row of every call runs the same Hopper
-                          wgmma chain (m64 per warpgroup; rows of an MMA are independent). On the H200 its bits also
+  _affine_mm_wide_kernel  (one 2-D weight) one [BM, BK] x [BK, BN] `tl.dot` per K step (or, SWAP, the same
+                          products as W x^T with the tokens as the MMA's n), the tile fixed by the weight's shape
+                          alone (never by M), so every row of every call runs the same Hopper wgmma chain (rows and
+                          columns of an MMA are independent of each other). On the H200 its bits also
                           equal the 16-row kernel's (scripts/sweep_prefill_kernels.py, every prefill shape), which
                           the GPU tests check, but nothing here relies on that.
 """
@@ -115,9 +116,11 @@ def _affine_mm_kernel(
 def _affine_mm_wide_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_om,
     BITS: tl.constexpr, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    F32: tl.constexpr,
+    SWAP: tl.constexpr, F32: tl.constexpr,
 ):
     # grid: (cdiv(N, BN), cdiv(M, BM)). out[rows, rn] = x[rows] W[rn]^T, one dot of BM rows per K step.
+    # SWAP: the same products as out^T = W x^T, the weight tile as the MMA's A operand (m64 per warpgroup over
+    # weight rows, the BM tokens as its n), which spares the dequantised tile its trip through shared memory
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -126,42 +129,52 @@ def _affine_mm_wide_kernel(
     m_row = row < M
     xp = x_ptr + row.to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acct = tl.zeros((BN, BM), dtype=tl.float32)
     rk = tl.arange(0, BK)
     for k0 in range(0, K, BK):
         w = dequant_tile(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, BITS, GROUP)
-        wt = tl.trans(w.to(x_ptr.dtype.element_ty))  # [BK, BN], rounded once to the activation dtype
+        w = w.to(x_ptr.dtype.element_ty)  # [BN, BK], rounded once to the activation dtype
         xa = tl.load(xp + (k0 + rk)[None, :], mask=m_row[:, None], other=0.0)
-        acc = mma(xa, wt, acc, F32)
+        if SWAP:
+            acct = mma(w, tl.trans(xa), acct, F32)
+        else:
+            acc = mma(xa, tl.trans(w), acc, F32)
+    if SWAP:
+        acc = tl.trans(acct)
     tl.store(out_ptr + row.to(tl.int64)[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=m_row[:, None] & n_mask[None, :])
 
 
-def wide_config(spec: WeightSpec) -> tuple[int, int, int, int, int]:
-    """(BM, BN, BK, num_warps, num_stages) of the wide kernel for a weight: a function of the weight alone (BM may
-    not depend on M: see the module doc). Measured on the H200 at M = 512 (scripts/sweep_prefill_kernels.py,
-    bench/NOTES.md), against the 16-row kernel's (SUB 4, 64, 128, 4, 3): 12352x2048 238 -> 145 us, 9216x2048
-    182 -> 139, 2048x4096 87 -> 64, 2048x512 44 -> 30, 1024x2048 46 -> 28."""
+def wide_config(spec: WeightSpec) -> tuple[int, int, int, int, int, bool]:
+    """(BM, BN, BK, num_warps, num_stages, SWAP) of the wide kernel for a weight: a function of the weight alone (BM
+    may not depend on M: see the module doc). H200, M = 512 (scripts/sweep_prefill_kernels.py, bench/NOTES.md):
+    swapped operands over 64 weight rows x 128 tokens for the big projections (12352x2048 146 -> 112 us, 9216x2048
+    140 -> 99, 2048x4096 64 -> 53 against the unswapped 128 x 128 / 128 x 64 tiles, which were 238 / 182 / 87 as
+    16-row tiles); the narrow ones stay unswapped (2048x512: 32 us, swapped 56)."""
     bk = spec.block_k(128)
-    if spec.n >= 8192:
-        return 128, 128, bk, 8, 2
+    if spec.n >= 2048 and spec.k >= 2048:
+        return 128, 64, bk, 4, 3, True
     if spec.n >= 2048:
-        return 128, 64, bk, 8, 3
-    return 64, 64, bk, 4, 3
+        return 128, 64, bk, 8, 3, False
+    return 64, 64, bk, 4, 3, False
 
 
 def _launch_wide(x2, spec: WeightSpec, out, config=None):
-    bm, bn, bk, warps, stages = config or wide_config(spec)
+    bm, bn, bk, warps, stages, swap = config or wide_config(spec)
     if spec.k % bk or (spec.bits != DENSE_BITS and bk % spec.group and spec.group % bk):
         raise ValueError(f"affine config: BK {bk} must divide K {spec.k} and nest with the group size {spec.group}")
-    if bm % 64 or warps != 4 * (bm // 64):
-        raise ValueError(f"affine wide config: BM {bm} must be a multiple of 64 with 4 warps per 64 rows (one "
-                         f"warpgroup each), found {warps} warps")
+    mma_m = bn if swap else bm  # the MMA's m: 64 rows per warpgroup of 4 warps
+    if mma_m % 64 or warps != 4 * (mma_m // 64) or (swap and bm % 16):
+        raise ValueError(f"affine wide config: the MMA's m ({'BN' if swap else 'BM'} {mma_m}) must be a multiple of "
+                         f"64 with 4 warps per 64 (one warpgroup each), found {warps} warps"
+                         + (f"; BM {bm} must be a multiple of 16" if swap else ""))
     m = x2.shape[0]
     grid = (triton.cdiv(spec.n, bn), triton.cdiv(m, bm))
     _affine_mm_wide_kernel[grid](
         x2, spec.w, spec.scales, spec.biases, out, m, spec.n, spec.k,
         x2.stride(0), spec.w.stride(-2), spec.scales.stride(-2), out.stride(0),
-        BITS=spec.bits, GROUP=spec.group, BM=bm, BN=bn, BK=bk, F32=dot_f32(), num_warps=warps, num_stages=stages,
+        BITS=spec.bits, GROUP=spec.group, BM=bm, BN=bn, BK=bk, SWAP=swap, F32=dot_f32(), num_warps=warps,
+        num_stages=stages,
     )
 
 
@@ -229,7 +242,7 @@ def affine_matmul(
 ) -> torch.Tensor:
     """y = x W^T. x [..., K] bf16/fp16; W packed uint32 [N, K*bits/32] with scales/biases [N, K/group]
     (bits 2/4/8), or dense [N, K] with bits=16 and scales = biases = None. Returns [..., N] in x's dtype.
-    Runs the wide kernel (`wide_config`); config: its (BM, BN, BK, num_warps, num_stages) to override that, or
+    Runs the wide kernel (`wide_config`); config: its (BM, BN, BK, num_warps, num_stages, SWAP) to override that, or
     (BN, BK, num_warps, num_stages) for the 16-row kernel instead (benchmark sweeps)."""
     spec = WeightSpec(qweight, scales, biases, bits, group_size, "affine_matmul weight")
     if spec.w.dim() != 2:
@@ -243,7 +256,7 @@ def affine_matmul(
     if out is None:
         out = torch.empty(m, spec.n, dtype=x.dtype, device=x.device)
     if m:
-        if config is None or len(config) == 5:
+        if config is None or len(config) == 6:
             _launch_wide(x2, spec, out, config)
         else:
             sub = _subtiles(m)
@@ -256,18 +269,103 @@ def dense_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None
     return affine_matmul(x, weight, None, None, DENSE_BITS, 1, out)
 
 
+TILE_BLOCK = 128  # rows per program of the two per-block expert-tile kernels
+
+
+@triton.jit
+def _tiles_count_kernel(ids_ptr, counts_ptr, M, EP: tl.constexpr, BLOCK: tl.constexpr):
+    # grid (cdiv(M, BLOCK),): counts[pid, e] = rows of this block routed to expert e
+    pid = tl.program_id(0)
+    r = pid * BLOCK + tl.arange(0, BLOCK)
+    ex = tl.arange(0, EP)
+    ids = tl.load(ids_ptr + r, mask=r < M, other=-1)
+    hit = (ids[:, None] == ex[None, :]).to(tl.int32)  # [BLOCK, EP] one-hot
+    tl.store(counts_ptr + pid * EP + ex, tl.sum(hit, axis=0))
+
+
+@triton.jit
+def _tiles_scan_kernel(
+    counts_ptr, offsets_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, NB, E, MAX_TILES,
+    R: tl.constexpr, EP: tl.constexpr, TB: tl.constexpr,
+):
+    # one program: per-expert totals, the sorted start of each (block, expert) run, and the tile table
+    ex = tl.arange(0, EP)
+    total = tl.zeros((EP,), dtype=tl.int32)
+    for b in range(NB):
+        total += tl.load(counts_ptr + b * EP + ex)
+    starts = tl.cumsum(total, 0) - total  # experts >= E hold no rows
+    run = starts
+    for b in range(NB):  # offsets[b, e]: where block b's first row of expert e goes (ascending blocks: stable)
+        tl.store(offsets_ptr + b * EP + ex, run)
+        run += tl.load(counts_ptr + b * EP + ex)
+    per = (total + R - 1) // R  # tiles per expert
+    cum = tl.cumsum(per, 0)
+    for t0 in range(0, MAX_TILES, TB):
+        t = t0 + tl.arange(0, TB)
+        e = tl.sum((cum[None, :] <= t[:, None]).to(tl.int32), axis=1)  # searchsorted(cum, t, right=True)
+        ec = tl.minimum(e, E - 1)
+        pick = ec[:, None] == ex[None, :]
+        st = tl.sum(tl.where(pick, starts[None, :], 0), axis=1)
+        ct = tl.sum(tl.where(pick, total[None, :], 0), axis=1)
+        cu = tl.sum(tl.where(pick, cum[None, :], 0), axis=1)
+        pe = tl.sum(tl.where(pick, per[None, :], 0), axis=1)
+        lo = st + (t - (cu - pe)) * R
+        hi = tl.minimum(st + ct, lo + R)
+        live = t < MAX_TILES
+        tl.store(tile_e_ptr + t, tl.where(e < E, e, -1), mask=live)
+        tl.store(tile_lo_ptr + t, lo, mask=live)
+        tl.store(tile_hi_ptr + t, hi, mask=live)
+
+
+@triton.jit
+def _tiles_order_kernel(ids_ptr, offsets_ptr, order_ptr, M, EP: tl.constexpr, BLOCK: tl.constexpr):
+    # grid (cdiv(M, BLOCK),): each row's sorted position = its (block, expert) run start + its rank in that run
+    pid = tl.program_id(0)
+    r = pid * BLOCK + tl.arange(0, BLOCK)
+    ex = tl.arange(0, EP)
+    ids = tl.load(ids_ptr + r, mask=r < M, other=-1)
+    hit = (ids[:, None] == ex[None, :]).to(tl.int32)
+    rank = tl.sum((tl.cumsum(hit, 0) - hit) * hit, axis=1)  # earlier rows of this block with the same expert
+    base = tl.sum(hit * tl.load(offsets_ptr + pid * EP + ex)[None, :], axis=1)
+    tl.store(order_ptr + base + rank, r, mask=r < M)
+
+
 def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int):
-    """Row tiles for the expert matmul, built on the device without a host sync (graph-capturable).
+    """Row tiles for the expert matmul, built on the device in three launches without a host sync
+    (graph-capturable); the same tensors as `expert_tiles_reference`.
 
     Rows are sorted by expert (stable), each expert's segment is cut into tiles of <= rows_per_tile rows.
     Returns (tile_e, tile_lo, tile_hi, order): tile t covers sorted rows [lo, hi) of expert tile_e[t] (-1 for the
-    unused tail of the upper-bound tile count), order[i] = the output row of sorted row i.
+    unused tail of the upper-bound tile count), order[i] = the output row of sorted row i. Ids must lie in
+    [0, num_experts) (the router's contract). Why kernels: the torch form is ~25 small ops, ~0.5 ms of host time per
+    MoE block on the H200 machine (20 ms of a 110 ms pp512 prefill).
     """
+    m = expert_ids.numel()
+    ids = expert_ids.reshape(-1)
+    dev = ids.device
+    ep = triton.next_power_of_2(num_experts)
+    nb = triton.cdiv(m, TILE_BLOCK)
+    max_tiles = triton.cdiv(m, rows_per_tile) + min(num_experts, m)
+    counts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
+    offsets = torch.empty(nb, ep, dtype=torch.int32, device=dev)
+    tile_e = torch.empty(max_tiles, dtype=torch.int32, device=dev)
+    lo = torch.empty(max_tiles, dtype=torch.int32, device=dev)
+    hi = torch.empty(max_tiles, dtype=torch.int32, device=dev)
+    order = torch.empty(m, dtype=torch.int32, device=dev)
+    if m:
+        warps = 8 if ep >= 256 else 4
+        _tiles_count_kernel[(nb,)](ids, counts, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=warps)
+        _tiles_scan_kernel[(1,)](counts, offsets, tile_e, lo, hi, nb, num_experts, max_tiles, R=rows_per_tile, EP=ep,
+                                 TB=64, num_warps=warps)
+        _tiles_order_kernel[(nb,)](ids, offsets, order, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=warps)
+    return tile_e, lo, hi, order
+
+
+def expert_tiles_reference(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int):
+    """`expert_tiles` in torch ops (a stable argsort and prefix sums): the reference its kernels are tested against."""
     m = expert_ids.numel()
     ids = expert_ids.reshape(-1).to(torch.int64)
     order = torch.argsort(ids, stable=True).to(torch.int32)
-    # a scatter-add, not torch.bincount: on CUDA bincount reads the largest id back to size its output (a host
-    # sync per MoE block, 40 per prefill); ids < num_experts is the router's contract
     counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, ids, torch.ones_like(ids))
     starts = torch.cumsum(counts, 0) - counts
     per = (counts + rows_per_tile - 1) // rows_per_tile
