@@ -258,3 +258,37 @@ def test_padded_step_on_fast_path_interpreted():
 
 if __name__ == "__main__":
     _fast_path_child()
+
+
+@pytest.mark.parametrize("kind", ["greedy", "seeded"])
+def test_prefill_graph_runner_equals_eager(model, kind):
+    """Full prefill chunks of a request prefilled alone go through PrefillGraphs (here its eager replay from the
+    static buffers): prompts of 2-3 chunks of 32 tokens plus a remainder, at depths 0, 32, 64; the same tokens as
+    the eager engine, first alone, then with a second request arriving (mixed steps stay eager)."""
+    prompts = [random_prompt(32 * 2 + 5, seed=7), random_prompt(32 * 3, seed=8)]
+    if kind == "greedy":
+        params = [SamplingParams(temperature=0, max_tokens=5) for _ in prompts]
+    else:
+        params = [SamplingParams(temperature=1.0, top_p=0.9, seed=40 + i, max_tokens=5) for i in range(2)]
+    for batch in ([0], [1], [0, 1]):
+        ps, pp = [prompts[i] for i in batch], [params[i] for i in batch]
+        eager = drain(make_engine(model, False, max_num_batched_tokens=32), ps, pp)
+        engine = make_engine(model, True, max_num_batched_tokens=32)
+        assert drain(engine, ps, pp) == eager
+        assert engine.runner.prefill_graph_steps > 0 and set(engine.runner.prefill_graphs.graphs) == {32}
+
+
+def test_prefill_graph_load_derives_positions_and_slots(model):
+    from deltaserve.engine.cuda_graph import PrefillGraph
+
+    cache = model.make_cache(8, BS, 2, torch.bfloat16)
+    g = PrefillGraph(model, cache, 20, max_blocks=4)
+    g.load(list(range(20)), 28, [5, 2, 7], 1)  # tokens 28..47: blocks 1 (12..15 of block 2) and 2 (block 7)
+    assert g.positions.tolist() == list(range(28, 48))
+    assert g.slot_mapping.tolist() == [2 * BS + p % BS for p in range(28, 32)] + [7 * BS + p % BS for p in range(32, 48)]
+    assert g.block_tables.tolist() == [[5, 2, 7, -1]] and g.context_lens.tolist() == [28]
+    assert g.state_slots.tolist() == [1] and g.fb.context_lens_cpu == [28]
+    with pytest.raises(ValueError, match="loaded with 3"):
+        g.load([1, 2, 3], 0, [0], 0)
+    with pytest.raises(ValueError, match="exceeds its static 4"):
+        g.load(list(range(20)), 0, [0, 1, 2, 3, 4], 0)

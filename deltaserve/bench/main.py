@@ -45,7 +45,8 @@ def parse_args(argv):
     p.add_argument("-d", "--depth", type=_ints, default=[0], help="context depths (comma list)")
     p.add_argument("-b", "--batch", type=_ints, default=[1], help="streams (comma list)")
     p.add_argument("-r", "--reps", type=int, default=5)
-    p.add_argument("--no-graph", action="store_true", help="decode eagerly instead of CUDA-graph replay")
+    p.add_argument("--no-graph", action="store_true",
+                   help="decode (and B=1 prefill) eagerly instead of CUDA-graph replay")
     p.add_argument("--profile", action="store_true", help="break one decode step down by kernel class (at the first -d depth and -b batch)")
     p.add_argument("--profile-prefill", action="store_true",
                    help="profile one prefill of the first -p length (host vs GPU time, syncs, top kernels and ops)")
@@ -108,8 +109,23 @@ def _time(fn, reps: int) -> list[float]:
     return out
 
 
-def bench_prefill(streams: Streams, n: int, depth: int, reps: int) -> list[float]:
+def bench_prefill(streams: Streams, n: int, depth: int, reps: int, graph: bool) -> list[float]:
+    """One sequence (graph: through the engine's PrefillGraph, as the engine runs a full chunk prefilled alone) or
+    B sequences of n new tokens each after `depth` cached ones (eager forward)."""
     fb = streams.prefill_batch(n, depth)
+    if graph and streams.batch == 1:
+        from ..engine.cuda_graph import PrefillGraph
+
+        g = PrefillGraph(streams.model, streams.cache, n, streams.tables.shape[1])
+        tokens, table = fb.input_ids.tolist(), streams.tables[0].tolist()
+
+        def run_graph():
+            g.load(tokens, depth, table, 0)
+            if g.graph is None:
+                g.capture()
+            g.replay()
+
+        return _time(run_graph, reps)
 
     @torch.no_grad()
     def run():
@@ -171,10 +187,12 @@ def main(argv=None) -> int:
         streams = Streams(model, config, b, max_len)
         for d in args.depth:
             for n in args.n_prompt:
-                times = bench_prefill(streams, n, d, args.reps)
+                graphed = not args.no_graph and b == 1
+                times = bench_prefill(streams, n, d, args.reps, graphed)
                 tps, sd = _stats(times, n * b)
                 keep(records.make_record("deltaserve", gpu, name, quant, "pp", n, d, b, tps, sd, args.reps,
-                                         notes=note))
+                                         notes=note + ("; prefill cuda graph (PrefillGraph)" if graphed else
+                                                       "; prefill eager")))
                 print(records.format_table(recs[-1:]).splitlines()[-1], flush=True)
             for n in args.n_gen:
                 if n == 0:  # -n 0: prefill only

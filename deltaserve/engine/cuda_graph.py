@@ -192,3 +192,123 @@ class DecodeGraphs:
         g = self._graph(self.bucket(len(tokens)))
         self._load(g, tokens, starts, tables, slots)
         return g.replay()[: len(tokens)].clone()
+
+
+class PrefillGraph:
+    """A captured prefill forward for ONE sequence of exactly `n` new tokens, at any depth.
+
+    On the fast path a prefill reads its depth, block table, KV slots and state slot from device tensors; the host
+    sizes it bakes in (grids, fla's chunk indices) depend on n alone. So one graph serves every n-token chunk of any
+    prompt at any context length: the engine's full prefill chunks (max_num_batched_tokens) of a request prefilled
+    alone, and the benchmark's pp512. The same kernels with the same launch parameters as the eager forward: the same
+    bits (tests/gpu/test_engine_graph_gpu.py). Where capture is impossible (CPU) `replay` runs the same forward
+    eagerly from the static buffers, so the logic is testable without a GPU.
+
+    Output: the fp32 logits of the last new token, [1, V] (what a sampling step needs; a chunk that does not end the
+    prompt ignores them).
+    """
+
+    def __init__(self, model, cache: HybridCache, n: int, max_blocks: int):
+        self.model, self.cache, self.n = model, cache, n
+        self.block_size = cache.block_size
+        dev = next(model.parameters()).device
+        i64 = dict(dtype=torch.int64, device=dev)
+        self.input_ids = torch.zeros(n, **i64)
+        self.offsets = torch.arange(n, **i64)  # positions = depth + offsets
+        self.positions = torch.zeros(n, **i64)
+        self.context_lens = torch.zeros(1, **i64)
+        self.slot_mapping = torch.zeros(n, **i64)
+        self.state_slots = torch.zeros(1, **i64)
+        self.block_tables = torch.zeros(1, max_blocks, dtype=torch.int32, device=dev)
+        self.fb = ForwardBatch(
+            input_ids=self.input_ids, positions=self.positions, cu_seqlens=torch.tensor([0, n], **i64),
+            context_lens=self.context_lens, block_tables=self.block_tables, slot_mapping=self.slot_mapping,
+            state_slots=self.state_slots, logits_indices=torch.tensor([n - 1], **i64),
+            seq_lens_cpu=[n], context_lens_cpu=[0],  # host depth: set by load() for the eager reference path only
+            block_size=self.block_size,
+        )
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+    def load(self, token_ids, depth: int, block_table, state_slot: int) -> None:
+        """The chunk's n token ids (host list or tensor), its depth (tokens already cached), the sequence's block
+        table (covering depth + n tokens) and state slot."""
+        if len(token_ids) != self.n:
+            raise ValueError(f"PrefillGraph for {self.n} tokens loaded with {len(token_ids)}")
+        table = torch.as_tensor(block_table, dtype=torch.int32)
+        if table.numel() > self.block_tables.shape[1]:
+            raise ValueError(f"PrefillGraph: a block table of {table.numel()} blocks exceeds its static "
+                             f"{self.block_tables.shape[1]}")
+        full = torch.full((1, self.block_tables.shape[1]), -1, dtype=torch.int32)
+        full[0, : table.numel()] = table
+        self.input_ids.copy_(torch.as_tensor(token_ids, dtype=torch.int64))
+        self.block_tables.copy_(full)
+        self.context_lens.fill_(depth)
+        self.state_slots.fill_(state_slot)
+        torch.add(self.offsets, self.context_lens, out=self.positions)
+        blk = self.block_tables[0].to(torch.int64)[self.positions // self.block_size]
+        self.slot_mapping.copy_(blk * self.block_size + self.positions % self.block_size)
+        self.fb.context_lens_cpu = [int(depth)]
+
+    @torch.no_grad()
+    def capture(self, warmup: int = 2, pool=None) -> None:
+        """Capture with the loaded chunk's metadata. The warm-up and capture runs write the chunk's KV (the values
+        the real run writes again) and its sequence's DeltaNet state, which is saved first and restored after."""
+        slot = self.state_slots.clone()
+        saved = [(p, p.index_select(0, slot)) for p in (*self.cache.ssm.values(), *self.cache.conv.values())]
+
+        def restore():
+            for p, rows in saved:
+                p.index_copy_(0, slot, rows)
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                restore()
+                self.model(self.fb, self.cache)
+        torch.cuda.current_stream().wait_stream(stream)
+        restore()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits = self.model(self.fb, self.cache)
+        restore()
+
+    def replay(self) -> torch.Tensor:
+        """The loaded chunk's forward (the graph if captured, else eager): fp32 logits of its last token, [1, V]."""
+        if self.graph is None:
+            with torch.no_grad():
+                return self.model(self.fb, self.cache)
+        self.graph.replay()
+        return self.logits
+
+
+class PrefillGraphs:
+    """The engine's prefill graphs: one `PrefillGraph` per chunk size in `sizes`, captured lazily the first time a
+    single-sequence step of that many new tokens runs (on the real request's metadata: its state is restored after
+    the warm-up). Only where `capturable` (CUDA and the fast path); elsewhere the graphs' forward runs eagerly."""
+
+    def __init__(self, model, cache: HybridCache, sizes, max_blocks: int):
+        self.model, self.cache = model, cache
+        self.sizes, self.max_blocks = frozenset(sizes), max_blocks
+        p = next(model.parameters())
+        self.capturable = p.is_cuda and fast.enabled(torch.empty(0, dtype=p.dtype, device=p.device))
+        self.graphs: dict[int, PrefillGraph] = {}
+        self._pool = None
+
+    def serves(self, n: int, table: list[int]) -> bool:
+        return n in self.sizes and len(table) <= self.max_blocks
+
+    def run(self, tokens: list[int], depth: int, table: list[int], slot: int) -> torch.Tensor:
+        """One prefill chunk of len(tokens) new tokens after `depth` cached ones. Returns its last token's fp32
+        logits [1, V], copied out of the graph's static output."""
+        n = len(tokens)
+        g = self.graphs.get(n)
+        if g is None:
+            g = self.graphs[n] = PrefillGraph(self.model, self.cache, n, self.max_blocks)
+        g.load(tokens, depth, table, slot)
+        if self.capturable and g.graph is None:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            g.capture(pool=self._pool)
+        return g.replay().clone()

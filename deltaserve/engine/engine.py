@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from ..model.cache import cache_spec
 from ..utils.memory import cache_budget_bytes
 from .block_pool import BlockPool, StateSlotPool
-from .cuda_graph import DecodeGraphs
+from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .detokenizer import IncrementalDetokenizer
 from .outputs import RequestOutput
 from .request import FinishReason, Request
@@ -42,7 +42,9 @@ class EngineConfig:
     seed: int = 0  # seeds the engine RNG that gives unseeded requests their seed
     # Decode-only steps through per-bucket CUDA graphs (engine/cuda_graph.DecodeGraphs); reserves one scratch state
     # slot and one scratch KV block for the padding rows. None: on when the model sits on a CUDA device (graph ==
-    # eager bit for bit: tests/gpu/test_engine_graph_gpu.py), like vLLM without --enforce-eager.
+    # eager bit for bit: tests/gpu/test_engine_graph_gpu.py), like vLLM without --enforce-eager. With them, a step
+    # that is one request's full prefill chunk (max_num_batched_tokens new tokens) replays that size's prefill graph
+    # (engine/cuda_graph.PrefillGraphs: the same kernels without ~40 launches' worth of host time per layer).
     cuda_graphs: bool | None = None
 
 
@@ -79,11 +81,12 @@ class LLMEngine:
         self.scheduler = Scheduler(
             sched_cfg, BlockPool(self.num_blocks, config.block_size), StateSlotPool(config.max_num_seqs)
         )
-        graphs = None
+        graphs = prefill_graphs = None
         if config.cuda_graphs:
             max_blocks = -(-self.max_model_len // config.block_size)
             graphs = DecodeGraphs(model, self.cache, config.max_num_seqs, self.num_blocks, max_blocks)
-        self.runner = ModelRunner(model, self.cache, self.device, graphs)
+            prefill_graphs = PrefillGraphs(model, self.cache, (config.max_num_batched_tokens,), max_blocks)
+        self.runner = ModelRunner(model, self.cache, self.device, graphs, prefill_graphs)
         self.rng = random.Random(config.seed)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}

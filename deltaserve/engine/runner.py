@@ -8,6 +8,8 @@ With `graphs` (engine/cuda_graph.DecodeGraphs), a decode-only step (every sequen
 no logits_only request) of at most the largest bucket's sequences runs through the bucket's CUDA graph; every
 other step (prefill, mixed, logits_only, larger batches) runs eagerly. On a device where graphs cannot be captured
 the graph path is used only when `graphs_off_device` is set (tests: it then runs the same padded step eagerly).
+With `prefill_graphs` (engine/cuda_graph.PrefillGraphs), a step that is one sequence's prefill chunk of a captured
+size (the engine's full chunk, max_num_batched_tokens) runs through that size's graph, at any depth.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from ..kernels.sampling import SamplingTensors, sample, seed_to_int64, token_statistics
 from ..model.cache import HybridCache
 from ..model.forward_batch import ForwardBatch
-from .cuda_graph import DecodeGraphs
+from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .request import Request
 from .scheduler import SchedulerOutput
 
@@ -37,14 +39,17 @@ class ModelRunner:
         cache: HybridCache,
         device: torch.device | str = "cpu",
         graphs: DecodeGraphs | None = None,
+        prefill_graphs: PrefillGraphs | None = None,
     ):
         self.model = model
         self.cache = cache
         self.device = torch.device(device)
         self.vocab_size = model.config.vocab_size
         self.graphs = graphs
+        self.prefill_graphs = prefill_graphs
         self.graphs_off_device = False  # use the (eager) graph path where capture is impossible: tests on CPU
-        self.graph_steps = 0  # steps run through DecodeGraphs / eagerly (observability, tests)
+        self.graph_steps = 0  # steps run through DecodeGraphs / PrefillGraphs / eagerly (observability, tests)
+        self.prefill_graph_steps = 0
         self.eager_steps = 0
 
     def _graph_step(self, out: SchedulerOutput) -> bool:
@@ -55,6 +60,14 @@ class ModelRunner:
         if not all(s.num_new_tokens == 1 and s.sample and not s.request.logits_only for s in out.seqs):
             return False
         return g.fits([s.request.block_table for s in out.seqs])
+
+    def _prefill_graph_step(self, out: SchedulerOutput) -> bool:
+        """Is this step one sequence's prefill chunk of a size the prefill graphs serve?"""
+        g = self.prefill_graphs
+        if g is None or not (g.capturable or self.graphs_off_device) or len(out.seqs) != 1:
+            return False
+        s = out.seqs[0]
+        return s.num_new_tokens > 1 and not s.request.logits_only and g.serves(s.num_new_tokens, s.request.block_table)
 
     def build_batch(self, out: SchedulerOutput) -> tuple[ForwardBatch, list[tuple[Request, slice]]]:
         """The ForwardBatch and, per sequence, which rows of the returned logits belong to it."""
@@ -82,6 +95,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         if self._graph_step(out):
             return self._execute_graph(out)
+        if self._prefill_graph_step(out):
+            return self._execute_prefill_graph(out)
         self.eager_steps += 1
         batch, rows = self.build_batch(out)
         logits = self.model(batch, self.cache)  # [N, V] fp32
@@ -111,6 +126,19 @@ class ModelRunner:
         )  # [B, V] fp32, row b = out.seqs[b]
         ids = sample(logits, self.sampling_tensors(reqs))
         return RunnerOutput({r.request_id: t for r, t in zip(reqs, ids.tolist())}, {})
+
+    def _execute_prefill_graph(self, out: SchedulerOutput) -> RunnerOutput:
+        """One sequence's prefill chunk in its size's graph; samples as the eager path when the chunk ends the
+        prompt (the graph always computes the last token's logits; a middle chunk ignores them)."""
+        self.prefill_graph_steps += 1
+        s = out.seqs[0]
+        r = s.request
+        logits = self.prefill_graphs.run(r.token_slice(s.start, s.start + s.num_new_tokens), s.start, r.block_table,
+                                         r.state_slot)
+        if not s.sample:
+            return RunnerOutput({}, {})
+        ids = sample(logits, self.sampling_tensors([r]))
+        return RunnerOutput({r.request_id: ids.tolist()[0]}, {})
 
     def sampling_tensors(self, reqs: list[Request]) -> SamplingTensors:
         def col(values, dtype=torch.float32):
