@@ -51,9 +51,12 @@ EPS = 2.0**-8
 L2_BYTES = 256 << 20
 
 
-def lib_grid(quick: bool, experts: bool) -> list[dict]:
-    """Library-kernel configurations, the default first (sub=None, config=None)."""
+def lib_grid(quick: bool, experts: bool, variants=None) -> list[dict]:
+    """Library-kernel configurations, the default first (sub=None, config=None); only the default with `variants`
+    (the candidate kernel's variants alone are swept)."""
     grid = [dict(kernel="default", sub=None, config=None)]
+    if variants is not None:
+        return grid
     subs = (1, 2, 4) if experts else (4,)
     # the best of a wider grid (BN 32-128, BK 64-256, 4/8 warps, 2-4 stages) that the H200 ran at 97d4309's parent
     # (bench/results/sweep-prefill-h200-2026-11-30.jsonl): 8 warps and BK 64 lost everywhere
@@ -66,19 +69,23 @@ def lib_grid(quick: bool, experts: bool) -> list[dict]:
     return grid
 
 
-def wide_grid(quick: bool, experts: bool) -> list[dict]:
+def wide_grid(quick: bool, experts: bool, variants=None) -> list[dict]:
     """Candidate-kernel configurations (var, bm, bn, bk, warps, stages); var 0 on a dense weight is the library's
     wide kernel at another launch shape."""
     if experts:
         shapes = [(0, 32, 64, 128, 4, 3), (2, 32, 64, 128, 4, 3), (2, 32, 128, 128, 4, 3), (3, 32, 64, 128, 4, 3),
                   (3, 16, 64, 128, 4, 3), (3, 32, 128, 128, 8, 3), (3, 64, 64, 128, 4, 3), (2, 64, 64, 128, 4, 3),
-                  (3, 32, 64, 128, 4, 4), (3, 16, 128, 128, 8, 3)]
+                  (3, 32, 64, 128, 4, 4), (3, 16, 128, 128, 8, 3), (4, 32, 64, 128, 4, 3), (5, 32, 64, 128, 4, 3),
+                  (5, 16, 64, 128, 4, 3), (5, 64, 64, 128, 4, 3), (4, 32, 128, 128, 4, 3), (5, 32, 128, 128, 8, 3)]
     else:
         shapes = [(0, 64, 64, 128, 4, 3), (0, 128, 64, 128, 8, 3), (2, 128, 128, 128, 8, 2), (2, 64, 64, 128, 4, 3),
                   (2, 128, 64, 128, 8, 3), (3, 128, 128, 128, 8, 2), (3, 64, 64, 128, 4, 3), (3, 128, 64, 128, 4, 3),
-                  (3, 64, 128, 128, 8, 3), (2, 64, 128, 128, 4, 3)]
+                  (3, 64, 128, 128, 8, 3), (2, 64, 128, 128, 4, 3), (5, 128, 64, 128, 4, 3), (5, 64, 64, 128, 4, 3),
+                  (5, 128, 128, 128, 8, 2), (4, 64, 64, 128, 4, 3), (4, 32, 64, 128, 4, 3)]
     if quick:
-        shapes = shapes[:2] + [c for c in shapes if c[0] == 2][:1] + [c for c in shapes if c[0] == 3][:1]
+        shapes = shapes[:2] + [[c for c in shapes if c[0] == v][0] for v in (2, 3, 4, 5)]
+    if variants is not None:
+        shapes = [c for c in shapes if c[0] in variants]
     return [dict(kernel="wide", var=v, bm=bm, config=(bn, bk, w, s)) for v, bm, bn, bk, w, s in shapes]
 
 
@@ -143,6 +150,29 @@ def dequant_kmajor(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN
 
 
 @triton.jit
+def dequant_join4(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN: tl.constexpr, BK: tl.constexpr,
+                  GROUP: tl.constexpr):
+    # 4-bit only: dequant_tile's values as [BN, BK] bf16, each word's 8 codes cut with constant shifts and put back
+    # in k order by joins (in-thread: no per-element shift amounts, no reshape of a strided tile)
+    j = tl.arange(0, BK // 8)
+    p = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 // 8 + j)[None, :], mask=n_mask[:, None], other=0)
+    g = k0 // GROUP + j // (GROUP // 8)
+    s = tl.load(s_ptr + rn[:, None] * stride_sn + g[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + rn[:, None] * stride_sn + g[None, :], mask=n_mask[:, None], other=0.0).to(tl.float32)
+    w0 = ((((p >> 0) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s + b
+    w1 = ((((p >> 4) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s + b
+    w2 = ((((p >> 8) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s + b
+    w3 = ((((p >> 12) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s + b
+    w4 = ((((p >> 16) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s + b
+    w5 = ((((p >> 20) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s + b
+    w6 = ((((p >> 24) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s + b
+    w7 = ((((p >> 28) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s + b
+    # join appends its axis last: the outermost join is the fastest index (k = 8 j + 4 a + 2 b + c)
+    r = tl.join(tl.join(tl.join(w0, w4), tl.join(w2, w6)), tl.join(tl.join(w1, w5), tl.join(w3, w7)))
+    return tl.reshape(r, (BN, BK))
+
+
+@triton.jit
 def candidate_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, order_ptr,
     M, N, K, x_repeat, stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_om,
@@ -151,7 +181,8 @@ def candidate_kernel(
 ):
     # the library's tiles with one [BM, BK] x [BK, BN] dot per K step. VAR 0: the library's dequant_tile,
     # transposed; 2: the tile dequantised directly as [BK, BN]; 3: swapped operands, out^T = W x^T (the weight
-    # as the MMA's A operand, which wgmma may take from registers; x^T as B)
+    # as the MMA's A operand, which wgmma may take from registers; x^T as B); 4 / 5: dequant_join4 (4-bit),
+    # unswapped / swapped
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -177,7 +208,13 @@ def candidate_kernel(
     rk = tl.arange(0, BK)
     for k0 in range(0, K, BK):
         xa = tl.load(xp + (k0 + rk)[None, :], mask=m_row[:, None], other=0.0)
-        if VAR == 2:
+        if VAR == 4:
+            w = dequant_join4(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, GROUP)
+            acc = mma(xa, tl.trans(w.to(x_ptr.dtype.element_ty)), acc, F32)
+        elif VAR == 5:
+            w = dequant_join4(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, GROUP)
+            acct = mma(w.to(x_ptr.dtype.element_ty), tl.trans(xa), acct, F32)
+        elif VAR == 2:
             wt = dequant_kmajor(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, BITS, GROUP)
             acc = mma(xa, wt.to(x_ptr.dtype.element_ty), acc, F32)
         elif VAR == 3:
@@ -186,7 +223,7 @@ def candidate_kernel(
         else:
             w = dequant_tile(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, BITS, GROUP)
             acc = mma(xa, tl.trans(w.to(x_ptr.dtype.element_ty)), acc, F32)
-    if VAR == 3:
+    if VAR == 3 or VAR == 5:
         acc = tl.trans(acct)
     tl.store(out_ptr + row.to(tl.int64)[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=m_row[:, None] & n_mask[None, :])
@@ -298,7 +335,7 @@ def dense_section(args, shp, device, deadline, emit):
         base = None
         if device.type == "cuda":
             base = [lambda w=w: F.linear(x, w) for _, w in weights]
-        grid = lib_grid(args.quick, False) + wide_grid(args.quick, False) + canary(args)
+        grid = lib_grid(args.quick, False, args.variants) + wide_grid(args.quick, False, args.variants) + canary(args)
         sweep_case(args, "dense", f"M{m} N{n} K{k}", k, 2.0 * m * n * k, base, fns_for, ref64, grid, device, deadline,
                    emit)
         del weights, outs
@@ -343,7 +380,7 @@ def experts_section(args, shp, device, deadline, emit):
             xd = torch.randn(m, k, device=device).bfloat16()
             wd = w16[0]
             base = [lambda: xd @ wd.T]
-        grid = lib_grid(args.quick, True) + wide_grid(args.quick, True) + canary(args)
+        grid = lib_grid(args.quick, True, args.variants) + wide_grid(args.quick, True, args.variants) + canary(args)
         sweep_case(args, f"experts {what}", f"T{t} x{top} E{e} N{n} K{k}", k, 2.0 * m * n * k, base, fns_for, ref64,
                    grid, device, deadline, emit)
         del spec, w16, out
@@ -368,6 +405,8 @@ def parse(argv):
     ap.add_argument("--out", help="JSON lines file (default $OUT/sweep_prefill_kernels.jsonl if $OUT is set)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="configurations past this are skipped")
     ap.add_argument("--canary", action="store_true", help="add a deliberately corrupted configuration (must FAIL)")
+    ap.add_argument("--variants", type=lambda v: {int(x) for x in v.split(",")},
+                    help="only the default and these candidate-kernel variants (comma list, e.g. 4,5)")
     return ap.parse_args(argv)
 
 
