@@ -109,8 +109,6 @@ def _attn_fused_cases():
         "decode_gate_single_split": lambda m: ac.check_decode_gate(m, CPU, [1, 60, 128], 4, 2, 32, 8, 128),
         "decode_merge_steps": lambda m: ac.check_decode_merge_steps(m, CPU, [1, 1100, 256, 700], 4, 2, 32, 8, 128, 2,
                                                                     16),
-        "decode_capped_splits": lambda m: ac.check_decode_capped_splits(m, CPU, [1, 1100, 256, 700, 257], 4, 2, 32,
-                                                                        8, 128, 2),
         "attention_decode_fused_vs_unfused": lambda m: ac.check_attention_decode_fused(
             m, CPU, [1, 40, 128, 129, 260], 4, 2, 32, 16, 8),
         "decode_gate_batch_invariance": lambda m: ac.check_decode_gate_invariance(

@@ -232,26 +232,6 @@ def check_decode_merge_steps(mods, device, lens, hq, hkv, d, bs, split, bsp, bd)
         tp.MERGE_BSP, tp.MERGE_BD = saved
 
 
-def check_decode_capped_splits(mods, device, lens, hq, hkv, d, bs, split, max_splits):
-    """Rows longer than split * max_splits tokens split into longer chunks (split * 2^j, from the row's own length):
-    vs fp64, host-bound independence and batch invariance, and rows within the cap keep their uncapped bits."""
-    tp = mods["attn"]
-    saved = tp.DECODE_MAX_SPLITS
-    try:
-        tp.DECODE_MAX_SPLITS = 0
-        torch.manual_seed(1)
-        uncapped = check_decode_gate(mods, device, lens, hq, hkv, d, bs, split)
-        tp.DECODE_MAX_SPLITS = max_splits
-        torch.manual_seed(1)
-        capped = check_decode_gate(mods, device, lens, hq, hkv, d, bs, split)
-        check_decode_gate_invariance(mods, device, lens, (1, 2), hq, hkv, d, bs)
-    finally:
-        tp.DECODE_MAX_SPLITS = saved
-    for i, n in enumerate(lens):
-        if n <= split * max_splits:
-            assert torch.equal(capped[i], uncapped[i]), f"capped splits: row of {n} tokens within the cap changed"
-
-
 # ---------------------------------------------------------------- the layer's decode, fused vs unfused
 
 

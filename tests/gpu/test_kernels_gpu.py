@@ -284,13 +284,6 @@ def test_decode_attention_gate(mods, dev, small):
                                 16 if small else 64)
 
 
-def test_decode_attention_capped_splits(mods, dev, small):
-    dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
-    split = mods["attn"].SPLIT_TOKENS
-    lens = [1, 9 * split + 3, 2 * split, 5 * split + 1, 2 * split + 1] if small else [1, 32768, 20000, 8192, 8193, 300]
-    ac.check_decode_capped_splits(mods, dev, lens, *dims, split, 2 if small else 64)
-
-
 def test_decode_attention_gate_batch_invariance(mods, dev, small):
     dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
     lens = torch.randint(1, 600 if small else 5000, (64,)).tolist()

@@ -8,9 +8,8 @@ already holds the new K/V). Query head h uses KV head h // (Hq / Hkv). Softmax s
 product takes P rounded to the activation dtype (tensor cores), accumulation in fp32.
 
 Batch invariance: each program's work depends only on its own sequence. Decode splits a context into chunks of
-SPLIT_TOKENS (a constant, not a function of the batch; doubled for rows too long for DECODE_MAX_SPLITS splits, as a
-function of the row's own length) and merges them in ascending order, so a sequence gets the same bits alone or in
-any batch. A row of kv_len <= SPLIT_TOKENS (one split) is finished by its split program (the
+SPLIT_TOKENS (a constant, not a function of the batch) and merges them in ascending order, so a sequence gets the
+same bits alone or in any batch. A row of kv_len <= SPLIT_TOKENS (one split) is finished by its split program (the
 merge program of that row returns at once): which path a row takes depends on its own length only, and the
 direct path computes what the merge would (weight exp2(0) = 1 on the only split), so a row's bits do not depend on
 the launch either. Both kernels are always launched for a given host bound max_kv_len (graph replay safe); only a
@@ -22,8 +21,6 @@ Optional attention output gate (Qwen3.5 gated attention), applied in the epilogu
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -34,11 +31,6 @@ from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 # decode: tokens per split, fixed so the merge order of a row never depends on the batch (64 was slower on the
 # H200 at 32k contexts, bench/NOTES.md)
 SPLIT_TOKENS = 128
-# decode: at most this many splits per row (0: no cap). A row longer than SPLIT_TOKENS * DECODE_MAX_SPLITS splits
-# into chunks of SPLIT_TOKENS * 2^j tokens, the smallest power that fits the cap: a function of the row's own length
-# (batch invariance holds), fewer partials for the merge at long contexts. Rows up to the cap's length keep
-# SPLIT_TOKENS, so their bits do not change with it. Env DELTASERVE_DECODE_MAX_SPLITS overrides (timing).
-DECODE_MAX_SPLITS = 0
 _LOG2E = 1.4426950408889634
 
 
@@ -95,33 +87,22 @@ def _gated(o, gate_ptrs, mask, HAS_GATE: tl.constexpr):
 
 
 @triton.jit
-def _split_len(L, SPLIT: tl.constexpr, MAXS: tl.constexpr):
-    # tokens per split of a row of L tokens: SPLIT, doubled until the row needs at most MAXS splits (0: no cap)
-    split = L * 0 + SPLIT
-    if MAXS > 0:
-        while split * MAXS < L:
-            split = split * 2
-    return split
-
-
-@triton.jit
 def _decode_split_kernel(
     q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
     stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
     stride_gb, stride_gh, qk_scale,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
-    BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr, MAXS: tl.constexpr = 0,
+    BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    # grid (B, Hkv, max splits): the G query heads of one KV head over tokens [sp*split, (sp+1)*split)
+    # grid (B, Hkv, max splits): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT)
     pdl_open(PDL)
     pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     L = tl.load(lens_ptr + b) + LENS_ADD
-    split = _split_len(L, SPLIT, MAXS)
-    start = sp * split
+    start = sp * SPLIT
     if start >= L:
         return
     rg = tl.arange(0, GP)
@@ -134,7 +115,7 @@ def _decode_split_kernel(
     m_i = tl.full((GP,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((GP,), dtype=tl.float32)
     acc = tl.zeros((GP, D), dtype=tl.float32)
-    for n0 in tl.range(start, start + split, BN):
+    for n0 in tl.range(start, start + SPLIT, BN):
         pos = n0 + tl.arange(0, BN)
         valid = pos < L
         rows = _kv_rows(table_row, tl.where(valid, pos, -1), BS)
@@ -149,7 +130,7 @@ def _decode_split_kernel(
         v = tl.load(vc_ptr + kv_off, mask=valid[:, None], other=0.0)
         acc = mma(p.to(v.dtype), v, acc * alpha[:, None], F32)
         m_i = m_new
-    if L <= split:  # the row's only split: finish it here (the merge of one split is the identity)
+    if L <= SPLIT:  # the row's only split: finish it here (the merge of one split is the identity)
         o = acc / l_i[:, None]
         gate = gate_ptr + b.to(tl.int64) * stride_gb + heads[:, None] * stride_gh + rd[None, :]
         o = _gated(o, gate, g_mask[:, None], HAS_GATE)
@@ -166,7 +147,7 @@ def _decode_split_kernel(
 def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stride_pb, stride_ph, stride_ps,
                          stride_ob, stride_oh, stride_gb, stride_gh, D: tl.constexpr, BD: tl.constexpr,
                          SPLIT: tl.constexpr, BSP: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
-                         MAXS: tl.constexpr = 0, PDL: tl.constexpr = False):
+                         PDL: tl.constexpr = False):
     # grid (B, Hq, D / BD): columns [j*BD, (j+1)*BD) of one row, merged over its splits in ONE pass, BSP splits
     # per step in ascending split order with a running maximum (acc and l rescaled when it grows). The order
     # depends on the row's length only: never on the batch, nor on the column block (every block computes the
@@ -177,10 +158,9 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stri
     b = tl.program_id(0)
     h = tl.program_id(1)
     L = tl.load(lens_ptr + b) + LENS_ADD
-    split = _split_len(L, SPLIT, MAXS)
-    if L <= split:  # single split: the split program wrote this row's output
+    if L <= SPLIT:  # single split: the split program wrote this row's output
         return
-    n_split = tl.cdiv(L, split)
+    n_split = tl.cdiv(L, SPLIT)
     rd = tl.program_id(2) * BD + tl.arange(0, BD)
     rs = tl.arange(0, BSP)
     base = b.to(tl.int64) * stride_pb + h * stride_ph
@@ -204,16 +184,6 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stri
 
 MERGE_BD = 64  # merge columns per program: D = 256 gives 4 programs per (row, head)
 MERGE_BSP = 32  # splits per merge step: 32k tokens = 256 splits = 8 steps
-
-
-def decode_max_splits() -> int:
-    """DECODE_MAX_SPLITS, or env DELTASERVE_DECODE_MAX_SPLITS (a non-negative integer; 0: no cap)."""
-    value = os.environ.get("DELTASERVE_DECODE_MAX_SPLITS")
-    if value is None:
-        return DECODE_MAX_SPLITS
-    if not value.isdigit():
-        raise ValueError(f"DELTASERVE_DECODE_MAX_SPLITS must be a non-negative integer, found {value!r}")
-    return int(value)
 
 
 def paged_decode_attention(
@@ -241,10 +211,7 @@ def paged_decode_attention(
     if bsz == 0:
         return out
     g = hq // hkv
-    maxs = decode_max_splits()
     n_split = max(1, triton.cdiv(max_kv_len, SPLIT_TOKENS))
-    if maxs:
-        n_split = min(n_split, maxs)  # a row of any length <= max_kv_len needs at most this many
     po = torch.empty(bsz, hq, n_split, d, dtype=torch.float32, device=q.device)
     pm = torch.empty(bsz, hq, n_split, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
@@ -254,14 +221,14 @@ def paged_decode_attention(
         q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
         BS=bs, SPLIT=SPLIT_TOKENS, BN=64 if d <= 128 else 32, F32=dot_f32(), HAS_GATE=gate is not None,
-        LENS_ADD=lens_add, MAXS=maxs, num_warps=4, **pdl_args(out),
+        LENS_ADD=lens_add, num_warps=4, **pdl_args(out),
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
         bd = min(d, MERGE_BD)
         _decode_merge_kernel[(bsz, hq, d // bd)](
             po, pm, pl, kv_lens, out, gt, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0), out.stride(1),
             sgb, sgh, D=d, BD=bd, SPLIT=SPLIT_TOKENS, BSP=MERGE_BSP, HAS_GATE=gate is not None, LENS_ADD=lens_add,
-            MAXS=maxs, num_warps=4, **pdl_args(out),
+            num_warps=4, **pdl_args(out),
         )
     return out
 
