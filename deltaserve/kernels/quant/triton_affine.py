@@ -120,7 +120,8 @@ def _affine_mm_wide_kernel(
 ):
     # grid: (cdiv(N, BN), cdiv(M, BM)). out[rows, rn] = x[rows] W[rn]^T, one dot of BM rows per K step.
     # SWAP: the same products as out^T = W x^T, the weight tile as the MMA's A operand (m64 per warpgroup over
-    # weight rows, the BM tokens as its n), which spares the dequantised tile its trip through shared memory
+    # weight rows, the BM tokens as its n); Triton then stages the dequantised tile with stmatrix instead of one
+    # 16-bit shared-memory store per element (sm_90 SASS), faster for the big projections (wide_config)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -193,9 +194,11 @@ def _subtiles(m: int) -> int:
 
 
 def default_config(spec: WeightSpec, m: int) -> tuple[int, int, int, int]:
-    """(BN, BK, num_warps, num_stages). None of these changes a row's arithmetic (module doc), only speed.
+    """(BN, BK, num_warps, num_stages) of the 16-row kernel: the routed experts (affine_matmul_experts; dense weights
+    reach it only through an explicit 4-tuple config, affine_matmul runs the wide kernel). None of these changes a
+    row's arithmetic (module doc), only speed.
 
-    Decode-sized M: measured on the H200 (bench/NOTES.md, M=1 N=8192 K=2048 q4g64): (32, 512, 4, 3) 18.1 us,
+    Decode-sized M (measured when dense weights ran this kernel): measured on the H200 (bench/NOTES.md, M=1 N=8192 K=2048 q4g64): (32, 512, 4, 3) 18.1 us,
     (32, 256, 4, 4) 18.4, (64, 256, 8, 3) 21.6, (16, 512, 4, 3) 24.1, (32, 128, 4, 4) 23.2, 8 warps with
     (16, 512|1024) 43-44 us; all bit-identical. Dense bf16 with (32, 128) reaches 66% of the copy bandwidth."""
     if m > 16:
