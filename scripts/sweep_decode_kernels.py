@@ -28,14 +28,15 @@ order of each grid is the order of interest (default first). Not yet run on a GP
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sweep_common import RecordSink, rel_err, start  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(h=2048, e=256, k=8, i=512, i_s=512, ts=(1, 8), gemv=((12352, 2048), (2048, 4096), (9216, 2048),
@@ -48,15 +49,6 @@ L2_BYTES = 256 << 20  # GEMV weight copies cycled per graph: more than the H200'
 
 
 # ------------------------------------------------------------------ judging (pure torch: unit-tested on CPU)
-
-
-def rel_err(got, ref) -> float:
-    """max |got - ref| / max |ref| (inf if got holds NaN/inf: a poisoned or broken output)."""
-    g = got.double().cpu()
-    r = ref.double().cpu()
-    if not bool(torch.isfinite(g).all()):
-        return float("inf")
-    return (g - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
 
 
 def judge(got, ref64, base, alone_rows, rel_ref: float, rel_base: float) -> dict:
@@ -398,31 +390,19 @@ def parse(argv):
 
 
 def main(argv=None) -> int:
-    args = parse(argv if argv is not None else sys.argv[1:])
-    if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":  # must be set before triton is imported
-        env = dict(os.environ, TRITON_INTERPRET="1", DELTASERVE_REFERENCE="0")
-        return subprocess.call([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])], env=env)
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu")]
-    if args.dry_run:
-        from kernel_cases import interpreter_numpy_shim
-
-        interpreter_numpy_shim()
+    argv = argv if argv is not None else sys.argv[1:]
+    args = parse(argv)
+    status = start(args.dry_run, __file__, argv)
+    if status is not None:
+        return status
     device = torch.device("cpu" if args.dry_run else "cuda")
     shp = dict(TINY if args.dry_run else FULL)
     if args.ts:
         shp["ts"] = tuple(int(v) for v in args.ts.split(","))
     args.slack = 2.0 if args.dry_run else 1.0  # the interpreter truncates fp32 -> bf16 (kernel_cases.SLACK)
     out = args.out or (os.path.join(os.environ["OUT"], "sweep_decode_kernels.jsonl") if os.environ.get("OUT") else None)
-    sink = open(out, "w") if out else None  # noqa: SIM115  lines flushed as they come; closed at exit
-    records: list[dict] = []
-    t0 = time.monotonic()
-
-    def emit(rec):
-        records.append(rec)
-        print(f"[{time.monotonic() - t0:6.1f}s] " + fmt(rec), flush=True)
-        if sink:
-            sink.write(json.dumps(rec) + "\n")
-            sink.flush()
+    sink = RecordSink(out, fmt)
+    records, emit, t0 = sink.records, sink.emit, sink.t0
 
     print(f"# {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU, Triton interpreter (checks only)'}; "
           f"columns: kernel, shape, config, us/call, GB/s, verdict (bits: '=' same as default, '~' not, '~!' not "
@@ -436,7 +416,7 @@ def main(argv=None) -> int:
     summary(records)
     bad = [r for r in records if r.get("ok") is False]
     print(f"\n{len(records)} records, {len(bad)} failing, {sum(bool(r.get('skipped')) for r in records)} skipped, "
-          f"{time.monotonic() - t0:.0f} s" + (f"; JSON lines in {out}" if out else ""))
+          f"{sink.elapsed():.0f} s" + (f"; JSON lines in {out}" if out else ""))
     return 1 if bad else 0
 
 

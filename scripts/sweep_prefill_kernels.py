@@ -27,9 +27,7 @@ Exit status 1 when a configuration fails a check.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,7 +35,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu")]
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT), str(ROOT / "tests" / "gpu")]
+import sweep_common  # noqa: E402
 import triton  # noqa: E402  (the dry run re-executes itself with TRITON_INTERPRET=1 before anything is compiled)
 import triton.language as tl  # noqa: E402
 
@@ -103,13 +102,6 @@ def label(c: dict) -> str:
             f"w{c['config'][2]} s{c['config'][3]}"
     bn, bk, w, s = c["config"]
     return f"wide v{c['var']} bm{c['bm']} bn{bn} bk{bk} w{w} s{s}"
-
-
-def rel_err(got, ref) -> float:
-    g, r = got.double().cpu(), ref.double().cpu()
-    if not bool(torch.isfinite(g).all()):
-        return float("inf")
-    return (g - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
 
 
 # ------------------------------------------------------------------ the wide kernel at any config
@@ -290,7 +282,7 @@ def sweep_case(args, name, shape_tag, k, flops, base_fn, fns_for, ref64, grid, d
             got[0, 0] = got[0, 0] * 2 + 1
         if base_out is None:
             base_out = got
-        err = rel_err(got, ref64)
+        err = sweep_common.rel_err(got, ref64)
         same = bool(torch.equal(got, base_out))
         # the library kernel's configurations must keep the default's bits; under the interpreter only those with
         # the default's BK (128), since its dot sums a whole [16, BK] x [BK, BN] block in numpy before adding it
@@ -411,44 +403,32 @@ def parse(argv):
 
 
 def main(argv=None) -> int:
-    args = parse(argv if argv is not None else sys.argv[1:])
-    if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":  # must be set before triton is imported
-        env = dict(os.environ, TRITON_INTERPRET="1", DELTASERVE_REFERENCE="0")
-        return subprocess.call([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])], env=env)
-    if args.dry_run:
-        from kernel_cases import interpreter_numpy_shim
-
-        interpreter_numpy_shim()
+    argv = argv if argv is not None else sys.argv[1:]
+    args = parse(argv)
+    status = sweep_common.start(args.dry_run, __file__, argv)
+    if status is not None:
+        return status
     device = torch.device("cpu" if args.dry_run else "cuda")
     shp = TINY if args.dry_run else FULL
     args.slack = 2.0 if args.dry_run else 1.0  # the interpreter truncates fp32 -> bf16 (kernel_cases.SLACK)
     out = args.out or (os.path.join(os.environ["OUT"], "sweep_prefill_kernels.jsonl") if os.environ.get("OUT") else None)
-    sink = open(out, "w") if out else None  # noqa: SIM115  lines flushed as they come
-    records: list[dict] = []
-    t0 = time.monotonic()
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "CPU, Triton interpreter (checks only)"
-    commit = os.environ.get("DELTASERVE_COMMIT", "")
-
-    def emit(rec):
-        rec = dict(rec, gpu=gpu, commit=commit)
-        records.append(rec)
-        print(f"[{time.monotonic() - t0:6.1f}s] " + fmt(rec), flush=True)
-        if sink:
-            sink.write(json.dumps(rec) + "\n")
-            sink.flush()
-
+    sink = sweep_common.RecordSink(out, fmt, dict(gpu=gpu, commit=os.environ.get("DELTASERVE_COMMIT", "")))
+    records, emit = sink.records, sink.emit
     print(f"# {gpu}; q4 g64; bits: '=' same as the library default's output, '~' not", flush=True)
     torch.manual_seed(0)
     budget = float("inf") if args.dry_run else args.budget_s
     if args.only in ("experts", "all"):
-        experts_section(args, shp, device, t0 + (0.6 * budget if args.only == "all" else budget), emit)
+        experts_section(args, shp, device, sink.t0 + (0.6 * budget if args.only == "all" else budget), emit)
     if args.only in ("dense", "all"):
-        dense_section(args, shp, device, t0 + budget, emit)
+        dense_section(args, shp, device, sink.t0 + budget, emit)
     print("\n# best per case (checked configurations, us):")
     for case in dict.fromkeys((r["case"], r["shape"]) for r in records):
         timed = [r for r in records if (r["case"], r["shape"]) == case and r.get("us") and r.get("ok")]
         if timed:
             best = min((r for r in timed if r["label"] != "cuBLAS bf16 reference"), key=lambda r: r["us"], default=None)
+            if best is None:  # only the reference was timed
+                continue
             base = next((r for r in timed if r["label"] == "default"), None)
             ref = next((r for r in timed if r["label"] == "cuBLAS bf16 reference"), None)
             print(f"  {case[0]:<16} {case[1]:<24} default {base['us'] if base else float('nan'):8.1f}  best "
@@ -456,7 +436,7 @@ def main(argv=None) -> int:
                   f"{ref['us'] if ref else float('nan'):8.1f}")
     bad = [r for r in records if r.get("ok") is False]
     print(f"\n{len(records)} records, {len(bad)} failing, {sum(bool(r.get('skipped')) for r in records)} skipped, "
-          f"{time.monotonic() - t0:.0f} s" + (f"; JSON lines in {out}" if out else ""))
+          f"{sink.elapsed():.0f} s" + (f"; JSON lines in {out}" if out else ""))
     return 1 if bad else 0
 
 

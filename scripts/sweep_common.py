@@ -1,0 +1,62 @@
+"""What the device sweeps (sweep_decode_kernels.py, sweep_prefill_kernels.py) share: the dry run's re-execution
+under Triton's interpreter, the error measure their checks use, and the JSON-lines record sink."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start(dry_run: bool, script: str, argv: list[str]) -> int | None:
+    """A dry run must have TRITON_INTERPRET=1 before triton is imported: outside it, re-run `script` with `argv` in a
+    child that has it and return its exit status. Inside (or for a GPU run), put the repository and tests/gpu on
+    sys.path, install the interpreter's numpy shim for a dry run, and return None: the caller goes on."""
+    if dry_run and os.environ.get("TRITON_INTERPRET") != "1":
+        env = dict(os.environ, TRITON_INTERPRET="1", DELTASERVE_REFERENCE="0")
+        return subprocess.call([sys.executable, script, *argv], env=env)
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu")]
+    if dry_run:
+        from kernel_cases import interpreter_numpy_shim
+
+        interpreter_numpy_shim()
+    return None
+
+
+def rel_err(got, ref) -> float:
+    """max |got - ref| / max |ref| (inf if got holds NaN/inf: a poisoned or broken output)."""
+    g = got.double().cpu()
+    r = ref.double().cpu()
+    if not bool(torch.isfinite(g).all()):
+        return float("inf")
+    return (g - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+
+
+class RecordSink:
+    """Records as they come: kept in `records`, printed (elapsed seconds, then fmt(record)) and written as JSON
+    lines to `path` (flushed per line, so a run cut by a device limit keeps what it measured). `extra` fields are
+    added to every record."""
+
+    def __init__(self, path: str | None, fmt, extra: dict | None = None):
+        self.path, self.fmt, self.extra = path, fmt, extra or {}
+        self.file = open(path, "w") if path else None  # noqa: SIM115  closed with the process
+        self.records: list[dict] = []
+        self.t0 = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def emit(self, rec: dict) -> None:
+        rec = dict(rec, **self.extra)
+        self.records.append(rec)
+        print(f"[{self.elapsed():6.1f}s] " + self.fmt(rec), flush=True)
+        if self.file:
+            self.file.write(json.dumps(rec) + "\n")
+            self.file.flush()
