@@ -292,3 +292,42 @@ def test_prefill_graph_load_derives_positions_and_slots(model):
         g.load([1, 2, 3], 0, [0], 0)
     with pytest.raises(ValueError, match="exceeds its static 4"):
         g.load(list(range(20)), 0, [0, 1, 2, 3, 4], 0)
+
+
+def test_warm_and_capture_order(monkeypatch):
+    """The capture sequence both graph kinds share (cuda_graph.warm_and_capture), on CPU with the CUDA stream and
+    graph calls recorded instead of run: the caller's state restored before every warm-up run, before the capture
+    and after it; the warm-up on the side stream, the capture in the graph with the given pool."""
+    events = []
+
+    class FakeStream:
+        def wait_stream(self, other):
+            events.append("wait")
+
+    class Ctx:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            events.append(f"enter {self.name}")
+
+        def __exit__(self, *exc):
+            events.append(f"exit {self.name}")
+
+    cuda = cuda_graph.torch.cuda
+    monkeypatch.setattr(cuda, "Stream", FakeStream)
+    monkeypatch.setattr(cuda, "current_stream", FakeStream)
+    monkeypatch.setattr(cuda, "stream", lambda s: Ctx("side stream"))
+    monkeypatch.setattr(cuda, "CUDAGraph", lambda: "graph")
+    monkeypatch.setattr(cuda, "graph", lambda g, pool=None: Ctx(f"capture {g} pool={pool}"))
+    runs = iter(range(10))
+
+    def forward():
+        events.append("forward")
+        return next(runs)
+
+    graph, out = cuda_graph.warm_and_capture(forward, lambda: events.append("restore"), 2, pool="p")
+    assert (graph, out) == ("graph", 2)
+    assert events == ["wait", "enter side stream", "restore", "forward", "restore", "forward", "exit side stream",
+                      "wait", "restore", "enter capture graph pool=p", "forward", "exit capture graph pool=p",
+                      "restore"]

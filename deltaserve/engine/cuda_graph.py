@@ -23,6 +23,32 @@ from ..model import ForwardBatch, HybridCache, fast
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
+def capturable(model) -> bool:
+    """Can the model's forward be captured? CUDA and the fast path (the reference path synchronises with the host)."""
+    p = next(model.parameters())
+    return p.is_cuda and fast.enabled(torch.empty(0, dtype=p.dtype, device=p.device))
+
+
+@torch.no_grad()
+def warm_and_capture(forward, restore, warmup: int, pool=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """`warmup` eager runs of forward() on a side stream (compiles kernels, settles allocations), then one captured
+    run; restore() before each run and after the capture puts back what a run changes (its caller's state).
+    Returns the graph and the captured run's output tensor."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            restore()
+            forward()
+    torch.cuda.current_stream().wait_stream(stream)
+    restore()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = forward()
+    restore()
+    return graph, out
+
+
 class DecodeGraph:
     """A captured decode step for exactly `batch` rows."""
 
@@ -72,24 +98,12 @@ class DecodeGraph:
         blk = self.block_tables.gather(1, (pos // self.block_size).unsqueeze(1)).squeeze(1).to(torch.int64)
         self.slot_mapping.copy_(blk * self.block_size + pos % self.block_size)
 
-    @torch.no_grad()
     def capture(self, warmup: int = 2, pool=None) -> None:
         """Run eagerly (compiles kernels, settles allocations), then capture one step. The caller restores any
         cache state the warm-up steps changed (they write real KV slots / state slots of the loaded metadata). `pool`: a
         memory pool shared with other graphs that never run concurrently (torch.cuda.graph_pool_handle())."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
         snapshot = self._snapshot()
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                self._restore(snapshot)
-                self._forward()
-        torch.cuda.current_stream().wait_stream(stream)
-        self._restore(snapshot)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.logits = self._forward()
-        self._restore(snapshot)
+        self.graph, self.logits = warm_and_capture(self._forward, lambda: self._restore(snapshot), warmup, pool)
 
     def _snapshot(self):
         tensors = [t.clone() for t in (self.input_ids, self.positions, self.context_lens, self.slot_mapping)]
@@ -145,9 +159,8 @@ class DecodeGraphs:
         self.model, self.cache = model, cache
         self.scratch_slot, self.scratch_block = scratch_slot, scratch_block
         self.max_blocks, self.buckets = max_blocks, tuple(sorted(buckets))
-        p = next(model.parameters())
-        self.device = p.device
-        self.capturable = p.is_cuda and fast.enabled(torch.empty(0, dtype=p.dtype, device=p.device))
+        self.device = next(model.parameters()).device
+        self.capturable = capturable(model)
         self.graphs: dict[int, DecodeGraph] = {}
         self._pool = None  # one memory pool for all buckets: their replays never overlap
 
@@ -250,7 +263,6 @@ class PrefillGraph:
         self.slot_mapping.copy_(blk * self.block_size + self.positions % self.block_size)
         self.fb.context_lens_cpu = [int(depth)]
 
-    @torch.no_grad()
     def capture(self, warmup: int = 2, pool=None) -> None:
         """Capture with the loaded chunk's metadata. The warm-up and capture runs write the chunk's KV (the values
         the real run writes again) and its sequence's DeltaNet state, which is saved first and restored after."""
@@ -261,18 +273,7 @@ class PrefillGraph:
             for p, rows in saved:
                 p.index_copy_(0, slot, rows)
 
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                restore()
-                self.model(self.fb, self.cache)
-        torch.cuda.current_stream().wait_stream(stream)
-        restore()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.logits = self.model(self.fb, self.cache)
-        restore()
+        self.graph, self.logits = warm_and_capture(lambda: self.model(self.fb, self.cache), restore, warmup, pool)
 
     def replay(self) -> torch.Tensor:
         """The loaded chunk's forward (the graph if captured, else eager): fp32 logits of its last token, [1, V]."""
@@ -291,8 +292,7 @@ class PrefillGraphs:
     def __init__(self, model, cache: HybridCache, sizes, max_blocks: int):
         self.model, self.cache = model, cache
         self.sizes, self.max_blocks = frozenset(sizes), max_blocks
-        p = next(model.parameters())
-        self.capturable = p.is_cuda and fast.enabled(torch.empty(0, dtype=p.dtype, device=p.device))
+        self.capturable = capturable(model)
         self.graphs: dict[int, PrefillGraph] = {}
         self._pool = None
 

@@ -48,7 +48,8 @@ class ModelRunner:
         self.graphs = graphs
         self.prefill_graphs = prefill_graphs
         self.graphs_off_device = False  # use the (eager) graph path where capture is impossible: tests on CPU
-        self.graph_steps = 0  # steps run through DecodeGraphs / PrefillGraphs / eagerly (observability, tests)
+        # steps run through DecodeGraphs, through PrefillGraphs, eagerly (observability, tests)
+        self.graph_steps = 0
         self.prefill_graph_steps = 0
         self.eager_steps = 0
 
