@@ -1,0 +1,308 @@
+"""Tensor-core GEMV for decode (1 to 64 rows of x) over a q4 g64 weight repacked in MMA fragment order.
+
+Why: the CUDA-core GEMVs (triton_gemv.py) spend ~5 instructions per code and row of x (shift, mask, convert, one
+FMA per row), so at 64 rows they are FMA-issue-bound, and at one row the per-program compute chain, not the bytes,
+sets their time (bench/NOTES.md). Here the codes go through `mma.sync.m16n8k16` (bf16 in, fp32 out): per 8 codes
+one 128-bit-load share, 3 shifts and 4 LOP3s make the four bf16x2 fragment registers of the A operand in place
+(code | 0x4300 read as bf16 is exactly 128 + code), and the x rows are the B operand, 8 per MMA column tile.
+Nothing is staged in shared memory: the weight is repacked at load time so that each thread's 128-bit load holds
+exactly the codes of its A fragments (the layout below), and the kernel is written in Gluon, Triton's explicit-
+layout dialect, where every layout conversion is asserted to move no data.
+
+Repacked layout (`repack_q4`), for W [N, K] = s * q + b with q in [0, 16), s, b per (row, 64-column group):
+  words int32 [N/16, K/64, 32 lanes, 4 j]   lane = 4 * rr + c (rr in 0..7, c in 0..3), j in 0..3
+      word (rb, g, lane, j) holds, at bit 4 * (i1 + 2 * i2) + 16 * l (i1, i2, l in {0, 1}), the code of
+      row 16 * rb + rr + 8 * i1 and column 64 * g + 16 * c + 4 * j + 2 * i2 + l.
+  sb   [N/16, K/64, 8 rr, 2 i1, 2]           (s, b) of row 16 * rb + rr + 8 * i1 in group g, the weight's dtype.
+The MMA sees the 64 columns of a group in the order kk = 16 j + 8 i2 + 2 c + l (its fragment order), which is the
+column 16 c + 4 j + 2 i2 + l: any fixed permutation of K inside a group leaves the product's meaning unchanged, and
+this one lets a thread's B fragments (column n = lane // 4, kk in {2c, 2c+1, 2c+8, 2c+9} + 16 j) be the 16
+consecutive x values x[n, 64 g + 16 c : + 16], two 128-bit loads.
+
+Arithmetic, per 16 rows x 64 columns x 8 rows of x: qx = MMA(128 + q, x) and xs = MMA(ones, x) (the group sums of x
+in the accumulator's layout), then s * qx + (b - 128 s) * xs in fp32 = s * (q . x) + b * sum(x): the same
+group factorisation as the CUDA-core GEMV, products exact, sums in the tensor core's fp32. Work split: a program
+owns 16 output rows and the whole K; its W warps take interleaved groups (warp w: groups w, w + W, ...); a warp
+adds its groups' results in order, then the warps' partial sums are added in a fixed order (Triton's cross-warp
+reduction). The words, x and scales stream through shared memory by cp.async, several chunks in flight, so a
+warp never waits a whole memory latency per group. Batch invariance: a row of x is an MMA column, whose result does not depend on the
+other columns, and everything after the MMAs is per column: a row's bits depend on (N, K, W, GPW) only, never on M
+or on which rows share the launch (GPU test: rows alone == rows among 63 others). Only W changes bits; it is
+fixed per K (default_warps).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import backend
+from ..triton_pdl import pdl_args
+
+GROUP = 64
+ROW_BLOCK = 16  # output rows per program (the MMA's M)
+MAX_ROWS = 64  # rows of x per launch (8 MMA column tiles)
+
+try:  # Gluon (Triton >= 3.5); the module still imports without it: the reference and repack are plain torch
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover  (an older Triton)
+    HAVE_GLUON = False
+
+
+def repack_q4(w: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLX q4 g64 weight (w uint32 [N, K/8], scales/biases [N, K/64]) -> (words int32 [N/16, K/64, 128],
+    sb [N/16, K/64, 8, 2, 2]) in the layout of the module docstring. Runs on w's device."""
+    if w.dim() != 2 or w.dtype not in (torch.uint32, torch.int32):
+        raise ValueError(f"repack_q4: expected packed words uint32 [N, K/8], found {w.dtype} {tuple(w.shape)}")
+    n, kw = w.shape
+    k = kw * 8
+    if n % ROW_BLOCK or k % GROUP:
+        raise ValueError(f"repack_q4: weight [{n}, {k}] needs N % {ROW_BLOCK} == 0 and K % {GROUP} == 0")
+    g = k // GROUP
+    if scales.shape != (n, g) or biases.shape != (n, g):
+        raise ValueError(f"repack_q4: scales/biases must be [{n}, {g}] (group {GROUP}), found "
+                         f"{tuple(scales.shape)} / {tuple(biases.shape)}")
+    dev = w.device
+    shifts = torch.arange(8, device=dev, dtype=torch.int32) * 4
+    q = ((w.view(torch.int32)[..., None] >> shifts) & 15).reshape(n // 16, 2, 8, g, 4, 4, 2, 2)  # rb i1 rr g c j i2 l
+    q = q.permute(0, 3, 2, 4, 5, 1, 6, 7).to(torch.int64)  # rb g rr c j i1 i2 l
+    i1 = torch.arange(2, device=dev)[:, None, None]
+    i2 = torch.arange(2, device=dev)[None, :, None]
+    lo = torch.arange(2, device=dev)[None, None, :]
+    words = (q << (4 * (i1 + 2 * i2) + 16 * lo)).sum(dim=(-3, -2, -1))  # < 2^32: disjoint nibbles
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).reshape(n // 16, g, 128)
+    sb = torch.stack([scales, biases], dim=-1).reshape(n // 16, 2, 8, g, 2).permute(0, 3, 2, 1, 4)
+    return words.contiguous(), sb.contiguous()
+
+
+def unpack_q4(words: torch.Tensor, sb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of repack_q4: (codes int64 [N, K], scales [N, K/64], biases [N, K/64])."""
+    nb, g, _ = words.shape
+    dev = words.device
+    wd = words.to(torch.int64).reshape(nb, g, 8, 4, 4) & 0xFFFFFFFF  # rb g rr c j
+    i1 = torch.arange(2, device=dev)[:, None, None]
+    i2 = torch.arange(2, device=dev)[None, :, None]
+    lo = torch.arange(2, device=dev)[None, None, :]
+    q = (wd[..., None, None, None] >> (4 * (i1 + 2 * i2) + 16 * lo)) & 15  # rb g rr c j i1 i2 l
+    q = q.permute(0, 5, 2, 1, 3, 4, 6, 7).reshape(nb * 16, g * 64)  # rb i1 rr | g c j i2 l
+    sbt = sb.permute(0, 3, 2, 1, 4).reshape(nb * 16, g, 2)  # rb i1 rr, g, (s, b)
+    return q, sbt[..., 0], sbt[..., 1]
+
+
+def mma_gemv_reference(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """fp64 x W^T for the repacked weight (tests)."""
+    q, s, b = unpack_q4(words, sb)
+    w = (q.double().reshape(q.shape[0], -1, GROUP) * s.double()[..., None] + b.double()[..., None])
+    return x.double() @ w.reshape(q.shape[0], -1).t()
+
+
+def default_warps(k: int) -> int:
+    """Warps per program for a K: they split K (warp w takes every W-th group), so W decides the order in which
+    a row's groups are added and is fixed by the weight alone, never by the rows of x."""
+    g = k // GROUP
+    for warps in ((8, 4, 2, 1) if k >= 4096 else (4, 2, 1)):
+        if g % warps == 0:
+            return warps
+    raise ValueError(f"mma_gemv: K = {k} is not a multiple of {GROUP}")
+
+
+def default_config(n: int, k: int) -> tuple[int, int, int]:
+    """(W, RB, AHEAD) for a weight: warps per program (they split K: W decides the order in which a row's groups
+    are added, so it is fixed by the weight alone), row blocks of 16 per program and the one-chunk lookahead (these
+    two never change bits)."""
+    warps = default_warps(k)
+    return warps, (2 if n % 32 == 0 and n >= 8192 else 1), 1
+
+
+if HAVE_GLUON:
+    # 8 codes of one word -> four bf16x2 registers (128 + code in each half), fragment order a0..a3; $4 is the
+    # word (the pack of 8 hands the same word 8 times: the broadcast below), $0..$3 the outputs.
+    _DEQUANT_ASM = gl.constexpr("""{
+    .reg .b32 t;
+    lop3.b32 $0, $4, 0x000f000f, 0x43004300, 0xea;
+    shr.b32 t, $4, 4;
+    lop3.b32 $1, t, 0x000f000f, 0x43004300, 0xea;
+    shr.b32 t, $4, 8;
+    lop3.b32 $2, t, 0x000f000f, 0x43004300, 0xea;
+    shr.b32 t, $4, 12;
+    lop3.b32 $3, t, 0x000f000f, 0x43004300, 0xea;
+    }""")
+
+    @gluon.jit
+    def _offsets(W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
+                 SL: gl.constexpr, CL: gl.constexpr, G: gl.constexpr, stride_xm, stride_sm):
+        """Offsets of chunk 0 (W groups, warp w: group w) for the words, x, (s, b) and xs tiles; chunk c adds
+        c * W * (128, 64, 32, 1). Row block r of the program adds r * G * (128, -, 32, -)."""
+        wb = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, WL)))))
+        wq = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, WL)))))
+        wr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, WL)))))
+        wc = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, WL)))))
+        wj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, WL)))))
+        w_off = (wb[:, None, None, None, None] * 128 + wq[None, :, None, None, None] * (G * 128)
+                 + wr[None, None, :, None, None] * 16 + wc[None, None, None, :, None] * 4 + wj[None, None, None, None, :])
+        xb = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, XL))))
+        xn = gl.arange(0, N8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, XL))))
+        xc = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, XL))))
+        xe = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, XL))))
+        x_off = (xb[:, None, None, None] * 64 + xn[None, :, None, None] * stride_xm + xc[None, None, :, None] * 16
+                 + xe[None, None, None, :])
+        x_row = xn[None, :, None, None] + 0 * x_off
+        sbb = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, SL)))))
+        sbq = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, SL)))))
+        sbr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, SL)))))
+        sbh = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, SL)))))
+        sbs = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, SL)))))
+        sb_off = (sbb[:, None, None, None, None] * 32 + sbq[None, :, None, None, None] * (G * 32)
+                  + sbr[None, None, :, None, None] * 4 + sbh[None, None, None, :, None] * 2
+                  + sbs[None, None, None, None, :])
+        cb = gl.arange(0, W, layout=gl.SliceLayout(1, CL))
+        cn = gl.arange(0, N8, layout=gl.SliceLayout(0, CL))
+        xs_off = cb[:, None] + cn[None, :] * stride_sm
+        xs_row = cn[None, :] + 0 * xs_off
+        return w_off, x_off, x_row, sb_off, xs_off, xs_row
+
+    @gluon.jit
+    def _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
+                    W: gl.constexpr):
+        words = gl.load(w_base + c * W * 128 + w_off)
+        xv = gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0)
+        sb = gl.load(sb_base + c * W * 32 + sb_off)
+        xs = gl.load(xs_ptr + c * W + xs_off, mask=xs_mask, other=0.0)
+        return words, xv, sb, xs
+
+    @gluon.jit
+    def _chunk_acc(acc, words, xv, sb, xs, zero_w, W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr,
+                   mma: gl.constexpr, dot_a: gl.constexpr, dot_b: gl.constexpr):
+        """acc + one chunk [W, 16 RB, N8] (warp w: its group's s * (q . x) + b * sum(x), as two FMAs in that order)."""
+        # the word's 8 codes as bf16 (128 + q), in the A fragment's register order (e = l + 2 i1 + 4 i2)
+        w8 = gl.broadcast(gl.expand_dims(words, 5), zero_w)[0]
+        q = gl.inline_asm_elementwise(_DEQUANT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [w8], dtype=gl.bfloat16,
+                                      is_pure=True, pack=8)
+        q = gl.permute(gl.reshape(q, [W, RB, 8, 4, 4, 2, 2, 2]), [0, 1, 6, 2, 4, 5, 3, 7])  # w r i1 rr | j i2 c l
+        a = gl.convert_layout(gl.reshape(q, [W, RB * 16, 64]), dot_a, assert_trivial=True)
+        xr = gl.permute(gl.reshape(xv, [W, N8, 4, 4, 2, 2]), [0, 3, 4, 2, 5, 1])  # w | j i2 c l | n
+        bx = gl.convert_layout(gl.reshape(xr, [W, 64, N8]), dot_b, assert_trivial=True)
+        qx = mma_v2(a, bx, gl.zeros([W, RB * 16, N8], gl.float32, layout=mma))
+        s, b = gl.split(sb.to(gl.float32))
+        s = gl.convert_layout(gl.reshape(gl.permute(s, [0, 1, 3, 2]), [W, RB * 16]), gl.SliceLayout(2, mma),
+                              assert_trivial=True)
+        b = gl.convert_layout(gl.reshape(gl.permute(b, [0, 1, 3, 2]), [W, RB * 16]), gl.SliceLayout(2, mma),
+                              assert_trivial=True)
+        b128 = gl.fma(s, -128.0, b)  # b - 128 s: the codes came in as 128 + q
+        acc = gl.fma(s[:, :, None], qx, acc)
+        return gl.fma(b128[:, :, None], xs[:, None, :], acc)
+
+    @gluon.jit
+    def _mma_gemv_kernel(x_ptr, xs_ptr, w_ptr, sb_ptr, out_ptr, M, stride_xm, stride_sm, stride_om,
+                         K: gl.constexpr, W: gl.constexpr, RB: gl.constexpr, NT: gl.constexpr, AHEAD: gl.constexpr,
+                         PDL: gl.constexpr = False):
+        """grid (N / (16 RB),): out[:M, rows of the program] = x[:M] W^T; xs [M, K / 64] fp32 the group sums of x
+        (triton_gemv.prep_row's, so the bits of every path that makes them agree). Chunk c is groups c W .. c W +
+        W - 1, warp w taking group c W + w; a warp adds its chunks in order, the warps' sums are added last.
+        AHEAD: chunk c + 1's loads are issued before chunk c is computed (registers for two chunks). RB and AHEAD
+        never change bits; W does. PDL (kernels/triton_pdl.py's protocol): the first chunk's weights are
+        requested before the wait for the previous kernel, x and xs after it."""
+        G: gl.constexpr = K // 64
+        NCH: gl.constexpr = G // W
+        N8: gl.constexpr = 8 * NT  # MMA columns (rows of x, padded)
+        pid = gl.program_id(0).to(gl.int64)
+
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1, 1],
+                                                      instr_shape=[1, 16, 8])
+        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+        # words [W, RB, 8 rr, 4 c, 4 j] (one 128-bit load per thread, group and row block), broadcast over the 8 codes
+        WL8: gl.constexpr = gl.BlockedLayout([1, RB, 1, 1, 4, 8], [1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1],
+                                             [5, 4, 3, 2, 1, 0])
+        WL: gl.constexpr = gl.SliceLayout(5, WL8)
+        # x [W, N8, 4 c, 16]: thread (n, c) holds x[n, 64 g + 16 c : + 16]
+        XL: gl.constexpr = gl.BlockedLayout([1, 1, 1, 16], [1, 8, 4, 1], [W, 1, 1, 1], [3, 2, 1, 0])
+        # (s, b) [W, RB, 8 rr, 2 i1, 2]: the four lanes of a row group read the same 8 bytes
+        SL: gl.constexpr = gl.BlockedLayout([1, RB, 1, 2, 2], [1, 1, 8, 4, 1], [W, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+        CL: gl.constexpr = gl.SliceLayout(1, mma)  # xs [W, N8]: per group (warp) and column
+        OL: gl.constexpr = gl.SliceLayout(0, mma)
+
+        w_off, x_off, x_row, sb_off, xs_off, xs_row = _offsets(W, RB, N8, WL, XL, SL, CL, G, stride_xm, stride_sm)
+        x_mask = x_row < M
+        xs_mask = xs_row < M
+        w_base = w_ptr + pid * RB * G * 128
+        sb_base = sb_ptr + pid * RB * G * 32
+        zero_w = gl.zeros([W, RB, 8, 4, 4, 8], gl.int32, layout=WL8)
+        acc = gl.zeros([W, RB * 16, N8], gl.float32, layout=mma)
+        if PDL:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+            words = gl.load(w_base + w_off)  # constant data first
+            sb = gl.load(sb_base + sb_off)
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                      pack=1)
+            xv = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+            xs = gl.load(xs_ptr + xs_off, mask=xs_mask, other=0.0)
+        else:
+            words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off,
+                                            xs_off, xs_mask, W)
+        for c in gl.static_range(NCH):
+            if AHEAD:
+                nxt = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, min(c + 1, NCH - 1), w_off, x_off, x_mask,
+                                  sb_off, xs_off, xs_mask, W)
+                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b)
+                words, xv, sb, xs = nxt
+            else:
+                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b)
+                if c + 1 < NCH:
+                    words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c + 1, w_off, x_off, x_mask,
+                                                    sb_off, xs_off, xs_mask, W)
+        total = gl.sum(acc, axis=0)
+        o_row = gl.arange(0, RB * 16, layout=gl.SliceLayout(1, OL))
+        o_n = gl.arange(0, N8, layout=gl.SliceLayout(0, OL))
+        o_ptr = out_ptr + o_n[None, :].to(gl.int64) * stride_om + pid * RB * 16 + o_row[:, None]
+        gl.store(o_ptr, total.to(out_ptr.dtype.element_ty), mask=(o_n < M)[None, :])
+
+
+def column_tiles(m: int) -> int:
+    """MMA column tiles (8 rows of x each) for m rows: a power of two, so few kernels are compiled."""
+    nt = 1
+    while 8 * nt < m:
+        nt *= 2
+    return nt
+
+
+def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | None = None,
+             xs: torch.Tensor | None = None, config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """y = x W^T for x [..., K] bf16 (at most MAX_ROWS rows) and a repack_q4 weight; [..., N] bf16.
+    xs: the rows' group sums (fp32 [M, K / 64], triton_gemv.prep_x's or the norm's prep); None: a prep launch.
+    config: (W, RB, AHEAD) instead of default_config (W changes bits; RB and AHEAD do not)."""
+    if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
+        raise RuntimeError("mma_gemv: needs a CUDA device and Triton's Gluon (it has no interpreter form); "
+                           "mma_gemv_reference is its CPU meaning")
+    nb, g, _ = words.shape
+    n, k = nb * ROW_BLOCK, g * GROUP
+    if x.shape[-1] != k:
+        raise ValueError(f"mma_gemv: input has {x.shape[-1]} features, the weight expects {k}")
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"mma_gemv: activations must be bf16, found {x.dtype}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    if m > MAX_ROWS:
+        raise ValueError(f"mma_gemv: {m} rows; at most {MAX_ROWS} per launch")
+    if xs is None:
+        from .triton_gemv import prep_x
+
+        xs = prep_x(x2, 4, GROUP)[1]
+    if xs.dtype != torch.float32 or tuple(xs.shape) != (m, g) or xs.stride(-1) != 1:
+        raise ValueError(f"mma_gemv: xs must be fp32 [{m}, {g}] with unit column stride, found {xs.dtype} "
+                         f"{tuple(xs.shape)} strides {xs.stride()}")
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    warps, rb, ahead = config or default_config(n, k)
+    if g % warps or nb % rb:
+        raise ValueError(f"mma_gemv: config W={warps}, RB={rb} does not divide the {g} groups / {nb} row blocks")
+    _mma_gemv_kernel[(nb // rb,)](x2, xs, words, sb, out, m, x2.stride(0), xs.stride(0), out.stride(0), K=k,
+                                  W=warps, RB=rb, NT=column_tiles(m), AHEAD=ahead, num_warps=warps, **pdl_args(x2))
+    return out.reshape(*lead, n)

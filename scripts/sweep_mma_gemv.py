@@ -1,0 +1,192 @@
+"""The tensor-core GEMV (kernels/quant/mma_gemv.py) against the CUDA-core GEMV (triton_gemv.affine_gemv, the decode
+default) at the decode linears of Qwen3.6-35B-A3B (q4 g64), for 1, 8 and 64 rows of x.
+
+Every configuration is checked before it is timed: NaN-poisoned output against fp64 (within 2 bf16 ulps of
+max|ref|), and batch invariance (the first and last rows computed alone equal, bit for bit, to the same rows in the
+full launch). Timing: a CUDA graph of 40 calls cycling weight copies past the L2 (scripts/sweep_decode_kernels.py's
+time_calls). The CUDA-core GEMV serves at most 16 rows per call, so its 64-row time is 4 calls of 16 rows (what the
+model's decode does at 64 streams).
+
+  python scripts/sweep_mma_gemv.py [--ms 1,8,64] [--out FILE] [--budget-s 300]
+  python scripts/sweep_mma_gemv.py --compile-only   # no GPU: compiles every configuration for sm_90, checks the
+                                                    # repack's round trip, prints registers and SASS counts
+Exit status 1 when any configuration fails its checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+if "--compile-only" in sys.argv:
+    os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported
+
+import torch  # noqa: E402
+
+from sweep_common import ROOT, RecordSink, rel_err  # noqa: E402
+
+SHAPES = ((12352, 2048), (248320, 2048), (2048, 4096), (9216, 2048))
+EPS = 2.0**-8
+L2_BYTES = 256 << 20
+CALLS = 40
+
+
+def configs(n: int, k: int) -> list[tuple[int, int, int]]:
+    """(W, RB, AHEAD): the default first, then the others (W changes bits, RB and AHEAD do not)."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    g, nb = k // mg.GROUP, n // mg.ROW_BLOCK
+    rest = [(w, rb, ah) for w in (mg.default_warps(k),) for rb in (1, 2, 4) for ah in (1, 0)
+            if g % w == 0 and nb % rb == 0]
+    base = mg.default_config(n, k)
+    return [base] + [c for c in dict.fromkeys(rest) if c != base]
+
+
+def compile_only() -> int:
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    from kernel_cases import affine_weight
+    from sass_report import _tool, install, instructions
+
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    p, s, b, _ = affine_weight((64, 256), 4, 64, "cpu")
+    words, sb = mg.repack_q4(p, s, b)
+    q, s2, b2 = mg.unpack_q4(words, sb)
+    codes = ((p.view(torch.int32)[..., None] >> (torch.arange(8, dtype=torch.int32) * 4)) & 15).reshape(64, 256)
+    assert torch.equal(q, codes.long()) and torch.equal(s2, s) and torch.equal(b2, b), "repack round trip"
+    compiled = install(pdl=True)
+    for n, k in SHAPES[:3]:
+        g = k // mg.GROUP
+        for m in (1, 8, 64):
+            for w, rb, ah in configs(n, k)[:3]:
+                before = set(compiled)
+                x = torch.empty(m, k, dtype=torch.bfloat16)
+                xsum = torch.empty(m, g, dtype=torch.float32)
+                wq = torch.empty(n // 16, g, 128, dtype=torch.int32)
+                sbq = torch.empty(n // 16, g, 8, 2, 2, dtype=torch.bfloat16)
+                out = torch.empty(m, n, dtype=torch.bfloat16)
+                mg._mma_gemv_kernel[(n // 16 // rb,)](x, xsum, wq, sbq, out, m, k, g, n, K=k, W=w, RB=rb,
+                                                      NT=mg.column_tiles(m), AHEAD=ah, PDL=True, num_warps=w)
+                for label in set(compiled) - before:
+                    lines = instructions(compiled[label])
+                    ops = [re.sub(r"^.*\*/\s+(@!?U?P\w+\s+)?", "", ln).split()[0] for ln in lines]
+                    regs = re.search(r"REG:(\d+)", _tool(["cuobjdump", "-res-usage"], compiled[label].asm["cubin"]))
+                    count = {op: sum(o.startswith(op) for o in ops) for op in ("HMMA", "LDG", "LOP3", "STS", "LDS")}
+                    print(f"N={n} K={k} W={w} RB={rb} AHEAD={ah} M={m}: {regs.group(1) if regs else '?'} registers, "
+                          f"{len(lines)} SASS, {count}")
+    return 0
+
+
+def time_calls(fns, replays: int) -> float:
+    from deltaserve.bench.graph_capture import capture_calls
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph = capture_calls(fns)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    del graph
+    return start.elapsed_time(end) * 1e3 / (replays * len(fns))
+
+
+def fmt(r: dict) -> str:
+    if r.get("skipped"):
+        return f"{r['kernel']:12s} {r['shape']:26s} {r['config']:10s} skipped"
+    if "error" in r:
+        return f"{r['kernel']:12s} {r['shape']:26s} {r['config']:10s} ERROR {r['error']}"
+    us = f"{r['us']:8.2f} us {r['gbs']:6.0f} GB/s" if r.get("us") else ""
+    return (f"{r['kernel']:12s} {r['shape']:26s} {r['config']:10s} {us} err {r['err']:.2e} "
+            f"inv {'yes' if r['inv'] else 'NO'} {'ok' if r['ok'] else 'FAIL'}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--ms", default="1,8,64")
+    ap.add_argument("--shapes", help="N:K,N:K instead of the four decode linears")
+    ap.add_argument("--out")
+    ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--replays", type=int, default=10)
+    args = ap.parse_args(argv)
+    if args.compile_only:
+        return compile_only()
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu")]
+    from kernel_cases import affine_weight
+
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import triton_gemv as tg
+
+    out = args.out or (os.path.join(os.environ["OUT"], "sweep_mma_gemv.jsonl") if os.environ.get("OUT") else None)
+    sink = RecordSink(out, fmt, {"gpu": torch.cuda.get_device_name()})
+    deadline = time.monotonic() + args.budget_s
+    shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    ms = [int(v) for v in args.ms.split(",")]
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    for n, k in shapes:
+        p, s, b, wd = affine_weight((n, k), 4, 64, dev)
+        words, sb = mg.repack_q4(p, s, b)
+        size = sum(t.numel() * t.element_size() for t in (p, s, b))
+        copies = max(1, min(CALLS, -(-L2_BYTES // size)))
+        packed = [(p, s, b)] + [(p.clone(), s.clone(), b.clone()) for _ in range(copies - 1)]
+        repacked = [(words, sb)] + [(words.clone(), sb.clone()) for _ in range(copies - 1)]
+        xs_all = [torch.randn(max(ms), k, device=dev).bfloat16() for _ in range(CALLS)]
+        want = (xs_all[0].double() @ wd.t()).cpu()
+        del wd
+        for m in ms:
+            xs = [x[:m].contiguous() for x in xs_all]
+            shape = f"M={m} N={n} K={k}"
+
+            def base(x, w):
+                if x.shape[0] <= tg.MAX_ROWS:
+                    return tg.affine_gemv(x, *w, 4, 64)
+                return torch.cat([tg.affine_gemv(x[i : i + 16], *w, 4, 64) for i in range(0, x.shape[0], 16)])
+
+            runs = [("affine_gemv", "default", base, packed)]
+            # the group sums come with x (the model's norm writes them); timed without their prep launch
+            sums = {x.data_ptr(): tg.prep_x(x, 4, 64)[1] for x in xs}
+            runs += [("mma_gemv", f"W{w}R{rb}A{ah}",
+                      lambda x, wt, c=(w, rb, ah): mg.mma_gemv(x, *wt, xs=sums.get(x.data_ptr()), config=c),
+                      repacked) for w, rb, ah in configs(n, k)]
+            for kernel, label, fn, weights in runs:
+                rec = dict(kernel=kernel, shape=shape, config=label)
+                if time.monotonic() > deadline:
+                    sink.emit({**rec, "skipped": "budget"})
+                    continue
+                try:
+                    got = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
+                    got.copy_(fn(xs[0], weights[0]))
+                    torch.cuda.synchronize()
+                    rows = {r: fn(xs[0][r : r + 1].clone(), weights[0]) for r in sorted({0, m - 1})}  # own xs
+                    inv = all(torch.equal(got[r : r + 1], y) for r, y in rows.items())
+                    err = rel_err(got, want[:m])
+                    fns = [lambda x=x, w=weights[j % len(weights)]: fn(x, w) for j, x in enumerate(xs)]
+                    us = time_calls(fns, args.replays)
+                    sink.emit({**rec, "us": us, "gbs": size / us / 1e3, "err": err, "inv": inv,
+                               "ok": err <= 2 * EPS and inv})
+                except Exception as exc:  # noqa: BLE001  a failing configuration is a result
+                    sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
+        del packed, repacked
+    bad = [r for r in sink.records if r.get("ok") is False]
+    print(f"\n# summary (us per call; best mma_gemv config vs affine_gemv)")
+    for shape in dict.fromkeys(r["shape"] for r in sink.records):
+        rs = [r for r in sink.records if r["shape"] == shape and r.get("us")]
+        a = [r for r in rs if r["kernel"] == "affine_gemv"]
+        t = sorted((r for r in rs if r["kernel"] == "mma_gemv" and r["ok"]), key=lambda r: r["us"])
+        if a and t:
+            print(f"{shape:26s} affine {a[0]['us']:8.2f}  mma {t[0]['us']:8.2f} ({t[0]['config']})  "
+                  f"x{a[0]['us'] / t[0]['us']:.2f}")
+    print(f"{len(sink.records)} records, {len(bad)} failing")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The tensor-core GEMV's repacked weight layout (kernels/quant/mma_gemv.py), on CPU: the repack is a bijection
+of the MLX codes, its fragment order is the one the kernel's layouts assume, and bad shapes are named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deltaserve.kernels.quant import mma_gemv as mg
+
+
+def _weight(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g)
+    words = (q.reshape(n, k // 8, 8) << (torch.arange(8) * 4)).sum(-1).to(torch.uint32)
+    s = torch.rand(n, k // 64, generator=g).bfloat16()
+    b = -torch.rand(n, k // 64, generator=g).bfloat16()
+    return q, words, s, b
+
+
+def test_repack_round_trip():
+    q, w, s, b = _weight(48, 256)
+    words, sb = mg.repack_q4(w, s, b)
+    assert words.shape == (3, 4, 128) and words.dtype == torch.int32 and sb.shape == (3, 4, 8, 2, 2)
+    q2, s2, b2 = mg.unpack_q4(words, sb)
+    assert torch.equal(q2, q) and torch.equal(s2, s) and torch.equal(b2, b)
+
+
+def test_fragment_order():
+    """Word (rb, g, lane = 4 rr + c, j), nibble 4 (i1 + 2 i2) + 16 l holds row 16 rb + rr + 8 i1, column
+    64 g + 16 c + 4 j + 2 i2 + l: checked element by element against the MLX codes."""
+    q, w, s, b = _weight(32, 128, seed=1)
+    words, _ = mg.repack_q4(w, s, b)
+    wd = words.to(torch.int64) & 0xFFFFFFFF
+    for rb in range(2):
+        for g in range(2):
+            for lane in range(32):
+                rr, c = divmod(lane, 4)
+                for j in range(4):
+                    word = int(wd[rb, g, lane * 4 + j])
+                    for i1 in range(2):
+                        for i2 in range(2):
+                            for lo in range(2):
+                                code = (word >> (4 * (i1 + 2 * i2) + 16 * lo)) & 15
+                                assert code == int(q[16 * rb + rr + 8 * i1, 64 * g + 16 * c + 4 * j + 2 * i2 + lo])
+
+
+def test_reference_matches_dense():
+    q, w, s, b = _weight(32, 128, seed=2)
+    words, sb = mg.repack_q4(w, s, b)
+    x = torch.randn(3, 128).bfloat16()
+    dense = q.double().reshape(32, 2, 64) * s.double()[..., None] + b.double()[..., None]
+    ref = x.double() @ dense.reshape(32, 128).t()
+    assert torch.allclose(mg.mma_gemv_reference(x, words, sb), ref, rtol=0, atol=1e-12)
+
+
+def test_bad_shapes_named():
+    q, w, s, b = _weight(32, 128)
+    with pytest.raises(ValueError, match=r"N % 16"):
+        mg.repack_q4(w[:24], s[:24], b[:24])
+    with pytest.raises(ValueError, match=r"scales/biases must be \[32, 2\]"):
+        mg.repack_q4(w, s[:, :1], b)
+    with pytest.raises(ValueError, match="uint32"):
+        mg.repack_q4(w.float(), s, b)
+
+
+def test_config_fixed_by_k():
+    assert [mg.default_warps(k) for k in (64, 128, 512, 2048, 4096)] == [1, 2, 4, 4, 8]
+    assert mg.default_config(12352, 2048)[0] == mg.default_config(64, 2048)[0] == 4  # W: K alone
+    assert [mg.column_tiles(m) for m in (1, 8, 9, 16, 17, 64)] == [1, 1, 2, 2, 4, 8]
+
+
+def test_cpu_call_is_refused():
+    q, w, s, b = _weight(32, 128)
+    words, sb = mg.repack_q4(w, s, b)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        mg.mma_gemv(torch.randn(1, 128).bfloat16(), words, sb)
