@@ -217,5 +217,9 @@ def main(argv=None) -> int:
         print(profile_prefill(model, config, args.n_prompt[0]))
     if not args.no_record:
         print(f"# {len(recs)} records appended under {args.results}")
-    print(f"# peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+    from ..model.fast import decode_copy_bytes
+
+    copies = decode_copy_bytes(model) / 2**30
+    print(f"# peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB; weights {weight_gib:.2f} GiB + "
+          f"{copies:.2f} GiB of tensor-core GEMV copies = {weight_gib + copies:.2f} GiB")
     return 0

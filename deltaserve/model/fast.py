@@ -71,12 +71,68 @@ def decode_kernels() -> str:
     return value
 
 
-def conv_in_gemv(pool: torch.Tensor, x: torch.Tensor) -> bool:
+WIDE_ROWS = 8192  # "wide": the tensor-core GEMV for weights of at least this many output rows
+
+
+def decode_gemv() -> str:
+    """Which GEMV serves a decode step's q4 g64 linears: "mma" (the tensor-core GEMV on a copy of the weight
+    repacked in MMA fragment order, kernels/quant/mma_gemv.py: one kernel for 1 to 64 rows), "cuda" (the
+    CUDA-core GEMV, kernels/quant/triton_gemv.py) or "wide" (mma for weights of >= WIDE_ROWS output rows, cuda for
+    the rest). The choice is per weight, never per batch size, so a row's bits never depend on the batch. Env
+    DELTASERVE_DECODE_GEMV; other weight formats always take the CUDA-core GEMV. The default is "cuda": on the
+    H200 (Qwen3.6-35B-A3B q4, tg @ d512, bench/NOTES.md) "mma" gives 1,820 tok/s at 8 streams (cuda 1,357) and
+    2,661 at 64 (1,615) but 469 at batch 1 (575); set it for batched serving."""
+    value = os.environ.get("DELTASERVE_DECODE_GEMV", "cuda")
+    if value not in ("mma", "cuda", "wide"):
+        raise ValueError(f"DELTASERVE_DECODE_GEMV must be 'mma', 'cuda' or 'wide', found {value!r}")
+    return value
+
+
+MMA_ATTR = "_fast_mma"  # module.__dict__ key of its repacked (words, sb) copy
+
+
+def mma_weights(module: nn.Module, x: torch.Tensor):
+    """(words, sb) of `module`'s weight in the tensor-core GEMV's layout when that GEMV serves its decode steps
+    (decode_gemv() == "mma", a 2-D q4 g64 weight with N % 16 == 0 on CUDA), else None. Built on first use and
+    cached on the module: weights never move after loading (the copy is what `decode_copy_bytes` counts)."""
+    mode = decode_gemv()
+    if mode == "cuda" or not x.is_cuda or not hasattr(module, "scales"):
+        return None
+    if mode == "wide" and weight_spec(module).n < WIDE_ROWS:
+        return None
+    cached = module.__dict__.get(MMA_ATTR)
+    if cached is None:
+        from ..kernels.quant import mma_gemv
+
+        s = weight_spec(module)
+        eligible = (mma_gemv.HAVE_GLUON and s.bits == 4 and s.group == mma_gemv.GROUP and s.w.dim() == 2
+                    and s.n % mma_gemv.ROW_BLOCK == 0 and s.k % mma_gemv.GROUP == 0)
+        cached = mma_gemv.repack_q4(s.w, s.scales, s.biases) if eligible else ()
+        module.__dict__[MMA_ATTR] = cached
+    return cached or None
+
+
+def decode_copy_bytes(model: nn.Module) -> int:
+    """Bytes held by the tensor-core GEMV's weight copies built so far (fused projections included)."""
+    seen, total = set(), 0
+    for m in model.modules():
+        for obj in [m, *(v for v in m.__dict__.values() if isinstance(v, nn.Module))]:
+            for t in obj.__dict__.get(MMA_ATTR) or ():
+                if t.data_ptr() not in seen:
+                    seen.add(t.data_ptr())
+                    total += t.numel() * t.element_size()
+    return total
+
+
+def conv_in_gemv(pool: torch.Tensor, x: torch.Tensor, proj: nn.Module | None = None) -> bool:
     """Run the DeltaNet decode conv in the input projection's GEMV epilogue (one launch fewer per layer)? Needs the
-    decode GEMV and a conv pool in the activation dtype; env DELTASERVE_DECODE_CONV=gemv (default) | kernel."""
+    CUDA-core decode GEMV (the tensor-core one has no conv epilogue: `proj` served by it -> False) and a conv pool
+    in the activation dtype; env DELTASERVE_DECODE_CONV=gemv (default) | kernel."""
     value = os.environ.get("DELTASERVE_DECODE_CONV", "gemv")
     if value not in ("gemv", "kernel"):
         raise ValueError(f"DELTASERVE_DECODE_CONV must be 'gemv' or 'kernel', found {value!r}")
+    if proj is not None and mma_weights(proj, x) is not None:
+        return False
     return value == "gemv" and decode_kernels() == "gemv" and pool.dtype == x.dtype
 
 
@@ -126,8 +182,9 @@ def _gemv_prep(x: torch.Tensor, s) -> tuple | None:
 def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple | None = None) -> torch.Tensor:
     """module(x), through the batch-invariant Triton kernels on the fast path.
 
-    decode: the rows are one token per sequence. Decode steps of any batch size take the GEMV kernel in fixed blocks
-    of rows (a row's bits never depend on the other rows), prefill takes the tiled matmul.
+    decode: the rows are one token per sequence. Decode steps of any batch size take a GEMV kernel in fixed blocks
+    of rows (a row's bits never depend on the other rows): the tensor-core GEMV for q4 g64 weights (decode_gemv),
+    else the CUDA-core one; prefill takes the tiled matmul.
     conv: (weight [C, K], pool [S, C, K-1], state_slots [B], context_lens [B], C) runs the DeltaNet decode conv in
     the GEMV's epilogue (kernels/gated_delta/triton_decode.DecodeConv): decode GEMV only (`conv_in_gemv`)."""
     if not enabled(x) or not hasattr(module, "weight"):
@@ -136,6 +193,18 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
         return module(x)
     s = weight_spec(module)
     scales, biases = (None, None) if s.bits == 16 else (s.scales, s.biases)
+    mma = mma_weights(module, x) if decode and decode_kernels() == "gemv" and conv is None else None
+    if mma is not None:
+        from ..kernels.quant.mma_gemv import MAX_ROWS as MMA_ROWS
+        from ..kernels.quant.mma_gemv import mma_gemv
+
+        prep = _gemv_prep(x, s)  # the norm's prep: its group sums are the GEMV's xs (else a prep launch)
+        x2 = x.reshape(-1, x.shape[-1])
+        out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device)
+        for start in range(0, x2.shape[0], MMA_ROWS):
+            rows = slice(start, start + MMA_ROWS)
+            mma_gemv(x2[rows], *mma, out=out[rows], xs=None if prep is None else prep[1][rows])
+        return out.view(*x.shape[:-1], s.n)
     if decode and decode_kernels() == "gemv":
         from ..kernels.quant.triton_gemv import MAX_ROWS, affine_gemv
 

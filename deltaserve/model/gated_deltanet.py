@@ -87,7 +87,7 @@ class GatedDeltaNet(nn.Module):
         conv_pool, ssm_pool = cache.conv[self.layer], cache.ssm[self.layer]
         conv_w = self.conv1d.weight[:, 0, :]
         proj = fusion.fused(self, "in_proj")
-        if decode and proj is not None and fast.conv_in_gemv(conv_pool, x):
+        if decode and proj is not None and fast.conv_in_gemv(conv_pool, x, proj):
             # one launch: the fused projection with the conv (+ SiLU, state shift) on its first conv_dim features
             conv = (conv_w, conv_pool, batch.state_slots, batch.context_lens, conv_w.shape[0])
             mixed, z, b, a = fast.linear(proj, x, decode, conv=conv).split(proj.sizes, dim=-1)
