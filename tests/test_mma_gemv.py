@@ -75,3 +75,32 @@ def test_cpu_call_is_refused():
     words, sb = mg.repack_q4(w, s, b)
     with pytest.raises(RuntimeError, match="CUDA"):
         mg.mma_gemv(torch.randn(1, 128).bfloat16(), words, sb)
+
+
+def test_compiles_for_sm90():
+    """The Gluon kernel compiles for sm_90 without a GPU (every layout conversion in it is asserted trivial at
+    compile time, so a layout change that would need data movement fails here), and its SASS has the MMAs and no
+    shared-memory traffic besides the final cross-warp sum."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    triton = pytest.importorskip("triton")
+    if not mg.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
+        pytest.skip("this Triton install has no bundled cuobjdump")
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(root / "scripts" / "sweep_mma_gemv.py"), "--compile-only", "--quick"],
+                         cwd=root, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [ln for ln in out.stdout.splitlines() if ln.startswith("N=")]
+    assert len(rows) == 2, out.stdout
+    for row in rows:
+        counts = {k: int(v) for k, v in re.findall(r"'(\w+)': (\d+)", row)}
+        m = int(re.search(r"M=(\d+)", row).group(1))
+        assert counts["HMMA"] == 32 * (8 if m == 64 else 1), row  # K = 2048: 32 groups x 4 k-steps / 4 warps ...
+        assert counts["STS"] <= 8 * (8 if m == 64 else 1), row  # ... and the final sum's stores only
