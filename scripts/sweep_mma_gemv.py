@@ -5,7 +5,9 @@ Every configuration is checked before it is timed: NaN-poisoned output against f
 max|ref|), and batch invariance (the first and last rows computed alone equal, bit for bit, to the same rows in the
 full launch). Timing: a CUDA graph of 40 calls cycling weight copies past the L2 (scripts/sweep_decode_kernels.py's
 time_calls). The CUDA-core GEMV serves at most 16 rows per call, so its 64-row time is 4 calls of 16 rows (what the
-model's decode does at 64 streams).
+model's decode does at 64 streams). --after-norm times norm + GEMV pairs instead: in a chain of identical GEMVs
+each one's PDL prologue overlaps the previous one's tail, which the model (a one-program norm before each GEMV) does
+not give it (bench/NOTES.md: the tensor-core GEMV lost in the model what it won in the plain sweep).
 
   python scripts/sweep_mma_gemv.py [--ms 1,8,64] [--out FILE] [--budget-s 300]
   python scripts/sweep_mma_gemv.py --compile-only [--quick]   # no GPU: compiles the configurations for sm_90,
@@ -116,6 +118,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--after-norm", action="store_true",
+                    help="time each GEMV after the RMSNorm that makes its input and group sums (as in the model: a "
+                         "one-program kernel before every GEMV, not the previous GEMV's tail)")
     args = ap.parse_args(argv)
     if args.compile_only:
         return compile_only(args.quick)
@@ -124,6 +129,7 @@ def main(argv=None) -> int:
 
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import triton_gemv as tg
+    from deltaserve.kernels.triton_norm import rms_norm
 
     out = args.out or (os.path.join(os.environ["OUT"], "sweep_mma_gemv.jsonl") if os.environ.get("OUT") else None)
     sink = RecordSink(out, fmt, {"gpu": torch.cuda.get_device_name()})
@@ -140,6 +146,7 @@ def main(argv=None) -> int:
         packed = [(p, s, b)] + [(p.clone(), s.clone(), b.clone()) for _ in range(copies - 1)]
         repacked = [(words, sb)] + [(words.clone(), sb.clone()) for _ in range(copies - 1)]
         xs_all = [torch.randn(max(ms), k, device=dev).bfloat16() for _ in range(CALLS)]
+        norm_w = (1 + 0.1 * torch.randn(k, device=dev)).bfloat16()
         want = (xs_all[0].double() @ wd.t()).cpu()
         del wd
         for m in ms:
@@ -151,13 +158,29 @@ def main(argv=None) -> int:
                     return tg.affine_gemv(x, *w, 4, 64)
                 return torch.cat([tg.affine_gemv(x[i : i + 16], *w, 4, 64) for i in range(0, x.shape[0], 16)])
 
-            runs = [("affine_gemv", "default", base, packed)]
-            # the group sums come with x (the model's norm writes them); timed without their prep launch
+            def base_after_norm(x, w):
+                y, (xp, xsum) = rms_norm(x, norm_w, 1e-6, prep=(4, 64))
+                return torch.cat([tg.affine_gemv(y[i : i + 16], *w, 4, 64, prep=(xp[i : i + 16], xsum[i : i + 16]))
+                                  for i in range(0, y.shape[0], 16)])
+
+            def mma_after_norm(x, w, c):
+                y, (_, xsum) = rms_norm(x, norm_w, 1e-6, prep=(4, 64))
+                return mg.mma_gemv(y, *w, xs=xsum, config=c)
+
+            # (kernel, label, checked call, timed call, weights); the group sums come with x (the model's norm
+            # writes them): timed without their prep launch, or (--after-norm) with the norm that makes them
+            runs = [("affine_gemv", "default", base, base_after_norm if args.after_norm else base, packed)]
             sums = {x.data_ptr(): tg.prep_x(x, 4, 64)[1] for x in xs}
-            runs += [("mma_gemv", f"W{w}R{rb}A{ah}",
-                      lambda x, wt, c=(w, rb, ah): mg.mma_gemv(x, *wt, xs=sums.get(x.data_ptr()), config=c),
-                      repacked) for w, rb, ah in configs(n, k)]
-            for kernel, label, fn, weights in runs:
+            for w, rb, ah in configs(n, k):
+                def plain(x, wt, c=(w, rb, ah)):
+                    return mg.mma_gemv(x, *wt, xs=sums.get(x.data_ptr()), config=c)
+
+                def normed(x, wt, c=(w, rb, ah)):
+                    return mma_after_norm(x, wt, c)
+
+                runs.append(("mma_gemv", f"W{w}R{rb}A{ah}", plain, normed if args.after_norm else plain, repacked))
+            for kernel, label, fn, timed, weights in runs:
+                label = label + ("+norm" if args.after_norm else "")
                 rec = dict(kernel=kernel, shape=shape, config=label)
                 if time.monotonic() > deadline:
                     sink.emit({**rec, "skipped": "budget"})
@@ -169,7 +192,7 @@ def main(argv=None) -> int:
                     rows = {r: fn(xs[0][r : r + 1].clone(), weights[0]) for r in sorted({0, m - 1})}  # own xs
                     inv = all(torch.equal(got[r : r + 1], y) for r, y in rows.items())
                     err = rel_err(got, want[:m])
-                    fns = [lambda x=x, w=weights[j % len(weights)]: fn(x, w) for j, x in enumerate(xs)]
+                    fns = [lambda x=x, w=weights[j % len(weights)]: timed(x, w) for j, x in enumerate(xs)]
                     us = time_calls(fns, args.replays)
                     sink.emit({**rec, "us": us, "gbs": size / us / 1e3, "err": err, "inv": inv,
                                "ok": err <= 2 * EPS and inv})
