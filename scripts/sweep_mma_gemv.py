@@ -73,8 +73,9 @@ def compile_only(quick: bool = False) -> int:
                 wq = torch.empty(n // 16, g, 128, dtype=torch.int32)
                 sbq = torch.empty(n // 16, g, 8, 2, 2, dtype=torch.bfloat16)
                 out = torch.empty(m, n, dtype=torch.bfloat16)
-                mg._mma_gemv_kernel[(n // 16 // rb,)](x, xsum, wq, sbq, out, m, k, g, n, K=k, W=w, RB=rb,
-                                                      NT=mg.column_tiles(m), AHEAD=ah, PDL=True, num_warps=w)
+                mg._mma_gemv_kernel[(n // 16 // rb,)](x, xsum, wq, sbq, out, m, k, g, n, x, x, x, x, 0, 0, 0, 0, 0,
+                                                      0, K=k, W=w, RB=rb, NT=mg.column_tiles(m), AHEAD=ah,
+                                                      PDL=True, num_warps=w)
                 for label in set(compiled) - before:
                     lines = instructions(compiled[label])
                     ops = [re.sub(r"^.*\*/\s+(@!?U?P\w+\s+)?", "", ln).split()[0] for ln in lines]
@@ -82,6 +83,20 @@ def compile_only(quick: bool = False) -> int:
                     count = {op: sum(o.startswith(op) for o in ops) for op in ("HMMA", "LDG", "LOP3", "STS", "LDS")}
                     print(f"N={n} K={k} W={w} RB={rb} AHEAD={ah} M={m}: {regs.group(1) if regs else '?'} registers, "
                           f"{len(lines)} SASS, {count}")
+    # the DeltaNet in_proj's conv epilogue (CONV): 8192 conv channels of 12352 features, 8 tokens
+    n, k, m, c = 12352, 2048, 8, 8192
+    before = set(compiled)
+    mg._mma_gemv_kernel[(n // 16,)](torch.empty(m, k, dtype=torch.bfloat16), torch.empty(m, k // 64),
+                                    torch.empty(n // 16, k // 64, 128, dtype=torch.int32),
+                                    torch.empty(n // 16, k // 64, 8, 2, 2, dtype=torch.bfloat16),
+                                    torch.empty(m, n, dtype=torch.bfloat16), m, k, k // 64, n,
+                                    torch.empty(c, 4, dtype=torch.bfloat16), torch.empty(9, c, 3, dtype=torch.bfloat16),
+                                    torch.zeros(m, dtype=torch.int32), torch.zeros(m, dtype=torch.int32), c, 4, 1,
+                                    3 * c, 3, 1, K=k, W=mg.default_warps(k), RB=1, NT=1, AHEAD=1, CONV=True, KCONV=4,
+                                    PDL=True, num_warps=mg.default_warps(k))
+    for label in set(compiled) - before:
+        lines = instructions(compiled[label])
+        print(f"CONV N={n} K={k} M={m} C={c}: {len(lines)} SASS, {sum('BAR' in ln for ln in lines)} barriers")
     return 0
 
 

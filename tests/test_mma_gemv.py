@@ -99,6 +99,7 @@ def test_compiles_for_sm90():
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [ln for ln in out.stdout.splitlines() if ln.startswith("N=")]
     assert len(rows) == 2, out.stdout
+    assert any(ln.startswith("CONV ") for ln in out.stdout.splitlines()), out.stdout  # the conv epilogue compiles
     for row in rows:
         counts = {k: int(v) for k, v in re.findall(r"'(\w+)': (\d+)", row)}
         m = int(re.search(r"M=(\d+)", row).group(1))

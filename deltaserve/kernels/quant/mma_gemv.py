@@ -197,15 +197,54 @@ if HAVE_GLUON:
         return gl.fma(b128[:, :, None], xs[:, None, :], acc)
 
     @gluon.jit
+    def _conv_epilogue(total, out_ptr, stride_om, f, o_n, M, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+                       stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV: gl.constexpr):
+        """The DeltaNet decode conv on the program's output tile (gated_delta.triton_decode.conv_epilogue's
+        arithmetic, here with features f [R] as rows and tokens o_n [N8] as columns): y = the projection rounded
+        to the activation dtype; features < C get SiLU(sum_j w[f, j] [state ; y]_j) (fp32, j = 0 .. KCONV-1 from
+        zero, as _conv_kernel) and shift their pool window (oldest dropped, y appended); the rest store y. Every
+        warp holds the whole tile (the cross-warp sum's layout), so reads and writes of the pool are separated by
+        block barriers; Triton stores a replicated value once."""
+        act = out_ptr.dtype.element_ty
+        y = total.to(act)
+        live = o_n < M
+        nn = gl.minimum(o_n, M - 1)
+        slot = gl.load(slot_ptr + nn).to(gl.int64)
+        keep = gl.load(ctx_ptr + nn) != 0
+        is_c = f < C
+        c_mask = is_c[:, None] & (o_n >= 0)[None, :]
+        st = pool_ptr + slot[None, :] * stride_ps + f[:, None] * stride_pc
+        conv = gl.zeros_like(total)  # total is fp32
+        for j in gl.static_range(KCONV - 1):
+            sv = gl.load(st + j * stride_pk, mask=c_mask & keep[None, :], other=0.0)
+            wj = gl.load(cw_ptr + f * stride_cwc + j * stride_cwk, mask=is_c, other=0.0).to(gl.float32)
+            conv += sv.to(gl.float32) * wj[:, None]
+        wl = gl.load(cw_ptr + f * stride_cwc + (KCONV - 1) * stride_cwk, mask=is_c, other=0.0).to(gl.float32)
+        conv += y.to(gl.float32) * wl[:, None]
+        conv = conv / (1.0 + gl.exp(-conv))  # SiLU as torch writes it (and _conv_kernel), x / (1 + e^-x)
+        res = gl.where(is_c[:, None], conv.to(act), y)
+        gl.store(out_ptr + o_n[None, :].to(gl.int64) * stride_om + f[:, None], res, mask=live[None, :])
+        upd = c_mask & live[None, :]
+        for j in gl.static_range(KCONV - 2):
+            nxt = gl.load(st + (j + 1) * stride_pk, mask=c_mask & keep[None, :], other=0.0)
+            gl.thread_barrier()
+            gl.store(st + j * stride_pk, nxt, mask=upd)
+        gl.thread_barrier()
+        gl.store(st + (KCONV - 2) * stride_pk, y.to(pool_ptr.dtype.element_ty), mask=upd)
+
+    @gluon.jit
     def _mma_gemv_kernel(x_ptr, xs_ptr, w_ptr, sb_ptr, out_ptr, M, stride_xm, stride_sm, stride_om,
-                         K: gl.constexpr, W: gl.constexpr, RB: gl.constexpr, NT: gl.constexpr, AHEAD: gl.constexpr,
+                         cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
+                         stride_pk, K: gl.constexpr, W: gl.constexpr, RB: gl.constexpr, NT: gl.constexpr,
+                         AHEAD: gl.constexpr, CONV: gl.constexpr = False, KCONV: gl.constexpr = 4,
                          PDL: gl.constexpr = False):
         """grid (N / (16 RB),): out[:M, rows of the program] = x[:M] W^T; xs [M, K / 64] fp32 the group sums of x
         (triton_gemv.prep_row's, so the bits of every path that makes them agree). Chunk c is groups c W .. c W +
         W - 1, warp w taking group c W + w; a warp adds its chunks in order, the warps' sums are added last.
         AHEAD: chunk c + 1's loads are issued before chunk c is computed (registers for two chunks). RB and AHEAD
         never change bits; W does. PDL (kernels/triton_pdl.py's protocol): the first chunk's weights are
-        requested before the wait for the previous kernel, x and xs after it."""
+        requested before the wait for the previous kernel, x and xs after it. CONV: the DeltaNet decode conv on
+        features < C (_conv_epilogue; the pool arguments are unused otherwise)."""
         G: gl.constexpr = K // 64
         NCH: gl.constexpr = G // W
         N8: gl.constexpr = 8 * NT  # MMA columns (rows of x, padded)
@@ -259,8 +298,12 @@ if HAVE_GLUON:
         total = gl.sum(acc, axis=0)
         o_row = gl.arange(0, RB * 16, layout=gl.SliceLayout(1, OL))
         o_n = gl.arange(0, N8, layout=gl.SliceLayout(0, OL))
-        o_ptr = out_ptr + o_n[None, :].to(gl.int64) * stride_om + pid * RB * 16 + o_row[:, None]
-        gl.store(o_ptr, total.to(out_ptr.dtype.element_ty), mask=(o_n < M)[None, :])
+        if CONV:
+            _conv_epilogue(total, out_ptr, stride_om, pid * RB * 16 + o_row, o_n, M, cw_ptr, pool_ptr, slot_ptr,
+                           ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV)
+        else:
+            o_ptr = out_ptr + o_n[None, :].to(gl.int64) * stride_om + pid * RB * 16 + o_row[:, None]
+            gl.store(o_ptr, total.to(out_ptr.dtype.element_ty), mask=(o_n < M)[None, :])
 
 
 def column_tiles(m: int) -> int:
@@ -272,10 +315,14 @@ def column_tiles(m: int) -> int:
 
 
 def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | None = None,
-             xs: torch.Tensor | None = None, config: tuple[int, int, int] | None = None) -> torch.Tensor:
+             xs: torch.Tensor | None = None, config: tuple[int, int, int] | None = None,
+             conv: tuple | None = None) -> torch.Tensor:
     """y = x W^T for x [..., K] bf16 (at most MAX_ROWS rows) and a repack_q4 weight; [..., N] bf16.
     xs: the rows' group sums (fp32 [M, K / 64], triton_gemv.prep_x's or the norm's prep); None: a prep launch.
-    config: (W, RB, AHEAD) instead of default_config (W changes bits; RB and AHEAD do not)."""
+    config: (W, RB, AHEAD) instead of default_config (W changes bits; RB and AHEAD do not).
+    conv: gated_delta.triton_decode.DecodeConv (or the same as a tuple): x holds one token per sequence, and
+    features < channels come out as SiLU(causal conv) with the pool updated, meant to equal this GEMV followed by
+    triton_decode.causal_conv bit for bit (tests/gpu/test_mma_gemv_gpu.py)."""
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("mma_gemv: needs a CUDA device and Triton's Gluon (it has no interpreter form); "
                            "mma_gemv_reference is its CPU meaning")
@@ -304,6 +351,16 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
     warps, rb, ahead = config or default_config(n, k)
     if g % warps or nb % rb:
         raise ValueError(f"mma_gemv: config W={warps}, RB={rb} does not divide the {g} groups / {nb} row blocks")
-    _mma_gemv_kernel[(nb // rb,)](x2, xs, words, sb, out, m, x2.stride(0), xs.stride(0), out.stride(0), K=k,
-                                  W=warps, RB=rb, NT=column_tiles(m), AHEAD=ahead, num_warps=warps, **pdl_args(x2))
+    if conv is not None:
+        from ..gated_delta.triton_decode import DecodeConv, check_decode_conv
+
+        cv = DecodeConv(*conv)
+        kconv = check_decode_conv(cv, m, n, x.dtype)
+        conv_args = (cv.weight, cv.pool, cv.state_slots, cv.context_lens, cv.channels, *cv.weight.stride(),
+                     *cv.pool.stride())
+    else:
+        kconv, conv_args = 4, (x2, x2, x2, x2, 0, 0, 0, 0, 0, 0)
+    _mma_gemv_kernel[(nb // rb,)](x2, xs, words, sb, out, m, x2.stride(0), xs.stride(0), out.stride(0), *conv_args,
+                                  K=k, W=warps, RB=rb, NT=column_tiles(m), AHEAD=ahead, CONV=conv is not None,
+                                  KCONV=kconv, num_warps=warps, **pdl_args(x2))
     return out.reshape(*lead, n)
