@@ -9,7 +9,8 @@ model's decode does at 64 streams). --after-norm times norm + GEMV pairs instead
 each one's PDL prologue overlaps the previous one's tail, which the model (a one-program norm before each GEMV) does
 not give it (bench/NOTES.md: the tensor-core GEMV lost in the model what it won in the plain sweep).
 
-  python scripts/sweep_mma_gemv.py [--ms 1,8,64] [--out FILE] [--budget-s 300]
+  python scripts/sweep_mma_gemv.py [--ms 1,8,64] [--out FILE] [--budget-s 300] [--after-norm]
+  python scripts/sweep_mma_gemv.py --moe [--ms 1,8,64]   # the decode MoE block: CUDA cores vs tensor cores
   python scripts/sweep_mma_gemv.py --compile-only [--quick]   # no GPU: compiles the configurations for sm_90,
                                         # checks the repack's round trip, prints registers and SASS counts
 Exit status 1 when any configuration fails its checks.
@@ -83,6 +84,20 @@ def compile_only(quick: bool = False) -> int:
                     count = {op: sum(o.startswith(op) for o in ops) for op in ("HMMA", "LDG", "LOP3", "STS", "LDS")}
                     print(f"N={n} K={k} W={w} RB={rb} AHEAD={ah} M={m}: {regs.group(1) if regs else '?'} registers, "
                           f"{len(lines)} SASS, {count}")
+    # the experts kernel at the decode MoE's gate/up (K = 2048) and down (K = 512), 64 tokens x top-8
+    for n, k, xrep in ((512, 2048, 8), (2048, 512, 1)):
+        before = set(compiled)
+        e, m, tiles = 256, 512, 320
+        mg._mma_experts_kernel[(tiles, n // 16)](
+            torch.empty(m // xrep, k, dtype=torch.bfloat16), torch.empty(m // xrep, k // 64),
+            torch.empty(e, n // 16, k // 64, 128, dtype=torch.int32),
+            torch.empty(e, n // 16, k // 64, 8, 2, 2, dtype=torch.bfloat16), torch.empty(m, n, dtype=torch.bfloat16),
+            *(torch.empty(tiles, dtype=torch.int32) for _ in range(3)), torch.empty(m, dtype=torch.int32), k,
+            k // 64, n, n // 16, XREP=xrep, K=k, W=mg.default_warps(k), NT=1, AHEAD=1, num_warps=mg.default_warps(k))
+        for label in set(compiled) - before:
+            lines = instructions(compiled[label])
+            hmma = sum("HMMA" in ln for ln in lines)
+            print(f"EXPERTS N={n} K={k}: {len(lines)} SASS, {hmma} HMMA")
     # the DeltaNet in_proj's conv epilogue (CONV): 8192 conv channels of 12352 features, 8 tokens
     n, k, m, c = 12352, 2048, 8, 8192
     before = set(compiled)
@@ -124,6 +139,67 @@ def fmt(r: dict) -> str:
             f"inv {'yes' if r['inv'] else 'NO'} {'ok' if r['ok'] else 'FAIL'}")
 
 
+def moe_section(args, sink) -> None:
+    """The whole decode MoE block at the 35B-A3B shapes (router, top-8 of 256 experts of 512, a shared expert of
+    512): the CUDA-core moe_decode_v2 (the default) against moe_route + moe_block_mma (tensor cores, repacked
+    weights), each checked against the fp64 block and for invariance (token 0 alone, bit for bit), then timed in a
+    graph of 10 calls on 10 inputs (other experts each call)."""
+    import torch.nn.functional as F
+    from kernel_cases import moe_problem
+
+    from deltaserve.kernels.moe.mma_moe import MmaExperts, moe_block_mma
+    from deltaserve.kernels.moe.triton_decode import moe_route
+    from deltaserve.kernels.moe.triton_moe_gemv import moe_decode_v2
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    dev = torch.device("cuda")
+    tmax = max(int(v) for v in args.ms.split(","))
+    x0, kw, ref = moe_problem(dev, tmax, 2048, 256, 512, 512, 4, 64)
+    rep = [mg.repack_q4_experts(kw[k].w, kw[k].scales, kw[k].biases) for k in ("gate", "up", "down")]
+    rep += [mg.repack_q4(kw[k].w, kw[k].scales, kw[k].biases) for k in ("shared_gate_proj", "shared_up",
+                                                                         "shared_down")]
+    experts = MmaExperts(*rep)
+    res_all = kw.pop("residual")
+    inputs = [x0] + [torch.randn_like(x0) for _ in range(9)]
+
+    def cuda_block(x, res):
+        return moe_decode_v2(x, top_k=8, residual=res, **kw)
+
+    def mma_block(x, res):
+        r = moe_route(x, kw["router"], 8, True, kw["shared_gate"])
+        return moe_block_mma(x, r.ids, r.weights, r.shared_weight, experts, residual=res)
+
+    def mlp(v, a, b, c):
+        return (F.silu(v @ a.t()) * (v @ b.t())) @ c.t()
+
+    def reference(t):
+        # fp64 block on the kernels' own routing (the same contract and logits for both paths), so a near-tie
+        # in the 8-bit router cannot count as an error of either
+        r = moe_route(x0[:t], kw["router"], 8, True, kw["shared_gate"])
+        xd = x0[:t].double()
+        out = ref["res"][:t] + r.shared_weight.double()[:, None] * mlp(xd, ref["sg"], ref["su"], ref["sd"])
+        for tok in range(t):
+            for j in range(8):
+                e = int(r.ids[tok, j])
+                out[tok] += r.weights[tok, j].double() * mlp(xd[tok], ref["g"][e], ref["u"][e], ref["d"][e])
+        return out
+
+    for t in (int(v) for v in args.ms.split(",")):
+        want = reference(t)
+        for kernel, fn in (("moe_decode_v2", cuda_block), ("moe_block_mma", mma_block)):
+            rec = dict(kernel=kernel, shape=f"T={t} H=2048 E=256 I=512 k=8", config="default")
+            try:
+                got = fn(x0[:t], res_all[:t])
+                alone = fn(x0[:1].clone(), res_all[:1].clone())
+                inv = torch.equal(got[:1], alone)
+                err = rel_err(got, want)
+                fns = [lambda x=x, fn=fn: fn(x[:t], res_all[:t]) for x in inputs]
+                us = time_calls(fns, args.replays)
+                sink.emit({**rec, "us": us, "gbs": 0.0, "err": err, "inv": inv, "ok": err <= 8 * EPS and inv})
+            except Exception as exc:  # noqa: BLE001
+                sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--compile-only", action="store_true")
@@ -133,6 +209,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--moe", action="store_true", help="the whole decode MoE block instead of the GEMVs")
     ap.add_argument("--after-norm", action="store_true",
                     help="time each GEMV after the RMSNorm that makes its input and group sums (as in the model: a "
                          "one-program kernel before every GEMV, not the previous GEMV's tail)")
@@ -149,6 +226,11 @@ def main(argv=None) -> int:
     out = args.out or (os.path.join(os.environ["OUT"], "sweep_mma_gemv.jsonl") if os.environ.get("OUT") else None)
     sink = RecordSink(out, fmt, {"gpu": torch.cuda.get_device_name()})
     deadline = time.monotonic() + args.budget_s
+    if args.moe:
+        moe_section(args, sink)
+        bad = [r for r in sink.records if r.get("ok") is False]
+        print(f"{len(sink.records)} records, {len(bad)} failing")
+        return 1 if bad else 0
     shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     ms = [int(v) for v in args.ms.split(",")]
     torch.manual_seed(0)

@@ -100,8 +100,38 @@ def test_compiles_for_sm90():
     rows = [ln for ln in out.stdout.splitlines() if ln.startswith("N=")]
     assert len(rows) == 2, out.stdout
     assert any(ln.startswith("CONV ") for ln in out.stdout.splitlines()), out.stdout  # the conv epilogue compiles
+    experts = [ln for ln in out.stdout.splitlines() if ln.startswith("EXPERTS ")]  # the grouped kernel too
+    assert len(experts) == 2 and all(" 0 HMMA" not in ln for ln in experts), out.stdout
     for row in rows:
         counts = {k: int(v) for k, v in re.findall(r"'(\w+)': (\d+)", row)}
         m = int(re.search(r"M=(\d+)", row).group(1))
         assert counts["HMMA"] == 32 * (8 if m == 64 else 1), row  # K = 2048: 32 groups x 4 k-steps / 4 warps ...
         assert counts["STS"] <= 8 * (8 if m == 64 else 1), row  # ... and the final sum's stores only
+
+
+def test_experts_repack_and_reference():
+    """Stacked experts repack per expert; the experts reference is the per-expert GEMV reference row by row."""
+    e, n, k = 3, 32, 128
+    ws = [_weight(n, k, seed=10 + i) for i in range(e)]
+    w = torch.stack([t[1] for t in ws])
+    s = torch.stack([t[2] for t in ws])
+    b = torch.stack([t[3] for t in ws])
+    words, sb = mg.repack_q4_experts(w, s, b)
+    assert words.shape == (e, 2, 2, 128) and sb.shape == (e, 2, 2, 8, 2, 2)
+    for i in range(e):
+        wi, sbi = mg.repack_q4(w[i], s[i], b[i])
+        assert torch.equal(words[i], wi) and torch.equal(sb[i], sbi)
+    x = torch.randn(2, k).bfloat16()
+    ids = torch.tensor([[2, 0], [1, 2]])
+    ref = mg.mma_experts_reference(x, words, sb, ids, x_repeat=2)
+    for r, ex in enumerate(ids.reshape(-1).tolist()):
+        assert torch.equal(ref[r], mg.mma_gemv_reference(x[r // 2 : r // 2 + 1], words[ex], sb[ex])[0])
+    assert [mg.experts_column_tiles(m, 256) for m in (8, 512, 4096, 65536)] == [1, 1, 2, 8]
+
+
+def test_moe_block_refused_on_cpu():
+    from deltaserve.kernels.moe.mma_moe import MmaExperts, moe_block_mma
+
+    with pytest.raises(RuntimeError, match="CUDA"):
+        moe_block_mma(torch.zeros(1, 64).bfloat16(), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, 2), None,
+                      MmaExperts((torch.zeros(1),), (None,), (None,)))

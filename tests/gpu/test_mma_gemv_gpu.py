@@ -98,3 +98,105 @@ def test_mma_gemv_conv_invariance(dev):
         assert torch.equal(y[:1], alone[0]) and torch.equal(st[:1], alone[1]), f"row 0 among {o}"
         last = run(slice(o, o + 1))
         assert torch.equal(y[o:], last[0]) and torch.equal(st[o:], last[1]), f"row {o} among {o}"
+
+
+# ------------------------------------------------------------------ experts (grouped) and the MoE block
+
+
+def _experts(dev, e, n, k):
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    p, s, b, wd = kc.affine_weight((e, n, k), 4, 64, dev)
+    words, sb = mg.repack_q4_experts(p, s, b)
+    return (words, sb), wd
+
+
+@pytest.mark.parametrize("e,n,k,top_k", [(8, 64, 256, 2), (256, 1024, 2048, 8), (256, 2048, 512, 8)])
+@pytest.mark.parametrize("t", [1, 8, 64])
+def test_mma_experts_vs_fp64(dev, e, n, k, top_k, t):
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    (words, sb), wd = _experts(dev, e, n, k)
+    x = torch.randn(t, k, device=dev).bfloat16()
+    ids = torch.stack([torch.randperm(e, device=dev)[:top_k].sort().values for _ in range(t)]).int()
+    out = kc.poisoned((t * top_k, n), torch.bfloat16, dev)
+    y = mg.mma_matmul_experts(x, words, sb, ids, x_repeat=top_k, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    ref = torch.stack([x[r // top_k].double() @ wd[int(i)].t() for r, i in enumerate(ids.reshape(-1).tolist())])
+    kc.close(y, ref, 2 * kc.BF16_EPS, f"mma_matmul_experts T={t} E={e} N={n} K={k}")
+    assert torch.allclose(mg.mma_experts_reference(x, words, sb, ids, top_k), ref, rtol=0, atol=1e-9)
+
+
+def test_mma_experts_batch_invariant(dev):
+    """A token's rows alone == the same rows among 63 other tokens' (other experts, shared experts, other
+    tile positions), bit for bit; and the same rows as the dense-weight GEMV on that expert."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    e, n, k, top_k = 256, 1024, 2048, 8
+    (words, sb), _ = _experts(dev, e, n, k)
+    x = torch.randn(64, k, device=dev).bfloat16()
+    ids = torch.stack([torch.randperm(e, device=dev)[:top_k].sort().values for _ in range(64)]).int()
+    ids[5:, 0] = ids[0, 0]  # an expert shared by 60 tokens: several tiles
+    full = mg.mma_matmul_experts(x, words, sb, ids, x_repeat=top_k)
+    for tok in (0, 7, 63):
+        alone = mg.mma_matmul_experts(x[tok : tok + 1].clone(), words, sb, ids[tok : tok + 1], x_repeat=top_k)
+        assert torch.equal(full[tok * top_k : (tok + 1) * top_k], alone), f"token {tok} alone != among 64"
+        for j in range(top_k):
+            ex = int(ids[tok, j])
+            gemv = mg.mma_gemv(x[tok : tok + 1], words[ex], sb[ex])
+            assert torch.equal(alone[j : j + 1], gemv), f"token {tok} pick {j}: experts kernel != mma_gemv"
+
+
+def _moe_block(dev, t, h=2048, e=256, i=512, i_s=512, top_k=8, seed=0):
+    from deltaserve.kernels.moe.mma_moe import MmaExperts
+    from deltaserve.kernels.moe.routing import route_topk
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    torch.manual_seed(seed)
+    gate, g64 = _experts(dev, e, i, h)
+    up, u64 = _experts(dev, e, i, h)
+    down, d64 = _experts(dev, e, h, i)
+    shared = []
+    shared64 = []
+    for n, k in ((i_s, h), (i_s, h), (h, i_s)):
+        p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
+        shared.append(mg.repack_q4(p, s, b))
+        shared64.append(wd)
+    x = torch.randn(t, h, device=dev).bfloat16()
+    res = torch.randn(t, h, device=dev).bfloat16()
+    w, ids = route_topk(torch.randn(t, e, device=dev), top_k)
+    sw = torch.sigmoid(torch.randn(t, device=dev))
+    experts = MmaExperts(gate, up, down, *shared)
+    return x, res, ids.int(), w.float(), sw, experts, (g64, u64, d64, *shared64)
+
+
+@pytest.mark.parametrize("t", [1, 5, 64])
+def test_moe_block_mma_vs_fp64(dev, t):
+    import torch.nn.functional as F
+
+    from deltaserve.kernels.moe.mma_moe import moe_block_mma
+
+    x, res, ids, w, sw, experts, (g, u, d, sg, su, sd) = _moe_block(dev, t)
+    y = moe_block_mma(x, ids, w, sw, experts, residual=res)
+    xd = x.double()
+
+    def mlp(v, a, b, c):
+        return (F.silu(v @ a.t()) * (v @ b.t())) @ c.t()
+
+    ref = res.double() + sw.double()[:, None] * mlp(xd, sg, su, sd)
+    for tok in range(t):
+        for j in range(ids.shape[1]):
+            ex = int(ids[tok, j])
+            ref[tok] += w[tok, j].double() * mlp(xd[tok], g[ex], u[ex], d[ex])
+    kc.close(y, ref, 8 * kc.BF16_EPS, f"moe_block_mma T={t}")
+
+
+def test_moe_block_mma_batch_invariant(dev):
+    from deltaserve.kernels.moe.mma_moe import moe_block_mma
+
+    x, res, ids, w, sw, experts, _ = _moe_block(dev, 64, seed=1)
+    full = moe_block_mma(x, ids, w, sw, experts, residual=res)
+    for tok in (0, 31, 63):
+        sl = slice(tok, tok + 1)
+        alone = moe_block_mma(x[sl].clone(), ids[sl], w[sl], sw[sl], experts, residual=res[sl])
+        assert torch.equal(full[sl], alone), f"MoE block: token {tok} alone != among 64"

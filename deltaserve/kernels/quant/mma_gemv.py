@@ -134,9 +134,11 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _offsets(W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
-                 SL: gl.constexpr, CL: gl.constexpr, G: gl.constexpr, stride_xm, stride_sm):
+                 SL: gl.constexpr, CL: gl.constexpr, G: gl.constexpr, x_rows, xs_rows):
         """Offsets of chunk 0 (W groups, warp w: group w) for the words, x, (s, b) and xs tiles; chunk c adds
-        c * W * (128, 64, 32, 1). Row block r of the program adds r * G * (128, -, 32, -)."""
+        c * W * (128, 64, 32, 1). Row block r of the program adds r * G * (128, -, 32, -). x_rows [N8] (layout
+        _x_cols) and xs_rows [N8] (layout SliceLayout(0, CL)): the element offsets of the MMA columns' rows of x
+        and of xs (column n is row n for a plain GEMV, a gathered token for the experts)."""
         wb = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, WL)))))
         wq = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, WL)))))
         wr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, WL)))))
@@ -145,12 +147,10 @@ if HAVE_GLUON:
         w_off = (wb[:, None, None, None, None] * 128 + wq[None, :, None, None, None] * (G * 128)
                  + wr[None, None, :, None, None] * 16 + wc[None, None, None, :, None] * 4 + wj[None, None, None, None, :])
         xb = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, XL))))
-        xn = gl.arange(0, N8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, XL))))
         xc = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, XL))))
         xe = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, XL))))
-        x_off = (xb[:, None, None, None] * 64 + xn[None, :, None, None] * stride_xm + xc[None, None, :, None] * 16
+        x_off = (xb[:, None, None, None] * 64 + x_rows[None, :, None, None] + xc[None, None, :, None] * 16
                  + xe[None, None, None, :])
-        x_row = xn[None, :, None, None] + 0 * x_off
         sbb = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, SL)))))
         sbq = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, SL)))))
         sbr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, SL)))))
@@ -160,10 +160,8 @@ if HAVE_GLUON:
                   + sbr[None, None, :, None, None] * 4 + sbh[None, None, None, :, None] * 2
                   + sbs[None, None, None, None, :])
         cb = gl.arange(0, W, layout=gl.SliceLayout(1, CL))
-        cn = gl.arange(0, N8, layout=gl.SliceLayout(0, CL))
-        xs_off = cb[:, None] + cn[None, :] * stride_sm
-        xs_row = cn[None, :] + 0 * xs_off
-        return w_off, x_off, x_row, sb_off, xs_off, xs_row
+        xs_off = cb[:, None] + xs_rows[None, :]
+        return w_off, x_off, sb_off, xs_off
 
     @gluon.jit
     def _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
@@ -265,9 +263,11 @@ if HAVE_GLUON:
         CL: gl.constexpr = gl.SliceLayout(1, mma)  # xs [W, N8]: per group (warp) and column
         OL: gl.constexpr = gl.SliceLayout(0, mma)
 
-        w_off, x_off, x_row, sb_off, xs_off, xs_row = _offsets(W, RB, N8, WL, XL, SL, CL, G, stride_xm, stride_sm)
-        x_mask = x_row < M
-        xs_mask = xs_row < M
+        xn = gl.arange(0, N8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, XL))))
+        cn = gl.arange(0, N8, layout=gl.SliceLayout(0, CL))
+        w_off, x_off, sb_off, xs_off = _offsets(W, RB, N8, WL, XL, SL, CL, G, xn * stride_xm, cn * stride_sm)
+        x_mask = (xn < M)[None, :, None, None]
+        xs_mask = (cn < M)[None, :]
         w_base = w_ptr + pid * RB * G * 128
         sb_base = sb_ptr + pid * RB * G * 32
         zero_w = gl.zeros([W, RB, 8, 4, 4, 8], gl.int32, layout=WL8)
@@ -306,6 +306,78 @@ if HAVE_GLUON:
             gl.store(o_ptr, total.to(out_ptr.dtype.element_ty), mask=(o_n < M)[None, :])
 
 
+    @gluon.jit
+    def _mma_experts_kernel(x_ptr, xs_ptr, w_ptr, sb_ptr, out_ptr, tile_e_ptr, lo_ptr, hi_ptr, order_ptr,
+                            stride_xm, stride_sm, stride_om, NBE, XREP: gl.constexpr, K: gl.constexpr,
+                            W: gl.constexpr, NT: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr = False):
+        """grid (tiles, N / 16): the plain kernel's arithmetic (RB 1) on expert tile t: its sorted rows [lo, hi)
+        of expert tile_e[t] (<= 8 NT of them) are MMA columns, sorted row i being output row order[i] and input
+        row order[i] // XREP; weight row block rb of that expert. A tile of expert -1 (the table's unused tail)
+        reads nothing and writes nothing. Each output row is its own MMA column: its bits do not depend on which
+        rows share the expert, the tile or the launch."""
+        G: gl.constexpr = K // 64
+        NCH: gl.constexpr = G // W
+        N8: gl.constexpr = 8 * NT
+        t = gl.program_id(0)
+        rb = gl.program_id(1).to(gl.int64)
+
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1, 1],
+                                                      instr_shape=[1, 16, 8])
+        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+        WL8: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 4, 8], [1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1],
+                                             [5, 4, 3, 2, 1, 0])
+        WL: gl.constexpr = gl.SliceLayout(5, WL8)
+        XL: gl.constexpr = gl.BlockedLayout([1, 1, 1, 16], [1, 8, 4, 1], [W, 1, 1, 1], [3, 2, 1, 0])
+        SL: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2, 2], [1, 1, 8, 4, 1], [W, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+        CL: gl.constexpr = gl.SliceLayout(1, mma)
+        OL: gl.constexpr = gl.SliceLayout(0, mma)
+
+        if PDL:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                      pack=1)
+        e = gl.load(tile_e_ptr + t)
+        lo = gl.load(lo_ptr + t)
+        rows = gl.where(e >= 0, gl.load(hi_ptr + t) - lo, 0)
+        live = rows > 0
+        e64 = gl.maximum(e, 0).to(gl.int64)
+
+        xn = gl.arange(0, N8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, XL))))
+        cn = gl.arange(0, N8, layout=gl.SliceLayout(0, CL))
+        x_tok = gl.load(order_ptr + lo + xn, mask=xn < rows, other=0) // XREP
+        s_tok = gl.load(order_ptr + lo + cn, mask=cn < rows, other=0) // XREP
+        w_off, x_off, sb_off, xs_off = _offsets(W, 1, N8, WL, XL, SL, CL, G, x_tok.to(gl.int64) * stride_xm,
+                                                s_tok.to(gl.int64) * stride_sm)
+        x_mask = (xn < rows)[None, :, None, None]
+        xs_mask = (cn < rows)[None, :]
+        w_base = w_ptr + (e64 * NBE + rb) * G * 128
+        sb_base = sb_ptr + (e64 * NBE + rb) * G * 32
+        zero_w = gl.zeros([W, 1, 8, 4, 4, 8], gl.int32, layout=WL8)
+        acc = gl.zeros([W, 16, N8], gl.float32, layout=mma)
+        words = gl.load(w_base + w_off, mask=live, other=0)
+        sb = gl.load(sb_base + sb_off, mask=live, other=0.0)
+        xv = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+        xs = gl.load(xs_ptr + xs_off, mask=xs_mask, other=0.0)
+        for c in gl.static_range(NCH):
+            if c + 1 < NCH:
+                nc = c + 1
+                nw = gl.load(w_base + nc * W * 128 + w_off, mask=live, other=0)
+                nsb = gl.load(sb_base + nc * W * 32 + sb_off, mask=live, other=0.0)
+                nx = gl.load(x_ptr + nc * W * 64 + x_off, mask=x_mask, other=0.0)
+                nxs = gl.load(xs_ptr + nc * W + xs_off, mask=xs_mask, other=0.0)
+                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, 1, N8, mma, dot_a, dot_b)
+                words, sb, xv, xs = nw, nsb, nx, nxs
+            else:
+                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, 1, N8, mma, dot_a, dot_b)
+        total = gl.sum(acc, axis=0)
+        o_row = gl.arange(0, 16, layout=gl.SliceLayout(1, OL))
+        o_n = gl.arange(0, N8, layout=gl.SliceLayout(0, OL))
+        o_dst = gl.load(order_ptr + lo + o_n, mask=o_n < rows, other=0).to(gl.int64)
+        o_ptr = out_ptr + o_dst[None, :] * stride_om + rb * 16 + o_row[:, None]
+        gl.store(o_ptr, total.to(out_ptr.dtype.element_ty), mask=(o_n < rows)[None, :])
+
 def column_tiles(m: int) -> int:
     """MMA column tiles (8 rows of x each) for m rows: a power of two, so few kernels are compiled."""
     nt = 1
@@ -317,7 +389,7 @@ def column_tiles(m: int) -> int:
 def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | None = None,
              xs: torch.Tensor | None = None, config: tuple[int, int, int] | None = None,
              conv: tuple | None = None) -> torch.Tensor:
-    """y = x W^T for x [..., K] bf16 (at most MAX_ROWS rows) and a repack_q4 weight; [..., N] bf16.
+    """y = x W^T for x [..., K] bf16 and a repack_q4 weight; [..., N] bf16 (launches of at most MAX_ROWS rows).
     xs: the rows' group sums (fp32 [M, K / 64], triton_gemv.prep_x's or the norm's prep); None: a prep launch.
     config: (W, RB, AHEAD) instead of default_config (W changes bits; RB and AHEAD do not).
     conv: gated_delta.triton_decode.DecodeConv (or the same as a tuple): x holds one token per sequence, and
@@ -338,7 +410,14 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
         x2 = x2.contiguous()
     m = x2.shape[0]
     if m > MAX_ROWS:
-        raise ValueError(f"mma_gemv: {m} rows; at most {MAX_ROWS} per launch")
+        if conv is not None:
+            raise ValueError(f"mma_gemv: {m} rows with conv=; at most {MAX_ROWS} per launch")
+        # rows are MMA columns, independent of each other: launches of MAX_ROWS rows give the same bits
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
+        for r in range(0, m, MAX_ROWS):
+            mma_gemv(x2[r : r + MAX_ROWS], words, sb, out=out[r : r + MAX_ROWS],
+                     xs=None if xs is None else xs[r : r + MAX_ROWS], config=config)
+        return out.reshape(*lead, n)
     if xs is None:
         from .triton_gemv import prep_x
 
@@ -364,3 +443,70 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
                                   K=k, W=warps, RB=rb, NT=column_tiles(m), AHEAD=ahead, CONV=conv is not None,
                                   KCONV=kconv, num_warps=warps, **pdl_args(x2))
     return out.reshape(*lead, n)
+
+
+def repack_q4_experts(w: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor):
+    """Stacked experts (w uint32 [E, N, K/8], scales/biases [E, N, K/64]) -> (words [E, N/16, K/64, 128],
+    sb [E, N/16, K/64, 8, 2, 2]): repack_q4 per expert (N % 16 == 0, so no row block spans two experts)."""
+    if w.dim() != 3:
+        raise ValueError(f"repack_q4_experts: expected stacked words [E, N, K/8], found {tuple(w.shape)}")
+    e, n, kw = w.shape
+    words, sb = repack_q4(w.reshape(e * n, kw), scales.reshape(e * n, -1), biases.reshape(e * n, -1))
+    return words.view(e, n // ROW_BLOCK, *words.shape[1:]), sb.view(e, n // ROW_BLOCK, *sb.shape[1:])
+
+
+def mma_experts_reference(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, expert_ids: torch.Tensor,
+                          x_repeat: int = 1) -> torch.Tensor:
+    """fp64 row m = x[m // x_repeat] W[expert_ids[m]]^T for repacked stacked experts (tests)."""
+    ids = expert_ids.reshape(-1).long()
+    out = torch.empty(ids.numel(), words.shape[1] * ROW_BLOCK, dtype=torch.float64, device=x.device)
+    for e in ids.unique().tolist():
+        rows = (ids == e).nonzero().flatten()
+        out[rows] = mma_gemv_reference(x[rows // x_repeat], words[e], sb[e])
+    return out
+
+
+def experts_column_tiles(rows: int, experts: int) -> int:
+    """MMA column tiles per expert tile: room for the mean rows per expert, at most 8 (64 rows); changes only the
+    padding, never a row's bits."""
+    return min(8, column_tiles(max(1, -(-rows // experts))))
+
+
+def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, expert_ids: torch.Tensor,
+                       x_repeat: int = 1, xs: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                       tiles: tuple | None = None) -> torch.Tensor:
+    """Row m of the result = x[m // x_repeat] W[expert_ids[m]]^T on tensor cores, for stacked repacked experts
+    (repack_q4_experts) and x [rows, K] bf16; [M, N] in x's dtype. The same rows as
+    triton_affine.affine_matmul_experts (an MoE block's gate, up and down), each row an MMA column of its expert's
+    tile: a row's bits depend on (K, W) only. xs: x's group sums (prep_x's, [rows, K / 64]); None: a prep launch.
+    tiles: triton_affine.expert_tiles(ids, E, 8 * NT) to share across the block's calls."""
+    if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
+        raise RuntimeError("mma_matmul_experts: needs a CUDA device and Triton's Gluon; mma_experts_reference is "
+                           "its CPU meaning")
+    num_e, nbe, g, _ = words.shape
+    n, k = nbe * ROW_BLOCK, g * GROUP
+    if x.dim() != 2 or x.shape[1] != k or x.stride(-1) != 1 or x.dtype != torch.bfloat16:
+        raise ValueError(f"mma_matmul_experts: x must be row-major bf16 [rows, {k}], found {x.dtype} "
+                         f"{tuple(x.shape)}")
+    ids = expert_ids.reshape(-1)
+    m = ids.numel()
+    if m != x.shape[0] * x_repeat:
+        raise ValueError(f"mma_matmul_experts: {m} expert ids for {x.shape[0]} rows x {x_repeat} repeats")
+    if xs is None:
+        from .triton_gemv import prep_x
+
+        xs = prep_x(x, 4, GROUP)[1]
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    nt = experts_column_tiles(m, num_e)
+    if tiles is None:
+        from .triton_affine import expert_tiles
+
+        tiles = expert_tiles(ids, num_e, 8 * nt)
+    tile_e, lo, hi, order = tiles
+    if m:
+        warps = default_warps(k)
+        _mma_experts_kernel[(tile_e.numel(), nbe)](x, xs, words, sb, out, tile_e, lo, hi, order, x.stride(0),
+                                                    xs.stride(0), out.stride(0), nbe, XREP=x_repeat, K=k, W=warps,
+                                                    NT=nt, AHEAD=1, num_warps=warps)
+    return out
