@@ -24,9 +24,15 @@ def _name(call: ast.Call) -> str:
 
 
 def _jit_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    """Module-level @triton.jit / @gluon.jit functions, including those under a module-level `if` (the Gluon
+    kernels are defined only when Gluon imports)."""
     out = {}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, ast.If):
+            stack[:0] = node.body + node.orelse
+        elif isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
             out[node.name] = node
     return out
 
@@ -97,7 +103,8 @@ def test_pdl_kernels_found():
                      "moe/triton_moe_gemv:_gate_up_kernel", "moe/triton_moe_gemv:_down_kernel",
                      "moe/triton_moe_gemv:_combine_kernel", "gated_delta/triton_decode:_gdn_step_kernel",
                      "kernels/triton_norm:_rms_norm_kernel", "attention/triton_qk_prep:_qk_prep_kernel",
-                     "attention/triton_paged:_decode_split_kernel"):
+                     "attention/triton_paged:_decode_split_kernel", "quant/mma_gemv:_mma_gemv_kernel",
+                     "quant/mma_gemv:_mma_experts_kernel"):
         assert expected in kernels
 
 

@@ -133,6 +133,20 @@ if HAVE_GLUON:
     }""")
 
     @gluon.jit
+    def pdl_open(PDL: gl.constexpr):
+        """triton_pdl.pdl_open for Gluon kernels (the same instruction; the same protocol, tests/test_pdl_protocol)."""
+        if PDL:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+
+    @gluon.jit
+    def pdl_wait(PDL: gl.constexpr):
+        """triton_pdl.pdl_wait for Gluon kernels."""
+        if PDL:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                      pack=1)
+
+    @gluon.jit
     def _offsets(W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
                  SL: gl.constexpr, CL: gl.constexpr, G: gl.constexpr, x_rows, xs_rows):
         """Offsets of chunk 0 (W groups, warp w: group w) for the words, x, (s, b) and xs tiles; chunk c adds
@@ -243,6 +257,7 @@ if HAVE_GLUON:
         never change bits; W does. PDL (kernels/triton_pdl.py's protocol): the first chunk's weights are
         requested before the wait for the previous kernel, x and xs after it. CONV: the DeltaNet decode conv on
         features < C (_conv_epilogue; the pool arguments are unused otherwise)."""
+        pdl_open(PDL)
         G: gl.constexpr = K // 64
         NCH: gl.constexpr = G // W
         N8: gl.constexpr = 8 * NT  # MMA columns (rows of x, padded)
@@ -273,12 +288,9 @@ if HAVE_GLUON:
         zero_w = gl.zeros([W, RB, 8, 4, 4, 8], gl.int32, layout=WL8)
         acc = gl.zeros([W, RB * 16, N8], gl.float32, layout=mma)
         if PDL:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
             words = gl.load(w_base + w_off)  # constant data first
             sb = gl.load(sb_base + sb_off)
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
+            pdl_wait(PDL)
             xv = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
             xs = gl.load(xs_ptr + xs_off, mask=xs_mask, other=0.0)
         else:
@@ -315,6 +327,7 @@ if HAVE_GLUON:
         row order[i] // XREP; weight row block rb of that expert. A tile of expert -1 (the table's unused tail)
         reads nothing and writes nothing. Each output row is its own MMA column: its bits do not depend on which
         rows share the expert, the tile or the launch."""
+        pdl_open(PDL)
         G: gl.constexpr = K // 64
         NCH: gl.constexpr = G // W
         N8: gl.constexpr = 8 * NT
@@ -333,11 +346,7 @@ if HAVE_GLUON:
         CL: gl.constexpr = gl.SliceLayout(1, mma)
         OL: gl.constexpr = gl.SliceLayout(0, mma)
 
-        if PDL:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
+        pdl_wait(PDL)  # the tile table is the previous launches' output
         e = gl.load(tile_e_ptr + t)
         lo = gl.load(lo_ptr + t)
         rows = gl.where(e >= 0, gl.load(hi_ptr + t) - lo, 0)
