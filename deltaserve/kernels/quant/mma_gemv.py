@@ -488,7 +488,8 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     (repack_q4_experts) and x [rows, K] bf16; [M, N] in x's dtype. The same rows as
     triton_affine.affine_matmul_experts (an MoE block's gate, up and down), each row an MMA column of its expert's
     tile: a row's bits depend on (K, W) only. xs: x's group sums (prep_x's, [rows, K / 64]); None: a prep launch.
-    tiles: triton_affine.expert_tiles(ids, E, 8 * NT) to share across the block's calls."""
+    tiles: triton_affine.expert_tiles(ids, E, 8 * experts_column_tiles(M, E)) to share across the block's calls
+    (a table with other tile sizes is refused: rows past the kernel's columns would be dropped)."""
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("mma_matmul_experts: needs a CUDA device and Triton's Gluon; mma_experts_reference is "
                            "its CPU meaning")
@@ -513,6 +514,9 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
 
         tiles = expert_tiles(ids, num_e, 8 * nt)
     tile_e, lo, hi, order = tiles
+    if tile_e.numel() != -(-m // (8 * nt)) + min(num_e, m):  # the table's length names its rows per tile
+        raise ValueError(f"mma_matmul_experts: tiles must be expert_tiles(ids, {num_e}, {8 * nt}) (tiles of at most "
+                         f"{8 * nt} rows, the kernel's MMA columns); found a table of {tile_e.numel()} tiles")
     if m:
         warps = default_warps(k)
         _mma_experts_kernel[(tile_e.numel(), nbe)](x, xs, words, sb, out, tile_e, lo, hi, order, x.stride(0),
