@@ -29,9 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 if "--compile-only" in sys.argv:
     os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported
 
-import torch  # noqa: E402
-
-from sweep_common import ROOT, RecordSink, rel_err  # noqa: E402
+import torch
+from sweep_common import ROOT, RecordSink, rel_err
 
 SHAPES = ((12352, 2048), (248320, 2048), (2048, 4096), (9216, 2048))
 EPS = 2.0**-8
@@ -193,7 +192,7 @@ def moe_section(args, sink) -> None:
                 alone = fn(x0[:1].clone(), res_all[:1].clone())
                 inv = torch.equal(got[:1], alone)
                 err = rel_err(got, want)
-                fns = [lambda x=x, fn=fn: fn(x[:t], res_all[:t]) for x in inputs]
+                fns = [lambda x=x, fn=fn, t=t: fn(x[:t], res_all[:t]) for x in inputs]
                 us = time_calls(fns, args.replays)
                 sink.emit({**rec, "us": us, "gbs": 0.0, "err": err, "inv": inv, "ok": err <= 8 * EPS and inv})
             except Exception as exc:  # noqa: BLE001
@@ -297,7 +296,7 @@ def main(argv=None) -> int:
                     sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
         del packed, repacked
     bad = [r for r in sink.records if r.get("ok") is False]
-    print(f"\n# summary (us per call; best mma_gemv config vs affine_gemv)")
+    print("\n# summary (us per call; best mma_gemv config vs affine_gemv)")
     for shape in dict.fromkeys(r["shape"] for r in sink.records):
         rs = [r for r in sink.records if r["shape"] == shape and r.get("us")]
         a = [r for r in rs if r["kernel"] == "affine_gemv"]

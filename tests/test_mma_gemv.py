@@ -55,7 +55,7 @@ def test_reference_matches_dense():
 
 
 def test_bad_shapes_named():
-    q, w, s, b = _weight(32, 128)
+    _, w, s, b = _weight(32, 128)
     with pytest.raises(ValueError, match=r"N % 16"):
         mg.repack_q4(w[:24], s[:24], b[:24])
     with pytest.raises(ValueError, match=r"scales/biases must be \[32, 2\]"):
@@ -71,7 +71,7 @@ def test_config_fixed_by_k():
 
 
 def test_cpu_call_is_refused():
-    q, w, s, b = _weight(32, 128)
+    _, w, s, b = _weight(32, 128)
     words, sb = mg.repack_q4(w, s, b)
     with pytest.raises(RuntimeError, match="CUDA"):
         mg.mma_gemv(torch.randn(1, 128).bfloat16(), words, sb)
@@ -95,7 +95,7 @@ def test_compiles_for_sm90():
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, str(root / "scripts" / "sweep_mma_gemv.py"), "--compile-only", "--quick"],
-                         cwd=root, capture_output=True, text=True, timeout=600, env=env)
+                         cwd=root, capture_output=True, text=True, timeout=600, env=env, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [ln for ln in out.stdout.splitlines() if ln.startswith("N=")]
     assert len(rows) == 2, out.stdout
