@@ -195,16 +195,10 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
     scales, biases = (None, None) if s.bits == 16 else (s.scales, s.biases)
     mma = mma_weights(module, x) if decode and decode_kernels() == "gemv" and conv is None else None
     if mma is not None:
-        from ..kernels.quant.mma_gemv import MAX_ROWS as MMA_ROWS
         from ..kernels.quant.mma_gemv import mma_gemv
 
         prep = _gemv_prep(x, s)  # the norm's prep: its group sums are the GEMV's xs (else a prep launch)
-        x2 = x.reshape(-1, x.shape[-1])
-        out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device)
-        for start in range(0, x2.shape[0], MMA_ROWS):
-            rows = slice(start, start + MMA_ROWS)
-            mma_gemv(x2[rows], *mma, out=out[rows], xs=None if prep is None else prep[1][rows])
-        return out.view(*x.shape[:-1], s.n)
+        return mma_gemv(x, *mma, xs=None if prep is None else prep[1])  # launches of <= 64 rows inside
     if decode and decode_kernels() == "gemv":
         from ..kernels.quant.triton_gemv import MAX_ROWS, affine_gemv
 

@@ -109,12 +109,11 @@ def default_warps(k: int) -> int:
     raise ValueError(f"mma_gemv: K = {k} is not a multiple of {GROUP}")
 
 
-def default_config(n: int, k: int) -> tuple[int, int, int]:
+def default_config(k: int) -> tuple[int, int, int]:
     """(W, RB, AHEAD) for a weight: warps per program (they split K: W decides the order in which a row's groups
     are added, so it is fixed by the weight alone), row blocks of 16 per program and the one-chunk lookahead (these
     two never change bits). RB 1, AHEAD 1: the sweep's best at one row for every decode linear of the 35B-A3B
     (H200, scripts/sweep_mma_gemv.py: 12352 x 2048 RB 1 7.78 us, RB 2 10.98, RB 4 13.03)."""
-    del n  # kept in the signature: a per-shape rule may come back with more measurements
     return default_warps(k), 1, 1
 
 
@@ -178,13 +177,42 @@ if HAVE_GLUON:
         return w_off, x_off, sb_off, xs_off
 
     @gluon.jit
-    def _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
-                    W: gl.constexpr):
-        words = gl.load(w_base + c * W * 128 + w_off)
+    def _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c, w_off, x_off, x_mask, sb_off, xs_off, xs_mask, w_live,
+                    W: gl.constexpr, MASKED: gl.constexpr):
+        """Chunk c's (words, x, (s, b), xs). MASKED: the weight loads too are predicated on w_live (an expert
+        tile with no rows reads nothing)."""
+        if MASKED:
+            words = gl.load(w_base + c * W * 128 + w_off, mask=w_live, other=0)
+        else:
+            words = gl.load(w_base + c * W * 128 + w_off)
         xv = gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0)
-        sb = gl.load(sb_base + c * W * 32 + sb_off)
+        if MASKED:
+            sb = gl.load(sb_base + c * W * 32 + sb_off, mask=w_live, other=0.0)
+        else:
+            sb = gl.load(sb_base + c * W * 32 + sb_off)
         xs = gl.load(xs_ptr + c * W + xs_off, mask=xs_mask, other=0.0)
         return words, xv, sb, xs
+
+    @gluon.jit
+    def _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
+                    w_live, zero_w, W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr, NCH: gl.constexpr,
+                    AHEAD: gl.constexpr, MASKED: gl.constexpr, mma: gl.constexpr, dot_a: gl.constexpr,
+                    dot_b: gl.constexpr):
+        """acc + every chunk in order, chunk 0 being `first` (already loaded); AHEAD: chunk c + 1's loads are
+        issued before chunk c is computed (the bits are the same either way)."""
+        words, xv, sb, xs = first
+        for c in gl.static_range(NCH):
+            if AHEAD:
+                nxt = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, min(c + 1, NCH - 1), w_off, x_off, x_mask,
+                                  sb_off, xs_off, xs_mask, w_live, W, MASKED)
+                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b)
+                words, xv, sb, xs = nxt
+            else:
+                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b)
+                if c + 1 < NCH:
+                    words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c + 1, w_off, x_off, x_mask,
+                                                    sb_off, xs_off, xs_mask, w_live, W, MASKED)
+        return acc
 
     @gluon.jit
     def _chunk_acc(acc, words, xv, sb, xs, zero_w, W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr,
@@ -293,20 +321,12 @@ if HAVE_GLUON:
             pdl_wait(PDL)
             xv = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
             xs = gl.load(xs_ptr + xs_off, mask=xs_mask, other=0.0)
+            first = (words, xv, sb, xs)
         else:
-            words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off,
-                                            xs_off, xs_mask, W)
-        for c in gl.static_range(NCH):
-            if AHEAD:
-                nxt = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, min(c + 1, NCH - 1), w_off, x_off, x_mask,
-                                  sb_off, xs_off, xs_mask, W)
-                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b)
-                words, xv, sb, xs = nxt
-            else:
-                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b)
-                if c + 1 < NCH:
-                    words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c + 1, w_off, x_off, x_mask,
-                                                    sb_off, xs_off, xs_mask, W)
+            first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
+                                True, W, False)
+        acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
+                          xs_mask, True, zero_w, W, RB, N8, NCH, AHEAD, False, mma, dot_a, dot_b)
         total = gl.sum(acc, axis=0)
         o_row = gl.arange(0, RB * 16, layout=gl.SliceLayout(1, OL))
         o_n = gl.arange(0, N8, layout=gl.SliceLayout(0, OL))
@@ -365,21 +385,10 @@ if HAVE_GLUON:
         sb_base = sb_ptr + (e64 * NBE + rb) * G * 32
         zero_w = gl.zeros([W, 1, 8, 4, 4, 8], gl.int32, layout=WL8)
         acc = gl.zeros([W, 16, N8], gl.float32, layout=mma)
-        words = gl.load(w_base + w_off, mask=live, other=0)
-        sb = gl.load(sb_base + sb_off, mask=live, other=0.0)
-        xv = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
-        xs = gl.load(xs_ptr + xs_off, mask=xs_mask, other=0.0)
-        for c in gl.static_range(NCH):
-            if c + 1 < NCH:
-                nc = c + 1
-                nw = gl.load(w_base + nc * W * 128 + w_off, mask=live, other=0)
-                nsb = gl.load(sb_base + nc * W * 32 + sb_off, mask=live, other=0.0)
-                nx = gl.load(x_ptr + nc * W * 64 + x_off, mask=x_mask, other=0.0)
-                nxs = gl.load(xs_ptr + nc * W + xs_off, mask=xs_mask, other=0.0)
-                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, 1, N8, mma, dot_a, dot_b)
-                words, sb, xv, xs = nw, nsb, nx, nxs
-            else:
-                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, 1, N8, mma, dot_a, dot_b)
+        first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off, xs_mask, live,
+                            W, True)
+        acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
+                          xs_mask, live, zero_w, W, 1, N8, NCH, AHEAD, True, mma, dot_a, dot_b)
         total = gl.sum(acc, axis=0)
         o_row = gl.arange(0, 16, layout=gl.SliceLayout(1, OL))
         o_n = gl.arange(0, N8, layout=gl.SliceLayout(0, OL))
@@ -436,7 +445,7 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
                          f"{tuple(xs.shape)} strides {xs.stride()}")
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    warps, rb, ahead = config or default_config(n, k)
+    warps, rb, ahead = config or default_config(k)
     if g % warps or nb % rb:
         raise ValueError(f"mma_gemv: config W={warps}, RB={rb} does not divide the {g} groups / {nb} row blocks")
     if conv is not None:
