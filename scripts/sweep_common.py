@@ -1,5 +1,6 @@
-"""What the device sweeps (sweep_decode_kernels.py, sweep_prefill_kernels.py) share: the dry run's re-execution
-under Triton's interpreter, the error measure their checks use, and the JSON-lines record sink."""
+"""What the device sweeps (sweep_decode_kernels.py, sweep_prefill_kernels.py, sweep_mma_gemv.py) share: the dry
+run's re-execution under Triton's interpreter, the error measure their checks use, the CUDA-graph timing of a list
+of calls, and the JSON-lines record sink."""
 
 from __future__ import annotations
 
@@ -60,3 +61,40 @@ class RecordSink:
         if self.file:
             self.file.write(json.dumps(rec) + "\n")
             self.file.flush()
+
+    def finish(self) -> int:
+        """Print the closing count (records, failing, skipped, seconds, where the JSON lines went); the exit
+        status: 1 when any record failed its checks."""
+        bad = sum(r.get("ok") is False for r in self.records)
+        skipped = sum(bool(r.get("skipped")) for r in self.records)
+        print(f"\n{len(self.records)} records, {bad} failing, {skipped} skipped, {self.elapsed():.0f} s"
+              + (f"; JSON lines in {self.path}" if self.path else ""))
+        return 1 if bad else 0
+
+
+def time_graph(fns, device, replays: int) -> tuple[float | None, str | None]:
+    """us per call of the zero-argument callables fns (one per "layer"): a CUDA graph of all of them replayed
+    `replays` times, or, if capture fails, 200 eager calls; (None, None) off CUDA (the dry run checks only)."""
+    if device.type != "cuda":
+        return None, None
+    from deltaserve.bench.graph_capture import capture_calls
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    try:
+        graph = capture_calls(fns)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        us, how = start.elapsed_time(end) * 1e3 / (replays * len(fns)), f"graph{len(fns)}"
+        del graph
+        return us, how
+    except Exception:  # noqa: BLE001  capture unsupported here: back-to-back eager calls instead
+        torch.cuda.synchronize()
+        start.record()
+        for j in range(200):
+            fns[j % len(fns)]()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 / 200, "eager200"

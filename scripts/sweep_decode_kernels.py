@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sweep_common import RecordSink, rel_err, start  # noqa: E402
+from sweep_common import RecordSink, rel_err, start, time_graph  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(h=2048, e=256, k=8, i=512, i_s=512, ts=(1, 8), gemv=((12352, 2048), (2048, 4096), (9216, 2048),
@@ -160,37 +160,6 @@ def resolve_cg(spec):
     return cg_of
 
 
-# ------------------------------------------------------------------ timing
-
-
-def time_calls(fns, device, replays: int) -> tuple[float | None, str | None]:
-    """us per call of the zero-argument callables fns (one per "layer"): a CUDA graph of all of them replayed
-    `replays` times, or, if capture fails, 200 eager calls; (None, None) off CUDA (the dry run checks only)."""
-    if device.type != "cuda":
-        return None, None
-    from deltaserve.bench.graph_capture import capture_calls
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    try:
-        graph = capture_calls(fns)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        us, how = start.elapsed_time(end) * 1e3 / (replays * len(fns)), f"graph{len(fns)}"
-        del graph
-        return us, how
-    except Exception:  # noqa: BLE001  capture unsupported here: back-to-back eager calls instead
-        torch.cuda.synchronize()
-        start.record()
-        for j in range(200):
-            fns[j % len(fns)]()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1e3 / 200, "eager200"
-
-
 # ------------------------------------------------------------------ MoE
 
 
@@ -283,7 +252,7 @@ def moe_section(args, shp, device, deadline, emit) -> None:
                 rows = {r: run(xs[0][r : r + 1], rs[0][r : r + 1]) for r in sorted({0, t - 1})}
                 verdict = judge(got, want, base, rows, 8 * EPS * args.slack, 2 * EPS * args.slack)
                 fns = [lambda x=x, r=r, run=run: run(x, r) for x, r in zip(xs, rs)]
-                us, how = time_calls(fns, device, args.replays)
+                us, how = time_graph(fns, device, args.replays)
                 emit({**rec, **verdict, "us": us, "timing": how, "gbs": nbytes / us / 1e3 if us else None})
             except Exception as exc:  # noqa: BLE001  a config that fails to compile or launch is a result
                 emit({**rec, "ok": False, "error": repr(exc)[:300]})
@@ -338,7 +307,7 @@ def gemv_section(args, shp, device, deadline, emit) -> None:
                     verdict = judge(got, want[:m], base, rows, 2 * EPS * args.slack, EPS * args.slack)
                     pairs = [(x, ws[j % len(ws)]) for j, x in enumerate(xs)]  # call j on weight copy j % copies
                     fns = [lambda x=x, w=w, run=run: run(x, w) for x, w in pairs]
-                    us, how = time_calls(fns, device, args.replays)
+                    us, how = time_graph(fns, device, args.replays)
                     emit({**rec, **verdict, "us": us, "timing": how, "gbs": size / us / 1e3 if us else None})
                 except Exception as exc:  # noqa: BLE001  a failing configuration is a result
                     emit({**rec, "ok": False, "error": repr(exc)[:300]})
@@ -414,10 +383,7 @@ def main(argv=None) -> int:
     if args.only in ("gemv", "all"):
         gemv_section(args, shp, device, t0 + budget, emit)
     summary(records)
-    bad = [r for r in records if r.get("ok") is False]
-    print(f"\n{len(records)} records, {len(bad)} failing, {sum(bool(r.get('skipped')) for r in records)} skipped, "
-          f"{sink.elapsed():.0f} s" + (f"; JSON lines in {out}" if out else ""))
-    return 1 if bad else 0
+    return sink.finish()
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@ default) at the decode linears of Qwen3.6-35B-A3B (q4 g64), for 1, 8 and 64 rows
 
 Every configuration is checked before it is timed: NaN-poisoned output against fp64 (within 2 bf16 ulps of
 max|ref|), and batch invariance (the first and last rows computed alone equal, bit for bit, to the same rows in the
-full launch). Timing: a CUDA graph of 40 calls cycling weight copies past the L2 (scripts/sweep_decode_kernels.py's
-time_calls). The CUDA-core GEMV serves at most 16 rows per call, so its 64-row time is 4 calls of 16 rows (what the
-model's decode does at 64 streams). --after-norm times norm + GEMV pairs instead: in a chain of identical GEMVs
+full launch). Timing: a CUDA graph of 40 calls cycling weight copies past the L2 (sweep_common.time_graph). The
+CUDA-core GEMV serves at most 16 rows per call, so its 64-row time is 4 calls of 16 rows (what the model's decode
+does at 64 streams). --after-norm times norm + GEMV pairs instead: in a chain of identical GEMVs
 each one's PDL prologue overlaps the previous one's tail, which the model (a one-program norm before each GEMV) does
 not give it (bench/NOTES.md: the tensor-core GEMV lost in the model what it won in the plain sweep).
 
@@ -30,7 +30,7 @@ if "--compile-only" in sys.argv:
     os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported
 
 import torch
-from sweep_common import ROOT, RecordSink, rel_err
+from sweep_common import ROOT, RecordSink, rel_err, time_graph
 
 SHAPES = ((12352, 2048), (248320, 2048), (2048, 4096), (9216, 2048))
 EPS = 2.0**-8
@@ -45,7 +45,7 @@ def configs(n: int, k: int) -> list[tuple[int, int, int]]:
     g, nb = k // mg.GROUP, n // mg.ROW_BLOCK
     rest = [(w, rb, ah) for w in (mg.default_warps(k),) for rb in (1, 2, 4) for ah in (1, 0)
             if g % w == 0 and nb % rb == 0]
-    base = mg.default_config(n, k)
+    base = mg.default_config(k)
     return [base] + [c for c in dict.fromkeys(rest) if c != base]
 
 
@@ -114,20 +114,6 @@ def compile_only(quick: bool = False) -> int:
     return 0
 
 
-def time_calls(fns, replays: int) -> float:
-    from deltaserve.bench.graph_capture import capture_calls
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph = capture_calls(fns)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    del graph
-    return start.elapsed_time(end) * 1e3 / (replays * len(fns))
-
-
 def fmt(r: dict) -> str:
     if r.get("skipped"):
         return f"{r['kernel']:12s} {r['shape']:26s} {r['config']:10s} skipped"
@@ -193,8 +179,8 @@ def moe_section(args, sink) -> None:
                 inv = torch.equal(got[:1], alone)
                 err = rel_err(got, want)
                 fns = [lambda x=x, fn=fn, t=t: fn(x[:t], res_all[:t]) for x in inputs]
-                us = time_calls(fns, args.replays)
-                sink.emit({**rec, "us": us, "gbs": 0.0, "err": err, "inv": inv, "ok": err <= 8 * EPS and inv})
+                us, how = time_graph(fns, dev, args.replays)
+                sink.emit({**rec, "us": us, "timing": how, "gbs": 0.0, "err": err, "inv": inv, "ok": err <= 8 * EPS and inv})
             except Exception as exc:  # noqa: BLE001
                 sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
 
@@ -227,9 +213,7 @@ def main(argv=None) -> int:
     deadline = time.monotonic() + args.budget_s
     if args.moe:
         moe_section(args, sink)
-        bad = [r for r in sink.records if r.get("ok") is False]
-        print(f"{len(sink.records)} records, {len(bad)} failing")
-        return 1 if bad else 0
+        return sink.finish()
     shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     ms = [int(v) for v in args.ms.split(",")]
     torch.manual_seed(0)
@@ -289,13 +273,12 @@ def main(argv=None) -> int:
                     inv = all(torch.equal(got[r : r + 1], y) for r, y in rows.items())
                     err = rel_err(got, want[:m])
                     fns = [lambda x=x, w=weights[j % len(weights)]: timed(x, w) for j, x in enumerate(xs)]
-                    us = time_calls(fns, args.replays)
-                    sink.emit({**rec, "us": us, "gbs": size / us / 1e3, "err": err, "inv": inv,
+                    us, how = time_graph(fns, dev, args.replays)
+                    sink.emit({**rec, "us": us, "timing": how, "gbs": size / us / 1e3, "err": err, "inv": inv,
                                "ok": err <= 2 * EPS and inv})
                 except Exception as exc:  # noqa: BLE001  a failing configuration is a result
                     sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
         del packed, repacked
-    bad = [r for r in sink.records if r.get("ok") is False]
     print("\n# summary (us per call; best mma_gemv config vs affine_gemv)")
     for shape in dict.fromkeys(r["shape"] for r in sink.records):
         rs = [r for r in sink.records if r["shape"] == shape and r.get("us")]
@@ -304,8 +287,7 @@ def main(argv=None) -> int:
         if a and t:
             print(f"{shape:26s} affine {a[0]['us']:8.2f}  mma {t[0]['us']:8.2f} ({t[0]['config']})  "
                   f"x{a[0]['us'] / t[0]['us']:.2f}")
-    print(f"{len(sink.records)} records, {len(bad)} failing")
-    return 1 if bad else 0
+    return sink.finish()
 
 
 if __name__ == "__main__":

@@ -434,10 +434,7 @@ def main(argv=None) -> int:
             print(f"  {case[0]:<16} {case[1]:<24} default {base['us'] if base else float('nan'):8.1f}  best "
                   f"{best['us']:8.1f} ({best['label']}, bits {'=' if best['same_bits'] else '~'})  cuBLAS bf16 "
                   f"{ref['us'] if ref else float('nan'):8.1f}")
-    bad = [r for r in records if r.get("ok") is False]
-    print(f"\n{len(records)} records, {len(bad)} failing, {sum(bool(r.get('skipped')) for r in records)} skipped, "
-          f"{sink.elapsed():.0f} s" + (f"; JSON lines in {out}" if out else ""))
-    return 1 if bad else 0
+    return sink.finish()
 
 
 if __name__ == "__main__":
