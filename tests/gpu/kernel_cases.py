@@ -427,24 +427,36 @@ def conv_problem(device, m, c, kw, num_slots, fresh):
     return w, pool, slots, ctx
 
 
-def check_gemv_conv(mods, device, bits, group, m, c, extra, k, kw=4, fresh=(1,)):
-    """affine_gemv(conv=...) == affine_gemv then causal_conv on the first C features, bit for bit (outputs and
-    pool), and against fp64: features >= C plain, < C SiLU(conv) of the bf16 projection over [state ; y]."""
+def _affine_gemv_of(mods, bits, group):
+    """The default GEMV for the conv checks: (p, s, b) -> f(x, out=None, conv=None) through affine_gemv."""
+    g = mods["gemv"]
+
+    def make(p, s, b):
+        return lambda x, out=None, conv=None: g.affine_gemv(x, p, s, b, bits, group, out=out, conv=conv)
+    return make
+
+
+def check_gemv_conv(mods, device, bits, group, m, c, extra, k, kw=4, fresh=(1,), gemv=None):
+    """gemv(conv=...) == gemv then causal_conv on the first C features, bit for bit (outputs and pool), and
+    against fp64: features >= C plain, < C SiLU(conv) of the bf16 projection over [state ; y]. gemv: a factory
+    (p, s, b) -> f(x, out=None, conv=None) for the GEMV under test (default: affine_gemv; the tensor-core GEMV
+    passes one that repacks the weight)."""
     from deltaserve.kernels.conv1d import causal_conv1d
 
-    g, gd = mods["gemv"], mods["gdn"]
+    gd = mods["gdn"]
     n = c + extra
     (p, s, b), wd = gemv_weight(n, k, bits, group, device)
+    run = (gemv or _affine_gemv_of(mods, bits, group))(p, s, b)
     x = torch.randn(m, k, device=device).bfloat16()
     w, pool, slots, ctx = conv_problem(device, m, c, kw, 3 * m + 2, fresh)
     pool0, pool1 = pool.clone(), pool.clone()
     out = poisoned((m, n), torch.bfloat16, device)
-    y = g.affine_gemv(x, p, s, b, bits, group, out=out, conv=(w, pool, slots, ctx, c))
-    plain = g.affine_gemv(x, p, s, b, bits, group)
+    y = run(x, out=out, conv=(w, pool, slots, ctx, c))
+    plain = run(x)
     cu = torch.arange(m + 1, device=device, dtype=torch.int32)
     conv = gd.causal_conv(plain[:, :c].contiguous(), w, pool1, cu, slots, ctx, 1)
-    assert torch.equal(y[:, c:], plain[:, c:]), "fused conv GEMV: the plain features differ from affine_gemv"
-    assert torch.equal(y[:, :c], conv), "fused conv GEMV != affine_gemv + causal_conv (conv channels)"
+    assert torch.equal(y[:, c:], plain[:, c:]), "fused conv GEMV: the plain features differ from the plain GEMV"
+    assert torch.equal(y[:, :c], conv), "fused conv GEMV != the plain GEMV + causal_conv (conv channels)"
     assert torch.equal(pool, pool1), "fused conv GEMV: conv pool differs from causal_conv's"
     ref = x.double() @ wd.t()
     if extra:
@@ -460,17 +472,18 @@ def check_gemv_conv(mods, device, bits, group, m, c, extra, k, kw=4, fresh=(1,))
     assert torch.equal(pool[untouched.to(device)], pool0[untouched.to(device)]), "other slots were written"
 
 
-def check_gemv_conv_invariance(mods, device, c, extra, k, others=(1, 3, 15)):
-    """Fused conv GEMV: row 0 (and row o) alone == among o others, output and conv state, bit for bit."""
-    g = mods["gemv"]
+def check_gemv_conv_invariance(mods, device, c, extra, k, others=(1, 3, 15), gemv=None):
+    """Fused conv GEMV: row 0 (and row o) alone == among o others, output and conv state, bit for bit. gemv: as
+    in check_gemv_conv."""
     (p, s, b), _ = gemv_weight(c + extra, k, 4, 64, device)
+    gemv_fn = (gemv or _affine_gemv_of(mods, 4, 64))(p, s, b)
     x = torch.randn(16, k, device=device).bfloat16()
     w, pool, slots, ctx = conv_problem(device, 16, c, 4, 40, fresh=(2,))
     pool = pool.nan_to_num()
 
     def run(rows):
         pl = pool.clone()
-        y = g.affine_gemv(x[rows], p, s, b, 4, 64, conv=(w, pl, slots[rows], ctx[rows], c))
+        y = gemv_fn(x[rows], conv=(w, pl, slots[rows], ctx[rows], c))
         return y, pl[slots[rows]]
 
     alone = run(slice(0, 1))

@@ -44,60 +44,27 @@ def test_mma_gemv_batch_invariant(dev, n, k):
     assert torch.equal(mg.mma_gemv(x[37:40], words, sb), alone[37:40])
 
 
+def _mma_gemv_of(p, s, b):
+    """kernel_cases' conv-check GEMV factory for the tensor-core GEMV (the weight repacked once)."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    words, sb = mg.repack_q4(p, s, b)
+    return lambda x, out=None, conv=None: mg.mma_gemv(x, words, sb, out=out, conv=conv)
+
+
 @pytest.mark.parametrize("c,extra,k", [(64, 16, 256), (8192, 4160, 2048)])
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_mma_gemv_conv(dev, c, extra, k, m):
     """mma_gemv(conv=...) == mma_gemv then causal_conv on the first C features, bit for bit (outputs and pool),
-    the other slots untouched, and the conv channels against fp64 (the DeltaNet in_proj decode of the model)."""
-    from deltaserve.kernels.conv1d import causal_conv1d
+    the other slots untouched, and against fp64 (the DeltaNet in_proj decode of the model): the CUDA-core GEMV's
+    check (kernel_cases.check_gemv_conv) with this GEMV."""
     from deltaserve.kernels.gated_delta import triton_decode as td
-    from deltaserve.kernels.quant import mma_gemv as mg
 
-    n = c + extra
-    p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
-    words, sb = mg.repack_q4(p, s, b)
-    x = torch.randn(m, k, device=dev).bfloat16()
-    w, pool, slots, ctx = kc.conv_problem(dev, m, c, 4, 3 * m + 2, fresh=(1,))
-    pool0, pool1 = pool.clone(), pool.clone()
-    out = kc.poisoned((m, n), torch.bfloat16, dev)
-    y = mg.mma_gemv(x, words, sb, out=out, conv=(w, pool, slots, ctx, c))
-    plain = mg.mma_gemv(x, words, sb)
-    cu = torch.arange(m + 1, device=dev, dtype=torch.int32)
-    conv = td.causal_conv(plain[:, :c].contiguous(), w, pool1, cu, slots, ctx, 1)
-    assert torch.equal(y[:, c:], plain[:, c:]), "conv mma_gemv: the plain features differ"
-    assert torch.equal(y[:, :c], conv), "conv mma_gemv != mma_gemv + causal_conv (conv channels)"
-    assert torch.equal(pool, pool1), "conv mma_gemv: the pool differs from causal_conv's"
-    yb = (x.double() @ wd.t())[:, :c].bfloat16().double()
-    for i in range(m):
-        st = None if int(ctx[i]) == 0 else pool0[slots[i]].double()
-        ry, _ = causal_conv1d(yb[i : i + 1], w.double(), st)
-        kc.close(y[i : i + 1, :c], ry, 4 * kc.BF16_EPS, f"conv mma_gemv row {i}")
-    untouched = torch.ones(pool.shape[0], dtype=torch.bool)
-    untouched[slots.cpu()] = False
-    assert torch.equal(pool[untouched.to(dev)], pool0[untouched.to(dev)]), "other slots were written"
+    kc.check_gemv_conv({"gdn": td}, dev, 4, 64, m=m, c=c, extra=extra, k=k, fresh=(1,), gemv=_mma_gemv_of)
 
 
 def test_mma_gemv_conv_invariance(dev):
-    from deltaserve.kernels.quant import mma_gemv as mg
-
-    c, extra, k = 8192, 4160, 2048
-    p, s, b, _ = kc.affine_weight((c + extra, k), 4, 64, dev)
-    words, sb = mg.repack_q4(p, s, b)
-    x = torch.randn(16, k, device=dev).bfloat16()
-    w, pool, slots, ctx = kc.conv_problem(dev, 16, c, 4, 40, fresh=(2,))
-    pool = pool.nan_to_num()
-
-    def run(rows):
-        pl = pool.clone()
-        y = mg.mma_gemv(x[rows], words, sb, conv=(w, pl, slots[rows], ctx[rows], c))
-        return y, pl[slots[rows]]
-
-    alone = run(slice(0, 1))
-    for o in (1, 3, 15):
-        y, st = run(slice(0, o + 1))
-        assert torch.equal(y[:1], alone[0]) and torch.equal(st[:1], alone[1]), f"row 0 among {o}"
-        last = run(slice(o, o + 1))
-        assert torch.equal(y[o:], last[0]) and torch.equal(st[o:], last[1]), f"row {o} among {o}"
+    kc.check_gemv_conv_invariance({}, dev, 8192, 4160, 2048, gemv=_mma_gemv_of)
 
 
 # ------------------------------------------------------------------ experts (grouped) and the MoE block
