@@ -83,20 +83,30 @@ def compile_only(quick: bool = False) -> int:
                     count = {op: sum(o.startswith(op) for o in ops) for op in ("HMMA", "LDG", "LOP3", "STS", "LDS")}
                     print(f"N={n} K={k} W={w} RB={rb} AHEAD={ah} M={m}: {regs.group(1) if regs else '?'} registers, "
                           f"{len(lines)} SASS, {count}")
-    # the experts kernel at the decode MoE's gate/up (K = 2048) and down (K = 512), 64 tokens x top-8
-    for n, k, xrep in ((512, 2048, 8), (2048, 512, 1)):
+    # the experts kernel at the MoE's gate/up (K = 2048, gated: SiLU(g) * u) and down (K = 512, scaled fp32), 64
+    # tokens x top-8 + the shared expert stacked last: sorted tiles of 8 rows and single-row tiles, 1 and 4 row blocks
+    e, t, slots = 257, 64, 9
+    m = t * slots
+    for n, k, xrep, gated, single, rb in ((512, 2048, slots, True, False, 4), (2048, 512, 1, False, False, 4),
+                                          (512, 2048, slots, True, True, 1), (2048, 512, 1, False, True, 1)):
+        if quick and single:
+            continue
         before = set(compiled)
-        e, m, tiles = 256, 512, 320
-        mg._mma_experts_kernel[(tiles, n // 16)](
-            torch.empty(m // xrep, k, dtype=torch.bfloat16), torch.empty(m // xrep, k // 64),
-            torch.empty(e, n // 16, k // 64, 128, dtype=torch.int32),
-            torch.empty(e, n // 16, k // 64, 8, 2, 2, dtype=torch.bfloat16), torch.empty(m, n, dtype=torch.bfloat16),
+        tiles = m if single else -(-m // 8) + e
+        wq = torch.empty(e, n // 16, k // 64, 128, dtype=torch.int32)
+        sbq = torch.empty(e, n // 16, k // 64, 8, 2, 2, dtype=torch.bfloat16)
+        mg._mma_experts_kernel[(tiles, n // 16 // rb)](
+            torch.empty(m // xrep, k, dtype=torch.bfloat16), torch.empty(m // xrep, k // 64), wq, sbq, wq, sbq,
+            torch.empty(m, n, dtype=torch.bfloat16 if gated else torch.float32), torch.empty(m),
             *(torch.empty(tiles, dtype=torch.int32) for _ in range(3)), torch.empty(m, dtype=torch.int32), k,
-            k // 64, n, n // 16, XREP=xrep, K=k, W=mg.default_warps(k), NT=1, AHEAD=1, num_warps=mg.default_warps(k))
+            k // 64, n, n // 16, XREP=xrep, K=k, W=mg.default_warps(k), NT=1, RB=rb, SINGLE=single, GATED=gated,
+            SCALED=not gated, PDL=True, num_warps=mg.default_warps(k))
         for label in set(compiled) - before:
             lines = instructions(compiled[label])
             hmma = sum("HMMA" in ln for ln in lines)
-            print(f"EXPERTS N={n} K={k}: {len(lines)} SASS, {hmma} HMMA")
+            sts = sum(" STS" in ln for ln in lines)
+            print(f"EXPERTS N={n} K={k} {'gated' if gated else 'scaled'} {'single' if single else 'sorted'} RB={rb}: "
+                  f"{len(lines)} SASS, {hmma} HMMA, {sts} STS")
     # the DeltaNet in_proj's conv epilogue (CONV): 8192 conv channels of 12352 features, 8 tokens
     n, k, m, c = 12352, 2048, 8, 8192
     before = set(compiled)
@@ -132,27 +142,24 @@ def moe_section(args, sink) -> None:
     import torch.nn.functional as F
     from kernel_cases import moe_problem
 
-    from deltaserve.kernels.moe.mma_moe import MmaExperts, moe_block_mma
+    from deltaserve.kernels.moe.mma_moe import moe_block_mma, pack_mma_experts
     from deltaserve.kernels.moe.triton_decode import moe_route
     from deltaserve.kernels.moe.triton_moe_gemv import moe_decode_v2
-    from deltaserve.kernels.quant import mma_gemv as mg
 
     dev = torch.device("cuda")
     tmax = max(int(v) for v in args.ms.split(","))
     x0, kw, ref = moe_problem(dev, tmax, 2048, 256, 512, 512, 4, 64)
-    rep = [mg.repack_q4_experts(kw[k].w, kw[k].scales, kw[k].biases) for k in ("gate", "up", "down")]
-    rep += [mg.repack_q4(kw[k].w, kw[k].scales, kw[k].biases) for k in ("shared_gate_proj", "shared_up",
-                                                                         "shared_down")]
-    experts = MmaExperts(*rep)
+    experts = pack_mma_experts(*(kw[k] for k in ("gate", "up", "down", "shared_gate_proj", "shared_up",
+                                                  "shared_down")))
     res_all = kw.pop("residual")
     inputs = [x0] + [torch.randn_like(x0) for _ in range(9)]
 
     def cuda_block(x, res):
         return moe_decode_v2(x, top_k=8, residual=res, **kw)
 
-    def mma_block(x, res):
+    def mma_block(x, res, rows=None):
         r = moe_route(x, kw["router"], 8, True, kw["shared_gate"])
-        return moe_block_mma(x, r.ids, r.weights, r.shared_weight, experts, residual=res)
+        return moe_block_mma(x, r.ids, r.weights, r.shared_weight, experts, residual=res, tile_rows=rows)
 
     def mlp(v, a, b, c):
         return (F.silu(v @ a.t()) * (v @ b.t())) @ c.t()
@@ -171,8 +178,12 @@ def moe_section(args, sink) -> None:
 
     for t in (int(v) for v in args.ms.split(",")):
         want = reference(t)
-        for kernel, fn in (("moe_decode_v2", cuda_block), ("moe_block_mma", mma_block)):
-            rec = dict(kernel=kernel, shape=f"T={t} H=2048 E=256 I=512 k=8", config="default")
+        variants = [("moe_decode_v2", "default", cuda_block)] if t <= 64 else []
+        variants += [("moe_block_mma", "default", mma_block)]
+        variants += [("moe_block_mma", f"tiles{rows}", lambda x, res, rows=rows: mma_block(x, res, rows))
+                     for rows in (1, 8, 16, 32) if args.moe_tiles]
+        for kernel, config, fn in variants:
+            rec = dict(kernel=kernel, shape=f"T={t} H=2048 E=256 I=512 k=8", config=config)
             try:
                 got = fn(x0[:t], res_all[:t])
                 alone = fn(x0[:1].clone(), res_all[:1].clone())
@@ -195,6 +206,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--moe", action="store_true", help="the whole decode MoE block instead of the GEMVs")
+    ap.add_argument("--moe-tiles", action="store_true", help="--moe: also each tile shape of the tensor-core block")
     ap.add_argument("--after-norm", action="store_true",
                     help="time each GEMV after the RMSNorm that makes its input and group sums (as in the model: a "
                          "one-program kernel before every GEMV, not the previous GEMV's tail)")

@@ -65,7 +65,7 @@ def test_bad_shapes_named():
 
 
 def test_config_fixed_by_k():
-    assert [mg.default_warps(k) for k in (64, 128, 512, 2048, 4096)] == [1, 2, 4, 4, 8]
+    assert [mg.default_warps(k) for k in (64, 128, 512, 1024, 2048, 4096)] == [1, 1, 1, 4, 4, 8]
     assert mg.default_config(2048) == (4, 1, 1)  # W from K alone; one row block, one chunk ahead
     assert [mg.column_tiles(m) for m in (1, 8, 9, 16, 17, 64)] == [1, 1, 2, 2, 4, 8]
 
@@ -135,3 +135,38 @@ def test_moe_block_refused_on_cpu():
     with pytest.raises(RuntimeError, match="CUDA"):
         moe_block_mma(torch.zeros(1, 64).bfloat16(), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, 2), None,
                       MmaExperts((torch.zeros(1),), (None,), (None,)))
+
+
+def test_expert_tile_policy():
+    """Single-row tiles (no table) while experts average under half a row, then sorted tiles sized to the mean;
+    single tiles are the ids themselves, as int32."""
+    assert [mg.default_tile_rows(m, 256) for m in (8, 72, 128, 129, 576, 4608, 65536)] == [1, 1, 1, 8, 8, 8, 8]
+    ids = torch.tensor([[3, 1], [0, 3]])
+    tiles = mg.mma_expert_tiles(ids, 16)
+    assert tiles.rows == 1 and tiles.tile_e.dtype == torch.int32 and tiles.tile_e.tolist() == [3, 1, 0, 3]
+    with pytest.raises(ValueError, match="rows per tile"):
+        mg.mma_expert_tiles(ids, 16, 12)
+    assert [mg.default_row_blocks(nbe, m, k) for nbe, m, k in ((32, 8, 2048), (32, 576, 2048), (128, 8, 512),
+                                                                (128, 576, 512), (1, 576, 512))] == [1, 1, 1, 2, 1]
+
+
+def test_pack_mma_experts_stacks_an_equal_width_shared_expert():
+    from types import SimpleNamespace
+
+    from deltaserve.kernels.moe.mma_moe import pack_mma_experts
+
+    def mlx(*shape):
+        w = torch.randint(0, 2**31, (*shape[:-1], shape[-1] // 8), dtype=torch.int64).to(torch.int32).view(torch.uint32)
+        s = torch.rand(*shape[:-1], shape[-1] // 64).bfloat16()
+        return SimpleNamespace(w=w, scales=s, biases=-s)
+
+    e, h, i = 3, 128, 64
+    routed = (mlx(e, i, h), mlx(e, i, h), mlx(e, h, i))
+    same = pack_mma_experts(*routed, mlx(i, h), mlx(i, h), mlx(h, i))
+    assert same.shared_last and same.shared is None and same.gate[0].shape[0] == e + 1
+    sg = mlx(i, h)
+    again = pack_mma_experts(*routed, sg, mlx(i, h), mlx(h, i))
+    assert torch.equal(again.gate[0][e], mg.repack_q4(sg.w, sg.scales, sg.biases)[0])
+    wide = pack_mma_experts(*routed, mlx(2 * i, h), mlx(2 * i, h), mlx(h, 2 * i))
+    assert not wide.shared_last and wide.gate[0].shape[0] == e and wide.shared[0][0].shape[0] == 1
+    assert not pack_mma_experts(*routed).shared_last

@@ -80,18 +80,61 @@ def _experts(dev, e, n, k):
 
 @pytest.mark.parametrize("e,n,k,top_k", [(8, 64, 256, 2), (256, 1024, 2048, 8), (256, 2048, 512, 8)])
 @pytest.mark.parametrize("t", [1, 8, 64])
-def test_mma_experts_vs_fp64(dev, e, n, k, top_k, t):
+@pytest.mark.parametrize("tile_rows", [None, 1, 16])
+def test_mma_experts_vs_fp64(dev, e, n, k, top_k, t, tile_rows):
     from deltaserve.kernels.quant import mma_gemv as mg
 
     (words, sb), wd = _experts(dev, e, n, k)
     x = torch.randn(t, k, device=dev).bfloat16()
     ids = torch.stack([torch.randperm(e, device=dev)[:top_k].sort().values for _ in range(t)]).int()
     out = kc.poisoned((t * top_k, n), torch.bfloat16, dev)
-    y = mg.mma_matmul_experts(x, words, sb, ids, x_repeat=top_k, out=out)
+    tiles = mg.mma_expert_tiles(ids, e, tile_rows)
+    y = mg.mma_matmul_experts(x, words, sb, ids, x_repeat=top_k, out=out, tiles=tiles)
     assert y.data_ptr() == out.data_ptr()
     ref = torch.stack([x[r // top_k].double() @ wd[int(i)].t() for r, i in enumerate(ids.reshape(-1).tolist())])
-    kc.close(y, ref, 2 * kc.BF16_EPS, f"mma_matmul_experts T={t} E={e} N={n} K={k}")
+    kc.close(y, ref, 2 * kc.BF16_EPS, f"mma_matmul_experts T={t} E={e} N={n} K={k} tiles {tiles.rows}")
     assert torch.allclose(mg.mma_experts_reference(x, words, sb, ids, top_k), ref, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("n,k", [(512, 2048), (2048, 512)])
+def test_mma_experts_forms_same_bits(dev, n, k):
+    """Tile shapes (single rows, sorted tiles of 8 / 16 / 64 rows) and row blocks per program (1, 2, 4) never
+    change a row's bits; the scaled form is scale * the plain rows exactly; the gated form is SiLU(gate) * up of
+    the plain rows, each rounded to bf16 (SiLU to the exp's last bits) and against fp64."""
+    import torch.nn.functional as F
+
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    e, top_k, t = 64, 8, 40
+    (words, sb), wd = _experts(dev, e, n, k)
+    (uw, usb), ud = _experts(dev, e, n, k)
+    x = torch.randn(t, k, device=dev).bfloat16()
+    ids = torch.stack([torch.randperm(e, device=dev)[:top_k].sort().values for _ in range(t)]).int()
+    ids[3:, 0] = 5  # one expert picked by most tokens: several tiles of it
+    m = t * top_k
+    base = mg.mma_matmul_experts(x, words, sb, ids, top_k, tiles=mg.mma_expert_tiles(ids, e, 1), config=(mg.default_warps(k), 1))
+    for rows in (1, 8, 16, 64):
+        tiles = mg.mma_expert_tiles(ids, e, rows)
+        for rb in (1, 2, 4):
+            got = mg.mma_matmul_experts(x, words, sb, ids, top_k, tiles=tiles, config=(mg.default_warps(k), rb))
+            assert torch.equal(got, base), f"tiles of {rows} rows, RB {rb}: bits differ from single rows, RB 1"
+    scale = torch.rand(m, device=dev)
+    scaled = mg.mma_matmul_experts(x, words, sb, ids, top_k, scale=scale, out=kc.poisoned((m, n), torch.float32, dev))
+    assert torch.equal(scaled, scale[:, None] * base.float()), "scaled rows != scale * plain rows"
+    up = mg.mma_matmul_experts(x, uw, usb, ids, top_k)
+    gated = mg.mma_matmul_experts(x, words, sb, ids, top_k, up=(uw, usb), out=kc.poisoned((m, n), torch.bfloat16, dev))
+    want = F.silu(base) * up  # torch's bf16 ops: SiLU rounded, then the product rounded
+    diff = (gated.float() - want.float()).abs()
+    assert (diff <= 2 * kc.BF16_EPS * want.float().abs() + 1e-30).all(), f"gated != SiLU(g) * u: {diff.max().item()}"
+    xr = x.double().repeat_interleave(top_k, 0)
+    g64 = torch.einsum("mk,mnk->mn", xr, wd[ids.reshape(-1).long()])
+    u64 = torch.einsum("mk,mnk->mn", xr, ud[ids.reshape(-1).long()])
+    kc.close(gated, F.silu(g64) * u64, 4 * kc.BF16_EPS, f"gated experts N={n} K={k}")
+    for rows in (1, 16):
+        for rb in (1, 4):
+            again = mg.mma_matmul_experts(x, words, sb, ids, top_k, up=(uw, usb),
+                                          tiles=mg.mma_expert_tiles(ids, e, rows), config=(mg.default_warps(k), rb))
+            assert torch.equal(again, gated), f"gated: tiles of {rows} rows, RB {rb} change bits"
 
 
 def test_mma_experts_batch_invariant(dev):
@@ -115,35 +158,33 @@ def test_mma_experts_batch_invariant(dev):
 
 
 def _moe_block(dev, t, h=2048, e=256, i=512, i_s=512, top_k=8, seed=0):
-    from deltaserve.kernels.moe.mma_moe import MmaExperts
+    from types import SimpleNamespace
+
+    from deltaserve.kernels.moe.mma_moe import pack_mma_experts
     from deltaserve.kernels.moe.routing import route_topk
-    from deltaserve.kernels.quant import mma_gemv as mg
 
     torch.manual_seed(seed)
-    gate, g64 = _experts(dev, e, i, h)
-    up, u64 = _experts(dev, e, i, h)
-    down, d64 = _experts(dev, e, h, i)
-    shared = []
-    shared64 = []
-    for n, k in ((i_s, h), (i_s, h), (h, i_s)):
-        p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
-        shared.append(mg.repack_q4(p, s, b))
-        shared64.append(wd)
+    mlx, w64 = [], []
+    for shape in ((e, i, h), (e, i, h), (e, h, i), (i_s, h), (i_s, h), (h, i_s)):
+        p, s, b, wd = kc.affine_weight(shape, 4, 64, dev)
+        mlx.append(SimpleNamespace(w=p, scales=s, biases=b))
+        w64.append(wd)
     x = torch.randn(t, h, device=dev).bfloat16()
     res = torch.randn(t, h, device=dev).bfloat16()
     w, ids = route_topk(torch.randn(t, e, device=dev), top_k)
     sw = torch.sigmoid(torch.randn(t, device=dev))
-    experts = MmaExperts(gate, up, down, *shared)
-    return x, res, ids.int(), w.float(), sw, experts, (g64, u64, d64, *shared64)
+    experts = pack_mma_experts(*mlx)
+    assert experts.shared_last == (i_s == i) and (experts.shared is None) == (i_s == i)
+    return x, res, ids.int(), w.float(), sw, experts, w64
 
 
-@pytest.mark.parametrize("t", [1, 5, 64])
-def test_moe_block_mma_vs_fp64(dev, t):
+@pytest.mark.parametrize("t,i_s", [(1, 512), (5, 512), (64, 512), (5, 1024)])
+def test_moe_block_mma_vs_fp64(dev, t, i_s):
     import torch.nn.functional as F
 
     from deltaserve.kernels.moe.mma_moe import moe_block_mma
 
-    x, res, ids, w, sw, experts, (g, u, d, sg, su, sd) = _moe_block(dev, t)
+    x, res, ids, w, sw, experts, (g, u, d, sg, su, sd) = _moe_block(dev, t, i_s=i_s)
     y = moe_block_mma(x, ids, w, sw, experts, residual=res)
     xd = x.double()
 
@@ -155,14 +196,17 @@ def test_moe_block_mma_vs_fp64(dev, t):
         for j in range(ids.shape[1]):
             ex = int(ids[tok, j])
             ref[tok] += w[tok, j].double() * mlp(xd[tok], g[ex], u[ex], d[ex])
-    kc.close(y, ref, 8 * kc.BF16_EPS, f"moe_block_mma T={t}")
+    kc.close(y, ref, 8 * kc.BF16_EPS, f"moe_block_mma T={t} I_s={i_s}")
 
 
 def test_moe_block_mma_batch_invariant(dev):
+    """A token alone == among 63 others, and the tile shape (single rows, sorted tiles) never changes a bit."""
     from deltaserve.kernels.moe.mma_moe import moe_block_mma
 
     x, res, ids, w, sw, experts, _ = _moe_block(dev, 64, seed=1)
     full = moe_block_mma(x, ids, w, sw, experts, residual=res)
+    for rows in (1, 8, 32):
+        assert torch.equal(moe_block_mma(x, ids, w, sw, experts, residual=res, tile_rows=rows), full), rows
     for tok in (0, 31, 63):
         sl = slice(tok, tok + 1)
         alone = moe_block_mma(x[sl].clone(), ids[sl], w[sl], sw[sl], experts, residual=res[sl])

@@ -1,17 +1,21 @@
-"""An MoE block on tensor cores for any number of tokens (decode steps of 1-64 streams, prefill chunks): the routed
-experts through `quant.mma_gemv.mma_matmul_experts` (each (token, pick) row an MMA column of its expert's tile, so
-every picked expert's weights are read once per launch, not once per pick) and the shared expert through
-`mma_gemv`, then the one combine of the prefill path (`triton_combine.combine_slots`).
+"""An MoE block on tensor cores for any number of tokens (decode steps of 1-64 streams, prefill chunks) in three
+launches after the routing: gate and up with SiLU * up as one launch, down with each slot's routing weight as one
+launch, then the one combine of the prefill path (`triton_combine.combine_slots`). All three go through
+`quant.mma_gemv.mma_matmul_experts`: each (token, slot) row is an MMA column of its expert's tile, so an expert
+picked by several rows of a tile is read once, and a row's bits never depend on which rows share the launch.
 
 Why: the CUDA-core decode MoE (triton_moe_gemv.py) spends an FMA per code and row, and at 64 streams the block is
 ~17 ms of a ~40 ms step (bench/NOTES.md); on tensor cores the cost per code does not grow with the rows sharing an
-expert. The weights are the repacked layout (`repack_q4_experts`, `repack_q4`), which a model would hold instead of
-the MLX one (not wired into the model yet).
+expert. The weights are the repacked layout (`repack_q4_experts`), which a model would hold instead of the MLX one.
 
-Arithmetic, per token: the k picks in the routing contract's order, each bf16(W_down h) with h = bf16(SiLU(g) * u)
-from bf16 g and u, scaled by its routing weight in fp32, the shared expert last, summed in slot order and rounded
-once, + residual rounded once: the prefill path's contract (SparseMoeBlock._grouped). A token's bits depend on its
-own x and routing only (GPU test: alone == among 63 others).
+The shared expert: when its width equals the routed experts' (Qwen3.6-35B-A3B: 512 and 512) it is stacked as one
+more expert, the last, and every token's slot k picks it with the shared gate's sigmoid as its routing weight, so it
+costs no launch of its own; otherwise it runs as a one-expert stack (two launches more).
+
+Arithmetic, per token: the k picks in the routing contract's order, then the shared expert; slot s contributes
+w_s * bf16(W_down h_s) in fp32 with h_s = bf16(bf16(SiLU(bf16 g)) * bf16 u); the slots are summed in order and
+rounded once, + residual rounded once (combine_slots). A token's bits depend on its own x and routing only (GPU
+test: alone == among 63 others).
 """
 
 from __future__ import annotations
@@ -20,47 +24,68 @@ from typing import NamedTuple
 
 import torch
 
-from ..linear import silu_mul
-from ..quant.mma_gemv import experts_column_tiles, mma_gemv, mma_matmul_experts
+from ..quant.mma_gemv import mma_expert_tiles, mma_matmul_experts, repack_q4, repack_q4_experts
 from .triton_combine import combine_slots
 
 
 class MmaExperts(NamedTuple):
-    """Repacked weights of one MoE block: (words, sb) pairs. gate/up [E, I/16, H/64, ...], down [E, H/16, I/64,
-    ...]; the shared expert's gate/up [I_s/16, H/64, ...], down [H/16, I_s/64, ...] or None."""
+    """Repacked weights of one MoE block, each (words, sb): gate/up [E', I/16, H/64, ...], down [E', H/16, I/64,
+    ...]. shared_last: expert E' - 1 is the shared expert (slot k of every token). shared: (gate, up, down) of a
+    shared expert of another width, each a one-expert stack; None without one (or when stacked)."""
 
     gate: tuple
     up: tuple
     down: tuple
-    shared_gate: tuple | None = None
-    shared_up: tuple | None = None
-    shared_down: tuple | None = None
+    shared_last: bool = False
+    shared: tuple | None = None
+
+
+def pack_mma_experts(gate, up, down, shared_gate=None, shared_up=None, shared_down=None) -> MmaExperts:
+    """MmaExperts from MLX q4 g64 weights (objects with .w, .scales, .biases: stacked [E, N, ...] for the routed
+    experts, [N, ...] for the shared one). The shared expert is stacked last when its width equals the routed
+    experts' (one copy either way: the stack is built from the repacked parts)."""
+    parts = [repack_q4_experts(s.w, s.scales, s.biases) for s in (gate, up, down)]
+    if shared_gate is None:
+        return MmaExperts(*parts)
+    sh = [repack_q4(s.w, s.scales, s.biases) for s in (shared_gate, shared_up, shared_down)]
+    if all(p[0].shape[1:] == s[0].shape for p, s in zip(parts, sh)):
+        stacked = [tuple(torch.cat([pt, st[None]]) for pt, st in zip(p, s)) for p, s in zip(parts, sh)]
+        return MmaExperts(*stacked, shared_last=True)
+    return MmaExperts(*parts, shared=tuple(tuple(t[None] for t in s) for s in sh))
 
 
 def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, shared_weight: torch.Tensor | None,
-                  experts: MmaExperts, residual: torch.Tensor | None = None) -> torch.Tensor:
+                  experts: MmaExperts, residual: torch.Tensor | None = None, xs: torch.Tensor | None = None,
+                  tile_rows: int | None = None) -> torch.Tensor:
     """x [T, H] bf16; ids / weights [T, k] (the routing contract: int32 expert ids, fp32 weights); shared_weight
-    [T] fp32 (sigmoid of the shared gate) when the block has a shared expert. Returns [T, H] bf16 (+ residual)."""
-    from ..quant.triton_affine import expert_tiles
-    from ..quant.triton_gemv import prep_x
-
+    [T] fp32 (sigmoid of the shared gate) when the block has a shared expert. xs: x's group sums (prep_x's) if the
+    caller has them. tile_rows: rows per expert tile (mma_expert_tiles; never a row's bits). Returns [T, H] bf16
+    (+ residual)."""
     if x.device.type != "cuda":
         raise RuntimeError("moe_block_mma: the tensor-core MoE needs a CUDA device (its kernels are Gluon)")
-    t, k = ids.shape
+    from ..quant.triton_gemv import prep_x
+
+    t = ids.shape[0]
+    h_dim = x.shape[1]
+    has_shared = experts.shared_last or experts.shared is not None
+    if has_shared and shared_weight is None:
+        raise ValueError("moe_block_mma: the block has a shared expert but no shared_weight was given")
     num_e = experts.gate[0].shape[0]
-    flat = ids.reshape(-1)
-    tiles = expert_tiles(flat, num_e, 8 * experts_column_tiles(t * k, num_e))
-    xs = prep_x(x, 4, 64)[1]  # x's group sums: shared by gate, up and the shared expert
-    g = mma_matmul_experts(x, *experts.gate, flat, k, xs=xs, tiles=tiles)
-    u = mma_matmul_experts(x, *experts.up, flat, k, xs=xs, tiles=tiles)
-    y = mma_matmul_experts(silu_mul(g, u), *experts.down, flat, 1, tiles=tiles).view(t, k, -1)
-    shared = experts.shared_gate is not None
-    part = torch.empty(t, k + int(shared), x.shape[1], dtype=torch.float32, device=x.device)
-    torch.mul(weights[:, :, None], y, out=part[:, :k])
-    if shared:
-        if shared_weight is None:
-            raise ValueError("moe_block_mma: the block has a shared expert but no shared_weight was given")
-        sg = mma_gemv(x, *experts.shared_gate, xs=xs)
-        su = mma_gemv(x, *experts.shared_up, xs=xs)
-        torch.mul(shared_weight[:, None], mma_gemv(silu_mul(sg, su), *experts.shared_down), out=part[:, k])
+    ids = ids.to(torch.int32)
+    weights = weights.to(torch.float32)
+    if experts.shared_last:
+        ids = torch.cat([ids, ids.new_full((t, 1), num_e - 1)], dim=1)
+        weights = torch.cat([weights, shared_weight.to(torch.float32)[:, None]], dim=1)
+    slots = ids.shape[1]
+    xs = prep_x(x, 4, 64)[1] if xs is None else xs  # x's group sums: shared by every gate and up row
+    tiles = mma_expert_tiles(ids, num_e, tile_rows)
+    hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up)
+    part = mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1)).view(t, slots, -1)
+    if experts.shared is not None:
+        sg, su, sd = experts.shared
+        zero = torch.zeros(t, dtype=torch.int32, device=x.device)
+        one = mma_expert_tiles(zero, 1, 1)
+        hs = mma_matmul_experts(x, *sg, zero, 1, xs=xs, tiles=one, up=su)
+        ps = mma_matmul_experts(hs, *sd, zero, 1, tiles=one, scale=shared_weight.to(torch.float32).contiguous())
+        part = torch.cat([part, ps.view(t, 1, h_dim)], dim=1)
     return combine_slots(part, residual, out=torch.empty_like(x))

@@ -33,6 +33,8 @@ fixed per K (default_warps).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .. import backend
@@ -101,9 +103,13 @@ def mma_gemv_reference(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor) -
 
 def default_warps(k: int) -> int:
     """Warps per program for a K: they split K (warp w takes every W-th group), so W decides the order in which
-    a row's groups are added and is fixed by the weight alone, never by the rows of x."""
+    a row's groups are added and is fixed by the weight alone, never by the rows of x. One warp below K = 1024
+    (the MoE down projection, K = 512: H200 sweep of the experts kernel, 1 warp 3.6 / 12.2 / 50.9 / 118 us at
+    1 / 8 / 64 / 512 tokens against 4.4 / 16.8 / 84 / 227 with 4, bench/NOTES.md)."""
     g = k // GROUP
-    for warps in ((8, 4, 2, 1) if k >= 4096 else (4, 2, 1)):
+    if k % GROUP:
+        raise ValueError(f"mma_gemv: K = {k} is not a multiple of {GROUP}")
+    for warps in ((8, 4, 2, 1) if k >= 4096 else (4, 2, 1) if k >= 1024 else (1,)):
         if g % warps == 0:
             return warps
     raise ValueError(f"mma_gemv: K = {k} is not a multiple of {GROUP}")
@@ -339,62 +345,119 @@ if HAVE_GLUON:
 
 
     @gluon.jit
-    def _mma_experts_kernel(x_ptr, xs_ptr, w_ptr, sb_ptr, out_ptr, tile_e_ptr, lo_ptr, hi_ptr, order_ptr,
-                            stride_xm, stride_sm, stride_om, NBE, XREP: gl.constexpr, K: gl.constexpr,
-                            W: gl.constexpr, NT: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr = False):
-        """grid (tiles, N / 16): the plain kernel's arithmetic (RB 1) on expert tile t: its sorted rows [lo, hi)
-        of expert tile_e[t] (<= 8 NT of them) are MMA columns, sorted row i being output row order[i] and input
-        row order[i] // XREP; weight row block rb of that expert. A tile of expert -1 (the table's unused tail)
-        reads nothing and writes nothing. Each output row is its own MMA column: its bits do not depend on which
-        rows share the expert, the tile or the launch."""
+    def _load_weight_chunk(w_base, sb_base, c, w_off, sb_off, w_live, W: gl.constexpr):
+        """Chunk c's words and (s, b) of a second weight at the same offsets (the gated kernel's up projection);
+        predicated on w_live like _load_chunk's MASKED form."""
+        words = gl.load(w_base + c * W * 128 + w_off, mask=w_live, other=0)
+        sb = gl.load(sb_base + c * W * 32 + sb_off, mask=w_live, other=0.0)
+        return words, sb
+
+    @gluon.jit
+    def _accumulate_pair(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off, x_mask,
+                         sb_off, xs_off, xs_mask, w_live, zero_w, W: gl.constexpr, RB: gl.constexpr,
+                         N8: gl.constexpr, NCH: gl.constexpr, mma: gl.constexpr, dot_a: gl.constexpr,
+                         dot_b: gl.constexpr):
+        """_accumulate (AHEAD, MASKED) over two weights sharing every x chunk: acc from w, acc2 from w2, each
+        with exactly _accumulate's arithmetic (so each equals that weight's plain result bit for bit)."""
+        words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off,
+                                        xs_mask, w_live, W, True)
+        words2, sb2 = _load_weight_chunk(w2_base, sb2_base, 0, w_off, sb_off, w_live, W)
+        for c in gl.static_range(NCH):
+            nc = min(c + 1, NCH - 1)
+            nxt = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, nc, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
+                              w_live, W, True)
+            nxt2 = _load_weight_chunk(w2_base, sb2_base, nc, w_off, sb_off, w_live, W)
+            acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b)
+            acc2 = _chunk_acc(acc2, words2, xv, sb2, xs, zero_w, W, RB, N8, mma, dot_a, dot_b)
+            words, xv, sb, xs = nxt
+            words2, sb2 = nxt2
+        return acc, acc2
+
+    @gluon.jit
+    def _mma_experts_kernel(x_ptr, xs_ptr, w_ptr, sb_ptr, w2_ptr, sb2_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr,
+                            hi_ptr, order_ptr, stride_xm, stride_sm, stride_om, NBE, XREP: gl.constexpr,
+                            K: gl.constexpr, W: gl.constexpr, NT: gl.constexpr, RB: gl.constexpr,
+                            SINGLE: gl.constexpr, GATED: gl.constexpr, SCALED: gl.constexpr,
+                            PDL: gl.constexpr = False):
+        """grid (tiles, N / (16 RB)): the plain kernel's arithmetic on expert tile t, row blocks
+        [RB p, RB p + RB) of its expert (the x columns are loaded once for the RB blocks). A tile is sorted rows
+        [lo, hi) of expert tile_e[t] (<= 8 NT of them), sorted row i being output row order[i] and input row
+        order[i] // XREP; SINGLE: tile t is row t alone, of expert tile_e[t] (the ids themselves: no table). A
+        tile of expert -1 reads and writes nothing. Epilogues, per output element y (fp32):
+          plain   out = y rounded to out's dtype;
+          GATED   (w2 the up projection at the same rows) out = bf16(bf16(SiLU(bf16 y)) * bf16 y2), SiLU as
+                  x / (1 + e^-x) in fp32 (the MoE's h = SiLU(gate) * up, each step rounded as torch's bf16 ops);
+          SCALED  out (fp32) = scale[row] * bf16(y) (a routed slot's contribution before the combine).
+        Each output row is its own MMA column: its bits depend on (K, W) only, never on which rows share the
+        expert, the tile or the launch."""
         pdl_open(PDL)
         G: gl.constexpr = K // 64
         NCH: gl.constexpr = G // W
         N8: gl.constexpr = 8 * NT
         t = gl.program_id(0)
-        rb = gl.program_id(1).to(gl.int64)
+        rb = gl.program_id(1).to(gl.int64) * RB
 
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1, 1],
                                                       instr_shape=[1, 16, 8])
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-        WL8: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 4, 8], [1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1],
+        WL8: gl.constexpr = gl.BlockedLayout([1, RB, 1, 1, 4, 8], [1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1],
                                              [5, 4, 3, 2, 1, 0])
         WL: gl.constexpr = gl.SliceLayout(5, WL8)
         XL: gl.constexpr = gl.BlockedLayout([1, 1, 1, 16], [1, 8, 4, 1], [W, 1, 1, 1], [3, 2, 1, 0])
-        SL: gl.constexpr = gl.BlockedLayout([1, 1, 1, 2, 2], [1, 1, 8, 4, 1], [W, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+        SL: gl.constexpr = gl.BlockedLayout([1, RB, 1, 2, 2], [1, 1, 8, 4, 1], [W, 1, 1, 1, 1], [4, 3, 2, 1, 0])
         CL: gl.constexpr = gl.SliceLayout(1, mma)
         OL: gl.constexpr = gl.SliceLayout(0, mma)
 
-        pdl_wait(PDL)  # the tile table is the previous launches' output
+        pdl_wait(PDL)  # the tile table (or the ids) and x are the previous launches' output
         e = gl.load(tile_e_ptr + t)
-        lo = gl.load(lo_ptr + t)
-        rows = gl.where(e >= 0, gl.load(hi_ptr + t) - lo, 0)
-        live = rows > 0
-        e64 = gl.maximum(e, 0).to(gl.int64)
-
         xn = gl.arange(0, N8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, XL))))
         cn = gl.arange(0, N8, layout=gl.SliceLayout(0, CL))
-        x_tok = gl.load(order_ptr + lo + xn, mask=xn < rows, other=0) // XREP
-        s_tok = gl.load(order_ptr + lo + cn, mask=cn < rows, other=0) // XREP
-        w_off, x_off, sb_off, xs_off = _offsets(W, 1, N8, WL, XL, SL, CL, G, x_tok.to(gl.int64) * stride_xm,
+        o_row = gl.arange(0, RB * 16, layout=gl.SliceLayout(1, OL))
+        o_n = gl.arange(0, N8, layout=gl.SliceLayout(0, OL))
+        if SINGLE:
+            rows = gl.where(e >= 0, 1, 0)
+            x_tok = (t + xn) // XREP
+            s_tok = (t + cn) // XREP
+            o_dst = (t + o_n).to(gl.int64)
+        else:
+            lo = gl.load(lo_ptr + t)
+            rows = gl.where(e >= 0, gl.load(hi_ptr + t) - lo, 0)
+            x_tok = gl.load(order_ptr + lo + xn, mask=xn < rows, other=0) // XREP
+            s_tok = gl.load(order_ptr + lo + cn, mask=cn < rows, other=0) // XREP
+            o_dst = gl.load(order_ptr + lo + o_n, mask=o_n < rows, other=0).to(gl.int64)
+        live = rows > 0
+        e64 = gl.maximum(e, 0).to(gl.int64)
+        w_off, x_off, sb_off, xs_off = _offsets(W, RB, N8, WL, XL, SL, CL, G, x_tok.to(gl.int64) * stride_xm,
                                                 s_tok.to(gl.int64) * stride_sm)
         x_mask = (xn < rows)[None, :, None, None]
         xs_mask = (cn < rows)[None, :]
         w_base = w_ptr + (e64 * NBE + rb) * G * 128
         sb_base = sb_ptr + (e64 * NBE + rb) * G * 32
-        zero_w = gl.zeros([W, 1, 8, 4, 4, 8], gl.int32, layout=WL8)
-        acc = gl.zeros([W, 16, N8], gl.float32, layout=mma)
-        first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off, xs_mask, live,
-                            W, True)
-        acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
-                          xs_mask, live, zero_w, W, 1, N8, NCH, AHEAD, True, mma, dot_a, dot_b)
-        total = gl.sum(acc, axis=0)
-        o_row = gl.arange(0, 16, layout=gl.SliceLayout(1, OL))
-        o_n = gl.arange(0, N8, layout=gl.SliceLayout(0, OL))
-        o_dst = gl.load(order_ptr + lo + o_n, mask=o_n < rows, other=0).to(gl.int64)
+        zero_w = gl.zeros([W, RB, 8, 4, 4, 8], gl.int32, layout=WL8)
+        acc = gl.zeros([W, RB * 16, N8], gl.float32, layout=mma)
+        o_mask = (o_n < rows)[None, :]
         o_ptr = out_ptr + o_dst[None, :] * stride_om + rb * 16 + o_row[:, None]
-        gl.store(o_ptr, total.to(out_ptr.dtype.element_ty), mask=(o_n < rows)[None, :])
+        if GATED:
+            acc2 = gl.zeros([W, RB * 16, N8], gl.float32, layout=mma)
+            acc, acc2 = _accumulate_pair(acc, acc2, w_base, w2_ptr + (e64 * NBE + rb) * G * 128, x_ptr, sb_base,
+                                         sb2_ptr + (e64 * NBE + rb) * G * 32, xs_ptr, w_off, x_off, x_mask, sb_off,
+                                         xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a, dot_b)
+            g = gl.sum(acc, axis=0).to(gl.bfloat16).to(gl.float32)
+            u = gl.sum(acc2, axis=0).to(gl.bfloat16).to(gl.float32)
+            sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
+            gl.store(o_ptr, (sg * u).to(out_ptr.dtype.element_ty), mask=o_mask)
+        else:
+            first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
+                                live, W, True)
+            acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
+                              xs_mask, live, zero_w, W, RB, N8, NCH, 1, True, mma, dot_a, dot_b)
+            total = gl.sum(acc, axis=0)
+            if SCALED:
+                sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
+                gl.store(o_ptr, sc[None, :] * total.to(gl.bfloat16).to(gl.float32), mask=o_mask)
+            else:
+                gl.store(o_ptr, total.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 def column_tiles(m: int) -> int:
     """MMA column tiles (8 rows of x each) for m rows: a power of two, so few kernels are compiled."""
@@ -490,15 +553,62 @@ def experts_column_tiles(rows: int, experts: int) -> int:
     return min(8, column_tiles(max(1, -(-rows // experts))))
 
 
+class MmaTiles(NamedTuple):
+    """Which rows each program of the experts kernel takes (never a row's bits: each row is its own MMA column).
+    rows == 1: tile t is row t alone and tile_e the rows' expert ids themselves (no table to build; each pick reads
+    its expert's weights, as the CUDA-core decode does). rows in 8, 16, 32, 64: triton_affine.expert_tiles' table
+    (tile_e, lo, hi, order) of tiles of at most `rows` sorted rows of one expert, so an expert picked by several
+    rows is read once per tile."""
+
+    tile_e: torch.Tensor
+    lo: torch.Tensor | None
+    hi: torch.Tensor | None
+    order: torch.Tensor | None
+    rows: int
+
+
+def default_tile_rows(m: int, num_experts: int) -> int:
+    """Rows per tile for m rows over num_experts: single rows while the mean rows per expert stays under one half
+    (the table's three launches would cost more than the re-read weights they save), else tiles of 8 rows (one MMA
+    column tile: on the H200 wider tiles were slower at every token count, up to 2.3x at 16 rows per expert; the
+    experts kernel's gated form at 64 tokens, 8 rows 112 us, 16 rows 146, 32 rows ~600, bench/NOTES.md)."""
+    return 1 if 2 * m <= num_experts else 8
+
+
+def mma_expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows: int | None = None) -> MmaTiles:
+    """The tiles for rows with these expert ids (int32 in [0, num_experts), the routing contract), to share across
+    an MoE block's calls. rows: rows per tile (default_tile_rows when None)."""
+    ids = expert_ids.reshape(-1)
+    m = ids.numel()
+    rows = default_tile_rows(m, num_experts) if rows is None else rows
+    if rows == 1:
+        return MmaTiles(ids if ids.dtype == torch.int32 else ids.to(torch.int32), None, None, None, 1)
+    if rows not in (8, 16, 32, 64):
+        raise ValueError(f"mma_expert_tiles: rows per tile must be 1, 8, 16, 32 or 64 (MMA column tiles), found {rows}")
+    from .triton_affine import expert_tiles
+
+    return MmaTiles(*expert_tiles(ids, num_experts, rows), rows)
+
+
+def default_row_blocks(nbe: int, m: int, k: int) -> int:
+    """Row blocks of 16 per experts-kernel program (they share the program's x loads; never a row's bits): two for
+    the short-K down projection past 16 rows, else one (H200: at K = 2048 more blocks were slower at every token
+    count, at K = 512 two gave 50.9 vs 56.7 us at 64 tokens and 118 vs 141 at 512, one 3.6 vs 3.9 at 1)."""
+    return 2 if k < 1024 and m > 16 and nbe % 2 == 0 else 1
+
+
 def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, expert_ids: torch.Tensor,
                        x_repeat: int = 1, xs: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                       tiles: tuple | None = None) -> torch.Tensor:
+                       tiles: MmaTiles | None = None, up: tuple | None = None, scale: torch.Tensor | None = None,
+                       config: tuple[int, int] | None = None) -> torch.Tensor:
     """Row m of the result = x[m // x_repeat] W[expert_ids[m]]^T on tensor cores, for stacked repacked experts
     (repack_q4_experts) and x [rows, K] bf16; [M, N] in x's dtype. The same rows as
     triton_affine.affine_matmul_experts (an MoE block's gate, up and down), each row an MMA column of its expert's
     tile: a row's bits depend on (K, W) only. xs: x's group sums (prep_x's, [rows, K / 64]); None: a prep launch.
-    tiles: triton_affine.expert_tiles(ids, E, 8 * experts_column_tiles(M, E)) to share across the block's calls
-    (a table with other tile sizes is refused: rows past the kernel's columns would be dropped)."""
+    tiles: mma_expert_tiles(ids, E) to share across the block's calls (None: built here).
+    up: a second stacked weight (words, sb) of W's shape: the result is h = SiLU(x W^T) * (x W_up^T) in bf16
+    (the kernel's GATED epilogue). scale: fp32 [M]: the result is fp32, scale[m] * bf16(row m) (SCALED).
+    config: (W, RB) warps per program (changes bits) and row blocks per program (does not)."""
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("mma_matmul_experts: needs a CUDA device and Triton's Gluon; mma_experts_reference is "
                            "its CPU meaning")
@@ -511,24 +621,41 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     m = ids.numel()
     if m != x.shape[0] * x_repeat:
         raise ValueError(f"mma_matmul_experts: {m} expert ids for {x.shape[0]} rows x {x_repeat} repeats")
+    if up is not None and (up[0].shape != words.shape or up[1].shape != sb.shape):
+        raise ValueError(f"mma_matmul_experts: the up weight {tuple(up[0].shape)} must have the gate's shape "
+                         f"{tuple(words.shape)}")
+    if up is not None and scale is not None:
+        raise ValueError("mma_matmul_experts: up= (the gated epilogue) and scale= are exclusive")
+    if scale is not None and (scale.dtype != torch.float32 or scale.numel() != m or not scale.is_contiguous()):
+        raise ValueError(f"mma_matmul_experts: scale must be contiguous fp32 with one value per row ({m}), found "
+                         f"{scale.dtype} {tuple(scale.shape)}")
     if xs is None:
         from .triton_gemv import prep_x
 
         xs = prep_x(x, 4, GROUP)[1]
+    out_dtype = torch.float32 if scale is not None else x.dtype
     if out is None:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    nt = experts_column_tiles(m, num_e)
-    if tiles is None:
-        from .triton_affine import expert_tiles
-
-        tiles = expert_tiles(ids, num_e, 8 * nt)
-    tile_e, lo, hi, order = tiles
-    if tile_e.numel() != -(-m // (8 * nt)) + min(num_e, m):  # the table's length names its rows per tile
-        raise ValueError(f"mma_matmul_experts: tiles must be expert_tiles(ids, {num_e}, {8 * nt}) (tiles of at most "
-                         f"{8 * nt} rows, the kernel's MMA columns); found a table of {tile_e.numel()} tiles")
+        out = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    elif out.dtype != out_dtype or out.shape != (m, n) or out.stride(-1) != 1:
+        raise ValueError(f"mma_matmul_experts: out must be {out_dtype} [{m}, {n}] with unit column stride, found "
+                         f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
+    tiles = mma_expert_tiles(ids, num_e) if tiles is None else tiles
+    if not isinstance(tiles, MmaTiles):
+        raise TypeError("mma_matmul_experts: tiles must come from mma_expert_tiles")
+    want = m if tiles.rows == 1 else -(-m // tiles.rows) + min(num_e, m)
+    if tiles.tile_e.numel() != want:  # a table built for other rows would drop or misread rows
+        raise ValueError(f"mma_matmul_experts: tiles of {tiles.rows} rows for {m} rows must number {want}, found "
+                         f"{tiles.tile_e.numel()} (build them with mma_expert_tiles for these ids)")
+    warps, rb = config or (default_warps(k), default_row_blocks(nbe, m, k))
+    if g % warps or nbe % rb:
+        raise ValueError(f"mma_matmul_experts: config W={warps}, RB={rb} does not divide the {g} groups / {nbe} "
+                         f"row blocks")
     if m:
-        warps = default_warps(k)
-        _mma_experts_kernel[(tile_e.numel(), nbe)](x, xs, words, sb, out, tile_e, lo, hi, order, x.stride(0),
-                                                    xs.stride(0), out.stride(0), nbe, XREP=x_repeat, K=k, W=warps,
-                                                    NT=nt, AHEAD=1, num_warps=warps)
+        single = tiles.rows == 1
+        table = (tiles.tile_e,) * 3 if single else (tiles.lo, tiles.hi, tiles.order)
+        w2, sb2 = up if up is not None else (words, sb)
+        _mma_experts_kernel[(tiles.tile_e.numel(), nbe // rb)](
+            x, xs, words, sb, w2, sb2, out, scale if scale is not None else xs, tiles.tile_e, *table, x.stride(0),
+            xs.stride(0), out.stride(0), nbe, XREP=x_repeat, K=k, W=warps, NT=column_tiles(tiles.rows), RB=rb,
+            SINGLE=single, GATED=up is not None, SCALED=scale is not None, num_warps=warps, **pdl_args(x))
     return out
