@@ -46,7 +46,7 @@ def make_hf_model(moe: bool, seed: int = 0, tie: bool = False, head_std: float =
     )
 
     torch.manual_seed(seed)
-    text = dict(TINY_TEXT, **(TINY_MOE if moe else {"intermediate_size": 96}), **text_overrides)
+    text = {**TINY_TEXT, **(TINY_MOE if moe else {"intermediate_size": 96}), **text_overrides}
     text["tie_word_embeddings"] = tie
     vision = dict(TINY_VISION, out_hidden_size=text["hidden_size"])
     if moe:

@@ -220,6 +220,8 @@ def main(argv=None) -> int:
     from ..model.fast import decode_copy_bytes
 
     copies = decode_copy_bytes(model) / 2**30
-    print(f"# peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB; weights {weight_gib:.2f} GiB + "
-          f"{copies:.2f} GiB of tensor-core GEMV copies = {weight_gib + copies:.2f} GiB")
+    # counted again now: DELTASERVE_MOE=mma released the MLX experts once it had repacked them
+    held = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
+    print(f"# peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB; weights now {held:.2f} GiB (at load "
+          f"{weight_gib:.2f}) + {copies:.2f} GiB of tensor-core repacked weights = {held + copies:.2f} GiB")
     return 0

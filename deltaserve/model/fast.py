@@ -52,6 +52,9 @@ def stacked_specs(experts: nn.Module):
 
     cached = experts.__dict__.get("_fast_specs")
     if cached is None:
+        if experts.__dict__.get(RELEASED_ATTR):
+            raise RuntimeError("these experts were repacked for the tensor-core MoE (DELTASERVE_MOE=mma) and their MLX "
+                               "tensors released; only that path can run them")
         if hasattr(experts, "gate_up_proj"):
             i = experts.intermediate
             gu = experts.gate_up_proj
@@ -112,12 +115,69 @@ def mma_weights(module: nn.Module, x: torch.Tensor):
     return cached or None
 
 
+def moe_kernels() -> str:
+    """Which kernels serve an MoE block on the GPU: "cuda" (the CUDA-core decode kernels for decode steps and
+    short prefills, the grouped wgmma matmul for longer prefills, on the MLX q4 layout) or "mma" (one tensor-core
+    kernel family for every token count, kernels/moe/mma_moe.py, on the experts repacked once in MMA fragment
+    order: the MLX copy of the routed experts is released, so the weights stay one copy). Env DELTASERVE_MOE."""
+    value = os.environ.get("DELTASERVE_MOE", "cuda")
+    if value not in ("cuda", "mma"):
+        raise ValueError(f"DELTASERVE_MOE must be 'cuda' or 'mma', found {value!r}")
+    return value
+
+
+RELEASED_ATTR = "_released_for_mma"  # experts.__dict__ key: the MLX tensors were released after the repack
+
+
+def mma_moe_weights(block: nn.Module, x: torch.Tensor):
+    """The MoE block's experts as kernels/moe/mma_moe.MmaExperts when moe_kernels() == "mma" and the routed experts
+    are q4 g64 (stacked affine, I and H multiples of 64) on CUDA, else None. Built on first use: the routed experts
+    are repacked (the shared expert stacked last when it has their width), then their MLX tensors are released,
+    so every later forward of this block must take this path (stacked_specs refuses them)."""
+    if moe_kernels() != "mma" or not x.is_cuda:
+        return None
+    cached = block.__dict__.get(MMA_ATTR)
+    if cached is None:
+        from ..kernels.moe.mma_moe import pack_mma_experts
+        from ..kernels.quant import mma_gemv
+
+        experts = block.experts
+        specs = stacked_specs(experts) if hasattr(experts, "gate_proj") else ()
+        eligible = mma_gemv.HAVE_GLUON and len(specs) == 3 and all(
+            s.bits == 4 and s.group == mma_gemv.GROUP and s.w.dim() == 3 and s.n % 64 == 0 and s.k % 64 == 0
+            for s in specs)
+        if not eligible:
+            block.__dict__[MMA_ATTR] = ()
+            return None
+        se = block.shared_expert
+        shared = [weight_spec(p) for p in (se.gate_proj, se.up_proj, se.down_proj)] if se is not None else []
+        cached = pack_mma_experts(*specs, *shared)
+        block.__dict__[MMA_ATTR] = cached
+        for proj in (experts.gate_proj, experts.up_proj, experts.down_proj):  # one copy of the weights
+            proj.__dict__.pop("_fast_spec_weight", None)
+            for name in ("weight", "scales", "biases"):
+                t = getattr(proj, name)
+                t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+        experts.__dict__.pop("_fast_specs", None)
+        experts.__dict__[RELEASED_ATTR] = True
+    return cached or None
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _tensors(item)
+
+
 def decode_copy_bytes(model: nn.Module) -> int:
-    """Bytes held by the tensor-core GEMV's weight copies built so far (fused projections included)."""
+    """Bytes held by the tensor-core kernels' repacked weights built so far: the GEMV copies (fused projections
+    included) and the MoE experts (which replace their MLX tensors instead of copying them)."""
     seen, total = set(), 0
     for m in model.modules():
         for obj in [m, *(v for v in m.__dict__.values() if isinstance(v, nn.Module))]:
-            for t in obj.__dict__.get(MMA_ATTR) or ():
+            for t in _tensors(obj.__dict__.get(MMA_ATTR) or ()):
                 if t.data_ptr() not in seen:
                     seen.add(t.data_ptr())
                     total += t.numel() * t.element_size()

@@ -60,6 +60,9 @@ class SparseMoeBlock(nn.Module):
         residual [N, H]: returned as residual + block(x) (on the fast decode path added inside the combine kernel)."""
         if fast.enabled(x):
             return self._forward_fast(x, decode, residual)
+        if self.experts.__dict__.get(fast.RELEASED_ATTR):
+            raise RuntimeError("SparseMoeBlock: the experts were repacked for the tensor-core MoE (DELTASERVE_MOE=mma) "
+                               "and their MLX tensors released; this block runs on the GPU fast path only")
         logits = self.gate(x.float())  # [N, E] fp32: the router runs in fp32 whatever the activation dtype
         weights, ids = route_topk(logits, self.top_k, self.normalize)
         shared = gate = None
@@ -83,9 +86,16 @@ class SparseMoeBlock(nn.Module):
     def _forward_fast(self, x: torch.Tensor, decode: bool, residual: torch.Tensor | None) -> torch.Tensor:
         from ..kernels.moe.triton_decode import moe_decode, moe_route
 
-        gate, up, down = fast.stacked_specs(self.experts)
         router = fast.weight_spec(self.gate)
         shared = self._shared_specs()
+        mma = fast.mma_moe_weights(self, x)
+        if mma is not None:  # every token count, decode or prefill: one kernel family, one set of bits
+            from ..kernels.moe.mma_moe import moe_block_mma
+
+            routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"),
+                                separate_topk=fast.moe_topk_mode() == "split")
+            return moe_block_mma(x, routing.ids, routing.weights, routing.shared_weight, mma, residual=residual)
+        gate, up, down = fast.stacked_specs(self.experts)
         if decode and fast.decode_kernels() == "gemv":
             from ..kernels.moe.triton_moe_gemv import moe_decode_v2
 

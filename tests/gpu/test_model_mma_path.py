@@ -1,0 +1,101 @@
+"""End-to-end GPU tests of the tensor-core paths on a q4 g64 model: DELTASERVE_MOE=mma (every MoE block through
+kernels/moe/mma_moe.py, the experts repacked once and their MLX tensors released) with DELTASERVE_DECODE_GEMV=mma
+(the decode linears through kernels/quant/mma_gemv.py). The tiny bf16 model of test_model_fast_path cannot reach
+these paths (they serve q4 g64 weights only), so this one is quantised by our quantiser first, with expert widths
+that are multiples of 64.
+
+Run on the H200: `pytest -m gpu tests/gpu/test_model_mma_path.py`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from deltaserve.model import fast
+from deltaserve.model.mlp import SparseMoeBlock
+from deltaserve.weights.loader import load_checkpoint
+from deltaserve.weights.quantizer import quantize_checkpoint
+from test_model_fast_path import assert_top1_agreement, decode_logits, run_all_logits
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from model_helpers import make_hf_model, ours_from_checkpoint  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+MODES = {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma"}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """(CPU fp32 reference, GPU bf16 model on the tensor-core paths) of one q4 g64 checkpoint: the tiny MoE with
+    experts of width 64 (hidden 64, 8 experts, top-2, a shared expert of the same width: stacked last)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    src = tmp_path_factory.mktemp("bf16")
+    hf = make_hf_model(True, seed=0, vocab_size=32, moe_intermediate_size=64, shared_expert_intermediate_size=64)
+    for name, p in hf.named_parameters():
+        if not name.endswith("A_log"):
+            p.data.copy_(p.data.bfloat16().float())
+    ours_from_checkpoint(hf, src)
+    q4 = quantize_checkpoint(src, tmp_path_factory.mktemp("q4"), 4, 64, progress=False)
+    cpu = load_checkpoint(q4, dtype=torch.float32, progress=False).model
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in MODES.items():
+            mp.setenv(k, v)
+        gpu = load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
+        yield cpu, gpu
+
+
+def test_tensor_core_paths_in_use(models):
+    """The modes really serve this model: after a prefill and a decode step every MoE block holds its repacked
+    experts (the shared expert stacked last) with the MLX tensors released, and the decode linears their copies."""
+    _, gpu = models
+    decode_logits(gpu, [[1, 2, 3, 4, 5]], 1, graph=False)
+    blocks = [m for m in gpu.modules() if isinstance(m, SparseMoeBlock)]
+    assert blocks
+    for b in blocks:
+        mma = b.__dict__.get(fast.MMA_ATTR)
+        assert mma and mma.shared_last, "an MoE block did not take the tensor-core path"
+        assert b.experts.__dict__.get(fast.RELEASED_ATTR) and b.experts.gate_proj.weight.numel() == 0
+    assert fast.decode_copy_bytes(gpu) > 0
+    with pytest.raises(RuntimeError, match="released"):
+        fast.stacked_specs(blocks[0].experts)
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 64])
+def test_q4_mma_gpu_matches_cpu_reference(models, chunk):
+    """Teacher-forced over 4 prompts x 200 tokens against the CPU fp32 run of the same q4 checkpoint: prefill whole
+    (the MoE at 200 tokens: sorted expert tiles), in chunks of 64, or one token per call (single-row tiles)."""
+    cpu, gpu = models
+    wants, gots = [], []
+    for seed in range(4):
+        gen = torch.Generator().manual_seed(seed)
+        prompt = torch.randint(2, cpu.config.vocab_size, (200,), generator=gen).tolist()
+        wants.append(run_all_logits(cpu, prompt, "cpu", torch.float32))
+        gots.append(run_all_logits(gpu, prompt, "cuda", torch.bfloat16, chunk))
+    got = torch.cat(gots)
+    assert torch.isfinite(got).all()
+    assert_top1_agreement(got, torch.cat(wants), f"q4 mma prefill chunk {chunk}")
+
+
+def test_q4_mma_batch_invariance_bit_for_bit(models):
+    _, gpu = models
+    gen = torch.Generator().manual_seed(9)
+    target = torch.randint(0, 32, (37,), generator=gen).tolist()
+    alone = decode_logits(gpu, [target], 6, graph=False)[:, 0]
+    for others in (1, 3, 15, 63):
+        prompts = [target] + [torch.randint(0, 32, (int(n),), generator=gen).tolist()
+                              for n in torch.randint(1, 90, (others,), generator=gen)]
+        together = decode_logits(gpu, prompts, 6, graph=False)[:, 0]
+        assert torch.equal(alone, together), f"decode among {others} others differs from alone"
+
+
+def test_q4_mma_graph_replay_equals_eager(models):
+    _, gpu = models
+    gen = torch.Generator().manual_seed(10)
+    prompts = [torch.randint(0, 32, (n,), generator=gen).tolist() for n in (5, 40, 17)]
+    eager = decode_logits(gpu, prompts, 5, graph=False)
+    assert torch.equal(eager, decode_logits(gpu, prompts, 5, graph=True))
