@@ -157,9 +157,10 @@ def moe_section(args, sink) -> None:
     def cuda_block(x, res):
         return moe_decode_v2(x, top_k=8, residual=res, **kw)
 
-    def mma_block(x, res, rows=None):
-        r = moe_route(x, kw["router"], 8, True, kw["shared_gate"])
-        return moe_block_mma(x, r.ids, r.weights, r.shared_weight, experts, residual=res, tile_rows=rows)
+    def mma_block(x, res, rows=None):  # as the model runs it: the shared expert routed as slot k by the top-k
+        r = moe_route(x, kw["router"], 8, True, kw["shared_gate"], shared_slot=256)
+        return moe_block_mma(x, r.ids, r.weights, r.shared_weight, experts, residual=res, tile_rows=rows,
+                             shared_slotted=True)
 
     def mlp(v, a, b, c):
         return (F.silu(v @ a.t()) * (v @ b.t())) @ c.t()

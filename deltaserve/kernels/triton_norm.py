@@ -86,19 +86,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 offset: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """r = x + residual (rounded to x's dtype), y = rms_norm(r). Returns (y, r); shapes [..., N]."""
+                 offset: float = 1.0, prep: tuple[int, int] | None = None):
+    """r = x + residual (rounded to x's dtype), y = rms_norm(r). Returns (y, r); shapes [..., N]. prep = (bits,
+    group): also the decode GEMV's prep of y, as rms_norm(prep=) makes it: (y, r, (xp, xs))."""
     n = weight.numel()
     if residual.shape != x.shape:
         raise ValueError(f"add_rms_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
     x2, r2 = _rows(x, n, "add_rms_norm"), _rows(residual, n, "add_rms_norm residual")
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     r_out = torch.empty_like(y)
+    xp = xs = y  # unused without prep
+    bits, group = prep or (0, 64)
+    if prep is not None:
+        if not prep_supported(n, bits, group):
+            raise ValueError(f"add_rms_norm prep: bits {bits} / group {group} for N = {n} (bits 4 or 8, N a power "
+                             f"of two, a multiple of the group and at most {PREP_MAX_N})")
+        xp = torch.empty(x2.shape[0], n, dtype=torch.float32, device=x.device)
+        xs = torch.empty(x2.shape[0], n // group, dtype=torch.float32, device=x.device)
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, y, r_out, n, x2.stride(0), r2.stride(0), y.stride(0),
-                                         r_out.stride(0), eps, offset, y, y, HAS_RES=True,
-                                         BLOCK=triton.next_power_of_2(n), num_warps=4 if n <= 4096 else 8,
-                                         **pdl_args(x2))
+                                         r_out.stride(0), eps, offset, xp, xs, HAS_RES=True,
+                                         BLOCK=triton.next_power_of_2(n), PREP_BITS=bits, PREP_GROUP=group,
+                                         num_warps=4 if n <= 4096 or prep else 8, **pdl_args(x2))
+    if prep is not None:
+        return y.view(x.shape), r_out.view(x.shape), (xp, xs)
     return y.view(x.shape), r_out.view(x.shape)
 
 

@@ -163,6 +163,17 @@ def mma_moe_weights(block: nn.Module, x: torch.Tensor):
     return cached or None
 
 
+def moe_prep(block: nn.Module, x: torch.Tensor) -> tuple[int, int] | None:
+    """(4, 64) when `block` is an MoE block on the tensor-core path, whose kernels read its input's group sums
+    (the norm before it can make them: kernels/triton_norm.add_rms_norm(prep=), the same bits as a prep launch),
+    else None."""
+    from ..kernels.triton_norm import prep_supported
+
+    if not enabled(x) or not hasattr(block, "experts") or mma_moe_weights(block, x) is None:
+        return None
+    return (4, 64) if prep_supported(x.shape[-1], 4, 64) else None
+
+
 def _tensors(obj):
     if isinstance(obj, torch.Tensor):
         yield obj

@@ -63,7 +63,12 @@ class DecoderLayer(nn.Module):
         else:
             h = self.linear_attn(h, batch, cache)
         post = self.post_attention_layernorm
-        h, x = add_rms_norm(h, x, post.weight, post.eps, post.offset)  # (norm(x + h), x + h), both [T, H]
+        prep = fast.moe_prep(self.mlp, h)  # the tensor-core MoE reads x's group sums: the norm makes them
+        if prep is None:
+            h, x = add_rms_norm(h, x, post.weight, post.eps, post.offset)  # (norm(x + h), x + h), both [T, H]
+        else:
+            h, x, made = add_rms_norm(h, x, post.weight, post.eps, post.offset, prep=prep)
+            setattr(h, fast.GEMV_PREP_ATTR, (prep, made))
         return self.mlp(h, decode=decode, residual=x)
 
 

@@ -567,11 +567,19 @@ def check_topk_contract(mods, device, e, k):
     lg[2] = lg[2].round()
     ids = torch.full((4, k), -1, dtype=torch.int32, device=device)
     w = poisoned((4, k), torch.float32, device)
-    md._topk_kernel[(4,)](lg, ids, w, e, EP=1 << (e - 1).bit_length(), TOPK=k, NORMALIZE=True, num_warps=4)
+    md._topk_kernel[(4,)](lg, ids, w, lg, e, EP=1 << (e - 1).bit_length(), TOPK=k, NORMALIZE=True, num_warps=4)
     rw, rid = route_topk(lg.double().cpu(), k, True)
     order = rid.sort(-1)
     assert torch.equal(ids.long().cpu(), order.values), f"top-k ids {ids.tolist()} != {order.values.tolist()}"
     close(w.cpu(), rw.gather(1, order.indices).double(), 1e-6, "top-k weights")
+    # the shared expert as slot k: rows of k + 1, the routed slots' bits unchanged
+    sw = torch.rand(4, device=device)
+    ids_s = torch.full((4, k + 1), -1, dtype=torch.int32, device=device)
+    w_s = poisoned((4, k + 1), torch.float32, device)
+    md._topk_kernel[(4,)](lg, ids_s, w_s, sw, e, EP=1 << (e - 1).bit_length(), TOPK=k, NORMALIZE=True, SHARED_ID=e,
+                          num_warps=4)
+    assert torch.equal(ids_s[:, :k], ids) and torch.equal(w_s[:, :k], w), "shared slot changed the routed slots"
+    assert (ids_s[:, k] == e).all() and torch.equal(w_s[:, k], sw), "shared slot: (id, weight) not (E, sw)"
 
 
 def check_gemv_inline_unaligned(mods, device, n, k, m=3):

@@ -88,6 +88,13 @@ def check_norm_prep(mods, device, n, k):
             out = kc.poisoned((m, n), torch.bfloat16, device)
             got = g.affine_gemv(y, p, s, b, bits, group, out=out, prep=(xp, xs))
             assert torch.equal(got, g.affine_gemv(y, p, s, b, bits, group)), f"bits {bits} M={m}: prep= != own"
+            # the residual-add form (the MoE input's norm, model/fast.moe_prep): the same three equalities
+            res = torch.randn(m, k, device=device).bfloat16()
+            y2, r2, (xp2, xs2) = tn.add_rms_norm(x, res, nw, 1e-6, 1.0, prep=(bits, group))
+            y1, r1 = tn.add_rms_norm(x, res, nw, 1e-6, 1.0)
+            assert torch.equal(y2, y1) and torch.equal(r2, r1), f"bits {bits} M={m}: prepped add-norm != add-norm"
+            xp1, xs1 = g.prep_x(y1, bits, group)
+            assert torch.equal(xp2, xp1) and torch.equal(xs2, xs1), f"bits {bits} M={m}: add-norm's prep != prep_x"
     with pytest.raises(ValueError, match="xs must be contiguous fp32"):
         g.affine_gemv(y, p, s, b, bits, group, prep=(xp, xs[:, :1]))
 

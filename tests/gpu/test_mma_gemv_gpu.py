@@ -211,3 +211,19 @@ def test_moe_block_mma_batch_invariant(dev):
         sl = slice(tok, tok + 1)
         alone = moe_block_mma(x[sl].clone(), ids[sl], w[sl], sw[sl], experts, residual=res[sl])
         assert torch.equal(full[sl], alone), f"MoE block: token {tok} alone != among 64"
+
+
+def test_moe_block_mma_shared_slotted(dev):
+    """Routing that already holds the stacked shared expert as slot k (moe_route(shared_slot=)) gives the same bits
+    as appending it inside the block; a block without a stacked shared expert refuses it."""
+    from deltaserve.kernels.moe.mma_moe import moe_block_mma
+
+    x, res, ids, w, sw, experts, _ = _moe_block(dev, 5, seed=2)
+    e = experts.gate[0].shape[0]
+    ids_s = torch.cat([ids, torch.full_like(ids[:, :1], e - 1)], 1)
+    w_s = torch.cat([w, sw[:, None]], 1)
+    want = moe_block_mma(x, ids, w, sw, experts, residual=res)
+    assert torch.equal(moe_block_mma(x, ids_s, w_s, sw, experts, residual=res, shared_slotted=True), want)
+    _, _, _, _, _, separate, _ = _moe_block(dev, 5, i_s=1024, seed=2)
+    with pytest.raises(ValueError, match="shared_slotted"):
+        moe_block_mma(x, ids_s, w_s, sw, separate, residual=res, shared_slotted=True)

@@ -56,11 +56,12 @@ def pack_mma_experts(gate, up, down, shared_gate=None, shared_up=None, shared_do
 
 def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, shared_weight: torch.Tensor | None,
                   experts: MmaExperts, residual: torch.Tensor | None = None, xs: torch.Tensor | None = None,
-                  tile_rows: int | None = None) -> torch.Tensor:
+                  tile_rows: int | None = None, shared_slotted: bool = False) -> torch.Tensor:
     """x [T, H] bf16; ids / weights [T, k] (the routing contract: int32 expert ids, fp32 weights); shared_weight
-    [T] fp32 (sigmoid of the shared gate) when the block has a shared expert. xs: x's group sums (prep_x's) if the
-    caller has them. tile_rows: rows per expert tile (mma_expert_tiles; never a row's bits). Returns [T, H] bf16
-    (+ residual)."""
+    [T] fp32 (sigmoid of the shared gate) when the block has a shared expert. shared_slotted: ids / weights are
+    [T, k + 1] with the stacked shared expert already in the last slot (moe_route(shared_slot=E' - 1): no launches
+    to append it). xs: x's group sums (prep_x's, or the norm's prep: the same bits) if the caller has them.
+    tile_rows: rows per expert tile (mma_expert_tiles; never a row's bits). Returns [T, H] bf16 (+ residual)."""
     if x.device.type != "cuda":
         raise RuntimeError("moe_block_mma: the tensor-core MoE needs a CUDA device (its kernels are Gluon)")
     from ..quant.triton_gemv import prep_x
@@ -73,7 +74,11 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
     num_e = experts.gate[0].shape[0]
     ids = ids.to(torch.int32)
     weights = weights.to(torch.float32)
-    if experts.shared_last:
+    if shared_slotted:
+        if not experts.shared_last or ids.shape[1] < 2 or weights.shape != ids.shape:
+            raise ValueError(f"moe_block_mma: shared_slotted routing needs experts with the shared expert stacked last "
+                             f"and ids / weights of k + 1 slots, found {tuple(ids.shape)} / {tuple(weights.shape)}")
+    elif experts.shared_last:
         ids = torch.cat([ids, ids.new_full((t, 1), num_e - 1)], dim=1)
         weights = torch.cat([weights, shared_weight.to(torch.float32)[:, None]], dim=1)
     slots = ids.shape[1]

@@ -257,15 +257,21 @@ DEFAULT_CONFIG = {"router": (4, 4), "gate_up": (16, 512, 4), "down": (16, 512, 4
 
 
 @triton.jit
-def _topk_kernel(logit_ptr, ids_ptr, wts_ptr, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr,
-                 PDL: tl.constexpr = False):
+def _topk_kernel(logit_ptr, ids_ptr, wts_ptr, sw_ptr, E, EP: tl.constexpr, TOPK: tl.constexpr,
+                 NORMALIZE: tl.constexpr, SHARED_ID: tl.constexpr = -1, PDL: tl.constexpr = False):
+    # SHARED_ID >= 0: rows of TOPK + 1 slots, the last one (SHARED_ID, the shared gate's sigmoid sw[t]): the
+    # shared expert as one more routed slot (kernels/moe/mma_moe.py stacks it as the last expert)
     pdl_open(PDL)
     pdl_wait(PDL)
     t = tl.program_id(0)
     sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE)
     rows = tl.arange(0, EP)
-    tl.store(ids_ptr + t * TOPK + rank, rows, mask=sel)
-    tl.store(wts_ptr + t * TOPK + rank, wts, mask=sel)
+    slots: tl.constexpr = TOPK + 1 if SHARED_ID >= 0 else TOPK
+    tl.store(ids_ptr + t * slots + rank, rows, mask=sel)
+    tl.store(wts_ptr + t * slots + rank, wts, mask=sel)
+    if SHARED_ID >= 0:
+        tl.store(ids_ptr + t * slots + TOPK, SHARED_ID)
+        tl.store(wts_ptr + t * slots + TOPK, tl.load(sw_ptr + t))
 
 
 def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
@@ -335,20 +341,26 @@ def _router_specs(x, router, top_k, shared_gate):
 
 
 def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, shared_gate=None,
-              config=None, separate_topk: bool = False) -> MoeRouting:
+              config=None, separate_topk: bool = False, shared_slot: int | None = None) -> MoeRouting:
     """Router logits (fp32) + the routing contract, in one launch (the top-k at each token's last-arriving router
     program); separate_topk: the top-k in a launch of its own (the two-launch path, for timing). x [T, H];
-    router [E, H] (WeightSpec or dense tensor); shared_gate [1, H] or None."""
+    router [E, H] (WeightSpec or dense tensor); shared_gate [1, H] or None. shared_slot (with a shared gate): ids
+    and weights get k + 1 slots, the last (shared_slot, the shared gate's sigmoid) for every token, written by the
+    separate top-k launch (taken then whatever separate_topk says: the same bits)."""
     config = merged_config(config)
     r, g = _router_specs(x, router, top_k, shared_gate)
     t = x.shape[0]
-    ids = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
-    wts = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
-    if separate_topk:
+    if shared_slot is not None and shared_gate is None:
+        raise ValueError("moe_route: shared_slot needs the shared expert's gate")
+    slots = top_k + int(shared_slot is not None)
+    ids = torch.empty(t, slots, dtype=torch.int32, device=x.device)
+    wts = torch.empty(t, slots, dtype=torch.float32, device=x.device)
+    if separate_topk or shared_slot is not None:
         logits, sw = _router_logits(x, r, g, shared_gate is not None, config)
         if t:
-            _topk_kernel[(t,)](logits, ids, wts, r.n, EP=triton.next_power_of_2(r.n), TOPK=top_k,
-                               NORMALIZE=normalize, num_warps=4, **pdl_args(logits))
+            _topk_kernel[(t,)](logits, ids, wts, sw, r.n, EP=triton.next_power_of_2(r.n), TOPK=top_k,
+                               NORMALIZE=normalize, SHARED_ID=-1 if shared_slot is None else shared_slot,
+                               num_warps=4, **pdl_args(logits))
     else:
         _, sw = _router_logits(x, r, g, shared_gate is not None, config, (ids, wts, top_k, normalize))
     return MoeRouting(ids, wts, sw)
