@@ -10,7 +10,8 @@ each one's PDL prologue overlaps the previous one's tail, which the model (a one
 not give it (bench/NOTES.md: the tensor-core GEMV lost in the model what it won in the plain sweep).
 
   python scripts/sweep_mma_gemv.py [--ms 1,8,64] [--out FILE] [--budget-s 300] [--after-norm]
-  python scripts/sweep_mma_gemv.py --moe [--ms 1,8,64]   # the decode MoE block: CUDA cores vs tensor cores
+  python scripts/sweep_mma_gemv.py --moe [--moe-tiles] [--ms 1,8,64,512]   # the MoE block: CUDA vs tensor cores
+  python scripts/sweep_mma_gemv.py --experts [--ms 1,8,64,512]   # the experts kernel: W x RB x tile rows
   python scripts/sweep_mma_gemv.py --compile-only [--quick]   # no GPU: compiles the configurations for sm_90,
                                         # checks the repack's round trip, prints registers and SASS counts
 Exit status 1 when any configuration fails its checks.
@@ -197,6 +198,73 @@ def moe_section(args, sink) -> None:
                 sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
 
 
+def experts_section(args, sink) -> None:
+    """The experts kernel alone at the MoE's shapes (257 experts: 256 routed + the shared one stacked last, top-8 +
+    the shared slot): the gated gate/up (I = 512, K = 2048) and the scaled down (H = 2048, K = 512) over W x RB x
+    tile rows, at each T of --ms. Checked first: each configuration against its W's reference configuration (single
+    rows, RB 1) bit for bit (tile rows and RB never change bits) and that against fp64; then a graph of 4 calls on 4
+    inputs (the rows' experts fixed by one routing) replayed --replays times. This sweep chose the defaults of
+    mma_gemv.default_warps (K < 1024), default_row_blocks and default_tile_rows (bench/NOTES.md)."""
+    import torch.nn.functional as F
+    from kernel_cases import affine_weight
+
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant.triton_gemv import prep_x
+
+    dev = torch.device("cuda")
+    num_e, h, i, slots = 257, 2048, 512, 9
+    torch.manual_seed(0)
+
+    def stack(n, k):
+        p, s, b, wd = affine_weight((num_e, n, k), 4, 64, dev)
+        return mg.repack_q4_experts(p, s, b), wd
+
+    gate, g64 = stack(i, h)
+    up, u64 = stack(i, h)
+    down, d64 = stack(h, i)
+    for t in (int(v) for v in args.ms.split(",")):
+        ids = torch.cat([torch.rand(t, 256, device=dev).topk(8, dim=1).indices.sort(dim=1).values,
+                         torch.full((t, 1), 256, device=dev)], 1).int()
+        flat = ids.reshape(-1).long()
+        m = t * slots
+        xs_in = [torch.randn(t, h, device=dev).bfloat16() for _ in range(4)]
+        hs = [torch.randn(m, i, device=dev).bfloat16() for _ in range(4)]
+        scale = torch.rand(m, device=dev)
+        xr = xs_in[0].double().repeat_interleave(slots, 0)
+        want = {"gated": F.silu(torch.einsum("mk,mnk->mn", xr, g64[flat])) * torch.einsum("mk,mnk->mn", xr, u64[flat]),
+                "scaled": scale.double()[:, None] * torch.einsum("mk,mnk->mn", hs[0].double(), d64[flat])}
+        rows_grid = [1] + [r for r in (8, 16, 32) if 2 * m > num_e]
+        for form, k, warps, rbs in (("gated", h, (2, 4), (1, 2, 4)), ("scaled", i, (1, 2, 4), (1, 2, 4, 8))):
+            ins = xs_in if form == "gated" else hs
+            sums = [prep_x(v, 4, 64)[1] for v in ins]
+            rep = slots if form == "gated" else 1
+            extra = {"up": up} if form == "gated" else {"scale": scale}
+            weight = gate if form == "gated" else down
+            for w in warps:
+                base = None
+                for rows in rows_grid:
+                    tiles = mg.mma_expert_tiles(ids, num_e, rows)
+                    for rb in rbs:
+                        rec = dict(kernel=f"experts_{form}", shape=f"T={t} E={num_e} k={slots} K={k}",
+                                   config=f"W{w} RB{rb} rows{rows}")
+                        if time.monotonic() > args.deadline:
+                            sink.emit({**rec, "skipped": True})
+                            continue
+                        try:
+                            def call(j, tiles=tiles, w=w, rb=rb):
+                                return mg.mma_matmul_experts(ins[j], *weight, ids, rep, xs=sums[j], tiles=tiles,
+                                                             config=(w, rb), **extra)
+                            got = call(0)
+                            base = got if base is None else base
+                            same = torch.equal(got, base)
+                            err = rel_err(got, want[form])
+                            us, how = time_graph([lambda j=j: call(j) for j in range(4)], dev, args.replays)
+                            sink.emit({**rec, "us": us, "timing": how, "gbs": 0.0, "err": err, "inv": same,
+                                       "ok": same and err <= 8 * EPS})
+                        except Exception as exc:  # noqa: BLE001  a configuration that does not compile is reported
+                            sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--compile-only", action="store_true")
@@ -208,6 +276,8 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--moe", action="store_true", help="the whole decode MoE block instead of the GEMVs")
     ap.add_argument("--moe-tiles", action="store_true", help="--moe: also each tile shape of the tensor-core block")
+    ap.add_argument("--experts", action="store_true",
+                    help="the experts kernel alone (gated gate/up, scaled down) over W x RB x tile rows")
     ap.add_argument("--after-norm", action="store_true",
                     help="time each GEMV after the RMSNorm that makes its input and group sums (as in the model: a "
                          "one-program kernel before every GEMV, not the previous GEMV's tail)")
@@ -224,6 +294,10 @@ def main(argv=None) -> int:
     out = args.out or (os.path.join(os.environ["OUT"], "sweep_mma_gemv.jsonl") if os.environ.get("OUT") else None)
     sink = RecordSink(out, fmt, {"gpu": torch.cuda.get_device_name()})
     deadline = time.monotonic() + args.budget_s
+    args.deadline = deadline
+    if args.experts:
+        experts_section(args, sink)
+        return sink.finish()
     if args.moe:
         moe_section(args, sink)
         return sink.finish()
