@@ -1,29 +1,27 @@
 #!/usr/bin/env bash
-# One device call for the tensor-core decode path (kernels/quant/mma_gemv.py, kernels/moe/mma_moe.py): its GPU
-# tests (GEMV, conv epilogue, grouped experts, MoE block), the GEMV sweep with each GEMV behind its RMSNorm (as the
-# model runs it), the decode MoE block CUDA cores vs tensor cores, then the model's decode in the mma and wide
-# DELTASERVE_DECODE_GEMV modes at 1, 8 and 64 streams (tg32 @ d512, no records; cuda's numbers are in
-# bench/NOTES.md). Fits one 600 s call.
+# One device call for the tensor-core paths (kernels/quant/mma_gemv.py, kernels/moe/mma_moe.py): the end-to-end GPU
+# tests on the q4 model (DELTASERVE_MOE=mma with DELTASERVE_DECODE_GEMV=mma, now with the DeltaNet conv in the
+# tensor-core GEMV's epilogue) and on the default path, the conv-epilogue kernel tests, the experts kernel's
+# W x RB x tile-rows sweep, then the model's decode with the tensor-core MoE and each decode GEMV mode (mma, wide)
+# at 1 and 64 streams (tg32 @ d512, no records; bench/NOTES.md has the numbers to compare with). Fits one 600 s call.
 # Usage (H200 machine, repo root): bash scripts/device_mma_ab.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 t0=$SECONDS
-timeout 170 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_mma_gemv_gpu.py > "$OUT/test_mma.log" 2>&1
-echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/test_mma.log" | tail -1)"
-grep -E "^FAILED" "$OUT/test_mma.log" | head -5
-timeout 110 python3 scripts/sweep_mma_gemv.py --after-norm --budget-s 80 --ms 1,8,64 > "$OUT/sweep_after_norm.log" 2>&1
-grep -A8 "^# summary" "$OUT/sweep_after_norm.log"
-echo "sweep ($((SECONDS-t0)) s)"
-timeout 90 python3 scripts/sweep_mma_gemv.py --moe --ms 1,8,64 --out "$OUT/sweep_moe.jsonl" > "$OUT/sweep_moe.log" 2>&1
-grep "moe_" "$OUT/sweep_moe.log" | cut -c10-
-echo "moe sweep ($((SECONDS-t0)) s)"
+timeout 230 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_model_mma_path.py \
+  tests/gpu/test_model_fast_path.py "tests/gpu/test_mma_gemv_gpu.py::test_mma_gemv_conv" > "$OUT/tests.log" 2>&1
+echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
+grep -E "^FAILED|^E  " "$OUT/tests.log" | head -8
+timeout 100 python3 scripts/sweep_mma_gemv.py --experts --ms 1,64,512 --budget-s 80 --out "$OUT/sweep_experts.jsonl" \
+  > "$OUT/sweep_experts.log" 2>&1
+grep -c " ok$" "$OUT/sweep_experts.log"; grep -E "FAIL|ERROR" "$OUT/sweep_experts.log" | head -3
+echo "experts sweep ($((SECONDS-t0)) s)"
 M="--preset qwen3.6-35b-a3b --quant q4"
 for v in mma wide; do
-  left=$((580-SECONDS+t0)); [ $left -lt 40 ] && break
-  lim=120; [ $left -lt $lim ] && lim=$left
-  DELTASERVE_DECODE_GEMV=$v timeout $lim python3 -m deltaserve bench $M -p 16 -n 32 -d 512 -b 1,8,64 -r 3 --no-record \
-    > "$OUT/ab_$v.log" 2>&1
-  echo "== $v ($((SECONDS-t0)) s)"; grep "tg32\|peak" "$OUT/ab_$v.log" | sort -u
+  left=$((580-SECONDS+t0)); [ $left -lt 60 ] && break
+  DELTASERVE_MOE=mma DELTASERVE_DECODE_GEMV=$v timeout $left python3 -m deltaserve bench $M -p 16 -n 32 -d 512 -b 1,64 \
+    -r 3 --no-record > "$OUT/ab_$v.log" 2>&1
+  echo "== moe mma + gemv $v ($((SECONDS-t0)) s)"; grep "tg32\|peak" "$OUT/ab_$v.log" | sort -u
 done

@@ -156,3 +156,10 @@ def test_kernel_choice_env_vars_are_checked(monkeypatch):
     monkeypatch.setenv("DELTASERVE_DECODE_CONV", "epilogue")
     with pytest.raises(ValueError, match="DELTASERVE_DECODE_CONV must be 'gemv' or 'kernel', found 'epilogue'"):
         fast.conv_in_gemv(pool, x)
+    monkeypatch.delenv("DELTASERVE_MOE", raising=False)
+    assert fast.moe_kernels() == "cuda"
+    monkeypatch.setenv("DELTASERVE_MOE", "mma")
+    assert fast.moe_kernels() == "mma" and fast.mma_moe_weights(None, x) is None  # CPU tensors: never repacked
+    monkeypatch.setenv("DELTASERVE_MOE", "tensor")
+    with pytest.raises(ValueError, match="DELTASERVE_MOE must be 'cuda' or 'mma', found 'tensor'"):
+        fast.moe_kernels()

@@ -199,13 +199,12 @@ def decode_copy_bytes(model: nn.Module) -> int:
 
 def conv_in_gemv(pool: torch.Tensor, x: torch.Tensor, proj: nn.Module | None = None) -> bool:
     """Run the DeltaNet decode conv in the input projection's GEMV epilogue (one launch fewer per layer)? Needs the
-    CUDA-core decode GEMV (the tensor-core one has no conv epilogue: `proj` served by it -> False) and a conv pool
-    in the activation dtype; env DELTASERVE_DECODE_CONV=gemv (default) | kernel."""
+    decode GEMV family (either GEMV has the epilogue: triton_gemv's and mma_gemv's, each equal to its GEMV followed
+    by the conv kernel bit for bit) and a conv pool in the activation dtype; env DELTASERVE_DECODE_CONV=gemv
+    (default) | kernel."""
     value = os.environ.get("DELTASERVE_DECODE_CONV", "gemv")
     if value not in ("gemv", "kernel"):
         raise ValueError(f"DELTASERVE_DECODE_CONV must be 'gemv' or 'kernel', found {value!r}")
-    if proj is not None and mma_weights(proj, x) is not None:
-        return False
     return value == "gemv" and decode_kernels() == "gemv" and pool.dtype == x.dtype
 
 
@@ -266,12 +265,23 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
         return module(x)
     s = weight_spec(module)
     scales, biases = (None, None) if s.bits == 16 else (s.scales, s.biases)
-    mma = mma_weights(module, x) if decode and decode_kernels() == "gemv" and conv is None else None
+    mma = mma_weights(module, x) if decode and decode_kernels() == "gemv" else None
     if mma is not None:
+        from ..kernels.quant.mma_gemv import MAX_ROWS as MMA_ROWS
         from ..kernels.quant.mma_gemv import mma_gemv
 
         prep = _gemv_prep(x, s)  # the norm's prep: its group sums are the GEMV's xs (else a prep launch)
-        return mma_gemv(x, *mma, xs=None if prep is None else prep[1])  # launches of <= 64 rows inside
+        xs = None if prep is None else prep[1]
+        if conv is None:
+            return mma_gemv(x, *mma, xs=xs)  # launches of <= 64 rows inside
+        x2 = x.reshape(-1, x.shape[-1])
+        out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device)
+        w, pool, slots, ctx, channels = conv
+        for start in range(0, x2.shape[0], MMA_ROWS):  # the conv's launches: rows and their sequences sliced alike
+            stop = min(start + MMA_ROWS, x2.shape[0])
+            mma_gemv(x2[start:stop], *mma, out=out[start:stop], xs=None if xs is None else xs[start:stop],
+                     conv=(w, pool, slots[start:stop], ctx[start:stop], channels))
+        return out.view(*x.shape[:-1], s.n)
     if decode and decode_kernels() == "gemv":
         from ..kernels.quant.triton_gemv import MAX_ROWS, affine_gemv
 

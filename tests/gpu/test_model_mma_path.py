@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from deltaserve.model import fast
+from deltaserve.model import fast, fusion
+from deltaserve.model.gated_deltanet import GatedDeltaNet
 from deltaserve.model.mlp import SparseMoeBlock
 from deltaserve.weights.loader import load_checkpoint
 from deltaserve.weights.quantizer import quantize_checkpoint
@@ -35,7 +36,10 @@ def models(tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     src = tmp_path_factory.mktemp("bf16")
-    hf = make_hf_model(True, seed=0, vocab_size=32, moe_intermediate_size=64, shared_expert_intermediate_size=64)
+    # 8 value heads: the DeltaNet in_proj (q|k|v|z|b|a) has 336 rows, a multiple of 16, so the tensor-core GEMV
+    # (and its conv epilogue) serves it too
+    hf = make_hf_model(True, seed=0, vocab_size=32, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                       linear_num_value_heads=8)
     for name, p in hf.named_parameters():
         if not name.endswith("A_log"):
             p.data.copy_(p.data.bfloat16().float())
@@ -61,6 +65,9 @@ def test_tensor_core_paths_in_use(models):
         assert mma and mma.shared_last, "an MoE block did not take the tensor-core path"
         assert b.experts.__dict__.get(fast.RELEASED_ATTR) and b.experts.gate_proj.weight.numel() == 0
     assert fast.decode_copy_bytes(gpu) > 0
+    mixers = [m for m in gpu.modules() if isinstance(m, GatedDeltaNet)]
+    assert mixers and all(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers), \
+        "a DeltaNet in_proj did not take the tensor-core GEMV (and its conv epilogue)"
     with pytest.raises(RuntimeError, match="released"):
         fast.stacked_specs(blocks[0].experts)
 
