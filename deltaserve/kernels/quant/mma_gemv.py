@@ -151,6 +151,28 @@ if HAVE_GLUON:
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                                       pack=1)
 
+    # The register layouts both kernels share (W warps splitting K, RB row blocks of 16 per program); the layouts
+    # derived from them (dot operands, slices) are spelled where they are used.
+    @gluon.constexpr_function
+    def _mma_layout(W):
+        return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1, 1], instr_shape=[1, 16, 8])
+
+    @gluon.constexpr_function
+    def _words_layout(W, RB):
+        """words [W, RB, 8 rr, 4 c, 4 j] (one 128-bit load per thread, group and row block), broadcast over the 8
+        codes (the trailing axis)."""
+        return gl.BlockedLayout([1, RB, 1, 1, 4, 8], [1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1], [5, 4, 3, 2, 1, 0])
+
+    @gluon.constexpr_function
+    def _x_layout(W):
+        """x [W, N8, 4 c, 16]: thread (n, c) holds x[n, 64 g + 16 c : + 16]."""
+        return gl.BlockedLayout([1, 1, 1, 16], [1, 8, 4, 1], [W, 1, 1, 1], [3, 2, 1, 0])
+
+    @gluon.constexpr_function
+    def _sb_layout(W, RB):
+        """(s, b) [W, RB, 8 rr, 2 i1, 2]: the four lanes of a row group read the same 8 bytes."""
+        return gl.BlockedLayout([1, RB, 1, 2, 2], [1, 1, 8, 4, 1], [W, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+
     @gluon.jit
     def _offsets(W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
                  SL: gl.constexpr, CL: gl.constexpr, G: gl.constexpr, x_rows, xs_rows):
@@ -297,18 +319,13 @@ if HAVE_GLUON:
         N8: gl.constexpr = 8 * NT  # MMA columns (rows of x, padded)
         pid = gl.program_id(0).to(gl.int64)
 
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1, 1],
-                                                      instr_shape=[1, 16, 8])
+        mma: gl.constexpr = _mma_layout(W)
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-        # words [W, RB, 8 rr, 4 c, 4 j] (one 128-bit load per thread, group and row block), broadcast over the 8 codes
-        WL8: gl.constexpr = gl.BlockedLayout([1, RB, 1, 1, 4, 8], [1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1],
-                                             [5, 4, 3, 2, 1, 0])
+        WL8: gl.constexpr = _words_layout(W, RB)
         WL: gl.constexpr = gl.SliceLayout(5, WL8)
-        # x [W, N8, 4 c, 16]: thread (n, c) holds x[n, 64 g + 16 c : + 16]
-        XL: gl.constexpr = gl.BlockedLayout([1, 1, 1, 16], [1, 8, 4, 1], [W, 1, 1, 1], [3, 2, 1, 0])
-        # (s, b) [W, RB, 8 rr, 2 i1, 2]: the four lanes of a row group read the same 8 bytes
-        SL: gl.constexpr = gl.BlockedLayout([1, RB, 1, 2, 2], [1, 1, 8, 4, 1], [W, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+        XL: gl.constexpr = _x_layout(W)
+        SL: gl.constexpr = _sb_layout(W, RB)
         CL: gl.constexpr = gl.SliceLayout(1, mma)  # xs [W, N8]: per group (warp) and column
         OL: gl.constexpr = gl.SliceLayout(0, mma)
 
@@ -397,16 +414,14 @@ if HAVE_GLUON:
         t = gl.program_id(0)
         rb = gl.program_id(1).to(gl.int64) * RB
 
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1, 1],
-                                                      instr_shape=[1, 16, 8])
+        mma: gl.constexpr = _mma_layout(W)
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-        WL8: gl.constexpr = gl.BlockedLayout([1, RB, 1, 1, 4, 8], [1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1],
-                                             [5, 4, 3, 2, 1, 0])
+        WL8: gl.constexpr = _words_layout(W, RB)
         WL: gl.constexpr = gl.SliceLayout(5, WL8)
-        XL: gl.constexpr = gl.BlockedLayout([1, 1, 1, 16], [1, 8, 4, 1], [W, 1, 1, 1], [3, 2, 1, 0])
-        SL: gl.constexpr = gl.BlockedLayout([1, RB, 1, 2, 2], [1, 1, 8, 4, 1], [W, 1, 1, 1, 1], [4, 3, 2, 1, 0])
-        CL: gl.constexpr = gl.SliceLayout(1, mma)
+        XL: gl.constexpr = _x_layout(W)
+        SL: gl.constexpr = _sb_layout(W, RB)
+        CL: gl.constexpr = gl.SliceLayout(1, mma)  # xs [W, N8]: per group (warp) and column
         OL: gl.constexpr = gl.SliceLayout(0, mma)
 
         pdl_wait(PDL)  # the tile table (or the ids) and x are the previous launches' output
