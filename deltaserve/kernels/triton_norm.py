@@ -59,6 +59,30 @@ def prep_supported(n: int, bits: int, group: int) -> bool:
     return bits in (4, 8) and n % group == 0 and n & (n - 1) == 0 and n <= PREP_MAX_N
 
 
+def _launch_norm(x2: torch.Tensor, res2: torch.Tensor | None, weight: torch.Tensor, y: torch.Tensor,
+                 r_out: torch.Tensor | None, eps: float, offset: float, prep: tuple[int, int] | None, name: str):
+    """The one launch of rms_norm / add_rms_norm over rows x2 [R, N] (+ res2 -> r_out when given) into y; with
+    prep = (bits, group) also the decode GEMV's prep of y: returns (xp [R, N], xs [R, N / group]), else None."""
+    n = weight.numel()
+    xp = xs = y  # unused without prep
+    bits, group = prep or (0, 64)
+    if prep is not None:
+        if not prep_supported(n, bits, group):
+            raise ValueError(f"{name} prep: bits {bits} / group {group} for N = {n} (bits 4 or 8, N a power "
+                             f"of two, a multiple of the group and at most {PREP_MAX_N})")
+        xp = torch.empty(x2.shape[0], n, dtype=torch.float32, device=x2.device)
+        xs = torch.empty(x2.shape[0], n // group, dtype=torch.float32, device=x2.device)
+    has_res = res2 is not None
+    r_in, r_o = (res2, r_out) if has_res else (x2, y)
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](x2, r_in, weight, y, r_o, n, x2.stride(0), r_in.stride(0) if has_res else 0,
+                                         y.stride(0), r_o.stride(0) if has_res else 0, eps, offset, xp, xs,
+                                         HAS_RES=has_res, BLOCK=triton.next_power_of_2(n), PREP_BITS=bits,
+                                         PREP_GROUP=group, num_warps=4 if n <= 4096 or prep else 8,
+                                         **pdl_args(x2))  # prep: the prep kernel's 4 warps (prep_row's bits)
+    return (xp, xs) if prep is not None else None
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 1.0,
              out: torch.Tensor | None = None, prep: tuple[int, int] | None = None):
     """x [..., N] -> [..., N] in x's dtype (= kernels.norm.rms_norm). prep = (bits, group): also returns the
@@ -67,21 +91,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
     n = weight.numel()
     x2 = _rows(x, n, "rms_norm")
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if out is None else out.view(x2.shape)
-    xp = xs = y  # unused without prep
-    bits, group = prep or (0, 64)
+    made = _launch_norm(x2, None, weight, y, None, eps, offset, prep, "rms_norm")
     if prep is not None:
-        if not prep_supported(n, bits, group):
-            raise ValueError(f"rms_norm prep: bits {bits} / group {group} for N = {n} (bits 4 or 8, N a power "
-                             f"of two, a multiple of the group and at most {PREP_MAX_N})")
-        xp = torch.empty(x2.shape[0], n, dtype=torch.float32, device=x.device)
-        xs = torch.empty(x2.shape[0], n // group, dtype=torch.float32, device=x.device)
-    if x2.shape[0]:
-        _rms_norm_kernel[(x2.shape[0],)](x2, x2, weight, y, y, n, x2.stride(0), 0, y.stride(0), 0, eps, offset,
-                                         xp, xs, HAS_RES=False, BLOCK=triton.next_power_of_2(n), PREP_BITS=bits,
-                                         PREP_GROUP=group, num_warps=4 if n <= 4096 or prep else 8,
-                                         **pdl_args(x2))  # prep: the prep kernel's 4 warps (prep_row's bits)
-    if prep is not None:
-        return y.view(x.shape), (xp, xs)
+        return y.view(x.shape), made
     return y.view(x.shape)
 
 
@@ -95,21 +107,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     x2, r2 = _rows(x, n, "add_rms_norm"), _rows(residual, n, "add_rms_norm residual")
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     r_out = torch.empty_like(y)
-    xp = xs = y  # unused without prep
-    bits, group = prep or (0, 64)
+    made = _launch_norm(x2, r2, weight, y, r_out, eps, offset, prep, "add_rms_norm")
     if prep is not None:
-        if not prep_supported(n, bits, group):
-            raise ValueError(f"add_rms_norm prep: bits {bits} / group {group} for N = {n} (bits 4 or 8, N a power "
-                             f"of two, a multiple of the group and at most {PREP_MAX_N})")
-        xp = torch.empty(x2.shape[0], n, dtype=torch.float32, device=x.device)
-        xs = torch.empty(x2.shape[0], n // group, dtype=torch.float32, device=x.device)
-    if x2.shape[0]:
-        _rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, y, r_out, n, x2.stride(0), r2.stride(0), y.stride(0),
-                                         r_out.stride(0), eps, offset, xp, xs, HAS_RES=True,
-                                         BLOCK=triton.next_power_of_2(n), PREP_BITS=bits, PREP_GROUP=group,
-                                         num_warps=4 if n <= 4096 or prep else 8, **pdl_args(x2))
-    if prep is not None:
-        return y.view(x.shape), r_out.view(x.shape), (xp, xs)
+        return y.view(x.shape), r_out.view(x.shape), made
     return y.view(x.shape), r_out.view(x.shape)
 
 
