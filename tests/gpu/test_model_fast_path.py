@@ -66,10 +66,9 @@ def assert_top1_agreement(got, want, what):
         assert gap <= 0.1 * spread[i].item(), f"{what}: position {i} disagrees with a gap of {gap:.4f}"
 
 
-@pytest.mark.parametrize("chunk", [None, 1, 64])
-def test_bf16_gpu_matches_cpu_reference(models, chunk):
-    """Teacher-forced over 4 prompts x 200 tokens: prefill whole, in chunks of 64, or one token per call (decode)."""
-    cpu, gpu = models
+def check_matches_cpu_reference(cpu, gpu, chunk, what):
+    """Teacher-forced over 4 prompts x 200 tokens: the GPU model's logits (prefill whole, in chunks of `chunk`, or
+    one token per call) against the CPU fp32 model's, by assert_top1_agreement."""
     wants, gots = [], []
     for seed in range(4):
         gen = torch.Generator().manual_seed(seed)
@@ -78,7 +77,14 @@ def test_bf16_gpu_matches_cpu_reference(models, chunk):
         gots.append(run_all_logits(gpu, prompt, "cuda", torch.bfloat16, chunk))
     got = torch.cat(gots)
     assert torch.isfinite(got).all()
-    assert_top1_agreement(got, torch.cat(wants), f"prefill chunk {chunk}")
+    assert_top1_agreement(got, torch.cat(wants), what)
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 64])
+def test_bf16_gpu_matches_cpu_reference(models, chunk):
+    """Teacher-forced over 4 prompts x 200 tokens: prefill whole, in chunks of 64, or one token per call (decode)."""
+    cpu, gpu = models
+    check_matches_cpu_reference(cpu, gpu, chunk, f"prefill chunk {chunk}")
 
 
 def decode_logits(model, prompts, steps, graph: bool, bucket=None):
@@ -111,8 +117,8 @@ def decode_logits(model, prompts, steps, graph: bool, bucket=None):
     return torch.stack(out).cpu()
 
 
-def test_batch_invariance_bit_for_bit(models):
-    _, gpu = models
+def check_batch_invariance(gpu):
+    """A sequence's decode logits alone == among 1, 3, 15, 63 others, bit for bit."""
     gen = torch.Generator().manual_seed(9)
     target = torch.randint(0, 32, (37,), generator=gen).tolist()
     alone = decode_logits(gpu, [target], 6, graph=False)[:, 0]
@@ -123,8 +129,8 @@ def test_batch_invariance_bit_for_bit(models):
         assert torch.equal(alone, together), f"decode among {others} others differs from alone"
 
 
-def test_graph_replay_equals_eager(models):
-    _, gpu = models
+def check_graph_equals_eager(gpu):
+    """Decode logits replayed from a graph == eager, also from a bucket larger than the batch, bit for bit."""
     gen = torch.Generator().manual_seed(10)
     prompts = [torch.randint(0, 32, (n,), generator=gen).tolist() for n in (5, 40, 17)]
     eager = decode_logits(gpu, prompts, 5, graph=False)
@@ -132,6 +138,14 @@ def test_graph_replay_equals_eager(models):
     assert torch.equal(eager, graph)
     padded = decode_logits(gpu, prompts, 5, graph=True, bucket=4)  # a bucket larger than the batch
     assert torch.equal(eager, padded)
+
+
+def test_batch_invariance_bit_for_bit(models):
+    check_batch_invariance(models[1])
+
+
+def test_graph_replay_equals_eager(models):
+    check_graph_equals_eager(models[1])
 
 
 def test_pdl_equals_serial_launches(models, monkeypatch):

@@ -20,7 +20,12 @@ from deltaserve.model.gated_deltanet import GatedDeltaNet
 from deltaserve.model.mlp import SparseMoeBlock
 from deltaserve.weights.loader import load_checkpoint
 from deltaserve.weights.quantizer import quantize_checkpoint
-from test_model_fast_path import assert_top1_agreement, decode_logits, run_all_logits
+from test_model_fast_path import (
+    check_batch_invariance,
+    check_graph_equals_eager,
+    check_matches_cpu_reference,
+    decode_logits,
+)
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from model_helpers import make_hf_model, ours_from_checkpoint  # noqa: E402
@@ -74,35 +79,15 @@ def test_tensor_core_paths_in_use(models):
 
 @pytest.mark.parametrize("chunk", [None, 1, 64])
 def test_q4_mma_gpu_matches_cpu_reference(models, chunk):
-    """Teacher-forced over 4 prompts x 200 tokens against the CPU fp32 run of the same q4 checkpoint: prefill whole
-    (the MoE at 200 tokens: sorted expert tiles), in chunks of 64, or one token per call (single-row tiles)."""
+    """Against the CPU fp32 run of the same q4 checkpoint: prefill whole (the MoE at 200 tokens: sorted expert
+    tiles), in chunks of 64, or one token per call (single-row tiles)."""
     cpu, gpu = models
-    wants, gots = [], []
-    for seed in range(4):
-        gen = torch.Generator().manual_seed(seed)
-        prompt = torch.randint(2, cpu.config.vocab_size, (200,), generator=gen).tolist()
-        wants.append(run_all_logits(cpu, prompt, "cpu", torch.float32))
-        gots.append(run_all_logits(gpu, prompt, "cuda", torch.bfloat16, chunk))
-    got = torch.cat(gots)
-    assert torch.isfinite(got).all()
-    assert_top1_agreement(got, torch.cat(wants), f"q4 mma prefill chunk {chunk}")
+    check_matches_cpu_reference(cpu, gpu, chunk, f"q4 mma prefill chunk {chunk}")
 
 
 def test_q4_mma_batch_invariance_bit_for_bit(models):
-    _, gpu = models
-    gen = torch.Generator().manual_seed(9)
-    target = torch.randint(0, 32, (37,), generator=gen).tolist()
-    alone = decode_logits(gpu, [target], 6, graph=False)[:, 0]
-    for others in (1, 3, 15, 63):
-        prompts = [target] + [torch.randint(0, 32, (int(n),), generator=gen).tolist()
-                              for n in torch.randint(1, 90, (others,), generator=gen)]
-        together = decode_logits(gpu, prompts, 6, graph=False)[:, 0]
-        assert torch.equal(alone, together), f"decode among {others} others differs from alone"
+    check_batch_invariance(models[1])
 
 
 def test_q4_mma_graph_replay_equals_eager(models):
-    _, gpu = models
-    gen = torch.Generator().manual_seed(10)
-    prompts = [torch.randint(0, 32, (n,), generator=gen).tolist() for n in (5, 40, 17)]
-    eager = decode_logits(gpu, prompts, 5, graph=False)
-    assert torch.equal(eager, decode_logits(gpu, prompts, 5, graph=True))
+    check_graph_equals_eager(models[1])
