@@ -165,15 +165,18 @@ def mma_moe_weights(block: nn.Module, x: torch.Tensor):
     return cached or None
 
 
+MOE_PREP = (4, 64)  # the tensor-core MoE's prep format: the group sums of x over groups of 64
+
+
 def moe_prep(block: nn.Module, x: torch.Tensor) -> tuple[int, int] | None:
-    """(4, 64) when `block` is an MoE block on the tensor-core path, whose kernels read its input's group sums
+    """MOE_PREP when `block` is an MoE block on the tensor-core path, whose kernels read its input's group sums
     (the norm before it can make them: kernels/triton_norm.add_rms_norm(prep=), the same bits as a prep launch),
     else None."""
     from ..kernels.triton_norm import prep_supported
 
     if not enabled(x) or not hasattr(block, "experts") or mma_moe_weights(block, x) is None:
         return None
-    return (4, 64) if prep_supported(x.shape[-1], 4, 64) else None
+    return MOE_PREP if prep_supported(x.shape[-1], *MOE_PREP) else None
 
 
 def _tensors(obj):
@@ -243,10 +246,11 @@ def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, 
     return y
 
 
-def _gemv_prep(x: torch.Tensor, s) -> tuple | None:
-    """The prep x carries (norm_for_gemv) if it was made for this weight's format, else None."""
+def carried_prep(x: torch.Tensor, fmt: tuple[int, int]) -> tuple | None:
+    """The prep (xp, xs) x carries (norm_for_gemv, moe_prep) if it was made for the weight format fmt = (bits,
+    group), else None."""
     carried = getattr(x, GEMV_PREP_ATTR, None)
-    if carried is None or carried[0] != (s.bits, s.group):
+    if carried is None or carried[0] != fmt:
         return None
     return carried[1]
 
@@ -270,7 +274,7 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
         from ..kernels.quant.mma_gemv import MAX_ROWS as MMA_ROWS
         from ..kernels.quant.mma_gemv import mma_gemv
 
-        prep = _gemv_prep(x, s)  # the norm's prep: its group sums are the GEMV's xs (else a prep launch)
+        prep = carried_prep(x, (s.bits, s.group))  # the norm's prep: its group sums are the GEMV's xs (else a prep launch)
         xs = None if prep is None else prep[1]
         if conv is None:
             return mma_gemv(x, *mma, xs=xs)  # launches of <= 64 rows inside
@@ -285,7 +289,7 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
     if decode and decode_kernels() == "gemv":
         from ..kernels.quant.triton_gemv import MAX_ROWS, affine_gemv
 
-        prep = _gemv_prep(x, s)  # [R, K] and [R, K / group]: sliced with the rows below
+        prep = carried_prep(x, (s.bits, s.group))  # [R, K] and [R, K / group]: sliced with the rows below
         x2 = x.reshape(-1, x.shape[-1])
         out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device)
         for start in range(0, x2.shape[0], MAX_ROWS):
