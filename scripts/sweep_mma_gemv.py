@@ -11,7 +11,7 @@ not give it (bench/NOTES.md: the tensor-core GEMV lost in the model what it won 
 
   python scripts/sweep_mma_gemv.py [--ms 1,8,64] [--out FILE] [--budget-s 300] [--after-norm]
   python scripts/sweep_mma_gemv.py --moe [--moe-tiles] [--ms 1,8,64,512]   # the MoE block: CUDA vs tensor cores
-  python scripts/sweep_mma_gemv.py --experts [--ms 1,8,64,512]   # the experts kernel: W x RB x tile rows
+  python scripts/sweep_mma_gemv.py --experts [--ms 1,8,64,512]   # the experts kernel: W x AHEAD x own sums
   python scripts/sweep_mma_gemv.py --compile-only [--quick]   # no GPU: compiles the configurations for sm_90,
                                         # checks the repack's round trip, prints registers and SASS counts
 Exit status 1 when any configuration fails its checks.
@@ -44,7 +44,7 @@ def configs(n: int, k: int) -> list[tuple[int, int, int]]:
     from deltaserve.kernels.quant import mma_gemv as mg
 
     g, nb = k // mg.GROUP, n // mg.ROW_BLOCK
-    rest = [(w, rb, ah) for w in (mg.default_warps(k),) for rb in (1, 2, 4) for ah in (1, 0)
+    rest = [(w, rb, ah) for w in (mg.default_warps(k),) for rb in (1, 2, 4) for ah in (1, 2, 0)
             if g % w == 0 and nb % rb == 0]
     base = mg.default_config(k)
     return [base] + [c for c in dict.fromkeys(rest) if c != base]
@@ -74,9 +74,10 @@ def compile_only(quick: bool = False) -> int:
                 wq = torch.empty(n // 16, g, 128, dtype=torch.int32)
                 sbq = torch.empty(n // 16, g, 8, 2, 2, dtype=torch.bfloat16)
                 out = torch.empty(m, n, dtype=torch.bfloat16)
-                mg._mma_gemv_kernel[(n // 16 // rb,)](x, xsum, wq, sbq, out, m, k, g, n, x, x, x, x, 0, 0, 0, 0, 0,
-                                                      0, K=k, W=w, RB=rb, NT=mg.column_tiles(m), AHEAD=ah,
-                                                      PDL=True, num_warps=w)
+                for self_xs in (False, True):  # the loaded group sums, and the kernel's own (MMA with ones)
+                    mg._mma_gemv_kernel[(n // 16 // rb,)](x, xsum, wq, sbq, out, m, k, g, n, x, x, x, x, 0, 0, 0, 0,
+                                                          0, 0, K=k, W=w, RB=rb, NT=mg.column_tiles(m), AHEAD=ah,
+                                                          PDL=True, SELF_XS=self_xs, num_warps=w)
                 for label in set(compiled) - before:
                     lines = instructions(compiled[label])
                     ops = [re.sub(r"^.*\*/\s+(@!?U?P\w+\s+)?", "", ln).split()[0] for ln in lines]
@@ -88,26 +89,33 @@ def compile_only(quick: bool = False) -> int:
     # tokens x top-8 + the shared expert stacked last: sorted tiles of 8 rows and single-row tiles, 1 and 4 row blocks
     e, t, slots = 257, 64, 9
     m = t * slots
-    for n, k, xrep, gated, single, rb in ((512, 2048, slots, True, False, 4), (2048, 512, 1, False, False, 4),
-                                          (512, 2048, slots, True, True, 1), (2048, 512, 1, False, True, 1)):
-        if quick and single:
+    # (down's own group sums (SELF_XS) in both tile forms, and its combine at the last arrival in the single form)
+    for n, k, xrep, gated, single, rb, self_xs, comb in (
+            (512, 2048, slots, True, False, 4, False, False), (2048, 512, 1, False, False, 4, True, False),
+            (512, 2048, slots, True, True, 1, False, False), (2048, 512, 1, False, True, 1, True, True),
+            (2048, 512, 1, False, True, 1, False, False)):
+        if quick and single and not comb:
             continue
         before = set(compiled)
         tiles = m if single else -(-m // 8) + e
         wq = torch.empty(e, n // 16, k // 64, 128, dtype=torch.int32)
         sbq = torch.empty(e, n // 16, k // 64, 8, 2, 2, dtype=torch.bfloat16)
+        comb_out = torch.empty(t, n, dtype=torch.bfloat16)
         mg._mma_experts_kernel[(tiles, n // 16 // rb)](
             torch.empty(m // xrep, k, dtype=torch.bfloat16), torch.empty(m // xrep, k // 64), wq, sbq, wq, sbq,
             torch.empty(m, n, dtype=torch.bfloat16 if gated else torch.float32), torch.empty(m),
             *(torch.empty(tiles, dtype=torch.int32) for _ in range(3)), torch.empty(m, dtype=torch.int32), k,
-            k // 64, n, n // 16, XREP=xrep, K=k, W=mg.default_warps(k), NT=1, RB=rb, SINGLE=single, GATED=gated,
-            SCALED=not gated, PDL=True, num_warps=mg.default_warps(k))
+            k // 64, n, n // 16, comb_out, comb_out, torch.zeros(t * n // 16, dtype=torch.int32), n, n, XREP=xrep,
+            K=k, W=mg.default_warps(k), NT=1, RB=rb, SINGLE=single, GATED=gated, SCALED=not gated, PDL=True,
+            SELF_XS=self_xs, COMBINE=comb, SLOTS=slots, HAS_RES=comb, num_warps=mg.default_warps(k))
         for label in set(compiled) - before:
             lines = instructions(compiled[label])
             hmma = sum("HMMA" in ln for ln in lines)
             sts = sum(" STS" in ln for ln in lines)
-            print(f"EXPERTS N={n} K={k} {'gated' if gated else 'scaled'} {'single' if single else 'sorted'} RB={rb}: "
-                  f"{len(lines)} SASS, {hmma} HMMA, {sts} STS")
+            atom = sum("ATOM" in ln or "RED" in ln for ln in lines)
+            print(f"EXPERTS N={n} K={k} {'gated' if gated else 'scaled'} {'single' if single else 'sorted'} RB={rb}"
+                  f"{' self-xs' if self_xs else ''}{' combine' if comb else ''}: {len(lines)} SASS, {hmma} HMMA, "
+                  f"{sts} STS, {atom} ATOM")
     # the DeltaNet in_proj's conv epilogue (CONV): 8192 conv channels of 12352 features, 8 tokens
     n, k, m, c = 12352, 2048, 8, 8192
     before = set(compiled)
@@ -203,8 +211,10 @@ def experts_section(args, sink) -> None:
     the shared slot): the gated gate/up (I = 512, K = 2048) and the scaled down (H = 2048, K = 512) over W x RB x
     tile rows, at each T of --ms. Checked first: each configuration against its W's reference configuration (single
     rows, RB 1) bit for bit (tile rows and RB never change bits) and that against fp64; then a graph of 4 calls on 4
-    inputs (the rows' experts fixed by one routing) replayed --replays times. This sweep chose the defaults of
-    mma_gemv.default_warps (K < 1024), default_row_blocks and default_tile_rows (bench/NOTES.md)."""
+    inputs (the rows' experts fixed by one routing) replayed --replays times. An earlier form of it (W x RB x tile
+    rows) chose mma_gemv.default_warps (K < 1024), default_row_blocks and default_tile_rows (bench/NOTES.md); this
+    one takes those tiles and row blocks and varies W, the chunks in flight (AHEAD) and, for down, whether the
+    group sums are loaded (prep_x's) or the kernel's own."""
     import torch.nn.functional as F
     from kernel_cases import affine_weight
 
@@ -233,27 +243,28 @@ def experts_section(args, sink) -> None:
         xr = xs_in[0].double().repeat_interleave(slots, 0)
         want = {"gated": F.silu(torch.einsum("mk,mnk->mn", xr, g64[flat])) * torch.einsum("mk,mnk->mn", xr, u64[flat]),
                 "scaled": scale.double()[:, None] * torch.einsum("mk,mnk->mn", hs[0].double(), d64[flat])}
-        rows_grid = [1] + [r for r in (8, 16, 32) if 2 * m > num_e]
-        for form, k, warps, rbs in (("gated", h, (2, 4), (1, 2, 4)), ("scaled", i, (1, 2, 4), (1, 2, 4, 8))):
+        rows = mg.default_tile_rows(m, num_e)
+        tiles = mg.mma_expert_tiles(ids, num_e, rows)
+        for form, k, warps in (("gated", h, (4, 8)), ("scaled", i, (1, 2))):
             ins = xs_in if form == "gated" else hs
             sums = [prep_x(v, 4, 64)[1] for v in ins]
             rep = slots if form == "gated" else 1
             extra = {"up": up} if form == "gated" else {"scale": scale}
             weight = gate if form == "gated" else down
+            rb = mg.default_row_blocks(weight[0].shape[1], m, k)
             for w in warps:
-                base = None
-                for rows in rows_grid:
-                    tiles = mg.mma_expert_tiles(ids, num_e, rows)
-                    for rb in rbs:
+                for own in (False, True) if form == "scaled" else (False,):  # down's group sums: loaded or its own
+                    base = None
+                    for ahead in (1, 2):
                         rec = dict(kernel=f"experts_{form}", shape=f"T={t} E={num_e} k={slots} K={k}",
-                                   config=f"W{w} RB{rb} rows{rows}")
+                                   config=f"W{w} RB{rb} rows{rows} ahead{ahead}{' own-xs' if own else ''}")
                         if time.monotonic() > args.deadline:
                             sink.emit({**rec, "skipped": True})
                             continue
                         try:
-                            def call(j, tiles=tiles, w=w, rb=rb):
-                                return mg.mma_matmul_experts(ins[j], *weight, ids, rep, xs=sums[j], tiles=tiles,
-                                                             config=(w, rb), **extra)
+                            def call(j, w=w, ahead=ahead, own=own):
+                                return mg.mma_matmul_experts(ins[j], *weight, ids, rep, xs=None if own else sums[j],
+                                                             tiles=tiles, config=(w, rb, ahead), **extra)
                             got = call(0)
                             base = got if base is None else base
                             same = torch.equal(got, base)

@@ -98,15 +98,19 @@ def test_compiles_for_sm90():
                          cwd=root, capture_output=True, text=True, timeout=600, env=env, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [ln for ln in out.stdout.splitlines() if ln.startswith("N=")]
-    assert len(rows) == 2, out.stdout
+    assert len(rows) == 4, out.stdout  # M = 1 and 64, each with loaded group sums and the kernel's own
     assert any(ln.startswith("CONV ") for ln in out.stdout.splitlines()), out.stdout  # the conv epilogue compiles
     experts = [ln for ln in out.stdout.splitlines() if ln.startswith("EXPERTS ")]  # the grouped kernel too
-    assert len(experts) == 2 and all(" 0 HMMA" not in ln for ln in experts), out.stdout
+    assert len(experts) == 3 and all(" 0 HMMA" not in ln for ln in experts), out.stdout
+    assert [" 0 ATOM" not in ln for ln in experts] == [" combine" in ln for ln in experts], out.stdout
+    hmma = {}
     for row in rows:
         counts = {k: int(v) for k, v in re.findall(r"'(\w+)': (\d+)", row)}
         m = int(re.search(r"M=(\d+)", row).group(1))
-        assert counts["HMMA"] == 32 * (8 if m == 64 else 1), row  # K = 2048: 32 groups x 4 k-steps / 4 warps ...
-        assert counts["STS"] <= 8 * (8 if m == 64 else 1), row  # ... and the final sum's stores only
+        hmma.setdefault(m, []).append(counts["HMMA"])
+        assert counts["STS"] <= 8 * (8 if m == 64 else 1), row  # the final sum's stores only
+    for m, counts in hmma.items():  # K = 2048: 32 groups x 4 k-steps / 4 warps, twice with the ones-MMA sums
+        assert sorted(counts) == [32 * (8 if m == 64 else 1), 64 * (8 if m == 64 else 1)], (m, counts)
 
 
 def test_experts_repack_and_reference():

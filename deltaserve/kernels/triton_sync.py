@@ -20,7 +20,8 @@ import triton.language as tl
 
 _COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
 _RETIRED: list[torch.Tensor] = []  # outgrown buffers stay allocated: a captured CUDA graph may still point at one
-MIN_COUNTERS = 4096  # decode needs at most 64 tokens x 64 heads: allocated once, before any graph capture
+MIN_COUNTERS = 4096  # decode needs at most 64 tokens x 64 heads: allocated once, before any graph capture; users
+# that could need more at decode (the tensor-core MoE's combine) fall back to a launch of their own instead
 
 
 def arrival_counters(device: torch.device | str, n: int) -> torch.Tensor:

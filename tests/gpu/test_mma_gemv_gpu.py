@@ -227,3 +227,57 @@ def test_moe_block_mma_shared_slotted(dev):
     _, _, _, _, _, separate, _ = _moe_block(dev, 5, i_s=1024, seed=2)
     with pytest.raises(ValueError, match="shared_slotted"):
         moe_block_mma(x, ids_s, w_s, sw, separate, residual=res, shared_slotted=True)
+
+
+@pytest.mark.parametrize("n,k", [(2048, 4096), (512, 1024)])
+def test_mma_gemv_own_group_sums(dev, n, k):
+    """xs=None (the kernel's own group sums, MMA with ones) and xs from prep_x (the norm's bits) are both within
+    the fp64 bound, and each is batch invariant (a row alone == among 64)."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant.triton_gemv import prep_x
+
+    p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
+    words, sb = mg.repack_q4(p, s, b)
+    x = torch.randn(64, k, device=dev).bfloat16()
+    xs = prep_x(x, 4, 64)[1]
+    ref = x.double() @ wd.t()
+    own = mg.mma_gemv(x, words, sb, out=kc.poisoned((64, n), torch.bfloat16, dev))
+    loaded = mg.mma_gemv(x, words, sb, xs=xs, out=kc.poisoned((64, n), torch.bfloat16, dev))
+    kc.close(own, ref, 2 * kc.BF16_EPS, "mma_gemv, own group sums")
+    kc.close(loaded, ref, 2 * kc.BF16_EPS, "mma_gemv, prep_x's group sums")
+    for r in (0, 37, 63):
+        assert torch.equal(mg.mma_gemv(x[r : r + 1].clone(), words, sb), own[r : r + 1]), f"own sums: row {r}"
+        assert torch.equal(mg.mma_gemv(x[r : r + 1].clone(), words, sb, xs=xs[r : r + 1].clone()),
+                           loaded[r : r + 1]), f"prep sums: row {r}"
+
+
+@pytest.mark.parametrize("t", [1, 3, 14])
+@pytest.mark.parametrize("with_res", [True, False])
+def test_mma_experts_combine_at_last_arrival(dev, t, with_res):
+    """The down launch's combine (combine=, single-row tiles) == the parts of the same launch without it, then
+    combine_slots, bit for bit; the parts it leaves are those parts; repeated launches reuse the counters (each
+    launch leaves them at zero)."""
+    from deltaserve.kernels.moe.triton_combine import combine_slots
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.triton_sync import arrival_counters
+
+    e, n, k, slots = 257, 2048, 512, 9
+    (words, sb), _ = _experts(dev, e, n, k)
+    ids = torch.stack([torch.cat([torch.randperm(e - 1, device=dev)[: slots - 1], torch.tensor([e - 1], device=dev)])
+                       for _ in range(t)]).int()
+    hid = torch.randn(t * slots, k, device=dev).bfloat16()
+    scale = torch.rand(t * slots, device=dev)
+    res = torch.randn(t, n, device=dev).bfloat16() if with_res else None
+    tiles = mg.mma_expert_tiles(ids, e, 1)
+    part = mg.mma_matmul_experts(hid, words, sb, ids, 1, tiles=tiles, scale=scale)
+    want = combine_slots(part.view(t, slots, n), res, out=torch.empty(t, n, dtype=torch.bfloat16, device=dev))
+    for rep in range(3):
+        parts = kc.poisoned((t * slots, n), torch.float32, dev)
+        got = mg.mma_matmul_experts(hid, words, sb, ids, 1, tiles=tiles, scale=scale, out=parts,
+                                    combine=(res, kc.poisoned((t, n), torch.bfloat16, dev)))
+        assert torch.equal(got, want), f"T={t} launch {rep}: combined at the last arrival != combine_slots"
+        assert torch.equal(parts, part), f"T={t}: the parts differ with combine="
+    assert int(arrival_counters(dev, 1).abs().sum()) == 0, "counters left non-zero"
+    with pytest.raises(ValueError, match="single-row tiles"):
+        mg.mma_matmul_experts(hid, words, sb, ids, 1, tiles=mg.mma_expert_tiles(ids, e, 8), scale=scale,
+                              combine=(res, torch.empty(t, n, dtype=torch.bfloat16, device=dev)))

@@ -4,6 +4,10 @@ launch, then the one combine of the prefill path (`triton_combine.combine_slots`
 `quant.mma_gemv.mma_matmul_experts`: each (token, slot) row is an MMA column of its expert's tile, so an expert
 picked by several rows of a tile is read once, and a row's bits never depend on which rows share the launch.
 
+At decode-sized batches (single-row tiles) the combine runs inside the down launch, at each token's last-arriving
+program (the same arithmetic and bits as the combine launch), and down makes its input's group sums itself: the
+block is router, gate/up, down, as on the CUDA-core path.
+
 Why: the CUDA-core decode MoE (triton_moe_gemv.py) spends an FMA per code and row, and at 64 streams the block is
 ~17 ms of a ~40 ms step (bench/NOTES.md); on tensor cores the cost per code does not grow with the rows sharing an
 expert. The weights are the repacked layout (`repack_q4_experts`), which a model would hold instead of the MLX one.
@@ -24,7 +28,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..quant.mma_gemv import mma_expert_tiles, mma_matmul_experts, repack_q4, repack_q4_experts
+from ..quant.mma_gemv import GROUP, default_row_blocks, mma_expert_tiles, mma_matmul_experts, repack_q4, repack_q4_experts
+from ..triton_sync import MIN_COUNTERS
 from .triton_combine import combine_slots
 
 
@@ -52,6 +57,17 @@ def pack_mma_experts(gate, up, down, shared_gate=None, shared_up=None, shared_do
         stacked = [tuple(torch.cat([pt, st[None]]) for pt, st in zip(p, s)) for p, s in zip(parts, sh)]
         return MmaExperts(*stacked, shared_last=True)
     return MmaExperts(*parts, shared=tuple(tuple(t[None] for t in s) for s in sh))
+
+
+def _timing_switch(name: str, *values: str) -> str:
+    """A timing switch between equivalent launch plans (bench/NOTES.md A/Bs; removed once one wins): values[0] is
+    the default. DELTASERVE_MMA_DOWN_XS=prep changes down's bits (prep_x's group sums instead of its own)."""
+    import os
+
+    value = os.environ.get(name, values[0])
+    if value not in values:
+        raise ValueError(f"{name} must be one of {values}, found {value!r}")
+    return value
 
 
 def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, shared_weight: torch.Tensor | None,
@@ -85,7 +101,17 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
     xs = prep_x(x, 4, 64)[1] if xs is None else xs  # x's group sums: shared by every gate and up row
     tiles = mma_expert_tiles(ids, num_e, tile_rows)
     hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up)
-    part = mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1)).view(t, slots, -1)
+    # down: hid's group sums are the kernel's own (no prep launch); with single-row tiles (decode-sized batches)
+    # the combine runs at each token's last-arriving down program (no launch either; the same bits as the launch)
+    nbe, groups = experts.down[0].shape[1:3]
+    columns = nbe // default_row_blocks(nbe, ids.numel(), groups * GROUP)  # the down launch's programs per row
+    hs = None if _timing_switch("DELTASERVE_MMA_DOWN_XS", "own", "prep") == "own" else prep_x(hid, 4, GROUP)[1]
+    if (experts.shared is None and tiles.rows == 1 and t * columns <= MIN_COUNTERS  # counters exist before capture
+            and _timing_switch("DELTASERVE_MMA_COMBINE", "fused", "launch") == "fused"):
+        return mma_matmul_experts(hid, *experts.down, ids, 1, xs=hs, tiles=tiles, scale=weights.reshape(-1),
+                                  combine=(residual, torch.empty_like(x)))
+    part = mma_matmul_experts(hid, *experts.down, ids, 1, xs=hs, tiles=tiles, scale=weights.reshape(-1))
+    part = part.view(t, slots, -1)
     if experts.shared is not None:
         sg, su, sd = experts.shared
         zero = torch.zeros(t, dtype=torch.int32, device=x.device)

@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import torch
-import triton
 
-from .triton_moe_gemv import BC, _combine_kernel
+from .triton_moe_gemv import MoeLaunch, launch_combine
 
 
 def combine_slots(part: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
@@ -22,10 +21,6 @@ def combine_slots(part: torch.Tensor, residual: torch.Tensor | None, out: torch.
                          f"{None if residual is None else tuple(residual.shape)} must be [{t}, {h}]")
     if residual is not None and residual.stride(-1) != 1:
         residual = residual.contiguous()
-    res = residual if residual is not None else out
-    if t:
-        _combine_kernel[(t, triton.cdiv(h, BC))](
-            part, res, out, h, res.stride(0), out.stride(0), SLOTS=slots, HAS_RES=residual is not None, BC=BC,
-            num_warps=4,
-        )
+    if t:  # the decode MoE's combine launch (PDL-aware: it waits for the parts, not for its own launch)
+        launch_combine(part, out, residual, out, slots, MoeLaunch())
     return out

@@ -206,9 +206,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c, w_off, x_off, x_mask, sb_off, xs_off, xs_mask, w_live,
-                    W: gl.constexpr, MASKED: gl.constexpr):
+                    W: gl.constexpr, MASKED: gl.constexpr, SELF_XS: gl.constexpr = False):
         """Chunk c's (words, x, (s, b), xs). MASKED: the weight loads too are predicated on w_live (an expert
-        tile with no rows reads nothing)."""
+        tile with no rows reads nothing). SELF_XS: no xs to load (_chunk_acc makes the group sums itself)."""
         if MASKED:
             words = gl.load(w_base + c * W * 128 + w_off, mask=w_live, other=0)
         else:
@@ -218,34 +218,49 @@ if HAVE_GLUON:
             sb = gl.load(sb_base + c * W * 32 + sb_off, mask=w_live, other=0.0)
         else:
             sb = gl.load(sb_base + c * W * 32 + sb_off)
-        xs = gl.load(xs_ptr + c * W + xs_off, mask=xs_mask, other=0.0)
+        if SELF_XS:
+            xs = 0.0
+        else:
+            xs = gl.load(xs_ptr + c * W + xs_off, mask=xs_mask, other=0.0)
         return words, xv, sb, xs
 
     @gluon.jit
     def _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
                     w_live, zero_w, W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr, NCH: gl.constexpr,
                     AHEAD: gl.constexpr, MASKED: gl.constexpr, mma: gl.constexpr, dot_a: gl.constexpr,
-                    dot_b: gl.constexpr):
-        """acc + every chunk in order, chunk 0 being `first` (already loaded); AHEAD: chunk c + 1's loads are
-        issued before chunk c is computed (the bits are the same either way)."""
+                    dot_b: gl.constexpr, SELF_XS: gl.constexpr = False):
+        """acc + every chunk in order, chunk 0 being `first` (already loaded); AHEAD 1: chunk c + 1's loads are
+        issued before chunk c is computed, AHEAD 2: chunks c + 1 and c + 2 are in flight while chunk c is computed
+        (the bits are the same every way)."""
         words, xv, sb, xs = first
+        if AHEAD == 2:
+            n1 = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, min(1, NCH - 1), w_off, x_off, x_mask, sb_off, xs_off,
+                             xs_mask, w_live, W, MASKED, SELF_XS)
         for c in gl.static_range(NCH):
-            if AHEAD:
+            if AHEAD == 2:
+                nxt = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, min(c + 2, NCH - 1), w_off, x_off, x_mask,
+                                  sb_off, xs_off, xs_mask, w_live, W, MASKED, SELF_XS)
+                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+                words, xv, sb, xs = n1
+                n1 = nxt
+            elif AHEAD == 1:
                 nxt = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, min(c + 1, NCH - 1), w_off, x_off, x_mask,
-                                  sb_off, xs_off, xs_mask, w_live, W, MASKED)
-                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b)
+                                  sb_off, xs_off, xs_mask, w_live, W, MASKED, SELF_XS)
+                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
                 words, xv, sb, xs = nxt
             else:
-                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b)
+                acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
                 if c + 1 < NCH:
                     words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c + 1, w_off, x_off, x_mask,
-                                                    sb_off, xs_off, xs_mask, w_live, W, MASKED)
+                                                    sb_off, xs_off, xs_mask, w_live, W, MASKED, SELF_XS)
         return acc
 
     @gluon.jit
     def _chunk_acc(acc, words, xv, sb, xs, zero_w, W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr,
-                   mma: gl.constexpr, dot_a: gl.constexpr, dot_b: gl.constexpr):
-        """acc + one chunk [W, 16 RB, N8] (warp w: its group's s * (q . x) + b * sum(x), as two FMAs in that order)."""
+                   mma: gl.constexpr, dot_a: gl.constexpr, dot_b: gl.constexpr, SELF_XS: gl.constexpr = False):
+        """acc + one chunk [W, 16 RB, N8] (warp w: its group's s * (q . x) + b * sum(x), as two FMAs in that order).
+        SELF_XS: sum(x) is MMA(ones, x), the tensor core's fp32 sum of the column's 64 values (a fixed rounding
+        of its own, per column like the product), instead of the loaded xs: no prep launch for x."""
         # the word's 8 codes as bf16 (128 + q), in the A fragment's register order (e = l + 2 i1 + 4 i2)
         w8 = gl.broadcast(gl.expand_dims(words, 5), zero_w)[0]
         q = gl.inline_asm_elementwise(_DEQUANT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [w8], dtype=gl.bfloat16,
@@ -262,7 +277,13 @@ if HAVE_GLUON:
                               assert_trivial=True)
         b128 = gl.fma(s, -128.0, b)  # b - 128 s: the codes came in as 128 + q
         acc = gl.fma(s[:, :, None], qx, acc)
-        return gl.fma(b128[:, :, None], xs[:, None, :], acc)
+        if SELF_XS:
+            ones = gl.full([W, RB * 16, 64], 1.0, gl.bfloat16, layout=dot_a)
+            xsum = mma_v2(ones, bx, gl.zeros([W, RB * 16, N8], gl.float32, layout=mma))
+            acc = gl.fma(b128[:, :, None], xsum, acc)
+        else:
+            acc = gl.fma(b128[:, :, None], xs[:, None, :], acc)
+        return acc
 
     @gluon.jit
     def _conv_epilogue(total, out_ptr, stride_om, f, o_n, M, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
@@ -305,14 +326,15 @@ if HAVE_GLUON:
                          cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
                          stride_pk, K: gl.constexpr, W: gl.constexpr, RB: gl.constexpr, NT: gl.constexpr,
                          AHEAD: gl.constexpr, CONV: gl.constexpr = False, KCONV: gl.constexpr = 4,
-                         PDL: gl.constexpr = False):
+                         PDL: gl.constexpr = False, SELF_XS: gl.constexpr = False):
         """grid (N / (16 RB),): out[:M, rows of the program] = x[:M] W^T; xs [M, K / 64] fp32 the group sums of x
         (triton_gemv.prep_row's, so the bits of every path that makes them agree). Chunk c is groups c W .. c W +
         W - 1, warp w taking group c W + w; a warp adds its chunks in order, the warps' sums are added last.
         AHEAD: chunk c + 1's loads are issued before chunk c is computed (registers for two chunks). RB and AHEAD
         never change bits; W does. PDL (kernels/triton_pdl.py's protocol): the first chunk's weights are
         requested before the wait for the previous kernel, x and xs after it. CONV: the DeltaNet decode conv on
-        features < C (_conv_epilogue; the pool arguments are unused otherwise)."""
+        features < C (_conv_epilogue; the pool arguments are unused otherwise). SELF_XS: the group sums of x are
+        the kernel's own (_chunk_acc), xs_ptr is not read."""
         pdl_open(PDL)
         G: gl.constexpr = K // 64
         NCH: gl.constexpr = G // W
@@ -343,13 +365,16 @@ if HAVE_GLUON:
             sb = gl.load(sb_base + sb_off)
             pdl_wait(PDL)
             xv = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
-            xs = gl.load(xs_ptr + xs_off, mask=xs_mask, other=0.0)
+            if SELF_XS:
+                xs = 0.0
+            else:
+                xs = gl.load(xs_ptr + xs_off, mask=xs_mask, other=0.0)
             first = (words, xv, sb, xs)
         else:
             first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
-                                True, W, False)
+                                True, W, False, SELF_XS)
         acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
-                          xs_mask, True, zero_w, W, RB, N8, NCH, AHEAD, False, mma, dot_a, dot_b)
+                          xs_mask, True, zero_w, W, RB, N8, NCH, AHEAD, False, mma, dot_a, dot_b, SELF_XS)
         total = gl.sum(acc, axis=0)
         o_row = gl.arange(0, RB * 16, layout=gl.SliceLayout(1, OL))
         o_n = gl.arange(0, N8, layout=gl.SliceLayout(0, OL))
@@ -360,6 +385,32 @@ if HAVE_GLUON:
             o_ptr = out_ptr + o_n[None, :].to(gl.int64) * stride_om + pid * RB * 16 + o_row[:, None]
             gl.store(o_ptr, total.to(out_ptr.dtype.element_ty), mask=(o_n < M)[None, :])
 
+
+    @gluon.jit
+    def _combine_at_last_arrival(part_ptr, res_ptr, comb_ptr, cnt_ptr, t, col, rb, ncols, stride_pm, stride_rm,
+                                 stride_cm, W: gl.constexpr, RB: gl.constexpr, SLOTS: gl.constexpr,
+                                 HAS_RES: gl.constexpr):
+        """After this program stored part row t (= SLOTS * token + slot), features [16 rb, 16 rb + 16 RB): the
+        last of the token's SLOTS programs of this column combines them (triton_sync.last_arrival's protocol:
+        block barrier, acq_rel atomic at GPU scope, the counter reset by the last; parts re-read with .cg)."""
+        tok = t // SLOTS
+        cnt = cnt_ptr + tok * ncols + col
+        gl.thread_barrier()  # every thread's part stores before the release
+        prev = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if prev == SLOTS - 1:
+            gl.store(cnt, 0)
+            FL: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
+            f = rb * 16 + gl.arange(0, RB * 16, layout=FL)
+            base = part_ptr + (tok * SLOTS).to(gl.int64) * stride_pm + f
+            acc = gl.load(base, cache_modifier=".cg")
+            for s in gl.static_range(1, SLOTS):
+                acc += gl.load(base + s * stride_pm, cache_modifier=".cg")
+            o_ty = comb_ptr.dtype.element_ty
+            y = acc.to(o_ty)
+            if HAS_RES:
+                r = gl.load(res_ptr + tok.to(gl.int64) * stride_rm + f)
+                y = (r.to(gl.float32) + y.to(gl.float32)).to(o_ty)
+            gl.store(comb_ptr + tok.to(gl.int64) * stride_cm + f, y)
 
     @gluon.jit
     def _load_weight_chunk(w_base, sb_base, c, w_off, sb_off, w_live, W: gl.constexpr):
@@ -373,29 +424,42 @@ if HAVE_GLUON:
     def _accumulate_pair(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off, x_mask,
                          sb_off, xs_off, xs_mask, w_live, zero_w, W: gl.constexpr, RB: gl.constexpr,
                          N8: gl.constexpr, NCH: gl.constexpr, mma: gl.constexpr, dot_a: gl.constexpr,
-                         dot_b: gl.constexpr):
-        """_accumulate (AHEAD, MASKED) over two weights sharing every x chunk: acc from w, acc2 from w2, each
-        with exactly _accumulate's arithmetic (so each equals that weight's plain result bit for bit)."""
+                         dot_b: gl.constexpr, AHEAD: gl.constexpr = 1, SELF_XS: gl.constexpr = False):
+        """_accumulate (MASKED; AHEAD 1 or 2 chunks in flight) over two weights sharing every x chunk: acc from w,
+        acc2 from w2, each with exactly _accumulate's arithmetic (so each equals that weight's plain result bit for
+        bit)."""
         words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off,
-                                        xs_mask, w_live, W, True)
+                                        xs_mask, w_live, W, True, SELF_XS)
         words2, sb2 = _load_weight_chunk(w2_base, sb2_base, 0, w_off, sb_off, w_live, W)
+        if AHEAD == 2:
+            n1 = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, min(1, NCH - 1), w_off, x_off, x_mask, sb_off, xs_off,
+                             xs_mask, w_live, W, True, SELF_XS)
+            n1w = _load_weight_chunk(w2_base, sb2_base, min(1, NCH - 1), w_off, sb_off, w_live, W)
         for c in gl.static_range(NCH):
-            nc = min(c + 1, NCH - 1)
+            nc = min(c + AHEAD, NCH - 1)
             nxt = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, nc, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
-                              w_live, W, True)
+                              w_live, W, True, SELF_XS)
             nxt2 = _load_weight_chunk(w2_base, sb2_base, nc, w_off, sb_off, w_live, W)
-            acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b)
-            acc2 = _chunk_acc(acc2, words2, xv, sb2, xs, zero_w, W, RB, N8, mma, dot_a, dot_b)
-            words, xv, sb, xs = nxt
-            words2, sb2 = nxt2
+            acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+            acc2 = _chunk_acc(acc2, words2, xv, sb2, xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+            if AHEAD == 2:
+                words, xv, sb, xs = n1
+                words2, sb2 = n1w
+                n1 = nxt
+                n1w = nxt2
+            else:
+                words, xv, sb, xs = nxt
+                words2, sb2 = nxt2
         return acc, acc2
 
     @gluon.jit
     def _mma_experts_kernel(x_ptr, xs_ptr, w_ptr, sb_ptr, w2_ptr, sb2_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr,
-                            hi_ptr, order_ptr, stride_xm, stride_sm, stride_om, NBE, XREP: gl.constexpr,
-                            K: gl.constexpr, W: gl.constexpr, NT: gl.constexpr, RB: gl.constexpr,
-                            SINGLE: gl.constexpr, GATED: gl.constexpr, SCALED: gl.constexpr,
-                            PDL: gl.constexpr = False):
+                            hi_ptr, order_ptr, stride_xm, stride_sm, stride_om, NBE, res_ptr, comb_ptr, cnt_ptr,
+                            stride_rm, stride_cm, XREP: gl.constexpr, K: gl.constexpr, W: gl.constexpr,
+                            NT: gl.constexpr, RB: gl.constexpr, SINGLE: gl.constexpr, GATED: gl.constexpr,
+                            SCALED: gl.constexpr, PDL: gl.constexpr = False, SELF_XS: gl.constexpr = False,
+                            COMBINE: gl.constexpr = False, SLOTS: gl.constexpr = 1, HAS_RES: gl.constexpr = False,
+                            AHEAD: gl.constexpr = 1):
         """grid (tiles, N / (16 RB)): the plain kernel's arithmetic on expert tile t, row blocks
         [RB p, RB p + RB) of its expert (the x columns are loaded once for the RB blocks). A tile is sorted rows
         [lo, hi) of expert tile_e[t] (<= 8 NT of them), sorted row i being output row order[i] and input row
@@ -406,7 +470,11 @@ if HAVE_GLUON:
                   x / (1 + e^-x) in fp32 (the MoE's h = SiLU(gate) * up, each step rounded as torch's bf16 ops);
           SCALED  out (fp32) = scale[row] * bf16(y) (a routed slot's contribution before the combine).
         Each output row is its own MMA column: its bits depend on (K, W) only, never on which rows share the
-        expert, the tile or the launch."""
+        expert, the tile or the launch. SELF_XS: x's group sums are the kernel's own (_chunk_acc), xs_ptr unread.
+        COMBINE (SINGLE and SCALED, rows t = SLOTS * token + slot): the program that stores the last of a token's
+        SLOTS parts of its row blocks (triton_sync's last arrival, one counter per (token, program column) at
+        cnt_ptr) also does triton_combine.combine_slots' arithmetic on them: the slots added 0 .. SLOTS-1 in fp32
+        (re-read from L2), rounded to comb's dtype, then + residual (HAS_RES) rounded once, into comb [T, N]."""
         pdl_open(PDL)
         G: gl.constexpr = K // 64
         NCH: gl.constexpr = G // W
@@ -457,20 +525,25 @@ if HAVE_GLUON:
             acc2 = gl.zeros([W, RB * 16, N8], gl.float32, layout=mma)
             acc, acc2 = _accumulate_pair(acc, acc2, w_base, w2_ptr + (e64 * NBE + rb) * G * 128, x_ptr, sb_base,
                                          sb2_ptr + (e64 * NBE + rb) * G * 32, xs_ptr, w_off, x_off, x_mask, sb_off,
-                                         xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a, dot_b)
+                                         xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a, dot_b, AHEAD,
+                                         SELF_XS)
             g = gl.sum(acc, axis=0).to(gl.bfloat16).to(gl.float32)
             u = gl.sum(acc2, axis=0).to(gl.bfloat16).to(gl.float32)
             sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
             gl.store(o_ptr, (sg * u).to(out_ptr.dtype.element_ty), mask=o_mask)
         else:
             first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
-                                live, W, True)
+                                live, W, True, SELF_XS)
             acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
-                              xs_mask, live, zero_w, W, RB, N8, NCH, 1, True, mma, dot_a, dot_b)
+                              xs_mask, live, zero_w, W, RB, N8, NCH, AHEAD, True, mma, dot_a, dot_b, SELF_XS)
             total = gl.sum(acc, axis=0)
             if SCALED:
                 sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
                 gl.store(o_ptr, sc[None, :] * total.to(gl.bfloat16).to(gl.float32), mask=o_mask)
+                if COMBINE:
+                    _combine_at_last_arrival(out_ptr, res_ptr, comb_ptr, cnt_ptr, t, gl.program_id(1), rb,
+                                             gl.num_programs(1), stride_om, stride_rm, stride_cm, W, RB, SLOTS,
+                                             HAS_RES)
             else:
                 gl.store(o_ptr, total.to(out_ptr.dtype.element_ty), mask=o_mask)
 
@@ -486,7 +559,8 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
              xs: torch.Tensor | None = None, config: tuple[int, int, int] | None = None,
              conv: tuple | None = None) -> torch.Tensor:
     """y = x W^T for x [..., K] bf16 and a repack_q4 weight; [..., N] bf16 (launches of at most MAX_ROWS rows).
-    xs: the rows' group sums (fp32 [M, K / 64], triton_gemv.prep_x's or the norm's prep); None: a prep launch.
+    xs: the rows' group sums (fp32 [M, K / 64], triton_gemv.prep_x's or the norm's prep); None: the kernel makes
+    its own on the tensor cores (MMA with ones: no prep launch; a fixed rounding of its own, per row).
     config: (W, RB, AHEAD) instead of default_config (W changes bits; RB and AHEAD do not).
     conv: gated_delta.triton_decode.DecodeConv (or the same as a tuple): x holds one token per sequence, and
     features < channels come out as SiLU(causal conv) with the pool updated, meant to equal this GEMV followed by
@@ -514,11 +588,10 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
             mma_gemv(x2[r : r + MAX_ROWS], words, sb, out=out[r : r + MAX_ROWS],
                      xs=None if xs is None else xs[r : r + MAX_ROWS], config=config)
         return out.reshape(*lead, n)
-    if xs is None:
-        from .triton_gemv import prep_x
-
-        xs = prep_x(x2, 4, GROUP)[1]
-    if xs.dtype != torch.float32 or tuple(xs.shape) != (m, g) or xs.stride(-1) != 1:
+    self_xs = xs is None
+    if self_xs:
+        xs = x2  # a placeholder pointer: not read
+    elif xs.dtype != torch.float32 or tuple(xs.shape) != (m, g) or xs.stride(-1) != 1:
         raise ValueError(f"mma_gemv: xs must be fp32 [{m}, {g}] with unit column stride, found {xs.dtype} "
                          f"{tuple(xs.shape)} strides {xs.stride()}")
     if out is None:
@@ -537,7 +610,7 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
         kconv, conv_args = 4, (x2, x2, x2, x2, 0, 0, 0, 0, 0, 0)
     _mma_gemv_kernel[(nb // rb,)](x2, xs, words, sb, out, m, x2.stride(0), xs.stride(0), out.stride(0), *conv_args,
                                   K=k, W=warps, RB=rb, NT=column_tiles(m), AHEAD=ahead, CONV=conv is not None,
-                                  KCONV=kconv, num_warps=warps, **pdl_args(x2))
+                                  KCONV=kconv, SELF_XS=self_xs, num_warps=warps, **pdl_args(x2))
     return out.reshape(*lead, n)
 
 
@@ -612,18 +685,30 @@ def default_row_blocks(nbe: int, m: int, k: int) -> int:
     return 2 if k < 1024 and m > 16 and nbe % 2 == 0 else 1
 
 
+def default_ahead(m: int, gated: bool) -> int:
+    """Chunks in flight per warp in the experts kernel (never a row's bits): two for the gated form and past 16
+    rows, else one (H200 sweep, bench/NOTES.md: gated 64 tokens 118.5 -> 101.0 us, 1 token 6.36 -> 6.21; down
+    64 tokens 50.5 -> 47.1 us, 1 token 3.59 -> 3.78)."""
+    return 2 if gated or m > 16 else 1
+
+
 def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, expert_ids: torch.Tensor,
                        x_repeat: int = 1, xs: torch.Tensor | None = None, out: torch.Tensor | None = None,
                        tiles: MmaTiles | None = None, up: tuple | None = None, scale: torch.Tensor | None = None,
-                       config: tuple[int, int] | None = None) -> torch.Tensor:
+                       config: tuple[int, int] | None = None, combine: tuple | None = None) -> torch.Tensor:
     """Row m of the result = x[m // x_repeat] W[expert_ids[m]]^T on tensor cores, for stacked repacked experts
     (repack_q4_experts) and x [rows, K] bf16; [M, N] in x's dtype. The same rows as
     triton_affine.affine_matmul_experts (an MoE block's gate, up and down), each row an MMA column of its expert's
-    tile: a row's bits depend on (K, W) only. xs: x's group sums (prep_x's, [rows, K / 64]); None: a prep launch.
+    tile: a row's bits depend on (K, W) only. xs: x's group sums (prep_x's, [rows, K / 64]); None: the kernel's own
+    (MMA with ones, as mma_gemv's: no prep launch).
     tiles: mma_expert_tiles(ids, E) to share across the block's calls (None: built here).
     up: a second stacked weight (words, sb) of W's shape: the result is h = SiLU(x W^T) * (x W_up^T) in bf16
     (the kernel's GATED epilogue). scale: fp32 [M]: the result is fp32, scale[m] * bf16(row m) (SCALED).
-    config: (W, RB) warps per program (changes bits) and row blocks per program (does not)."""
+    config: (W, RB[, AHEAD]) warps per program (changes bits), row blocks per program and chunks in flight (1 or
+    2; neither changes bits).
+    combine: (residual [T, N] or None, comb [T, N]) with scale= and single-row tiles, rows being T tokens x S
+    slots: the launch also does triton_combine.combine_slots(out.view(T, S, N), residual, comb) (the same
+    arithmetic, the same bits) at each token's last-arriving program, and returns comb; out still holds the parts."""
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("mma_matmul_experts: needs a CUDA device and Triton's Gluon; mma_experts_reference is "
                            "its CPU meaning")
@@ -644,10 +729,12 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     if scale is not None and (scale.dtype != torch.float32 or scale.numel() != m or not scale.is_contiguous()):
         raise ValueError(f"mma_matmul_experts: scale must be contiguous fp32 with one value per row ({m}), found "
                          f"{scale.dtype} {tuple(scale.shape)}")
-    if xs is None:
-        from .triton_gemv import prep_x
-
-        xs = prep_x(x, 4, GROUP)[1]
+    self_xs = xs is None
+    if self_xs:
+        xs = x  # a placeholder pointer: not read
+    elif xs.dtype != torch.float32 or tuple(xs.shape) != (x.shape[0], g) or xs.stride(-1) != 1:
+        raise ValueError(f"mma_matmul_experts: xs must be fp32 [{x.shape[0]}, {g}] with unit column stride, found "
+                         f"{xs.dtype} {tuple(xs.shape)} strides {xs.stride()}")
     out_dtype = torch.float32 if scale is not None else x.dtype
     if out is None:
         out = torch.empty(m, n, dtype=out_dtype, device=x.device)
@@ -661,16 +748,39 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     if tiles.tile_e.numel() != want:  # a table built for other rows would drop or misread rows
         raise ValueError(f"mma_matmul_experts: tiles of {tiles.rows} rows for {m} rows must number {want}, found "
                          f"{tiles.tile_e.numel()} (build them with mma_expert_tiles for these ids)")
-    warps, rb = config or (default_warps(k), default_row_blocks(nbe, m, k))
+    warps, rb, ahead = ((*config, default_ahead(m, up is not None))[:3] if config else
+                        (default_warps(k), default_row_blocks(nbe, m, k), default_ahead(m, up is not None)))
+    if ahead not in (1, 2):
+        raise ValueError(f"mma_matmul_experts: AHEAD (chunks in flight) must be 1 or 2, found {ahead}")
     if g % warps or nbe % rb:
         raise ValueError(f"mma_matmul_experts: config W={warps}, RB={rb} does not divide the {g} groups / {nbe} "
                          f"row blocks")
+    slots, res, comb, counters = 1, out, out, out
+    if combine is not None:
+        res, comb = combine
+        if scale is None or tiles.rows != 1:
+            raise ValueError("mma_matmul_experts: combine= needs scale= (the down projection) and single-row tiles")
+        tokens = comb.shape[0] if comb.dim() == 2 else -1
+        if tokens <= 0 or m % tokens or comb.shape != (tokens, n) or comb.stride(-1) != 1 or \
+                comb.dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"mma_matmul_experts: combine's output must be bf16/fp16 [T, {n}] with T dividing the "
+                             f"{m} rows, found {comb.dtype} {tuple(comb.shape)}")
+        if res is not None and (res.shape != comb.shape or res.stride(-1) != 1):
+            raise ValueError(f"mma_matmul_experts: combine's residual must be [{tokens}, {n}] with unit column "
+                             f"stride, found {tuple(res.shape)}")
+        slots = m // tokens
+        from ..triton_sync import arrival_counters
+
+        counters = arrival_counters(x.device, tokens * (nbe // rb))
     if m:
         single = tiles.rows == 1
         table = (tiles.tile_e,) * 3 if single else (tiles.lo, tiles.hi, tiles.order)
         w2, sb2 = up if up is not None else (words, sb)
+        rs = comb if combine is None or res is None else res
         _mma_experts_kernel[(tiles.tile_e.numel(), nbe // rb)](
-            x, xs, words, sb, w2, sb2, out, scale if scale is not None else xs, tiles.tile_e, *table, x.stride(0),
-            xs.stride(0), out.stride(0), nbe, XREP=x_repeat, K=k, W=warps, NT=column_tiles(tiles.rows), RB=rb,
-            SINGLE=single, GATED=up is not None, SCALED=scale is not None, num_warps=warps, **pdl_args(x))
-    return out
+            x, xs, words, sb, w2, sb2, out, scale if scale is not None else out, tiles.tile_e, *table, x.stride(0),
+            xs.stride(0), out.stride(0), nbe, rs, comb, counters, rs.stride(0), comb.stride(0), XREP=x_repeat, K=k,
+            W=warps, NT=column_tiles(tiles.rows), RB=rb, SINGLE=single, GATED=up is not None,
+            SCALED=scale is not None, SELF_XS=self_xs, COMBINE=combine is not None, SLOTS=slots,
+            HAS_RES=combine is not None and res is not None, AHEAD=ahead, num_warps=warps, **pdl_args(x))
+    return out if combine is None else comb
