@@ -59,17 +59,6 @@ def pack_mma_experts(gate, up, down, shared_gate=None, shared_up=None, shared_do
     return MmaExperts(*parts, shared=tuple(tuple(t[None] for t in s) for s in sh))
 
 
-def _timing_switch(name: str, *values: str) -> str:
-    """A timing switch between equivalent launch plans (bench/NOTES.md A/Bs; removed once one wins): values[0] is
-    the default. DELTASERVE_MMA_DOWN_XS=prep changes down's bits (prep_x's group sums instead of its own)."""
-    import os
-
-    value = os.environ.get(name, values[0])
-    if value not in values:
-        raise ValueError(f"{name} must be one of {values}, found {value!r}")
-    return value
-
-
 def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, shared_weight: torch.Tensor | None,
                   experts: MmaExperts, residual: torch.Tensor | None = None, xs: torch.Tensor | None = None,
                   tile_rows: int | None = None, shared_slotted: bool = False) -> torch.Tensor:
@@ -105,13 +94,10 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
     # the combine runs at each token's last-arriving down program (no launch either; the same bits as the launch)
     nbe, groups = experts.down[0].shape[1:3]
     columns = nbe // default_row_blocks(nbe, ids.numel(), groups * GROUP)  # the down launch's programs per row
-    hs = None if _timing_switch("DELTASERVE_MMA_DOWN_XS", "own", "prep") == "own" else prep_x(hid, 4, GROUP)[1]
-    if (experts.shared is None and tiles.rows == 1 and t * columns <= MIN_COUNTERS  # counters exist before capture
-            and _timing_switch("DELTASERVE_MMA_COMBINE", "fused", "launch") == "fused"):
-        return mma_matmul_experts(hid, *experts.down, ids, 1, xs=hs, tiles=tiles, scale=weights.reshape(-1),
+    if experts.shared is None and tiles.rows == 1 and t * columns <= MIN_COUNTERS:  # counters exist before capture
+        return mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1),
                                   combine=(residual, torch.empty_like(x)))
-    part = mma_matmul_experts(hid, *experts.down, ids, 1, xs=hs, tiles=tiles, scale=weights.reshape(-1))
-    part = part.view(t, slots, -1)
+    part = mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1)).view(t, slots, -1)
     if experts.shared is not None:
         sg, su, sd = experts.shared
         zero = torch.zeros(t, dtype=torch.int32, device=x.device)

@@ -19,8 +19,9 @@ column 16 c + 4 j + 2 i2 + l: any fixed permutation of K inside a group leaves t
 this one lets a thread's B fragments (column n = lane // 4, kk in {2c, 2c+1, 2c+8, 2c+9} + 16 j) be the 16
 consecutive x values x[n, 64 g + 16 c : + 16], two 128-bit loads.
 
-Arithmetic, per 16 rows x 64 columns x 8 rows of x: qx = MMA(128 + q, x) and xs = MMA(ones, x) (the group sums of x
-in the accumulator's layout), then s * qx + (b - 128 s) * xs in fp32 = s * (q . x) + b * sum(x): the same
+Arithmetic, per 16 rows x 64 columns x 8 rows of x: qx = MMA(128 + q, x) and xs, the group sums of x (given:
+prep_x's or the norm's, loaded; or the kernel's own, MMA(ones, x), which costs no prep launch and has a rounding of
+its own), then s * qx + (b - 128 s) * xs in fp32 = s * (q . x) + b * sum(x): the same
 group factorisation as the CUDA-core GEMV, products exact, sums in the tensor core's fp32. Work split: a program
 owns 16 output rows and the whole K; its W warps take interleaved groups (warp w: groups w, w + W, ...); a warp
 adds its groups' results in order, then the warps' partial sums are added in a fixed order (Triton's cross-warp
