@@ -44,7 +44,7 @@ def configs(n: int, k: int) -> list[tuple[int, int, int]]:
     from deltaserve.kernels.quant import mma_gemv as mg
 
     g, nb = k // mg.GROUP, n // mg.ROW_BLOCK
-    rest = [(w, rb, ah) for w in (mg.default_warps(k),) for rb in (1, 2, 4) for ah in (1, 2, 0)
+    rest = [(w, rb, ah) for w in (mg.default_warps(k),) for rb in (1, 2, 4, 8) for ah in (1, 2)
             if g % w == 0 and nb % rb == 0]
     base = mg.default_config(k)
     return [base] + [c for c in dict.fromkeys(rest) if c != base]
@@ -367,7 +367,12 @@ def main(argv=None) -> int:
                     got = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
                     got.copy_(fn(xs[0], weights[0]))
                     torch.cuda.synchronize()
-                    rows = {r: fn(xs[0][r : r + 1].clone(), weights[0]) for r in sorted({0, m - 1})}  # own xs
+                    rows = {}
+                    for r in sorted({0, m - 1}):  # the row alone, in its own tensor, with its own slice of the sums
+                        alone = xs[0][r : r + 1].clone()
+                        sums[alone.data_ptr()] = sums[xs[0].data_ptr()][r : r + 1].clone()
+                        rows[r] = fn(alone, weights[0])
+                        del sums[alone.data_ptr()]
                     inv = all(torch.equal(got[r : r + 1], y) for r, y in rows.items())
                     err = rel_err(got, want[:m])
                     fns = [lambda x=x, w=weights[j % len(weights)]: timed(x, w) for j, x in enumerate(xs)]

@@ -53,7 +53,7 @@ def _mma_gemv_of(p, s, b):
 
 
 @pytest.mark.parametrize("c,extra,k", [(64, 16, 256), (8192, 4160, 2048)])
-@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("m", [1, 3, 16, 64])
 def test_mma_gemv_conv(dev, c, extra, k, m):
     """mma_gemv(conv=...) == mma_gemv then causal_conv on the first C features, bit for bit (outputs and pool),
     the other slots untouched, and against fp64 (the DeltaNet in_proj decode of the model): the CUDA-core GEMV's
@@ -65,6 +65,32 @@ def test_mma_gemv_conv(dev, c, extra, k, m):
 
 def test_mma_gemv_conv_invariance(dev):
     kc.check_gemv_conv_invariance({}, dev, 8192, 4160, 2048, gemv=_mma_gemv_of)
+
+
+@pytest.mark.parametrize("n,k", [(12352, 2048), (2048, 4096)])
+def test_mma_gemv_launch_shapes_same_bits(dev, n, k):
+    """Row blocks per program and chunks in flight (which default_config picks by the rows of x) never change a
+    bit: 64 rows under every (RB, AHEAD) == under (1, 1), plain and with the conv epilogue (outputs and pool)."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    p, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
+    words, sb = mg.repack_q4(p, s, b)
+    w = mg.default_warps(k)
+    x = torch.randn(64, k, device=dev).bfloat16()
+    base = mg.mma_gemv(x, words, sb, config=(w, 1, 1))
+    assert mg.default_config(k, 64, n // 16) != (w, 1, 1)  # the 64-row default is another launch shape
+    for rb in (1, 2):
+        for ahead in (1, 2):
+            assert torch.equal(mg.mma_gemv(x, words, sb, config=(w, rb, ahead)), base), (rb, ahead)
+    assert torch.equal(mg.mma_gemv(x, words, sb), base), "the default launch shape at 64 rows"
+    c = min(8192, n // 2)
+    cw, pool, slots, ctx = kc.conv_problem(dev, 64, c, 4, 3 * 64 + 2, (1,))
+    pool = pool.nan_to_num()
+    outs = []
+    for config in ((w, 1, 1), (w, 2, 1)):  # (the default keeps (W, 1, 1) with the conv; RB 2 is its next candidate)
+        pl = pool.clone()
+        outs.append((mg.mma_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c), config=config), pl))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), "conv epilogue bits"
 
 
 # ------------------------------------------------------------------ experts (grouped) and the MoE block

@@ -116,12 +116,21 @@ def default_warps(k: int) -> int:
     raise ValueError(f"mma_gemv: K = {k} is not a multiple of {GROUP}")
 
 
-def default_config(k: int) -> tuple[int, int, int]:
-    """(W, RB, AHEAD) for a weight: warps per program (they split K: W decides the order in which a row's groups
-    are added, so it is fixed by the weight alone), row blocks of 16 per program and the one-chunk lookahead (these
-    two never change bits). RB 1, AHEAD 1: the sweep's best at one row for every decode linear of the 35B-A3B
-    (H200, scripts/sweep_mma_gemv.py: 12352 x 2048 RB 1 7.78 us, RB 2 10.98, RB 4 13.03)."""
-    return default_warps(k), 1, 1
+def default_config(k: int, m: int = 1, nb: int | None = None) -> tuple[int, int, int]:
+    """(W, RB, AHEAD) for a weight of K columns (and nb row blocks of 16) at m rows of x: warps per program (they
+    split K: W decides the order in which a row's groups are added, so it is fixed by the weight alone), row blocks
+    of 16 per program and chunks in flight (these two never change bits, so they may follow m). H200 sweeps
+    (scripts/sweep_mma_gemv.py, bench/NOTES.md): at one row RB 1, AHEAD 1 for every decode linear of the 35B-A3B
+    (12352 x 2048 RB 1 7.78 us, RB 2 10.98, RB 4 13.03); at 64 rows, where every program re-reads all of x from L2,
+    two row blocks share those reads for K <= 2048 (12352 x 2048 55.9 -> 33.9 us, the lm_head 945 -> 540; RB 4
+    spills) and K = 4096 keeps one with two chunks in flight (22.7 -> 20.8 us). Between 2 and 16 rows: not swept
+    yet, the one-row choice."""
+    warps = default_warps(k)
+    if m <= 16:
+        return warps, 1, 1
+    if k <= 2048 and (nb is None or nb % 2 == 0):
+        return warps, 2, 1
+    return warps, 1, 2
 
 
 if HAVE_GLUON:
@@ -597,7 +606,9 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
                          f"{tuple(xs.shape)} strides {xs.stride()}")
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    warps, rb, ahead = config or default_config(k)
+    # the conv epilogue keeps the one-row launch shape: at 64 rows and RB 2 its tile spills (418 local memory
+    # instructions in the sm_90 SASS against 43 without the epilogue) and that form has not been timed
+    warps, rb, ahead = config or (default_config(k) if conv is not None else default_config(k, m, nb))
     if g % warps or nb % rb:
         raise ValueError(f"mma_gemv: config W={warps}, RB={rb} does not divide the {g} groups / {nb} row blocks")
     if conv is not None:
