@@ -301,9 +301,9 @@ if HAVE_GLUON:
         """The DeltaNet decode conv on the program's output tile (gated_delta.triton_decode.conv_epilogue's
         arithmetic, here with features f [R] as rows and tokens o_n [N8] as columns): y = the projection rounded
         to the activation dtype; features < C get SiLU(sum_j w[f, j] [state ; y]_j) (fp32, j = 0 .. KCONV-1 from
-        zero, as _conv_kernel) and shift their pool window (oldest dropped, y appended); the rest store y. Every
-        warp holds the whole tile (the cross-warp sum's layout), so reads and writes of the pool are separated by
-        block barriers; Triton stores a replicated value once."""
+        zero, as _conv_kernel) and shift their pool window (oldest dropped, y appended); the rest store y. A layout
+        may hold an element in several threads (small tiles wrap), so reads and writes of the pool are separated
+        by block barriers; Triton stores a replicated value once."""
         act = out_ptr.dtype.element_ty
         y = total.to(act)
         live = o_n < M
@@ -389,7 +389,13 @@ if HAVE_GLUON:
         o_row = gl.arange(0, RB * 16, layout=gl.SliceLayout(1, OL))
         o_n = gl.arange(0, N8, layout=gl.SliceLayout(0, OL))
         if CONV:
-            _conv_epilogue(total, out_ptr, stride_om, pid * RB * 16 + o_row, o_n, M, cw_ptr, pool_ptr, slot_ptr,
+            # the conv on the tile spread over the warps (the cross-warp sum leaves all of it in every warp: at 64
+            # rows of x and RB 2 that replicated epilogue spilled); elementwise, so the layout changes no value
+            EL: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [1, W], [0, 1])
+            tot = gl.convert_layout(total, EL)
+            e_row = gl.arange(0, RB * 16, layout=gl.SliceLayout(1, EL))
+            e_n = gl.arange(0, N8, layout=gl.SliceLayout(0, EL))
+            _conv_epilogue(tot, out_ptr, stride_om, pid * RB * 16 + e_row, e_n, M, cw_ptr, pool_ptr, slot_ptr,
                            ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV)
         else:
             o_ptr = out_ptr + o_n[None, :].to(gl.int64) * stride_om + pid * RB * 16 + o_row[:, None]
@@ -606,9 +612,7 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
                          f"{tuple(xs.shape)} strides {xs.stride()}")
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    # the conv epilogue keeps the one-row launch shape: at 64 rows and RB 2 its tile spills (418 local memory
-    # instructions in the sm_90 SASS against 43 without the epilogue) and that form has not been timed
-    warps, rb, ahead = config or (default_config(k) if conv is not None else default_config(k, m, nb))
+    warps, rb, ahead = config or default_config(k, m, nb)
     if g % warps or nb % rb:
         raise ValueError(f"mma_gemv: config W={warps}, RB={rb} does not divide the {g} groups / {nb} row blocks")
     if conv is not None:
