@@ -39,14 +39,16 @@ L2_BYTES = 256 << 20
 CALLS = 40
 
 
-def configs(n: int, k: int) -> list[tuple[int, int, int]]:
-    """(W, RB, AHEAD): the default first, then the others (W changes bits, RB and AHEAD do not)."""
+def configs(n: int, k: int, m: int = 1) -> list[tuple[int, int, int]]:
+    """(W, RB, AHEAD) at m rows of x: the default first, then the others (W changes bits, RB and AHEAD do not);
+    AHEAD = every chunk (the weight requested whole before the PDL wait) only at one row block and up to 8 rows."""
     from deltaserve.kernels.quant import mma_gemv as mg
 
     g, nb = k // mg.GROUP, n // mg.ROW_BLOCK
-    rest = [(w, rb, ah) for w in (mg.default_warps(k),) for rb in (1, 2, 4, 8) for ah in (1, 2)
-            if g % w == 0 and nb % rb == 0]
-    base = mg.default_config(k)
+    w0 = mg.default_warps(k)
+    rest = [(w, rb, ah) for w in (w0,) for rb in (1, 2, 4, 8) for ah in (1, 2, g // w0)
+            if g % w == 0 and nb % rb == 0 and (ah <= 2 or (rb == 1 and m <= 8))]
+    base = mg.default_config(k, m, nb)
     return [base] + [c for c in dict.fromkeys(rest) if c != base]
 
 
@@ -349,7 +351,7 @@ def main(argv=None) -> int:
             # writes them): timed without their prep launch, or (--after-norm) with the norm that makes them
             runs = [("affine_gemv", "default", base, base_after_norm if args.after_norm else base, packed)]
             sums = {x.data_ptr(): tg.prep_x(x, 4, 64)[1] for x in xs}
-            for w, rb, ah in configs(n, k):
+            for w, rb, ah in configs(n, k, m):
                 def plain(x, wt, c=(w, rb, ah)):
                     return mg.mma_gemv(x, *wt, xs=sums.get(x.data_ptr()), config=c)
 

@@ -83,6 +83,9 @@ def test_mma_gemv_launch_shapes_same_bits(dev, n, k):
         for ahead in (1, 2):
             assert torch.equal(mg.mma_gemv(x, words, sb, config=(w, rb, ahead)), base), (rb, ahead)
     assert torch.equal(mg.mma_gemv(x, words, sb), base), "the default launch shape at 64 rows"
+    every = k // 64 // w  # AHEAD >= the chunks: the whole weight requested up front (a form for up to 8 rows)
+    for m in (1, 8):
+        assert torch.equal(mg.mma_gemv(x[:m], words, sb, config=(w, 1, every)), base[:m]), f"all chunks, {m} rows"
     c = min(8192, n // 2)
     cw, pool, slots, ctx = kc.conv_problem(dev, 64, c, 4, 3 * 64 + 2, (1,))
     pool = pool.nan_to_num()
@@ -91,6 +94,9 @@ def test_mma_gemv_launch_shapes_same_bits(dev, n, k):
         pl = pool.clone()
         outs.append((mg.mma_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c), config=config), pl))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), "conv epilogue bits"
+    rows = [(mg.mma_gemv(x[:8], words, sb, conv=(cw, pl, slots[:8], ctx[:8], c), config=config), pl)
+            for config in ((w, 1, 1), (w, 1, every)) for pl in (pool.clone(),)]
+    assert torch.equal(rows[0][0], rows[1][0]) and torch.equal(rows[0][1], rows[1][1]), "conv, all chunks"
 
 
 # ------------------------------------------------------------------ experts (grouped) and the MoE block

@@ -156,10 +156,17 @@ if HAVE_GLUON:
 
     @gluon.jit
     def pdl_wait(PDL: gl.constexpr):
-        """triton_pdl.pdl_wait for Gluon kernels."""
+        """triton_pdl.pdl_wait for Gluon kernels, also a compiler memory barrier (no load moves across it: the
+        predecessor's outputs are read after it, constant data requested before it stays there)."""
         if PDL:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r,~{memory}", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+
+    @gluon.jit
+    def loads_issued():
+        """A compiler memory barrier and nothing else: loads written before it are issued before it (LLVM would
+        otherwise sink each to its first use, one memory latency per use in a chain)."""
+        gl.inline_asm_elementwise("// loads issued $0", "=r,~{memory}", [], dtype=gl.int32, is_pure=False, pack=1)
 
     # The register layouts both kernels share (W warps splitting K, RB row blocks of 16 per program); the layouts
     # derived from them (dot operands, slices) are spelled where they are used.
@@ -340,8 +347,9 @@ if HAVE_GLUON:
         """grid (N / (16 RB),): out[:M, rows of the program] = x[:M] W^T; xs [M, K / 64] fp32 the group sums of x
         (triton_gemv.prep_row's, so the bits of every path that makes them agree). Chunk c is groups c W .. c W +
         W - 1, warp w taking group c W + w; a warp adds its chunks in order, the warps' sums are added last.
-        AHEAD: chunk c + 1's loads are issued before chunk c is computed (registers for two chunks). RB and AHEAD
-        never change bits; W does. PDL (kernels/triton_pdl.py's protocol): the first chunk's weights are
+        AHEAD: chunks c + 1 .. c + AHEAD are requested before chunk c is computed (AHEAD >= NCH: every chunk
+        at once, the weight's before the PDL wait; registers for all of them, so for a few rows of x only). RB and
+        AHEAD never change bits; W does. PDL (kernels/triton_pdl.py's protocol): the first chunk's weights are
         requested before the wait for the previous kernel, x and xs after it. CONV: the DeltaNet decode conv on
         features < C (_conv_epilogue; the pool arguments are unused otherwise). SELF_XS: the group sums of x are
         the kernel's own (_chunk_acc), xs_ptr is not read."""
@@ -370,7 +378,27 @@ if HAVE_GLUON:
         sb_base = sb_ptr + pid * RB * G * 32
         zero_w = gl.zeros([W, RB, 8, 4, 4, 8], gl.int32, layout=WL8)
         acc = gl.zeros([W, RB * 16, N8], gl.float32, layout=mma)
-        if PDL:
+        if AHEAD >= NCH:
+            # every chunk in flight at once: all the weight's words and (s, b) requested first (before the wait for
+            # the previous kernel under PDL, which also keeps ptxas from sinking them to their use), then all of x
+            wt = ()
+            sbt = ()
+            for c in gl.static_range(NCH):
+                wt = wt + (gl.load(w_base + c * W * 128 + w_off),)
+                sbt = sbt + (gl.load(sb_base + c * W * 32 + sb_off),)
+            pdl_wait(PDL)
+            xt = ()
+            xst = ()
+            for c in gl.static_range(NCH):
+                xt = xt + (gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0),)
+                if SELF_XS:
+                    xst = xst + (0.0,)
+                else:
+                    xst = xst + (gl.load(xs_ptr + c * W + xs_off, mask=xs_mask, other=0.0),)
+            loads_issued()
+            for c in gl.static_range(NCH):
+                acc = _chunk_acc(acc, wt[c], xt[c], sbt[c], xst[c], zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+        elif PDL:
             words = gl.load(w_base + w_off)  # constant data first
             sb = gl.load(sb_base + sb_off)
             pdl_wait(PDL)
@@ -383,8 +411,9 @@ if HAVE_GLUON:
         else:
             first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
                                 True, W, False, SELF_XS)
-        acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
-                          xs_mask, True, zero_w, W, RB, N8, NCH, AHEAD, False, mma, dot_a, dot_b, SELF_XS)
+        if AHEAD < NCH:
+            acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
+                              xs_mask, True, zero_w, W, RB, N8, NCH, AHEAD, False, mma, dot_a, dot_b, SELF_XS)
         total = gl.sum(acc, axis=0)
         o_row = gl.arange(0, RB * 16, layout=gl.SliceLayout(1, OL))
         o_n = gl.arange(0, N8, layout=gl.SliceLayout(0, OL))
@@ -615,6 +644,8 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
     warps, rb, ahead = config or default_config(k, m, nb)
     if g % warps or nb % rb:
         raise ValueError(f"mma_gemv: config W={warps}, RB={rb} does not divide the {g} groups / {nb} row blocks")
+    if ahead not in (0, 1, 2) and ahead < g // warps:
+        raise ValueError(f"mma_gemv: AHEAD={ahead}: 0, 1, 2 chunks ahead, or >= the {g // warps} chunks (all)")
     if conv is not None:
         from ..gated_delta.triton_decode import DecodeConv, check_decode_conv
 
