@@ -25,9 +25,10 @@ its own), then s * qx + (b - 128 s) * xs in fp32 = s * (q . x) + b * sum(x): the
 group factorisation as the CUDA-core GEMV, products exact, sums in the tensor core's fp32. Work split: a program
 owns 16 output rows and the whole K; its W warps take interleaved groups (warp w: groups w, w + W, ...); a warp
 adds its groups' results in order, then the warps' partial sums are added in a fixed order (Triton's cross-warp
-reduction). The words, x and scales stream through shared memory by cp.async, several chunks in flight, so a
-warp never waits a whole memory latency per group. Batch invariance: a row of x is an MMA column, whose result does not depend on the
-other columns, and everything after the MMAs is per column: a row's bits depend on (N, K, W, GPW) only, never on M
+reduction). The words, x and scales are loaded straight into registers, AHEAD chunks requested ahead of the one
+being computed (or the whole weight slice before the PDL wait). Batch invariance: a row of x is an MMA column, whose
+result does not depend on the other columns, and everything after the MMAs is per column: a row's bits depend on
+(N, K, W) only, never on M
 or on which rows share the launch (GPU test: rows alone == rows among 63 others). Only W changes bits; it is
 fixed per K (default_warps).
 """
@@ -48,7 +49,7 @@ MAX_ROWS = 64  # rows of x per launch (8 MMA column tiles)
 try:  # Gluon (Triton >= 3.5); the module still imports without it: the reference and repack are plain torch
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover  (an older Triton)
@@ -161,12 +162,6 @@ if HAVE_GLUON:
         if PDL:
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r,~{memory}", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
-
-    @gluon.jit
-    def loads_issued():
-        """A compiler memory barrier and nothing else: loads written before it are issued before it (LLVM would
-        otherwise sink each to its first use, one memory latency per use in a chain)."""
-        gl.inline_asm_elementwise("// loads issued $0", "=r,~{memory}", [], dtype=gl.int32, is_pure=False, pack=1)
 
     # The register layouts both kernels share (W warps splitting K, RB row blocks of 16 per program); the layouts
     # derived from them (dot operands, slices) are spelled where they are used.
@@ -387,17 +382,29 @@ if HAVE_GLUON:
                 wt = wt + (gl.load(w_base + c * W * 128 + w_off),)
                 sbt = sbt + (gl.load(sb_base + c * W * 32 + sb_off),)
             pdl_wait(PDL)
-            xt = ()
-            xst = ()
+            # x (and its group sums) of every chunk through shared memory by cp.async: all requested, one wait (a
+            # register load would be sunk by ptxas to its chunk's MMAs, one L2 latency per chunk); each thread
+            # reads back only what it copied itself, so the group wait is the only synchronisation needed
+            SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])  # per chunk
+            x_sm = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NCH, W, N8, 4, 16], SH)
+            full_mask = gl.broadcast(x_mask, x_off)[0]
             for c in gl.static_range(NCH):
-                xt = xt + (gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0),)
+                async_copy.async_copy_global_to_shared(x_sm.index(c), x_ptr + c * W * 64 + x_off, mask=full_mask)
+            if not SELF_XS:
+                SH2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+                xs_sm = gl.allocate_shared_memory(gl.float32, [NCH, W, N8], SH2)
+                xs_full = gl.broadcast(xs_mask, xs_off)[0]
+                for c in gl.static_range(NCH):
+                    async_copy.async_copy_global_to_shared(xs_sm.index(c), xs_ptr + c * W + xs_off, mask=xs_full)
+            async_copy.commit_group()
+            async_copy.wait_group(0)
+            for c in gl.static_range(NCH):
+                xv = x_sm.index(c).load(XL)
                 if SELF_XS:
-                    xst = xst + (0.0,)
+                    xs = 0.0
                 else:
-                    xst = xst + (gl.load(xs_ptr + c * W + xs_off, mask=xs_mask, other=0.0),)
-            loads_issued()
-            for c in gl.static_range(NCH):
-                acc = _chunk_acc(acc, wt[c], xt[c], sbt[c], xst[c], zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+                    xs = xs_sm.index(c).load(CL)
+                acc = _chunk_acc(acc, wt[c], xv, sbt[c], xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
         elif PDL:
             words = gl.load(w_base + w_off)  # constant data first
             sb = gl.load(sb_base + sb_off)
