@@ -3,7 +3,7 @@
 # shape by rows (RB 2 past 16 rows for K <= 2048, AHEAD 2 for K = 4096), the conv epilogue spread over the warps,
 # the whole weight requested before the PDL wait (AHEAD = every chunk, a sweep option), the Gluon PDL wait as a
 # compiler barrier. Kernel and end-to-end GPU tests first, then the GEMV sweep at 1 and 8 rows (every AHEAD), then
-# the model in tensor-core mode at 1 / 8 / 64 streams (tg128 @ d512 and pp512, records when DELTASERVE_COMMIT is
+# the experts sweep at 1 and 8 tokens (AHEAD = every chunk too), then the model in tensor-core mode at 1 / 8 / 64 streams (tg128 @ d512 and pp512, records when DELTASERVE_COMMIT is
 # set). Usage (H200 machine, repo root): [DELTASERVE_COMMIT=<sha>] bash scripts/device_mma_rows.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -17,6 +17,9 @@ grep -E "^FAILED|^E  " "$OUT/tests.log" | head -8
 timeout 110 python3 scripts/sweep_mma_gemv.py --ms 1,8 --budget-s 95 --out "$OUT/sweep_gemv.jsonl" \
   > "$OUT/sweep_gemv.log" 2>&1
 echo "== GEMV sweep ($((SECONDS-t0)) s)"; grep -E "mma_gemv|affine_gemv" "$OUT/sweep_gemv.log" | cut -c12-125
+timeout 70 python3 scripts/sweep_mma_gemv.py --experts --ms 1,8 --budget-s 60 --out "$OUT/sweep_experts.jsonl" \
+  > "$OUT/sweep_experts.log" 2>&1
+echo "== experts sweep ($((SECONDS-t0)) s)"; grep -E "experts_" "$OUT/sweep_experts.log" | cut -c12-140
 M="--preset qwen3.6-35b-a3b --quant q4"
 REC=$([ -n "${DELTASERVE_COMMIT:-}" ] && echo "--results $OUT" || echo "--no-record")
 left=$((590-SECONDS+t0))

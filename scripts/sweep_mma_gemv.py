@@ -257,7 +257,8 @@ def experts_section(args, sink) -> None:
             for w in warps:
                 for own in (False, True) if form == "scaled" else (False,):  # down's group sums: loaded or its own
                     base = None
-                    for ahead in (1, 2):
+                    # AHEAD = every chunk (the whole weight slice at once) only for decode-sized batches
+                    for ahead in (1, 2) + ((k // 64 // w,) if t <= 8 else ()):
                         rec = dict(kernel=f"experts_{form}", shape=f"T={t} E={num_e} k={slots} K={k}",
                                    config=f"W{w} RB{rb} rows{rows} ahead{ahead}{' own-xs' if own else ''}")
                         if time.monotonic() > args.deadline:

@@ -313,3 +313,34 @@ def test_mma_experts_combine_at_last_arrival(dev, t, with_res):
     with pytest.raises(ValueError, match="single-row tiles"):
         mg.mma_matmul_experts(hid, words, sb, ids, 1, tiles=mg.mma_expert_tiles(ids, e, 8), scale=scale,
                               combine=(res, torch.empty(t, n, dtype=torch.bfloat16, device=dev)))
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_mma_experts_whole_slice_same_bits(dev, t):
+    """The experts kernel's whole-slice form (AHEAD >= its chunks: every chunk's weights at once, x by cp.async)
+    gives the bits of AHEAD 1 and 2 in the gated, scaled and combining forms, on single-row tiles."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    e, slots, h, i = 65, 9, 2048, 512
+    (gw, gsb), _ = _experts(dev, e, i, h)
+    (uw, usb), _ = _experts(dev, e, i, h)
+    (dw, dsb), _ = _experts(dev, e, h, i)
+    ids = torch.stack([torch.cat([torch.randperm(e - 1, device=dev)[: slots - 1], torch.tensor([e - 1], device=dev)])
+                       for _ in range(t)]).int()
+    tiles = mg.mma_expert_tiles(ids, e, 1)
+    x = torch.randn(t, h, device=dev).bfloat16()
+    scale = torch.rand(t * slots, device=dev)
+    res = torch.randn(t, h, device=dev).bfloat16()
+    wg, wd = mg.default_warps(h), mg.default_warps(i)
+    got = {}
+    for ahead in (1, 2, h // 64 // wg):
+        got[ahead] = mg.mma_matmul_experts(x, gw, gsb, ids, slots, tiles=tiles, up=(uw, usb), config=(wg, 1, ahead))
+    assert all(torch.equal(v, got[1]) for v in got.values()), "gated: AHEAD changes bits"
+    hid = got[1]
+    for combine in (None, (res, None)):
+        outs = []
+        for ahead in (1, 2, i // 64 // wd):
+            comb = None if combine is None else (res, torch.empty(t, h, dtype=torch.bfloat16, device=dev))
+            outs.append(mg.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles, scale=scale, config=(wd, 1, ahead),
+                                              combine=comb))
+        assert all(torch.equal(o, outs[0]) for o in outs), f"down (combine={combine is not None}): AHEAD changes bits"

@@ -334,6 +334,37 @@ if HAVE_GLUON:
         gl.store(st + (KCONV - 2) * stride_pk, y.to(pool_ptr.dtype.element_ty), mask=upd)
 
     @gluon.jit
+    def _stage_x(x_ptr, xs_ptr, x_off, x_mask, xs_off, xs_mask, W: gl.constexpr, N8: gl.constexpr,
+                 NCH: gl.constexpr, SELF_XS: gl.constexpr):
+        """x (and its group sums unless SELF_XS) of every chunk into shared memory by cp.async, all requested as one
+        group (the caller waits for it): a register load would be sunk by ptxas to its chunk's MMAs, one L2 latency
+        per chunk. Each thread reads back (_staged_chunk) only what it copied, in the same layouts."""
+        SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])  # per chunk
+        x_sm = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NCH, W, N8, 4, 16], SH)
+        full_mask = gl.broadcast(x_mask, x_off)[0]
+        for c in gl.static_range(NCH):
+            async_copy.async_copy_global_to_shared(x_sm.index(c), x_ptr + c * W * 64 + x_off, mask=full_mask)
+        xs_sm = x_sm
+        if not SELF_XS:
+            SH2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+            xs_sm = gl.allocate_shared_memory(gl.float32, [NCH, W, N8], SH2)
+            xs_full = gl.broadcast(xs_mask, xs_off)[0]
+            for c in gl.static_range(NCH):
+                async_copy.async_copy_global_to_shared(xs_sm.index(c), xs_ptr + c * W + xs_off, mask=xs_full)
+        async_copy.commit_group()
+        return x_sm, xs_sm
+
+    @gluon.jit
+    def _staged_chunk(x_sm, xs_sm, c: gl.constexpr, XL: gl.constexpr, CL: gl.constexpr, SELF_XS: gl.constexpr):
+        """Chunk c's (x, xs) from _stage_x's buffers (after the group wait)."""
+        xv = x_sm.index(c).load(XL)
+        if SELF_XS:
+            xs = 0.0
+        else:
+            xs = xs_sm.index(c).load(CL)
+        return xv, xs
+
+    @gluon.jit
     def _mma_gemv_kernel(x_ptr, xs_ptr, w_ptr, sb_ptr, out_ptr, M, stride_xm, stride_sm, stride_om,
                          cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
                          stride_pk, K: gl.constexpr, W: gl.constexpr, RB: gl.constexpr, NT: gl.constexpr,
@@ -382,28 +413,10 @@ if HAVE_GLUON:
                 wt = wt + (gl.load(w_base + c * W * 128 + w_off),)
                 sbt = sbt + (gl.load(sb_base + c * W * 32 + sb_off),)
             pdl_wait(PDL)
-            # x (and its group sums) of every chunk through shared memory by cp.async: all requested, one wait (a
-            # register load would be sunk by ptxas to its chunk's MMAs, one L2 latency per chunk); each thread
-            # reads back only what it copied itself, so the group wait is the only synchronisation needed
-            SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])  # per chunk
-            x_sm = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NCH, W, N8, 4, 16], SH)
-            full_mask = gl.broadcast(x_mask, x_off)[0]
-            for c in gl.static_range(NCH):
-                async_copy.async_copy_global_to_shared(x_sm.index(c), x_ptr + c * W * 64 + x_off, mask=full_mask)
-            if not SELF_XS:
-                SH2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-                xs_sm = gl.allocate_shared_memory(gl.float32, [NCH, W, N8], SH2)
-                xs_full = gl.broadcast(xs_mask, xs_off)[0]
-                for c in gl.static_range(NCH):
-                    async_copy.async_copy_global_to_shared(xs_sm.index(c), xs_ptr + c * W + xs_off, mask=xs_full)
-            async_copy.commit_group()
+            x_sm, xs_sm = _stage_x(x_ptr, xs_ptr, x_off, x_mask, xs_off, xs_mask, W, N8, NCH, SELF_XS)
             async_copy.wait_group(0)
             for c in gl.static_range(NCH):
-                xv = x_sm.index(c).load(XL)
-                if SELF_XS:
-                    xs = 0.0
-                else:
-                    xs = xs_sm.index(c).load(CL)
+                xv, xs = _staged_chunk(x_sm, xs_sm, c, XL, CL, SELF_XS)
                 acc = _chunk_acc(acc, wt[c], xv, sbt[c], xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
         elif PDL:
             words = gl.load(w_base + w_off)  # constant data first
@@ -523,6 +536,8 @@ if HAVE_GLUON:
           SCALED  out (fp32) = scale[row] * bf16(y) (a routed slot's contribution before the combine).
         Each output row is its own MMA column: its bits depend on (K, W) only, never on which rows share the
         expert, the tile or the launch. SELF_XS: x's group sums are the kernel's own (_chunk_acc), xs_ptr unread.
+        AHEAD: chunks requested ahead of the one computed; >= NCH: every chunk of the weight(s) at once, x through
+        shared memory (_stage_x), the same arithmetic in the same order.
         COMBINE (SINGLE and SCALED, rows t = SLOTS * token + slot): the program that stores the last of a token's
         SLOTS parts of its row blocks (triton_sync's last arrival, one counter per (token, program column) at
         cnt_ptr) also does triton_combine.combine_slots' arithmetic on them: the slots added 0 .. SLOTS-1 in fp32
@@ -573,21 +588,46 @@ if HAVE_GLUON:
         acc = gl.zeros([W, RB * 16, N8], gl.float32, layout=mma)
         o_mask = (o_n < rows)[None, :]
         o_ptr = out_ptr + o_dst[None, :] * stride_om + rb * 16 + o_row[:, None]
-        if GATED:
-            acc2 = gl.zeros([W, RB * 16, N8], gl.float32, layout=mma)
-            acc, acc2 = _accumulate_pair(acc, acc2, w_base, w2_ptr + (e64 * NBE + rb) * G * 128, x_ptr, sb_base,
-                                         sb2_ptr + (e64 * NBE + rb) * G * 32, xs_ptr, w_off, x_off, x_mask, sb_off,
-                                         xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a, dot_b, AHEAD,
-                                         SELF_XS)
-            g = gl.sum(acc, axis=0).to(gl.bfloat16).to(gl.float32)
-            u = gl.sum(acc2, axis=0).to(gl.bfloat16).to(gl.float32)
-            sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
-            gl.store(o_ptr, (sg * u).to(out_ptr.dtype.element_ty), mask=o_mask)
+        w2_base = w2_ptr + (e64 * NBE + rb) * G * 128
+        sb2_base = sb2_ptr + (e64 * NBE + rb) * G * 32
+        acc2 = gl.zeros([W, RB * 16, N8], gl.float32, layout=mma)
+        if AHEAD >= NCH:
+            # the whole weight slice (both weights when GATED) requested at once, after the wait (the expert comes
+            # from the routing); a second griddepcontrol.wait, which returns at once, keeps ptxas from sinking them
+            # to their chunks' MMAs; x through shared memory (_stage_x)
+            wt = ()
+            sbt = ()
+            wt2 = ()
+            sbt2 = ()
+            for c in gl.static_range(NCH):
+                wt = wt + (gl.load(w_base + c * W * 128 + w_off, mask=live, other=0),)
+                sbt = sbt + (gl.load(sb_base + c * W * 32 + sb_off, mask=live, other=0.0),)
+                if GATED:
+                    wt2 = wt2 + (gl.load(w2_base + c * W * 128 + w_off, mask=live, other=0),)
+                    sbt2 = sbt2 + (gl.load(sb2_base + c * W * 32 + sb_off, mask=live, other=0.0),)
+            x_sm, xs_sm = _stage_x(x_ptr, xs_ptr, x_off, x_mask, xs_off, xs_mask, W, N8, NCH, SELF_XS)
+            pdl_wait(PDL)
+            async_copy.wait_group(0)
+            for c in gl.static_range(NCH):
+                xv, xs = _staged_chunk(x_sm, xs_sm, c, XL, CL, SELF_XS)
+                acc = _chunk_acc(acc, wt[c], xv, sbt[c], xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+                if GATED:
+                    acc2 = _chunk_acc(acc2, wt2[c], xv, sbt2[c], xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+        elif GATED:
+            acc, acc2 = _accumulate_pair(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
+                                         x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
+                                         dot_b, AHEAD, SELF_XS)
         else:
             first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
                                 live, W, True, SELF_XS)
             acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
                               xs_mask, live, zero_w, W, RB, N8, NCH, AHEAD, True, mma, dot_a, dot_b, SELF_XS)
+        if GATED:
+            g = gl.sum(acc, axis=0).to(gl.bfloat16).to(gl.float32)
+            u = gl.sum(acc2, axis=0).to(gl.bfloat16).to(gl.float32)
+            sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
+            gl.store(o_ptr, (sg * u).to(out_ptr.dtype.element_ty), mask=o_mask)
+        else:
             total = gl.sum(acc, axis=0)
             if SCALED:
                 sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
@@ -758,8 +798,8 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     tiles: mma_expert_tiles(ids, E) to share across the block's calls (None: built here).
     up: a second stacked weight (words, sb) of W's shape: the result is h = SiLU(x W^T) * (x W_up^T) in bf16
     (the kernel's GATED epilogue). scale: fp32 [M]: the result is fp32, scale[m] * bf16(row m) (SCALED).
-    config: (W, RB[, AHEAD]) warps per program (changes bits), row blocks per program and chunks in flight (1 or
-    2; neither changes bits).
+    config: (W, RB[, AHEAD]) warps per program (changes bits), row blocks per program and chunks in flight (1, 2,
+    or >= the chunks: the whole weight slice at once, x by cp.async; neither changes bits).
     combine: (residual [T, N] or None, comb [T, N]) with scale= and single-row tiles, rows being T tokens x S
     slots: the launch also does triton_combine.combine_slots(out.view(T, S, N), residual, comb) (the same
     arithmetic, the same bits) at each token's last-arriving program, and returns comb; out still holds the parts."""
@@ -804,8 +844,9 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
                          f"{tiles.tile_e.numel()} (build them with mma_expert_tiles for these ids)")
     warps, rb, ahead = ((*config, default_ahead(m, up is not None))[:3] if config else
                         (default_warps(k), default_row_blocks(nbe, m, k), default_ahead(m, up is not None)))
-    if ahead not in (1, 2):
-        raise ValueError(f"mma_matmul_experts: AHEAD (chunks in flight) must be 1 or 2, found {ahead}")
+    if ahead not in (1, 2) and ahead < g // warps:
+        raise ValueError(f"mma_matmul_experts: AHEAD (chunks in flight) must be 1, 2 or >= the {g // warps} chunks "
+                         f"(all), found {ahead}")
     if g % warps or nbe % rb:
         raise ValueError(f"mma_matmul_experts: config W={warps}, RB={rb} does not divide the {g} groups / {nbe} "
                          f"row blocks")
