@@ -2,9 +2,10 @@
 # One device call for what the last window prepared on the tensor-core GEMV (kernels/quant/mma_gemv.py): its launch
 # shape by rows (RB 2 past 16 rows for K <= 2048, AHEAD 2 for K = 4096), the conv epilogue spread over the warps,
 # the whole weight requested before the PDL wait (AHEAD = every chunk, a sweep option), the Gluon PDL wait as a
-# compiler barrier. Kernel and end-to-end GPU tests first, then the GEMV sweep at 1 and 8 rows (every AHEAD), then
-# the experts sweep at 1 and 8 tokens (AHEAD = every chunk too), then the model in tensor-core mode at 1 / 8 / 64 streams (tg128 @ d512 and pp512, records when DELTASERVE_COMMIT is
-# set). Usage (H200 machine, repo root): [DELTASERVE_COMMIT=<sha>] bash scripts/device_mma_rows.sh
+# compiler barrier, the experts kernel's whole-slice form. Kernel and end-to-end GPU tests first, then the GEMV
+# sweep at 1 and 8 rows (every AHEAD), the experts sweep at 1 and 8 tokens (AHEAD = every chunk too), then the model
+# in tensor-core mode at 1 / 8 / 64 streams (tg128 @ d512 and pp512, records when DELTASERVE_COMMIT is set).
+# Usage (H200 machine, repo root): [DELTASERVE_COMMIT=<sha>] bash scripts/device_mma_rows.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
