@@ -11,7 +11,7 @@ not give it (bench/NOTES.md: the tensor-core GEMV lost in the model what it won 
 
   python scripts/sweep_mma_gemv.py [--ms 1,8,64] [--out FILE] [--budget-s 300] [--after-norm]
   python scripts/sweep_mma_gemv.py --moe [--moe-tiles] [--ms 1,8,64,512]   # the MoE block: CUDA vs tensor cores
-  python scripts/sweep_mma_gemv.py --experts [--ms 1,8,64,512]   # the experts kernel: W x AHEAD x own sums
+  python scripts/sweep_mma_gemv.py --experts [--ms 1,8,64,512]   # the experts kernel: W x AHEAD x LOOP x own sums
   python scripts/sweep_mma_gemv.py --compile-only [--quick]   # no GPU: compiles the configurations for sm_90,
                                         # checks the repack's round trip, prints registers and SASS counts
 Exit status 1 when any configuration fails its checks.
@@ -247,7 +247,8 @@ def experts_section(args, sink) -> None:
                 "scaled": scale.double()[:, None] * torch.einsum("mk,mnk->mn", hs[0].double(), d64[flat])}
         rows = mg.default_tile_rows(m, num_e)
         tiles = mg.mma_expert_tiles(ids, num_e, rows)
-        for form, k, warps in (("gated", h, (4, 8)), ("scaled", i, (1, 2))):
+        # W: the defaults (W 8 for gate/up and W 2 for down were slower at every T, bench/NOTES.md)
+        for form, k, warps in (("gated", h, (mg.default_warps(h),)), ("scaled", i, (mg.default_warps(i),))):
             ins = xs_in if form == "gated" else hs
             sums = [prep_x(v, 4, 64)[1] for v in ins]
             rep = slots if form == "gated" else 1
@@ -257,17 +258,20 @@ def experts_section(args, sink) -> None:
             for w in warps:
                 for own in (False, True) if form == "scaled" else (False,):  # down's group sums: loaded or its own
                     base = None
-                    # AHEAD = every chunk (the whole weight slice at once) only for decode-sized batches
-                    for ahead in (1, 2) + ((k // 64 // w,) if t <= 8 else ()):
+                    # AHEAD = every chunk (the whole weight slice at once) only for decode-sized batches; LOOP
+                    # (rounds of row blocks over x staged once) where tiles share experts
+                    plans = [(ahead, 1) for ahead in (1, 2) + ((k // 64 // w,) if t <= 8 else ())]
+                    plans += [(1, loop) for loop in (2, 4, 8) if rows > 1 and weight[0].shape[1] % (rb * loop) == 0]
+                    for ahead, loop in plans:
                         rec = dict(kernel=f"experts_{form}", shape=f"T={t} E={num_e} k={slots} K={k}",
-                                   config=f"W{w} RB{rb} rows{rows} ahead{ahead}{' own-xs' if own else ''}")
+                                   config=f"W{w} RB{rb} rows{rows} ahead{ahead} loop{loop}{' own-xs' if own else ''}")
                         if time.monotonic() > args.deadline:
                             sink.emit({**rec, "skipped": True})
                             continue
                         try:
-                            def call(j, w=w, ahead=ahead, own=own):
+                            def call(j, w=w, ahead=ahead, own=own, loop=loop):
                                 return mg.mma_matmul_experts(ins[j], *weight, ids, rep, xs=None if own else sums[j],
-                                                             tiles=tiles, config=(w, rb, ahead), **extra)
+                                                             tiles=tiles, config=(w, rb, ahead, loop), **extra)
                             got = call(0)
                             base = got if base is None else base
                             same = torch.equal(got, base)

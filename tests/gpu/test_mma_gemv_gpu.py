@@ -147,9 +147,14 @@ def test_mma_experts_forms_same_bits(dev, n, k):
     base = mg.mma_matmul_experts(x, words, sb, ids, top_k, tiles=mg.mma_expert_tiles(ids, e, 1), config=(mg.default_warps(k), 1))
     for rows in (1, 8, 16, 64):
         tiles = mg.mma_expert_tiles(ids, e, rows)
-        for rb in (1, 2, 4):
-            got = mg.mma_matmul_experts(x, words, sb, ids, top_k, tiles=tiles, config=(mg.default_warps(k), rb))
-            assert torch.equal(got, base), f"tiles of {rows} rows, RB {rb}: bits differ from single rows, RB 1"
+        for rb, loop in ((1, 1), (2, 1), (4, 1), (1, 2), (1, 4), (2, 2)):  # LOOP: rounds over x staged once
+            if loop > 1 and k * rows * 2 > mg.STAGE_BYTES:
+                with pytest.raises(ValueError, match="shared memory"):
+                    mg.mma_matmul_experts(x, words, sb, ids, top_k, tiles=tiles, config=(mg.default_warps(k), rb, 1, loop))
+                continue
+            got = mg.mma_matmul_experts(x, words, sb, ids, top_k, tiles=tiles,
+                                        config=(mg.default_warps(k), rb, 1, loop))
+            assert torch.equal(got, base), f"tiles of {rows} rows, RB {rb}, LOOP {loop}: bits differ from RB 1"
     scale = torch.rand(m, device=dev)
     scaled = mg.mma_matmul_experts(x, words, sb, ids, top_k, scale=scale, out=kc.poisoned((m, n), torch.float32, dev))
     assert torch.equal(scaled, scale[:, None] * base.float()), "scaled rows != scale * plain rows"
@@ -163,10 +168,14 @@ def test_mma_experts_forms_same_bits(dev, n, k):
     u64 = torch.einsum("mk,mnk->mn", xr, ud[ids.reshape(-1).long()])
     kc.close(gated, F.silu(g64) * u64, 4 * kc.BF16_EPS, f"gated experts N={n} K={k}")
     for rows in (1, 16):
-        for rb in (1, 4):
+        for rb, loop in ((1, 1), (4, 1), (1, 4)):
             again = mg.mma_matmul_experts(x, words, sb, ids, top_k, up=(uw, usb),
-                                          tiles=mg.mma_expert_tiles(ids, e, rows), config=(mg.default_warps(k), rb))
-            assert torch.equal(again, gated), f"gated: tiles of {rows} rows, RB {rb} change bits"
+                                          tiles=mg.mma_expert_tiles(ids, e, rows),
+                                          config=(mg.default_warps(k), rb, 2, loop))
+            assert torch.equal(again, gated), f"gated: tiles of {rows} rows, RB {rb}, LOOP {loop} change bits"
+    parts = mg.mma_matmul_experts(x, words, sb, ids, top_k, scale=scale, tiles=mg.mma_expert_tiles(ids, e, 8),
+                                  config=(mg.default_warps(k), 1, 1, 4))
+    assert torch.equal(parts, scaled), "scaled rows with LOOP 4 differ"
 
 
 def test_mma_experts_batch_invariant(dev):
@@ -303,10 +312,11 @@ def test_mma_experts_combine_at_last_arrival(dev, t, with_res):
     tiles = mg.mma_expert_tiles(ids, e, 1)
     part = mg.mma_matmul_experts(hid, words, sb, ids, 1, tiles=tiles, scale=scale)
     want = combine_slots(part.view(t, slots, n), res, out=torch.empty(t, n, dtype=torch.bfloat16, device=dev))
-    for rep in range(3):
+    for rep in range(3):  # (the third launch takes rounds of row blocks over x staged once: LOOP 4)
         parts = kc.poisoned((t * slots, n), torch.float32, dev)
         got = mg.mma_matmul_experts(hid, words, sb, ids, 1, tiles=tiles, scale=scale, out=parts,
-                                    combine=(res, kc.poisoned((t, n), torch.bfloat16, dev)))
+                                    combine=(res, kc.poisoned((t, n), torch.bfloat16, dev)),
+                                    config=(mg.default_warps(k), 1, 1, 4) if rep == 2 else None)
         assert torch.equal(got, want), f"T={t} launch {rep}: combined at the last arrival != combine_slots"
         assert torch.equal(parts, part), f"T={t}: the parts differ with combine="
     assert int(arrival_counters(dev, 1).abs().sum()) == 0, "counters left non-zero"

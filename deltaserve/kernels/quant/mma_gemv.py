@@ -45,6 +45,7 @@ from ..triton_pdl import pdl_args
 GROUP = 64
 ROW_BLOCK = 16  # output rows per program (the MMA's M)
 MAX_ROWS = 64  # rows of x per launch (8 MMA column tiles)
+STAGE_BYTES = 128 << 10  # x staged in shared memory (the whole-slice and looped forms): at most this per program
 
 try:  # Gluon (Triton >= 3.5); the module still imports without it: the reference and repack are plain torch
     from triton.experimental import gluon
@@ -524,9 +525,11 @@ if HAVE_GLUON:
                             NT: gl.constexpr, RB: gl.constexpr, SINGLE: gl.constexpr, GATED: gl.constexpr,
                             SCALED: gl.constexpr, PDL: gl.constexpr = False, SELF_XS: gl.constexpr = False,
                             COMBINE: gl.constexpr = False, SLOTS: gl.constexpr = 1, HAS_RES: gl.constexpr = False,
-                            AHEAD: gl.constexpr = 1):
-        """grid (tiles, N / (16 RB)): the plain kernel's arithmetic on expert tile t, row blocks
-        [RB p, RB p + RB) of its expert (the x columns are loaded once for the RB blocks). A tile is sorted rows
+                            AHEAD: gl.constexpr = 1, LOOP: gl.constexpr = 1):
+        """grid (tiles, N / (16 RB LOOP)): the plain kernel's arithmetic on expert tile t, row blocks
+        [RB LOOP p, RB LOOP (p + 1)) of its expert: LOOP rounds of RB blocks held in registers together (the x
+        columns are loaded once for the RB blocks; LOOP > 1 stages them in shared memory once for every round, so
+        x is read from L2 once per LOOP RB blocks without RB's registers). A tile is sorted rows
         [lo, hi) of expert tile_e[t] (<= 8 NT of them), sorted row i being output row order[i] and input row
         order[i] // XREP; SINGLE: tile t is row t alone, of expert tile_e[t] (the ids themselves: no table). A
         tile of expert -1 reads and writes nothing. Epilogues, per output element y (fp32):
@@ -547,7 +550,7 @@ if HAVE_GLUON:
         NCH: gl.constexpr = G // W
         N8: gl.constexpr = 8 * NT
         t = gl.program_id(0)
-        rb = gl.program_id(1).to(gl.int64) * RB
+        rb = gl.program_id(1).to(gl.int64) * (RB * LOOP)
 
         mma: gl.constexpr = _mma_layout(W)
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -591,7 +594,20 @@ if HAVE_GLUON:
         w2_base = w2_ptr + (e64 * NBE + rb) * G * 128
         sb2_base = sb2_ptr + (e64 * NBE + rb) * G * 32
         acc2 = gl.zeros([W, RB * 16, N8], gl.float32, layout=mma)
-        if AHEAD >= NCH:
+        if LOOP > 1:
+            x_sm, xs_sm = _stage_x(x_ptr, xs_ptr, x_off, x_mask, xs_off, xs_mask, W, N8, NCH, SELF_XS)
+            async_copy.wait_group(0)
+            for r in range(LOOP):
+                rbr = rb + r * RB
+                acc, acc2 = _accumulate_staged(
+                    gl.zeros([W, RB * 16, N8], gl.float32, layout=mma), gl.zeros([W, RB * 16, N8], gl.float32,
+                                                                                 layout=mma),
+                    w_ptr + (e64 * NBE + rbr) * G * 128, sb_ptr + (e64 * NBE + rbr) * G * 32,
+                    w2_ptr + (e64 * NBE + rbr) * G * 128, sb2_ptr + (e64 * NBE + rbr) * G * 32, x_sm, xs_sm, w_off,
+                    sb_off, live, zero_w, W, RB, N8, NCH, mma, dot_a, dot_b, XL, CL, GATED, SELF_XS)
+                _experts_store(acc, acc2, out_ptr + o_dst[None, :] * stride_om + rbr * 16 + o_row[:, None], o_mask,
+                               scale_ptr, o_dst, o_n < rows, GATED, SCALED)
+        elif AHEAD >= NCH:
             # the whole weight slice (both weights when GATED) requested at once, after the wait (the expert comes
             # from the routing); a second griddepcontrol.wait, which returns at once, keeps ptxas from sinking them
             # to their chunks' MMAs; x through shared memory (_stage_x)
@@ -622,22 +638,51 @@ if HAVE_GLUON:
                                 live, W, True, SELF_XS)
             acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
                               xs_mask, live, zero_w, W, RB, N8, NCH, AHEAD, True, mma, dot_a, dot_b, SELF_XS)
+        if LOOP == 1:
+            _experts_store(acc, acc2, o_ptr, o_mask, scale_ptr, o_dst, o_n < rows, GATED, SCALED)
+        if COMBINE:
+            _combine_at_last_arrival(out_ptr, res_ptr, comb_ptr, cnt_ptr, t, gl.program_id(1), rb, gl.num_programs(1),
+                                     stride_om, stride_rm, stride_cm, W, RB * LOOP, SLOTS, HAS_RES)
+
+    @gluon.jit
+    def _experts_store(acc, acc2, o_ptr, o_mask, scale_ptr, o_dst, col_live, GATED: gl.constexpr,
+                       SCALED: gl.constexpr):
+        """The experts kernel's epilogue on one round of row blocks (the forms of its docstring)."""
         if GATED:
             g = gl.sum(acc, axis=0).to(gl.bfloat16).to(gl.float32)
             u = gl.sum(acc2, axis=0).to(gl.bfloat16).to(gl.float32)
             sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
-            gl.store(o_ptr, (sg * u).to(out_ptr.dtype.element_ty), mask=o_mask)
+            gl.store(o_ptr, (sg * u).to(o_ptr.dtype.element_ty), mask=o_mask)
         else:
             total = gl.sum(acc, axis=0)
             if SCALED:
-                sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
+                sc = gl.load(scale_ptr + o_dst, mask=col_live, other=0.0)
                 gl.store(o_ptr, sc[None, :] * total.to(gl.bfloat16).to(gl.float32), mask=o_mask)
-                if COMBINE:
-                    _combine_at_last_arrival(out_ptr, res_ptr, comb_ptr, cnt_ptr, t, gl.program_id(1), rb,
-                                             gl.num_programs(1), stride_om, stride_rm, stride_cm, W, RB, SLOTS,
-                                             HAS_RES)
             else:
-                gl.store(o_ptr, total.to(out_ptr.dtype.element_ty), mask=o_mask)
+                gl.store(o_ptr, total.to(o_ptr.dtype.element_ty), mask=o_mask)
+
+    @gluon.jit
+    def _accumulate_staged(acc, acc2, w_base, sb_base, w2_base, sb2_base, x_sm, xs_sm, w_off, sb_off, w_live, zero_w,
+                           W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr, NCH: gl.constexpr,
+                           mma: gl.constexpr, dot_a: gl.constexpr, dot_b: gl.constexpr, XL: gl.constexpr,
+                           CL: gl.constexpr, TWO: gl.constexpr, SELF_XS: gl.constexpr):
+        """acc (+ acc2 from the second weight when TWO) + every chunk in order, x and xs read from _stage_x's
+        buffers, each weight's next chunk requested before the current one is computed: _accumulate's arithmetic."""
+        words, sb = _load_weight_chunk(w_base, sb_base, 0, w_off, sb_off, w_live, W)
+        if TWO:
+            words2, sb2 = _load_weight_chunk(w2_base, sb2_base, 0, w_off, sb_off, w_live, W)
+        for c in gl.static_range(NCH):
+            nc = min(c + 1, NCH - 1)
+            nxt = _load_weight_chunk(w_base, sb_base, nc, w_off, sb_off, w_live, W)
+            if TWO:
+                nxt2 = _load_weight_chunk(w2_base, sb2_base, nc, w_off, sb_off, w_live, W)
+            xv, xs = _staged_chunk(x_sm, xs_sm, c, XL, CL, SELF_XS)
+            acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+            if TWO:
+                acc2 = _chunk_acc(acc2, words2, xv, sb2, xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+                words2, sb2 = nxt2
+            words, sb = nxt
+        return acc, acc2
 
 def column_tiles(m: int) -> int:
     """MMA column tiles (8 rows of x each) for m rows: a power of two, so few kernels are compiled."""
@@ -693,6 +738,9 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
         raise ValueError(f"mma_gemv: config W={warps}, RB={rb} does not divide the {g} groups / {nb} row blocks")
     if ahead not in (0, 1, 2) and ahead < g // warps:
         raise ValueError(f"mma_gemv: AHEAD={ahead}: 0, 1, 2 chunks ahead, or >= the {g // warps} chunks (all)")
+    if ahead >= g // warps and k * 8 * column_tiles(m) * x.element_size() > STAGE_BYTES:
+        raise ValueError(f"mma_gemv: AHEAD >= chunks stages x in shared memory, {k * 8 * column_tiles(m) * 2} bytes "
+                         f"for {m} rows of K={k}; at most {STAGE_BYTES}")
     if conv is not None:
         from ..gated_delta.triton_decode import DecodeConv, check_decode_conv
 
@@ -798,8 +846,9 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     tiles: mma_expert_tiles(ids, E) to share across the block's calls (None: built here).
     up: a second stacked weight (words, sb) of W's shape: the result is h = SiLU(x W^T) * (x W_up^T) in bf16
     (the kernel's GATED epilogue). scale: fp32 [M]: the result is fp32, scale[m] * bf16(row m) (SCALED).
-    config: (W, RB[, AHEAD]) warps per program (changes bits), row blocks per program and chunks in flight (1, 2,
-    or >= the chunks: the whole weight slice at once, x by cp.async; neither changes bits).
+    config: (W, RB[, AHEAD[, LOOP]]) warps per program (changes bits), row blocks per program held together, chunks
+    in flight (1, 2, or >= the chunks: the whole weight slice at once, x by cp.async) and rounds of RB row blocks
+    per program over x staged once in shared memory (LOOP > 1); none but W changes bits.
     combine: (residual [T, N] or None, comb [T, N]) with scale= and single-row tiles, rows being T tokens x S
     slots: the launch also does triton_combine.combine_slots(out.view(T, S, N), residual, comb) (the same
     arithmetic, the same bits) at each token's last-arriving program, and returns comb; out still holds the parts."""
@@ -842,8 +891,15 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     if tiles.tile_e.numel() != want:  # a table built for other rows would drop or misread rows
         raise ValueError(f"mma_matmul_experts: tiles of {tiles.rows} rows for {m} rows must number {want}, found "
                          f"{tiles.tile_e.numel()} (build them with mma_expert_tiles for these ids)")
-    warps, rb, ahead = ((*config, default_ahead(m, up is not None))[:3] if config else
-                        (default_warps(k), default_row_blocks(nbe, m, k), default_ahead(m, up is not None)))
+    defaults = (default_warps(k), default_row_blocks(nbe, m, k), default_ahead(m, up is not None), 1)
+    warps, rb, ahead, loop = (*config, *defaults[len(config):]) if config else defaults
+    if loop < 1 or nbe % (rb * loop):
+        raise ValueError(f"mma_matmul_experts: LOOP={loop} rounds of RB={rb} row blocks must divide the {nbe} row "
+                         f"blocks")
+    staged = k * 8 * column_tiles(tiles.rows) * x.element_size()
+    if (loop > 1 or ahead >= g // warps) and staged > STAGE_BYTES:
+        raise ValueError(f"mma_matmul_experts: LOOP > 1 and AHEAD >= chunks stage x in shared memory, {staged} bytes "
+                         f"for K={k} and tiles of {tiles.rows} rows; at most {STAGE_BYTES}")
     if ahead not in (1, 2) and ahead < g // warps:
         raise ValueError(f"mma_matmul_experts: AHEAD (chunks in flight) must be 1, 2 or >= the {g // warps} chunks "
                          f"(all), found {ahead}")
@@ -866,16 +922,17 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
         slots = m // tokens
         from ..triton_sync import arrival_counters
 
-        counters = arrival_counters(x.device, tokens * (nbe // rb))
+        counters = arrival_counters(x.device, tokens * (nbe // (rb * loop)))
     if m:
         single = tiles.rows == 1
         table = (tiles.tile_e,) * 3 if single else (tiles.lo, tiles.hi, tiles.order)
         w2, sb2 = up if up is not None else (words, sb)
         rs = comb if combine is None or res is None else res
-        _mma_experts_kernel[(tiles.tile_e.numel(), nbe // rb)](
+        _mma_experts_kernel[(tiles.tile_e.numel(), nbe // (rb * loop))](
             x, xs, words, sb, w2, sb2, out, scale if scale is not None else out, tiles.tile_e, *table, x.stride(0),
             xs.stride(0), out.stride(0), nbe, rs, comb, counters, rs.stride(0), comb.stride(0), XREP=x_repeat, K=k,
             W=warps, NT=column_tiles(tiles.rows), RB=rb, SINGLE=single, GATED=up is not None,
             SCALED=scale is not None, SELF_XS=self_xs, COMBINE=combine is not None, SLOTS=slots,
-            HAS_RES=combine is not None and res is not None, AHEAD=ahead, num_warps=warps, **pdl_args(x))
+            HAS_RES=combine is not None and res is not None, AHEAD=ahead, LOOP=loop, num_warps=warps,
+            **pdl_args(x))
     return out if combine is None else comb
