@@ -104,10 +104,12 @@ def check_affine_experts(mods, device, bits, group, m, n, k, e, repeat):
     close(y, ref, 4 * BF16_EPS, f"affine experts bits={bits} M={m}x{repeat}")
 
 
-def check_expert_tiles(mods, device, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32), (130, 256, 16), (4096, 256, 32))):
+def check_expert_tiles(mods, device, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32), (130, 256, 16), (576, 257, 8),
+                                            (1024, 257, 8), (1025, 64, 8), (4096, 256, 32))):
     """The expert-tile kernels give the torch reference's tensors exactly (a stable sort, so the same order too), for
     (rows, experts, rows per tile) with an expert left without rows, E not a power of two, M not a multiple of the
-    kernels' block."""
+    kernels' block, on both sides of the one-launch limit (TILES_ONE_MAX = 1024 rows; 576 = 64 tokens x 9 slots
+    over 257 experts, the 35B-A3B's decode at 64 streams)."""
     ta = mods["affine"]
     gen = torch.Generator().manual_seed(3)
     for m, e, r in cases:

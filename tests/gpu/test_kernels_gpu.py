@@ -33,8 +33,8 @@ def test_affine_matmul(mods, dev, small, bits, group):
 
 
 def test_expert_tiles(mods, dev):
-    kc.check_expert_tiles(mods, dev, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32), (130, 256, 16), (4096, 256, 32),
-                                            (32768, 256, 64)))
+    kc.check_expert_tiles(mods, dev, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32), (130, 256, 16), (576, 257, 8),
+                                            (1024, 257, 8), (1025, 64, 8), (4096, 256, 32), (32768, 256, 64)))
 
 
 def test_affine_matmul_experts(mods, dev, small):

@@ -273,6 +273,7 @@ def dense_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None
 
 
 TILE_BLOCK = 128  # rows per program of the two per-block expert-tile kernels
+TILES_ONE_MAX = 1024  # up to this many rows the tiles come from one program (a sort), past it from three launches
 
 
 @triton.jit
@@ -301,6 +302,13 @@ def _tiles_scan_kernel(
     for b in range(NB):  # offsets[b, e]: where block b's first row of expert e goes (ascending blocks: stable)
         tl.store(offsets_ptr + b * EP + ex, run)
         run += tl.load(counts_ptr + b * EP + ex)
+    _write_tile_table(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, R, TB)
+
+
+@triton.jit
+def _write_tile_table(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, R: tl.constexpr,
+                      TB: tl.constexpr):
+    # the tile table from each expert's sorted start and row count ([EP], experts >= E hold no rows)
     per = (total + R - 1) // R  # tiles per expert
     cum = tl.cumsum(per, 0)
     first = cum - per  # expert e's tiles are first[e] .. cum[e] - 1
@@ -329,6 +337,22 @@ def _tiles_scan_kernel(
 
 
 @triton.jit
+def _tiles_one_kernel(ids_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, order_ptr, M, E, MAX_TILES, R: tl.constexpr,
+                      EP: tl.constexpr, MP: tl.constexpr, TB: tl.constexpr):
+    # one program for up to MP rows: the per-expert counts (a histogram), and the stable order as a sort of the
+    # unique keys id * MP + row (padding rows sort last), then the tile table as _tiles_scan_kernel writes it
+    r = tl.arange(0, MP)
+    live = r < M
+    ids = tl.load(ids_ptr + r, mask=live, other=EP).to(tl.int32)
+    ex = tl.arange(0, EP)
+    total = tl.histogram(ids, EP, mask=live)
+    starts = tl.cumsum(total, 0) - total
+    sk = tl.sort(ids * MP + r)
+    tl.store(order_ptr + r, sk % MP, mask=live)
+    _write_tile_table(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, R, TB)
+
+
+@triton.jit
 def _tiles_order_kernel(ids_ptr, offsets_ptr, order_ptr, M, EP: tl.constexpr, BLOCK: tl.constexpr):
     # grid (cdiv(M, BLOCK),): each row's sorted position = its (block, expert) run start + its rank in that run
     pid = tl.program_id(0)
@@ -342,8 +366,8 @@ def _tiles_order_kernel(ids_ptr, offsets_ptr, order_ptr, M, EP: tl.constexpr, BL
 
 
 def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int):
-    """Row tiles for the expert matmul, built on the device in three launches without a host sync
-    (graph-capturable); the same tensors as `expert_tiles_reference`.
+    """Row tiles for the expert matmul, built on the device without a host sync (graph-capturable): one launch up
+    to TILES_ONE_MAX rows, three past it; the same tensors as `expert_tiles_reference` either way.
 
     Rows are sorted by expert (stable), each expert's segment is cut into tiles of <= rows_per_tile rows.
     Returns (tile_e, tile_lo, tile_hi, order): tile t covers sorted rows [lo, hi) of expert tile_e[t] (-1 for the
@@ -357,13 +381,16 @@ def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int)
     ep = triton.next_power_of_2(num_experts)
     nb = triton.cdiv(m, TILE_BLOCK)
     max_tiles = triton.cdiv(m, rows_per_tile) + min(num_experts, m)
-    counts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
-    offsets = torch.empty(nb, ep, dtype=torch.int32, device=dev)
     tile_e = torch.empty(max_tiles, dtype=torch.int32, device=dev)
     lo = torch.empty(max_tiles, dtype=torch.int32, device=dev)
     hi = torch.empty(max_tiles, dtype=torch.int32, device=dev)
     order = torch.empty(m, dtype=torch.int32, device=dev)
-    if m:
+    if 0 < m <= TILES_ONE_MAX:  # decode-sized batches: one launch instead of three (the same tensors)
+        _tiles_one_kernel[(1,)](ids, tile_e, lo, hi, order, m, num_experts, max_tiles, R=rows_per_tile, EP=ep,
+                                MP=max(16, triton.next_power_of_2(m)), TB=64, num_warps=8)
+    elif m:
+        counts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
+        offsets = torch.empty(nb, ep, dtype=torch.int32, device=dev)
         warps = 8 if ep >= 256 else 4
         _tiles_count_kernel[(nb,)](ids, counts, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=warps)
         _tiles_scan_kernel[(1,)](counts, offsets, tile_e, lo, hi, nb, num_experts, max_tiles, R=rows_per_tile, EP=ep,
