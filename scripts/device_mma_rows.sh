@@ -4,7 +4,7 @@
 # warps, the whole weight slice requested at once (AHEAD = every chunk, a sweep option, GEMV and experts kernel),
 # the Gluon PDL wait as a compiler barrier, the experts kernel's rounds of row blocks over x staged once (LOOP, a
 # sweep option).
-#   part "check": kernel and end-to-end GPU tests, then the GEMV sweep at 1 and 8 rows and the experts sweep at
+#   part "check": kernel and end-to-end GPU tests (both paths, and the one-launch expert tiles), then the GEMV sweep at 1 and 8 rows and the experts sweep at
 #                 1 / 64 / 512 tokens (every AHEAD and LOOP);  ~500 s
 #   part "bench": the model in tensor-core mode at 1 / 8 / 64 streams (tg128 @ d512 and pp512; records when
 #                 DELTASERVE_COMMIT is set);  ~150 s
@@ -15,14 +15,15 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 t0=$SECONDS
 if [ "${1:-check}" = check ]; then
-  timeout 250 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_mma_gemv_gpu.py \
-    tests/gpu/test_model_mma_path.py > "$OUT/tests.log" 2>&1
+  timeout 300 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_mma_gemv_gpu.py \
+    tests/gpu/test_model_mma_path.py tests/gpu/test_model_fast_path.py "tests/gpu/test_kernels_gpu.py::test_expert_tiles" \
+    > "$OUT/tests.log" 2>&1
   echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
   grep -E "^FAILED|^E  " "$OUT/tests.log" | head -8
-  timeout 110 python3 scripts/sweep_mma_gemv.py --ms 1,8 --budget-s 95 --out "$OUT/sweep_gemv.jsonl" \
+  timeout 95 python3 scripts/sweep_mma_gemv.py --ms 1,8 --budget-s 80 --out "$OUT/sweep_gemv.jsonl" \
     > "$OUT/sweep_gemv.log" 2>&1
   echo "== GEMV sweep ($((SECONDS-t0)) s)"; grep -E "mma_gemv|affine_gemv" "$OUT/sweep_gemv.log" | cut -c12-125
-  timeout 130 python3 scripts/sweep_mma_gemv.py --experts --ms 1,64,512 --budget-s 115 \
+  timeout 115 python3 scripts/sweep_mma_gemv.py --experts --ms 1,64,512 --budget-s 100 \
     --out "$OUT/sweep_experts.jsonl" > "$OUT/sweep_experts.log" 2>&1
   echo "== experts sweep ($((SECONDS-t0)) s)"; grep -E "experts_" "$OUT/sweep_experts.log" | cut -c12-150
 else
