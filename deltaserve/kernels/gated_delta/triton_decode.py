@@ -296,7 +296,7 @@ def gdn_decode_step(
     qkv_conv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
     dt_bias: torch.Tensor, norm_weight: torch.Tensor, ssm_pool: torch.Tensor, state_slots: torch.Tensor,
     context_lens: torch.Tensor, num_k_heads: int, eps: float, out: torch.Tensor | None = None,
-    dv_block: int | None = DV_BLOCK,
+    dv_block: int | None = DV_BLOCK, num_warps: int | None = None,
 ) -> torch.Tensor:
     """One DeltaNet token for each of B sequences, after `causal_conv`.
 
@@ -305,6 +305,8 @@ def gdn_decode_step(
     [B] == 0: start from zero state). Returns the gated-normed output [B, Hv*dv] (activation dtype), ready for out_proj.
     dv_block: state columns per program (B * Hv * dv / dv_block programs, the norm finished by each head's last
     arrival); None: one program per head (B * Hv programs; 32 at B = 1, 8.3 us on the H200 for 4 MB of state).
+    num_warps: per program (None: 4 split, 8 per head); a launch choice for sweeps, fixed per model like dv_block,
+    since the dk sums follow the program's layout.
     """
     bsz, c = qkv_conv.shape
     _, hv, dk, dv = ssm_pool.shape
@@ -333,14 +335,14 @@ def gdn_decode_step(
             arrival_counters(o.device, bsz * hv),
             qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
             ssm_pool.stride(2), o.stride(0), key_dim, dk ** -0.5, eps,
-            HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=dv_block, num_warps=4, **pdl_args(o),
+            HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=dv_block, num_warps=num_warps or 4, **pdl_args(o),
         )
         return o
     _decode_kernel[(bsz, hv)](
         qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots, context_lens, o,
         qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
         ssm_pool.stride(2), o.stride(0), key_dim, dk ** -0.5, eps,
-        HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, num_warps=8, **pdl_args(o),
+        HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, num_warps=num_warps or 8, **pdl_args(o),
     )
     return o
 
