@@ -121,7 +121,7 @@ def moe_kernels() -> str:
     kernel family for every token count, kernels/moe/mma_moe.py, on the experts repacked once in MMA fragment
     order: the MLX copy of the routed experts is released, so the weights stay one copy). Env DELTASERVE_MOE. The
     default is "cuda": on the H200 (Qwen3.6-35B-A3B q4, with DELTASERVE_DECODE_GEMV=mma, bench/NOTES.md) "mma" gives
-    pp512 15,145 tok/s (cuda 9,814) and 4,064 at 64 streams (1,622), but 458 at batch 1 (584)."""
+    pp512 15,419 tok/s (cuda 9,814) and 4,197 at 64 streams (1,622), but 466 at batch 1 (584)."""
     value = os.environ.get("DELTASERVE_MOE", "cuda")
     if value not in ("cuda", "mma"):
         raise ValueError(f"DELTASERVE_MOE must be 'cuda' or 'mma', found {value!r}")
@@ -274,7 +274,7 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
         from ..kernels.quant.mma_gemv import MAX_ROWS as MMA_ROWS
         from ..kernels.quant.mma_gemv import mma_gemv
 
-        prep = carried_prep(x, (s.bits, s.group))  # the norm's prep: its group sums are the GEMV's xs (else a prep launch)
+        prep = carried_prep(x, (s.bits, s.group))  # the norm's prep: its group sums are the GEMV's xs (else its own)
         xs = None if prep is None else prep[1]
         if conv is None:
             return mma_gemv(x, *mma, xs=xs)  # launches of <= 64 rows inside

@@ -218,6 +218,50 @@ if HAVE_GLUON:
         return w_off, x_off, sb_off, xs_off
 
     @gluon.jit
+    def _load_slices(w_base, sb_base, w2_base, sb2_base, w_off, sb_off, w_live, W: gl.constexpr,
+                     NCH: gl.constexpr, MASKED: gl.constexpr, TWO: gl.constexpr):
+        """The whole-slice form's loads: every chunk's words and (s, b) of the weight (and of the second one when
+        TWO), all requested at once, as tuples indexed by chunk."""
+        wt = ()
+        sbt = ()
+        wt2 = ()
+        sbt2 = ()
+        for c in gl.static_range(NCH):
+            words, sb = _load_weight_chunk(w_base, sb_base, c, w_off, sb_off, w_live, W, MASKED)
+            wt = wt + (words,)
+            sbt = sbt + (sb,)
+            if TWO:
+                words2, sb2 = _load_weight_chunk(w2_base, sb2_base, c, w_off, sb_off, w_live, W, MASKED)
+                wt2 = wt2 + (words2,)
+                sbt2 = sbt2 + (sb2,)
+        return wt, sbt, wt2, sbt2
+
+    @gluon.jit
+    def _accumulate_slices(acc, acc2, wt, sbt, wt2, sbt2, x_sm, xs_sm, zero_w, W: gl.constexpr, RB: gl.constexpr,
+                           N8: gl.constexpr, NCH: gl.constexpr, mma: gl.constexpr, dot_a: gl.constexpr,
+                           dot_b: gl.constexpr, XL: gl.constexpr, CL: gl.constexpr, TWO: gl.constexpr,
+                           SELF_XS: gl.constexpr):
+        """acc (+ acc2 from the second weight when TWO) + every chunk in order, from _load_slices' tuples and x
+        staged by _stage_x (after its group wait): _accumulate's arithmetic."""
+        for c in gl.static_range(NCH):
+            xv, xs = _staged_chunk(x_sm, xs_sm, c, XL, CL, SELF_XS)
+            acc = _chunk_acc(acc, wt[c], xv, sbt[c], xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+            if TWO:
+                acc2 = _chunk_acc(acc2, wt2[c], xv, sbt2[c], xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+        return acc, acc2
+
+    @gluon.jit
+    def _load_weight_chunk(w_base, sb_base, c, w_off, sb_off, w_live, W: gl.constexpr, MASKED: gl.constexpr = True):
+        """Chunk c's words and (s, b); MASKED: predicated on w_live (an expert tile with no rows reads nothing)."""
+        if MASKED:
+            words = gl.load(w_base + c * W * 128 + w_off, mask=w_live, other=0)
+            sb = gl.load(sb_base + c * W * 32 + sb_off, mask=w_live, other=0.0)
+        else:
+            words = gl.load(w_base + c * W * 128 + w_off)
+            sb = gl.load(sb_base + c * W * 32 + sb_off)
+        return words, sb
+
+    @gluon.jit
     def _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c, w_off, x_off, x_mask, sb_off, xs_off, xs_mask, w_live,
                     W: gl.constexpr, MASKED: gl.constexpr, SELF_XS: gl.constexpr = False):
         """Chunk c's (words, x, (s, b), xs). MASKED: the weight loads too are predicated on w_live (an expert
@@ -408,17 +452,13 @@ if HAVE_GLUON:
         if AHEAD >= NCH:
             # every chunk in flight at once: all the weight's words and (s, b) requested first (before the wait for
             # the previous kernel under PDL, which also keeps ptxas from sinking them to their use), then all of x
-            wt = ()
-            sbt = ()
-            for c in gl.static_range(NCH):
-                wt = wt + (gl.load(w_base + c * W * 128 + w_off),)
-                sbt = sbt + (gl.load(sb_base + c * W * 32 + sb_off),)
+            wt, sbt, wt2, sbt2 = _load_slices(w_base, sb_base, w_base, sb_base, w_off, sb_off, True, W, NCH, False,
+                                              False)
             pdl_wait(PDL)
             x_sm, xs_sm = _stage_x(x_ptr, xs_ptr, x_off, x_mask, xs_off, xs_mask, W, N8, NCH, SELF_XS)
             async_copy.wait_group(0)
-            for c in gl.static_range(NCH):
-                xv, xs = _staged_chunk(x_sm, xs_sm, c, XL, CL, SELF_XS)
-                acc = _chunk_acc(acc, wt[c], xv, sbt[c], xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+            acc, _ = _accumulate_slices(acc, acc, wt, sbt, wt2, sbt2, x_sm, xs_sm, zero_w, W, RB, N8, NCH, mma, dot_a,
+                                        dot_b, XL, CL, False, SELF_XS)
         elif PDL:
             words = gl.load(w_base + w_off)  # constant data first
             sb = gl.load(sb_base + sb_off)
@@ -478,13 +518,6 @@ if HAVE_GLUON:
                 y = (r.to(gl.float32) + y.to(gl.float32)).to(o_ty)
             gl.store(comb_ptr + tok.to(gl.int64) * stride_cm + f, y)
 
-    @gluon.jit
-    def _load_weight_chunk(w_base, sb_base, c, w_off, sb_off, w_live, W: gl.constexpr):
-        """Chunk c's words and (s, b) of a second weight at the same offsets (the gated kernel's up projection);
-        predicated on w_live like _load_chunk's MASKED form."""
-        words = gl.load(w_base + c * W * 128 + w_off, mask=w_live, other=0)
-        sb = gl.load(sb_base + c * W * 32 + sb_off, mask=w_live, other=0.0)
-        return words, sb
 
     @gluon.jit
     def _accumulate_pair(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off, x_mask,
@@ -611,24 +644,13 @@ if HAVE_GLUON:
             # the whole weight slice (both weights when GATED) requested at once, after the wait (the expert comes
             # from the routing); a second griddepcontrol.wait, which returns at once, keeps ptxas from sinking them
             # to their chunks' MMAs; x through shared memory (_stage_x)
-            wt = ()
-            sbt = ()
-            wt2 = ()
-            sbt2 = ()
-            for c in gl.static_range(NCH):
-                wt = wt + (gl.load(w_base + c * W * 128 + w_off, mask=live, other=0),)
-                sbt = sbt + (gl.load(sb_base + c * W * 32 + sb_off, mask=live, other=0.0),)
-                if GATED:
-                    wt2 = wt2 + (gl.load(w2_base + c * W * 128 + w_off, mask=live, other=0),)
-                    sbt2 = sbt2 + (gl.load(sb2_base + c * W * 32 + sb_off, mask=live, other=0.0),)
+            wt, sbt, wt2, sbt2 = _load_slices(w_base, sb_base, w2_base, sb2_base, w_off, sb_off, live, W, NCH, True,
+                                              GATED)
             x_sm, xs_sm = _stage_x(x_ptr, xs_ptr, x_off, x_mask, xs_off, xs_mask, W, N8, NCH, SELF_XS)
             pdl_wait(PDL)
             async_copy.wait_group(0)
-            for c in gl.static_range(NCH):
-                xv, xs = _staged_chunk(x_sm, xs_sm, c, XL, CL, SELF_XS)
-                acc = _chunk_acc(acc, wt[c], xv, sbt[c], xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
-                if GATED:
-                    acc2 = _chunk_acc(acc2, wt2[c], xv, sbt2[c], xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+            acc, acc2 = _accumulate_slices(acc, acc2, wt, sbt, wt2, sbt2, x_sm, xs_sm, zero_w, W, RB, N8, NCH, mma,
+                                           dot_a, dot_b, XL, CL, GATED, SELF_XS)
         elif GATED:
             acc, acc2 = _accumulate_pair(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
                                          x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
@@ -738,9 +760,10 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
         raise ValueError(f"mma_gemv: config W={warps}, RB={rb} does not divide the {g} groups / {nb} row blocks")
     if ahead not in (0, 1, 2) and ahead < g // warps:
         raise ValueError(f"mma_gemv: AHEAD={ahead}: 0, 1, 2 chunks ahead, or >= the {g // warps} chunks (all)")
-    if ahead >= g // warps and k * 8 * column_tiles(m) * x.element_size() > STAGE_BYTES:
-        raise ValueError(f"mma_gemv: AHEAD >= chunks stages x in shared memory, {k * 8 * column_tiles(m) * 2} bytes "
-                         f"for {m} rows of K={k}; at most {STAGE_BYTES}")
+    staged = k * 8 * column_tiles(m) * x.element_size()
+    if ahead >= g // warps and staged > STAGE_BYTES:
+        raise ValueError(f"mma_gemv: AHEAD >= chunks stages x in shared memory, {staged} bytes for {m} rows of "
+                         f"K={k}; at most {STAGE_BYTES}")
     if conv is not None:
         from ..gated_delta.triton_decode import DecodeConv, check_decode_conv
 
@@ -775,12 +798,6 @@ def mma_experts_reference(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor
         rows = (ids == e).nonzero().flatten()
         out[rows] = mma_gemv_reference(x[rows // x_repeat], words[e], sb[e])
     return out
-
-
-def experts_column_tiles(rows: int, experts: int) -> int:
-    """MMA column tiles per expert tile: room for the mean rows per expert, at most 8 (64 rows); changes only the
-    padding, never a row's bits."""
-    return min(8, column_tiles(max(1, -(-rows // experts))))
 
 
 class MmaTiles(NamedTuple):
