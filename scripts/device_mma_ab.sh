@@ -5,11 +5,7 @@
 # W x RB x tile-rows sweep, then the model's decode with the tensor-core MoE and each decode GEMV mode (mma, wide)
 # at 1 and 64 streams (tg32 @ d512, no records; bench/NOTES.md has the numbers to compare with). Fits one 600 s call.
 # Usage (H200 machine, repo root): bash scripts/device_mma_ab.sh
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
-t0=$SECONDS
+source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
 timeout 230 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_model_mma_path.py \
   tests/gpu/test_model_fast_path.py "tests/gpu/test_mma_gemv_gpu.py::test_mma_gemv_conv" > "$OUT/tests.log" 2>&1
 echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"

@@ -4,11 +4,7 @@
 # 1 / 8 / 64 tokens), the experts kernel's W x AHEAD x own-sums sweep, then the model's decode at 1 and 64 streams:
 # the default (CUDA-core MoE) and DELTASERVE_MOE=mma with the wide GEMV (tg32 @ d512, no records).
 # Usage (H200 machine, repo root): bash scripts/device_mma_moe3.sh
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
-t0=$SECONDS
+source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
 timeout 250 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_mma_gemv_gpu.py \
   tests/gpu/test_model_mma_path.py > "$OUT/tests.log" 2>&1
 echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"

@@ -9,11 +9,7 @@
 #   part "bench": the model in tensor-core mode at 1 / 8 / 64 streams (tg128 @ d512 and pp512; records when
 #                 DELTASERVE_COMMIT is set);  ~150 s
 # Usage (H200 machine, repo root): [DELTASERVE_COMMIT=<sha>] bash scripts/device_mma_rows.sh check|bench
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
-t0=$SECONDS
+source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
 if [ "${1:-check}" = check ]; then
   timeout 300 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_mma_gemv_gpu.py \
     tests/gpu/test_model_mma_path.py tests/gpu/test_model_fast_path.py "tests/gpu/test_kernels_gpu.py::test_expert_tiles" \

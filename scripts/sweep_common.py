@@ -31,6 +31,17 @@ def start(dry_run: bool, script: str, argv: list[str]) -> int | None:
     return None
 
 
+def fmt_timed(head: str, rec: dict, checks) -> str:
+    """A timed record's line: `head` (its identifying columns), then "skipped", "ERROR <error>", or the time and
+    GB/s, checks(rec) (the sweep's own verdict columns) and ok / FAIL."""
+    if rec.get("skipped"):
+        return f"{head} skipped"
+    if "error" in rec:
+        return f"{head} ERROR {rec['error']}"
+    us = f"{rec['us']:8.2f} us {rec['gbs']:6.0f} GB/s" if rec.get("us") else ""
+    return f"{head} {us} {checks(rec)} {'ok' if rec['ok'] else 'FAIL'}"
+
+
 def rel_err(got, ref) -> float:
     """max |got - ref| / max |ref| (inf if got holds NaN/inf: a poisoned or broken output)."""
     g = got.double().cpu()

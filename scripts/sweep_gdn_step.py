@@ -23,19 +23,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from sweep_common import RecordSink, rel_err, start
+from sweep_common import RecordSink, fmt_timed, rel_err, start
 
 LAYERS = 30  # DeltaNet layers of the 35B-A3B: one state pool each in the timed graph
 
 
 def fmt(r: dict) -> str:
-    if r.get("skipped"):
-        return f"{r['shape']:22s} {r['config']:14s} skipped"
-    if "error" in r:
-        return f"{r['shape']:22s} {r['config']:14s} ERROR {r['error']}"
-    us = f"{r['us']:8.2f} us {r['gbs']:6.0f} GB/s" if r.get("us") else ""
-    return (f"{r['shape']:22s} {r['config']:14s} {us} err out {r['err_out']:.2e} state {r['err_state']:.2e} "
-            f"{'ok' if r['ok'] else 'FAIL'}")
+    return fmt_timed(f"{r['shape']:22s} {r['config']:14s}", r,
+                     lambda r: f"err out {r['err_out']:.2e} state {r['err_state']:.2e}")
 
 
 def main(argv=None) -> int:

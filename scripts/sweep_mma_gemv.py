@@ -31,7 +31,7 @@ if "--compile-only" in sys.argv:
     os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported
 
 import torch
-from sweep_common import ROOT, RecordSink, rel_err, time_graph
+from sweep_common import ROOT, RecordSink, fmt_timed, rel_err, time_graph
 
 SHAPES = ((12352, 2048), (248320, 2048), (2048, 4096), (9216, 2048))
 EPS = 2.0**-8
@@ -136,13 +136,8 @@ def compile_only(quick: bool = False) -> int:
 
 
 def fmt(r: dict) -> str:
-    if r.get("skipped"):
-        return f"{r['kernel']:12s} {r['shape']:26s} {r['config']:10s} skipped"
-    if "error" in r:
-        return f"{r['kernel']:12s} {r['shape']:26s} {r['config']:10s} ERROR {r['error']}"
-    us = f"{r['us']:8.2f} us {r['gbs']:6.0f} GB/s" if r.get("us") else ""
-    return (f"{r['kernel']:12s} {r['shape']:26s} {r['config']:10s} {us} err {r['err']:.2e} "
-            f"inv {'yes' if r['inv'] else 'NO'} {'ok' if r['ok'] else 'FAIL'}")
+    return fmt_timed(f"{r['kernel']:12s} {r['shape']:26s} {r['config']:10s}", r,
+                     lambda r: f"err {r['err']:.2e} inv {'yes' if r['inv'] else 'NO'}")
 
 
 def moe_section(args, sink) -> None:
