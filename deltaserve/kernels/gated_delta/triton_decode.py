@@ -289,7 +289,12 @@ def _gdn_step_kernel(
         _gated_norm_row(o_row, full, z_ptr + bi.to(tl.int64) * stride_zt + h * DV, nw_ptr, inv, ra, act)
 
 
-DV_BLOCK = 32  # state columns per program of the decode step: Hv * DV / 32 programs (128 at B = 1 for 35B-A3B)
+# State columns per program of the decode step: None = a head per program at 4 warps (B * Hv programs). H200 sweep
+# (scripts/sweep_gdn_step.py, 35B-A3B shapes, graph of 30 layers; bench/NOTES.md): at 1 / 8 / 64 sequences a head
+# per program at 4 warps 4.01 / 11.43 / 82.05 us against dv blocks of 32 at 4 warps 3.94 / 12.96 / 92.46. One shape
+# for every batch size: the dk sums follow the program's layout, so the shape is part of a row's bits.
+DV_BLOCK = None
+HEAD_WARPS = 4  # warps of the one-program-per-head step (8 was 2x slower at every batch size in the same sweep)
 
 
 def gdn_decode_step(
@@ -304,8 +309,8 @@ def gdn_decode_step(
     dt_bias [Hv]; norm_weight [dv]; ssm_pool [S, Hv, dk, dv] fp32, updated in place at state_slots [B] (context_lens
     [B] == 0: start from zero state). Returns the gated-normed output [B, Hv*dv] (activation dtype), ready for out_proj.
     dv_block: state columns per program (B * Hv * dv / dv_block programs, the norm finished by each head's last
-    arrival); None: one program per head (B * Hv programs; 32 at B = 1, 8.3 us on the H200 for 4 MB of state).
-    num_warps: per program (None: 4 split, 8 per head); a launch choice for sweeps, fixed per model like dv_block,
+    arrival); None: one program per head (B * Hv programs; 32 at B = 1, 4.0 us on the H200 for 4 MB of state).
+    num_warps: per program (None: 4 split, HEAD_WARPS per head); a launch choice for sweeps, fixed like dv_block,
     since the dk sums follow the program's layout.
     """
     bsz, c = qkv_conv.shape
@@ -342,7 +347,7 @@ def gdn_decode_step(
         qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots, context_lens, o,
         qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
         ssm_pool.stride(2), o.stride(0), key_dim, dk ** -0.5, eps,
-        HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, num_warps=num_warps or 8, **pdl_args(o),
+        HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, num_warps=num_warps or HEAD_WARPS, **pdl_args(o),
     )
     return o
 
