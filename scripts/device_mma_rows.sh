@@ -6,11 +6,9 @@
 # sweep option).
 #   part "check": kernel and end-to-end GPU tests (both paths, and the one-launch expert tiles), then the GEMV sweep at 1 and 8 rows and the experts sweep at
 #                 1 / 64 / 512 tokens (every AHEAD and LOOP);  ~500 s
-#   part "split": the row-split GEMV (same bits as the K-split one, GPU tests) and the GEMV sweep at 16 / 32 / 64
-#                 rows with it; the DeltaNet step's tests at its new default shape;  ~400 s
 #   part "bench": the model in tensor-core mode at 1 / 8 / 64 streams (tg128 @ d512 and pp512; records when
 #                 DELTASERVE_COMMIT is set);  ~150 s
-# Usage (H200 machine, repo root): [DELTASERVE_COMMIT=<sha>] bash scripts/device_mma_rows.sh check|split|bench
+# Usage (H200 machine, repo root): [DELTASERVE_COMMIT=<sha>] bash scripts/device_mma_rows.sh check|bench
 source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
 if [ "${1:-check}" = check ]; then
   timeout 300 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_mma_gemv_gpu.py \
@@ -24,17 +22,6 @@ if [ "${1:-check}" = check ]; then
   timeout 115 python3 scripts/sweep_mma_gemv.py --experts --ms 1,64,512 --budget-s 100 \
     --out "$OUT/sweep_experts.jsonl" > "$OUT/sweep_experts.log" 2>&1
   echo "== experts sweep ($((SECONDS-t0)) s)"; grep -E "experts_" "$OUT/sweep_experts.log" | cut -c12-150
-elif [ "$1" = split ]; then
-  timeout 240 python3 -m pytest -m gpu -q -rf -p no:cacheprovider \
-    "tests/gpu/test_mma_gemv_gpu.py::test_mma_gemv_row_split_same_bits" \
-    "tests/gpu/test_mma_gemv_gpu.py::test_mma_gemv_launch_shapes_same_bits" \
-    "tests/gpu/test_kernels_gpu.py::test_gdn_decode_step" "tests/gpu/test_kernels_gpu.py::test_gdn_decode_split_vs_whole" \
-    > "$OUT/tests.log" 2>&1
-  echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
-  grep -E "^FAILED|^E  " "$OUT/tests.log" | head -8
-  timeout 200 python3 scripts/sweep_mma_gemv.py --ms 16,32,64 --budget-s 180 --out "$OUT/sweep_gemv.jsonl" \
-    > "$OUT/sweep_gemv.log" 2>&1
-  echo "== GEMV sweep ($((SECONDS-t0)) s)"; grep -E "mma_gemv|affine_gemv" "$OUT/sweep_gemv.log" | cut -c12-125
 else
   M="--preset qwen3.6-35b-a3b --quant q4"
   REC=$([ -n "${DELTASERVE_COMMIT:-}" ] && echo "--results $OUT" || echo "--no-record")

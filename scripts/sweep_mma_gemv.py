@@ -39,18 +39,15 @@ L2_BYTES = 256 << 20
 CALLS = 40
 
 
-def configs(n: int, k: int, m: int = 1) -> list[tuple[int, ...]]:
+def configs(n: int, k: int, m: int = 1) -> list[tuple[int, int, int]]:
     """(W, RB, AHEAD) at m rows of x: the default first, then the others (W changes bits, RB and AHEAD do not);
-    AHEAD = every chunk (the weight requested whole before the PDL wait) only at one row block and up to 8 rows;
-    past 8 rows RB 1 and 2 only (4 and 8 spilled at 64) and the row-split kernel, (W, 1, AHEAD, PW) for PW warps
-    each owning 16 rows (the same bits)."""
+    AHEAD = every chunk (the weight requested whole before the PDL wait) only at one row block and up to 8 rows."""
     from deltaserve.kernels.quant import mma_gemv as mg
 
     g, nb = k // mg.GROUP, n // mg.ROW_BLOCK
     w0 = mg.default_warps(k)
-    rest = [(w, rb, ah) for w in (w0,) for rb in ((1, 2, 4, 8) if m <= 8 else (1, 2)) for ah in (1, 2, g // w0)
+    rest = [(w, rb, ah) for w in (w0,) for rb in (1, 2, 4, 8) for ah in (1, 2, g // w0)
             if g % w == 0 and nb % rb == 0 and (ah <= 2 or (rb == 1 and m <= 8))]
-    rest += [(w0, 1, ah, pw) for pw in (2, 4, 8) for ah in (1, 2) if m > 8 and nb % pw == 0]
     base = mg.default_config(k, m, nb)
     return [base] + [c for c in dict.fromkeys(rest) if c != base]
 
@@ -354,15 +351,14 @@ def main(argv=None) -> int:
             # writes them): timed without their prep launch, or (--after-norm) with the norm that makes them
             runs = [("affine_gemv", "default", base, base_after_norm if args.after_norm else base, packed)]
             sums = {x.data_ptr(): tg.prep_x(x, 4, 64)[1] for x in xs}
-            for cfg in configs(n, k, m):
-                def plain(x, wt, c=cfg):
+            for w, rb, ah in configs(n, k, m):
+                def plain(x, wt, c=(w, rb, ah)):
                     return mg.mma_gemv(x, *wt, xs=sums.get(x.data_ptr()), config=c)
 
-                def normed(x, wt, c=cfg):
+                def normed(x, wt, c=(w, rb, ah)):
                     return mma_after_norm(x, wt, c)
 
-                label = "W{}R{}A{}".format(*cfg[:3]) + (f"P{cfg[3]}" if len(cfg) > 3 else "")
-                runs.append(("mma_gemv", label, plain, normed if args.after_norm else plain, repacked))
+                runs.append(("mma_gemv", f"W{w}R{rb}A{ah}", plain, normed if args.after_norm else plain, repacked))
             for kernel, label, fn, timed, weights in runs:
                 label = label + ("+norm" if args.after_norm else "")
                 rec = dict(kernel=kernel, shape=shape, config=label)

@@ -104,7 +104,6 @@ def test_pdl_kernels_found():
                      "moe/triton_moe_gemv:_combine_kernel", "gated_delta/triton_decode:_gdn_step_kernel",
                      "kernels/triton_norm:_rms_norm_kernel", "attention/triton_qk_prep:_qk_prep_kernel",
                      "attention/triton_paged:_decode_split_kernel", "quant/mma_gemv:_mma_gemv_kernel",
-                     "quant/mma_gemv:_mma_gemv_rows_kernel",
                      "quant/mma_gemv:_mma_experts_kernel"):
         assert expected in kernels
 

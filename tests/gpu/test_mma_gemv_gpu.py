@@ -99,39 +99,6 @@ def test_mma_gemv_launch_shapes_same_bits(dev, n, k):
     assert torch.equal(rows[0][0], rows[1][0]) and torch.equal(rows[0][1], rows[1][1]), "conv, all chunks"
 
 
-@pytest.mark.parametrize("n,k,pws", [(12352, 2048, (4,)), (2048, 4096, (2, 4, 8)), (512, 1024, (2, 4)),
-                                     (256, 512, (4,))])
-def test_mma_gemv_row_split_same_bits(dev, n, k, pws):
-    """The row-split kernel (config (W, 1, AHEAD, PW): PW warps per program each owning 16 rows over all of K) gives
-    the K-split kernel's bits for its W (W = 8, 4, 1 here), at 1 to 64 rows, with loaded and with own group sums,
-    with the conv epilogue (outputs and pool) too; and it is within the fp64 bound on a NaN-poisoned output."""
-    from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant.triton_gemv import prep_x
-
-    p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
-    words, sb = mg.repack_q4(p, s, b)
-    w = mg.default_warps(k)
-    x = torch.randn(64, k, device=dev).bfloat16()
-    xs = prep_x(x, 4, 64)[1]
-    for m in (1, 5, 17, 64):
-        for sums in (None, xs[:m]):
-            base = mg.mma_gemv(x[:m], words, sb, xs=sums, config=(w, 1, 1))
-            for pw in pws:
-                for ahead in (1, 2):
-                    out = kc.poisoned((m, n), torch.bfloat16, dev)
-                    got = mg.mma_gemv(x[:m], words, sb, xs=sums, out=out, config=(w, 1, ahead, pw))
-                    assert torch.equal(got, base), f"row split PW={pw} AHEAD={ahead}, {m} rows, own {sums is None}"
-    kc.close(got, x.double() @ wd.t(), 2 * kc.BF16_EPS, "row-split mma_gemv")
-    c = min(8192, n // 2)
-    cw, pool, slots, ctx = kc.conv_problem(dev, 64, c, 4, 3 * 64 + 2, (1,))
-    pool = pool.nan_to_num()
-    outs = []
-    for config in ((w, 1, 1), (w, 1, 1, pws[-1])):
-        pl = pool.clone()
-        outs.append((mg.mma_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c), config=config), pl))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), "row split, conv epilogue"
-
-
 # ------------------------------------------------------------------ experts (grouped) and the MoE block
 
 

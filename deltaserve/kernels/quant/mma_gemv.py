@@ -188,39 +188,33 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _offsets(W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
-                 SL: gl.constexpr, CL: gl.constexpr, G: gl.constexpr, x_rows, xs_rows, ROWS: gl.constexpr = False):
+                 SL: gl.constexpr, CL: gl.constexpr, G: gl.constexpr, x_rows, xs_rows):
         """Offsets of chunk 0 (W groups, warp w: group w) for the words, x, (s, b) and xs tiles; chunk c adds
         c * W * (128, 64, 32, 1). Row block r of the program adds r * G * (128, -, 32, -). x_rows [N8] (layout
         _x_cols) and xs_rows [N8] (layout SliceLayout(0, CL)): the element offsets of the MMA columns' rows of x
-        and of xs (column n is row n for a plain GEMV, a gathered token for the experts).
-        ROWS (the row-split GEMV): the warp axis is the program's row blocks instead of groups: warp w adds
-        w * G * (128, -, 32, -) to the weight's offsets and nothing to x's and xs' (every warp reads the same x)."""
-        WSW: gl.constexpr = G * 128 if ROWS else 128
-        WSX: gl.constexpr = 0 if ROWS else 64
-        WSS: gl.constexpr = G * 32 if ROWS else 32
-        WSC: gl.constexpr = 0 if ROWS else 1
+        and of xs (column n is row n for a plain GEMV, a gathered token for the experts)."""
         wb = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, WL)))))
         wq = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, WL)))))
         wr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, WL)))))
         wc = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, WL)))))
         wj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, WL)))))
-        w_off = (wb[:, None, None, None, None] * WSW + wq[None, :, None, None, None] * (G * 128)
+        w_off = (wb[:, None, None, None, None] * 128 + wq[None, :, None, None, None] * (G * 128)
                  + wr[None, None, :, None, None] * 16 + wc[None, None, None, :, None] * 4 + wj[None, None, None, None, :])
         xb = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, XL))))
         xc = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, XL))))
         xe = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, XL))))
-        x_off = (xb[:, None, None, None] * WSX + x_rows[None, :, None, None] + xc[None, None, :, None] * 16
+        x_off = (xb[:, None, None, None] * 64 + x_rows[None, :, None, None] + xc[None, None, :, None] * 16
                  + xe[None, None, None, :])
         sbb = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, SL)))))
         sbq = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, SL)))))
         sbr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, SL)))))
         sbh = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, SL)))))
         sbs = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, SL)))))
-        sb_off = (sbb[:, None, None, None, None] * WSS + sbq[None, :, None, None, None] * (G * 32)
+        sb_off = (sbb[:, None, None, None, None] * 32 + sbq[None, :, None, None, None] * (G * 32)
                   + sbr[None, None, :, None, None] * 4 + sbh[None, None, None, :, None] * 2
                   + sbs[None, None, None, None, :])
         cb = gl.arange(0, W, layout=gl.SliceLayout(1, CL))
-        xs_off = cb[:, None] * WSC + xs_rows[None, :]
+        xs_off = cb[:, None] + xs_rows[None, :]
         return w_off, x_off, sb_off, xs_off
 
     @gluon.jit
@@ -498,139 +492,6 @@ if HAVE_GLUON:
             gl.store(o_ptr, total.to(out_ptr.dtype.element_ty), mask=(o_n < M)[None, :])
 
 
-    @gluon.constexpr_function
-    def _rows_group(i, VW, NCH):
-        """The row-split GEMV's step i -> weight group. Steps run class by class (class v: groups v, v + VW, ...,
-        the K-split kernel's warp v), the classes in bit-reversed order (VW = 4: 0, 2, 1, 3), so that adding the
-        finished classes pairwise in sequence is the K-split kernel's cross-warp butterfly (_rows_merge)."""
-        i, VW, NCH = int(i), int(VW), int(NCH)
-        j, c = divmod(i, NCH)
-        bits = VW.bit_length() - 1
-        v = int(format(j, f"0{bits}b")[::-1], 2) if bits else 0
-        return c * VW + v
-
-    @gluon.jit
-    def _rows_merge(acc, pend, j: gl.constexpr, VW: gl.constexpr, mma: gl.constexpr):
-        """Class position j finished with acc: fold it into the pending sums (pend: shared memory [3, PW, 16, N8],
-        each thread reading back only what it stored, so no barrier) so that after the last position the result
-        is Triton's cross-warp sum of the K-split kernel, a butterfly over its VW warps' partials (VW = 4:
-        (p0 + p2) + (p1 + p3); VW = 8: ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7))). Returns that sum
-        after the last position (acc before it: unused). The pending sums live in shared memory because in
-        registers, beside a 64-row x chunk and the accumulator, they spilled."""
-        total = acc
-        if VW == 2:
-            if j == 0:
-                pend.index(0).store(acc)
-            else:
-                total = pend.index(0).load(mma) + acc
-        elif VW == 4:
-            if j == 0:
-                pend.index(0).store(acc)
-            elif j == 1:
-                pend.index(0).store(pend.index(0).load(mma) + acc)
-            elif j == 2:
-                pend.index(1).store(acc)
-            else:
-                total = pend.index(0).load(mma) + (pend.index(1).load(mma) + acc)
-        elif VW == 8:
-            if j == 0:
-                pend.index(0).store(acc)
-            elif j == 1:
-                pend.index(0).store(pend.index(0).load(mma) + acc)
-            elif j == 2:
-                pend.index(1).store(acc)
-            elif j == 3:
-                pend.index(0).store(pend.index(0).load(mma) + (pend.index(1).load(mma) + acc))
-            elif j == 4:
-                pend.index(1).store(acc)
-            elif j == 5:
-                pend.index(1).store(pend.index(1).load(mma) + acc)
-            elif j == 6:
-                pend.index(2).store(acc)
-            else:
-                total = pend.index(0).load(mma) + (pend.index(1).load(mma) + (pend.index(2).load(mma) + acc))
-        return total
-
-    @gluon.jit
-    def _mma_gemv_rows_kernel(x_ptr, xs_ptr, w_ptr, sb_ptr, out_ptr, M, stride_xm, stride_sm, stride_om,
-                              cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
-                              stride_pk, K: gl.constexpr, VW: gl.constexpr, PW: gl.constexpr, NT: gl.constexpr,
-                              AHEAD: gl.constexpr, CONV: gl.constexpr = False, KCONV: gl.constexpr = 4,
-                              PDL: gl.constexpr = False, SELF_XS: gl.constexpr = False):
-        """The row-split form of _mma_gemv_kernel, for many rows of x: grid (N / (16 PW),), warp p owns output rows
-        16 (PW pid + p) .. + 16 over the whole K, so a program's PW warps read the same x chunk (one L2 read, the
-        rest L1 hits) where the K-split kernel re-reads all of x from L2 for every 16 RB rows. Same bits as
-        _mma_gemv_kernel with W = VW: a warp runs the VW warps' chains of that kernel one after another (class v:
-        groups v, v + VW, ..., each group's _chunk_acc as there) and adds the finished chains in its cross-warp
-        order (_rows_group, _rows_merge). AHEAD (1, 2): weight steps requested ahead (x, an L1 hit after the
-        first warp, at its step). PDL: the first steps' weights before the wait."""
-        pdl_open(PDL)
-        G: gl.constexpr = K // 64
-        NCH: gl.constexpr = G // VW
-        N8: gl.constexpr = 8 * NT
-        pid = gl.program_id(0).to(gl.int64)
-
-        mma: gl.constexpr = _mma_layout(PW)
-        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-        WL8: gl.constexpr = _words_layout(PW, 1)
-        WL: gl.constexpr = gl.SliceLayout(5, WL8)
-        XL: gl.constexpr = _x_layout(PW)
-        SL: gl.constexpr = _sb_layout(PW, 1)
-        CL: gl.constexpr = gl.SliceLayout(1, mma)  # xs [PW, N8]: the same group in every warp
-
-        xn = gl.arange(0, N8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, XL))))
-        cn = gl.arange(0, N8, layout=gl.SliceLayout(0, CL))
-        w_off, x_off, sb_off, xs_off = _offsets(PW, 1, N8, WL, XL, SL, CL, G, xn * stride_xm, cn * stride_sm, True)
-        x_mask = (xn < M)[None, :, None, None]
-        xs_mask = (cn < M)[None, :]
-        w_base = w_ptr + pid * PW * G * 128
-        sb_base = sb_ptr + pid * PW * G * 32
-        zero_w = gl.zeros([PW, 1, 8, 4, 4, 8], gl.int32, layout=WL8)
-        acc = gl.zeros([PW, 16, N8], gl.float32, layout=mma)
-        total = acc
-        PS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])  # per pending sum
-        pend = gl.allocate_shared_memory(gl.float32, [3 if VW == 8 else 2, PW, 16, N8], PS)
-        words, sbv = _load_weight_chunk(w_base, sb_base, _rows_group(0, VW, NCH), w_off, sb_off, True, 1, False)
-        if AHEAD == 2:
-            w1, s1 = _load_weight_chunk(w_base, sb_base, _rows_group(min(1, G - 1), VW, NCH), w_off, sb_off, True, 1,
-                                        False)
-        pdl_wait(PDL)
-        for i in gl.static_range(G):
-            if AHEAD == 2:
-                nw, ns = _load_weight_chunk(w_base, sb_base, _rows_group(min(i + 2, G - 1), VW, NCH), w_off, sb_off,
-                                            True, 1, False)
-            else:
-                nw, ns = _load_weight_chunk(w_base, sb_base, _rows_group(min(i + 1, G - 1), VW, NCH), w_off, sb_off,
-                                            True, 1, False)
-            xv = gl.load(x_ptr + _rows_group(i, VW, NCH) * 64 + x_off, mask=x_mask, other=0.0)
-            if SELF_XS:
-                xs = 0.0
-            else:
-                xs = gl.load(xs_ptr + _rows_group(i, VW, NCH) + xs_off, mask=xs_mask, other=0.0)
-            acc = _chunk_acc(acc, words, xv, sbv, xs, zero_w, PW, 1, N8, mma, dot_a, dot_b, SELF_XS)
-            if AHEAD == 2:
-                words, sbv = w1, s1
-                w1, s1 = nw, ns
-            else:
-                words, sbv = nw, ns
-            if (i + 1) % NCH == 0:
-                total = _rows_merge(acc, pend, i // NCH, VW, mma)
-                acc = gl.zeros([PW, 16, N8], gl.float32, layout=mma)
-        # [PW, 16, N8] -> [16 PW, N8] rows of the program, through a blocked layout (the reshape of the MMA layout
-        # is not one Triton infers); elementwise from here, so no layout changes a value
-        BL3: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 8, 4], [PW, 1, 1], [2, 1, 0])
-        EL: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [PW, 1], [1, 0])
-        tot = gl.convert_layout(gl.reshape(gl.convert_layout(total, BL3), [PW * 16, N8]), EL)
-        e_row = pid * PW * 16 + gl.arange(0, PW * 16, layout=gl.SliceLayout(1, EL))
-        e_n = gl.arange(0, N8, layout=gl.SliceLayout(0, EL))
-        if CONV:
-            _conv_epilogue(tot, out_ptr, stride_om, e_row, e_n, M, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
-                           stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV)
-        else:
-            o_ptr = out_ptr + e_n[None, :].to(gl.int64) * stride_om + e_row[:, None]
-            gl.store(o_ptr, tot.to(out_ptr.dtype.element_ty), mask=(e_n < M)[None, :])
-
     @gluon.jit
     def _combine_at_last_arrival(part_ptr, res_ptr, comb_ptr, cnt_ptr, t, col, rb, ncols, stride_pm, stride_rm,
                                  stride_cm, W: gl.constexpr, RB: gl.constexpr, SLOTS: gl.constexpr,
@@ -859,8 +720,7 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
     """y = x W^T for x [..., K] bf16 and a repack_q4 weight; [..., N] bf16 (launches of at most MAX_ROWS rows).
     xs: the rows' group sums (fp32 [M, K / 64], triton_gemv.prep_x's or the norm's prep); None: the kernel makes
     its own on the tensor cores (MMA with ones: no prep launch; a fixed rounding of its own, per row).
-    config: (W, RB, AHEAD) instead of default_config (W changes bits; RB and AHEAD do not); (W, 1, AHEAD, PW):
-    the row-split kernel, PW warps per program each owning 16 rows (the same bits as the K-split kernel's W).
+    config: (W, RB, AHEAD) instead of default_config (W changes bits; RB and AHEAD do not).
     conv: gated_delta.triton_decode.DecodeConv (or the same as a tuple): x holds one token per sequence, and
     features < channels come out as SiLU(causal conv) with the pool updated, meant to equal this GEMV followed by
     triton_decode.causal_conv bit for bit (tests/gpu/test_mma_gemv_gpu.py)."""
@@ -895,12 +755,7 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
                          f"{tuple(xs.shape)} strides {xs.stride()}")
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    warps, rb, ahead, *rest = config or default_config(k, m, nb)
-    split_rows = rest[0] if rest else 0
-    if split_rows:
-        if nb % split_rows or ahead not in (1, 2) or rb != 1 or g % warps:
-            raise ValueError(f"mma_gemv: row-split config W={warps}, RB={rb}, AHEAD={ahead}, PW={split_rows}: "
-                             f"needs RB 1, AHEAD 1 or 2, PW dividing the {nb} row blocks, W the {g} groups")
+    warps, rb, ahead = config or default_config(k, m, nb)
     if g % warps or nb % rb:
         raise ValueError(f"mma_gemv: config W={warps}, RB={rb} does not divide the {g} groups / {nb} row blocks")
     if ahead not in (0, 1, 2) and ahead < g // warps:
@@ -918,12 +773,6 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
                      *cv.pool.stride())
     else:
         kconv, conv_args = 4, (x2, x2, x2, x2, 0, 0, 0, 0, 0, 0)
-    if split_rows:
-        _mma_gemv_rows_kernel[(nb // split_rows,)](
-            x2, xs, words, sb, out, m, x2.stride(0), xs.stride(0), out.stride(0), *conv_args, K=k, VW=warps,
-            PW=split_rows, NT=column_tiles(m), AHEAD=ahead, CONV=conv is not None, KCONV=kconv, SELF_XS=self_xs,
-            num_warps=split_rows, **pdl_args(x2))
-        return out.reshape(*lead, n)
     _mma_gemv_kernel[(nb // rb,)](x2, xs, words, sb, out, m, x2.stride(0), xs.stride(0), out.stride(0), *conv_args,
                                   K=k, W=warps, RB=rb, NT=column_tiles(m), AHEAD=ahead, CONV=conv is not None,
                                   KCONV=kconv, SELF_XS=self_xs, num_warps=warps, **pdl_args(x2))
