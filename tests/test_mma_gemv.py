@@ -67,7 +67,9 @@ def test_bad_shapes_named():
 def test_config_fixed_by_k():
     assert [mg.default_warps(k) for k in (64, 128, 512, 1024, 2048, 4096)] == [1, 1, 1, 4, 4, 8]
     assert mg.default_config(2048) == (4, 1, 1)  # W from K alone; one row block, one chunk ahead
-    assert mg.default_config(2048, 16, 772) == (4, 1, 1)  # up to 16 rows: the one-row launch shape
+    assert mg.default_config(2048, 8, 772) == (4, 1, 1)  # up to 8 rows: the one-row launch shape
+    assert mg.default_config(2048, 16, 772) == (4, 1, 2)  # 9 to 32 rows: two chunks in flight ...
+    assert mg.default_config(2048, 32, 15520) == (4, 2, 2)  # ... and the lm_head's two row blocks
     assert mg.default_config(2048, 64, 772) == (4, 2, 1)  # 64 rows: two row blocks share the x reads ...
     assert mg.default_config(2048, 64, 5) == (4, 1, 2)  # ... when the row blocks pair up
     assert mg.default_config(4096, 64, 128) == (8, 1, 2)  # K = 4096: one block, two chunks in flight

@@ -125,12 +125,17 @@ def default_config(k: int, m: int = 1, nb: int | None = None) -> tuple[int, int,
     (scripts/sweep_mma_gemv.py, bench/NOTES.md): at one row RB 1, AHEAD 1 for every decode linear of the 35B-A3B
     (12352 x 2048 RB 1 7.78 us, RB 2 10.98, RB 4 13.03); at 64 rows, where every program re-reads all of x from L2,
     two row blocks share those reads for K <= 2048 (12352 x 2048 55.9 -> 33.9 us, the lm_head 945 -> 540; RB 4
-    spills) and K = 4096 keeps one with two chunks in flight (22.7 -> 20.8 us). Between 2 and 16 rows: not swept
-    yet, the one-row choice."""
+    spills) and K = 4096 keeps one with two chunks in flight (22.7 -> 20.8 us). From 9 to 32 rows two chunks in
+    flight (16 rows: 12352 x 2048 12.72 -> 11.61 us, 2048 x 4096 12.86 -> 11.19; 32 rows: 12352 x 2048 24.66 (RB 2)
+    -> 22.58), and for the lm_head (N / 16 >= 4096 row blocks) also two row blocks (16 rows 166.5 -> 146.9, 32 rows
+    352.0 -> 334.5); up to 8 rows the one-row choice (8 rows: 9.12 against 9.37 with AHEAD 2)."""
     warps = default_warps(k)
-    if m <= 16:
+    two = nb is None or nb % 2 == 0
+    if m <= 8:
         return warps, 1, 1
-    if k <= 2048 and (nb is None or nb % 2 == 0):
+    if m <= 32:
+        return warps, 2 if (two and nb is not None and nb >= 4096) else 1, 2
+    if k <= 2048 and two:
         return warps, 2, 1
     return warps, 1, 2
 
