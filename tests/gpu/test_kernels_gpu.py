@@ -64,7 +64,7 @@ def test_causal_conv(mods, dev, small):
                   ctx=[0, 9, 0, 1, 100])
 
 
-@pytest.mark.parametrize("dv_block", ["default", 32])
+@pytest.mark.parametrize("dv_block", ["default", None])
 def test_gdn_decode_step(mods, dev, small, dv_block):
     dims = (2, 4, 16, 32) if small else (16, 32, 128, 128)
     kc.check_gdn_decode(mods, dev, 5, *dims, fresh_rows=(0, 3), num_slots=9, dv_block=dv_block)

@@ -289,12 +289,14 @@ def _gdn_step_kernel(
         _gated_norm_row(o_row, full, z_ptr + bi.to(tl.int64) * stride_zt + h * DV, nw_ptr, inv, ra, act)
 
 
-# State columns per program of the decode step: None = a head per program at 4 warps (B * Hv programs). H200 sweep
-# (scripts/sweep_gdn_step.py, 35B-A3B shapes, graph of 30 layers; bench/NOTES.md): at 1 / 8 / 64 sequences a head
-# per program at 4 warps 4.01 / 11.43 / 82.05 us against dv blocks of 32 at 4 warps 3.94 / 12.96 / 92.46. One shape
-# for every batch size: the dk sums follow the program's layout, so the shape is part of a row's bits.
-DV_BLOCK = None
-HEAD_WARPS = 4  # warps of the one-program-per-head step (8 was 2x slower at every batch size in the same sweep)
+# State columns per program of the decode step (Hv * DV / 32 programs, 128 at B = 1 for 35B-A3B); None = a head per
+# program. One shape for every batch size: the dk sums follow the program's layout, so the shape is part of a row's
+# bits. H200 (bench/NOTES.md): the kernel sweep (scripts/sweep_gdn_step.py, graph of 30 layers) had a head per
+# program at 4 warps 4.01 / 11.43 / 82.05 us at 1 / 8 / 64 sequences against 3.94 / 12.96 / 92.46 for blocks of 32,
+# but in the model, same machine, tg128 @ d512 B=1 was 565.1 against 578.8 (-2.4%) for +0.7% at B=64 (1,632.9 vs
+# 1,621.3 with blocks of 32 at 2 warps, which equal 4 warps at B=1: 578.8): blocks of 32 at 4 warps stay.
+DV_BLOCK = 32
+HEAD_WARPS = 4  # warps of the one-program-per-head step (8 was 1.4x slower at every batch size in that sweep)
 
 
 def gdn_decode_step(
