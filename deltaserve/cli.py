@@ -89,7 +89,7 @@ def cmd_run(args) -> int:
     if not model_dir.is_dir():
         raise CLIError(f"--model {model_dir}: not a directory")
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=1,
-              cuda_graphs=False if args.enforce_eager else None)
+              cuda_graphs=False if args.enforce_eager else None, kv_cache_dtype=args.kv_cache_dtype)
     params = sampling_from_args(args, model_dir)
     chat = not args.no_chat and llm.tokenizer_info is not None and bool(llm.tokenizer_info.chat_template)
     if args.prompt is not None:
@@ -253,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=int, help="CPU threads (default: 1 for the built-in model, else torch's)")
     run.add_argument("--max-model-len", type=int, help="context length (default min(model's, 8192))")
     run.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode (default: graphs on CUDA)")
+    run.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+                     help="attention K/V cache: auto = the activation dtype, fp8 = e4m3 with a scale per token and head")
     run.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, no chat template")
     run.add_argument("--no-thinking", action="store_true", help="chat template with enable_thinking=False")
     run.set_defaults(func=cmd_run)

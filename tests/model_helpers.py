@@ -103,11 +103,11 @@ def ours_from_checkpoint(hf_model, directory) -> Qwen3_5ForCausalLM:
 class Session:
     """One model + cache; sequences get consecutive block ranges and their own state slot."""
 
-    def __init__(self, model, max_len=512, max_seqs=8):
+    def __init__(self, model, max_len=512, max_seqs=8, kv_dtype=None):
         self.model = model
         per_seq = -(-max_len // BLOCK)
         self.per_seq = per_seq
-        self.cache = model.make_cache(per_seq * max_seqs, BLOCK, max_seqs, torch.float32)
+        self.cache = model.make_cache(per_seq * max_seqs, BLOCK, max_seqs, torch.float32, kv_dtype=kv_dtype)
 
     def table(self, seq: int) -> list[int]:
         return list(range(seq * self.per_seq, (seq + 1) * self.per_seq))
@@ -137,9 +137,10 @@ def bf16_exact_moe_checkpoint(directory) -> Qwen3_5ForCausalLM:
 
 
 @torch.no_grad()
-def greedy(model, prompt: list[int], n: int, prefill_chunk: int | None = None) -> tuple[list[int], torch.Tensor]:
+def greedy(model, prompt: list[int], n: int, prefill_chunk: int | None = None, kv_dtype=None
+           ) -> tuple[list[int], torch.Tensor]:
     """Greedy continuation of n tokens; returns the tokens and the prompt's all-position logits."""
-    sess = Session(model)
+    sess = Session(model, kv_dtype=kv_dtype)
     ctx = {0: 0}
     step = prefill_chunk or len(prompt)
     prompt_logits = []

@@ -89,7 +89,23 @@ def _cases():
         "norms": lambda m: kc.check_norms(m, CPU, rows=3, n=96, dv=32),
     })
     cases.update(_attn_fused_cases())
+    cases.update(_kv_fp8_cases())
     return cases
+
+
+def _kv_fp8_cases():
+    """The fp8 K/V cache's writers and readers (tests/gpu/kv_fp8_cases.py), tiny shapes."""
+    import kv_fp8_cases as fc
+
+    return {
+        "kv_fp8_format": lambda m: fc.check_format(CPU),
+        "kv_fp8_write_kv": lambda m: fc.check_write_kv(m, CPU, ctx=[0, 13, 5], seqs=[7, 3, 1], hq=4, hkv=2, d=32,
+                                                       bs=8),
+        "kv_fp8_qk_prep": lambda m: fc.check_qk_prep(m, CPU, 5, hq=4, hkv=2, d=32, rd=16),
+        "kv_fp8_attention": lambda m: fc.check_attention(m, CPU, ctx=[0, 13, 5, 150], seqs=[7, 3, 1, 20], hq=4,
+                                                         hkv=2, d=32, bs=8),
+        "kv_fp8_errors": lambda m: fc.check_errors(m, CPU),
+    }
 
 
 def _attn_fused_cases():

@@ -24,6 +24,7 @@ import torch
 
 from ..engine.cuda_graph import DecodeGraph
 from ..model import ForwardBatch, ModelConfig
+from ..model.cache import parse_kv_cache_dtype
 from . import records, roofline
 from .random_model import build_random_model
 
@@ -53,6 +54,9 @@ def parse_args(argv):
     p.add_argument("--results", default="bench/results", help="directory for the JSON-line records")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+                   help="K/V cache of the attention layers: auto = bf16, fp8 = e4m3 with a scale per (token, head) row "
+                        "(records get quant '<weights>-kvfp8')")
     return p.parse_args(argv)
 
 
@@ -75,15 +79,23 @@ def load_model(args):
 class Streams:
     """B sequences with fixed block tables over one cache, depth laid down synthetically."""
 
-    def __init__(self, model, config: ModelConfig, batch: int, max_len: int):
+    def __init__(self, model, config: ModelConfig, batch: int, max_len: int, kv_dtype: torch.dtype | None = None):
         self.model, self.batch = model, batch
         self.blocks_per_seq = -(-max_len // BLOCK_SIZE)
-        self.cache = model.make_cache(batch * self.blocks_per_seq, BLOCK_SIZE, batch, torch.bfloat16)
+        self.cache = model.make_cache(batch * self.blocks_per_seq, BLOCK_SIZE, batch, torch.bfloat16,
+                                      kv_dtype=kv_dtype)
         dev = self.cache.k[config.full_attention_layers[0]].device if config.full_attention_layers else "cuda"
         self.tables = torch.arange(batch * self.blocks_per_seq, dtype=torch.int32, device=dev).view(batch, -1)
         gen = torch.Generator(device=dev).manual_seed(1)
         for pool in list(self.cache.k.values()) + list(self.cache.v.values()):
-            pool.normal_(generator=gen)
+            if pool.element_size() == 1:  # fp8 codes: random finite ones (0x7f / 0xff are NaN), either sign
+                codes = pool.view(torch.uint8)
+                codes.random_(0, 0x7F, generator=gen)
+                codes.bitwise_or_(torch.randint(0, 2, codes.shape, dtype=torch.uint8, device=dev, generator=gen) << 7)
+            else:
+                pool.normal_(generator=gen)
+        for pool in list(self.cache.k_scale.values()) + list(self.cache.v_scale.values()):
+            pool.fill_(1 / 128)  # codes up to 448: values up to 3.5
         for pool in self.cache.ssm.values():
             pool.normal_(generator=gen).mul_(0.1)
         for pool in self.cache.conv.values():
@@ -171,6 +183,10 @@ def main(argv=None) -> int:
     print(f"# {name} {quant}: weights {weight_gib:.2f} GiB on {gpu}, built in {time.perf_counter() - t0:.1f}s",
           flush=True)
     fmt = roofline.WeightFormat.of(args.quant if args.preset else None)
+    kv_dtype = parse_kv_cache_dtype(args.kv_cache_dtype)
+    kv_bytes = 2.0 if kv_dtype is None else 1.0 + 4.0 / config.head_dim  # per cached K or V element
+    if kv_dtype is not None:
+        quant += "-kvfp8"
     recs = []
     max_len = max(args.depth) + max(max(args.n_prompt), max(args.n_gen)) + 8
     note = "depth laid down synthetically (random KV/state)"
@@ -184,7 +200,7 @@ def main(argv=None) -> int:
             records.append_records([rec], args.results, gpu)
 
     for b in args.batch:
-        streams = Streams(model, config, b, max_len)
+        streams = Streams(model, config, b, max_len, kv_dtype)
         for d in args.depth:
             for n in args.n_prompt:
                 graphed = not args.no_graph and b == 1
@@ -199,7 +215,7 @@ def main(argv=None) -> int:
                     continue
                 times = bench_decode(streams, n, d, args.reps, not args.no_graph)
                 tps, sd = _stats(times, n * b)
-                step_bytes = roofline.decode_step_bytes(config, fmt, b, d + n // 2)
+                step_bytes = roofline.decode_step_bytes(config, fmt, b, d + n // 2, kv_cache_bytes=kv_bytes)
                 gbps, pct = roofline.roofline(b / tps if tps else float("inf"), step_bytes)
                 keep(records.make_record("deltaserve", gpu, name, quant, "tg", n, d, b, tps, sd, args.reps,
                                          gbps, pct, notes=note + ("; eager" if args.no_graph else "; cuda graph")))

@@ -39,7 +39,10 @@ def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> floa
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
-def decode_step_bytes(cfg: ModelConfig, fmt: WeightFormat, batch: int, depth: int, kv_bytes: int = 2) -> float:
+def decode_step_bytes(cfg: ModelConfig, fmt: WeightFormat, batch: int, depth: int, kv_bytes: int = 2,
+                      kv_cache_bytes: float | None = None) -> float:
+    """Bytes one decode step must read (and the DeltaNet state write back). kv_bytes: the activation dtype's size;
+    kv_cache_bytes: per cached K or V element (None: kv_bytes; an fp8 cache: 1 + its per-row scale's share)."""
     h = cfg.hidden_size
     mat = fmt.matrix_bits / 8
     gate = fmt.gate_bits / 8
@@ -64,7 +67,8 @@ def decode_step_bytes(cfg: ModelConfig, fmt: WeightFormat, batch: int, depth: in
     total += mat * h * cfg.vocab_size  # lm_head (or the tied embedding)
     total += batch * mat * h  # embedding rows
     n_attn = len(cfg.full_attention_layers)
-    total += batch * depth * n_attn * 2 * cfg.num_key_value_heads * cfg.head_dim * kv_bytes
+    per_kv = kv_bytes if kv_cache_bytes is None else kv_cache_bytes
+    total += batch * depth * n_attn * 2 * cfg.num_key_value_heads * cfg.head_dim * per_kv
     n_gdn = len(cfg.linear_attention_layers)
     state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
     conv = cfg.conv_dim * (cfg.linear_conv_kernel_dim - 1) * kv_bytes

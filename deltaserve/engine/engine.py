@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 from tokenizers import Tokenizer
 
-from ..model.cache import cache_spec
+from ..model.cache import cache_spec, parse_kv_cache_dtype
 from ..utils.memory import cache_budget_bytes
 from .block_pool import BlockPool, StateSlotPool
 from .cuda_graph import DecodeGraphs, PrefillGraphs
@@ -46,6 +46,9 @@ class EngineConfig:
     # that is one request's full prefill chunk (max_num_batched_tokens new tokens) replays that size's prefill graph
     # (engine/cuda_graph.PrefillGraphs: the same kernels without ~40 launches' worth of host time per layer).
     cuda_graphs: bool | None = None
+    # K/V cache of the full-attention layers: "auto" (the activation dtype) or "fp8" (e4m3, one fp32 scale per
+    # (token, KV head) row: half the bytes per token, kernels/attention/kv_fp8.py), like vLLM's --kv-cache-dtype
+    kv_cache_dtype: str = "auto"
 
 
 class LLMEngine:
@@ -72,11 +75,13 @@ class LLMEngine:
                 f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
                 f"{mcfg.max_position_embeddings}"
             )
+        self.kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype)
         self.num_blocks = config.num_blocks or self._auto_num_blocks()
         # With graphs the cache holds one more block and one more state slot than the pools hand out: ids
         # num_blocks and max_num_seqs are the padding rows' scratch, never owned by a request.
         extra = int(config.cuda_graphs)
-        self.cache = model.make_cache(self.num_blocks + extra, config.block_size, config.max_num_seqs + extra)
+        self.cache = model.make_cache(self.num_blocks + extra, config.block_size, config.max_num_seqs + extra,
+                                      kv_dtype=self.kv_dtype)
         sched_cfg = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
         self.scheduler = Scheduler(
             sched_cfg, BlockPool(self.num_blocks, config.block_size), StateSlotPool(config.max_num_seqs)
@@ -96,7 +101,7 @@ class LLMEngine:
         """Blocks from the memory budget, capped at what max_num_seqs full-length requests could ever use."""
         cfg = self.config
         dtype = next(self.model.parameters()).dtype
-        spec = cache_spec(self.model.config, cfg.block_size, dtype)
+        spec = cache_spec(self.model.config, cfg.block_size, dtype, self.kv_dtype)
         budget = cfg.cache_memory_bytes or cache_budget_bytes(self.device)
         per_seq = -(-self.max_model_len // cfg.block_size)
         usable = cfg.max_num_seqs * per_seq

@@ -12,6 +12,7 @@ from typing import Iterator, Sequence
 import torch
 from tokenizers import Tokenizer
 
+from ..model.cache import parse_kv_cache_dtype
 from ..model.config import ModelConfig
 from .chat import ChatTemplateError, render_chat
 from .engine import EngineConfig, LLMEngine
@@ -46,15 +47,17 @@ class LLM:
         seed: int = 0,
         progress: bool = False,
         cuda_graphs: bool | None = None,
+        kv_cache_dtype: str = "auto",
     ):
         from ..weights.loader import load_checkpoint  # lazy: loading pulls in every checkpoint format
 
         self.model_dir = Path(model_dir)
-        ModelConfig.from_dir(self.model_dir)  # cheap checks first: config, then tokenizer, then the weights
+        parse_kv_cache_dtype(kv_cache_dtype)  # cheap checks first: options, config, tokenizer, then the weights
+        ModelConfig.from_dir(self.model_dir)
         tok = load_tokenizer(self.model_dir)
         ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype), progress)
         config = EngineConfig(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, seed=seed,
-                              cuda_graphs=cuda_graphs)
+                              cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype)
         self._setup(ckpt.model, tok, config)
 
     @classmethod

@@ -54,10 +54,11 @@ class GatedAttention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_cache, v_cache = cache.k[self.layer], cache.v[self.layer]
-        write_kv(k_cache, v_cache, batch.slot_mapping, k, v)
+        k_cache, v_cache, k_scale, v_scale = cache.kv(self.layer)
+        write_kv(k_cache, v_cache, batch.slot_mapping, k, v, k_scale, v_scale)
         o = paged_attention(
-            q, k_cache, v_cache, batch.block_tables, batch.context_lens_cpu, batch.seq_lens_cpu, self.scale
+            q, k_cache, v_cache, batch.block_tables, batch.context_lens_cpu, batch.seq_lens_cpu, self.scale,
+            k_scale, v_scale,
         )
         o = o.reshape(t, self.hq * self.d)
         if gate is not None:
@@ -92,21 +93,23 @@ class GatedAttention(nn.Module):
         decode = batch.max_seqlen == 1
         qg, k, v = self._project(x, decode)
         qg = qg.view(t, self.hq, (2 if self.gated else 1) * d)
-        k_cache, v_cache = cache.k[self.layer], cache.v[self.layer]
+        k_cache, v_cache, k_scale, v_scale = cache.kv(self.layer)
         q = qk_norm_rope_write(
             qg[..., :d], k.view(t, self.hkv, d), v.view(t, self.hkv, d), self.q_norm.weight, self.k_norm.weight,
             self.q_norm.eps, self.q_norm.offset, batch.positions, self._inv_freq(x.device), k_cache, v_cache,
-            batch.slot_mapping, self.mrope_section, self.mrope_interleaved,
+            batch.slot_mapping, self.mrope_section, self.mrope_interleaved, k_scale=k_scale, v_scale=v_scale,
         )
         gate = qg[..., d:] if self.gated else None
         if decode and batch.num_tokens == batch.num_seqs:  # one token per sequence
             max_kv = batch.block_tables.shape[1] * batch.block_size
             o = tp.paged_decode_attention(
-                q, k_cache, v_cache, batch.block_tables, batch.context_lens, self.scale, max_kv, gate=gate, lens_add=1
+                q, k_cache, v_cache, batch.block_tables, batch.context_lens, self.scale, max_kv, gate=gate, lens_add=1,
+                k_scale=k_scale, v_scale=v_scale,
             )
             return fast.linear(self.o_proj, o.view(t, self.hq * d), decode)
         o = tp.paged_prefill_attention(
-            q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens, batch.context_lens, self.scale, batch.max_seqlen
+            q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens, batch.context_lens, self.scale, batch.max_seqlen,
+            k_scale=k_scale, v_scale=v_scale,
         ).reshape(t, self.hq * d)
         if gate is not None:
             o = o * torch.sigmoid(gate.reshape(t, self.hq * d))

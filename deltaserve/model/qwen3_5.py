@@ -93,10 +93,13 @@ class Qwen3_5ForCausalLM(nn.Module):
         return fuse_projections(self)
 
     def make_cache(
-        self, num_blocks: int, block_size: int, num_state_slots: int, dtype: torch.dtype | None = None, device=None
+        self, num_blocks: int, block_size: int, num_state_slots: int, dtype: torch.dtype | None = None, device=None,
+        kv_dtype: torch.dtype | None = None,
     ) -> HybridCache:
+        """kv_dtype: None (the activation dtype) or torch.float8_e4m3fn (cache.parse_kv_cache_dtype)."""
         p = self.norm.weight
-        return HybridCache(self.config, num_blocks, block_size, num_state_slots, dtype or p.dtype, device or p.device)
+        return HybridCache(self.config, num_blocks, block_size, num_state_slots, dtype or p.dtype, device or p.device,
+                           kv_dtype)
 
     def hidden_states(self, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
         """Hidden states [T, H] of every new token after the last layer, before the final norm."""

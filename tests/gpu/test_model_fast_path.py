@@ -87,12 +87,13 @@ def test_bf16_gpu_matches_cpu_reference(models, chunk):
     check_matches_cpu_reference(cpu, gpu, chunk, f"prefill chunk {chunk}")
 
 
-def decode_logits(model, prompts, steps, graph: bool, bucket=None):
-    """Prefill each prompt, then `steps` greedy decode steps for all together; returns logits [steps, B, V]."""
+def decode_logits(model, prompts, steps, graph: bool, bucket=None, kv_dtype=None):
+    """Prefill each prompt, then `steps` greedy decode steps for all together; returns logits [steps, B, V].
+    kv_dtype: the K/V cache's (None: bf16; torch.float8_e4m3fn: kernels/attention/kv_fp8.py)."""
     b = len(prompts)
     rows = bucket or b
     blocks = -(-(max(map(len, prompts)) + steps + 1) // BS)
-    cache = model.make_cache((rows + 1) * blocks, BS, rows + 1, torch.bfloat16, "cuda")
+    cache = model.make_cache((rows + 1) * blocks, BS, rows + 1, torch.bfloat16, "cuda", kv_dtype=kv_dtype)
     tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(rows)]
     with torch.no_grad():
         for i, p in enumerate(prompts):  # each prefilled alone: the batch only shares the decode launches
@@ -117,26 +118,26 @@ def decode_logits(model, prompts, steps, graph: bool, bucket=None):
     return torch.stack(out).cpu()
 
 
-def check_batch_invariance(gpu):
+def check_batch_invariance(gpu, kv_dtype=None):
     """A sequence's decode logits alone == among 1, 3, 15, 63 others, bit for bit."""
     gen = torch.Generator().manual_seed(9)
     target = torch.randint(0, 32, (37,), generator=gen).tolist()
-    alone = decode_logits(gpu, [target], 6, graph=False)[:, 0]
+    alone = decode_logits(gpu, [target], 6, graph=False, kv_dtype=kv_dtype)[:, 0]
     for others in (1, 3, 15, 63):
         prompts = [target] + [torch.randint(0, 32, (int(n),), generator=gen).tolist()
                               for n in torch.randint(1, 90, (others,), generator=gen)]
-        together = decode_logits(gpu, prompts, 6, graph=False)[:, 0]
+        together = decode_logits(gpu, prompts, 6, graph=False, kv_dtype=kv_dtype)[:, 0]
         assert torch.equal(alone, together), f"decode among {others} others differs from alone"
 
 
-def check_graph_equals_eager(gpu):
+def check_graph_equals_eager(gpu, kv_dtype=None):
     """Decode logits replayed from a graph == eager, also from a bucket larger than the batch, bit for bit."""
     gen = torch.Generator().manual_seed(10)
     prompts = [torch.randint(0, 32, (n,), generator=gen).tolist() for n in (5, 40, 17)]
-    eager = decode_logits(gpu, prompts, 5, graph=False)
-    graph = decode_logits(gpu, prompts, 5, graph=True)
+    eager = decode_logits(gpu, prompts, 5, graph=False, kv_dtype=kv_dtype)
+    graph = decode_logits(gpu, prompts, 5, graph=True, kv_dtype=kv_dtype)
     assert torch.equal(eager, graph)
-    padded = decode_logits(gpu, prompts, 5, graph=True, bucket=4)  # a bucket larger than the batch
+    padded = decode_logits(gpu, prompts, 5, graph=True, bucket=4, kv_dtype=kv_dtype)  # a bigger bucket
     assert torch.equal(eager, padded)
 
 

@@ -5,28 +5,46 @@
   q                [T, Hq, D]  the new tokens of all sequences (cu_seqlens order)
 New token i of sequence b sits at cache index ctx_b + i and attends causally to cache indices 0..ctx_b + i.
 Query head h uses KV head h // (Hq / Hkv). Softmax in fp32.
+An fp8 cache (kv_fp8.py) comes with k_scale, v_scale [num_blocks, block_size, Hkv]: rows are written by
+kv_fp8.quantize_rows and read as x8 * scale.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .kv_fp8 import dequantize_rows, is_fp8, quantize_rows
+
 
 def write_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Store K/V of the new tokens ([T, Hkv, D]) at their flat slots (block * block_size + offset)."""
+    """Store K/V of the new tokens ([T, Hkv, D]) at their flat slots (block * block_size + offset); an fp8 cache
+    quantises each (token, head) row with its own scale."""
     nb, bs, hkv, d = k_cache.shape
-    k_cache.view(nb * bs, hkv, d)[slot_mapping] = k.to(k_cache.dtype)
-    v_cache.view(nb * bs, hkv, d)[slot_mapping] = v.to(v_cache.dtype)
+    for cache, scales, x, name in ((k_cache, k_scale, k, "k"), (v_cache, v_scale, v, "v")):
+        if is_fp8(cache):
+            if scales is None or tuple(scales.shape) != (nb, bs, hkv):
+                raise ValueError(f"write_kv: an fp8 {name} cache needs {name}_scale [{nb}, {bs}, {hkv}], found "
+                                 f"{None if scales is None else tuple(scales.shape)}")
+            x8, sc = quantize_rows(x)
+            cache.view(nb * bs, hkv, d)[slot_mapping] = x8
+            scales.view(nb * bs, hkv)[slot_mapping] = sc
+        else:
+            cache.view(nb * bs, hkv, d)[slot_mapping] = x.to(cache.dtype)
 
 
-def gather_kv(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` cached entries of one sequence, [length, Hkv, D]."""
+def gather_kv(cache: torch.Tensor, table: torch.Tensor, length: int, scales: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """The first `length` cached entries of one sequence, [length, Hkv, D] (an fp8 cache's dequantised, fp32)."""
     nb, bs, hkv, d = cache.shape
     idx = torch.arange(length, device=cache.device)
     slots = table.to(torch.long)[idx // bs] * bs + idx % bs
-    return cache.view(nb * bs, hkv, d)[slots]
+    rows = cache.view(nb * bs, hkv, d)[slots]
+    if is_fp8(cache):
+        return dequantize_rows(rows, scales.view(nb * bs, hkv)[slots])
+    return rows
 
 
 def paged_attention(
@@ -37,6 +55,8 @@ def paged_attention(
     context_lens: list[int],
     seq_lens: list[int],
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens over their sequence's cache (which already holds the new K/V)."""
     hq = q.shape[1]
@@ -46,8 +66,8 @@ def paged_attention(
     start = 0
     for b, (ctx, n) in enumerate(zip(context_lens, seq_lens)):
         total = ctx + n
-        kk = gather_kv(k_cache, block_tables[b], total).float().repeat_interleave(rep, dim=1)  # [S, Hq, D]
-        vv = gather_kv(v_cache, block_tables[b], total).float().repeat_interleave(rep, dim=1)
+        kk = gather_kv(k_cache, block_tables[b], total, k_scale).float().repeat_interleave(rep, dim=1)  # [S, Hq, D]
+        vv = gather_kv(v_cache, block_tables[b], total, v_scale).float().repeat_interleave(rep, dim=1)
         qq = q[start : start + n].float()  # [n, Hq, D]
         scores = torch.einsum("nhd,shd->hns", qq, kk) * scale
         q_idx = torch.arange(ctx, total, device=q.device)[:, None]

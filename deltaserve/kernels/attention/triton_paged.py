@@ -15,6 +15,10 @@ direct path computes what the merge would (weight exp2(0) = 1 on the only split)
 the launch either. Both kernels are always launched for a given host bound max_kv_len (graph replay safe); only a
 bound <= SPLIT_TOKENS, where every row is single-split, leaves the merge launch out.
 
+fp8 caches (kv_fp8.py: e4m3 rows with an fp32 scale per (token, KV head), k_scale/v_scale [num_blocks,
+block_size, Hkv]): a key's scores are (q . k8) * k_scale (the scale applied to the fp32 scores, not the elements)
+and a value's weight in P.V is p * v_scale (then rounded like P), so the fp8 codes enter the MMA exactly.
+
 Optional attention output gate (Qwen3.5 gated attention), applied in the epilogue with the reference's rounding
 (model/attention.py: o * torch.sigmoid(gate) on bf16 tensors):  out = bf16( bf16(o) * bf16(sigmoid(gate)) ).
 """
@@ -27,6 +31,8 @@ import triton.language as tl
 
 from ..triton_common import dot_f32, mma
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
+from .triton_kv_fp8 import fp8_scale, store_fp8
+from .triton_qk_prep import _check_fp8
 
 # decode: tokens per split, fixed so the merge order of a row never depends on the batch (64 was slower on the
 # H200 at 32k contexts, bench/NOTES.md)
@@ -35,9 +41,10 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_kh, stride_vt, stride_vh,
-                     stride_cs, stride_ch, D: tl.constexpr, BD: tl.constexpr):
-    # grid (T, Hkv); the caches are viewed as [num_blocks * block_size, Hkv, D]
+def _write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr, stride_kt, stride_kh, stride_vt,
+                     stride_vh, stride_cs, stride_ch, HKV, D: tl.constexpr, BD: tl.constexpr,
+                     FP8: tl.constexpr = False):
+    # grid (T, Hkv); the caches are viewed as [num_blocks * block_size, Hkv, D] (FP8: scales [.., Hkv])
     t = tl.program_id(0)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -48,23 +55,36 @@ def _write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_k
     k = tl.load(k_ptr + t.to(tl.int64) * stride_kt + h * stride_kh + rd, mask=m)
     v = tl.load(v_ptr + t.to(tl.int64) * stride_vt + h * stride_vh + rd, mask=m)
     dst = slot * stride_cs + h * stride_ch + rd
-    tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=m)
-    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=m)
+    if FP8:
+        kf = k.to(tl.float32)
+        vf = v.to(tl.float32)
+        ks = fp8_scale(tl.max(tl.where(m, tl.abs(kf), 0.0), axis=0))
+        vs = fp8_scale(tl.max(tl.where(m, tl.abs(vf), 0.0), axis=0))
+        store_fp8(kc_ptr + dst, kf, ks, m)
+        store_fp8(vc_ptr + dst, vf, vs, m)
+        tl.store(ks_ptr + slot * HKV + h, ks)
+        tl.store(vs_ptr + slot * HKV + h, vs)
+    else:
+        tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=m)
+        tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=m)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor,
-             v: torch.Tensor) -> None:
-    """Store k, v [T, Hkv, D] at flat slots (block * block_size + offset); negative slots are skipped."""
+             v: torch.Tensor, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
+    """Store k, v [T, Hkv, D] at flat slots (block * block_size + offset); negative slots are skipped. fp8 caches:
+    each row quantised as kv_fp8.quantize_rows, its scale into k_scale / v_scale."""
     nb, bs, hkv, d = k_cache.shape
     if k.shape != v.shape or tuple(k.shape[1:]) != (hkv, d) or slot_mapping.numel() != k.shape[0]:
         raise ValueError(f"write_kv: k {tuple(k.shape)}, v {tuple(v.shape)}, {slot_mapping.numel()} slots for a "
                          f"cache of [.., .., {hkv}, {d}]")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("write_kv: caches must be contiguous and k/v contiguous along D")
+    fp8 = _check_fp8(k_cache, v_cache, k_scale, v_scale, "write_kv")
     if k.shape[0]:
         _write_kv_kernel[(k.shape[0], hkv)](
-            k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            hkv * d, d, D=d, BD=triton.next_power_of_2(d), num_warps=1 if d <= 128 else 2,
+            k, v, k_cache, v_cache, slot_mapping, k_scale if fp8 else k, v_scale if fp8 else v, k.stride(0),
+            k.stride(1), v.stride(0), v.stride(1), hkv * d, d, hkv, D=d, BD=triton.next_power_of_2(d), FP8=fp8,
+            num_warps=1 if d <= 128 else 2,
         )
 
 
@@ -73,6 +93,18 @@ def _kv_rows(table_row, pos, BS: tl.constexpr):
     """Flat cache rows of token positions pos (a block-table lookup per token)."""
     blk = tl.load(table_row + pos // BS, mask=pos >= 0, other=0).to(tl.int64)
     return blk * BS + pos % BS
+
+
+@triton.jit
+def _load_rows(c_ptr, sc_ptr, off, srow, valid, act: tl.constexpr, FP8: tl.constexpr):
+    """Cache rows [BN, D] at off (0 where not valid) in the activation dtype act, and for FP8 their scales [BN]
+    (at srow of the [rows, Hkv] scales; 0 where not valid): e4m3 -> act is exact, the scale is the caller's."""
+    x = tl.load(c_ptr + off, mask=valid[:, None], other=0.0)
+    sc = 0.0
+    if FP8:
+        x = x.to(act)
+        sc = tl.load(sc_ptr + srow, mask=valid, other=0.0)
+    return x, sc
 
 
 @triton.jit
@@ -88,12 +120,12 @@ def _gated(o, gate_ptrs, mask, HAS_GATE: tl.constexpr):
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
+    q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr, ks_ptr, vs_ptr,
     stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
     stride_gb, stride_gh, qk_scale,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
     BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
-    PDL: tl.constexpr = False,
+    FP8: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     # grid (B, Hkv, max splits): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT)
     pdl_open(PDL)
@@ -120,15 +152,21 @@ def _decode_split_kernel(
         valid = pos < L
         rows = _kv_rows(table_row, tl.where(valid, pos, -1), BS)
         kv_off = rows[:, None] * stride_cr + kvh * stride_ch + rd[None, :]
-        k = tl.load(kc_ptr + kv_off, mask=valid[:, None], other=0.0)
-        s = mma(q, tl.trans(k), tl.zeros((GP, BN), dtype=tl.float32), F32) * qk_scale  # log2 domain
+        k, ksc = _load_rows(kc_ptr, ks_ptr, kv_off, rows * (stride_cr // D) + kvh, valid, q.dtype, FP8)
+        s = mma(q, tl.trans(k), tl.zeros((GP, BN), dtype=tl.float32), F32)
+        if FP8:
+            s = s * ksc[None, :]
+        s = s * qk_scale  # log2 domain
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(vc_ptr + kv_off, mask=valid[:, None], other=0.0)
-        acc = mma(p.to(v.dtype), v, acc * alpha[:, None], F32)
+        v, vsc = _load_rows(vc_ptr, vs_ptr, kv_off, rows * (stride_cr // D) + kvh, valid, q.dtype, FP8)
+        pv = p
+        if FP8:
+            pv = p * vsc[None, :]
+        acc = mma(pv.to(v.dtype), v, acc * alpha[:, None], F32)
         m_i = m_new
     if L <= SPLIT:  # the row's only split: finish it here (the merge of one split is the identity)
         o = acc / l_i[:, None]
@@ -189,14 +227,15 @@ MERGE_BSP = 32  # splits per merge step: 32k tokens = 256 splits = 8 steps
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     kv_lens: torch.Tensor, scale: float, max_kv_len: int, out: torch.Tensor | None = None,
-    gate: torch.Tensor | None = None, lens_add: int = 0,
+    gate: torch.Tensor | None = None, lens_add: int = 0, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One new token per sequence: q [B, Hq, D] attends to the first kv_lens[b] cached tokens (context + the new
     token, already written). max_kv_len: a host upper bound on kv_lens (sizes the split grid; a CUDA graph can pass
     the model's maximum). gate: None or [B, Hq, D] (any batch/head strides, e.g. qg.view(B, Hq, 2D)[..., D:]),
     returns bf16(bf16(o) * bf16(sigmoid(gate))) then. lens_add: a constant added to every kv_lens[b] in the kernel
-    (1 lets the caller pass the context lengths without a `+ 1` launch; max_kv_len bounds the sum). Returns
-    [B, Hq, D] in q's dtype."""
+    (1 lets the caller pass the context lengths without a `+ 1` launch; max_kv_len bounds the sum). k_scale,
+    v_scale: an fp8 cache's scales (kv_fp8.py). Returns [B, Hq, D] in q's dtype."""
     bsz, hq, d = q.shape
     nb, bs, hkv, dc = k_cache.shape
     if dc != d or hq % hkv or block_tables.shape[0] != bsz or kv_lens.numel() != bsz:
@@ -207,6 +246,7 @@ def paged_decode_attention(
     if gate is not None and (tuple(gate.shape) != (bsz, hq, d) or gate.stride(-1) != 1):
         raise ValueError(f"paged_decode_attention: gate {tuple(gate.shape)} must be [{bsz}, {hq}, {d}], "
                          "contiguous along D")
+    fp8 = _check_fp8(k_cache, v_cache, k_scale, v_scale, "paged_decode_attention")
     out = torch.empty_like(q) if out is None else out
     if bsz == 0:
         return out
@@ -217,11 +257,11 @@ def paged_decode_attention(
     pl = torch.empty_like(pm)
     gt, (sgb, sgh) = (gate, gate.stride()[:2]) if gate is not None else (out, (0, 0))
     _decode_split_kernel[(bsz, hkv, n_split)](
-        q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl, out, gt,
-        q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
+        q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl, out, gt, k_scale if fp8 else pm,
+        v_scale if fp8 else pm, q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
         BS=bs, SPLIT=SPLIT_TOKENS, BN=64 if d <= 128 else 32, F32=dot_f32(), HAS_GATE=gate is not None,
-        LENS_ADD=lens_add, num_warps=4, **pdl_args(out),
+        LENS_ADD=lens_add, FP8=fp8, num_warps=4, **pdl_args(out),
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
         bd = min(d, MERGE_BD)
@@ -235,9 +275,10 @@ def paged_decode_attention(
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, kc_ptr, vc_ptr, table_ptr, cu_ptr, ctx_ptr, o_ptr,
+    q_ptr, kc_ptr, vc_ptr, table_ptr, cu_ptr, ctx_ptr, o_ptr, ks_ptr, vs_ptr,
     stride_qt, stride_qh, stride_tb, stride_cr, stride_ch, stride_ot, stride_oh, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
+    FP8: tl.constexpr = False,
 ):
     # grid (B, cdiv(max new tokens, BM), Hq): BM new tokens of one sequence, one query head
     b = tl.program_id(0)
@@ -265,16 +306,22 @@ def _prefill_kernel(
         valid = pos < end
         rows = _kv_rows(table_row, tl.where(valid, pos, -1), BS)
         kv_off = rows[:, None] * stride_cr + kvh * stride_ch + rd[None, :]
-        k = tl.load(kc_ptr + kv_off, mask=valid[:, None], other=0.0)
-        s = mma(q, tl.trans(k), tl.zeros((BM, BN), dtype=tl.float32), F32) * qk_scale
+        k, ksc = _load_rows(kc_ptr, ks_ptr, kv_off, rows * (stride_cr // D) + kvh, valid, q.dtype, FP8)
+        s = mma(q, tl.trans(k), tl.zeros((BM, BN), dtype=tl.float32), F32)
+        if FP8:
+            s = s * ksc[None, :]
+        s = s * qk_scale
         s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded query rows see no key at all
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(vc_ptr + kv_off, mask=valid[:, None], other=0.0)
-        acc = mma(p.to(v.dtype), v, acc * alpha[:, None], F32)
+        v, vsc = _load_rows(vc_ptr, vs_ptr, kv_off, rows * (stride_cr // D) + kvh, valid, q.dtype, FP8)
+        pv = p
+        if FP8:
+            pv = p * vsc[None, :]
+        acc = mma(pv.to(v.dtype), v, acc * alpha[:, None], F32)
         m_i = m_new
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(o_ptr + (start + ri).to(tl.int64)[:, None] * stride_ot + h * stride_oh + rd[None, :],
@@ -284,11 +331,12 @@ def _prefill_kernel(
 def paged_prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     cu_seqlens: torch.Tensor, context_lens: torch.Tensor, scale: float, max_seqlen: int,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens q [T, Hq, D] (sequence b's are q[cu_seqlens[b]:cu_seqlens[b+1]]) over
     their sequence's cache (context_lens[b] cached tokens before them; the new K/V already written). max_seqlen: a
-    host bound on the new tokens per sequence. Returns [T, Hq, D] in q's dtype (= reference.paged_attention)."""
+    host bound on the new tokens per sequence. k_scale, v_scale: an fp8 cache's scales (kv_fp8.py). Returns
+    [T, Hq, D] in q's dtype (= reference.paged_attention)."""
     t, hq, d = q.shape
     nb, bs, hkv, dc = k_cache.shape
     bsz = context_lens.numel()
@@ -297,6 +345,7 @@ def paged_prefill_attention(
                          f"{tuple(block_tables.shape)}, cu_seqlens {cu_seqlens.numel()}, {bsz} contexts disagree")
     if d & (d - 1) or d < 16 or q.stride(-1) != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
         raise ValueError("paged_prefill_attention: head_dim must be a power of two >= 16, tensors contiguous")
+    fp8 = _check_fp8(k_cache, v_cache, k_scale, v_scale, "paged_prefill_attention")
     out = torch.empty_like(q) if out is None else out
     if t == 0 or bsz == 0:
         return out
@@ -304,8 +353,9 @@ def paged_prefill_attention(
     bn = 64 if d <= 128 else 32
     grid = (bsz, triton.cdiv(max(max_seqlen, 1), bm), hq)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, cu_seqlens, context_lens, out,
-        q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, out.stride(0), out.stride(1),
-        scale * _LOG2E, G=hq // hkv, D=d, BS=bs, BM=bm, BN=bn, F32=dot_f32(), num_warps=8 if d > 128 else 4,
+        q, k_cache, v_cache, block_tables, cu_seqlens, context_lens, out, k_scale if fp8 else out,
+        v_scale if fp8 else out, q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, out.stride(0), out.stride(1),
+        scale * _LOG2E, G=hq // hkv, D=d, BS=bs, BM=bm, BN=bn, F32=dot_f32(), FP8=fp8,
+        num_warps=8 if d > 128 else 4,
     )
     return out

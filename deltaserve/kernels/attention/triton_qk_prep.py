@@ -26,6 +26,8 @@ import triton
 import triton.language as tl
 
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
+from .kv_fp8 import FP8
+from .triton_kv_fp8 import fp8_scale, store_fp8
 
 
 @triton.jit
@@ -78,15 +80,47 @@ def _norm_rope_store(src_ptr, w_ptr, dst_ptr, cos, sin, eps, offset, D: tl.const
 
 
 @triton.jit
+def _norm_rope_store_fp8(src_ptr, w_ptr, dst_ptr, scale_ptr, cos, sin, eps, offset, D: tl.constexpr,
+                         BD: tl.constexpr, HALF: tl.constexpr, HP: tl.constexpr):
+    """_norm_rope_store's row (each value rounded to the activation dtype, as the bf16 cache holds it) into an fp8
+    cache row with its scale (kv_fp8's format: amax over the whole row, then each piece quantised)."""
+    inv, n = _inv_rms(src_ptr, w_ptr, eps, offset, D, BD)
+    rd = tl.arange(0, BD)
+    pm = (rd >= 2 * HALF) & (rd < D)
+    npass = n.to(tl.float32)
+    j = tl.arange(0, HP)
+    jm = j < HALF
+    act = src_ptr.dtype.element_ty
+    x1 = tl.load(src_ptr + j, mask=jm, other=0.0).to(tl.float32)
+    x2 = tl.load(src_ptr + HALF + j, mask=jm, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + j, mask=jm, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + j, mask=jm, other=0.0).to(tl.float32)
+    n1 = (x1 * inv * (offset + w1)).to(act).to(tl.float32)
+    n2 = (x2 * inv * (offset + w2)).to(act).to(tl.float32)
+    o1 = (n1 * cos - n2 * sin).to(act).to(tl.float32)
+    o2 = (n2 * cos + n1 * sin).to(act).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.where(pm, tl.abs(npass), 0.0), axis=0),
+                      tl.maximum(tl.max(tl.where(jm, tl.abs(o1), 0.0), axis=0),
+                                 tl.max(tl.where(jm, tl.abs(o2), 0.0), axis=0)))
+    scale = fp8_scale(amax)
+    store_fp8(dst_ptr + rd, npass, scale, pm)
+    store_fp8(dst_ptr + j, o1, scale, jm)
+    store_fp8(dst_ptr + HALF + j, o2, scale, jm)
+    tl.store(scale_ptr, scale)
+
+
+@triton.jit
 def _qk_prep_kernel(
     q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, invf_ptr, cos_ptr, sin_ptr, qo_ptr, kc_ptr, vc_ptr, slot_ptr,
+    ks_ptr, vs_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_pa, stride_pt,
     stride_ct, stride_st, stride_cs, stride_ch, eps, offset,
     HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, HALF: tl.constexpr, HP: tl.constexpr,
     SEC0: tl.constexpr, SEC1: tl.constexpr, SEC2: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE: tl.constexpr,
-    PDL: tl.constexpr = False,
+    FP8: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    # grid (T, HQ + HKV); caches viewed as [num_blocks * block_size, HKV, D]
+    # grid (T, HQ + HKV); caches viewed as [num_blocks * block_size, HKV, D]; FP8: e4m3 caches with their scales
+    # ks/vs viewed as [num_blocks * block_size, HKV] (kv_fp8.py)
     pdl_open(PDL)
     pdl_wait(PDL)
     t = tl.program_id(0)
@@ -107,11 +141,38 @@ def _qk_prep_kernel(
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:  # a negative slot is a padding token
             dst = slot * stride_cs + kvh * stride_ch
-            _norm_rope_store(k_ptr + t64 * stride_kt + kvh * stride_kh, kw_ptr, kc_ptr + dst, cos, sin, eps,
-                             offset, D, BD, HALF, HP)
             rd = tl.arange(0, BD)
-            v = tl.load(v_ptr + t64 * stride_vt + kvh * stride_vh + rd, mask=rd < D)
-            tl.store(vc_ptr + dst + rd, v.to(vc_ptr.dtype.element_ty), mask=rd < D)
+            if FP8:
+                srow = slot * (stride_cs // D) + kvh  # the scales' row: [rows, HKV] contiguous
+                _norm_rope_store_fp8(k_ptr + t64 * stride_kt + kvh * stride_kh, kw_ptr, kc_ptr + dst, ks_ptr + srow,
+                                     cos, sin, eps, offset, D, BD, HALF, HP)
+                vf = tl.load(v_ptr + t64 * stride_vt + kvh * stride_vh + rd, mask=rd < D).to(tl.float32)
+                vscale = fp8_scale(tl.max(tl.where(rd < D, tl.abs(vf), 0.0), axis=0))
+                store_fp8(vc_ptr + dst + rd, vf, vscale, rd < D)
+                tl.store(vs_ptr + srow, vscale)
+            else:
+                _norm_rope_store(k_ptr + t64 * stride_kt + kvh * stride_kh, kw_ptr, kc_ptr + dst, cos, sin, eps,
+                                 offset, D, BD, HALF, HP)
+                v = tl.load(v_ptr + t64 * stride_vt + kvh * stride_vh + rd, mask=rd < D)
+                tl.store(vc_ptr + dst + rd, v.to(vc_ptr.dtype.element_ty), mask=rd < D)
+
+
+def _check_fp8(k_cache, v_cache, k_scale, v_scale, who: str) -> bool:
+    """Is this an fp8 cache pair (then with [num_blocks, block_size, Hkv] fp32 contiguous scales)? Both caches
+    of one kind; scales only with fp8."""
+    fp8 = k_cache.dtype == FP8
+    if (v_cache.dtype == FP8) != fp8:
+        raise ValueError(f"{who}: k cache {k_cache.dtype} and v cache {v_cache.dtype} must both be fp8 or neither")
+    want = tuple(k_cache.shape[:3])
+    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not fp8:
+            if sc is not None:
+                raise ValueError(f"{who}: {name} given for a {k_cache.dtype} cache (scales are for fp8 caches only)")
+            continue
+        if sc is None or tuple(sc.shape) != want or sc.dtype != torch.float32 or not sc.is_contiguous():
+            raise ValueError(f"{who}: an fp8 cache needs {name} fp32 {list(want)} contiguous, found "
+                             f"{None if sc is None else (sc.dtype, tuple(sc.shape))}")
+    return fp8
 
 
 def _position_strides(positions: torch.Tensor, t: int) -> tuple[int, int]:
@@ -156,13 +217,16 @@ def qk_norm_rope_write(
     offset: float, positions: torch.Tensor, inv_freq: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     slot_mapping: torch.Tensor, mrope_section: tuple[int, ...] | None = None, mrope_interleaved: bool = True,
     out: torch.Tensor | None = None, cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D] (any token/head strides: e.g. qg.view(T, Hq, 2D)[..., :D] of the q|gate projection), k, v
     [T, Hkv, D]; norm weights [D]; positions [T] or [3, T] integer; inv_freq [rotary_dim/2] fp32
     (rope.rope_inv_freq, computed once); caches [num_blocks, block_size, Hkv, D] contiguous; slot_mapping [T]
     (negative = padding, not written). Writes the normed, rotated k and the raw v into the cache and returns the
     normed, rotated q as a contiguous [T, Hq, D] (into `out` when given). cos_sin: optionally rope_cos_sin's fp32
-    tables [T, rotary_dim] to use instead of the in-kernel cos/sin (positions are then only validated)."""
+    tables [T, rotary_dim] to use instead of the in-kernel cos/sin (positions are then only validated).
+    fp8 caches (kv_fp8.py) take k_scale, v_scale [num_blocks, block_size, Hkv] fp32: each written row is the
+    bf16 row quantised by kv_fp8.quantize_rows."""
     t, hq, d = q.shape
     hkv, half = k_cache.shape[2], inv_freq.numel()
     _check(q, k, v, q_norm_w, k_norm_w, inv_freq, k_cache, v_cache, slot_mapping)
@@ -176,13 +240,14 @@ def qk_norm_rope_write(
                                    for c in cos_sin):
         raise ValueError(f"qk_norm_rope_write: cos_sin must be fp32 [{t}, {2 * half}] tables, contiguous along "
                          "the rotary axis")
+    fp8 = _check_fp8(k_cache, v_cache, k_scale, v_scale, "qk_norm_rope_write")
     if t:
         _qk_prep_kernel[(t, hq + hkv)](
             q, k, v, q_norm_w, k_norm_w, positions, inv_freq, cos, sin, out, k_cache, v_cache, slot_mapping,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
+            k_scale if fp8 else out, v_scale if fp8 else out, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
             out.stride(1), stride_pa, stride_pt, cos.stride(0), sin.stride(0), hkv * d, d, eps, offset,
             HQ=hq, D=d, BD=triton.next_power_of_2(d), HALF=half, HP=triton.next_power_of_2(half),
             SEC0=sec[0], SEC1=sec[1], SEC2=sec[2], INTERLEAVED=bool(mrope_interleaved),
-            TABLE=cos_sin is not None, num_warps=4, **pdl_args(out),
+            TABLE=cos_sin is not None, FP8=fp8, num_warps=4, **pdl_args(out),
         )
     return out
