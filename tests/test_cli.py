@@ -59,6 +59,9 @@ def test_quantize_then_run_the_quantized_checkpoint(tmp_path, capsys):
     assert main(["info", str(dst)]) == 0
     assert main(["run", "--model", str(dst), "--prompt", "hi", "--max-tokens", "3", "--temperature", "0"]) == 0
     assert "decode: 2 tokens" in capsys.readouterr().err
+    assert main(["run", "--model", str(dst), "--prompt", "hi", "--max-tokens", "3", "--temperature", "0",
+                 "--kv-cache-dtype", "fp8"]) == 0  # the fp8 K/V cache (tiny-dense has full-attention layers)
+    assert "decode: 2 tokens" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
