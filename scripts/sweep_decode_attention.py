@@ -1,0 +1,135 @@
+"""Decode attention over the paged cache (kernels/attention/triton_paged.paged_decode_attention, split + merge) at the
+35B-A3B's attention shapes (Hq 16, Hkv 2, D 256, the output gate on) for B sequences at context depth d: the bf16
+cache against the fp8 one (kernels/attention/kv_fp8.py), and the merge's launch shape (MERGE_BSP splits per step x
+MERGE_BD columns per program). At 32K tokens the split kernel reads 67 MB a layer (26 us) and the merge, 64 programs
+of 8 dependent steps at B = 1, takes another 12.7 us (bench/NOTES.md): this sweep is where both get chosen.
+
+Every configuration is checked before it is timed: rows 0 and B-1 (output poisoned first) against fp64 attention
+over the cache as it reads (the fp8 one dequantised), and row 0 launched alone == row 0 of the batch, bit for bit.
+Timing: a CUDA graph of 10 calls, one per attention layer of the model, each on its own cache, so K/V come from
+DRAM as in a decode step. GB/s counts the K/V bytes read (and the fp8 scales). --dry-run: the checks only, under
+Triton's interpreter on CPU at tiny shapes.
+
+  python scripts/sweep_decode_attention.py [--depths 512,4096,32768] [--bs 1,8] [--out FILE] [--budget-s 150]
+                                           [--replays 20] [--dry-run]
+Exit status 1 when any configuration fails its checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from sweep_common import RecordSink, fmt_timed, rel_err, start
+
+LAYERS = 10  # full-attention layers of the 35B-A3B: one cache each in the timed graph
+MERGES = ((32, 64), (64, 32), (128, 32), (64, 64), (32, 32))  # (MERGE_BSP, MERGE_BD); the library's first
+
+
+def fmt(r: dict) -> str:
+    return fmt_timed(f"{r['shape']:30s} {r['config']:18s}", r,
+                     lambda r: f"err {r['err']:.2e} inv {'yes' if r['inv'] else 'NO'}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--depths", default="512,4096,32768")
+    ap.add_argument("--bs", default="1,8")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--dry-run", action="store_true", help="checks only, under the interpreter, tiny shapes")
+    args = ap.parse_args(argv)
+    code = start(args.dry_run, __file__, sys.argv[1:] if argv is None else argv)
+    if code is not None:
+        return code
+    from kernel_cases import BF16_EPS, SLACK
+
+    from deltaserve.kernels.attention import reference as attn_ref
+    from deltaserve.kernels.attention import triton_paged as tp
+    from deltaserve.kernels.attention.kv_fp8 import quantize_rows
+
+    dev = torch.device("cpu" if args.dry_run else "cuda")
+    hq, hkv, d, bs_tok = (4, 2, 32, 8) if args.dry_run else (16, 2, 256, 64)
+    merges = ((2, 16), (4, 32), (8, 16)) if args.dry_run else MERGES
+    depths = [int(v) for v in args.depths.split(",")]
+    batches = [int(v) for v in args.bs.split(",")]
+    if args.dry_run:
+        depths = sorted({min(v, 700) for v in depths})  # ~6 splits of 128: several merge steps at BSP 2
+        batches = sorted({min(v, 3) for v in batches})
+    sink = RecordSink(args.out, fmt, {"gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"})
+    deadline = time.monotonic() + args.budget_s
+    torch.manual_seed(0)
+    saved = tp.MERGE_BSP, tp.MERGE_BD
+    try:
+        for depth in depths:
+            for b in batches:
+                blocks = -(-(depth + 1) // bs_tok)
+                tables = torch.randperm(b * blocks, device=dev, dtype=torch.int32).view(b, blocks)
+                lens = torch.tensor([depth + 1 - (i % 3) for i in range(b)], device=dev, dtype=torch.int32)
+                q = torch.randn(b, hq, d, device=dev).bfloat16()
+                gate = torch.randn(b, hq, d, device=dev).bfloat16()
+                k16 = torch.randn(b * blocks, bs_tok, hkv, d, device=dev).bfloat16()
+                v16 = torch.randn(b * blocks, bs_tok, hkv, d, device=dev).bfloat16()
+                for kind in ("bf16", "fp8"):
+                    if kind == "fp8":
+                        (k8, ks), (v8, vs) = quantize_rows(k16), quantize_rows(v16)
+                        cache = (k8, v8, ks.contiguous(), vs.contiguous())
+                        kd, vd = k8.double() * ks.double()[..., None], v8.double() * vs.double()[..., None]
+                    else:
+                        cache = (k16, v16, None, None)
+                        kd, vd = k16.double(), v16.double()
+                    caches = [cache] + ([] if args.dry_run else
+                                        [tuple(None if t is None else t.clone() for t in cache)
+                                         for _ in range(LAYERS - 1)])
+                    row_bytes = d * cache[0].element_size() + (4 if kind == "fp8" else 0)  # a K or V row + scale
+                    kv_bytes = int(lens.sum()) * hkv * 2 * row_bytes  # what one call reads
+                    rows = sorted({0, b - 1})
+                    ref = {}
+                    for i in rows:
+                        want = attn_ref.paged_attention(q[i : i + 1].double().view(1, hq, d), kd, vd, tables[i : i + 1],
+                                                        [int(lens[i]) - 1], [1], d**-0.5)[0]
+                        sig = torch.sigmoid(gate[i].double()).bfloat16().double()
+                        ref[i] = want.bfloat16().double() * sig  # the kernel's gate rounding: bf16(o) * bf16(sig)
+                    shape = f"B={b} d={depth} Hq={hq} D={d}"
+                    for bsp, bd in merges:
+                        rec = dict(shape=shape, config=f"{kind} bsp{bsp} bd{bd}", kv=kind, merge_bsp=bsp,
+                                   merge_bd=bd, depth=depth, batch=b)
+                        if time.monotonic() > deadline:
+                            sink.emit({**rec, "skipped": True})
+                            continue
+                        tp.MERGE_BSP, tp.MERGE_BD = bsp, bd
+                        try:
+                            def call(c, out=None, rows=slice(None)):
+                                kc, vc, ksc, vsc = c
+                                return tp.paged_decode_attention(
+                                    q[rows], kc, vc, tables[rows], lens[rows], d**-0.5, blocks * bs_tok, out=out,
+                                    gate=gate[rows], k_scale=ksc, v_scale=vsc)
+
+                            out = torch.full((b, hq, d), float("nan"), dtype=torch.bfloat16, device=dev)
+                            y = call(caches[0], out)
+                            err = max(rel_err(y[i], ref[i]) for i in rows)
+                            inv = torch.equal(call(caches[0], rows=slice(0, 1)), y[:1])
+                            ok = err <= 4 * BF16_EPS * SLACK and inv
+                            us = how = None
+                            if dev.type == "cuda":
+                                from sweep_common import time_graph
+
+                                us, how = time_graph([lambda c=c: call(c) for c in caches], dev, args.replays)
+                            sink.emit({**rec, "us": us, "timing": how, "gbs": kv_bytes / us / 1e3 if us else 0.0,
+                                       "err": err, "inv": inv, "ok": ok})
+                        except Exception as exc:  # noqa: BLE001  a configuration that does not launch is a result
+                            sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
+                    del caches
+    finally:
+        tp.MERGE_BSP, tp.MERGE_BD = saved
+    return sink.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
