@@ -77,7 +77,7 @@ class ScriptedModel(torch.nn.Module):
         self.config = SimpleNamespace(vocab_size=vocab, max_position_embeddings=4096, eos_token_ids=())
         self.anchor = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
 
-    def make_cache(self, num_blocks, block_size, num_state_slots, dtype=None, device=None):
+    def make_cache(self, num_blocks, block_size, num_state_slots, dtype=None, device=None, kv_dtype=None):
         return SimpleNamespace(block_size=block_size, num_blocks=num_blocks, num_state_slots=num_state_slots)
 
     def forward(self, batch, cache) -> torch.Tensor:
