@@ -1,7 +1,8 @@
 """Decode attention over the paged cache (kernels/attention/triton_paged.paged_decode_attention, split + merge) at the
 35B-A3B's attention shapes (Hq 16, Hkv 2, D 256, the output gate on) for B sequences at context depth d: the bf16
-cache against the fp8 one (kernels/attention/kv_fp8.py), and the merge's launch shape (MERGE_BSP splits per step x
-MERGE_BD columns per program). At 32K tokens the split kernel reads 67 MB a layer (26 us) and the merge, 64 programs
+cache against the fp8 one (kernels/attention/kv_fp8.py), the split length (SPLIT_TOKENS: a constant, so a row's
+merge order depends on its length only) and the merge's launch shape (MERGE_BSP splits per step x MERGE_BD columns
+per program). At 32K tokens the split kernel reads 67 MB a layer (26 us) and the merge, 64 programs
 of 8 dependent steps at B = 1, takes another 12.7 us (bench/NOTES.md): this sweep is where both get chosen.
 
 Every configuration is checked before it is timed: rows 0 and B-1 (output poisoned first) against fp64 attention
@@ -10,7 +11,7 @@ Timing: a CUDA graph of 10 calls, one per attention layer of the model, each on 
 DRAM as in a decode step. GB/s counts the K/V bytes read (and the fp8 scales). --dry-run: the checks only, under
 Triton's interpreter on CPU at tiny shapes.
 
-  python scripts/sweep_decode_attention.py [--depths 512,4096,32768] [--bs 1,8] [--out FILE] [--budget-s 150]
+  python scripts/sweep_decode_attention.py [--depths 32768,4096,512] [--bs 1,8] [--out FILE] [--budget-s 150]
                                            [--replays 20] [--dry-run]
 Exit status 1 when any configuration fails its checks.
 """
@@ -28,17 +29,19 @@ import torch
 from sweep_common import RecordSink, fmt_timed, rel_err, start
 
 LAYERS = 10  # full-attention layers of the 35B-A3B: one cache each in the timed graph
-MERGES = ((32, 64), (64, 32), (128, 32), (64, 64), (32, 32))  # (MERGE_BSP, MERGE_BD); the library's first
+# (SPLIT_TOKENS, MERGE_BSP, MERGE_BD), the library's first: longer splits halve the merge's work at long context and
+# double each split program's; wider merge steps and narrower column blocks shorten and multiply the merge's chains
+SHAPES = ((128, 32, 64), (128, 64, 32), (128, 128, 32), (256, 32, 64), (256, 64, 32), (512, 32, 64))
 
 
 def fmt(r: dict) -> str:
-    return fmt_timed(f"{r['shape']:30s} {r['config']:18s}", r,
+    return fmt_timed(f"{r['shape']:30s} {r['config']:22s}", r,
                      lambda r: f"err {r['err']:.2e} inv {'yes' if r['inv'] else 'NO'}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--depths", default="512,4096,32768")
+    ap.add_argument("--depths", default="32768,4096,512")
     ap.add_argument("--bs", default="1,8")
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget-s", type=float, default=150.0)
@@ -56,16 +59,16 @@ def main(argv=None) -> int:
 
     dev = torch.device("cpu" if args.dry_run else "cuda")
     hq, hkv, d, bs_tok = (4, 2, 32, 8) if args.dry_run else (16, 2, 256, 64)
-    merges = ((2, 16), (4, 32), (8, 16)) if args.dry_run else MERGES
+    shapes = ((128, 2, 16), (128, 4, 32), (256, 2, 16)) if args.dry_run else SHAPES
     depths = [int(v) for v in args.depths.split(",")]
     batches = [int(v) for v in args.bs.split(",")]
     if args.dry_run:
-        depths = sorted({min(v, 700) for v in depths})  # ~6 splits of 128: several merge steps at BSP 2
+        depths = sorted({min(v, 700) for v in depths})  # ~6 splits of 128, 3 of 256: several merge steps at BSP 2
         batches = sorted({min(v, 3) for v in batches})
     sink = RecordSink(args.out, fmt, {"gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"})
     deadline = time.monotonic() + args.budget_s
     torch.manual_seed(0)
-    saved = tp.MERGE_BSP, tp.MERGE_BD
+    saved = tp.SPLIT_TOKENS, tp.MERGE_BSP, tp.MERGE_BD
     try:
         for depth in depths:
             for b in batches:
@@ -97,13 +100,13 @@ def main(argv=None) -> int:
                         sig = torch.sigmoid(gate[i].double()).bfloat16().double()
                         ref[i] = want.bfloat16().double() * sig  # the kernel's gate rounding: bf16(o) * bf16(sig)
                     shape = f"B={b} d={depth} Hq={hq} D={d}"
-                    for bsp, bd in merges:
-                        rec = dict(shape=shape, config=f"{kind} bsp{bsp} bd{bd}", kv=kind, merge_bsp=bsp,
-                                   merge_bd=bd, depth=depth, batch=b)
+                    for split, bsp, bd in shapes:
+                        rec = dict(shape=shape, config=f"{kind} s{split} bsp{bsp} bd{bd}", kv=kind, split=split,
+                                   merge_bsp=bsp, merge_bd=bd, depth=depth, batch=b)
                         if time.monotonic() > deadline:
                             sink.emit({**rec, "skipped": True})
                             continue
-                        tp.MERGE_BSP, tp.MERGE_BD = bsp, bd
+                        tp.SPLIT_TOKENS, tp.MERGE_BSP, tp.MERGE_BD = split, bsp, bd
                         try:
                             def call(c, out=None, rows=slice(None)):
                                 kc, vc, ksc, vsc = c
@@ -127,7 +130,7 @@ def main(argv=None) -> int:
                             sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
                     del caches
     finally:
-        tp.MERGE_BSP, tp.MERGE_BD = saved
+        tp.SPLIT_TOKENS, tp.MERGE_BSP, tp.MERGE_BD = saved
     return sink.finish()
 
 
