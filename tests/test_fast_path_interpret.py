@@ -54,9 +54,9 @@ def _child(ckpt: str) -> None:
     prompts = [[3, 5, 7, 9, 11, 2, 4], [8, 8, 1, 30, 22], [4, 4, 4], [17]]
     tables = [[4 * i + j for j in range(4)] for i in range(len(prompts))]
 
-    def decode(fast: bool, rows: list[int], steps: int = 2) -> torch.Tensor:
+    def decode(fast: bool, rows: list[int], steps: int = 2, kv_dtype=None) -> torch.Tensor:
         backend.use_reference(not fast)
-        cache = model.make_cache(16, 16, len(prompts), torch.bfloat16)
+        cache = model.make_cache(16, 16, len(prompts), torch.bfloat16, kv_dtype=kv_dtype)
         with torch.no_grad():
             for i in rows:
                 model(ForwardBatch.build([prompts[i]], [0], [tables[i]], [i], 16), cache)
@@ -79,6 +79,15 @@ def _child(ckpt: str) -> None:
     # the batch of two decoded above serves as "among 1 other" (decoding it again costs ~1 min of interpreter time)
     for others, got in ((1, fast[:, 0]), (3, decode(True, [0, 1, 2, 3])[:, 0])):
         assert torch.equal(got, alone), f"row 0 decoded among {others} others differs"
+
+    # the fp8 K/V cache (kernels/attention/kv_fp8.py): the fused q/k prep writing it, prefill and decode attention
+    # reading it, against the reference path with the same cache format (one step: interpreter time)
+    fp8 = torch.float8_e4m3fn
+    ref8, fast8 = decode(False, [0, 1], 1, fp8), decode(True, [0, 1], 1, fp8)
+    rel8 = ((ref8 - fast8).abs().max() / ref8.abs().max()).item()
+    assert rel8 < 0.02, f"fp8 cache: fast-path decode logits differ from the reference by {rel8:.3g} (relative)"
+    assert torch.equal(ref8.argmax(-1), fast8.argmax(-1)), "fp8 cache: fast path picks other greedy tokens"
+    assert not torch.equal(fast8, fast[:1]), "fp8 cache: the same logits as the bf16 cache (was it used?)"
 
     # a prompt past MOE_GEMV_MAX_TOKENS takes the prefill kernels (grouped expert matmul with shared tiles, the
     # one-launch combine with the residual, varlen attention): every position's logits against the reference
