@@ -43,3 +43,22 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_rows(x8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """fp32 x8 * scale (the rows' meaning)."""
     return x8.float() * scale[..., None]
+
+
+def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                v_scale: torch.Tensor | None, who: str) -> bool:
+    """Is this an fp8 cache pair (then with [num_blocks, block_size, Hkv] fp32 contiguous scales)? Both caches
+    of one kind; scales only with fp8."""
+    fp8 = k_cache.dtype == FP8
+    if (v_cache.dtype == FP8) != fp8:
+        raise ValueError(f"{who}: k cache {k_cache.dtype} and v cache {v_cache.dtype} must both be fp8 or neither")
+    want = tuple(k_cache.shape[:3])
+    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not fp8:
+            if sc is not None:
+                raise ValueError(f"{who}: {name} given for a {k_cache.dtype} cache (scales are for fp8 caches only)")
+            continue
+        if sc is None or tuple(sc.shape) != want or sc.dtype != torch.float32 or not sc.is_contiguous():
+            raise ValueError(f"{who}: an fp8 cache needs {name} fp32 {list(want)} contiguous, found "
+                             f"{None if sc is None else (sc.dtype, tuple(sc.shape))}")
+    return fp8

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .kv_fp8 import dequantize_rows, is_fp8, quantize_rows
+from .kv_fp8 import check_cache, dequantize_rows, is_fp8, quantize_rows
 
 
 def write_kv(
@@ -23,11 +23,9 @@ def write_kv(
     """Store K/V of the new tokens ([T, Hkv, D]) at their flat slots (block * block_size + offset); an fp8 cache
     quantises each (token, head) row with its own scale."""
     nb, bs, hkv, d = k_cache.shape
-    for cache, scales, x, name in ((k_cache, k_scale, k, "k"), (v_cache, v_scale, v, "v")):
+    check_cache(k_cache, v_cache, k_scale, v_scale, "write_kv")
+    for cache, scales, x in ((k_cache, k_scale, k), (v_cache, v_scale, v)):
         if is_fp8(cache):
-            if scales is None or tuple(scales.shape) != (nb, bs, hkv):
-                raise ValueError(f"write_kv: an fp8 {name} cache needs {name}_scale [{nb}, {bs}, {hkv}], found "
-                                 f"{None if scales is None else tuple(scales.shape)}")
             x8, sc = quantize_rows(x)
             cache.view(nb * bs, hkv, d)[slot_mapping] = x8
             scales.view(nb * bs, hkv)[slot_mapping] = sc
@@ -59,6 +57,7 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens over their sequence's cache (which already holds the new K/V)."""
+    check_cache(k_cache, v_cache, k_scale, v_scale, "paged_attention")
     hq = q.shape[1]
     hkv = k_cache.shape[2]
     rep = hq // hkv

@@ -32,7 +32,7 @@ import triton.language as tl
 from ..triton_common import dot_f32, mma
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 from .triton_kv_fp8 import fp8_scale, store_fp8
-from .triton_qk_prep import _check_fp8
+from .kv_fp8 import check_cache
 
 # decode: tokens per split, fixed so the merge order of a row never depends on the batch (64 was slower on the
 # H200 at 32k contexts, bench/NOTES.md)
@@ -79,7 +79,7 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.T
                          f"cache of [.., .., {hkv}, {d}]")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("write_kv: caches must be contiguous and k/v contiguous along D")
-    fp8 = _check_fp8(k_cache, v_cache, k_scale, v_scale, "write_kv")
+    fp8 = check_cache(k_cache, v_cache, k_scale, v_scale, "write_kv")
     if k.shape[0]:
         _write_kv_kernel[(k.shape[0], hkv)](
             k, v, k_cache, v_cache, slot_mapping, k_scale if fp8 else k, v_scale if fp8 else v, k.stride(0),
@@ -246,7 +246,7 @@ def paged_decode_attention(
     if gate is not None and (tuple(gate.shape) != (bsz, hq, d) or gate.stride(-1) != 1):
         raise ValueError(f"paged_decode_attention: gate {tuple(gate.shape)} must be [{bsz}, {hq}, {d}], "
                          "contiguous along D")
-    fp8 = _check_fp8(k_cache, v_cache, k_scale, v_scale, "paged_decode_attention")
+    fp8 = check_cache(k_cache, v_cache, k_scale, v_scale, "paged_decode_attention")
     out = torch.empty_like(q) if out is None else out
     if bsz == 0:
         return out
@@ -345,7 +345,7 @@ def paged_prefill_attention(
                          f"{tuple(block_tables.shape)}, cu_seqlens {cu_seqlens.numel()}, {bsz} contexts disagree")
     if d & (d - 1) or d < 16 or q.stride(-1) != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
         raise ValueError("paged_prefill_attention: head_dim must be a power of two >= 16, tensors contiguous")
-    fp8 = _check_fp8(k_cache, v_cache, k_scale, v_scale, "paged_prefill_attention")
+    fp8 = check_cache(k_cache, v_cache, k_scale, v_scale, "paged_prefill_attention")
     out = torch.empty_like(q) if out is None else out
     if t == 0 or bsz == 0:
         return out

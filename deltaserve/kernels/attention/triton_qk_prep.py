@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
-from .kv_fp8 import FP8
+from .kv_fp8 import check_cache
 from .triton_kv_fp8 import fp8_scale, store_fp8
 
 
@@ -157,24 +157,6 @@ def _qk_prep_kernel(
                 tl.store(vc_ptr + dst + rd, v.to(vc_ptr.dtype.element_ty), mask=rd < D)
 
 
-def _check_fp8(k_cache, v_cache, k_scale, v_scale, who: str) -> bool:
-    """Is this an fp8 cache pair (then with [num_blocks, block_size, Hkv] fp32 contiguous scales)? Both caches
-    of one kind; scales only with fp8."""
-    fp8 = k_cache.dtype == FP8
-    if (v_cache.dtype == FP8) != fp8:
-        raise ValueError(f"{who}: k cache {k_cache.dtype} and v cache {v_cache.dtype} must both be fp8 or neither")
-    want = tuple(k_cache.shape[:3])
-    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if not fp8:
-            if sc is not None:
-                raise ValueError(f"{who}: {name} given for a {k_cache.dtype} cache (scales are for fp8 caches only)")
-            continue
-        if sc is None or tuple(sc.shape) != want or sc.dtype != torch.float32 or not sc.is_contiguous():
-            raise ValueError(f"{who}: an fp8 cache needs {name} fp32 {list(want)} contiguous, found "
-                             f"{None if sc is None else (sc.dtype, tuple(sc.shape))}")
-    return fp8
-
-
 def _position_strides(positions: torch.Tensor, t: int) -> tuple[int, int]:
     """(axis stride, token stride) of positions [T] or [3, T]; anything else is refused."""
     if positions.dtype.is_floating_point or positions.dtype == torch.bool:
@@ -240,7 +222,7 @@ def qk_norm_rope_write(
                                    for c in cos_sin):
         raise ValueError(f"qk_norm_rope_write: cos_sin must be fp32 [{t}, {2 * half}] tables, contiguous along "
                          "the rotary axis")
-    fp8 = _check_fp8(k_cache, v_cache, k_scale, v_scale, "qk_norm_rope_write")
+    fp8 = check_cache(k_cache, v_cache, k_scale, v_scale, "qk_norm_rope_write")
     if t:
         _qk_prep_kernel[(t, hq + hkv)](
             q, k, v, q_norm_w, k_norm_w, positions, inv_freq, cos, sin, out, k_cache, v_cache, slot_mapping,
