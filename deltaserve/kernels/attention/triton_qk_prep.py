@@ -59,13 +59,9 @@ def _rope_angles(pos_ptr, invf_ptr, t, stride_pa, stride_pt, HALF: tl.constexpr,
 
 
 @triton.jit
-def _norm_rope_store(src_ptr, w_ptr, dst_ptr, cos, sin, eps, offset, D: tl.constexpr, BD: tl.constexpr,
-                     HALF: tl.constexpr, HP: tl.constexpr):
-    """dst[0:D] = RoPE(rms_norm(src[0:D])): the pass-through part from the full row, the rotary pairs (j, j+HALF)
-    re-normalised from two half loads (elementwise, so the same bits as the full row's)."""
-    inv, n = _inv_rms(src_ptr, w_ptr, eps, offset, D, BD)
-    rd = tl.arange(0, BD)
-    tl.store(dst_ptr + rd, n.to(dst_ptr.dtype.element_ty), mask=(rd >= 2 * HALF) & (rd < D))
+def _rotated_halves(src_ptr, w_ptr, inv, cos, sin, offset, HALF: tl.constexpr, HP: tl.constexpr):
+    """The rotary pairs (j, j+HALF) of a row, re-normalised from two half loads (elementwise, so the same bits as
+    the full row's) and rotated: (j [HP], its mask, r1, r2 fp32, not yet rounded to the destination)."""
     j = tl.arange(0, HP)
     jm = j < HALF
     act = src_ptr.dtype.element_ty
@@ -75,8 +71,20 @@ def _norm_rope_store(src_ptr, w_ptr, dst_ptr, cos, sin, eps, offset, D: tl.const
     w2 = tl.load(w_ptr + HALF + j, mask=jm, other=0.0).to(tl.float32)
     n1 = (x1 * inv * (offset + w1)).to(act).to(tl.float32)
     n2 = (x2 * inv * (offset + w2)).to(act).to(tl.float32)
-    tl.store(dst_ptr + j, (n1 * cos - n2 * sin).to(dst_ptr.dtype.element_ty), mask=jm)
-    tl.store(dst_ptr + HALF + j, (n2 * cos + n1 * sin).to(dst_ptr.dtype.element_ty), mask=jm)
+    return j, jm, n1 * cos - n2 * sin, n2 * cos + n1 * sin
+
+
+@triton.jit
+def _norm_rope_store(src_ptr, w_ptr, dst_ptr, cos, sin, eps, offset, D: tl.constexpr, BD: tl.constexpr,
+                     HALF: tl.constexpr, HP: tl.constexpr):
+    """dst[0:D] = RoPE(rms_norm(src[0:D])): the pass-through part from the full row, the rotary pairs from
+    _rotated_halves."""
+    inv, n = _inv_rms(src_ptr, w_ptr, eps, offset, D, BD)
+    rd = tl.arange(0, BD)
+    tl.store(dst_ptr + rd, n.to(dst_ptr.dtype.element_ty), mask=(rd >= 2 * HALF) & (rd < D))
+    j, jm, r1, r2 = _rotated_halves(src_ptr, w_ptr, inv, cos, sin, offset, HALF, HP)
+    tl.store(dst_ptr + j, r1.to(dst_ptr.dtype.element_ty), mask=jm)
+    tl.store(dst_ptr + HALF + j, r2.to(dst_ptr.dtype.element_ty), mask=jm)
 
 
 @triton.jit
@@ -88,17 +96,10 @@ def _norm_rope_store_fp8(src_ptr, w_ptr, dst_ptr, scale_ptr, cos, sin, eps, offs
     rd = tl.arange(0, BD)
     pm = (rd >= 2 * HALF) & (rd < D)
     npass = n.to(tl.float32)
-    j = tl.arange(0, HP)
-    jm = j < HALF
+    j, jm, r1, r2 = _rotated_halves(src_ptr, w_ptr, inv, cos, sin, offset, HALF, HP)
     act = src_ptr.dtype.element_ty
-    x1 = tl.load(src_ptr + j, mask=jm, other=0.0).to(tl.float32)
-    x2 = tl.load(src_ptr + HALF + j, mask=jm, other=0.0).to(tl.float32)
-    w1 = tl.load(w_ptr + j, mask=jm, other=0.0).to(tl.float32)
-    w2 = tl.load(w_ptr + HALF + j, mask=jm, other=0.0).to(tl.float32)
-    n1 = (x1 * inv * (offset + w1)).to(act).to(tl.float32)
-    n2 = (x2 * inv * (offset + w2)).to(act).to(tl.float32)
-    o1 = (n1 * cos - n2 * sin).to(act).to(tl.float32)
-    o2 = (n2 * cos + n1 * sin).to(act).to(tl.float32)
+    o1 = r1.to(act).to(tl.float32)
+    o2 = r2.to(act).to(tl.float32)
     amax = tl.maximum(tl.max(tl.where(pm, tl.abs(npass), 0.0), axis=0),
                       tl.maximum(tl.max(tl.where(jm, tl.abs(o1), 0.0), axis=0),
                                  tl.max(tl.where(jm, tl.abs(o2), 0.0), axis=0)))
