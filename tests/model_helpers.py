@@ -153,3 +153,13 @@ def greedy(model, prompt: list[int], n: int, prefill_chunk: int | None = None, k
         out.append(nxt)
         nxt = int(sess.step({0: [nxt]}, ctx)[0].argmax())
     return out, logits
+
+
+def prompt(n: int, seed: int = 0, vocab: int = 300) -> list[int]:
+    """n random token ids in [2, vocab), from their own seeded generator."""
+    return torch.randint(2, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|."""
+    return ((a - b).abs().max() / b.abs().max()).item()

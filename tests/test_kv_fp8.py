@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine_helpers import drain, random_prompt, tiny_model
-from model_helpers import Session, greedy, make_hf_model, ours_from_state_dict
+from model_helpers import Session, greedy, make_hf_model, ours_from_state_dict, prompt, rel_err
 from deltaserve.engine.engine import EngineConfig, LLMEngine
 from deltaserve.engine.llm import LLM
 from deltaserve.engine.sampling_params import SamplingParams
@@ -28,14 +28,6 @@ import kv_fp8_cases  # noqa: E402  (tests/gpu: the format check the interpreter 
 @pytest.fixture(scope="module")
 def model():
     return ours_from_state_dict(make_hf_model(moe=True, seed=11))
-
-
-def prompt(n, seed=0, vocab=300):
-    return torch.randint(2, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 def test_format():

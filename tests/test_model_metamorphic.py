@@ -8,20 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_helpers import Session, greedy, make_hf_model, ours_from_state_dict
+from model_helpers import Session, greedy, make_hf_model, ours_from_state_dict, prompt, rel_err
 
 
 @pytest.fixture(scope="module")
 def model():
     return ours_from_state_dict(make_hf_model(moe=True, seed=11))
-
-
-def prompt(n, seed=0, vocab=300):
-    return torch.randint(2, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 @pytest.mark.parametrize("chunk", [1, 16, 64])
