@@ -4,18 +4,13 @@ for batch invariance, and pass; a decode attention that ignores the fp8 value sc
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+from sweep_helpers import ROOT, canary_env, dry_run
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "sweep_decode_attention.py"
 
 
-def _dry_run(env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--depths", "700", "--bs", "3"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env=env or dict(os.environ), check=False)
+def _dry_run(env: dict | None = None):
+    return dry_run(SCRIPT, "--depths", "700", "--bs", "3", env=env)
 
 
 def test_dry_run_checks_every_configuration():
@@ -27,7 +22,7 @@ def test_dry_run_checks_every_configuration():
 
 
 def test_dry_run_flags_ignored_fp8_scales(tmp_path):
-    (tmp_path / "sitecustomize.py").write_text(
+    env = canary_env(tmp_path, (
         "import torch\n"
         "import deltaserve.kernels.attention.triton_paged as tp\n"
         "_attn = tp.paged_decode_attention\n"
@@ -35,8 +30,7 @@ def test_dry_run_flags_ignored_fp8_scales(tmp_path):
         "    if k.get('v_scale') is not None:\n"
         "        k['v_scale'] = torch.ones_like(k['v_scale'])\n"
         "    return _attn(*a, **k)\n"
-        "tp.paged_decode_attention = broken\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        "tp.paged_decode_attention = broken\n"))
     out = _dry_run(env=env)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert "6 records, 3 failing" in out.stdout, out.stdout

@@ -4,18 +4,13 @@ a step that skipped its state update must fail those checks."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+from sweep_helpers import ROOT, canary_env, dry_run
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "sweep_gdn_step.py"
 
 
-def _dry_run(*extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--bs", "1,3", *extra], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env=env or dict(os.environ), check=False)
+def _dry_run(env: dict | None = None):
+    return dry_run(SCRIPT, "--bs", "1,3", env=env)
 
 
 def test_dry_run_checks_every_shape():
@@ -28,7 +23,7 @@ def test_dry_run_checks_every_shape():
 
 def test_dry_run_flags_a_broken_step(tmp_path):
     # a sitecustomize that makes the step forget the state update: the state check must fail every shape
-    (tmp_path / "sitecustomize.py").write_text(
+    env = canary_env(tmp_path, (
         "import deltaserve.kernels.gated_delta.triton_decode as td\n"
         "_step = td.gdn_decode_step\n"
         "def broken(*a, **k):\n"
@@ -37,8 +32,7 @@ def test_dry_run_flags_a_broken_step(tmp_path):
         "    y = _step(*a, **k)\n"
         "    pool.copy_(keep)\n"
         "    return y\n"
-        "td.gdn_decode_step = broken\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        "td.gdn_decode_step = broken\n"))
     out = _dry_run(env=env)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert "6 records, 6 failing" in out.stdout, out.stdout
