@@ -29,13 +29,28 @@ import torch
 from sweep_common import RecordSink, fmt_timed, rel_err, start
 
 LAYERS = 10  # full-attention layers of the 35B-A3B: one cache each in the timed graph
-# (SPLIT_TOKENS, MERGE_BSP, MERGE_BD), the library's first: longer splits halve the merge's work at long context and
-# double each split program's; wider merge steps and narrower column blocks shorten and multiply the merge's chains
-SHAPES = ((128, 32, 64), (128, 64, 32), (128, 128, 32), (256, 32, 64), (256, 64, 32), (512, 32, 64))
+# (SPLIT_TOKENS, DECODE_BN, DECODE_WARPS, DECODE_STAGES, MERGE_BSP, MERGE_BD), the library's first. The split
+# program: longer splits halve the merge's work at long context and double each split program's chain of loop
+# steps; BN sets the loads in flight per step, stages how many steps ahead they are issued (None: Triton's 3), 1 the
+# least shared memory (more programs per SM). The merge: wider steps and narrower column blocks shorten and
+# multiply its chains.
+SHAPES = (
+    (128, None, 4, None, 32, 64), (128, None, 4, None, 128, 32), (128, 32, 4, 1, 128, 32), (128, 32, 4, 2, 128, 32),
+    (128, 32, 4, 4, 128, 32), (128, 16, 4, None, 128, 32), (128, 64, 4, None, 128, 32), (128, 64, 4, 2, 128, 32),
+    (128, 64, 4, 1, 128, 32), (128, 32, 8, None, 128, 32), (128, 64, 8, None, 128, 32), (128, 128, 8, 2, 128, 32),
+    (256, 32, 4, None, 64, 32), (256, 64, 4, None, 64, 32), (256, 64, 4, 2, 64, 32), (256, 64, 8, None, 64, 32),
+    (64, 32, 4, None, 128, 32), (64, 64, 4, None, 128, 32), (64, 64, 4, 1, 128, 32), (64, 32, 4, 2, 128, 32),
+)
+DRY_SHAPES = ((128, None, 4, None, 2, 16), (128, 16, 4, 2, 4, 32), (256, 32, 8, None, 2, 16), (64, 64, 4, 1, 4, 16))
+KNOBS = ("SPLIT_TOKENS", "DECODE_BN", "DECODE_WARPS", "DECODE_STAGES", "MERGE_BSP", "MERGE_BD")
+
+
+def config_name(kind, split, bn, warps, stages, bsp, bd) -> str:
+    return f"{kind} s{split} n{bn or 'auto'} w{warps} st{stages or 'dflt'} m{bsp}x{bd}"
 
 
 def fmt(r: dict) -> str:
-    return fmt_timed(f"{r['shape']:30s} {r['config']:22s}", r,
+    return fmt_timed(f"{r['shape']:30s} {r['config']:34s}", r,
                      lambda r: f"err {r['err']:.2e} inv {'yes' if r['inv'] else 'NO'}")
 
 
@@ -59,7 +74,7 @@ def main(argv=None) -> int:
 
     dev = torch.device("cpu" if args.dry_run else "cuda")
     hq, hkv, d, bs_tok = (4, 2, 32, 8) if args.dry_run else (16, 2, 256, 64)
-    shapes = ((128, 2, 16), (128, 4, 32), (256, 2, 16)) if args.dry_run else SHAPES
+    shapes = DRY_SHAPES if args.dry_run else SHAPES
     depths = [int(v) for v in args.depths.split(",")]
     batches = [int(v) for v in args.bs.split(",")]
     if args.dry_run:
@@ -68,7 +83,7 @@ def main(argv=None) -> int:
     sink = RecordSink(args.out, fmt, {"gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"})
     deadline = time.monotonic() + args.budget_s
     torch.manual_seed(0)
-    saved = tp.SPLIT_TOKENS, tp.MERGE_BSP, tp.MERGE_BD
+    saved = [getattr(tp, k) for k in KNOBS]
     try:
         for depth in depths:
             for b in batches:
@@ -100,13 +115,15 @@ def main(argv=None) -> int:
                         sig = torch.sigmoid(gate[i].double()).bfloat16().double()
                         ref[i] = want.bfloat16().double() * sig  # the kernel's gate rounding: bf16(o) * bf16(sig)
                     shape = f"B={b} d={depth} Hq={hq} D={d}"
-                    for split, bsp, bd in shapes:
-                        rec = dict(shape=shape, config=f"{kind} s{split} bsp{bsp} bd{bd}", kv=kind, split=split,
-                                   merge_bsp=bsp, merge_bd=bd, depth=depth, batch=b)
+                    for knobs in shapes:
+                        split, bn, warps, stages, bsp, bd = knobs
+                        rec = dict(shape=shape, config=config_name(kind, *knobs), kv=kind, split=split, bn=bn,
+                                   warps=warps, stages=stages, merge_bsp=bsp, merge_bd=bd, depth=depth, batch=b)
                         if time.monotonic() > deadline:
                             sink.emit({**rec, "skipped": True})
                             continue
-                        tp.SPLIT_TOKENS, tp.MERGE_BSP, tp.MERGE_BD = split, bsp, bd
+                        for k, v in zip(KNOBS, knobs):
+                            setattr(tp, k, v)
                         try:
                             def call(c, out=None, rows=slice(None)):
                                 kc, vc, ksc, vsc = c
@@ -130,7 +147,8 @@ def main(argv=None) -> int:
                             sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
                     del caches
     finally:
-        tp.SPLIT_TOKENS, tp.MERGE_BSP, tp.MERGE_BD = saved
+        for k, v in zip(KNOBS, saved):
+            setattr(tp, k, v)
     return sink.finish()
 
 

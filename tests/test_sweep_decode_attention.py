@@ -1,5 +1,5 @@
 """scripts/sweep_decode_attention.py: its checking half on CPU. The dry run (a child under TRITON_INTERPRET=1, tiny
-shapes) must check every configuration it lists (bf16 and fp8 caches x merge shapes) against fp64 attention and
+shapes) must check every configuration it lists (bf16 and fp8 caches x split and merge launch shapes) against fp64 attention and
 for batch invariance, and pass; a decode attention that ignores the fp8 value scales must fail the fp8 ones."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ def test_dry_run_checks_every_configuration():
     out = _dry_run()
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     rows = [ln for ln in out.stdout.splitlines() if ln.rstrip().endswith((" ok", "FAIL")) or "ERROR" in ln]
-    assert len(rows) == 6 and all(ln.rstrip().endswith(" ok") for ln in rows), out.stdout
-    assert sum(" fp8 " in ln for ln in rows) == 3 and "6 records, 0 failing" in out.stdout
+    assert len(rows) == 8 and all(ln.rstrip().endswith(" ok") for ln in rows), out.stdout
+    assert sum(" fp8 " in ln for ln in rows) == 4 and "8 records, 0 failing" in out.stdout
 
 
 def test_dry_run_flags_ignored_fp8_scales(tmp_path):
@@ -33,4 +33,4 @@ def test_dry_run_flags_ignored_fp8_scales(tmp_path):
         "tp.paged_decode_attention = broken\n"))
     out = _dry_run(env=env)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "6 records, 3 failing" in out.stdout, out.stdout
+    assert "8 records, 4 failing" in out.stdout, out.stdout

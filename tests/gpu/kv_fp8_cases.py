@@ -42,6 +42,8 @@ def check_format(device):
     assert x8.dtype == FP8 and sc.dtype == torch.float32 and tuple(sc.shape) == (8,)
     assert not torch.isnan(x8.float()).any(), "quantize_rows made a NaN code"
     assert float(sc[-1]) == 1.0 and not x8[-1].float().any(), "a zero row: scale 1, codes 0"
+    amax = x.float().abs().amax(-1)[:-1].double()
+    assert torch.equal(sc[:-1], (amax / 448).float()), "scale must be amax / 448 correctly rounded (IEEE division)"
     back = dequantize_rows(x8, sc)
     err = (back - x.float()).abs()
     bound = x.float().abs() * 2.0**-4 + sc[:, None] * 2.0**-10

@@ -23,6 +23,10 @@ def mods(dev):
         ("attn", "attention.triton_paged"), ("qkprep", "attention.triton_qk_prep"), ("norm", "triton_norm"))}
 
 
+def test_format(dev):
+    fc.check_format(dev)
+
+
 def test_write_kv(mods, dev, small):
     dims = dict(hq=4, hkv=2, d=32, bs=8) if small else dict(hq=16, hkv=2, d=256, bs=16)
     fc.check_write_kv(mods, dev, ctx=[0, 13, 5], seqs=[7, 3, 1], **dims)

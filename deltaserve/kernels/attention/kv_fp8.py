@@ -36,7 +36,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] (any float dtype) -> (x8 [..., D] float8_e4m3fn, scale [...] fp32): the format's definition."""
     xf = x.float()
     amax = xf.abs().amax(-1)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # a tensor divisor: CUDA torch multiplies by the reciprocal of a Python-number divisor (1/448 is inexact), which
+    # would make the format's scales depend on the device; the Triton writers divide with IEEE rounding too
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
     return (xf / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 

@@ -222,6 +222,12 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stri
 
 MERGE_BD = 64  # merge columns per program: D = 256 gives 4 programs per (row, head)
 MERGE_BSP = 32  # splits per merge step: 32k tokens = 256 splits = 8 steps
+# the split program's launch shape: tokens per loop step (None: 64 for D <= 128, else 32), warps, software-pipeline
+# stages of the loop's loads (None: Triton's default). BN changes a row's summation order (the same for every row);
+# warps and stages change no arithmetic. scripts/sweep_decode_attention.py chooses them.
+DECODE_BN = None
+DECODE_WARPS = 4
+DECODE_STAGES = None
 
 
 def paged_decode_attention(
@@ -251,6 +257,9 @@ def paged_decode_attention(
     if bsz == 0:
         return out
     g = hq // hkv
+    bn = DECODE_BN or (64 if d <= 128 else 32)
+    if SPLIT_TOKENS % bn:
+        raise ValueError(f"paged_decode_attention: DECODE_BN {bn} must divide SPLIT_TOKENS {SPLIT_TOKENS}")
     n_split = max(1, triton.cdiv(max_kv_len, SPLIT_TOKENS))
     po = torch.empty(bsz, hq, n_split, d, dtype=torch.float32, device=q.device)
     pm = torch.empty(bsz, hq, n_split, dtype=torch.float32, device=q.device)
@@ -260,8 +269,9 @@ def paged_decode_attention(
         q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl, out, gt, k_scale if fp8 else pm,
         v_scale if fp8 else pm, q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
-        BS=bs, SPLIT=SPLIT_TOKENS, BN=64 if d <= 128 else 32, F32=dot_f32(), HAS_GATE=gate is not None,
-        LENS_ADD=lens_add, FP8=fp8, num_warps=4, **pdl_args(out),
+        BS=bs, SPLIT=SPLIT_TOKENS, BN=bn, F32=dot_f32(),
+        HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, num_warps=DECODE_WARPS,
+        **({} if DECODE_STAGES is None else {"num_stages": DECODE_STAGES}), **pdl_args(out),
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
         bd = min(d, MERGE_BD)
