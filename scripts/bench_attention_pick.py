@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 KNOBS = {"split": "SPLIT_TOKENS", "bn": "DECODE_BN", "warps": "DECODE_WARPS", "stages": "DECODE_STAGES",
+         "prefetch": "DECODE_PREFETCH", "swap": "DECODE_SWAP",
          "merge_bsp": "MERGE_BSP", "merge_bd": "MERGE_BD"}
 
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Device call: the decode attention's launch shape. The fp8 K/V cache's GPU tests, the split x merge sweep
+# Device call: the decode attention's launch shape. The split program's variants' GPU tests (prefetch, swap, fp8), the split x merge sweep
 # (scripts/sweep_decode_attention.py: bf16 and fp8 caches, B = 1 and 8, 32K and 512 tokens), then an in-model A/B per
 # cache kind: the library's default against the sweep's pick (scripts/bench_attention_pick.py), tg128 at 512 and 32K
 # tokens, batch 1, no records (the pick is not the commit's default yet). Before the sweep: Nsight Compute over one
 # call per kind at 32K (scripts/probe_decode_attention.py).  ~540 s
 # Usage (H200 machine, repo root): bash scripts/device_attn_pick.sh
 source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
-timeout 140 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_kv_fp8_gpu.py > "$OUT/tests.log" 2>&1
+timeout 140 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_kv_fp8_gpu.py::test_attention \
+  tests/gpu/test_kernels_gpu.py -k "attention_prefetch or attention_swap or test_attention" > "$OUT/tests.log" 2>&1
 echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
 grep -E "^FAILED|^E  " "$OUT/tests.log" | head -8
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

@@ -107,7 +107,7 @@ def summary(name: str, k) -> str:
     ffma = next((i for i, ln in enumerate(ins) if "FFMA" in ln), None)
     wait = [i for i, ln in enumerate(ins) if "ACQBULK" in ln]
     before = sum(1 for i in ldg if ffma is None or i < ffma)
-    return (f"{name:18} regs {regs.group(1) if regs else '?':>4}  instr {len(ins):5}  LDG.128 {len(ldg):3} "
+    return (f"{name:20} regs {regs.group(1) if regs else '?':>4}  instr {len(ins):5}  LDG.128 {len(ldg):3} "
             f"({before} before the first FFMA at {ffma})  PDL wait at {wait or '-'}")
 
 
@@ -131,9 +131,57 @@ def run_moe() -> None:
     m2.moe_decode_v2(x, top_k=sw.FULL["k"], residual=x, **kw)
 
 
+ATTN_KNOBS = (  # (label, {triton_paged knob: value}): the decode split program's launch shapes worth comparing
+    ("default", {}), ("bn64", {"DECODE_BN": 64}), ("st1", {"DECODE_STAGES": 1}), ("st2", {"DECODE_STAGES": 2}),
+    ("pf", {"DECODE_PREFETCH": True}), ("pf-bn64", {"DECODE_PREFETCH": True, "DECODE_BN": 64}),
+    ("pf-bn16", {"DECODE_PREFETCH": True, "DECODE_BN": 16}),
+    ("swap-bn64", {"DECODE_SWAP": True, "DECODE_BN": 64}), ("swap-bn64-st1", {"DECODE_SWAP": True, "DECODE_BN": 64,
+                                                                             "DECODE_STAGES": 1}),
+    ("swap-bn64-st2", {"DECODE_SWAP": True, "DECODE_BN": 64, "DECODE_STAGES": 2}),
+    ("swap-bn128-st2", {"DECODE_SWAP": True, "DECODE_BN": 128, "DECODE_STAGES": 2}),
+    ("swap-bn32", {"DECODE_SWAP": True, "DECODE_BN": 32}),
+)
+
+
+def run_attn() -> list[str]:
+    """The decode split kernel at the 35B-A3B's attention shape (Hq 16, Hkv 2, D 256, 32K context), bf16 and fp8
+    caches, under each ATTN_KNOBS shape: registers, shared memory and instructions per variant."""
+    from deltaserve.kernels.attention import triton_paged as tp
+    from deltaserve.kernels.attention.kv_fp8 import FP8
+
+    hq, hkv, d, bs, depth = 16, 2, 256, 64, 32768
+    blocks = depth // bs
+    q = torch.zeros(1, hq, d, dtype=torch.bfloat16)
+    tables = torch.zeros(1, blocks, dtype=torch.int32)
+    lens = torch.full((1,), depth, dtype=torch.int32)
+    lines = []
+    saved = {k: getattr(tp, k) for _, knobs in ATTN_KNOBS for k in knobs}
+    for kind, dt in (("bf16", torch.bfloat16), ("fp8", FP8)):
+        kc = torch.zeros(blocks, bs, hkv, d, dtype=dt)
+        sc = torch.zeros(blocks, bs, hkv) if dt == FP8 else None
+        for label, knobs in ATTN_KNOBS:
+            for k, v in {**saved, **knobs}.items():
+                setattr(tp, k, v)
+            k = tp._decode_split_kernel.run(
+                q, kc, kc, tables, lens, q, q, q, q, q, sc if sc is not None else q, sc if sc is not None else q,
+                q.stride(0), q.stride(1), tables.stride(0), hkv * d, d, 1, 1, 1, 1, 1, 0, 0, 1.0, G=hq // hkv, GP=16,
+                D=d, BS=bs, SPLIT=tp.SPLIT_TOKENS, BN=tp.DECODE_BN or 32, F32=False, HAS_GATE=False, LENS_ADD=0,
+                FP8=dt == FP8, PREFETCH=tp.DECODE_PREFETCH, SWAP=tp.DECODE_SWAP, num_warps=tp.DECODE_WARPS,
+                **({} if tp.DECODE_STAGES is None else {"num_stages": tp.DECODE_STAGES}), grid=(1, hkv, blocks),
+                warmup=True)
+            ins = instructions(k)
+            mma = "wgmma" if any("HGMMA" in ln for ln in ins) else "mma.sync" if any("HMMA" in ln for ln in ins) else "?"
+            spills = sum("STL" in ln for ln in ins)
+            lines.append(summary(f"split {kind} {label}", k).split("  PDL")[0]
+                         + f"  smem {k.metadata.shared} B  {mma}  spill stores {spills}")
+    for k, v in saved.items():
+        setattr(tp, k, v)
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", choices=("gemv", "moe", "all"), default="all")
+    ap.add_argument("--only", choices=("gemv", "moe", "attn", "all"), default="all")
     ap.add_argument("--no-pdl", dest="pdl", action="store_false", help="compile without PDL (serial launches)")
     ap.add_argument("--dump", metavar="KERNEL", help="print the SASS of this kernel")
     args = ap.parse_args(argv)
@@ -146,6 +194,8 @@ def main(argv=None) -> int:
             for name in compiled:
                 if name not in before:
                     lines.append(summary(name, compiled[name]))
+    if args.only in ("attn", "all"):
+        lines += run_attn()
     print(f"sm_90, PDL {'on' if args.pdl else 'off'}; GEMV variants in the order {GEMV_SHAPES} (N, K)")
     print("\n".join(lines))
     if args.dump:

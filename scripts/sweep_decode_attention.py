@@ -29,29 +29,48 @@ import torch
 from sweep_common import RecordSink, fmt_timed, rel_err, start
 
 LAYERS = 10  # full-attention layers of the 35B-A3B: one cache each in the timed graph
-# (SPLIT_TOKENS, DECODE_BN, DECODE_WARPS, DECODE_STAGES, MERGE_BSP, MERGE_BD), the library's first. The split
-# program: longer splits halve the merge's work at long context and double each split program's chain of loop
-# steps; BN sets the loads in flight per step, stages how many steps ahead they are issued (None: Triton's 3), 1 the
-# least shared memory (more programs per SM). The merge: wider steps and narrower column blocks shorten and
-# multiply its chains.
+# A configuration: (SPLIT_TOKENS, DECODE_BN, DECODE_WARPS, DECODE_STAGES, DECODE_PREFETCH, DECODE_SWAP, MERGE_BSP,
+# MERGE_BD), the library's first. The split program: longer splits halve the merge's work at long context and double
+# each split program's chain of loop steps; BN sets the bytes requested per step; stages how many steps ahead
+# Triton's pipeliner requests them (None: its 3; through shared memory), prefetch the next step's loads requested
+# by hand (registers, no stages); swap puts tokens and D on the MMAs' rows (wgmma at BN >= 64). The merge: wider
+# steps and narrower column blocks shorten and multiply its chains.
+KNOBS = ("SPLIT_TOKENS", "DECODE_BN", "DECODE_WARPS", "DECODE_STAGES", "DECODE_PREFETCH", "DECODE_SWAP", "MERGE_BSP",
+         "MERGE_BD")
+
+
+def cfg(split, bn=None, warps=4, stages=None, prefetch=False, swap=False, bsp=128, bd=32) -> tuple:
+    return (split, bn, warps, stages, prefetch, swap, bsp, bd)
+
+
 SHAPES = (
-    (128, None, 4, None, 32, 64), (128, None, 4, None, 128, 32), (128, 32, 4, 1, 128, 32), (128, 32, 4, 2, 128, 32),
-    (128, 32, 4, 4, 128, 32), (128, 16, 4, None, 128, 32), (128, 64, 4, None, 128, 32), (128, 64, 4, 2, 128, 32),
-    (128, 64, 4, 1, 128, 32), (128, 32, 8, None, 128, 32), (128, 64, 8, None, 128, 32), (128, 128, 8, 2, 128, 32),
-    (256, 32, 4, None, 64, 32), (256, 64, 4, None, 64, 32), (256, 64, 4, 2, 64, 32), (256, 64, 8, None, 64, 32),
-    (64, 32, 4, None, 128, 32), (64, 64, 4, None, 128, 32), (64, 64, 4, 1, 128, 32), (64, 32, 4, 2, 128, 32),
+    cfg(128, bsp=32, bd=64), cfg(128, 32, stages=2), cfg(128, 32, stages=1), cfg(64, 64, stages=1),
+    cfg(128, 32, prefetch=True), cfg(128, 16, prefetch=True), cfg(64, 16, prefetch=True), cfg(64, 32, prefetch=True),
+    cfg(128, 32, swap=True), cfg(128, 32, stages=1, swap=True), cfg(128, 32, stages=2, swap=True),
+    cfg(128, 64, stages=1, swap=True), cfg(128, 64, stages=2, swap=True), cfg(64, 64, stages=1, swap=True),
+    cfg(64, 32, swap=True), cfg(256, 64, stages=2, swap=True, bsp=64), cfg(64, 32, stages=1, bsp=256, bd=16),
+    cfg(64, 64, stages=1, bsp=128, bd=16),
 )
-DRY_SHAPES = ((128, None, 4, None, 2, 16), (128, 16, 4, 2, 4, 32), (256, 32, 8, None, 2, 16), (64, 64, 4, 1, 4, 16))
-KNOBS = ("SPLIT_TOKENS", "DECODE_BN", "DECODE_WARPS", "DECODE_STAGES", "MERGE_BSP", "MERGE_BD")
+DRY_SHAPES = (cfg(128, bsp=2, bd=16), cfg(128, 16, stages=2, prefetch=True, bsp=4), cfg(256, 32, 8, bsp=2, bd=16),
+              cfg(64, 64, stages=1, prefetch=True, swap=True, bsp=4, bd=16))
 
 
-def config_name(kind, split, bn, warps, stages, bsp, bd) -> str:
-    return f"{kind} s{split} n{bn or 'auto'} w{warps} st{stages or 'dflt'} m{bsp}x{bd}"
+class _NoLaunch:
+    """Stands in for the merge kernel to time the split kernel alone (`kernel[grid](...)` does nothing)."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def config_name(kind, split, bn, warps, stages, prefetch, swap, bsp, bd) -> str:
+    return (f"{kind} s{split} n{bn or 'auto'} w{warps} {'pf' if prefetch else 'st' + str(stages or 'dflt')}"
+            f"{' swap' if swap else ''} m{bsp}x{bd}")
 
 
 def fmt(r: dict) -> str:
-    return fmt_timed(f"{r['shape']:30s} {r['config']:34s}", r,
-                     lambda r: f"err {r['err']:.2e} inv {'yes' if r['inv'] else 'NO'}")
+    return fmt_timed(f"{r['shape']:30s} {r['config']:32s}", r,
+                     lambda r: (f"split {r['split_us']:6.2f} " if r.get("split_us") else "")
+                     + f"err {r['err']:.2e} inv {'yes' if r['inv'] else 'NO'}")
 
 
 def main(argv=None) -> int:
@@ -116,9 +135,10 @@ def main(argv=None) -> int:
                         ref[i] = want.bfloat16().double() * sig  # the kernel's gate rounding: bf16(o) * bf16(sig)
                     shape = f"B={b} d={depth} Hq={hq} D={d}"
                     for knobs in shapes:
-                        split, bn, warps, stages, bsp, bd = knobs
+                        split, bn, warps, stages, prefetch, swap, bsp, bd = knobs
                         rec = dict(shape=shape, config=config_name(kind, *knobs), kv=kind, split=split, bn=bn,
-                                   warps=warps, stages=stages, merge_bsp=bsp, merge_bd=bd, depth=depth, batch=b)
+                                   warps=warps, stages=stages, prefetch=prefetch, swap=swap, merge_bsp=bsp,
+                                   merge_bd=bd, depth=depth, batch=b)
                         if time.monotonic() > deadline:
                             sink.emit({**rec, "skipped": True})
                             continue
@@ -136,13 +156,20 @@ def main(argv=None) -> int:
                             err = max(rel_err(y[i], ref[i]) for i in rows)
                             inv = torch.equal(call(caches[0], rows=slice(0, 1)), y[:1])
                             ok = err <= 4 * BF16_EPS * SLACK and inv
-                            us = how = None
+                            us = how = split_us = None
                             if dev.type == "cuda":
                                 from sweep_common import time_graph
 
-                                us, how = time_graph([lambda c=c: call(c) for c in caches], dev, args.replays)
-                            sink.emit({**rec, "us": us, "timing": how, "gbs": kv_bytes / us / 1e3 if us else 0.0,
-                                       "err": err, "inv": inv, "ok": ok})
+                                calls = [lambda c=c: call(c) for c in caches]
+                                us, how = time_graph(calls, dev, args.replays)
+                                if blocks * bs_tok > split:  # the split kernel alone: the merge's share by difference
+                                    merge, tp._decode_merge_kernel = tp._decode_merge_kernel, _NoLaunch()
+                                    try:
+                                        split_us, _ = time_graph(calls, dev, args.replays)
+                                    finally:
+                                        tp._decode_merge_kernel = merge
+                            sink.emit({**rec, "us": us, "split_us": split_us, "timing": how,
+                                       "gbs": kv_bytes / us / 1e3 if us else 0.0, "err": err, "inv": inv, "ok": ok})
                         except Exception as exc:  # noqa: BLE001  a configuration that does not launch is a result
                             sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
                     del caches

@@ -13,7 +13,7 @@ _spec.loader.exec_module(pick_mod)
 
 
 def _recs(config, split, times, kv="fp8", ok=True):
-    return [dict(config=config, kv=kv, split=split, bn=None, warps=4, stages=None, merge_bsp=32, merge_bd=64,
+    return [dict(config=config, kv=kv, split=split, bn=None, warps=4, stages=None, prefetch=False, swap=False, merge_bsp=32, merge_bd=64,
                  batch=b, depth=d, us=us, ok=ok) for (b, d), us in times.items()]
 
 

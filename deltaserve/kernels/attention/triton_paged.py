@@ -119,15 +119,79 @@ def _gated(o, gate_ptrs, mask, HAS_GATE: tl.constexpr):
 
 
 @triton.jit
+def _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, pos, lim, kvh, rd, stride_cr, stride_ch,
+                D: tl.constexpr, BS: tl.constexpr, FP8: tl.constexpr):
+    """The K and V rows [BN, D] of token positions pos (0 at positions >= lim) as stored (e4m3 for FP8) and, for FP8,
+    their scales [BN] (0 at positions >= lim): both loads issued together, nothing converted yet."""
+    valid = pos < lim
+    rows = _kv_rows(table_row, tl.where(valid, pos, -1), BS)
+    off = rows[:, None] * stride_cr + kvh * stride_ch + rd[None, :]
+    k = tl.load(kc_ptr + off, mask=valid[:, None], other=0.0)
+    v = tl.load(vc_ptr + off, mask=valid[:, None], other=0.0)
+    ksc = 0.0
+    vsc = 0.0
+    if FP8:
+        srow = rows * (stride_cr // D) + kvh
+        ksc = tl.load(ks_ptr + srow, mask=valid, other=0.0)
+        vsc = tl.load(vs_ptr + srow, mask=valid, other=0.0)
+    return valid, k, v, ksc, vsc
+
+
+@triton.jit
+def _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32: tl.constexpr, FP8: tl.constexpr):
+    """One online-softmax step of the split program over a tile (k, v as stored: e4m3 -> q's dtype is exact)."""
+    s = mma(q, tl.trans(k.to(q.dtype)), tl.zeros((q.shape[0], k.shape[0]), dtype=tl.float32), F32)
+    if FP8:
+        s = s * ksc[None, :]
+    s = s * qk_scale  # log2 domain
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    pv = p
+    if FP8:
+        pv = p * vsc[None, :]
+    acc = mma(pv.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], F32)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _split_step_t(qt, k, v, ksc, vsc, valid, m_i, l_i, acc_t, qk_scale, F32: tl.constexpr, FP8: tl.constexpr):
+    """_split_step with the tokens as the MMAs' rows (the operands swapped): scores^T [BN, GP] = k . q^T and
+    acc^T [D, GP] += v^T . p^T, so the large dimensions (BN, D) are M and the G heads N (wgmma wants M >= 64 per warp
+    group; G = 8 heads padded to 16 would leave an M = 16 tile to mma.sync). The same products and softmax."""
+    st = mma(k.to(qt.dtype), qt, tl.zeros((k.shape[0], qt.shape[1]), dtype=tl.float32), F32)
+    if FP8:
+        st = st * ksc[:, None]
+    st = st * qk_scale  # log2 domain
+    st = tl.where(valid[:, None], st, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(st, axis=0))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(st - m_new[None, :])
+    l_i = l_i * alpha + tl.sum(p, axis=0)
+    pv = p
+    if FP8:
+        pv = p * vsc[:, None]
+    acc_t = mma(tl.trans(v.to(qt.dtype)), pv.to(qt.dtype), acc_t * alpha[None, :], F32)
+    return m_new, l_i, acc_t
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr, ks_ptr, vs_ptr,
     stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
     stride_gb, stride_gh, qk_scale,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
     BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
-    FP8: tl.constexpr = False, PDL: tl.constexpr = False,
+    FP8: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
-    # grid (B, Hkv, max splits): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT)
+    # grid (B, Hkv, max splits): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT), BN per step.
+    # PREFETCH: the next step's K/V (and table entries, scales) are requested before this step's arithmetic, so a
+    # program has two tiles in flight without the shared-memory stages of Triton's pipeliner; the arithmetic (and
+    # so the bits) is the same either way. SWAP: the MMAs with tokens and D as rows (_split_step_t), every [GP, D]
+    # tile held transposed; the softmax is the same, the MMA instructions (so the bits) may differ.
     pdl_open(PDL)
     pdl_wait(PDL)
     b = tl.program_id(0)
@@ -141,44 +205,49 @@ def _decode_split_kernel(
     g_mask = rg < G
     rd = tl.arange(0, D)
     heads = kvh * G + rg
-    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + rd[None, :],
-                mask=g_mask[:, None], other=0.0)
+    if SWAP:  # [D, GP] tiles: head index along columns
+        hd, dd, gm = heads[None, :], rd[:, None], g_mask[None, :]
+        acc = tl.zeros((D, GP), dtype=tl.float32)
+    else:  # [GP, D] tiles
+        hd, dd, gm = heads[:, None], rd[None, :], g_mask[:, None]
+        acc = tl.zeros((GP, D), dtype=tl.float32)
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + hd * stride_qh + dd, mask=gm, other=0.0)
     table_row = table_ptr + b.to(tl.int64) * stride_tb
     m_i = tl.full((GP,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((GP,), dtype=tl.float32)
-    acc = tl.zeros((GP, D), dtype=tl.float32)
-    for n0 in tl.range(start, start + SPLIT, BN):
-        pos = n0 + tl.arange(0, BN)
-        valid = pos < L
-        rows = _kv_rows(table_row, tl.where(valid, pos, -1), BS)
-        kv_off = rows[:, None] * stride_cr + kvh * stride_ch + rd[None, :]
-        k, ksc = _load_rows(kc_ptr, ks_ptr, kv_off, rows * (stride_cr // D) + kvh, valid, q.dtype, FP8)
-        s = mma(q, tl.trans(k), tl.zeros((GP, BN), dtype=tl.float32), F32)
-        if FP8:
-            s = s * ksc[None, :]
-        s = s * qk_scale  # log2 domain
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v, vsc = _load_rows(vc_ptr, vs_ptr, kv_off, rows * (stride_cr // D) + kvh, valid, q.dtype, FP8)
-        pv = p
-        if FP8:
-            pv = p * vsc[None, :]
-        acc = mma(pv.to(v.dtype), v, acc * alpha[:, None], F32)
-        m_i = m_new
-    if L <= SPLIT:  # the row's only split: finish it here (the merge of one split is the identity)
-        o = acc / l_i[:, None]
-        gate = gate_ptr + b.to(tl.int64) * stride_gb + heads[:, None] * stride_gh + rd[None, :]
-        o = _gated(o, gate, g_mask[:, None], HAS_GATE)
-        tl.store(o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + rd[None, :],
-                 o.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
+    lim = tl.minimum(L, start + SPLIT)
+    if PREFETCH:
+        nvalid, nk, nv, nks, nvs = _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, start + tl.arange(0, BN),
+                                               lim, kvh, rd, stride_cr, stride_ch, D, BS, FP8)
+        for n0 in tl.range(start, start + SPLIT, BN, num_stages=1):
+            valid, k, v, ksc, vsc = nvalid, nk, nv, nks, nvs
+            nvalid, nk, nv, nks, nvs = _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row,
+                                                   n0 + BN + tl.arange(0, BN), lim, kvh, rd, stride_cr, stride_ch,
+                                                   D, BS, FP8)
+            if SWAP:
+                m_i, l_i, acc = _split_step_t(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
+            else:
+                m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
     else:
-        base = b.to(tl.int64) * stride_pb + heads * stride_ph + sp * stride_ps  # [GP]
-        tl.store(po_ptr + base[:, None] * D + rd[None, :], acc, mask=g_mask[:, None])
-        tl.store(pm_ptr + base, m_i, mask=g_mask)
-        tl.store(pl_ptr + base, l_i, mask=g_mask)
+        for n0 in tl.range(start, start + SPLIT, BN):
+            valid, k, v, ksc, vsc = _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, n0 + tl.arange(0, BN),
+                                                lim, kvh, rd, stride_cr, stride_ch, D, BS, FP8)
+            if SWAP:
+                m_i, l_i, acc = _split_step_t(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
+            else:
+                m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
+    if L <= SPLIT:  # the row's only split: finish it here (the merge of one split is the identity)
+        if SWAP:
+            o = acc / l_i[None, :]
+        else:
+            o = acc / l_i[:, None]
+        o = _gated(o, gate_ptr + b.to(tl.int64) * stride_gb + hd * stride_gh + dd, gm, HAS_GATE)
+        tl.store(o_ptr + b.to(tl.int64) * stride_ob + hd * stride_oh + dd, o.to(o_ptr.dtype.element_ty), mask=gm)
+    else:
+        base = b.to(tl.int64) * stride_pb + sp * stride_ps
+        tl.store(po_ptr + (base + hd * stride_ph) * D + dd, acc, mask=gm)
+        tl.store(pm_ptr + base + heads * stride_ph, m_i, mask=g_mask)
+        tl.store(pl_ptr + base + heads * stride_ph, l_i, mask=g_mask)
 
 
 @triton.jit
@@ -228,6 +297,8 @@ MERGE_BSP = 32  # splits per merge step: 32k tokens = 256 splits = 8 steps
 DECODE_BN = None
 DECODE_WARPS = 4
 DECODE_STAGES = None
+DECODE_PREFETCH = False  # the next tile's loads issued by hand before this tile's arithmetic (then no stages)
+DECODE_SWAP = False  # tokens and D as the MMAs' rows (wgmma-sized at BN >= 64); may change a row's bits
 
 
 def paged_decode_attention(
@@ -270,7 +341,8 @@ def paged_decode_attention(
         v_scale if fp8 else pm, q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
         BS=bs, SPLIT=SPLIT_TOKENS, BN=bn, F32=dot_f32(),
-        HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, num_warps=DECODE_WARPS,
+        HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, PREFETCH=DECODE_PREFETCH,
+        SWAP=DECODE_SWAP, num_warps=DECODE_WARPS,
         **({} if DECODE_STAGES is None else {"num_stages": DECODE_STAGES}), **pdl_args(out),
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
