@@ -7,18 +7,19 @@ batch 1 and the deepest context swept, provided it is no slower than the library
 configuration) by more than --slack-us at batch 1 and the shallowest depth, nor by more than 5% at any other shape.
 
   python scripts/bench_attention_pick.py SWEEP.jsonl --kv fp8 [--slack-us 0.3] [--print-only] -- BENCH ARGS...
+  python scripts/bench_attention_pick.py --set MERGE_BSP=32 --set "DECODE_STAGES={'bf16': None}" -- BENCH ARGS...
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 KNOBS = {"split": "SPLIT_TOKENS", "bn": "DECODE_BN", "warps": "DECODE_WARPS", "stages": "DECODE_STAGES",
-         "prefetch": "DECODE_PREFETCH", "swap": "DECODE_SWAP",
          "merge_bsp": "MERGE_BSP", "merge_bd": "MERGE_BD"}
 
 
@@ -56,30 +57,52 @@ def pick(records: list[dict], kv: str, slack_us: float = 0.3) -> dict | None:
     return None if best is None else {"config": best, **knobs[best]}
 
 
+def knob_settings(chosen: dict) -> dict:
+    """A picked record's fields as triton_paged module values (its stages for both cache dtypes)."""
+    values = {name: chosen[field] for field, name in KNOBS.items()}
+    values["DECODE_STAGES"] = {"bf16": chosen["stages"], "fp8": chosen["stages"]}
+    return values
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     bench_args = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("sweep")
-    ap.add_argument("--kv", choices=("bf16", "fp8"), required=True)
+    ap.add_argument("sweep", nargs="?", help="a sweep record file to pick from (or give --set)")
+    ap.add_argument("--kv", choices=("bf16", "fp8"))
     ap.add_argument("--slack-us", type=float, default=0.3)
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="set a triton_paged knob to a Python literal instead of picking, e.g. MERGE_BSP=32")
     ap.add_argument("--print-only", action="store_true")
     args = ap.parse_args(own)
-    records = [json.loads(ln) for ln in Path(args.sweep).read_text().splitlines() if ln.strip()]
-    chosen = pick(records, args.kv, args.slack_us)
-    print(f"pick ({args.kv}): {chosen['config'] if chosen else 'the default (nothing better by the rules)'}")
-    if args.print_only or chosen is None:
+    if args.set:
+        values = {}
+        for item in args.set:
+            name, _, text = item.partition("=")
+            values[name] = ast.literal_eval(text)
+        print(f"set: {values}")
+    else:
+        if not args.sweep or not args.kv:
+            ap.error("give a sweep file and --kv, or --set")
+        records = [json.loads(ln) for ln in Path(args.sweep).read_text().splitlines() if ln.strip()]
+        chosen = pick(records, args.kv, args.slack_us)
+        print(f"pick ({args.kv}): {chosen['config'] if chosen else 'the default (nothing better by the rules)'}")
+        if chosen is None:
+            return 0
+        values = knob_settings(chosen)
+    if args.print_only:
         return 0
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from deltaserve.kernels.attention import triton_paged as tp
 
-    for field, name in KNOBS.items():
-        setattr(tp, name, chosen[field])
+    for name, value in values.items():
+        if not hasattr(tp, name):
+            raise SystemExit(f"triton_paged has no knob {name}")
+        setattr(tp, name, value)
     from deltaserve.cli import main as cli_main
 
     return cli_main(["bench", *bench_args])
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -132,14 +132,9 @@ def run_moe() -> None:
 
 
 ATTN_KNOBS = (  # (label, {triton_paged knob: value}): the decode split program's launch shapes worth comparing
-    ("default", {}), ("bn64", {"DECODE_BN": 64}), ("st1", {"DECODE_STAGES": 1}), ("st2", {"DECODE_STAGES": 2}),
-    ("pf", {"DECODE_PREFETCH": True}), ("pf-bn64", {"DECODE_PREFETCH": True, "DECODE_BN": 64}),
-    ("pf-bn16", {"DECODE_PREFETCH": True, "DECODE_BN": 16}),
-    ("swap-bn64", {"DECODE_SWAP": True, "DECODE_BN": 64}), ("swap-bn64-st1", {"DECODE_SWAP": True, "DECODE_BN": 64,
-                                                                             "DECODE_STAGES": 1}),
-    ("swap-bn64-st2", {"DECODE_SWAP": True, "DECODE_BN": 64, "DECODE_STAGES": 2}),
-    ("swap-bn128-st2", {"DECODE_SWAP": True, "DECODE_BN": 128, "DECODE_STAGES": 2}),
-    ("swap-bn32", {"DECODE_SWAP": True, "DECODE_BN": 32}),
+    ("library", {}), ("st3", {"DECODE_STAGES": {}}), ("st1", {"DECODE_STAGES": {"bf16": 1, "fp8": 1}}),
+    ("st2", {"DECODE_STAGES": {"bf16": 2, "fp8": 2}}), ("bn64-st2", {"DECODE_BN": 64, "DECODE_STAGES": {"bf16": 2,
+                                                                                                        "fp8": 2}}),
 )
 
 
@@ -166,8 +161,8 @@ def run_attn() -> list[str]:
                 q, kc, kc, tables, lens, q, q, q, q, q, sc if sc is not None else q, sc if sc is not None else q,
                 q.stride(0), q.stride(1), tables.stride(0), hkv * d, d, 1, 1, 1, 1, 1, 0, 0, 1.0, G=hq // hkv, GP=16,
                 D=d, BS=bs, SPLIT=tp.SPLIT_TOKENS, BN=tp.DECODE_BN or 32, F32=False, HAS_GATE=False, LENS_ADD=0,
-                FP8=dt == FP8, PREFETCH=tp.DECODE_PREFETCH, SWAP=tp.DECODE_SWAP, num_warps=tp.DECODE_WARPS,
-                **({} if tp.DECODE_STAGES is None else {"num_stages": tp.DECODE_STAGES}), grid=(1, hkv, blocks),
+                FP8=dt == FP8, num_warps=tp.DECODE_WARPS, grid=(1, hkv, blocks),
+                **({} if tp.DECODE_STAGES.get(kind) is None else {"num_stages": tp.DECODE_STAGES[kind]}),
                 warmup=True)
             ins = instructions(k)
             mma = "wgmma" if any("HGMMA" in ln for ln in ins) else "mma.sync" if any("HMMA" in ln for ln in ins) else "?"

@@ -29,30 +29,35 @@ import torch
 from sweep_common import RecordSink, fmt_timed, rel_err, start
 
 LAYERS = 10  # full-attention layers of the 35B-A3B: one cache each in the timed graph
-# A configuration: (SPLIT_TOKENS, DECODE_BN, DECODE_WARPS, DECODE_STAGES, DECODE_PREFETCH, DECODE_SWAP, MERGE_BSP,
-# MERGE_BD), the library's first. The split program: longer splits halve the merge's work at long context and double
-# each split program's chain of loop steps; BN sets the bytes requested per step; stages how many steps ahead
-# Triton's pipeliner requests them (None: its 3; through shared memory), prefetch the next step's loads requested
-# by hand (registers, no stages); swap puts tokens and D on the MMAs' rows (wgmma at BN >= 64). The merge: wider
-# steps and narrower column blocks shorten and multiply its chains.
-KNOBS = ("SPLIT_TOKENS", "DECODE_BN", "DECODE_WARPS", "DECODE_STAGES", "DECODE_PREFETCH", "DECODE_SWAP", "MERGE_BSP",
-         "MERGE_BD")
+# A configuration: (SPLIT_TOKENS, DECODE_BN, DECODE_WARPS, stages, MERGE_BSP, MERGE_BD), the library's first. The
+# split program: longer splits halve the merge's work at long context and double each split program's chain of loop
+# steps; BN sets the bytes requested per step; stages (DECODE_STAGES for the cache's dtype; None: Triton's 3) how
+# many steps ahead the pipeliner requests them through shared memory. The merge: wider steps and narrower column
+# blocks shorten and multiply its chains.
+KNOBS = ("SPLIT_TOKENS", "DECODE_BN", "DECODE_WARPS", "DECODE_STAGES", "MERGE_BSP", "MERGE_BD")
 
 
-def cfg(split, bn=None, warps=4, stages=None, prefetch=False, swap=False, bsp=128, bd=32) -> tuple:
-    return (split, bn, warps, stages, prefetch, swap, bsp, bd)
+def cfg(split, bn=None, warps=4, stages=None, bsp=128, bd=32) -> tuple:
+    return (split, bn, warps, stages, bsp, bd)
 
 
 SHAPES = (
-    cfg(128, bsp=32, bd=64), cfg(128, 32, stages=2), cfg(128, 32, stages=1), cfg(64, 64, stages=1),
-    cfg(128, 32, prefetch=True), cfg(128, 16, prefetch=True), cfg(64, 16, prefetch=True), cfg(64, 32, prefetch=True),
-    cfg(128, 32, swap=True), cfg(128, 32, stages=1, swap=True), cfg(128, 32, stages=2, swap=True),
-    cfg(128, 64, stages=1, swap=True), cfg(128, 64, stages=2, swap=True), cfg(64, 64, stages=1, swap=True),
-    cfg(64, 32, swap=True), cfg(256, 64, stages=2, swap=True, bsp=64), cfg(64, 32, stages=1, bsp=256, bd=16),
-    cfg(64, 64, stages=1, bsp=128, bd=16),
+    cfg(128, stages="lib", bsp=128, bd=32), cfg(128, bsp=32, bd=64), cfg(128, 32, stages=1), cfg(128, 32, stages=2),
+    cfg(128, 32, stages=3), cfg(128, 32, stages=1, bd=64), cfg(128, 32, stages=2, bd=64),
+    cfg(128, 32, stages=1, bsp=256, bd=16), cfg(128, 32, stages=2, bsp=256, bd=16), cfg(128, 32, stages=1, bd=16),
+    cfg(64, 64, stages=1), cfg(64, 32, stages=2), cfg(256, 32, stages=1, bsp=64),
 )
-DRY_SHAPES = (cfg(128, bsp=2, bd=16), cfg(128, 16, stages=2, prefetch=True, bsp=4), cfg(256, 32, 8, bsp=2, bd=16),
-              cfg(64, 64, stages=1, prefetch=True, swap=True, bsp=4, bd=16))
+DRY_SHAPES = (cfg(128, stages="lib", bsp=2, bd=16), cfg(128, 16, stages=2, bsp=4), cfg(256, 32, 8, bsp=2, bd=16),
+              cfg(64, 64, stages=1, bsp=4, bd=16))
+
+
+def knob_values(knobs: tuple, saved: dict) -> dict:
+    """The triton_paged module values for a configuration: stages "lib" keeps the library's per-dtype stages,
+    another value (None included) applies to both cache dtypes."""
+    values = dict(zip(KNOBS, knobs))
+    st = values["DECODE_STAGES"]
+    values["DECODE_STAGES"] = dict(saved["DECODE_STAGES"]) if st == "lib" else {"bf16": st, "fp8": st}
+    return values
 
 
 class _NoLaunch:
@@ -62,9 +67,8 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
-def config_name(kind, split, bn, warps, stages, prefetch, swap, bsp, bd) -> str:
-    return (f"{kind} s{split} n{bn or 'auto'} w{warps} {'pf' if prefetch else 'st' + str(stages or 'dflt')}"
-            f"{' swap' if swap else ''} m{bsp}x{bd}")
+def config_name(kind, split, bn, warps, stages, bsp, bd) -> str:
+    return f"{kind} s{split} n{bn or 'auto'} w{warps} st{stages or 'dflt'} m{bsp}x{bd}"
 
 
 def fmt(r: dict) -> str:
@@ -102,7 +106,7 @@ def main(argv=None) -> int:
     sink = RecordSink(args.out, fmt, {"gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"})
     deadline = time.monotonic() + args.budget_s
     torch.manual_seed(0)
-    saved = [getattr(tp, k) for k in KNOBS]
+    saved = {k: getattr(tp, k) for k in KNOBS}
     try:
         for depth in depths:
             for b in batches:
@@ -135,14 +139,16 @@ def main(argv=None) -> int:
                         ref[i] = want.bfloat16().double() * sig  # the kernel's gate rounding: bf16(o) * bf16(sig)
                     shape = f"B={b} d={depth} Hq={hq} D={d}"
                     for knobs in shapes:
-                        split, bn, warps, stages, prefetch, swap, bsp, bd = knobs
-                        rec = dict(shape=shape, config=config_name(kind, *knobs), kv=kind, split=split, bn=bn,
-                                   warps=warps, stages=stages, prefetch=prefetch, swap=swap, merge_bsp=bsp,
-                                   merge_bd=bd, depth=depth, batch=b)
+                        split, bn, warps, stages, bsp, bd = knobs
+                        if stages == "lib":
+                            stages = saved["DECODE_STAGES"].get(kind)
+                        rec = dict(shape=shape, config=config_name(kind, split, bn, warps, stages, bsp, bd), kv=kind,
+                                   split=split, bn=bn, warps=warps, stages=stages, merge_bsp=bsp, merge_bd=bd,
+                                   depth=depth, batch=b)
                         if time.monotonic() > deadline:
                             sink.emit({**rec, "skipped": True})
                             continue
-                        for k, v in zip(KNOBS, knobs):
+                        for k, v in knob_values(knobs, saved).items():
                             setattr(tp, k, v)
                         try:
                             def call(c, out=None, rows=slice(None)):
@@ -174,7 +180,7 @@ def main(argv=None) -> int:
                             sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
                     del caches
     finally:
-        for k, v in zip(KNOBS, saved):
+        for k, v in saved.items():
             setattr(tp, k, v)
     return sink.finish()
 

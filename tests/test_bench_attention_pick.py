@@ -13,7 +13,7 @@ _spec.loader.exec_module(pick_mod)
 
 
 def _recs(config, split, times, kv="fp8", ok=True):
-    return [dict(config=config, kv=kv, split=split, bn=None, warps=4, stages=None, prefetch=False, swap=False, merge_bsp=32, merge_bd=64,
+    return [dict(config=config, kv=kv, split=split, bn=None, warps=4, stages=None, merge_bsp=32, merge_bd=64,
                  batch=b, depth=d, us=us, ok=ok) for (b, d), us in times.items()]
 
 
@@ -36,3 +36,11 @@ def test_slower_elsewhere_failed_or_other_kind_loses():
     assert pick_mod.pick(recs, "fp8") is None
     recs += _recs("fine", 128, {**BASE, (1, 32768): 35.0, (1, 512): 9.2, (8, 32768): 175.0})
     assert pick_mod.pick(recs, "fp8")["config"] == "fine"
+
+
+def test_settings_and_set_option(capsys):
+    chosen = pick_mod.pick(_recs("default", 128, BASE) + _recs("a", 64, {**BASE, (1, 32768): 30.0}), "fp8")
+    values = pick_mod.knob_settings(chosen)
+    assert values["SPLIT_TOKENS"] == 64 and values["DECODE_STAGES"] == {"bf16": None, "fp8": None}
+    assert pick_mod.main(["--set", "MERGE_BSP=32", "--set", "DECODE_STAGES={'bf16': 3}", "--print-only"]) == 0
+    assert "{'MERGE_BSP': 32, 'DECODE_STAGES': {'bf16': 3}}" in capsys.readouterr().out

@@ -123,8 +123,6 @@ def _attn_fused_cases():
         "qk_prep_batch_invariance": lambda m: ac.check_qk_prep_invariance(m, CPU, (1, 4), **dims),
         "decode_gate": lambda m: ac.check_decode_gate(m, CPU, [1, 100, 128, 129, 300], 4, 2, 32, 8, 128),
         "decode_gate_single_split": lambda m: ac.check_decode_gate(m, CPU, [1, 60, 128], 4, 2, 32, 8, 128),
-        "decode_prefetch": lambda m: ac.check_decode_prefetch(m, CPU, [1, 60, 128, 129, 300], 4, 2, 32, 8, 128),
-        "decode_swap": lambda m: ac.check_decode_swap(m, CPU, [1, 60, 128, 129, 300], 4, 2, 32, 8, 128, 64),
         "decode_merge_steps": lambda m: ac.check_decode_merge_steps(m, CPU, [1, 1100, 256, 700], 4, 2, 32, 8, 128, 2,
                                                                     16),
         "attention_decode_fused_vs_unfused": lambda m: ac.check_attention_decode_fused(

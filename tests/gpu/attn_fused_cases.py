@@ -232,53 +232,6 @@ def check_decode_merge_steps(mods, device, lens, hq, hkv, d, bs, split, bsp, bd)
         tp.MERGE_BSP, tp.MERGE_BD = saved
 
 
-def check_decode_swap(mods, device, lens, hq, hkv, d, bs, split, bn):
-    """The split program with its MMAs' operands swapped (DECODE_SWAP, tokens and D as rows) at a BN where that
-    shape is wgmma-sized: the gated decode's fp64 and host-bound checks, batch invariance, and over an fp8 cache the
-    fp8 attention checks; prefetch on and off give the same bits."""
-    import kv_fp8_cases as fc
-
-    tp = mods["attn"]
-    saved = tp.DECODE_SWAP, tp.DECODE_BN
-    tp.DECODE_SWAP, tp.DECODE_BN = True, bn
-    try:
-        check_decode_prefetch(mods, device, lens, hq, hkv, d, bs, split)
-        fc.check_attention(mods, device, ctx=[0, 13, 5, split + 22], seqs=[7, 3, 1, 20], hq=hq, hkv=hkv, d=d, bs=bs)
-    finally:
-        tp.DECODE_SWAP, tp.DECODE_BN = saved
-
-
-def check_decode_prefetch(mods, device, lens, hq, hkv, d, bs, split):
-    """The split program with its next tile requested by hand (DECODE_PREFETCH) is the same arithmetic as without:
-    the same bits over bf16 and fp8 caches (rows of one split and of several, the last tile of a split partial);
-    with it on, the gated decode's fp64 and host-bound checks and batch invariance hold."""
-    import kv_fp8_cases as fc
-
-    tp = mods["attn"]
-    ctx = [n - 1 for n in lens]
-    p = paged_problem(device, ctx, [1] * len(lens), hq, hkv, d, bs)
-    tp.write_kv(p["kc"], p["vc"], p["slots"], p["k"], p["v"])
-    kc8, ks = fc.fp8_cache_like(p["kc"])
-    vc8, vs = fc.fp8_cache_like(p["vc"])
-    qg = torch.randn(len(lens), hq, 2 * d, device=device).bfloat16()
-    kv = torch.tensor(lens, device=device, dtype=torch.int32)
-    saved = tp.DECODE_PREFETCH
-    try:
-        for caches in ((p["kc"], p["vc"], None, None), (kc8, vc8, ks, vs)):
-            got = []
-            for prefetch in (False, True):
-                tp.DECODE_PREFETCH = prefetch
-                got.append(tp.paged_decode_attention(qg[..., :d], caches[0], caches[1], p["tables"], kv, d**-0.5,
-                                                     max(lens), gate=qg[..., d:], k_scale=caches[2],
-                                                     v_scale=caches[3]))
-            assert torch.equal(got[0], got[1]), f"decode prefetch changed the bits ({caches[0].dtype} cache)"
-        tp.DECODE_PREFETCH = True
-        check_decode_gate(mods, device, lens, hq, hkv, d, bs, split)
-        check_decode_gate_invariance(mods, device, lens, (1, 2), hq, hkv, d, bs)
-    finally:
-        tp.DECODE_PREFETCH = saved
-
-
 # ---------------------------------------------------------------- the layer's decode, fused vs unfused
 
 

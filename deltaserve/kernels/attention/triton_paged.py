@@ -157,41 +157,15 @@ def _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32: tl.const
 
 
 @triton.jit
-def _split_step_t(qt, k, v, ksc, vsc, valid, m_i, l_i, acc_t, qk_scale, F32: tl.constexpr, FP8: tl.constexpr):
-    """_split_step with the tokens as the MMAs' rows (the operands swapped): scores^T [BN, GP] = k . q^T and
-    acc^T [D, GP] += v^T . p^T, so the large dimensions (BN, D) are M and the G heads N (wgmma wants M >= 64 per warp
-    group; G = 8 heads padded to 16 would leave an M = 16 tile to mma.sync). The same products and softmax."""
-    st = mma(k.to(qt.dtype), qt, tl.zeros((k.shape[0], qt.shape[1]), dtype=tl.float32), F32)
-    if FP8:
-        st = st * ksc[:, None]
-    st = st * qk_scale  # log2 domain
-    st = tl.where(valid[:, None], st, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(st, axis=0))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(st - m_new[None, :])
-    l_i = l_i * alpha + tl.sum(p, axis=0)
-    pv = p
-    if FP8:
-        pv = p * vsc[:, None]
-    acc_t = mma(tl.trans(v.to(qt.dtype)), pv.to(qt.dtype), acc_t * alpha[None, :], F32)
-    return m_new, l_i, acc_t
-
-
-@triton.jit
 def _decode_split_kernel(
     q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr, ks_ptr, vs_ptr,
     stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
     stride_gb, stride_gh, qk_scale,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
     BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
-    FP8: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    FP8: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    # grid (B, Hkv, max splits): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT), BN per step.
-    # PREFETCH: the next step's K/V (and table entries, scales) are requested before this step's arithmetic, so a
-    # program has two tiles in flight without the shared-memory stages of Triton's pipeliner; the arithmetic (and
-    # so the bits) is the same either way. SWAP: the MMAs with tokens and D as rows (_split_step_t), every [GP, D]
-    # tile held transposed; the softmax is the same, the MMA instructions (so the bits) may differ.
+    # grid (B, Hkv, max splits): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT), BN per step
     pdl_open(PDL)
     pdl_wait(PDL)
     b = tl.program_id(0)
@@ -205,42 +179,19 @@ def _decode_split_kernel(
     g_mask = rg < G
     rd = tl.arange(0, D)
     heads = kvh * G + rg
-    if SWAP:  # [D, GP] tiles: head index along columns
-        hd, dd, gm = heads[None, :], rd[:, None], g_mask[None, :]
-        acc = tl.zeros((D, GP), dtype=tl.float32)
-    else:  # [GP, D] tiles
-        hd, dd, gm = heads[:, None], rd[None, :], g_mask[:, None]
-        acc = tl.zeros((GP, D), dtype=tl.float32)
+    hd, dd, gm = heads[:, None], rd[None, :], g_mask[:, None]  # [GP, D] tiles
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + hd * stride_qh + dd, mask=gm, other=0.0)
     table_row = table_ptr + b.to(tl.int64) * stride_tb
     m_i = tl.full((GP,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((GP,), dtype=tl.float32)
+    acc = tl.zeros((GP, D), dtype=tl.float32)
     lim = tl.minimum(L, start + SPLIT)
-    if PREFETCH:
-        nvalid, nk, nv, nks, nvs = _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, start + tl.arange(0, BN),
-                                               lim, kvh, rd, stride_cr, stride_ch, D, BS, FP8)
-        for n0 in tl.range(start, start + SPLIT, BN, num_stages=1):
-            valid, k, v, ksc, vsc = nvalid, nk, nv, nks, nvs
-            nvalid, nk, nv, nks, nvs = _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row,
-                                                   n0 + BN + tl.arange(0, BN), lim, kvh, rd, stride_cr, stride_ch,
-                                                   D, BS, FP8)
-            if SWAP:
-                m_i, l_i, acc = _split_step_t(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
-            else:
-                m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
-    else:
-        for n0 in tl.range(start, start + SPLIT, BN):
-            valid, k, v, ksc, vsc = _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, n0 + tl.arange(0, BN),
-                                                lim, kvh, rd, stride_cr, stride_ch, D, BS, FP8)
-            if SWAP:
-                m_i, l_i, acc = _split_step_t(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
-            else:
-                m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
+    for n0 in tl.range(start, start + SPLIT, BN):
+        valid, k, v, ksc, vsc = _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, n0 + tl.arange(0, BN), lim,
+                                            kvh, rd, stride_cr, stride_ch, D, BS, FP8)
+        m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
     if L <= SPLIT:  # the row's only split: finish it here (the merge of one split is the identity)
-        if SWAP:
-            o = acc / l_i[None, :]
-        else:
-            o = acc / l_i[:, None]
+        o = acc / l_i[:, None]
         o = _gated(o, gate_ptr + b.to(tl.int64) * stride_gb + hd * stride_gh + dd, gm, HAS_GATE)
         tl.store(o_ptr + b.to(tl.int64) * stride_ob + hd * stride_oh + dd, o.to(o_ptr.dtype.element_ty), mask=gm)
     else:
@@ -277,29 +228,30 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stri
     for s0 in range(0, n_split, BSP):
         live = s0 + rs < n_split
         off = base + (s0 + rs) * stride_ps
+        # the step's three loads first: nothing orders them behind the maximum's cross-thread reduction
         m = tl.load(pm_ptr + off, mask=live, other=float("-inf"))
+        lsp = tl.load(pl_ptr + off, mask=live, other=0.0)
+        part = tl.load(po_ptr + off[:, None] * D + rd[None, :], mask=live[:, None], other=0.0)
         m_new = tl.maximum(m_run, tl.max(m, axis=0))  # finite: every live split holds >= 1 token
         alpha = tl.exp2(m_run - m_new)  # 0 on the first step (m_run = -inf)
         w = tl.where(live, tl.exp2(m - m_new), 0.0)
-        l_run = l_run * alpha + tl.sum(w * tl.load(pl_ptr + off, mask=live, other=0.0), axis=0)
-        part = tl.load(po_ptr + off[:, None] * D + rd[None, :], mask=live[:, None], other=0.0)
+        l_run = l_run * alpha + tl.sum(w * lsp, axis=0)
         acc = acc * alpha + tl.sum(w[:, None] * part, axis=0)
         m_run = m_new
     o = _gated(acc / l_run, gate_ptr + b.to(tl.int64) * stride_gb + h * stride_gh + rd, rd < D, HAS_GATE)
     tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + rd, o.to(o_ptr.dtype.element_ty))
 
 
-MERGE_BD = 64  # merge columns per program: D = 256 gives 4 programs per (row, head)
-MERGE_BSP = 32  # splits per merge step: 32k tokens = 256 splits = 8 steps
-# the split program's launch shape: tokens per loop step (None: 64 for D <= 128, else 32), warps, software-pipeline
-# stages of the loop's loads (None: Triton's default). BN changes a row's summation order (the same for every row);
-# warps and stages change no arithmetic. scripts/sweep_decode_attention.py chooses them.
+MERGE_BD = 32  # merge columns per program (no arithmetic): D = 256 gives 8 programs per (row, head)
+MERGE_BSP = 128  # splits per merge step (a row's summation order): 32k tokens = 256 splits = 2 steps
+# the split program's launch shape: tokens per loop step (None: 64 for D <= 128, else 32; it sets a row's summation
+# order, the same for every row), warps, and per cache dtype the software-pipeline stages of the loop's loads (None:
+# Triton's default; stages and warps change no arithmetic). scripts/sweep_decode_attention.py chooses them: at 32K
+# tokens the fewer stages keep more programs resident (fp8: 167 registers at 1 stage, 210 at 3), at 512 tokens the
+# few programs need their loads in flight (bench/NOTES.md).
 DECODE_BN = None
 DECODE_WARPS = 4
-DECODE_STAGES = None
-DECODE_PREFETCH = False  # the next tile's loads issued by hand before this tile's arithmetic (then no stages)
-DECODE_SWAP = False  # tokens and D as the MMAs' rows (wgmma-sized at BN >= 64); may change a row's bits
-
+DECODE_STAGES = {"bf16": 2, "fp8": 1}
 
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -332,6 +284,7 @@ def paged_decode_attention(
     if SPLIT_TOKENS % bn:
         raise ValueError(f"paged_decode_attention: DECODE_BN {bn} must divide SPLIT_TOKENS {SPLIT_TOKENS}")
     n_split = max(1, triton.cdiv(max_kv_len, SPLIT_TOKENS))
+    stages = DECODE_STAGES.get("fp8" if fp8 else "bf16")
     po = torch.empty(bsz, hq, n_split, d, dtype=torch.float32, device=q.device)
     pm = torch.empty(bsz, hq, n_split, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
@@ -341,9 +294,8 @@ def paged_decode_attention(
         v_scale if fp8 else pm, q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
         BS=bs, SPLIT=SPLIT_TOKENS, BN=bn, F32=dot_f32(),
-        HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, PREFETCH=DECODE_PREFETCH,
-        SWAP=DECODE_SWAP, num_warps=DECODE_WARPS,
-        **({} if DECODE_STAGES is None else {"num_stages": DECODE_STAGES}), **pdl_args(out),
+        HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, num_warps=DECODE_WARPS, **pdl_args(out),
+        **({} if stages is None else {"num_stages": stages}),
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
         bd = min(d, MERGE_BD)
