@@ -42,12 +42,11 @@ def cfg(split, bn=None, warps=4, stages=None, bsp=128, bd=32) -> tuple:
 
 
 SHAPES = (
-    cfg(128, stages="lib", bsp=128, bd=32), cfg(128, bsp=32, bd=64), cfg(128, 32, stages=1), cfg(128, 32, stages=2),
-    cfg(128, 32, stages=3), cfg(128, 32, stages=1, bd=64), cfg(128, 32, stages=2, bd=64),
-    cfg(128, 32, stages=1, bsp=256, bd=16), cfg(128, 32, stages=2, bsp=256, bd=16), cfg(128, 32, stages=1, bd=16),
-    cfg(64, 64, stages=1), cfg(64, 32, stages=2), cfg(256, 32, stages=1, bsp=64),
+    cfg(64, 64, stages="lib"), cfg(128, 32, bsp=32, bd=64), cfg(128, 32, stages=2), cfg(64, 64, stages=2),
+    cfg(64, 64, stages=3), cfg(64, 64, stages=1, bsp=256, bd=16), cfg(64, 64, stages=1, bsp=512, bd=8),
+    cfg(64, 64, stages=1, bd=64), cfg(64, 32, stages=1), cfg(128, 64, stages=1), cfg(128, 32, stages=1, bsp=256, bd=16),
 )
-DRY_SHAPES = (cfg(128, stages="lib", bsp=2, bd=16), cfg(128, 16, stages=2, bsp=4), cfg(256, 32, 8, bsp=2, bd=16),
+DRY_SHAPES = (cfg(64, 64, stages="lib", bsp=2, bd=16), cfg(128, 16, stages=2, bsp=4), cfg(256, 32, 8, bsp=2, bd=16),
               cfg(64, 64, stages=1, bsp=4, bd=16))
 
 

@@ -93,6 +93,16 @@ def _cases():
     return cases
 
 
+def _split(m) -> int:
+    return m["attn"].SPLIT_TOKENS
+
+
+def _around_split(m, first, *offsets) -> list[int]:
+    """[first] + lengths S + offset for the decode split size S (the last offset past 2 S: several splits)."""
+    s = _split(m)
+    return [first] + [s + o for o in offsets[:-1]] + [2 * s + offsets[-1]]
+
+
 def _kv_fp8_cases():
     """The fp8 K/V cache's writers and readers (tests/gpu/kv_fp8_cases.py), tiny shapes."""
     import kv_fp8_cases as fc
@@ -121,12 +131,15 @@ def _attn_fused_cases():
         "qk_prep_mrope_text_equals_text": lambda m: ac.check_qk_prep_mrope_text(m, CPU, 4, **dims),
         "qk_prep_errors": lambda m: ac.check_qk_prep_errors(m, CPU),
         "qk_prep_batch_invariance": lambda m: ac.check_qk_prep_invariance(m, CPU, (1, 4), **dims),
-        "decode_gate": lambda m: ac.check_decode_gate(m, CPU, [1, 100, 128, 129, 300], 4, 2, 32, 8, 128),
-        "decode_gate_single_split": lambda m: ac.check_decode_gate(m, CPU, [1, 60, 128], 4, 2, 32, 8, 128),
-        "decode_merge_steps": lambda m: ac.check_decode_merge_steps(m, CPU, [1, 1100, 256, 700], 4, 2, 32, 8, 128, 2,
-                                                                    16),
+        # lengths around the library's split size S: one split, exactly S, S + 1 (two), several
+        "decode_gate": lambda m: ac.check_decode_gate(m, CPU, _around_split(m, 1, -28, 0, 1, 44), 4, 2, 32, 8,
+                                                      _split(m)),
+        "decode_gate_single_split": lambda m: ac.check_decode_gate(m, CPU, [1, _split(m) // 2, _split(m)], 4, 2, 32,
+                                                                   8, _split(m)),
+        "decode_merge_steps": lambda m: ac.check_decode_merge_steps(m, CPU, [1, 1100, 256, 700], 4, 2, 32, 8,
+                                                                    _split(m), 2, 16),
         "attention_decode_fused_vs_unfused": lambda m: ac.check_attention_decode_fused(
-            m, CPU, [1, 40, 128, 129, 260], 4, 2, 32, 16, 8),
+            m, CPU, _around_split(m, 1, 40 - _split(m), 0, 1, 4), 4, 2, 32, 16, 8),
         "decode_gate_batch_invariance": lambda m: ac.check_decode_gate_invariance(
             m, CPU, [200, 1, 128, 129, 300, 50], (1, 3, 5), 4, 2, 32, 8),
     })

@@ -34,9 +34,10 @@ from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 from .triton_kv_fp8 import fp8_scale, store_fp8
 from .kv_fp8 import check_cache
 
-# decode: tokens per split, fixed so the merge order of a row never depends on the batch (64 was slower on the
-# H200 at 32k contexts, bench/NOTES.md)
-SPLIT_TOKENS = 128
+# decode: tokens per split, fixed so the merge order of a row never depends on the batch. 64: at 512 tokens the
+# split programs' chains are half as long (5.9 vs 9.8 us a layer on the H200), at 32K the merge's extra work costs
+# less than that gains everywhere else (bench/NOTES.md)
+SPLIT_TOKENS = 64
 _LOG2E = 1.4426950408889634
 
 
@@ -246,12 +247,11 @@ MERGE_BD = 32  # merge columns per program (no arithmetic): D = 256 gives 8 prog
 MERGE_BSP = 128  # splits per merge step (a row's summation order): 32k tokens = 256 splits = 2 steps
 # the split program's launch shape: tokens per loop step (None: 64 for D <= 128, else 32; it sets a row's summation
 # order, the same for every row), warps, and per cache dtype the software-pipeline stages of the loop's loads (None:
-# Triton's default; stages and warps change no arithmetic). scripts/sweep_decode_attention.py chooses them: at 32K
-# tokens the fewer stages keep more programs resident (fp8: 167 registers at 1 stage, 210 at 3), at 512 tokens the
-# few programs need their loads in flight (bench/NOTES.md).
-DECODE_BN = None
+# Triton's default; stages and warps change no arithmetic). scripts/sweep_decode_attention.py chose them: one stage
+# keeps more programs resident (fp8: 167 registers at 1 stage, 210 at 3) and a split of 64 tokens is one loop step.
+DECODE_BN = 64
 DECODE_WARPS = 4
-DECODE_STAGES = {"bf16": 2, "fp8": 1}
+DECODE_STAGES = {"bf16": 1, "fp8": 1}
 
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
