@@ -1,9 +1,10 @@
 """Decode attention over the paged cache (kernels/attention/triton_paged.paged_decode_attention, split + merge) at the
 35B-A3B's attention shapes (Hq 16, Hkv 2, D 256, the output gate on) for B sequences at context depth d: the bf16
 cache against the fp8 one (kernels/attention/kv_fp8.py), the split length (SPLIT_TOKENS: a constant, so a row's
-merge order depends on its length only) and the merge's launch shape (MERGE_BSP splits per step x MERGE_BD columns
-per program). At 32K tokens the split kernel reads 67 MB a layer (26 us) and the merge, 64 programs
-of 8 dependent steps at B = 1, takes another 12.7 us (bench/NOTES.md): this sweep is where both get chosen.
+merge order depends on its length only), the split program's step (DECODE_BN) and pipeline stages, and the merge's
+launch shape (MERGE_BSP splits per step x MERGE_BD columns per program). Each record has the split kernel alone too
+(split_us: the merge's share is the difference). This sweep chose c16863d's defaults; the model A/Bs the picks
+(scripts/bench_attention_pick.py), because a graph of attention calls alone misjudged two of them (bench/NOTES.md).
 
 Every configuration is checked before it is timed: rows 0 and B-1 (output poisoned first) against fp64 attention
 over the cache as it reads (the fp8 one dequantised), and row 0 launched alone == row 0 of the batch, bit for bit.
