@@ -60,6 +60,18 @@ def knob_values(knobs: tuple, saved: dict) -> dict:
     return values
 
 
+def parse_shapes(text: str) -> tuple:
+    """'S,BN,W,ST,BSP,BD;...' -> configurations (BN 'auto' -> None, ST 'lib' kept, 'dflt' -> None)."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(";"))):
+        f = item.split(",")
+        if len(f) != 6:
+            raise SystemExit(f"--shapes: {item!r} needs 6 fields S,BN,W,ST,BSP,BD")
+        st = f[3] if f[3] == "lib" else None if f[3] == "dflt" else int(f[3])
+        out.append(cfg(int(f[0]), None if f[1] == "auto" else int(f[1]), int(f[2]), st, int(f[4]), int(f[5])))
+    return tuple(out)
+
+
 class _NoLaunch:
     """Stands in for the merge kernel to time the split kernel alone (`kernel[grid](...)` does nothing)."""
 
@@ -85,6 +97,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--dry-run", action="store_true", help="checks only, under the interpreter, tiny shapes")
+    ap.add_argument("--shapes", default=None, metavar="S,BN,W,ST,BSP,BD;...",
+                    help="configurations instead of SHAPES (ST: a number, 'lib' or 'dflt'; BN 'auto'), the first the "
+                         "base, e.g. '64,64,4,lib,128,32;64,64,8,1,128,32'")
     args = ap.parse_args(argv)
     code = start(args.dry_run, __file__, sys.argv[1:] if argv is None else argv)
     if code is not None:
@@ -97,7 +112,7 @@ def main(argv=None) -> int:
 
     dev = torch.device("cpu" if args.dry_run else "cuda")
     hq, hkv, d, bs_tok = (4, 2, 32, 8) if args.dry_run else (16, 2, 256, 64)
-    shapes = DRY_SHAPES if args.dry_run else SHAPES
+    shapes = parse_shapes(args.shapes) if args.shapes else DRY_SHAPES if args.dry_run else SHAPES
     depths = [int(v) for v in args.depths.split(",")]
     batches = [int(v) for v in args.bs.split(",")]
     if args.dry_run:

@@ -34,3 +34,13 @@ def test_dry_run_flags_ignored_fp8_scales(tmp_path):
     out = _dry_run(env=env)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert "8 records, 4 failing" in out.stdout, out.stdout
+
+
+def test_shapes_option_parses():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sweep_decode_attention", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    got = mod.parse_shapes("64,64,4,lib,128,32; 128,auto,8,dflt,32,64;")
+    assert got == (mod.cfg(64, 64, 4, "lib", 128, 32), mod.cfg(128, None, 8, None, 32, 64))
