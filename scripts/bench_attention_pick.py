@@ -58,9 +58,10 @@ def pick(records: list[dict], kv: str, slack_us: float = 0.3) -> dict | None:
 
 
 def knob_settings(chosen: dict) -> dict:
-    """A picked record's fields as triton_paged module values (its stages for both cache dtypes)."""
+    """A picked record's fields as triton_paged module values (its stages and warps for both cache dtypes)."""
     values = {name: chosen[field] for field, name in KNOBS.items()}
     values["DECODE_STAGES"] = {"bf16": chosen["stages"], "fp8": chosen["stages"]}
+    values["DECODE_WARPS"] = {"bf16": chosen["warps"], "fp8": chosen["warps"]}
     return values
 
 

@@ -161,11 +161,12 @@ def run_attn() -> list[str]:
                 q, kc, kc, tables, lens, q, q, q, q, q, sc if sc is not None else q, sc if sc is not None else q,
                 q.stride(0), q.stride(1), tables.stride(0), hkv * d, d, 1, 1, 1, 1, 1, 0, 0, 1.0, G=hq // hkv, GP=16,
                 D=d, BS=bs, SPLIT=tp.SPLIT_TOKENS, BN=tp.DECODE_BN or 32, F32=False, HAS_GATE=False, LENS_ADD=0,
-                FP8=dt == FP8, num_warps=tp.DECODE_WARPS, grid=(1, hkv, blocks),
+                FP8=dt == FP8, num_warps=tp.DECODE_WARPS.get(kind, 4), grid=(1, hkv, blocks),
                 **({} if tp.DECODE_STAGES.get(kind) is None else {"num_stages": tp.DECODE_STAGES[kind]}),
                 warmup=True)
             ins = instructions(k)
-            mma = "wgmma" if any("HGMMA" in ln for ln in ins) else "mma.sync" if any("HMMA" in ln for ln in ins) else "?"
+            mma = ("wgmma" if any("HGMMA" in ln for ln in ins) else
+                   "mma.sync" if any("HMMA" in ln for ln in ins) else "?")
             spills = sum("STL" in ln for ln in ins)
             lines.append(summary(f"split {kind} {label}", k).split("  PDL")[0]
                          + f"  smem {k.metadata.shared} B  {mma}  spill stores {spills}")

@@ -43,20 +43,21 @@ def cfg(split, bn=None, warps=4, stages=None, bsp=128, bd=32) -> tuple:
 
 
 SHAPES = (
-    cfg(64, 64, stages="lib"), cfg(128, 32, bsp=32, bd=64), cfg(128, 32, stages=2), cfg(64, 64, stages=2),
+    cfg(64, 64, warps="lib", stages="lib"), cfg(128, 32, bsp=32, bd=64), cfg(128, 32, stages=2), cfg(64, 64, stages=2),
     cfg(64, 64, stages=3), cfg(64, 64, stages=1, bsp=256, bd=16), cfg(64, 64, stages=1, bsp=512, bd=8),
     cfg(64, 64, stages=1, bd=64), cfg(64, 32, stages=1), cfg(128, 64, stages=1), cfg(128, 32, stages=1, bsp=256, bd=16),
 )
-DRY_SHAPES = (cfg(64, 64, stages="lib", bsp=2, bd=16), cfg(128, 16, stages=2, bsp=4), cfg(256, 32, 8, bsp=2, bd=16),
-              cfg(64, 64, stages=1, bsp=4, bd=16))
+DRY_SHAPES = (cfg(64, 64, warps="lib", stages="lib", bsp=2, bd=16), cfg(128, 16, stages=2, bsp=4),
+              cfg(256, 32, 8, bsp=2, bd=16), cfg(64, 64, stages=1, bsp=4, bd=16))
 
 
 def knob_values(knobs: tuple, saved: dict) -> dict:
-    """The triton_paged module values for a configuration: stages "lib" keeps the library's per-dtype stages,
-    another value (None included) applies to both cache dtypes."""
+    """The triton_paged module values for a configuration: stages or warps "lib" keep the library's per-dtype
+    values, another value (None included) applies to both cache dtypes."""
     values = dict(zip(KNOBS, knobs))
-    st = values["DECODE_STAGES"]
-    values["DECODE_STAGES"] = dict(saved["DECODE_STAGES"]) if st == "lib" else {"bf16": st, "fp8": st}
+    for name in ("DECODE_STAGES", "DECODE_WARPS"):
+        v = values[name]
+        values[name] = dict(saved[name]) if v == "lib" else {"bf16": v, "fp8": v}
     return values
 
 
@@ -68,7 +69,8 @@ def parse_shapes(text: str) -> tuple:
         if len(f) != 6:
             raise SystemExit(f"--shapes: {item!r} needs 6 fields S,BN,W,ST,BSP,BD")
         st = f[3] if f[3] == "lib" else None if f[3] == "dflt" else int(f[3])
-        out.append(cfg(int(f[0]), None if f[1] == "auto" else int(f[1]), int(f[2]), st, int(f[4]), int(f[5])))
+        w = f[2] if f[2] == "lib" else int(f[2])
+        out.append(cfg(int(f[0]), None if f[1] == "auto" else int(f[1]), w, st, int(f[4]), int(f[5])))
     return tuple(out)
 
 
@@ -98,7 +100,8 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--dry-run", action="store_true", help="checks only, under the interpreter, tiny shapes")
     ap.add_argument("--shapes", default=None, metavar="S,BN,W,ST,BSP,BD;...",
-                    help="configurations instead of SHAPES (ST: a number, 'lib' or 'dflt'; BN 'auto'), the first the "
+                    help="configurations instead of SHAPES (W: a number or 'lib'; ST: a number, 'lib' or 'dflt'; BN "
+                         "'auto'), the first the "
                          "base, e.g. '64,64,4,lib,128,32;64,64,8,1,128,32'")
     args = ap.parse_args(argv)
     code = start(args.dry_run, __file__, sys.argv[1:] if argv is None else argv)
@@ -157,6 +160,8 @@ def main(argv=None) -> int:
                         split, bn, warps, stages, bsp, bd = knobs
                         if stages == "lib":
                             stages = saved["DECODE_STAGES"].get(kind)
+                        if warps == "lib":
+                            warps = saved["DECODE_WARPS"].get(kind, 4)
                         rec = dict(shape=shape, config=config_name(kind, split, bn, warps, stages, bsp, bd), kv=kind,
                                    split=split, bn=bn, warps=warps, stages=stages, merge_bsp=bsp, merge_bd=bd,
                                    depth=depth, batch=b)

@@ -42,5 +42,6 @@ def test_settings_and_set_option(capsys):
     chosen = pick_mod.pick(_recs("default", 128, BASE) + _recs("a", 64, {**BASE, (1, 32768): 30.0}), "fp8")
     values = pick_mod.knob_settings(chosen)
     assert values["SPLIT_TOKENS"] == 64 and values["DECODE_STAGES"] == {"bf16": None, "fp8": None}
+    assert values["DECODE_WARPS"] == {"bf16": 4, "fp8": 4}
     assert pick_mod.main(["--set", "MERGE_BSP=32", "--set", "DECODE_STAGES={'bf16': 3}", "--print-only"]) == 0
     assert "{'MERGE_BSP': 32, 'DECODE_STAGES': {'bf16': 3}}" in capsys.readouterr().out

@@ -246,11 +246,12 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stri
 MERGE_BD = 32  # merge columns per program (no arithmetic): D = 256 gives 8 programs per (row, head)
 MERGE_BSP = 128  # splits per merge step (a row's summation order): 32k tokens = 256 splits = 2 steps
 # the split program's launch shape: tokens per loop step (None: 64 for D <= 128, else 32; it sets a row's summation
-# order, the same for every row), warps, and per cache dtype the software-pipeline stages of the loop's loads (None:
-# Triton's default; stages and warps change no arithmetic). scripts/sweep_decode_attention.py chose them: one stage
-# keeps more programs resident (fp8: 167 registers at 1 stage, 210 at 3) and a split of 64 tokens is one loop step.
+# order, the same for every row), and per cache dtype the warps (the layout of the softmax sums: a row's order, the
+# same for every row) and the software-pipeline stages of the loop's loads (None: Triton's default; no arithmetic).
+# scripts/sweep_decode_attention.py chose them: one stage keeps more programs resident (fp8: 167 registers at 1
+# stage, 210 at 3) and a split of 64 tokens is one loop step.
 DECODE_BN = 64
-DECODE_WARPS = 4
+DECODE_WARPS = {"bf16": 4, "fp8": 8}  # fp8: the e4m3 -> bf16 conversions over twice the threads (29.0 vs 30.4 us, 32K)
 DECODE_STAGES = {"bf16": 1, "fp8": 1}
 
 def paged_decode_attention(
@@ -284,7 +285,8 @@ def paged_decode_attention(
     if SPLIT_TOKENS % bn:
         raise ValueError(f"paged_decode_attention: DECODE_BN {bn} must divide SPLIT_TOKENS {SPLIT_TOKENS}")
     n_split = max(1, triton.cdiv(max_kv_len, SPLIT_TOKENS))
-    stages = DECODE_STAGES.get("fp8" if fp8 else "bf16")
+    kind = "fp8" if fp8 else "bf16"
+    stages = DECODE_STAGES.get(kind)
     po = torch.empty(bsz, hq, n_split, d, dtype=torch.float32, device=q.device)
     pm = torch.empty(bsz, hq, n_split, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
@@ -294,7 +296,8 @@ def paged_decode_attention(
         v_scale if fp8 else pm, q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
         BS=bs, SPLIT=SPLIT_TOKENS, BN=bn, F32=dot_f32(),
-        HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, num_warps=DECODE_WARPS, **pdl_args(out),
+        HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, num_warps=DECODE_WARPS.get(kind, 4),
+        **pdl_args(out),
         **({} if stages is None else {"num_stages": stages}),
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
