@@ -37,7 +37,10 @@ def test_qk_prep(mods, dev, small):
     fc.check_qk_prep(mods, dev, 5 if small else 37, **dims)
 
 
-def test_attention(mods, dev, small):
+@pytest.mark.parametrize("warps", [None, 8])  # None: the library's; 8: the candidate (scripts/device_fp8_warps.sh)
+def test_attention(mods, dev, small, warps, monkeypatch):
+    if warps is not None:
+        monkeypatch.setattr(mods["attn"], "DECODE_WARPS", {**mods["attn"].DECODE_WARPS, "fp8": warps})
     if small:
         fc.check_attention(mods, dev, ctx=[0, 13, 5, 150], seqs=[7, 3, 1, 20], hq=4, hkv=2, d=32, bs=8)
     else:

@@ -251,7 +251,9 @@ MERGE_BSP = 128  # splits per merge step (a row's summation order): 32k tokens =
 # scripts/sweep_decode_attention.py chose them: one stage keeps more programs resident (fp8: 167 registers at 1
 # stage, 210 at 3) and a split of 64 tokens is one loop step.
 DECODE_BN = 64
-DECODE_WARPS = {"bf16": 4, "fp8": 8}  # fp8: the e4m3 -> bf16 conversions over twice the threads (29.0 vs 30.4 us, 32K)
+# fp8 at 8 warps (78 registers instead of 134) was faster in the sweep (32K 30.4 -> 29.0 us, 512 7.2 -> 6.4) but is
+# not yet measured in the model (scripts/device_fp8_warps.sh is that A/B): 4 until it is
+DECODE_WARPS = {"bf16": 4, "fp8": 4}
 DECODE_STAGES = {"bf16": 1, "fp8": 1}
 
 def paged_decode_attention(
