@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 KNOBS = {"split": "SPLIT_TOKENS", "bn": "DECODE_BN", "warps": "DECODE_WARPS", "stages": "DECODE_STAGES",
-         "merge_bsp": "MERGE_BSP", "merge_bd": "MERGE_BD"}
+         "merge_bsp": "MERGE_BSP", "merge_bd": "MERGE_BD", "programs": "DECODE_PROGRAMS"}
 
 
 def pick(records: list[dict], kv: str, slack_us: float = 0.3) -> dict | None:
@@ -59,7 +59,7 @@ def pick(records: list[dict], kv: str, slack_us: float = 0.3) -> dict | None:
 
 def knob_settings(chosen: dict) -> dict:
     """A picked record's fields as triton_paged module values (its stages and warps for both cache dtypes)."""
-    values = {name: chosen[field] for field, name in KNOBS.items()}
+    values = {name: chosen.get(field) for field, name in KNOBS.items()}
     values["DECODE_STAGES"] = {"bf16": chosen["stages"], "fp8": chosen["stages"]}
     values["DECODE_WARPS"] = {"bf16": chosen["warps"], "fp8": chosen["warps"]}
     return values

@@ -133,8 +133,10 @@ def run_moe() -> None:
 
 ATTN_KNOBS = (  # (label, {triton_paged knob: value}): the decode split program's launch shapes worth comparing
     ("library", {}), ("st3", {"DECODE_STAGES": {}}), ("st1", {"DECODE_STAGES": {"bf16": 1, "fp8": 1}}),
-    ("st2", {"DECODE_STAGES": {"bf16": 2, "fp8": 2}}), ("bn64-st2", {"DECODE_BN": 64, "DECODE_STAGES": {"bf16": 2,
-                                                                                                        "fp8": 2}}),
+    ("st2", {"DECODE_STAGES": {"bf16": 2, "fp8": 2}}), ("w8", {"DECODE_WARPS": {"bf16": 8, "fp8": 8}}),
+    ("strided-st1", {"DECODE_PROGRAMS": 264}), ("strided-st2", {"DECODE_PROGRAMS": 264,
+                                                                "DECODE_STAGES": {"bf16": 2, "fp8": 2}}),
+    ("strided-st3", {"DECODE_PROGRAMS": 264, "DECODE_STAGES": {"bf16": 3, "fp8": 3}}),
 )
 
 
@@ -161,7 +163,8 @@ def run_attn() -> list[str]:
                 q, kc, kc, tables, lens, q, q, q, q, q, sc if sc is not None else q, sc if sc is not None else q,
                 q.stride(0), q.stride(1), tables.stride(0), hkv * d, d, 1, 1, 1, 1, 1, 0, 0, 1.0, G=hq // hkv, GP=16,
                 D=d, BS=bs, SPLIT=tp.SPLIT_TOKENS, BN=tp.DECODE_BN or 32, F32=False, HAS_GATE=False, LENS_ADD=0,
-                FP8=dt == FP8, num_warps=tp.DECODE_WARPS.get(kind, 4), grid=(1, hkv, blocks),
+                FP8=dt == FP8, STRIDED=tp.DECODE_PROGRAMS is not None, num_warps=tp.DECODE_WARPS.get(kind, 4),
+                grid=(1, hkv, blocks),
                 **({} if tp.DECODE_STAGES.get(kind) is None else {"num_stages": tp.DECODE_STAGES[kind]}),
                 warmup=True)
             ins = instructions(k)

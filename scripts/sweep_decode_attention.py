@@ -34,21 +34,23 @@ LAYERS = 10  # full-attention layers of the 35B-A3B: one cache each in the timed
 # split program: longer splits halve the merge's work at long context and double each split program's chain of loop
 # steps; BN sets the bytes requested per step; stages (DECODE_STAGES for the cache's dtype; None: Triton's 3) how
 # many steps ahead the pipeliner requests them through shared memory. The merge: wider steps and narrower column
-# blocks shorten and multiply its chains.
-KNOBS = ("SPLIT_TOKENS", "DECODE_BN", "DECODE_WARPS", "DECODE_STAGES", "MERGE_BSP", "MERGE_BD")
+# blocks shorten and multiply its chains. programs (DECODE_PROGRAMS): split programs per launch to aim for, each
+# looping over its row's splits (None: one program per split).
+KNOBS = ("SPLIT_TOKENS", "DECODE_BN", "DECODE_WARPS", "DECODE_STAGES", "MERGE_BSP", "MERGE_BD", "DECODE_PROGRAMS")
 
 
-def cfg(split, bn=None, warps=4, stages=None, bsp=128, bd=32) -> tuple:
-    return (split, bn, warps, stages, bsp, bd)
+def cfg(split, bn=None, warps=4, stages=None, bsp=128, bd=32, programs=None) -> tuple:
+    return (split, bn, warps, stages, bsp, bd, programs)
 
 
 SHAPES = (
-    cfg(64, 64, warps="lib", stages="lib"), cfg(128, 32, bsp=32, bd=64), cfg(128, 32, stages=2), cfg(64, 64, stages=2),
-    cfg(64, 64, stages=3), cfg(64, 64, stages=1, bsp=256, bd=16), cfg(64, 64, stages=1, bsp=512, bd=8),
-    cfg(64, 64, stages=1, bd=64), cfg(64, 32, stages=1), cfg(128, 64, stages=1), cfg(128, 32, stages=1, bsp=256, bd=16),
+    cfg(64, 64, warps="lib", stages="lib"), cfg(64, 64, 8, 1), cfg(64, 64, 4, 1, programs=264),
+    cfg(64, 64, 4, 2, programs=264), cfg(64, 64, 4, 3, programs=264), cfg(64, 64, 4, 2, programs=132),
+    cfg(64, 64, 4, 2, programs=528), cfg(64, 64, 8, 2, programs=264), cfg(64, 64, 8, 3, programs=264),
+    cfg(128, 32, bsp=32, bd=64),
 )
 DRY_SHAPES = (cfg(64, 64, warps="lib", stages="lib", bsp=2, bd=16), cfg(128, 16, stages=2, bsp=4),
-              cfg(256, 32, 8, bsp=2, bd=16), cfg(64, 64, stages=1, bsp=4, bd=16))
+              cfg(256, 32, 8, bsp=2, bd=16), cfg(64, 64, stages=2, bsp=4, bd=16, programs=3))
 
 
 def knob_values(knobs: tuple, saved: dict) -> dict:
@@ -62,15 +64,17 @@ def knob_values(knobs: tuple, saved: dict) -> dict:
 
 
 def parse_shapes(text: str) -> tuple:
-    """'S,BN,W,ST,BSP,BD;...' -> configurations (BN 'auto' -> None, ST 'lib' kept, 'dflt' -> None)."""
+    """'S,BN,W,ST,BSP,BD[,P];...' -> configurations (BN 'auto' -> None, ST 'lib' kept, 'dflt' -> None; P the split
+    programs to aim for, DECODE_PROGRAMS)."""
     out = []
     for item in filter(None, (t.strip() for t in text.split(";"))):
         f = item.split(",")
-        if len(f) != 6:
-            raise SystemExit(f"--shapes: {item!r} needs 6 fields S,BN,W,ST,BSP,BD")
+        if len(f) not in (6, 7):
+            raise SystemExit(f"--shapes: {item!r} needs the fields S,BN,W,ST,BSP,BD[,P]")
         st = f[3] if f[3] == "lib" else None if f[3] == "dflt" else int(f[3])
         w = f[2] if f[2] == "lib" else int(f[2])
-        out.append(cfg(int(f[0]), None if f[1] == "auto" else int(f[1]), w, st, int(f[4]), int(f[5])))
+        out.append(cfg(int(f[0]), None if f[1] == "auto" else int(f[1]), w, st, int(f[4]), int(f[5]),
+                       int(f[6]) if len(f) == 7 else None))
     return tuple(out)
 
 
@@ -81,8 +85,9 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
-def config_name(kind, split, bn, warps, stages, bsp, bd) -> str:
-    return f"{kind} s{split} n{bn or 'auto'} w{warps} st{stages or 'dflt'} m{bsp}x{bd}"
+def config_name(kind, split, bn, warps, stages, bsp, bd, programs=None) -> str:
+    return (f"{kind} s{split} n{bn or 'auto'} w{warps} st{stages or 'dflt'} m{bsp}x{bd}"
+            + (f" p{programs}" if programs else ""))
 
 
 def fmt(r: dict) -> str:
@@ -99,7 +104,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--dry-run", action="store_true", help="checks only, under the interpreter, tiny shapes")
-    ap.add_argument("--shapes", default=None, metavar="S,BN,W,ST,BSP,BD;...",
+    ap.add_argument("--shapes", default=None, metavar="S,BN,W,ST,BSP,BD[,P];...",
                     help="configurations instead of SHAPES (W: a number or 'lib'; ST: a number, 'lib' or 'dflt'; BN "
                          "'auto'), the first the "
                          "base, e.g. '64,64,4,lib,128,32;64,64,8,1,128,32'")
@@ -157,14 +162,14 @@ def main(argv=None) -> int:
                         ref[i] = want.bfloat16().double() * sig  # the kernel's gate rounding: bf16(o) * bf16(sig)
                     shape = f"B={b} d={depth} Hq={hq} D={d}"
                     for knobs in shapes:
-                        split, bn, warps, stages, bsp, bd = knobs
+                        split, bn, warps, stages, bsp, bd, programs = knobs
                         if stages == "lib":
                             stages = saved["DECODE_STAGES"].get(kind)
                         if warps == "lib":
                             warps = saved["DECODE_WARPS"].get(kind, 4)
-                        rec = dict(shape=shape, config=config_name(kind, split, bn, warps, stages, bsp, bd), kv=kind,
-                                   split=split, bn=bn, warps=warps, stages=stages, merge_bsp=bsp, merge_bd=bd,
-                                   depth=depth, batch=b)
+                        rec = dict(shape=shape, config=config_name(kind, split, bn, warps, stages, bsp, bd, programs),
+                                   kv=kind, split=split, bn=bn, warps=warps, stages=stages, merge_bsp=bsp,
+                                   merge_bd=bd, programs=programs, depth=depth, batch=b)
                         if time.monotonic() > deadline:
                             sink.emit({**rec, "skipped": True})
                             continue

@@ -42,5 +42,5 @@ def test_shapes_option_parses():
     spec = importlib.util.spec_from_file_location("sweep_decode_attention", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    got = mod.parse_shapes("64,64,lib,lib,128,32; 128,auto,8,dflt,32,64;")
-    assert got == (mod.cfg(64, 64, "lib", "lib", 128, 32), mod.cfg(128, None, 8, None, 32, 64))
+    got = mod.parse_shapes("64,64,lib,lib,128,32; 128,auto,8,dflt,32,64,264;")
+    assert got == (mod.cfg(64, 64, "lib", "lib", 128, 32), mod.cfg(128, None, 8, None, 32, 64, 264))

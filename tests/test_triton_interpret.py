@@ -136,6 +136,8 @@ def _attn_fused_cases():
                                                       _split(m)),
         "decode_gate_single_split": lambda m: ac.check_decode_gate(m, CPU, [1, _split(m) // 2, _split(m)], 4, 2, 32,
                                                                    8, _split(m)),
+        "decode_strided": lambda m: ac.check_decode_strided(m, CPU, _around_split(m, 1, -28, 0, 1, 300), 4, 2, 32, 8,
+                                                            _split(m)),
         "decode_merge_steps": lambda m: ac.check_decode_merge_steps(m, CPU, [1, 1100, 256, 700], 4, 2, 32, 8,
                                                                     _split(m), 2, 16),
         "attention_decode_fused_vs_unfused": lambda m: ac.check_attention_decode_fused(

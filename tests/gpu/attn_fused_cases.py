@@ -232,6 +232,39 @@ def check_decode_merge_steps(mods, device, lens, hq, hkv, d, bs, split, bsp, bd)
         tp.MERGE_BSP, tp.MERGE_BD = saved
 
 
+def check_decode_strided(mods, device, lens, hq, hkv, d, bs, split, targets=(1, 3, 1000)):
+    """Split programs looping over a row's splits (DECODE_PROGRAMS: P programs per (row, KV head), program p runs
+    splits p, p + P, ...) compute every split as one program per split does: the same bits over bf16 and fp8
+    caches for each target, and with one of them on, the gated decode's fp64 and host-bound checks and batch
+    invariance hold."""
+    import kv_fp8_cases as fc
+
+    tp = mods["attn"]
+    ctx = [n - 1 for n in lens]
+    p = paged_problem(device, ctx, [1] * len(lens), hq, hkv, d, bs)
+    tp.write_kv(p["kc"], p["vc"], p["slots"], p["k"], p["v"])
+    kc8, ks = fc.fp8_cache_like(p["kc"])
+    vc8, vs = fc.fp8_cache_like(p["vc"])
+    qg = torch.randn(len(lens), hq, 2 * d, device=device).bfloat16()
+    kv = torch.tensor(lens, device=device, dtype=torch.int32)
+    saved = tp.DECODE_PROGRAMS
+    try:
+        for kc, vc, ksc, vsc in ((p["kc"], p["vc"], None, None), (kc8, vc8, ks, vs)):
+            got = {}
+            for target in (None, *targets):
+                tp.DECODE_PROGRAMS = target
+                got[target] = tp.paged_decode_attention(qg[..., :d], kc, vc, p["tables"], kv, d**-0.5, max(lens),
+                                                        gate=qg[..., d:], k_scale=ksc, v_scale=vsc)
+            for target in targets:
+                assert torch.equal(got[target], got[None]), \
+                    f"decode with {target} split programs changed the bits ({kc.dtype} cache)"
+        tp.DECODE_PROGRAMS = targets[1]
+        check_decode_gate(mods, device, lens, hq, hkv, d, bs, split)
+        check_decode_gate_invariance(mods, device, lens, (1, 2), hq, hkv, d, bs)
+    finally:
+        tp.DECODE_PROGRAMS = saved
+
+
 # ---------------------------------------------------------------- the layer's decode, fused vs unfused
 
 

@@ -284,6 +284,13 @@ def test_decode_attention_gate(mods, dev, small):
                                 16 if small else 64)
 
 
+def test_decode_attention_strided(mods, dev, small):
+    dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
+    split = mods["attn"].SPLIT_TOKENS
+    ac.check_decode_strided(mods, dev, [1, 60, split, split + 1, 3 * split + 7, 2000, 32768 if not small else 900],
+                            *dims, split, targets=(1, 3, 264))
+
+
 def test_decode_attention_gate_batch_invariance(mods, dev, small):
     dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
     lens = torch.randint(1, 600 if small else 5000, (64,)).tolist()

@@ -158,24 +158,50 @@ def _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32: tl.const
 
 
 @triton.jit
+def _split_partial(q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, start, L, kvh, rd, stride_cr, stride_ch, qk_scale,
+                   GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr,
+                   F32: tl.constexpr, FP8: tl.constexpr, FLAT: tl.constexpr):
+    """One split's (m, l, acc) over tokens [start, start + SPLIT) of a row of length L: BN tokens per step. FLAT
+    (with BN == SPLIT): no loop, so a caller's loop over splits is the innermost one and Triton can pipeline its
+    loads; the one-iteration loop otherwise (the form the non-strided launch was measured with: fp8 compiles to 135
+    registers that way, 167 flat)."""
+    m_i = tl.full((GP,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((GP,), dtype=tl.float32)
+    acc = tl.zeros((GP, D), dtype=tl.float32)
+    lim = tl.minimum(L, start + SPLIT)
+    if FLAT and BN == SPLIT:
+        valid, k, v, ksc, vsc = _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, start + tl.arange(0, BN), lim,
+                                            kvh, rd, stride_cr, stride_ch, D, BS, FP8)
+        m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
+    else:
+        for n0 in tl.range(start, start + SPLIT, BN):
+            valid, k, v, ksc, vsc = _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, n0 + tl.arange(0, BN),
+                                                lim, kvh, rd, stride_cr, stride_ch, D, BS, FP8)
+            m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr, ks_ptr, vs_ptr,
     stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
     stride_gb, stride_gh, qk_scale,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
     BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
-    FP8: tl.constexpr = False, PDL: tl.constexpr = False,
+    FP8: tl.constexpr = False, STRIDED: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    # grid (B, Hkv, max splits): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT), BN per step
+    # grid (B, Hkv, P): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT), BN per step. P is
+    # the row's maximum number of splits (program p runs split p), or, STRIDED, any P: program p runs the splits
+    # p, p + P, p + 2P, ... in a loop whose next split's loads Triton can request while this one computes. A split's
+    # arithmetic is the same whichever program runs it, so P and STRIDED are launch choices (never a row's bits).
     pdl_open(PDL)
     pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    sp = tl.program_id(2)
     L = tl.load(lens_ptr + b) + LENS_ADD
-    start = sp * SPLIT
-    if start >= L:
-        return
+    if not STRIDED:
+        if tl.program_id(2) * SPLIT >= L:
+            return
     rg = tl.arange(0, GP)
     g_mask = rg < G
     rd = tl.arange(0, D)
@@ -183,15 +209,28 @@ def _decode_split_kernel(
     hd, dd, gm = heads[:, None], rd[None, :], g_mask[:, None]  # [GP, D] tiles
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + hd * stride_qh + dd, mask=gm, other=0.0)
     table_row = table_ptr + b.to(tl.int64) * stride_tb
-    m_i = tl.full((GP,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((GP,), dtype=tl.float32)
-    acc = tl.zeros((GP, D), dtype=tl.float32)
-    lim = tl.minimum(L, start + SPLIT)
-    for n0 in tl.range(start, start + SPLIT, BN):
-        valid, k, v, ksc, vsc = _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, n0 + tl.arange(0, BN), lim,
-                                            kvh, rd, stride_cr, stride_ch, D, BS, FP8)
-        m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
-    if L <= SPLIT:  # the row's only split: finish it here (the merge of one split is the identity)
+    if STRIDED:
+        for sp in tl.range(tl.program_id(2), tl.cdiv(L, SPLIT), tl.num_programs(2)):
+            m_i, l_i, acc = _split_partial(q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, sp * SPLIT, L, kvh, rd,
+                                           stride_cr, stride_ch, qk_scale, GP, D, BS, SPLIT, BN, F32, FP8, True)
+            _split_store(acc, m_i, l_i, L, b, sp, heads, g_mask, hd, dd, gm, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
+                         stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, D, SPLIT,
+                         HAS_GATE)
+    else:
+        sp = tl.program_id(2)
+        m_i, l_i, acc = _split_partial(q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, sp * SPLIT, L, kvh, rd,
+                                       stride_cr, stride_ch, qk_scale, GP, D, BS, SPLIT, BN, F32, FP8, False)
+        _split_store(acc, m_i, l_i, L, b, sp, heads, g_mask, hd, dd, gm, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
+                     stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, D, SPLIT, HAS_GATE)
+
+
+@triton.jit
+def _split_store(acc, m_i, l_i, L, b, sp, heads, g_mask, hd, dd, gm, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
+                 stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, D: tl.constexpr,
+                 SPLIT: tl.constexpr, HAS_GATE: tl.constexpr):
+    """A split's result: the row's output when it is the row's only split (the merge of one split is the
+    identity), else its partial (acc, m, l) for the merge."""
+    if L <= SPLIT:
         o = acc / l_i[:, None]
         o = _gated(o, gate_ptr + b.to(tl.int64) * stride_gb + hd * stride_gh + dd, gm, HAS_GATE)
         tl.store(o_ptr + b.to(tl.int64) * stride_ob + hd * stride_oh + dd, o.to(o_ptr.dtype.element_ty), mask=gm)
@@ -252,9 +291,12 @@ MERGE_BSP = 128  # splits per merge step (a row's summation order): 32k tokens =
 # stage, 210 at 3) and a split of 64 tokens is one loop step.
 DECODE_BN = 64
 # fp8 at 8 warps (78 registers instead of 134) was faster in the sweep (32K 30.4 -> 29.0 us, 512 7.2 -> 6.4) but is
-# not yet measured in the model (scripts/device_fp8_warps.sh is that A/B): 4 until it is
+# not yet measured in the model (scripts/device_attn_strided.sh has that A/B): 4 until it is
 DECODE_WARPS = {"bf16": 4, "fp8": 4}
 DECODE_STAGES = {"bf16": 1, "fp8": 1}
+# split programs per launch to aim for (None: one per split). With a target, each (row, KV head) gets
+# P = clamp(target / (B * Hkv), 1, splits) programs that loop over its splits (no arithmetic changes).
+DECODE_PROGRAMS = None
 
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -293,12 +335,14 @@ def paged_decode_attention(
     pm = torch.empty(bsz, hq, n_split, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
     gt, (sgb, sgh) = (gate, gate.stride()[:2]) if gate is not None else (out, (0, 0))
-    _decode_split_kernel[(bsz, hkv, n_split)](
+    strided = DECODE_PROGRAMS is not None
+    per_head = min(n_split, max(1, -(-DECODE_PROGRAMS // (bsz * hkv)))) if strided else n_split
+    _decode_split_kernel[(bsz, hkv, per_head)](
         q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl, out, gt, k_scale if fp8 else pm,
         v_scale if fp8 else pm, q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
         BS=bs, SPLIT=SPLIT_TOKENS, BN=bn, F32=dot_f32(),
-        HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, num_warps=DECODE_WARPS.get(kind, 4),
+        HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, STRIDED=strided, num_warps=DECODE_WARPS.get(kind, 4),
         **pdl_args(out),
         **({} if stages is None else {"num_stages": stages}),
     )
