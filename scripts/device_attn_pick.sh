@@ -6,6 +6,7 @@
 # call per kind at 32K (scripts/probe_decode_attention.py).  ~540 s
 # Usage (H200 machine, repo root): bash scripts/device_attn_pick.sh
 source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
+source "$(dirname "$0")/device_attn_ab.sh"  # attn_default_vs_pick
 timeout 140 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_kv_fp8_gpu.py::test_attention \
   tests/gpu/test_kernels_gpu.py -k "attention_prefetch or attention_swap or test_attention" > "$OUT/tests.log" 2>&1
 echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
@@ -23,12 +24,4 @@ echo "== decode attention sweep ($((SECONDS-t0)) s), B=1 d=32768:"
 grep -E "B=1 d=32768" "$OUT/sweep_attn.log" | cut -c12-150
 grep -E "records|FAIL|ERROR" "$OUT/sweep_attn.log" | head -5
 M="--preset qwen3.6-35b-a3b --quant q4 -p 16 -n 128 -d 512,32768 -b 1 -r 3 --no-record"
-for KV in auto fp8; do
-  K=$([ $KV = fp8 ] && echo fp8 || echo bf16)
-  timeout 75 python3 -m deltaserve bench $M --kv-cache-dtype $KV > "$OUT/bench_${KV}_default.log" 2>&1
-  echo "== kv $KV, default ($((SECONDS-t0)) s)"; grep -E "^\| deltaserve.*tg" "$OUT/bench_${KV}_default.log" | sort -u
-  timeout 75 python3 scripts/bench_attention_pick.py "$OUT/sweep_attn.jsonl" --kv $K -- $M --kv-cache-dtype $KV \
-    > "$OUT/bench_${KV}_pick.log" 2>&1
-  echo "== kv $KV, $(grep '^pick' "$OUT/bench_${KV}_pick.log") ($((SECONDS-t0)) s)"
-  grep -E "^\| deltaserve.*tg" "$OUT/bench_${KV}_pick.log" | sort -u
-done
+attn_default_vs_pick "$OUT/sweep_attn.jsonl" 75 75 $M

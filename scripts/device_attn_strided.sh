@@ -8,6 +8,7 @@
 # (no records: the defaults change only after the A/B).  ~450 s
 # Usage (H200 machine, repo root): bash scripts/device_attn_strided.sh
 source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
+source "$(dirname "$0")/device_attn_ab.sh"  # attn_default_vs_pick
 timeout 150 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_kv_fp8_gpu.py \
   -k "strided or test_attention or decode_attention_gate" > "$OUT/tests.log" 2>&1
 echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
@@ -17,15 +18,7 @@ timeout 150 python3 scripts/sweep_decode_attention.py --depths 32768,512 --bs 1,
 echo "== decode attention sweep ($((SECONDS-t0)) s), B=1:"
 grep -E "B=1 d=" "$OUT/sweep_attn.log" | cut -c12-160; grep records "$OUT/sweep_attn.log"
 M="--preset qwen3.6-35b-a3b --quant q4 -p 16 -n 128 -d 512,32768 -b 1 -r 3 --no-record"
-for KV in auto fp8; do
-  K=$([ $KV = fp8 ] && echo fp8 || echo bf16)
-  timeout 90 python3 -m deltaserve bench $M --kv-cache-dtype $KV > "$OUT/bench_${KV}_default.log" 2>&1
-  echo "== kv $KV, default ($((SECONDS-t0)) s)"; grep -E "^\| deltaserve.*tg" "$OUT/bench_${KV}_default.log" | sort -u
-  timeout 45 python3 scripts/bench_attention_pick.py "$OUT/sweep_attn.jsonl" --kv $K -- $M --kv-cache-dtype $KV \
-    > "$OUT/bench_${KV}_pick.log" 2>&1
-  echo "== kv $KV, $(grep '^pick' "$OUT/bench_${KV}_pick.log") ($((SECONDS-t0)) s)"
-  grep -E "^\| deltaserve.*tg" "$OUT/bench_${KV}_pick.log" | sort -u
-done
+attn_default_vs_pick "$OUT/sweep_attn.jsonl" 90 45 $M
 timeout 45 python3 scripts/bench_attention_pick.py --set "DECODE_WARPS={'bf16':4,'fp8':8}" -- $M --kv-cache-dtype fp8 \
   > "$OUT/bench_fp8_w8.log" 2>&1
 echo "== kv fp8, 8 warps ($((SECONDS-t0)) s)"; grep -E "^\| deltaserve.*tg" "$OUT/bench_fp8_w8.log" | sort -u

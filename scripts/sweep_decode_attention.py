@@ -113,6 +113,7 @@ def main(argv=None) -> int:
     if code is not None:
         return code
     from kernel_cases import BF16_EPS, SLACK
+    from kv_fp8_cases import fp64_cache
 
     from deltaserve.kernels.attention import reference as attn_ref
     from deltaserve.kernels.attention import triton_paged as tp
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
                     if kind == "fp8":
                         (k8, ks), (v8, vs) = quantize_rows(k16), quantize_rows(v16)
                         cache = (k8, v8, ks.contiguous(), vs.contiguous())
-                        kd, vd = k8.double() * ks.double()[..., None], v8.double() * vs.double()[..., None]
+                        kd, vd = fp64_cache(k8, ks), fp64_cache(v8, vs)
                     else:
                         cache = (k16, v16, None, None)
                         kd, vd = k16.double(), v16.double()
@@ -162,18 +163,17 @@ def main(argv=None) -> int:
                         ref[i] = want.bfloat16().double() * sig  # the kernel's gate rounding: bf16(o) * bf16(sig)
                     shape = f"B={b} d={depth} Hq={hq} D={d}"
                     for knobs in shapes:
-                        split, bn, warps, stages, bsp, bd, programs = knobs
-                        if stages == "lib":
-                            stages = saved["DECODE_STAGES"].get(kind)
-                        if warps == "lib":
-                            warps = saved["DECODE_WARPS"].get(kind, 4)
+                        values = knob_values(knobs, saved)  # "lib" resolved to the library's per-dtype values
+                        split, bn, _, _, bsp, bd, programs = knobs
+                        warps = values["DECODE_WARPS"].get(kind, 4)
+                        stages = values["DECODE_STAGES"].get(kind)
                         rec = dict(shape=shape, config=config_name(kind, split, bn, warps, stages, bsp, bd, programs),
                                    kv=kind, split=split, bn=bn, warps=warps, stages=stages, merge_bsp=bsp,
                                    merge_bd=bd, programs=programs, depth=depth, batch=b)
                         if time.monotonic() > deadline:
                             sink.emit({**rec, "skipped": True})
                             continue
-                        for k, v in knob_values(knobs, saved).items():
+                        for k, v in values.items():
                             setattr(tp, k, v)
                         try:
                             def call(c, out=None, rows=slice(None)):

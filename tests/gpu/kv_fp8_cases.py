@@ -95,8 +95,9 @@ def check_qk_prep(mods, device, t, hq, hkv, d, rd):
         "fp8 qk prep: v codes or scales differ"
 
 
-def _fp64_cache(c8, sc):
-    return (c8.double() * sc.double()[..., None])
+def fp64_cache(c8, sc):
+    """An fp8 cache's meaning in fp64 (e4m3 codes times their row's scale, exactly)."""
+    return c8.double() * sc.double()[..., None]
 
 
 def check_attention(mods, device, ctx, seqs, hq, hkv, d, bs):
@@ -108,7 +109,7 @@ def check_attention(mods, device, ctx, seqs, hq, hkv, d, bs):
     vc, vs = fp8_cache_like(p["vc"])
     tp.write_kv(kc, vc, p["slots"], (p["k"] * 4).bfloat16(), p["v"], ks, vs)
     scale = d**-0.5
-    ref = attn_ref.paged_attention(p["q"].double(), _fp64_cache(kc, ks), _fp64_cache(vc, vs), p["tables"], ctx, seqs,
+    ref = attn_ref.paged_attention(p["q"].double(), fp64_cache(kc, ks), fp64_cache(vc, vs), p["tables"], ctx, seqs,
                                    scale)
     ref_ds = attn_ref.paged_attention(p["q"], kc, vc, p["tables"], ctx, seqs, scale, ks, vs)  # the reference path
     close(ref_ds, ref, 2 * BF16_EPS, "reference attention over an fp8 cache")

@@ -23,9 +23,9 @@ def write_kv(
     """Store K/V of the new tokens ([T, Hkv, D]) at their flat slots (block * block_size + offset); an fp8 cache
     quantises each (token, head) row with its own scale."""
     nb, bs, hkv, d = k_cache.shape
-    check_cache(k_cache, v_cache, k_scale, v_scale, "write_kv")
+    fp8 = check_cache(k_cache, v_cache, k_scale, v_scale, "write_kv")
     for cache, scales, x in ((k_cache, k_scale, k), (v_cache, v_scale, v)):
-        if is_fp8(cache):
+        if fp8:
             x8, sc = quantize_rows(x)
             cache.view(nb * bs, hkv, d)[slot_mapping] = x8
             scales.view(nb * bs, hkv)[slot_mapping] = sc
