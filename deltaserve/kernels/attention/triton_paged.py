@@ -290,9 +290,9 @@ MERGE_BSP = 128  # splits per merge step (a row's summation order): 32k tokens =
 # scripts/sweep_decode_attention.py chose them: one stage keeps more programs resident (fp8: 167 registers at 1
 # stage, 210 at 3) and a split of 64 tokens is one loop step.
 DECODE_BN = 64
-# fp8 at 8 warps (78 registers instead of 134) was faster in the sweep (32K 30.4 -> 29.0 us, 512 7.2 -> 6.4) but is
-# not yet measured in the model (scripts/device_attn_strided.sh has that A/B): 4 until it is
-DECODE_WARPS = {"bf16": 4, "fp8": 4}
+# fp8 at 8 warps (78 registers instead of 134): sweep 32K 30.5 -> 29.1 us, 512 7.3 -> 6.5; in the model (H200, tg128
+# B=1, same call) d32768 520.8 -> 527.1 tok/s, d512 586.3 -> 586.6. bf16 at 8 warps is slower (33.1 -> 35.5 us at 32K).
+DECODE_WARPS = {"bf16": 4, "fp8": 8}
 DECODE_STAGES = {"bf16": 1, "fp8": 1}
 # split programs per launch to aim for (None: one per split). With a target, each (row, KV head) gets
 # P = clamp(target / (B * Hkv), 1, splits) programs that loop over its splits (no arithmetic changes).
