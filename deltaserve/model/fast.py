@@ -80,15 +80,26 @@ WIDE_ROWS = 8192  # "wide": the tensor-core GEMV for weights of at least this ma
 def decode_gemv() -> str:
     """Which GEMV serves a decode step's q4 g64 linears: "mma" (the tensor-core GEMV on a copy of the weight
     repacked in MMA fragment order, kernels/quant/mma_gemv.py: one kernel for 1 to 64 rows), "cuda" (the
-    CUDA-core GEMV, kernels/quant/triton_gemv.py) or "wide" (mma for weights of >= WIDE_ROWS output rows, cuda for
-    the rest). The choice is per weight, never per batch size, so a row's bits never depend on the batch. Env
-    DELTASERVE_DECODE_GEMV; other weight formats always take the CUDA-core GEMV. The default is "cuda": on the
-    H200 (Qwen3.6-35B-A3B q4, tg @ d512, bench/NOTES.md) "mma" gives 1,820 tok/s at 8 streams (cuda 1,357) and
-    2,661 at 64 (1,615) but 469 at batch 1 (575); set it for batched serving."""
+    CUDA-core GEMV, kernels/quant/triton_gemv.py), "wide" (mma for weights of >= WIDE_ROWS output rows, cuda for
+    the rest) or "head" (mma for the output head only, cuda for the rest). The choice is per weight, never per
+    batch size, so a row's bits never depend on the batch. Env DELTASERVE_DECODE_GEMV; other weight formats always
+    take the CUDA-core GEMV. The default is "cuda": on the H200 (Qwen3.6-35B-A3B q4, tg @ d512, bench/NOTES.md)
+    "mma" gives 1,820 tok/s at 8 streams (cuda 1,357) and 2,661 at 64 (1,615) but 469 at batch 1 (575); set it for
+    batched serving."""
     value = os.environ.get("DELTASERVE_DECODE_GEMV", "cuda")
-    if value not in ("mma", "cuda", "wide"):
-        raise ValueError(f"DELTASERVE_DECODE_GEMV must be 'mma', 'cuda' or 'wide', found {value!r}")
+    if value not in ("mma", "cuda", "wide", "head"):
+        raise ValueError(f"DELTASERVE_DECODE_GEMV must be 'mma', 'cuda', 'wide' or 'head', found {value!r}")
     return value
+
+
+OUTPUT_HEAD_ATTR = "_fast_output_head"  # module.__dict__ key: this linear makes the logits (decode_gemv "head")
+
+
+def mark_output_head(module: nn.Module | None) -> None:
+    """Mark the module whose linear makes the logits (the lm_head, or the tied embedding table), which the "head"
+    decode GEMV mode serves with the tensor-core GEMV."""
+    if module is not None:
+        module.__dict__[OUTPUT_HEAD_ATTR] = True
 
 
 MMA_ATTR = "_fast_mma"  # module.__dict__ key of its repacked (words, sb) copy
@@ -96,12 +107,15 @@ MMA_ATTR = "_fast_mma"  # module.__dict__ key of its repacked (words, sb) copy
 
 def mma_weights(module: nn.Module, x: torch.Tensor):
     """(words, sb) of `module`'s weight in the tensor-core GEMV's layout when that GEMV serves its decode steps
-    (decode_gemv() == "mma", a 2-D q4 g64 weight with N % 16 == 0 on CUDA), else None. Built on first use and
-    cached on the module: weights never move after loading (the copy is what `decode_copy_bytes` counts)."""
+    (decode_gemv() == "mma", or "wide" / "head" and the weight is one they pick; a 2-D q4 g64 weight with
+    N % 16 == 0 on CUDA), else None. Built on first use and cached on the module: weights never move after loading
+    (the copy is what `decode_copy_bytes` counts)."""
     mode = decode_gemv()
     if mode == "cuda" or not x.is_cuda or not hasattr(module, "scales"):
         return None
     if mode == "wide" and weight_spec(module).n < WIDE_ROWS:
+        return None
+    if mode == "head" and not module.__dict__.get(OUTPUT_HEAD_ATTR):
         return None
     cached = module.__dict__.get(MMA_ATTR)
     if cached is None:

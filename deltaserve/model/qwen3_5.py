@@ -85,6 +85,7 @@ class Qwen3_5ForCausalLM(nn.Module):
         self.lm_head = None
         if not config.tie_word_embeddings:
             self.lm_head = weights.linear("lm_head", config.hidden_size, config.vocab_size)
+        fast.mark_output_head(self.lm_head if self.lm_head is not None else self.embed_tokens)
 
     def fuse_projections(self) -> int:
         """Fuse the projections that share an input into one weight each (model/fusion.py); idempotent."""

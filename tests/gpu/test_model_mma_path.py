@@ -1,6 +1,7 @@
 """End-to-end GPU tests of the tensor-core paths on a q4 g64 model: DELTASERVE_MOE=mma (every MoE block through
 kernels/moe/mma_moe.py, the experts repacked once and their MLX tensors released) with DELTASERVE_DECODE_GEMV=mma
-(the decode linears through kernels/quant/mma_gemv.py). The tiny bf16 model of test_model_fast_path cannot reach
+(the decode linears through kernels/quant/mma_gemv.py), and DELTASERVE_DECODE_GEMV=head (the CUDA-core paths with
+the output head alone on the tensor-core GEMV). The tiny bf16 model of test_model_fast_path cannot reach
 these paths (they serve q4 g64 weights only), so this one is quantised by our quantiser first, with expert widths
 that are multiples of 64.
 
@@ -31,13 +32,17 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from model_helpers import make_hf_model, ours_from_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-MODES = {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma"}
+MODES = {  # name -> the environment it runs under
+    "mma": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma"},
+    "head": {"DELTASERVE_DECODE_GEMV": "head"},  # the CUDA-core paths but the output head on the tensor-core GEMV
+}
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """(CPU fp32 reference, GPU bf16 model on the tensor-core paths) of one q4 g64 checkpoint: the tiny MoE with
-    experts of width 64 (hidden 64, 8 experts, top-2, a shared expert of the same width: stacked last)."""
+@pytest.fixture(scope="module", params=sorted(MODES))
+def models(request, tmp_path_factory):
+    """(CPU fp32 reference, GPU bf16 model on the tensor-core paths of the mode, mode) of one q4 g64 checkpoint:
+    the tiny MoE with experts of width 64 (hidden 64, 8 experts, top-2, a shared expert of the same width: stacked
+    last)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     src = tmp_path_factory.mktemp("bf16")
@@ -52,26 +57,33 @@ def models(tmp_path_factory):
     q4 = quantize_checkpoint(src, tmp_path_factory.mktemp("q4"), 4, 64, progress=False)
     cpu = load_checkpoint(q4, dtype=torch.float32, progress=False).model
     with pytest.MonkeyPatch.context() as mp:
-        for k, v in MODES.items():
+        for k, v in MODES[request.param].items():
             mp.setenv(k, v)
         gpu = load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
-        yield cpu, gpu
+        yield cpu, gpu, request.param
 
 
 def test_tensor_core_paths_in_use(models):
     """The modes really serve this model: after a prefill and a decode step every MoE block holds its repacked
     experts (the shared expert stacked last) with the MLX tensors released, and the decode linears their copies."""
-    _, gpu = models
+    _, gpu, mode = models
     decode_logits(gpu, [[1, 2, 3, 4, 5]], 1, graph=False)
     blocks = [m for m in gpu.modules() if isinstance(m, SparseMoeBlock)]
-    assert blocks
+    mixers = [m for m in gpu.modules() if isinstance(m, GatedDeltaNet)]
+    assert blocks and mixers
+    assert gpu.lm_head.__dict__.get(fast.MMA_ATTR), "the output head did not take the tensor-core GEMV"
+    if mode == "head":  # nothing else did
+        assert not any(b.__dict__.get(fast.MMA_ATTR) for b in blocks)
+        assert not any(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers)
+        head_copy = gpu.lm_head.__dict__[fast.MMA_ATTR]
+        assert fast.decode_copy_bytes(gpu) == sum(t.numel() * t.element_size() for t in head_copy)
+        return
     for b in blocks:
         mma = b.__dict__.get(fast.MMA_ATTR)
         assert mma and mma.shared_last, "an MoE block did not take the tensor-core path"
         assert b.experts.__dict__.get(fast.RELEASED_ATTR) and b.experts.gate_proj.weight.numel() == 0
     assert fast.decode_copy_bytes(gpu) > 0
-    mixers = [m for m in gpu.modules() if isinstance(m, GatedDeltaNet)]
-    assert mixers and all(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers), \
+    assert all(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers), \
         "a DeltaNet in_proj did not take the tensor-core GEMV (and its conv epilogue)"
     with pytest.raises(RuntimeError, match="released"):
         fast.stacked_specs(blocks[0].experts)
@@ -81,8 +93,8 @@ def test_tensor_core_paths_in_use(models):
 def test_q4_mma_gpu_matches_cpu_reference(models, chunk):
     """Against the CPU fp32 run of the same q4 checkpoint: prefill whole (the MoE at 200 tokens: sorted expert
     tiles), in chunks of 64, or one token per call (single-row tiles)."""
-    cpu, gpu = models
-    check_matches_cpu_reference(cpu, gpu, chunk, f"q4 mma prefill chunk {chunk}")
+    cpu, gpu, mode = models
+    check_matches_cpu_reference(cpu, gpu, chunk, f"q4 {mode} prefill chunk {chunk}")
 
 
 def test_q4_mma_batch_invariance_bit_for_bit(models):
