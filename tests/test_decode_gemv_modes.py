@@ -34,3 +34,8 @@ def test_head_mode_leaves_cpu_tensors_alone(monkeypatch):
     model = tiny_model(moe=True)
     assert fast.mma_weights(model.lm_head, torch.zeros(1, model.config.hidden_size)) is None
     assert fast.MMA_ATTR not in model.lm_head.__dict__
+
+
+def test_default_is_head(monkeypatch):
+    monkeypatch.delenv("DELTASERVE_DECODE_GEMV", raising=False)
+    assert fast.decode_gemv() == "head"

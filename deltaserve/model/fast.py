@@ -83,10 +83,11 @@ def decode_gemv() -> str:
     CUDA-core GEMV, kernels/quant/triton_gemv.py), "wide" (mma for weights of >= WIDE_ROWS output rows, cuda for
     the rest) or "head" (mma for the output head only, cuda for the rest). The choice is per weight, never per
     batch size, so a row's bits never depend on the batch. Env DELTASERVE_DECODE_GEMV; other weight formats always
-    take the CUDA-core GEMV. The default is "cuda": on the H200 (Qwen3.6-35B-A3B q4, tg @ d512, bench/NOTES.md)
-    "mma" gives 1,820 tok/s at 8 streams (cuda 1,357) and 2,661 at 64 (1,615) but 469 at batch 1 (575); set it for
-    batched serving."""
-    value = os.environ.get("DELTASERVE_DECODE_GEMV", "cuda")
+    take the CUDA-core GEMV. The default is "head": on the H200 (Qwen3.6-35B-A3B q4, tg128 @ d512, one call,
+    bench/NOTES.md) it gives 600.4 tok/s at batch 1 (cuda 594.0), 1,464.5 at 8 streams (1,375.4) and 1,760.8 at 64
+    (1,617.9) for a 0.27 GiB copy of the lm_head; "mma" gives more at 8 and 64 streams (1,820 / 2,661 against
+    cuda's 1,357 / 1,615) but 469 at batch 1 (575): set it for batched serving."""
+    value = os.environ.get("DELTASERVE_DECODE_GEMV", "head")
     if value not in ("mma", "cuda", "wide", "head"):
         raise ValueError(f"DELTASERVE_DECODE_GEMV must be 'mma', 'cuda', 'wide' or 'head', found {value!r}")
     return value
