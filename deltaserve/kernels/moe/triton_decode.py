@@ -304,6 +304,21 @@ def merged_config(config: dict | None) -> dict:
     return {**DEFAULT_CONFIG, "router": router_launch(DEFAULT_CONFIG["router"]), **(config or {})}
 
 
+TOPK_WARPS = 4  # warps of the split top-k launch: the layout of its softmax sums (a row's order, every row the same)
+
+
+def topk_warps() -> int:
+    """num_warps of the split top-k launch: TOPK_WARPS, or env DELTASERVE_TOPK_WARPS (1, 2, 4 or 8; a timing switch
+    for in-model A/Bs). The selection does not depend on it; the weights' softmax sum follows its layout, so it is
+    fixed for a process and never depends on the batch."""
+    value = os.environ.get("DELTASERVE_TOPK_WARPS")
+    if not value:
+        return TOPK_WARPS
+    if value not in ("1", "2", "4", "8"):
+        raise ValueError(f"DELTASERVE_TOPK_WARPS={value!r}: expected 1, 2, 4 or 8")
+    return int(value)
+
+
 def router_launch(default: tuple[int, int]) -> tuple[int, int]:
     """(BE experts per program, num_warps) of the router launch: `default`, or env DELTASERVE_ROUTER_LAUNCH="be,warps"
     (a timing switch for in-model A/Bs, powers of two; with the row-run CG held, a row's bits do not change).
@@ -360,7 +375,7 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
         if t:
             _topk_kernel[(t,)](logits, ids, wts, sw, r.n, EP=triton.next_power_of_2(r.n), TOPK=top_k,
                                NORMALIZE=normalize, SHARED_ID=-1 if shared_slot is None else shared_slot,
-                               num_warps=4, **pdl_args(logits))
+                               num_warps=topk_warps(), **pdl_args(logits))
     else:
         _, sw = _router_logits(x, r, g, shared_gate is not None, config, (ids, wts, top_k, normalize))
     return MoeRouting(ids, wts, sw)
