@@ -39,3 +39,16 @@ def test_head_mode_leaves_cpu_tensors_alone(monkeypatch):
 def test_default_is_head(monkeypatch):
     monkeypatch.delenv("DELTASERVE_DECODE_GEMV", raising=False)
     assert fast.decode_gemv() == "head"
+
+
+def test_gdn_step_prep_switch(monkeypatch):
+    """DELTASERVE_GDN_PREP names its values; on the CPU (no fast path) the step never preps."""
+    model = tiny_model(moe=True)
+    mixer = next(m for m in model.modules() if hasattr(m, "out_proj") and hasattr(m, "dv"))
+    x = torch.zeros(1, model.config.hidden_size)
+    for mode in ("step", "launch"):
+        monkeypatch.setenv("DELTASERVE_GDN_PREP", mode)
+        assert fast.gdn_step_prep(mixer.out_proj, x, mixer.dv, mixer.hv) is None
+    monkeypatch.setenv("DELTASERVE_GDN_PREP", "kernel")
+    with pytest.raises(ValueError, match="DELTASERVE_GDN_PREP must be 'step' or 'launch', found 'kernel'"):
+        fast.gdn_step_prep(mixer.out_proj, x, mixer.dv, mixer.hv)

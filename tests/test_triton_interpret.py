@@ -83,6 +83,8 @@ def _cases():
         "gdn_decode_one_program_per_head": lambda m: kc.check_gdn_decode(m, CPU, b=3, hk=2, hv=4, dk=16, dv=32,
                                                                          fresh_rows=(1,), dv_block=None),
         "gdn_decode_split_vs_whole": lambda m: kc.check_gdn_split_vs_whole(m, CPU, 3, 2, 4, 16, 32, blocks=(8, 16)),
+        "gdn_decode_prep_q4": lambda m: kc.check_gdn_prep(m, CPU, 3, 2, 4, 16, 64),
+        "gdn_decode_prep_q8_one_program_per_head": lambda m: kc.check_gdn_prep(m, CPU, 2, 2, 4, 16, 64, None, bits=8),
         "gdn_gates": gates,
         "paged_attention": lambda m: kc.check_attention(m, CPU, ctx=[0, 13, 5, 150], seqs=[7, 3, 1, 20], hq=4,
                                                         hkv=2, d=32, bs=8),

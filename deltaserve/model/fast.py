@@ -257,8 +257,33 @@ def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, 
     if use_inline_prep(s, None) or s.k != n or not prep_supported(n, s.bits, s.group):
         return norm(x)
     y, prep = rms_norm(x, norm.weight, norm.eps, norm.offset, prep=(s.bits, s.group))
-    setattr(y, GEMV_PREP_ATTR, ((s.bits, s.group), prep))
+    return attach_prep(y, (s.bits, s.group), prep)
+
+
+def attach_prep(y: torch.Tensor, fmt: tuple[int, int], prep: tuple) -> torch.Tensor:
+    """y carrying the decode GEMV prep (xp, xs) its kernel made of it for weight format fmt (carried_prep reads it)."""
+    setattr(y, GEMV_PREP_ATTR, (fmt, prep))
     return y
+
+
+def gdn_step_prep(consumer: nn.Module, x: torch.Tensor, dv: int, hv: int) -> tuple[int, int] | None:
+    """(bits, group) when the DeltaNet decode step should write its out projection's prep (gdn_decode_step(prep=):
+    each head's last-arriving program preps the head's outputs, so that GEMV needs no prep launch), else None: the
+    fast path's decode GEMV family, a packed weight of K = hv * dv whose format the step can prep, and env
+    DELTASERVE_GDN_PREP=step | launch (the default until measured in the model: the prep launch before the GEMV).
+    The prep's xp equals the prep launch's bit for bit, its group sums follow the head's tile (an order of their
+    own, the same at every batch size)."""
+    mode = os.environ.get("DELTASERVE_GDN_PREP", "launch")
+    if mode not in ("step", "launch"):
+        raise ValueError(f"DELTASERVE_GDN_PREP must be 'step' or 'launch', found {mode!r}")
+    if mode == "launch" or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
+        return None
+    from ..kernels.gated_delta.triton_decode import prep_supported
+
+    s = weight_spec(consumer)
+    if s.k != hv * dv or not prep_supported(dv, hv, s.bits, s.group):
+        return None
+    return s.bits, s.group
 
 
 def carried_prep(x: torch.Tensor, fmt: tuple[int, int]) -> tuple | None:

@@ -97,10 +97,13 @@ class GatedDeltaNet(nn.Module):
                 qkv, conv_w, conv_pool, batch.cu_seqlens, batch.state_slots, batch.context_lens, batch.max_seqlen,
             )
         if batch.max_seqlen == 1:
+            fmt = fast.gdn_step_prep(self.out_proj, x, self.dv, self.hv)  # the out projection's prep, made here
             y = td.gdn_decode_step(
                 mixed, z, a, b, self.A_log, self.dt_bias, self.norm.weight, ssm_pool, batch.state_slots,
-                batch.context_lens, self.hk, self.norm.eps,
+                batch.context_lens, self.hk, self.norm.eps, prep=fmt,
             )
+            if fmt is not None:
+                y = fast.attach_prep(y[0], fmt, y[1])
             return fast.linear(self.out_proj, y, decode)
         g, beta = td.gdn_gates(a, b, self.A_log, self.dt_bias)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -269,6 +270,41 @@ def check_gdn_decode(mods, device, b, hk, hv, dk, dv, fresh_rows=(1,), num_slots
         y, s = gdn_step_reference(inp, i, hk, dk, st)
         close(o[i], y.double(), 4 * BF16_EPS, f"gdn decode row {i}")  # 4 bf16 roundings in the norm
         close(inp["ssm"][slots[i]], s, 1e-5, f"gdn state row {i}")
+
+
+def check_gdn_prep(mods, device, b, hk, hv, dk, dv, dv_block="default", bits=4, group=64):
+    """gdn_decode_step(prep=(bits, group)): the step's outputs and state are those of the step without prep, bit for
+    bit; xp equals prep_x's of those outputs bit for bit (exact power-of-two scaling), xs its group sums to fp32
+    rounding (the head's tile adds a group in its own order); and a row's prep alone == among the batch, bit for
+    bit. Outputs poisoned first."""
+    import importlib
+
+    prep_x = importlib.import_module("deltaserve.kernels.quant.triton_gemv").prep_x
+    gd = mods["gdn"]
+    kw = {} if dv_block == "default" else dict(dv_block=dv_block)
+    inp = gdn_inputs(device, b, hk, hv, dk, dv, b + 2)
+    slots = torch.arange(b, device=device) + 1
+    ctx = torch.tensor([0 if i == 1 else 4 + i for i in range(b)], device=device)
+
+    def run(rows, prep):
+        pool = inp["ssm"].clone()
+        pick = lambda t: t[rows].contiguous()
+        args = (pick(inp["qkv"]), pick(inp["z"]), pick(inp["a"]), pick(inp["b"]), inp["a_log"], inp["dt_bias"],
+                inp["norm_w"], pool, slots[rows], ctx[rows], hk, 1e-6)
+        out = poisoned((len(rows), hv * dv), torch.bfloat16, device)
+        return gd.gdn_decode_step(*args, out=out, prep=prep, **kw), pool
+
+    every = list(range(b))
+    plain, pool0 = run(every, None)
+    (o, (xp, xs)), pool1 = run(every, (bits, group))
+    assert torch.equal(o, plain) and torch.equal(pool1, pool0), "prep changed the step's outputs or state"
+    xp_ref, xs_ref = prep_x(o, bits, group)
+    assert not torch.isnan(xp).any() and torch.equal(xp, xp_ref.view_as(xp)), "xp != prep_x's"
+    close(xs, xs_ref.view_as(xs).double(), 1e-6, f"xs bits={bits} group={group} dv_block={dv_block}")
+    (_, (xp1, xs1)), _ = run([b - 1], (bits, group))
+    assert torch.equal(xp1[0], xp[b - 1]) and torch.equal(xs1[0], xs[b - 1]), "prep: row alone != in the batch"
+    with pytest.raises(ValueError, match="prep"):
+        run(every, (bits, 2 * dv))  # a group wider than a head: not the step's to prep
 
 
 def check_gdn_split_vs_whole(mods, device, b, hk, hv, dk, dv, blocks):

@@ -70,6 +70,12 @@ def test_gdn_decode_step(mods, dev, small, dv_block):
     kc.check_gdn_decode(mods, dev, 5, *dims, fresh_rows=(0, 3), num_slots=9, dv_block=dv_block)
 
 
+@pytest.mark.parametrize("dv_block,bits", [("default", 4), (None, 4), ("default", 8)])
+def test_gdn_decode_prep(mods, dev, small, dv_block, bits):
+    dims = (2, 4, 16, 64) if small else (16, 32, 128, 128)
+    kc.check_gdn_prep(mods, dev, 5, *dims, dv_block=dv_block, bits=bits)
+
+
 def test_gdn_decode_split_vs_whole(mods, dev, small):
     dims = (2, 4, 16, 32) if small else (16, 32, 128, 128)
     kc.check_gdn_split_vs_whole(mods, dev, 3, *dims, blocks=(8, 16) if small else (16, 32, 64))

@@ -33,8 +33,10 @@ from model_helpers import make_hf_model, ours_from_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 MODES = {  # name -> the environment it runs under
-    "mma": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma"},
-    "head": {"DELTASERVE_DECODE_GEMV": "head"},  # the CUDA-core paths but the output head on the tensor-core GEMV
+    # the DeltaNet step writes its out projection's prep in both (DELTASERVE_GDN_PREP=step)
+    "mma": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma", "DELTASERVE_GDN_PREP": "step"},
+    # the CUDA-core paths but the output head on the tensor-core GEMV
+    "head": {"DELTASERVE_DECODE_GEMV": "head", "DELTASERVE_GDN_PREP": "step"},
 }
 
 
@@ -46,10 +48,11 @@ def models(request, tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     src = tmp_path_factory.mktemp("bf16")
-    # 8 value heads: the DeltaNet in_proj (q|k|v|z|b|a) has 336 rows, a multiple of 16, so the tensor-core GEMV
-    # (and its conv epilogue) serves it too
+    # 8 value heads of 64: the DeltaNet in_proj (q|k|v|z|b|a) has 1,104 rows, a multiple of 16, so the tensor-core
+    # GEMV (and its conv epilogue) serves it too; a head of one whole q4 group, so the decode step writes the out
+    # projection's prep (fast.gdn_step_prep)
     hf = make_hf_model(True, seed=0, vocab_size=32, moe_intermediate_size=64, shared_expert_intermediate_size=64,
-                       linear_num_value_heads=8)
+                       linear_num_value_heads=8, linear_value_head_dim=64)
     for name, p in hf.named_parameters():
         if not name.endswith("A_log"):
             p.data.copy_(p.data.bfloat16().float())
@@ -72,6 +75,9 @@ def test_tensor_core_paths_in_use(models):
     mixers = [m for m in gpu.modules() if isinstance(m, GatedDeltaNet)]
     assert blocks and mixers
     assert gpu.lm_head.__dict__.get(fast.MMA_ATTR), "the output head did not take the tensor-core GEMV"
+    x = torch.zeros(1, gpu.config.hidden_size, dtype=torch.bfloat16, device="cuda")
+    assert all(fast.gdn_step_prep(m.out_proj, x, m.dv, m.hv) == (4, 64) for m in mixers), \
+        "the DeltaNet step does not prep its out projection"
     if mode == "head":  # nothing else did
         assert not any(b.__dict__.get(fast.MMA_ATTR) for b in blocks)
         assert not any(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers)

@@ -220,22 +220,44 @@ def _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, ssm_ptr, slot_
 @triton.jit
 def _gated_norm_row(o_row, of, z_row, nw_ptr, inv, rv, act):
     """The reference's gated RMSNorm rounding points on o (act dtype values of), given 1 / rms: normed -> act,
-    * w -> act, * SiLU(z) -> act, stored at o_row + rv."""
+    * w -> act, * SiLU(z) -> act, stored at o_row + rv. Returns the stored values (act)."""
     y = (of * inv).to(act)
     y = (tl.load(nw_ptr + rv).to(act).to(tl.float32) * y.to(tl.float32)).to(act).to(tl.float32)
     z = tl.load(z_row + rv).to(tl.float32)
-    tl.store(o_row + rv, (y * (z / (1.0 + tl.exp(-z)))).to(act))
+    out = (y * (z / (1.0 + tl.exp(-z)))).to(act)
+    tl.store(o_row + rv, out)
+    return out
+
+
+@triton.jit
+def _prep_head(y, xp_row, xs_row, h, ra, DV: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr,
+               GROUP: tl.constexpr):
+    """The out projection GEMV's prep (quant.triton_gemv.prep_row's layout) of this head's DV outputs y (the act
+    values just stored, columns h * DV + ra of a row of K): xp[i * K/PACK + j] = x[j * PACK + i] * 2^-(BITS * (i %
+    PACK/2)) (exact, so the same bits as prep_row's) and xs, the sums of the head's DV / GROUP groups (fp32, this
+    tile's fixed order; prep_row adds a group in its own fixed order, so xs may differ from it in the last bit).
+    Needs DV % GROUP == 0 (so DV % PACK == 0)."""
+    PACK: tl.constexpr = 32 // BITS
+    HALF: tl.constexpr = PACK // 2
+    KW: tl.constexpr = K // PACK
+    G: tl.constexpr = DV // GROUP
+    yf = y.to(tl.float32)
+    i = ra % PACK  # h * DV is a multiple of PACK: the code index of column h * DV + ra
+    scale = ((127 - BITS * (i % HALF)) << 23).to(tl.float32, bitcast=True)  # 2^-(BITS*(i%HALF)), exactly
+    tl.store(xp_row + i * KW + (h * DV + ra) // PACK, yf * scale)
+    tl.store(xs_row + h * G + tl.arange(0, G), tl.sum(tl.reshape(yf, (G, GROUP)), axis=1))
 
 
 @triton.jit
 def _decode_kernel(
-    qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, slot_ptr, ctx_ptr, o_ptr,
-    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, stride_ot,
+    qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, slot_ptr, ctx_ptr, o_ptr, xp_ptr, xs_ptr,
+    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, stride_ot, stride_pt, stride_st,
     key_dim, scale, eps,
     HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, PDL: tl.constexpr = False,
 ):
-    # grid (B, Hv): one program owns state[slot, h] ([DK, DV] fp32, read once, written once)
+    # grid (B, Hv): one program owns state[slot, h] ([DK, DV] fp32, read once, written once). PREP_BITS > 0: also
+    # the out projection's prep of the head's outputs (_prep_head: xp / xs rows of pitch stride_pt / stride_st)
     pdl_open(PDL)
     pdl_wait(PDL)
     bi = tl.program_id(0)
@@ -247,23 +269,28 @@ def _decode_kernel(
     act = o_ptr.dtype.element_ty
     of = o.to(act).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(of * of, axis=0) / DV + eps)
-    _gated_norm_row(o_ptr + bi.to(tl.int64) * stride_ot + h * DV, of, z_ptr + bi.to(tl.int64) * stride_zt + h * DV,
-                    nw_ptr, inv, rv, act)
+    y = _gated_norm_row(o_ptr + bi.to(tl.int64) * stride_ot + h * DV, of,
+                        z_ptr + bi.to(tl.int64) * stride_zt + h * DV, nw_ptr, inv, rv, act)
+    if PREP_BITS > 0:
+        _prep_head(y, xp_ptr + bi.to(tl.int64) * stride_pt, xs_ptr + bi.to(tl.int64) * stride_st, h, rv, DV, HV * DV,
+                   PREP_BITS, PREP_GROUP)
 
 
 @triton.jit
 def _gdn_step_kernel(
     qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, slot_ptr, ctx_ptr, o_ptr, ss_ptr, cnt_ptr,
-    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, stride_ot,
+    xp_ptr, xs_ptr,
+    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, stride_ot, stride_pt, stride_st,
     key_dim, scale, eps,
     HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, PDL: tl.constexpr = False,
 ):
     # grid (B, Hv, DV / BV): one program owns columns [j*BV, (j+1)*BV) of state[slot, h] ([DK, BV] fp32, read once,
     # written once; the columns of the delta rule are independent). The gated RMSNorm needs the whole row's sum of
     # squares: each program writes its act-rounded output slice to o and its partial sum of squares to ss[b, h, j];
     # the head's last-arriving program (triton_sync.last_arrival) sums the DV / BV partials in order j = 0, 1, ..
-    # and normalises, gates and rewrites the row. Every split does the same q/k norms (DK values, cheap).
+    # and normalises, gates and rewrites the row (PREP_BITS > 0: and writes the out projection's prep of it,
+    # _prep_head, so that GEMV needs no prep launch). Every split does the same q/k norms (DK values, cheap).
     pdl_open(PDL)
     pdl_wait(PDL)
     bi = tl.program_id(0)
@@ -286,7 +313,10 @@ def _gdn_step_kernel(
         inv = 1.0 / tl.sqrt(tl.sum(parts, axis=0) / DV + eps)
         ra = tl.arange(0, DV)
         full = tl.load(o_row + ra, cache_modifier=".cg").to(tl.float32)
-        _gated_norm_row(o_row, full, z_ptr + bi.to(tl.int64) * stride_zt + h * DV, nw_ptr, inv, ra, act)
+        y = _gated_norm_row(o_row, full, z_ptr + bi.to(tl.int64) * stride_zt + h * DV, nw_ptr, inv, ra, act)
+        if PREP_BITS > 0:
+            _prep_head(y, xp_ptr + bi.to(tl.int64) * stride_pt, xs_ptr + bi.to(tl.int64) * stride_st, h, ra, DV,
+                       HV * DV, PREP_BITS, PREP_GROUP)
 
 
 # State columns per program of the decode step (Hv * DV / 32 programs, 128 at B = 1 for 35B-A3B); None = a head per
@@ -303,8 +333,8 @@ def gdn_decode_step(
     qkv_conv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
     dt_bias: torch.Tensor, norm_weight: torch.Tensor, ssm_pool: torch.Tensor, state_slots: torch.Tensor,
     context_lens: torch.Tensor, num_k_heads: int, eps: float, out: torch.Tensor | None = None,
-    dv_block: int | None = DV_BLOCK, num_warps: int | None = None,
-) -> torch.Tensor:
+    dv_block: int | None = DV_BLOCK, num_warps: int | None = None, prep: tuple[int, int] | None = None,
+):
     """One DeltaNet token for each of B sequences, after `causal_conv`.
 
     qkv_conv [B, C] conv output (activation dtype); z [B, Hv*dv]; a, b [B, Hv] (in_proj_a/b outputs); a_log,
@@ -314,6 +344,9 @@ def gdn_decode_step(
     arrival); None: one program per head (B * Hv programs; 32 at B = 1, 4.0 us on the H200 for 4 MB of state).
     num_warps: per program (None: 4 split, HEAD_WARPS per head); a launch choice for sweeps, fixed like dv_block,
     since the dk sums follow the program's layout.
+    prep: (bits, group) of the out projection's q4/q8 weight: the step also writes that decode GEMV's prep of its
+    output (quant.triton_gemv.prep_row's format: xp [B, Hv*dv] fp32, xs [B, Hv*dv / group] fp32) at each head's
+    last arrival, and returns (o, (xp, xs)) so the GEMV needs no prep launch (prep_supported says which formats).
     """
     bsz, c = qkv_conv.shape
     _, hv, dk, dv = ssm_pool.shape
@@ -330,8 +363,14 @@ def gdn_decode_step(
         if t.stride(-1) != 1:
             raise ValueError(f"gdn_decode_step: {name} must be contiguous along its last axis")
     o = torch.empty(bsz, hv * dv, dtype=qkv_conv.dtype, device=qkv_conv.device) if out is None else out
+    bits, group = prep or (0, 64)
+    if prep is not None and not prep_supported(dv, hv, bits, group):
+        raise ValueError(f"gdn_decode_step: prep {prep} needs bits 4 or 8 and dv = {dv} a multiple of the group")
+    xp = torch.empty(bsz, hv * dv, dtype=torch.float32, device=o.device) if prep else o
+    xs = torch.empty(bsz, hv * dv // group, dtype=torch.float32, device=o.device) if prep else o
+    done = (o, (xp, xs)) if prep else o
     if bsz == 0:
-        return o
+        return done
     if dv_block is not None and dv_block < dv:
         if dv % dv_block or dv_block & (dv_block - 1):
             raise ValueError(f"gdn_decode_step: dv_block {dv_block} must be a power of two dividing dv = {dv}")
@@ -339,19 +378,28 @@ def gdn_decode_step(
         ss = torch.empty(bsz, hv, ns, dtype=torch.float32, device=o.device)
         _gdn_step_kernel[(bsz, hv, ns)](
             qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots, context_lens, o, ss,
-            arrival_counters(o.device, bsz * hv),
+            arrival_counters(o.device, bsz * hv), xp, xs,
             qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
-            ssm_pool.stride(2), o.stride(0), key_dim, dk ** -0.5, eps,
-            HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=dv_block, num_warps=num_warps or 4, **pdl_args(o),
+            ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), key_dim, dk ** -0.5, eps,
+            HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=dv_block, PREP_BITS=bits, PREP_GROUP=group,
+            num_warps=num_warps or 4, **pdl_args(o),
         )
-        return o
+        return done
     _decode_kernel[(bsz, hv)](
-        qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots, context_lens, o,
+        qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots, context_lens, o, xp, xs,
         qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
-        ssm_pool.stride(2), o.stride(0), key_dim, dk ** -0.5, eps,
-        HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, num_warps=num_warps or HEAD_WARPS, **pdl_args(o),
+        ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), key_dim, dk ** -0.5, eps,
+        HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, PREP_BITS=bits, PREP_GROUP=group,
+        num_warps=num_warps or HEAD_WARPS, **pdl_args(o),
     )
-    return o
+    return done
+
+
+def prep_supported(dv: int, hv: int, bits: int, group: int) -> bool:
+    """Can gdn_decode_step(prep=(bits, group)) write the out projection's prep: bits 4 or 8 (the packed formats'
+    prep), a head's dv a multiple of the group (each head's last arrival owns whole groups; dv is a power of two in
+    every Qwen3.5 config)."""
+    return bits in (4, 8) and dv % group == 0 and dv & (dv - 1) == 0 and group & (group - 1) == 0 and hv >= 1
 
 
 @triton.jit
