@@ -33,10 +33,9 @@ from model_helpers import make_hf_model, ours_from_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 MODES = {  # name -> the environment it runs under
-    # the DeltaNet step writes its out projection's prep in both (DELTASERVE_GDN_PREP=step)
-    "mma": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma", "DELTASERVE_GDN_PREP": "step"},
+    "mma": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma"},
     # the CUDA-core paths but the output head on the tensor-core GEMV
-    "head": {"DELTASERVE_DECODE_GEMV": "head", "DELTASERVE_GDN_PREP": "step"},
+    "head": {"DELTASERVE_DECODE_GEMV": "head"},
 }
 
 
@@ -48,11 +47,10 @@ def models(request, tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     src = tmp_path_factory.mktemp("bf16")
-    # 8 value heads of 64: the DeltaNet in_proj (q|k|v|z|b|a) has 1,104 rows, a multiple of 16, so the tensor-core
-    # GEMV (and its conv epilogue) serves it too; a head of one whole q4 group, so the decode step writes the out
-    # projection's prep (fast.gdn_step_prep)
+    # 8 value heads: the DeltaNet in_proj (q|k|v|z|b|a) has 336 rows, a multiple of 16, so the tensor-core GEMV
+    # (and its conv epilogue) serves it too
     hf = make_hf_model(True, seed=0, vocab_size=32, moe_intermediate_size=64, shared_expert_intermediate_size=64,
-                       linear_num_value_heads=8, linear_value_head_dim=64)
+                       linear_num_value_heads=8)
     for name, p in hf.named_parameters():
         if not name.endswith("A_log"):
             p.data.copy_(p.data.bfloat16().float())
@@ -75,9 +73,6 @@ def test_tensor_core_paths_in_use(models):
     mixers = [m for m in gpu.modules() if isinstance(m, GatedDeltaNet)]
     assert blocks and mixers
     assert gpu.lm_head.__dict__.get(fast.MMA_ATTR), "the output head did not take the tensor-core GEMV"
-    x = torch.zeros(1, gpu.config.hidden_size, dtype=torch.bfloat16, device="cuda")
-    assert all(fast.gdn_step_prep(m.out_proj, x, m.dv, m.hv) == (4, 64) for m in mixers), \
-        "the DeltaNet step does not prep its out projection"
     if mode == "head":  # nothing else did
         assert not any(b.__dict__.get(fast.MMA_ATTR) for b in blocks)
         assert not any(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers)
@@ -109,3 +104,43 @@ def test_q4_mma_batch_invariance_bit_for_bit(models):
 
 def test_q4_mma_graph_replay_equals_eager(models):
     check_graph_equals_eager(models[1])
+
+
+@pytest.fixture(scope="module")
+def prep_model(tmp_path_factory):
+    """The default paths on a q4 g64 model whose DeltaNet value heads are one q4 group wide (dv = 64), so the decode
+    step writes its out projection's prep (fast.gdn_step_prep, DELTASERVE_GDN_PREP=step). The models above have
+    dv = 16, which the step cannot prep (the out projection's prep launch runs instead)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    src = tmp_path_factory.mktemp("bf16_dv64")
+    hf = make_hf_model(True, seed=1, vocab_size=32, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                       linear_num_value_heads=4, linear_value_head_dim=64)
+    ours_from_checkpoint(hf, src)
+    q4 = quantize_checkpoint(src, tmp_path_factory.mktemp("q4_dv64"), 4, 64, progress=False)
+    return load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
+
+
+def test_gdn_step_prep_in_use_and_equal_to_the_prep_launch(prep_model, monkeypatch):
+    """With the step's prep the decode logits are the prep launch's to fp32 rounding of the group sums (the same
+    greedy tokens); it is in use (the mixers' format is (4, 64)), and the launch mode really differs in path."""
+    mixers = [m for m in prep_model.modules() if isinstance(m, GatedDeltaNet)]
+    x = torch.zeros(1, prep_model.config.hidden_size, dtype=torch.bfloat16, device="cuda")
+    prompts = [[3, 5, 7, 9, 11, 2, 4], [8, 8, 1, 30, 22, 6, 6, 6, 9]]
+    runs = {}
+    for mode in ("step", "launch"):
+        monkeypatch.setenv("DELTASERVE_GDN_PREP", mode)
+        want = (4, 64) if mode == "step" else None
+        assert all(fast.gdn_step_prep(m.out_proj, x, m.dv, m.hv) == want for m in mixers), mode
+        runs[mode] = decode_logits(prep_model, prompts, 6, graph=False)
+    step, launch = runs["step"], runs["launch"]
+    assert torch.isfinite(step).all()
+    rel = ((step - launch).abs().max() / launch.abs().max()).item()
+    assert rel < 1e-2, f"step prep vs prep launch: relative difference {rel:.3g}"
+    assert torch.equal(step.argmax(-1), launch.argmax(-1)), "step prep changes the greedy tokens"
+
+
+def test_gdn_step_prep_batch_invariance_and_graphs(prep_model, monkeypatch):
+    monkeypatch.setenv("DELTASERVE_GDN_PREP", "step")
+    check_batch_invariance(prep_model)
+    check_graph_equals_eager(prep_model)
