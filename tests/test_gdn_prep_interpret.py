@@ -1,0 +1,89 @@
+"""The DeltaNet decode step writing its out projection's GEMV prep (fast.gdn_step_prep, DELTASERVE_GDN_PREP=step),
+end to end on the model's fast path through Triton's interpreter: a q4 g64 model whose value heads are one q4
+group wide (dv = 64, the smallest the step can prep) decodes the same greedy tokens with logits equal to the prep
+launch's within fp32 rounding of the group sums, the prep really in use at every DeltaNet layer. (The kernel itself,
+with a row alone == in the batch: tests/gpu/kernel_cases.check_gdn_prep, in test_triton_interpret.py and
+on the GPU; the GPU model test: test_model_mma_path.py's prep_model.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def _child(ckpt: str) -> None:
+    import torch
+
+    sys.path.insert(0, str(HERE / "gpu"))
+    from kernel_cases import interpreter_numpy_shim
+
+    interpreter_numpy_shim()
+    import test_fast_path_interpret as tfp
+    from deltaserve.kernels import backend
+    from deltaserve.kernels.gated_delta import triton_decode
+    from deltaserve.model import ForwardBatch
+    from deltaserve.weights.loader import load_checkpoint
+
+    triton_decode.gdn_prefill = tfp._reference_gdn_prefill  # fla has no interpreter path (see that module)
+    step_fn, preps = triton_decode.gdn_decode_step, []
+
+    def spy(*args, **kwargs):
+        preps.append(kwargs.get("prep"))
+        return step_fn(*args, **kwargs)
+
+    triton_decode.gdn_decode_step = spy
+    model = load_checkpoint(ckpt, dtype=torch.bfloat16, progress=False).model
+    backend.use_reference(False)
+    prompts, tables = [[3, 5, 7], [8, 30]], [[0, 1], [2, 3]]
+
+    def decode(rows: list[int]) -> torch.Tensor:
+        cache = model.make_cache(4, 16, 2, torch.bfloat16)
+        with torch.no_grad():
+            for i in rows:
+                model(ForwardBatch.build([prompts[i]], [0], [tables[i]], [i], 16), cache)
+            fb = ForwardBatch.build([[prompts[i][-1]] for i in rows], [len(prompts[i]) for i in rows],
+                                    [tables[i] for i in rows], rows, 16)
+            return model(fb, cache).float()
+
+    os.environ["DELTASERVE_GDN_PREP"] = "launch"
+    launch = decode([0, 1])
+    assert set(preps) == {None}, preps
+    preps.clear()
+    os.environ["DELTASERVE_GDN_PREP"] = "step"
+    step = decode([0, 1])
+    assert set(preps) == {(4, 64)} and len(preps) == 3, f"the step's prep was not in use at every layer: {preps}"
+    rel = ((step - launch).abs().max() / launch.abs().max()).item()
+    assert rel < 1e-3 and torch.equal(step.argmax(-1), launch.argmax(-1)), f"step prep vs launch: {rel:.3g}"
+    print("OK", rel)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    pytest.importorskip("triton", reason="the fast path's kernels need Triton (its interpreter on CPU)")
+    from model_helpers import make_hf_model, ours_from_checkpoint
+
+    from deltaserve.weights.quantizer import quantize_checkpoint
+
+    src = tmp_path_factory.mktemp("bf16")
+    ours_from_checkpoint(make_hf_model(True, seed=0, vocab_size=32, moe_intermediate_size=64,
+                                       shared_expert_intermediate_size=64, linear_value_head_dim=64), src)
+    return quantize_checkpoint(src, tmp_path_factory.mktemp("q4"), 4, 64, progress=False)
+
+
+@pytest.mark.slow
+def test_step_prep_equals_prep_launch_end_to_end(checkpoint):
+    env = dict(os.environ, TRITON_INTERPRET="1", DELTASERVE_FAST_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
+    proc = subprocess.run([sys.executable, __file__, str(checkpoint)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])
