@@ -36,6 +36,7 @@ from sweep_common import ROOT, RecordSink, fmt_timed, rel_err, time_graph
 SHAPES = ((12352, 2048), (248320, 2048), (2048, 4096), (9216, 2048))
 EPS = 2.0**-8
 L2_BYTES = 256 << 20
+ROUTINGS = 16  # the experts section's calls per graph, each with its own routing (its experts past the L2)
 CALLS = 40
 
 
@@ -207,8 +208,11 @@ def experts_section(args, sink) -> None:
     """The experts kernel alone at the MoE's shapes (257 experts: 256 routed + the shared one stacked last, top-8 +
     the shared slot): the gated gate/up (I = 512, K = 2048) and the scaled down (H = 2048, K = 512) over W x RB x
     tile rows, at each T of --ms. Checked first: each configuration against its W's reference configuration (single
-    rows, RB 1) bit for bit (tile rows and RB never change bits) and that against fp64; then a graph of 4 calls on 4
-    inputs (the rows' experts fixed by one routing) replayed --replays times. An earlier form of it (W x RB x tile
+    rows, RB 1) bit for bit (tile rows and RB never change bits) and that against fp64; then a graph of ROUTINGS
+    calls, each on its own input and routing, replayed --replays times. Why its own routing: with one routing every
+    call read the same 9 experts (~10 MB of gate/up), which stay in the 50 MB L2 across calls, so T = 1 was timed
+    from L2 (gated 6.3 us, down 3.6) while the model reads each layer's experts from DRAM; 16 routings touch ~140
+    experts (~150 MB of gate/up) per replay. An earlier form of it (W x RB x tile
     rows) chose mma_gemv.default_warps (K < 1024), default_row_blocks and default_tile_rows (bench/NOTES.md); this
     one takes those tiles and row blocks and varies W, the chunks in flight (AHEAD) and, for down, whether the
     group sums are loaded (prep_x's) or the kernel's own."""
@@ -230,18 +234,18 @@ def experts_section(args, sink) -> None:
     up, u64 = stack(i, h)
     down, d64 = stack(h, i)
     for t in (int(v) for v in args.ms.split(",")):
-        ids = torch.cat([torch.rand(t, 256, device=dev).topk(8, dim=1).indices.sort(dim=1).values,
-                         torch.full((t, 1), 256, device=dev)], 1).int()
-        flat = ids.reshape(-1).long()
+        routes = [torch.cat([torch.rand(t, 256, device=dev).topk(8, dim=1).indices.sort(dim=1).values,
+                             torch.full((t, 1), 256, device=dev)], 1).int() for _ in range(ROUTINGS)]
+        flat = routes[0].reshape(-1).long()
         m = t * slots
-        xs_in = [torch.randn(t, h, device=dev).bfloat16() for _ in range(4)]
-        hs = [torch.randn(m, i, device=dev).bfloat16() for _ in range(4)]
+        xs_in = [torch.randn(t, h, device=dev).bfloat16() for _ in range(ROUTINGS)]
+        hs = [torch.randn(m, i, device=dev).bfloat16() for _ in range(ROUTINGS)]
         scale = torch.rand(m, device=dev)
         xr = xs_in[0].double().repeat_interleave(slots, 0)
         want = {"gated": F.silu(torch.einsum("mk,mnk->mn", xr, g64[flat])) * torch.einsum("mk,mnk->mn", xr, u64[flat]),
                 "scaled": scale.double()[:, None] * torch.einsum("mk,mnk->mn", hs[0].double(), d64[flat])}
         rows = mg.default_tile_rows(m, num_e)
-        tiles = mg.mma_expert_tiles(ids, num_e, rows)
+        tables = [mg.mma_expert_tiles(ids, num_e, rows) for ids in routes]
         # W: the defaults (W 8 for gate/up and W 2 for down were slower at every T, bench/NOTES.md)
         for form, k, warps in (("gated", h, (mg.default_warps(h),)), ("scaled", i, (mg.default_warps(i),))):
             ins = xs_in if form == "gated" else hs
@@ -265,13 +269,15 @@ def experts_section(args, sink) -> None:
                             continue
                         try:
                             def call(j, w=w, ahead=ahead, own=own, loop=loop):
-                                return mg.mma_matmul_experts(ins[j], *weight, ids, rep, xs=None if own else sums[j],
-                                                             tiles=tiles, config=(w, rb, ahead, loop), **extra)
+                                return mg.mma_matmul_experts(ins[j], *weight, routes[j], rep,
+                                                             xs=None if own else sums[j], tiles=tables[j],
+                                                             config=(w, rb, ahead, loop), **extra)
                             got = call(0)
                             base = got if base is None else base
                             same = torch.equal(got, base)
                             err = rel_err(got, want[form])
-                            us, how = time_graph([lambda j=j: call(j) for j in range(4)], dev, args.replays)
+                            us, how = time_graph([lambda j=j: call(j) for j in range(ROUTINGS)], dev,
+                                                 args.replays)
                             sink.emit({**rec, "us": us, "timing": how, "gbs": 0.0, "err": err, "inv": same,
                                        "ok": same and err <= 8 * EPS})
                         except Exception as exc:  # noqa: BLE001  a configuration that does not compile is reported
