@@ -18,6 +18,8 @@ HERE = Path(__file__).resolve().parent
 
 
 def _child(ckpt: str) -> None:
+    import copy
+
     import torch
 
     sys.path.insert(0, str(HERE / "gpu"))
@@ -38,26 +40,42 @@ def _child(ckpt: str) -> None:
         return step_fn(*args, **kwargs)
 
     triton_decode.gdn_decode_step = spy
+    from deltaserve.kernels.quant import triton_gemv
+
+    made = {"prep_x": 0, "carried": 0}  # the GEMVs' prep: made by a launch, or carried in (the norm's, the step's)
+    prep_x, check_prep = triton_gemv.prep_x, triton_gemv.check_prep
+
+    def counting(name, fn):
+        def wrapped(*args, **kwargs):
+            made[name] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    triton_gemv.prep_x = counting("prep_x", prep_x)
+    triton_gemv.check_prep = counting("carried", check_prep)
     model = load_checkpoint(ckpt, dtype=torch.bfloat16, progress=False).model
-    backend.use_reference(False)
     prompts, tables = [[3, 5, 7], [8, 30]], [[0, 1], [2, 3]]
+    cache = model.make_cache(4, 16, 2, torch.bfloat16)
+    backend.use_reference(True)  # the prompts through the reference path (no interpreter time); one cache for both
+    with torch.no_grad():
+        for i in (0, 1):
+            model(ForwardBatch.build([prompts[i]], [0], [tables[i]], [i], 16), cache)
+    backend.use_reference(False)
 
-    def decode(rows: list[int]) -> torch.Tensor:
-        cache = model.make_cache(4, 16, 2, torch.bfloat16)
+    def decode(mode: str) -> torch.Tensor:  # one fast-path decode step of both rows from a copy of that cache
+        os.environ["DELTASERVE_GDN_PREP"] = mode
+        fb = ForwardBatch.build([[p[-1]] for p in prompts], [len(p) for p in prompts], tables, [0, 1], 16)
         with torch.no_grad():
-            for i in rows:
-                model(ForwardBatch.build([prompts[i]], [0], [tables[i]], [i], 16), cache)
-            fb = ForwardBatch.build([[prompts[i][-1]] for i in rows], [len(prompts[i]) for i in rows],
-                                    [tables[i] for i in rows], rows, 16)
-            return model(fb, cache).float()
+            return model(fb, copy.deepcopy(cache)).float()
 
-    os.environ["DELTASERVE_GDN_PREP"] = "launch"
-    launch = decode([0, 1])
+    launch = decode("launch")
     assert set(preps) == {None}, preps
-    preps.clear()
-    os.environ["DELTASERVE_GDN_PREP"] = "step"
-    step = decode([0, 1])
-    assert set(preps) == {(4, 64)} and len(preps) == 3, f"the step's prep was not in use at every layer: {preps}"
+    counts, preps[:] = dict(made), []
+    step = decode("step")
+    assert set(preps) == {(4, 64)} and len(preps) == 2, f"the step's prep was not in use at every layer: {preps}"
+    # each DeltaNet layer's out projection took the step's prep instead of a prep launch
+    assert made["prep_x"] - counts["prep_x"] == counts["prep_x"] - 2, (counts, made)
+    assert made["carried"] - counts["carried"] == counts["carried"] + 2, (counts, made)
     rel = ((step - launch).abs().max() / launch.abs().max()).item()
     assert rel < 1e-3 and torch.equal(step.argmax(-1), launch.argmax(-1)), f"step prep vs launch: {rel:.3g}"
     print("OK", rel)
@@ -71,7 +89,8 @@ def checkpoint(tmp_path_factory):
     from deltaserve.weights.quantizer import quantize_checkpoint
 
     src = tmp_path_factory.mktemp("bf16")
-    ours_from_checkpoint(make_hf_model(True, seed=0, vocab_size=32, moe_intermediate_size=64,
+    # two DeltaNet layers (no attention layer: the fast path's attention is covered elsewhere; interpreter time)
+    ours_from_checkpoint(make_hf_model(True, seed=0, vocab_size=32, moe_intermediate_size=64, num_hidden_layers=2,
                                        shared_expert_intermediate_size=64, linear_value_head_dim=64), src)
     return quantize_checkpoint(src, tmp_path_factory.mktemp("q4"), 4, 64, progress=False)
 
