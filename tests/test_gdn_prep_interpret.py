@@ -26,13 +26,11 @@ def _child(ckpt: str) -> None:
     from kernel_cases import interpreter_numpy_shim
 
     interpreter_numpy_shim()
-    import test_fast_path_interpret as tfp
     from deltaserve.kernels import backend
     from deltaserve.kernels.gated_delta import triton_decode
     from deltaserve.model import ForwardBatch
     from deltaserve.weights.loader import load_checkpoint
 
-    triton_decode.gdn_prefill = tfp._reference_gdn_prefill  # fla has no interpreter path (see that module)
     step_fn, preps = triton_decode.gdn_decode_step, []
 
     def spy(*args, **kwargs):

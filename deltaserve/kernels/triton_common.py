@@ -24,6 +24,15 @@ DENSE_BITS = 16
 
 
 @triton.jit
+def code_prescale(i, BITS: tl.constexpr):
+    """2^-(BITS * (i % (PACK/2))), exactly (built from its fp32 bits): the power of two the shift-free decode leaves
+    on code i of a word (PACK = 32 / BITS codes), which the prep folds into x. Every prep writer uses it (prep_row,
+    the DeltaNet step's _prep_head), so their xp are the same bits."""
+    HALF: tl.constexpr = (32 // BITS) // 2
+    return ((127 - BITS * (i % HALF)) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def dequant_tile(
     w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn,
     BN: tl.constexpr, BK: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,

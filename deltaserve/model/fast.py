@@ -282,7 +282,7 @@ def gdn_step_prep(consumer: nn.Module, x: torch.Tensor, dv: int, hv: int) -> tup
     from ..kernels.gated_delta.triton_decode import prep_supported
 
     s = weight_spec(consumer)
-    if s.k != hv * dv or not prep_supported(dv, hv, s.bits, s.group):
+    if s.k != hv * dv or not prep_supported(dv, s.bits, s.group):
         return None
     return s.bits, s.group
 

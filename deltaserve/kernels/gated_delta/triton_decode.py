@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton_common import code_prescale
 from ..triton_sync import arrival_counters, last_arrival
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 
@@ -238,13 +239,11 @@ def _prep_head(y, xp_row, xs_row, h, ra, DV: tl.constexpr, K: tl.constexpr, BITS
     tile's fixed order; prep_row adds a group in its own fixed order, so xs may differ from it in the last bit).
     Needs DV % GROUP == 0 (so DV % PACK == 0)."""
     PACK: tl.constexpr = 32 // BITS
-    HALF: tl.constexpr = PACK // 2
     KW: tl.constexpr = K // PACK
     G: tl.constexpr = DV // GROUP
     yf = y.to(tl.float32)
     i = ra % PACK  # h * DV is a multiple of PACK: the code index of column h * DV + ra
-    scale = ((127 - BITS * (i % HALF)) << 23).to(tl.float32, bitcast=True)  # 2^-(BITS*(i%HALF)), exactly
-    tl.store(xp_row + i * KW + (h * DV + ra) // PACK, yf * scale)
+    tl.store(xp_row + i * KW + (h * DV + ra) // PACK, yf * code_prescale(i, BITS))
     tl.store(xs_row + h * G + tl.arange(0, G), tl.sum(tl.reshape(yf, (G, GROUP)), axis=1))
 
 
@@ -364,7 +363,7 @@ def gdn_decode_step(
             raise ValueError(f"gdn_decode_step: {name} must be contiguous along its last axis")
     o = torch.empty(bsz, hv * dv, dtype=qkv_conv.dtype, device=qkv_conv.device) if out is None else out
     bits, group = prep or (0, 64)
-    if prep is not None and not prep_supported(dv, hv, bits, group):
+    if prep is not None and not prep_supported(dv, bits, group):
         raise ValueError(f"gdn_decode_step: prep {prep} needs bits 4 or 8 and dv = {dv} a multiple of the group")
     xp = torch.empty(bsz, hv * dv, dtype=torch.float32, device=o.device) if prep else o
     xs = torch.empty(bsz, hv * dv // group, dtype=torch.float32, device=o.device) if prep else o
@@ -395,11 +394,11 @@ def gdn_decode_step(
     return done
 
 
-def prep_supported(dv: int, hv: int, bits: int, group: int) -> bool:
+def prep_supported(dv: int, bits: int, group: int) -> bool:
     """Can gdn_decode_step(prep=(bits, group)) write the out projection's prep: bits 4 or 8 (the packed formats'
-    prep), a head's dv a multiple of the group (each head's last arrival owns whole groups; dv is a power of two in
-    every Qwen3.5 config)."""
-    return bits in (4, 8) and dv % group == 0 and dv & (dv - 1) == 0 and group & (group - 1) == 0 and hv >= 1
+    prep), a head's dv a multiple of the group (each head's last arrival owns whole groups; dv and the group are
+    powers of two in every Qwen3.5 config and checkpoint format, as the kernel's aranges need)."""
+    return bits in (4, 8) and dv % group == 0 and dv & (dv - 1) == 0 and group & (group - 1) == 0
 
 
 @triton.jit

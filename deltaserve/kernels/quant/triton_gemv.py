@@ -33,7 +33,7 @@ import triton.language as tl
 
 from ..gated_delta.triton_decode import DecodeConv, check_decode_conv, conv_epilogue
 from .triton_gemv_inline import group_sums, inline_mode, row_part_inline
-from ..triton_common import DENSE_BITS, WeightSpec
+from ..triton_common import DENSE_BITS, WeightSpec, code_prescale
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 
 MAX_ROWS = 16  # the GEMV regime; larger M belongs to triton_affine.affine_matmul (tensor cores)
@@ -59,13 +59,11 @@ def prep_row(x_row, xp_row, xs_row, K: tl.constexpr, BITS: tl.constexpr, GROUP: 
     and xs[g] = sum of the row's group g (fp32, one fixed order). The one prep: _prep_kernel and the RMSNorm that
     preps its output (kernels/triton_norm.py) both call it, so their outputs are the same bits (4 warps)."""
     PACK: tl.constexpr = 32 // BITS
-    HALF: tl.constexpr = PACK // 2
     KW: tl.constexpr = K // PACK
     j = tl.arange(0, KW)
     i = tl.arange(0, PACK)
     xv = tl.load(x_row + j[:, None] * PACK + i[None, :]).to(tl.float32)
-    scale = ((127 - BITS * (i % HALF)) << 23).to(tl.float32, bitcast=True)  # 2^-(BITS*(i%HALF)), exactly
-    tl.store(xp_row + i[None, :] * KW + j[:, None], xv * scale[None, :])
+    tl.store(xp_row + i[None, :] * KW + j[:, None], xv * code_prescale(i, BITS)[None, :])
     g = tl.arange(0, K // GROUP)
     e = tl.arange(0, GROUP)
     xg = tl.load(x_row + g[:, None] * GROUP + e[None, :]).to(tl.float32)
