@@ -26,6 +26,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--t", type=int, default=1, help="tokens")
+    ap.add_argument("--gated-config", help="W,RB,AHEAD,LOOP of the tensor-core gate/up (default: the library's)")
+    ap.add_argument("--only", choices=("gated", "scaled", "cuda"), help="one form alone")
     args = ap.parse_args(argv)
     from kernel_cases import affine_weight, moe_problem
 
@@ -62,10 +64,15 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         print(f"{name:28s} T={t}: {start.elapsed_time(end) * 1e3 / (args.calls - 1):8.2f} us per call (eager)")
 
-    timed("mma experts gated", lambda j: mg.mma_matmul_experts(xs_in[j], *gate, routes[j], slots, xs=sums[j],
-                                                                tiles=tiles[j], up=up))
-    timed("mma experts scaled", lambda j: mg.mma_matmul_experts(hs[j], *down, routes[j], 1, tiles=tiles[j],
-                                                                 scale=scale))
+    cfg = tuple(int(v) for v in args.gated_config.split(",")) if args.gated_config else None
+    if args.only in (None, "gated"):
+        timed(f"mma experts gated {cfg or ''}", lambda j: mg.mma_matmul_experts(
+            xs_in[j], *gate, routes[j], slots, xs=sums[j], tiles=tiles[j], up=up, config=cfg))
+    if args.only in (None, "scaled"):
+        timed("mma experts scaled", lambda j: mg.mma_matmul_experts(hs[j], *down, routes[j], 1, tiles=tiles[j],
+                                                                     scale=scale))
+    if args.only not in (None, "cuda"):
+        return 0
     x0, kw, _ = moe_problem(dev, t, h, 256, i, i, 4, 64)
     res = kw.pop("residual")
     inputs = [torch.randn_like(x0) for _ in range(args.calls)]
