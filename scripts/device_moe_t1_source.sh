@@ -10,10 +10,10 @@ run() {  # name, probe args
   local name=$1; shift
   timeout 60 "$NCU" --clock-control none -k regex:_mma_experts --launch-skip 3 --launch-count 1 \
     --section SourceCounters --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
-    -o /tmp/$name --force-overwrite python3 scripts/probe_moe_t1.py "$@" > "$OUT/$name.log" 2>&1
+    -o /tmp/$name --force-overwrite python3 scripts/probe_moe_t1.py "$@" > "/tmp/$name.log" 2>&1
   "$NCU" -i /tmp/$name.ncu-rep --page source --print-source sass --csv > "$OUT/src_$name.csv" 2>/dev/null
   "$NCU" -i /tmp/$name.ncu-rep --page details > "$OUT/det_$name.txt" 2>/dev/null
-  echo "== $name ($((SECONDS-t0)) s): $(grep -E 'per call' "$OUT/$name.log" | head -1)"
+  echo "== $name ($((SECONDS-t0)) s): $(grep -E "per call|rror" "/tmp/$name.log" | head -1)"
   grep -E "Duration  |DRAM Throughput|L2 Hit Rate|Mem Busy|Max Bandwidth|Warp Cycles Per Issued" "$OUT/det_$name.txt" | sed -E 's/ {2,}/ /g' | head -8
 }
 run gated_a2 --only gated
