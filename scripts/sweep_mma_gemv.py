@@ -259,7 +259,9 @@ def experts_section(args, sink) -> None:
                     base = None
                     # AHEAD = every chunk (the whole weight slice at once) only for decode-sized batches; LOOP
                     # (rounds of row blocks over x staged once) where tiles share experts
-                    plans = [(ahead, 1) for ahead in (1, 2) + ((k // 64 // w,) if t <= 8 else ())]
+                    # and the register ring (3 .. chunks - 1 in flight; chunks - 1: the whole slice up front)
+                    nch = k // 64 // w
+                    plans = [(ahead, 1) for ahead in (1, 2, 4) + ((nch - 1, nch) if t <= 8 else ())]
                     plans += [(1, loop) for loop in (2, 4, 8) if rows > 1 and weight[0].shape[1] % (rb * loop) == 0]
                     for ahead, loop in plans:
                         rec = dict(kernel=f"experts_{form}", shape=f"T={t} E={num_e} k={slots} K={k}",

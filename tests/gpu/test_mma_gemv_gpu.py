@@ -328,7 +328,8 @@ def test_mma_experts_combine_at_last_arrival(dev, t, with_res):
 @pytest.mark.parametrize("t", [1, 3])
 def test_mma_experts_whole_slice_same_bits(dev, t):
     """The experts kernel's whole-slice form (AHEAD >= its chunks: every chunk's weights at once, x by cp.async)
-    gives the bits of AHEAD 1 and 2 in the gated, scaled and combining forms, on single-row tiles."""
+    and its register ring (AHEAD 3 .. chunks - 1, the last being the whole slice up front) give the bits of AHEAD 1
+    and 2 in the gated, scaled and combining forms, on single-row tiles."""
     from deltaserve.kernels.quant import mma_gemv as mg
 
     e, slots, h, i = 65, 9, 2048, 512
@@ -343,13 +344,13 @@ def test_mma_experts_whole_slice_same_bits(dev, t):
     res = torch.randn(t, h, device=dev).bfloat16()
     wg, wd = mg.default_warps(h), mg.default_warps(i)
     got = {}
-    for ahead in (1, 2, h // 64 // wg):
+    for ahead in (1, 2, 3, 4, h // 64 // wg - 1, h // 64 // wg):
         got[ahead] = mg.mma_matmul_experts(x, gw, gsb, ids, slots, tiles=tiles, up=(uw, usb), config=(wg, 1, ahead))
     assert all(torch.equal(v, got[1]) for v in got.values()), "gated: AHEAD changes bits"
     hid = got[1]
     for combine in (None, (res, None)):
         outs = []
-        for ahead in (1, 2, i // 64 // wd):
+        for ahead in (1, 2, 3, 4, i // 64 // wd - 1, i // 64 // wd):
             comb = None if combine is None else (res, torch.empty(t, h, dtype=torch.bfloat16, device=dev))
             outs.append(mg.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles, scale=scale, config=(wd, 1, ahead),
                                               combine=comb))

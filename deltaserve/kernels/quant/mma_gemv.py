@@ -35,6 +35,8 @@ fixed per K (default_warps).
 
 from __future__ import annotations
 
+import os
+
 from typing import NamedTuple
 
 import torch
@@ -557,6 +559,43 @@ if HAVE_GLUON:
         return acc, acc2
 
     @gluon.jit
+    def _accumulate_ring(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off, x_mask, sb_off,
+                         xs_off, xs_mask, w_live, zero_w, W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr,
+                         NCH: gl.constexpr, mma: gl.constexpr, dot_a: gl.constexpr, dot_b: gl.constexpr,
+                         AHEAD: gl.constexpr, TWO: gl.constexpr, SELF_XS: gl.constexpr = False):
+        """_accumulate / _accumulate_pair (MASKED) with AHEAD (3 .. NCH - 1) chunks in flight, all in registers:
+        chunks 0 .. AHEAD - 1 (x, words, scales, each chunk's in turn) are requested first, then chunk c + AHEAD
+        before chunk c is computed, so AHEAD = NCH - 1 requests the whole slice up front in chunk order with x
+        beside its words (the AHEAD >= NCH form stages x through shared memory after every weight, and its
+        barrier waits for the last of them: ncu at T = 1, bench/NOTES.md). The same arithmetic in the same order:
+        the same bits as every other AHEAD."""
+        wt = ()
+        xt = ()
+        sbt = ()
+        xst = ()
+        wt2 = ()
+        sbt2 = ()
+        for c in gl.static_range(NCH + AHEAD):
+            if c < NCH:  # request chunk c
+                words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c, w_off, x_off, x_mask, sb_off,
+                                                xs_off, xs_mask, w_live, W, True, SELF_XS)
+                wt = wt + (words,)
+                xt = xt + (xv,)
+                sbt = sbt + (sb,)
+                xst = xst + (xs,)
+                if TWO:
+                    words2, sb2 = _load_weight_chunk(w2_base, sb2_base, c, w_off, sb_off, w_live, W)
+                    wt2 = wt2 + (words2,)
+                    sbt2 = sbt2 + (sb2,)
+            if c >= AHEAD:  # compute chunk c - AHEAD
+                acc = _chunk_acc(acc, wt[c - AHEAD], xt[c - AHEAD], sbt[c - AHEAD], xst[c - AHEAD], zero_w, W, RB, N8,
+                                 mma, dot_a, dot_b, SELF_XS)
+                if TWO:
+                    acc2 = _chunk_acc(acc2, wt2[c - AHEAD], xt[c - AHEAD], sbt2[c - AHEAD], xst[c - AHEAD], zero_w, W,
+                                      RB, N8, mma, dot_a, dot_b, SELF_XS)
+        return acc, acc2
+
+    @gluon.jit
     def _mma_experts_kernel(x_ptr, xs_ptr, w_ptr, sb_ptr, w2_ptr, sb2_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr,
                             hi_ptr, order_ptr, stride_xm, stride_sm, stride_om, NBE, res_ptr, comb_ptr, cnt_ptr,
                             stride_rm, stride_cm, XREP: gl.constexpr, K: gl.constexpr, W: gl.constexpr,
@@ -577,8 +616,9 @@ if HAVE_GLUON:
           SCALED  out (fp32) = scale[row] * bf16(y) (a routed slot's contribution before the combine).
         Each output row is its own MMA column: its bits depend on (K, W) only, never on which rows share the
         expert, the tile or the launch. SELF_XS: x's group sums are the kernel's own (_chunk_acc), xs_ptr unread.
-        AHEAD: chunks requested ahead of the one computed; >= NCH: every chunk of the weight(s) at once, x through
-        shared memory (_stage_x), the same arithmetic in the same order.
+        AHEAD: chunks requested ahead of the one computed (3 .. NCH - 1: a register ring, _accumulate_ring; NCH - 1
+        is the whole slice in chunk order); >= NCH: every chunk of the weight(s) at once, x through shared memory
+        (_stage_x), the same arithmetic in the same order.
         COMBINE (SINGLE and SCALED, rows t = SLOTS * token + slot): the program that stores the last of a token's
         SLOTS parts of its row blocks (triton_sync's last arrival, one counter per (token, program column) at
         cnt_ptr) also does triton_combine.combine_slots' arithmetic on them: the slots added 0 .. SLOTS-1 in fp32
@@ -656,6 +696,10 @@ if HAVE_GLUON:
             async_copy.wait_group(0)
             acc, acc2 = _accumulate_slices(acc, acc2, wt, sbt, wt2, sbt2, x_sm, xs_sm, zero_w, W, RB, N8, NCH, mma,
                                            dot_a, dot_b, XL, CL, GATED, SELF_XS)
+        elif AHEAD > 2:
+            acc, acc2 = _accumulate_ring(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
+                                         x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
+                                         dot_b, AHEAD, GATED, SELF_XS)
         elif GATED:
             acc, acc2 = _accumulate_pair(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
                                          x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
@@ -852,7 +896,15 @@ def default_row_blocks(nbe: int, m: int, k: int) -> int:
 def default_ahead(m: int, gated: bool) -> int:
     """Chunks in flight per warp in the experts kernel (never a row's bits): two for the gated form and past 16
     rows, else one (H200 sweep, bench/NOTES.md: gated 64 tokens 118.5 -> 101.0 us, 1 token 6.36 -> 6.21; down
-    64 tokens 50.5 -> 47.1 us, 1 token 3.59 -> 3.78)."""
+    64 tokens 50.5 -> 47.1 us, 1 token 3.59 -> 3.78). Env DELTASERVE_MMA_AHEAD="G,D": the gated and the down
+    launch's chunks in flight up to 16 rows (one token's picks), for in-model A/B of the register ring."""
+    env = os.environ.get("DELTASERVE_MMA_AHEAD")
+    if env and m <= 16:
+        try:
+            g_ahead, d_ahead = (int(v) for v in env.split(","))
+        except ValueError:
+            raise ValueError(f"DELTASERVE_MMA_AHEAD must be two chunk counts 'G,D', found {env!r}") from None
+        return g_ahead if gated else d_ahead
     return 2 if gated or m > 16 else 1
 
 
@@ -869,7 +921,8 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     up: a second stacked weight (words, sb) of W's shape: the result is h = SiLU(x W^T) * (x W_up^T) in bf16
     (the kernel's GATED epilogue). scale: fp32 [M]: the result is fp32, scale[m] * bf16(row m) (SCALED).
     config: (W, RB[, AHEAD[, LOOP]]) warps per program (changes bits), row blocks per program held together, chunks
-    in flight (1, 2, or >= the chunks: the whole weight slice at once, x by cp.async) and rounds of RB row blocks
+    in flight (1 .. chunks - 1 in registers, chunks - 1 being the whole slice up front; or >= the chunks: the whole
+    weight slice at once, x by cp.async) and rounds of RB row blocks
     per program over x staged once in shared memory (LOOP > 1); none but W changes bits.
     combine: (residual [T, N] or None, comb [T, N]) with scale= and single-row tiles, rows being T tokens x S
     slots: the launch also does triton_combine.combine_slots(out.view(T, S, N), residual, comb) (the same
@@ -922,9 +975,9 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     if (loop > 1 or ahead >= g // warps) and staged > STAGE_BYTES:
         raise ValueError(f"mma_matmul_experts: LOOP > 1 and AHEAD >= chunks stage x in shared memory, {staged} bytes "
                          f"for K={k} and tiles of {tiles.rows} rows; at most {STAGE_BYTES}")
-    if ahead not in (1, 2) and ahead < g // warps:
-        raise ValueError(f"mma_matmul_experts: AHEAD (chunks in flight) must be 1, 2 or >= the {g // warps} chunks "
-                         f"(all), found {ahead}")
+    if ahead < 1:
+        raise ValueError(f"mma_matmul_experts: AHEAD (chunks in flight) must be 1 .. {g // warps - 1} (in registers) or "
+                         f">= the {g // warps} chunks (all, x staged), found {ahead}")
     if g % warps or nbe % rb:
         raise ValueError(f"mma_matmul_experts: config W={warps}, RB={rb} does not divide the {g} groups / {nbe} "
                          f"row blocks")
