@@ -20,9 +20,10 @@ from .triton_pdl import pdl_args, pdl_open, pdl_wait
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, stride_x, stride_r, stride_y, stride_ro, eps, offset,
                      xp_ptr, xs_ptr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PREP_BITS: tl.constexpr = 0,
-                     PREP_GROUP: tl.constexpr = 64, PDL: tl.constexpr = False):
+                     PREP_GROUP: tl.constexpr = 64, PREP_XP: tl.constexpr = True, PDL: tl.constexpr = False):
     # PREP_BITS > 0: also the decode GEMV's prep of the output row (quant.triton_gemv.prep_row, xp / xs rows of
-    # N and N / PREP_GROUP), read back from y after a barrier so it is the prep kernel's code on the same values.
+    # N and N / PREP_GROUP), read back from y after a barrier so it is the prep kernel's code on the same values;
+    # PREP_XP False: the group sums alone.
     pdl_open(PDL)
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -40,7 +41,7 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, stride_x, stride_r, 
     if PREP_BITS > 0:
         tl.debug_barrier()  # the row's stores (every thread's) before its reads
         prep_row(y_ptr + row * stride_y, xp_ptr + row * BLOCK, xs_ptr + row * (BLOCK // PREP_GROUP), BLOCK,
-                 PREP_BITS, PREP_GROUP)
+                 PREP_BITS, PREP_GROUP, PREP_XP)
 
 
 def _rows(x: torch.Tensor, n: int, name: str) -> torch.Tensor:
@@ -60,9 +61,11 @@ def prep_supported(n: int, bits: int, group: int) -> bool:
 
 
 def _launch_norm(x2: torch.Tensor, res2: torch.Tensor | None, weight: torch.Tensor, y: torch.Tensor,
-                 r_out: torch.Tensor | None, eps: float, offset: float, prep: tuple[int, int] | None, name: str):
+                 r_out: torch.Tensor | None, eps: float, offset: float, prep: tuple[int, int] | None, name: str,
+                 sums_only: bool = False):
     """The one launch of rms_norm / add_rms_norm over rows x2 [R, N] (+ res2 -> r_out when given) into y; with
-    prep = (bits, group) also the decode GEMV's prep of y: returns (xp [R, N], xs [R, N / group]), else None."""
+    prep = (bits, group) also the decode GEMV's prep of y: returns (xp [R, N], xs [R, N / group]) (xp None when
+    sums_only: the group sums alone, the same bits), else None."""
     n = weight.numel()
     xp = xs = y  # unused without prep
     bits, group = prep or (0, 64)
@@ -70,17 +73,20 @@ def _launch_norm(x2: torch.Tensor, res2: torch.Tensor | None, weight: torch.Tens
         if not prep_supported(n, bits, group):
             raise ValueError(f"{name} prep: bits {bits} / group {group} for N = {n} (bits 4 or 8, N a power "
                              f"of two, a multiple of the group and at most {PREP_MAX_N})")
-        xp = torch.empty(x2.shape[0], n, dtype=torch.float32, device=x2.device)
         xs = torch.empty(x2.shape[0], n // group, dtype=torch.float32, device=x2.device)
+        xp = xs if sums_only else torch.empty(x2.shape[0], n, dtype=torch.float32, device=x2.device)
     has_res = res2 is not None
     r_in, r_o = (res2, r_out) if has_res else (x2, y)
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, r_in, weight, y, r_o, n, x2.stride(0), r_in.stride(0) if has_res else 0,
                                          y.stride(0), r_o.stride(0) if has_res else 0, eps, offset, xp, xs,
                                          HAS_RES=has_res, BLOCK=triton.next_power_of_2(n), PREP_BITS=bits,
-                                         PREP_GROUP=group, num_warps=4 if n <= 4096 or prep else 8,
+                                         PREP_GROUP=group, PREP_XP=not sums_only,
+                                         num_warps=4 if n <= 4096 or prep else 8,
                                          **pdl_args(x2))  # prep: the prep kernel's 4 warps (prep_row's bits)
-    return (xp, xs) if prep is not None else None
+    if prep is None:
+        return None
+    return (None, xs) if sums_only else (xp, xs)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 1.0,
@@ -98,16 +104,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 offset: float = 1.0, prep: tuple[int, int] | None = None):
+                 offset: float = 1.0, prep: tuple[int, int] | None = None, sums_only: bool = False):
     """r = x + residual (rounded to x's dtype), y = rms_norm(r). Returns (y, r); shapes [..., N]. prep = (bits,
-    group): also the decode GEMV's prep of y, as rms_norm(prep=) makes it: (y, r, (xp, xs))."""
+    group): also the decode GEMV's prep of y, as rms_norm(prep=) makes it: (y, r, (xp, xs)); sums_only: xs alone
+    (the same bits), (y, r, (None, xs)), for a consumer that reads only the group sums (the tensor-core MoE)."""
     n = weight.numel()
     if residual.shape != x.shape:
         raise ValueError(f"add_rms_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
     x2, r2 = _rows(x, n, "add_rms_norm"), _rows(residual, n, "add_rms_norm residual")
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     r_out = torch.empty_like(y)
-    made = _launch_norm(x2, r2, weight, y, r_out, eps, offset, prep, "add_rms_norm")
+    made = _launch_norm(x2, r2, weight, y, r_out, eps, offset, prep, "add_rms_norm", sums_only)
     if prep is not None:
         return y.view(x.shape), r_out.view(x.shape), made
     return y.view(x.shape), r_out.view(x.shape)

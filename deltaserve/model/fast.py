@@ -181,6 +181,17 @@ def mma_moe_weights(block: nn.Module, x: torch.Tensor):
 
 
 MOE_PREP = (4, 64)  # the tensor-core MoE's prep format: the group sums of x over groups of 64
+MOE_SUMS = ("group-sums", 64)  # the tag of a prep of the group sums alone (xp None): no GEMV format matches it
+
+
+def moe_norm_sums_only() -> bool:
+    """Whether the norm before a tensor-core MoE block writes x's group sums alone (the only part of the prep its
+    kernels read; the same bits as the full prep's) instead of the whole GEMV prep. Env DELTASERVE_MOE_NORM_PREP:
+    "sums" (default) | "full", for timing them against each other."""
+    value = os.environ.get("DELTASERVE_MOE_NORM_PREP", "sums")
+    if value not in ("sums", "full"):
+        raise ValueError(f"DELTASERVE_MOE_NORM_PREP must be 'sums' or 'full', found {value!r}")
+    return value == "sums"
 
 
 def moe_prep(block: nn.Module, x: torch.Tensor) -> tuple[int, int] | None:

@@ -95,7 +95,8 @@ class SparseMoeBlock(nn.Module):
             slot = mma.gate[0].shape[0] - 1 if mma.shared_last else None  # the shared expert: routed slot k
             routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"),
                                 separate_topk=fast.moe_topk_mode() == "split", shared_slot=slot)
-            carried = fast.carried_prep(x, fast.MOE_PREP)  # the norm's prep (fast.moe_prep): x's group sums
+            # the norm's prep (fast.moe_prep): x's group sums, alone (MOE_SUMS) or with the GEMV's xp
+            carried = fast.carried_prep(x, fast.MOE_SUMS) or fast.carried_prep(x, fast.MOE_PREP)
             xs = None if carried is None else carried[1]
             return moe_block_mma(x, routing.ids, routing.weights, routing.shared_weight, mma, residual=residual,
                                  xs=xs, shared_slotted=slot is not None)

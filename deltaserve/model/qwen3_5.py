@@ -67,8 +67,9 @@ class DecoderLayer(nn.Module):
         if prep is None:
             h, x = add_rms_norm(h, x, post.weight, post.eps, post.offset)  # (norm(x + h), x + h), both [T, H]
         else:
-            h, x, made = add_rms_norm(h, x, post.weight, post.eps, post.offset, prep=prep)
-            setattr(h, fast.GEMV_PREP_ATTR, (prep, made))
+            sums = fast.moe_norm_sums_only()
+            h, x, made = add_rms_norm(h, x, post.weight, post.eps, post.offset, prep=prep, sums_only=sums)
+            setattr(h, fast.GEMV_PREP_ATTR, (fast.MOE_SUMS if sums else prep, made))
         return self.mlp(h, decode=decode, residual=x)
 
 

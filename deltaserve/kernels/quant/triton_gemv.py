@@ -53,17 +53,20 @@ def _prep_kernel(x_ptr, xp_ptr, xs_ptr, stride_xm, stride_pm, stride_sm, K: tl.c
 
 
 @triton.jit
-def prep_row(x_row, xp_row, xs_row, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr):
+def prep_row(x_row, xp_row, xs_row, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
+             XP: tl.constexpr = True):
     """One row of x (bf16/fp16, K features) -> xp[i, j] = fp32 x[j*PACK + i] * 2^-(BITS * (i % (PACK/2))) (the
     codes' order, code i of word j, pre-scaled by the power of two the shift-free decode leaves on code i: exact),
     and xs[g] = sum of the row's group g (fp32, one fixed order). The one prep: _prep_kernel and the RMSNorm that
-    preps its output (kernels/triton_norm.py) both call it, so their outputs are the same bits (4 warps)."""
-    PACK: tl.constexpr = 32 // BITS
-    KW: tl.constexpr = K // PACK
-    j = tl.arange(0, KW)
-    i = tl.arange(0, PACK)
-    xv = tl.load(x_row + j[:, None] * PACK + i[None, :]).to(tl.float32)
-    tl.store(xp_row + i[None, :] * KW + j[:, None], xv * code_prescale(i, BITS)[None, :])
+    preps its output (kernels/triton_norm.py) both call it, so their outputs are the same bits (4 warps). XP False:
+    the group sums alone (the tensor-core MoE reads only them), by the same code."""
+    if XP:
+        PACK: tl.constexpr = 32 // BITS
+        KW: tl.constexpr = K // PACK
+        j = tl.arange(0, KW)
+        i = tl.arange(0, PACK)
+        xv = tl.load(x_row + j[:, None] * PACK + i[None, :]).to(tl.float32)
+        tl.store(xp_row + i[None, :] * KW + j[:, None], xv * code_prescale(i, BITS)[None, :])
     g = tl.arange(0, K // GROUP)
     e = tl.arange(0, GROUP)
     xg = tl.load(x_row + g[:, None] * GROUP + e[None, :]).to(tl.float32)
