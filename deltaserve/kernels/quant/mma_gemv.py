@@ -893,19 +893,25 @@ def default_row_blocks(nbe: int, m: int, k: int) -> int:
     return 2 if k < 1024 and m > 16 and nbe % 2 == 0 else 1
 
 
-def default_ahead(m: int, gated: bool) -> int:
-    """Chunks in flight per warp in the experts kernel (never a row's bits): two for the gated form and past 16
-    rows, else one (H200 sweep, bench/NOTES.md: gated 64 tokens 118.5 -> 101.0 us, 1 token 6.36 -> 6.21; down
-    64 tokens 50.5 -> 47.1 us, 1 token 3.59 -> 3.78). Env DELTASERVE_MMA_AHEAD="G,D": the gated and the down
-    launch's chunks in flight up to 16 rows (one token's picks), for in-model A/B of the register ring."""
+def default_ahead(m: int, gated: bool, chunks: int = 8) -> int:
+    """Chunks in flight per warp in the experts kernel (never a row's bits) for m rows and `chunks` chunks per warp.
+    Up to 16 rows (one token's picks): the register ring, 4 for the gated gate/up and chunks - 1 (the whole slice
+    up front) for down (H200, 35B-A3B q4, bench/NOTES.md: sweep at T=1 gated 8.36 -> 6.89 us, down 4.49 -> 4.36;
+    in the model, tensor-core MoE at B=1: AHEAD 2,1 569.7 -> 4,7 595.7 tok/s with the sums-only norm, 4,4 589.0,
+    3,7 584.7, 5,7 588.7, 7,7 579.7). Past 16 rows: two for the gated form and down (64 tokens: gated 118.5 ->
+    101.0 us, down 50.5 -> 47.1; the ring at 4 was no faster there). Env DELTASERVE_MMA_AHEAD="G,D": the gated and
+    the down launch's chunks in flight up to 16 rows, for in-model A/B."""
     env = os.environ.get("DELTASERVE_MMA_AHEAD")
-    if env and m <= 16:
-        try:
-            g_ahead, d_ahead = (int(v) for v in env.split(","))
-        except ValueError:
-            raise ValueError(f"DELTASERVE_MMA_AHEAD must be two chunk counts 'G,D', found {env!r}") from None
-        return g_ahead if gated else d_ahead
-    return 2 if gated or m > 16 else 1
+    if m <= 16:
+        if env:
+            try:
+                g_ahead, d_ahead = (int(v) for v in env.split(","))
+            except ValueError:
+                raise ValueError(f"DELTASERVE_MMA_AHEAD must be two chunk counts 'G,D', found {env!r}") from None
+        else:
+            g_ahead, d_ahead = 4, chunks - 1
+        return max(1, min(g_ahead if gated else d_ahead, chunks - 1)) if chunks > 1 else 1
+    return 2
 
 
 def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, expert_ids: torch.Tensor,
@@ -966,7 +972,8 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     if tiles.tile_e.numel() != want:  # a table built for other rows would drop or misread rows
         raise ValueError(f"mma_matmul_experts: tiles of {tiles.rows} rows for {m} rows must number {want}, found "
                          f"{tiles.tile_e.numel()} (build them with mma_expert_tiles for these ids)")
-    defaults = (default_warps(k), default_row_blocks(nbe, m, k), default_ahead(m, up is not None), 1)
+    warps = config[0] if config else default_warps(k)
+    defaults = (warps, default_row_blocks(nbe, m, k), default_ahead(m, up is not None, g // warps), 1)
     warps, rb, ahead, loop = (*config, *defaults[len(config):]) if config else defaults
     if loop < 1 or nbe % (rb * loop):
         raise ValueError(f"mma_matmul_experts: LOOP={loop} rounds of RB={rb} row blocks must divide the {nbe} row "
