@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Device call: records at this commit (the default CUDA-core MoE; scripts/device_bench_all.sh with a short test
-# window: the default path's kernels did not change since its last GPU tests), then the tensor-core MoE with the
-# register ring and the sums-only norm (DELTASERVE_MOE=mma: tg128 and pp512 at d512, B=1; no records).  ~520 s
+# Device call: records at this commit (the default CUDA-core MoE; scripts/device_bench_all.sh without its test
+# window: the default path's kernels did not change since their last GPU tests, and this wave's changes had theirs
+# in device_mma_ring*.sh), then the tensor-core MoE with the
+# register ring and the sums-only norm (DELTASERVE_MOE=mma: tg128 and pp512 at d512, B=1; no records).  ~480 s
 # Usage (H200 machine, repo root): DELTASERVE_COMMIT=<sha> bash scripts/device_records_ring.sh
 export TRITON_CACHE_DIR=/tmp/tcache
 [ -f .tcache.tgz ] && tar xzf .tcache.tgz -C /tmp
 t0=$SECONDS
-TEST_TIMEOUT=80 TEST_FILES=tests/gpu/test_model_fast_path.py TEST_FILTER="batch or graph" \
+TEST_TIMEOUT=1 \
   bash "$(dirname "$0")/device_bench_all.sh" 2>&1 | grep -E "passed|failed|^\| deltaserve|^\|.*(tg|pp)|FAILED|^E  " | head -40
 echo "== records done ($((SECONDS-t0)) s)"
 OUT=${OUT:-/tmp/out}
