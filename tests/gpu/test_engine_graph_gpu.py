@@ -18,19 +18,46 @@ from deltaserve.engine.sampling_params import SamplingParams
 from deltaserve.weights.loader import load_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from model_helpers import bf16_exact_moe_checkpoint  # noqa: E402
+from model_helpers import bf16_exact_moe_checkpoint, make_hf_model, ours_from_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    """A tiny MoE checkpoint (fused layout, bf16-exact weights) loaded in bf16 on the GPU: the fast path."""
+@pytest.fixture(scope="module", params=["bf16", "q4-mma-moe"])
+def model(request, tmp_path_factory):
+    """A tiny MoE checkpoint loaded in bf16 on the GPU: the fast path. "bf16": fused layout, bf16-exact weights.
+    "q4-mma-moe": quantised to q4 g64 with expert widths of 64, under DELTASERVE_MOE=mma (every MoE block, decode
+    and prefill, on the tensor-core kernels over the repacked experts; the environment stays set while the model is
+    in use, as its released MLX experts require)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device (the engine's prefill needs fla's GPU kernels)")
     ckpt = tmp_path_factory.mktemp("ckpt")
-    bf16_exact_moe_checkpoint(ckpt)
-    return load_checkpoint(ckpt, device="cuda", dtype=torch.bfloat16, progress=False).model
+    if request.param == "bf16":
+        bf16_exact_moe_checkpoint(ckpt)
+        m = load_checkpoint(ckpt, device="cuda", dtype=torch.bfloat16, progress=False).model
+        m.__dict__["_test_mode"] = request.param
+        yield m
+        return
+    from deltaserve.weights.quantizer import quantize_checkpoint
+
+    hf = make_hf_model(True, seed=0, vocab_size=32, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                       linear_num_value_heads=8)
+    ours_from_checkpoint(hf, ckpt)
+    q4 = quantize_checkpoint(ckpt, tmp_path_factory.mktemp("q4"), 4, 64, progress=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DELTASERVE_MOE", "mma")
+        m = load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
+        m.__dict__["_test_mode"] = request.param
+        yield m
+
+
+def _mma_moe_in_use(model) -> bool:
+    """Every MoE block of the model holds its repacked experts (it went through the tensor-core MoE)."""
+    from deltaserve.model import fast
+    from deltaserve.model.mlp import SparseMoeBlock
+
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    return bool(blocks) and all(b.__dict__.get(fast.MMA_ATTR) for b in blocks)
 
 
 def generate(model, n: int, graphs: bool):
@@ -74,6 +101,8 @@ def test_engine_graphs_equal_eager(model, n):
     used = {bucket_for(b) for b in sizes}
     assert set(runner.graphs.graphs) == used
     assert all(g.graph is not None for g in runner.graphs.graphs.values())  # captured, not eager replays
+    # the mode really served the model (the bf16 experts cannot take the tensor-core MoE)
+    assert _mma_moe_in_use(model) == (model.__dict__["_test_mode"] == "q4-mma-moe")
 
 
 def test_prefill_graph_equals_eager_bit_for_bit(model):
@@ -126,3 +155,4 @@ def test_engine_prefill_graphs_equal_eager(model):
     assert graph == eager
     assert engine.runner.prefill_graph_steps >= 6 and all(g.graph is not None
                                                           for g in engine.runner.prefill_graphs.graphs.values())
+    assert _mma_moe_in_use(model) == (model.__dict__["_test_mode"] == "q4-mma-moe")

@@ -34,6 +34,9 @@ from model_helpers import make_hf_model, ours_from_checkpoint  # noqa: E402
 pytestmark = pytest.mark.gpu
 MODES = {  # name -> the environment it runs under
     "mma": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma"},
+    # the tensor-core MoE with the default GEMVs (the output head alone on the tensor-core GEMV): the candidate
+    # default layout (bench/NOTES.md)
+    "mma-moe": {"DELTASERVE_MOE": "mma"},
     # the CUDA-core paths but the output head on the tensor-core GEMV
     "head": {"DELTASERVE_DECODE_GEMV": "head"},
 }
@@ -84,6 +87,11 @@ def test_tensor_core_paths_in_use(models):
         assert mma and mma.shared_last, "an MoE block did not take the tensor-core path"
         assert b.experts.__dict__.get(fast.RELEASED_ATTR) and b.experts.gate_proj.weight.numel() == 0
     assert fast.decode_copy_bytes(gpu) > 0
+    if mode == "mma-moe":  # the decode linears stay on CUDA cores
+        assert not any(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers)
+        with pytest.raises(RuntimeError, match="released"):
+            fast.stacked_specs(blocks[0].experts)
+        return
     assert all(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers), \
         "a DeltaNet in_proj did not take the tensor-core GEMV (and its conv epilogue)"
     with pytest.raises(RuntimeError, match="released"):
