@@ -331,3 +331,20 @@ def test_warm_and_capture_order(monkeypatch):
     assert events == ["wait", "enter side stream", "restore", "forward", "restore", "forward", "exit side stream",
                       "wait", "restore", "enter capture graph pool=p", "forward", "exit capture graph pool=p",
                       "restore"]
+
+
+def test_activation_dtype_of_a_quantised_model(tmp_path):
+    """capturable() takes the activation dtype from the first floating-point parameter: an MLX q4 checkpoint's
+    first parameter is its packed embedding (uint32), which made the engine run quantised models without graphs."""
+    from model_helpers import make_hf_model, ours_from_checkpoint
+
+    from deltaserve.weights.loader import load_checkpoint
+    from deltaserve.weights.quantizer import quantize_checkpoint
+
+    ours_from_checkpoint(make_hf_model(True, seed=0, vocab_size=32), tmp_path / "bf16")
+    q4 = quantize_checkpoint(tmp_path / "bf16", tmp_path / "q4", 4, 32, progress=False)
+    model = load_checkpoint(q4, dtype=torch.bfloat16, progress=False).model
+    assert not next(model.parameters()).is_floating_point()  # the packed embedding comes first
+    p = cuda_graph.activation_param(model)
+    assert p is not None and p.dtype == torch.bfloat16
+    assert not cuda_graph.capturable(model)  # on the CPU: the reference path, never captured

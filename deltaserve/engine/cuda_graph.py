@@ -23,11 +23,15 @@ from ..model import ForwardBatch, HybridCache, fast
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
+def activation_param(model) -> torch.Tensor | None:
+    """The model's first floating-point parameter, whose dtype and device are its activations': a quantised
+    checkpoint's first parameter is often a packed integer weight (an MLX q4 embedding is uint32)."""
+    return next((q for q in model.parameters() if q.is_floating_point()), None)
+
+
 def capturable(model) -> bool:
-    """Can the model's forward be captured? CUDA and the fast path (the reference path synchronises with the host).
-    The activation dtype is read from the first floating-point parameter: a quantised checkpoint's first one is
-    often a packed integer weight (an MLX q4 embedding is uint32), which no activation has."""
-    p = next((q for q in model.parameters() if q.is_floating_point()), None)
+    """Can the model's forward be captured? CUDA and the fast path (the reference path synchronises with the host)."""
+    p = activation_param(model)
     return p is not None and p.is_cuda and fast.enabled(torch.empty(0, dtype=p.dtype, device=p.device))
 
 
