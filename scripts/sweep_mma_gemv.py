@@ -119,6 +119,28 @@ def compile_only(quick: bool = False) -> int:
             print(f"EXPERTS N={n} K={k} {'gated' if gated else 'scaled'} {'single' if single else 'sorted'} RB={rb}"
                   f"{' self-xs' if self_xs else ''}{' combine' if comb else ''}: {len(lines)} SASS, {hmma} HMMA, "
                   f"{sts} STS, {atom} ATOM")
+    # the split gate/up layout: the plain launch over [gate; up] rows with h at each block pair's second arrival
+    # (PAIR), and down making h from g | u as it loads (GLU), single-row tiles at one token
+    t1 = slots
+    for n, k, pair, glu in ((1024, 2048, 32, 0), (2048, 512, 0, 512)):
+        before = set(compiled)
+        wq = torch.empty(e, n // 16, k // 64, 128, dtype=torch.int32)
+        sbq = torch.empty(e, n // 16, k // 64, 8, 2, 2, dtype=torch.bfloat16)
+        xw = 2 * k if glu else k
+        h = torch.empty(t1, 512, dtype=torch.bfloat16)
+        mg._mma_experts_kernel[(t1, n // 16)](
+            torch.empty(t1, xw, dtype=torch.bfloat16), torch.empty(t1, k // 64), wq, sbq, wq, sbq,
+            torch.empty(t1, n, dtype=torch.float32 if glu else torch.bfloat16), torch.empty(t1),
+            *(torch.empty(t1, dtype=torch.int32) for _ in range(3)), torch.empty(t1, dtype=torch.int32), xw, k // 64,
+            n, n // 16, h, h, torch.zeros(mg.PAIR_COUNTERS, dtype=torch.int32), 512, 512, XREP=1 if glu else slots,
+            K=k, W=mg.default_warps(k), NT=1, RB=1, SINGLE=True, GATED=False, SCALED=bool(glu), PDL=True,
+            SELF_XS=bool(glu), AHEAD=mg.default_ahead(t1, not glu, k // 64 // mg.default_warps(k)), GLU=glu,
+            PAIR=pair, num_warps=mg.default_warps(k))
+        for label in set(compiled) - before:
+            lines = instructions(compiled[label])
+            atom = sum("ATOM" in ln or "RED" in ln for ln in lines)
+            print(f"SPLIT N={n} K={k} {'pair' if pair else 'glu'}: {len(lines)} SASS, "
+                  f"{sum('HMMA' in ln for ln in lines)} HMMA, {atom} ATOM")
     # the DeltaNet in_proj's conv epilogue (CONV): 8192 conv channels of 12352 features, 8 tokens
     n, k, m, c = 12352, 2048, 8, 8192
     before = set(compiled)
@@ -156,18 +178,19 @@ def moe_section(args, sink) -> None:
     dev = torch.device("cuda")
     tmax = max(int(v) for v in args.ms.split(","))
     x0, kw, ref = moe_problem(dev, tmax, 2048, 256, 512, 512, 4, 64)
-    experts = pack_mma_experts(*(kw[k] for k in ("gate", "up", "down", "shared_gate_proj", "shared_up",
-                                                  "shared_down")))
+    parts = [kw[k] for k in ("gate", "up", "down", "shared_gate_proj", "shared_up", "shared_down")]
+    experts = pack_mma_experts(*parts)
+    experts_split = pack_mma_experts(*parts, split_gate_up=True)  # gate | up stacked, h at the pair's 2nd arrival
     res_all = kw.pop("residual")
     inputs = [x0] + [torch.randn_like(x0) for _ in range(9)]
 
     def cuda_block(x, res):
         return moe_decode_v2(x, top_k=8, residual=res, **kw)
 
-    def mma_block(x, res, rows=None):  # as the model runs it: the shared expert routed as slot k by the top-k
+    def mma_block(x, res, rows=None, ex=None):  # as the model runs it: the shared expert routed as slot k
         r = moe_route(x, kw["router"], 8, True, kw["shared_gate"], shared_slot=256)
-        return moe_block_mma(x, r.ids, r.weights, r.shared_weight, experts, residual=res, tile_rows=rows,
-                             shared_slotted=True)
+        return moe_block_mma(x, r.ids, r.weights, r.shared_weight, experts if ex is None else ex, residual=res,
+                             tile_rows=rows, shared_slotted=True)
 
     def mlp(v, a, b, c):
         return (F.silu(v @ a.t()) * (v @ b.t())) @ c.t()
@@ -187,7 +210,8 @@ def moe_section(args, sink) -> None:
     for t in (int(v) for v in args.ms.split(",")):
         want = reference(t)
         variants = [("moe_decode_v2", "default", cuda_block)] if t <= 64 else []
-        variants += [("moe_block_mma", "default", mma_block)]
+        variants += [("moe_block_mma", "default", mma_block),
+                     ("moe_block_mma", "split", lambda x, res: mma_block(x, res, ex=experts_split))]
         variants += [("moe_block_mma", f"tiles{rows}", lambda x, res, rows=rows: mma_block(x, res, rows))
                      for rows in (1, 8, 16, 32) if args.moe_tiles]
         for kernel, config, fn in variants:

@@ -169,6 +169,13 @@ def test_kernel_choice_env_vars_are_checked(monkeypatch):
     assert fast.moe_kernels() == "cuda"
     monkeypatch.setenv("DELTASERVE_MOE", "mma")
     assert fast.moe_kernels() == "mma" and fast.mma_moe_weights(None, x) is None  # CPU tensors: never repacked
+    monkeypatch.delenv("DELTASERVE_MMA_GATE_UP", raising=False)
+    assert not fast.mma_gate_up_split()
+    monkeypatch.setenv("DELTASERVE_MMA_GATE_UP", "split")
+    assert fast.mma_gate_up_split()
+    monkeypatch.setenv("DELTASERVE_MMA_GATE_UP", "fused")
+    with pytest.raises(ValueError, match="DELTASERVE_MMA_GATE_UP must be 'gated' or 'split', found 'fused'"):
+        fast.mma_gate_up_split()
     monkeypatch.setenv("DELTASERVE_MOE", "tensor")
     with pytest.raises(ValueError, match="DELTASERVE_MOE must be 'cuda' or 'mma', found 'tensor'"):
         fast.moe_kernels()

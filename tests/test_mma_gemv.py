@@ -109,6 +109,9 @@ def test_compiles_for_sm90():
     experts = [ln for ln in out.stdout.splitlines() if ln.startswith("EXPERTS ")]  # the grouped kernel too
     assert len(experts) == 3 and all(" 0 HMMA" not in ln for ln in experts), out.stdout
     assert [" 0 ATOM" not in ln for ln in experts] == [" combine" in ln for ln in experts], out.stdout
+    split = [ln for ln in out.stdout.splitlines() if ln.startswith("SPLIT ")]  # the split gate/up's two forms
+    assert len(split) == 2 and all(" 0 HMMA" not in ln for ln in split), out.stdout
+    assert [" 0 ATOM" not in ln for ln in split] == [" pair" in ln for ln in split], out.stdout  # h at the 2nd arrival
     hmma = {}
     for row in rows:
         counts = {k: int(v) for k, v in re.findall(r"'(\w+)': (\d+)", row)}
@@ -179,3 +182,14 @@ def test_pack_mma_experts_stacks_an_equal_width_shared_expert():
     wide = pack_mma_experts(*routed, mlx(2 * i, h), mlx(2 * i, h), mlx(h, 2 * i))
     assert not wide.shared_last and wide.gate[0].shape[0] == e and wide.shared[0][0].shape[0] == 1
     assert not pack_mma_experts(*routed).shared_last
+    # the split gate/up layout: each expert's gate rows then its up rows in one stack, the shared expert stacked last
+    su, sd = mlx(i, h), mlx(h, i)
+    gated = pack_mma_experts(*routed, sg, su, sd)
+    split = pack_mma_experts(*routed, sg, su, sd, split_gate_up=True)
+    assert split.gate is None and split.up is None and split.shared_last and split.num_experts == e + 1
+    nb = i // 16
+    assert split.gate_up[0].shape[1] == 2 * nb
+    for part in (0, 1):  # words, then (s, b)
+        assert torch.equal(split.gate_up[part][:, :nb], gated.gate[part])
+        assert torch.equal(split.gate_up[part][:, nb:], gated.up[part])
+        assert torch.equal(split.down[part], gated.down[part])

@@ -143,6 +143,17 @@ def moe_kernels() -> str:
     return value
 
 
+def mma_gate_up_split() -> bool:
+    """The tensor-core MoE's gate/up layout: "gated" (default: gate and up as two stacks, one launch computing both
+    and SiLU(g) * u per row block) or "split" (one stack of 2 I rows per expert, a plain launch of twice the
+    programs, and down making SiLU(g) * u as it loads: the same bits; kernels/moe/mma_moe.MmaExperts.gate_up).
+    Env DELTASERVE_MMA_GATE_UP, read when a block is first repacked."""
+    value = os.environ.get("DELTASERVE_MMA_GATE_UP", "gated")
+    if value not in ("gated", "split"):
+        raise ValueError(f"DELTASERVE_MMA_GATE_UP must be 'gated' or 'split', found {value!r}")
+    return value == "split"
+
+
 RELEASED_ATTR = "_released_for_mma"  # experts.__dict__ key: the MLX tensors were released after the repack
 
 
@@ -168,7 +179,7 @@ def mma_moe_weights(block: nn.Module, x: torch.Tensor):
             return None
         se = block.shared_expert
         shared = [weight_spec(p) for p in (se.gate_proj, se.up_proj, se.down_proj)] if se is not None else []
-        cached = pack_mma_experts(*specs, *shared)
+        cached = pack_mma_experts(*specs, *shared, split_gate_up=mma_gate_up_split())
         block.__dict__[MMA_ATTR] = cached
         for proj in (experts.gate_proj, experts.up_proj, experts.down_proj):  # one copy of the weights
             proj.__dict__.pop("_fast_spec_weight", None)

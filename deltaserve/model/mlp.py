@@ -92,7 +92,7 @@ class SparseMoeBlock(nn.Module):
         if mma is not None:  # every token count, decode or prefill: one kernel family, one set of bits
             from ..kernels.moe.mma_moe import moe_block_mma
 
-            slot = mma.gate[0].shape[0] - 1 if mma.shared_last else None  # the shared expert: routed slot k
+            slot = mma.num_experts - 1 if mma.shared_last else None  # the shared expert: routed slot k
             routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"),
                                 separate_topk=fast.moe_topk_mode() == "split", shared_slot=slot)
             # the norm's prep (fast.moe_prep): x's group sums, alone (MOE_SUMS) or with the GEMV's xp

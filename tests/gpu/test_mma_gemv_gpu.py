@@ -198,7 +198,7 @@ def test_mma_experts_batch_invariant(dev):
             assert torch.equal(alone[j : j + 1], gemv), f"token {tok} pick {j}: experts kernel != mma_gemv"
 
 
-def _moe_block(dev, t, h=2048, e=256, i=512, i_s=512, top_k=8, seed=0):
+def _moe_block(dev, t, h=2048, e=256, i=512, i_s=512, top_k=8, seed=0, split=False):
     from types import SimpleNamespace
 
     from deltaserve.kernels.moe.mma_moe import pack_mma_experts
@@ -214,9 +214,43 @@ def _moe_block(dev, t, h=2048, e=256, i=512, i_s=512, top_k=8, seed=0):
     res = torch.randn(t, h, device=dev).bfloat16()
     w, ids = route_topk(torch.randn(t, e, device=dev), top_k)
     sw = torch.sigmoid(torch.randn(t, device=dev))
-    experts = pack_mma_experts(*mlx)
+    experts = pack_mma_experts(*mlx, split_gate_up=split)
     assert experts.shared_last == (i_s == i) and (experts.shared is None) == (i_s == i)
     return x, res, ids.int(), w.float(), sw, experts, w64
+
+
+@pytest.mark.parametrize("t", [1, 3, 64])
+def test_moe_block_mma_split_gate_up_same_bits(dev, t):
+    """The split gate/up layout (one plain launch over stacked [gate; up] rows, h = SiLU(g) * u at each block
+    pair's second arrival) gives the gated launch's hidden and the block's output bit for bit, in single-row and
+    sorted tiles; so does its fallback (down making h from g | u as it loads, glu=True). Counters back at zero."""
+    from deltaserve.kernels.moe.mma_moe import moe_block_mma
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.triton_sync import arrival_counters
+
+    x, res, ids, w, sw, gated, _ = _moe_block(dev, t, seed=3)
+    *_, split, _ = _moe_block(dev, t, seed=3, split=True)
+    assert split.gate is None and split.gate_up[0].shape[1] == 2 * gated.gate[0].shape[1]
+    for rows in (None, 1, 8):
+        want = moe_block_mma(x, ids, w, sw, gated, residual=res, tile_rows=rows)
+        assert torch.equal(moe_block_mma(x, ids, w, sw, split, residual=res, tile_rows=rows), want), rows
+    slots_ids = torch.cat([ids, torch.full_like(ids[:, :1], gated.num_experts - 1)], 1)
+    m = slots_ids.numel()
+    tiles = mg.mma_expert_tiles(slots_ids, gated.num_experts)
+    xs = __import__("deltaserve.kernels.quant.triton_gemv", fromlist=["prep_x"]).prep_x(x, 4, 64)[1]
+    hid = mg.mma_matmul_experts(x, *gated.gate, slots_ids, 9, xs=xs, tiles=tiles, up=gated.up)
+    h = torch.full_like(hid, float("nan"))
+    gu = mg.mma_matmul_experts(x, *split.gate_up, slots_ids, 9, xs=xs, tiles=tiles, config=(4, 1, 2), pair_out=h)
+    assert torch.equal(h, hid), "h at the pair's second arrival != the gated launch's"
+    i = hid.shape[1]
+    for half, weight in ((slice(0, i), gated.gate), (slice(i, 2 * i), gated.up)):  # g | u: each projection's bits
+        plain = mg.mma_matmul_experts(x, *weight, slots_ids, 9, xs=xs, tiles=tiles, config=(4, 1, 2))
+        assert torch.equal(gu[:, half], plain), "g | u != the gate / up projections launched alone"
+    scale = torch.rand(m, device=dev)
+    down_h = mg.mma_matmul_experts(hid, *gated.down, slots_ids, 1, tiles=tiles, scale=scale)
+    down_glu = mg.mma_matmul_experts(gu, *split.down, slots_ids, 1, tiles=tiles, scale=scale, glu=True)
+    assert torch.equal(down_glu, down_h), "down with h made at load (glu) != down over the gated hidden"
+    assert not arrival_counters(dev, mg.PAIR_COUNTERS)[: mg.PAIR_COUNTERS].any(), "a pair counter was left set"
 
 
 @pytest.mark.parametrize("t,i_s", [(1, 512), (5, 512), (64, 512), (5, 1024)])

@@ -28,7 +28,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..quant.mma_gemv import GROUP, default_row_blocks, mma_expert_tiles, mma_matmul_experts, repack_q4, repack_q4_experts
+from ..quant.mma_gemv import (GROUP, PAIR_COUNTERS, default_ahead, default_warps, mma_expert_tiles,
+                              mma_matmul_experts, repack_q4, repack_q4_experts)
 from ..triton_sync import MIN_COUNTERS
 from .triton_combine import combine_slots
 
@@ -36,27 +37,42 @@ from .triton_combine import combine_slots
 class MmaExperts(NamedTuple):
     """Repacked weights of one MoE block, each (words, sb): gate/up [E', I/16, H/64, ...], down [E', H/16, I/64,
     ...]. shared_last: expert E' - 1 is the shared expert (slot k of every token). shared: (gate, up, down) of a
-    shared expert of another width, each a one-expert stack; None without one (or when stacked)."""
+    shared expert of another width, each a one-expert stack; None without one (or when stacked).
+    gate_up: the split layout (gate and up None): one stack [E', 2 I/16, H/64, ...] whose expert rows are the gate's
+    then the up's, run as one plain launch; down then makes h = SiLU(g) * u as it loads its input (the gated
+    launch's bits, mma_matmul_experts(glu=True))."""
 
-    gate: tuple
-    up: tuple
+    gate: tuple | None
+    up: tuple | None
     down: tuple
     shared_last: bool = False
     shared: tuple | None = None
+    gate_up: tuple | None = None
+
+    @property
+    def num_experts(self) -> int:
+        return (self.gate if self.gate_up is None else self.gate_up)[0].shape[0]
 
 
-def pack_mma_experts(gate, up, down, shared_gate=None, shared_up=None, shared_down=None) -> MmaExperts:
+def pack_mma_experts(gate, up, down, shared_gate=None, shared_up=None, shared_down=None,
+                     split_gate_up: bool = False) -> MmaExperts:
     """MmaExperts from MLX q4 g64 weights (objects with .w, .scales, .biases: stacked [E, N, ...] for the routed
     experts, [N, ...] for the shared one). The shared expert is stacked last when its width equals the routed
-    experts' (one copy either way: the stack is built from the repacked parts)."""
+    experts' (one copy either way: the stack is built from the repacked parts). split_gate_up: gate and up in one
+    stack of 2 I rows per expert (MmaExperts.gate_up)."""
     parts = [repack_q4_experts(s.w, s.scales, s.biases) for s in (gate, up, down)]
-    if shared_gate is None:
-        return MmaExperts(*parts)
-    sh = [repack_q4(s.w, s.scales, s.biases) for s in (shared_gate, shared_up, shared_down)]
-    if all(p[0].shape[1:] == s[0].shape for p, s in zip(parts, sh)):
-        stacked = [tuple(torch.cat([pt, st[None]]) for pt, st in zip(p, s)) for p, s in zip(parts, sh)]
-        return MmaExperts(*stacked, shared_last=True)
-    return MmaExperts(*parts, shared=tuple(tuple(t[None] for t in s) for s in sh))
+    shared_last, shared = False, None
+    if shared_gate is not None:
+        sh = [repack_q4(s.w, s.scales, s.biases) for s in (shared_gate, shared_up, shared_down)]
+        if all(p[0].shape[1:] == s[0].shape for p, s in zip(parts, sh)):
+            parts = [tuple(torch.cat([pt, st[None]]) for pt, st in zip(p, s)) for p, s in zip(parts, sh)]
+            shared_last = True
+        else:
+            shared = tuple(tuple(t[None] for t in s) for s in sh)
+    if split_gate_up:
+        gate_up = tuple(torch.cat([g, u], dim=1) for g, u in zip(parts[0], parts[1]))
+        return MmaExperts(None, None, parts[2], shared_last, shared, gate_up)
+    return MmaExperts(*parts, shared_last=shared_last, shared=shared)
 
 
 def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, shared_weight: torch.Tensor | None,
@@ -76,7 +92,7 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
     has_shared = experts.shared_last or experts.shared is not None
     if has_shared and shared_weight is None:
         raise ValueError("moe_block_mma: the block has a shared expert but no shared_weight was given")
-    num_e = experts.gate[0].shape[0]
+    num_e = experts.num_experts
     ids = ids.to(torch.int32)
     weights = weights.to(torch.float32)
     if shared_slotted:
@@ -89,15 +105,31 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
     slots = ids.shape[1]
     xs = prep_x(x, 4, 64)[1] if xs is None else xs  # x's group sums: shared by every gate and up row
     tiles = mma_expert_tiles(ids, num_e, tile_rows)
-    hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up)
+    glu = False  # down makes h = SiLU(g) * u from g | u as it loads its input
+    if experts.gate_up is not None:
+        # g | u in one plain launch of twice the gated launch's programs; h at each (gate, up) block pair's second
+        # arrival, or (too many pairs for the counters) at down's loads: the gated launch's bits either way
+        k = x.shape[1]
+        w = default_warps(k)
+        m, nbe_gu = ids.numel(), experts.gate_up[0].shape[1]
+        config = (w, 1, default_ahead(m, True, k // GROUP // w))
+        if tiles.tile_e.numel() * (nbe_gu // 2) <= PAIR_COUNTERS:
+            hid = torch.empty(m, nbe_gu * 8, dtype=x.dtype, device=x.device)
+            mma_matmul_experts(x, *experts.gate_up, ids, slots, xs=xs, tiles=tiles, config=config, pair_out=hid)
+        else:
+            hid = mma_matmul_experts(x, *experts.gate_up, ids, slots, xs=xs, tiles=tiles, config=config)
+            glu = True
+    else:
+        hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up)
     # down: hid's group sums are the kernel's own (no prep launch); with single-row tiles (decode-sized batches)
     # the combine runs at each token's last-arriving down program (no launch either; the same bits as the launch)
     nbe, groups = experts.down[0].shape[1:3]
     columns = nbe // default_row_blocks(nbe, ids.numel(), groups * GROUP)  # the down launch's programs per row
     if experts.shared is None and tiles.rows == 1 and t * columns <= MIN_COUNTERS:  # counters exist before capture
         return mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1),
-                                  combine=(residual, torch.empty_like(x)))
-    part = mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1)).view(t, slots, -1)
+                                  combine=(residual, torch.empty_like(x)), glu=glu)
+    part = mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1),
+                              glu=glu).view(t, slots, -1)
     if experts.shared is not None:
         sg, su, sd = experts.shared
         zero = torch.zeros(t, dtype=torch.int32, device=x.device)

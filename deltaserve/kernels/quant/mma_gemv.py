@@ -47,6 +47,7 @@ from ..triton_pdl import pdl_args
 GROUP = 64
 ROW_BLOCK = 16  # output rows per program (the MMA's M)
 MAX_ROWS = 64  # rows of x per launch (8 MMA column tiles)
+PAIR_COUNTERS = 1 << 16  # (tile, row-block pair) counters of the split gate/up's h at the second arrival (256 KB)
 STAGE_BYTES = 128 << 10  # x staged in shared memory (the whole-slice and looped forms): at most this per program
 
 try:  # Gluon (Triton >= 3.5); the module still imports without it: the reference and repack are plain torch
@@ -270,14 +271,22 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c, w_off, x_off, x_mask, sb_off, xs_off, xs_mask, w_live,
-                    W: gl.constexpr, MASKED: gl.constexpr, SELF_XS: gl.constexpr = False):
+                    W: gl.constexpr, MASKED: gl.constexpr, SELF_XS: gl.constexpr = False, GLU: gl.constexpr = 0):
         """Chunk c's (words, x, (s, b), xs). MASKED: the weight loads too are predicated on w_live (an expert
-        tile with no rows reads nothing). SELF_XS: no xs to load (_chunk_acc makes the group sums itself)."""
+        tile with no rows reads nothing). SELF_XS: no xs to load (_chunk_acc makes the group sums itself).
+        GLU > 0: x's row holds (g, u) with u GLU elements after g, and the chunk's x is the MoE's hidden
+        h = bf16(bf16(SiLU(g)) * u), the gated epilogue's arithmetic (_experts_store) on the same bf16 values."""
         if MASKED:
             words = gl.load(w_base + c * W * 128 + w_off, mask=w_live, other=0)
         else:
             words = gl.load(w_base + c * W * 128 + w_off)
-        xv = gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0)
+        if GLU > 0:
+            g = gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0).to(gl.float32)
+            u = gl.load(x_ptr + GLU + c * W * 64 + x_off, mask=x_mask, other=0.0).to(gl.float32)
+            sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
+            xv = (sg * u).to(gl.bfloat16)
+        else:
+            xv = gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0)
         if MASKED:
             sb = gl.load(sb_base + c * W * 32 + sb_off, mask=w_live, other=0.0)
         else:
@@ -292,31 +301,31 @@ if HAVE_GLUON:
     def _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
                     w_live, zero_w, W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr, NCH: gl.constexpr,
                     AHEAD: gl.constexpr, MASKED: gl.constexpr, mma: gl.constexpr, dot_a: gl.constexpr,
-                    dot_b: gl.constexpr, SELF_XS: gl.constexpr = False):
-        """acc + every chunk in order, chunk 0 being `first` (already loaded); AHEAD 1: chunk c + 1's loads are
+                    dot_b: gl.constexpr, SELF_XS: gl.constexpr = False, GLU: gl.constexpr = 0):
+        """acc + every chunk in order, chunk 0 being `first` (already loaded; GLU: _load_chunk's); AHEAD 1: chunk c + 1's loads are
         issued before chunk c is computed, AHEAD 2: chunks c + 1 and c + 2 are in flight while chunk c is computed
         (the bits are the same every way)."""
         words, xv, sb, xs = first
         if AHEAD == 2:
             n1 = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, min(1, NCH - 1), w_off, x_off, x_mask, sb_off, xs_off,
-                             xs_mask, w_live, W, MASKED, SELF_XS)
+                             xs_mask, w_live, W, MASKED, SELF_XS, GLU)
         for c in gl.static_range(NCH):
             if AHEAD == 2:
                 nxt = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, min(c + 2, NCH - 1), w_off, x_off, x_mask,
-                                  sb_off, xs_off, xs_mask, w_live, W, MASKED, SELF_XS)
+                                  sb_off, xs_off, xs_mask, w_live, W, MASKED, SELF_XS, GLU)
                 acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
                 words, xv, sb, xs = n1
                 n1 = nxt
             elif AHEAD == 1:
                 nxt = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, min(c + 1, NCH - 1), w_off, x_off, x_mask,
-                                  sb_off, xs_off, xs_mask, w_live, W, MASKED, SELF_XS)
+                                  sb_off, xs_off, xs_mask, w_live, W, MASKED, SELF_XS, GLU)
                 acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
                 words, xv, sb, xs = nxt
             else:
                 acc = _chunk_acc(acc, words, xv, sb, xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
                 if c + 1 < NCH:
                     words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c + 1, w_off, x_off, x_mask,
-                                                    sb_off, xs_off, xs_mask, w_live, W, MASKED, SELF_XS)
+                                                    sb_off, xs_off, xs_mask, w_live, W, MASKED, SELF_XS, GLU)
         return acc
 
     @gluon.jit
@@ -527,6 +536,26 @@ if HAVE_GLUON:
 
 
     @gluon.jit
+    def _glu_at_last_arrival(gu_ptr, h_ptr, cnt_ptr, t, rb, o_dst, o_row, o_mask, stride_om, stride_hm,
+                             PAIR: gl.constexpr):
+        """After this program stored its 16 rows of g (row block rb < PAIR) or u (rb >= PAIR) for tile t's rows: the
+        second of the pair (rb mod PAIR) re-reads both (.cg, after triton_sync.last_arrival's acq_rel protocol)
+        and stores h = bf16(bf16(SiLU(g)) * u), the gated epilogue's arithmetic (_experts_store) on the same bf16
+        values, into h rows o_dst, features 16 (rb mod PAIR) + [0, 16)."""
+        r = rb % PAIR
+        cnt = cnt_ptr + t * PAIR + r
+        gl.thread_barrier()  # every thread's g / u stores before the release
+        prev = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if prev == 1:
+            gl.store(cnt, 0)
+            g_ptr = gu_ptr + o_dst[None, :] * stride_om + r * 16 + o_row[:, None]
+            g = gl.load(g_ptr, mask=o_mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+            u = gl.load(g_ptr + PAIR * 16, mask=o_mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+            sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
+            gl.store(h_ptr + o_dst[None, :] * stride_hm + r * 16 + o_row[:, None], (sg * u).to(h_ptr.dtype.element_ty),
+                     mask=o_mask)
+
+    @gluon.jit
     def _accumulate_pair(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off, x_mask,
                          sb_off, xs_off, xs_mask, w_live, zero_w, W: gl.constexpr, RB: gl.constexpr,
                          N8: gl.constexpr, NCH: gl.constexpr, mma: gl.constexpr, dot_a: gl.constexpr,
@@ -562,7 +591,8 @@ if HAVE_GLUON:
     def _accumulate_ring(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off, x_mask, sb_off,
                          xs_off, xs_mask, w_live, zero_w, W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr,
                          NCH: gl.constexpr, mma: gl.constexpr, dot_a: gl.constexpr, dot_b: gl.constexpr,
-                         AHEAD: gl.constexpr, TWO: gl.constexpr, SELF_XS: gl.constexpr = False):
+                         AHEAD: gl.constexpr, TWO: gl.constexpr, SELF_XS: gl.constexpr = False,
+                         GLU: gl.constexpr = 0):
         """_accumulate / _accumulate_pair (MASKED) with AHEAD (3 .. NCH - 1) chunks in flight, all in registers:
         chunks 0 .. AHEAD - 1 (x, words, scales, each chunk's in turn) are requested first, then chunk c + AHEAD
         before chunk c is computed, so AHEAD = NCH - 1 requests the whole slice up front in chunk order with x
@@ -578,7 +608,7 @@ if HAVE_GLUON:
         for c in gl.static_range(NCH + AHEAD):
             if c < NCH:  # request chunk c
                 words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c, w_off, x_off, x_mask, sb_off,
-                                                xs_off, xs_mask, w_live, W, True, SELF_XS)
+                                                xs_off, xs_mask, w_live, W, True, SELF_XS, GLU)
                 wt = wt + (words,)
                 xt = xt + (xv,)
                 sbt = sbt + (sb,)
@@ -602,7 +632,8 @@ if HAVE_GLUON:
                             NT: gl.constexpr, RB: gl.constexpr, SINGLE: gl.constexpr, GATED: gl.constexpr,
                             SCALED: gl.constexpr, PDL: gl.constexpr = False, SELF_XS: gl.constexpr = False,
                             COMBINE: gl.constexpr = False, SLOTS: gl.constexpr = 1, HAS_RES: gl.constexpr = False,
-                            AHEAD: gl.constexpr = 1, LOOP: gl.constexpr = 1):
+                            AHEAD: gl.constexpr = 1, LOOP: gl.constexpr = 1, GLU: gl.constexpr = 0,
+                            PAIR: gl.constexpr = 0):
         """grid (tiles, N / (16 RB LOOP)): the plain kernel's arithmetic on expert tile t, row blocks
         [RB LOOP p, RB LOOP (p + 1)) of its expert: LOOP rounds of RB blocks held in registers together (the x
         columns are loaded once for the RB blocks; LOOP > 1 stages them in shared memory once for every round, so
@@ -622,7 +653,13 @@ if HAVE_GLUON:
         COMBINE (SINGLE and SCALED, rows t = SLOTS * token + slot): the program that stores the last of a token's
         SLOTS parts of its row blocks (triton_sync's last arrival, one counter per (token, program column) at
         cnt_ptr) also does triton_combine.combine_slots' arithmetic on them: the slots added 0 .. SLOTS-1 in fp32
-        (re-read from L2), rounded to comb's dtype, then + residual (HAS_RES) rounded once, into comb [T, N]."""
+        (re-read from L2), rounded to comb's dtype, then + residual (HAS_RES) rounded once, into comb [T, N].
+        GLU > 0 (not GATED, LOOP 1, AHEAD < NCH): x rows are (g, u) pairs, u GLU elements after g, and the kernel's
+        input is h = bf16(bf16(SiLU(g)) * u), made at load (_load_chunk): the down projection after a gate/up run
+        as one plain launch over the stacked [gate; up] weight, with the gated epilogue's bits.
+        PAIR > 0 (plain, RB 1, LOOP 1; the weight's first PAIR row blocks gate, the next PAIR up): out gets g | u and
+        the second program of each (gate, up) block pair also stores h = SiLU(g) * u for its 16 features into
+        comb (row stride stride_cm; _glu_at_last_arrival, counters t * PAIR + block): the gated launch's bits."""
         pdl_open(PDL)
         G: gl.constexpr = K // 64
         NCH: gl.constexpr = G // W
@@ -699,18 +736,20 @@ if HAVE_GLUON:
         elif AHEAD > 2:
             acc, acc2 = _accumulate_ring(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
                                          x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
-                                         dot_b, AHEAD, GATED, SELF_XS)
+                                         dot_b, AHEAD, GATED, SELF_XS, GLU)
         elif GATED:
             acc, acc2 = _accumulate_pair(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
                                          x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
                                          dot_b, AHEAD, SELF_XS)
         else:
             first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
-                                live, W, True, SELF_XS)
+                                live, W, True, SELF_XS, GLU)
             acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
-                              xs_mask, live, zero_w, W, RB, N8, NCH, AHEAD, True, mma, dot_a, dot_b, SELF_XS)
+                              xs_mask, live, zero_w, W, RB, N8, NCH, AHEAD, True, mma, dot_a, dot_b, SELF_XS, GLU)
         if LOOP == 1:
             _experts_store(acc, acc2, o_ptr, o_mask, scale_ptr, o_dst, o_n < rows, GATED, SCALED)
+        if PAIR > 0:
+            _glu_at_last_arrival(out_ptr, comb_ptr, cnt_ptr, t, rb, o_dst, o_row, o_mask, stride_om, stride_cm, PAIR)
         if COMBINE:
             _combine_at_last_arrival(out_ptr, res_ptr, comb_ptr, cnt_ptr, t, gl.program_id(1), rb, gl.num_programs(1),
                                      stride_om, stride_rm, stride_cm, W, RB * LOOP, SLOTS, HAS_RES)
@@ -917,7 +956,8 @@ def default_ahead(m: int, gated: bool, chunks: int = 8) -> int:
 def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, expert_ids: torch.Tensor,
                        x_repeat: int = 1, xs: torch.Tensor | None = None, out: torch.Tensor | None = None,
                        tiles: MmaTiles | None = None, up: tuple | None = None, scale: torch.Tensor | None = None,
-                       config: tuple[int, int] | None = None, combine: tuple | None = None) -> torch.Tensor:
+                       config: tuple[int, int] | None = None, combine: tuple | None = None,
+                       glu: bool = False, pair_out: torch.Tensor | None = None) -> torch.Tensor:
     """Row m of the result = x[m // x_repeat] W[expert_ids[m]]^T on tensor cores, for stacked repacked experts
     (repack_q4_experts) and x [rows, K] bf16; [M, N] in x's dtype. The same rows as
     triton_affine.affine_matmul_experts (an MoE block's gate, up and down), each row an MMA column of its expert's
@@ -932,15 +972,24 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     per program over x staged once in shared memory (LOOP > 1); none but W changes bits.
     combine: (residual [T, N] or None, comb [T, N]) with scale= and single-row tiles, rows being T tokens x S
     slots: the launch also does triton_combine.combine_slots(out.view(T, S, N), residual, comb) (the same
-    arithmetic, the same bits) at each token's last-arriving program, and returns comb; out still holds the parts."""
+    arithmetic, the same bits) at each token's last-arriving program, and returns comb; out still holds the parts.
+    glu: x is [rows, 2K] of (g, u) pairs (a plain launch over stacked [gate; up] weights) and the rows multiplied
+    are h = bf16(bf16(SiLU(g)) * u), the gated launch's output bit for bit (no up=, LOOP 1, AHEAD < the chunks).
+    pair_out: bf16 [M, N / 2] for a plain launch over stacked [gate; up] weights (N = 2 I rows per expert): out
+    gets g | u and pair_out h = bf16(bf16(SiLU(g)) * u), made by the second program of each (gate, up) row-block
+    pair (the gated launch's bits); RB 1, LOOP 1, and at most PAIR_COUNTERS tiles x I / 16 pairs."""
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("mma_matmul_experts: needs a CUDA device and Triton's Gluon; mma_experts_reference is "
                            "its CPU meaning")
     num_e, nbe, g, _ = words.shape
     n, k = nbe * ROW_BLOCK, g * GROUP
-    if x.dim() != 2 or x.shape[1] != k or x.stride(-1) != 1 or x.dtype != torch.bfloat16:
-        raise ValueError(f"mma_matmul_experts: x must be row-major bf16 [rows, {k}], found {x.dtype} "
-                         f"{tuple(x.shape)}")
+    width = 2 * k if glu else k
+    if x.dim() != 2 or x.shape[1] != width or x.stride(-1) != 1 or x.dtype != torch.bfloat16:
+        raise ValueError(f"mma_matmul_experts: x must be row-major bf16 [rows, {width}]"
+                         f"{' (g | u pairs: glu)' if glu else ''}, found {x.dtype} {tuple(x.shape)}")
+    if glu and up is not None:
+        raise ValueError("mma_matmul_experts: glu (h made from g | u at load) and up= (the gated launch) exclude "
+                         "each other")
     ids = expert_ids.reshape(-1)
     m = ids.numel()
     if m != x.shape[0] * x_repeat:
@@ -985,10 +1034,29 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     if ahead < 1:
         raise ValueError(f"mma_matmul_experts: AHEAD (chunks in flight) must be 1 .. {g // warps - 1} (in registers) or "
                          f">= the {g // warps} chunks (all, x staged), found {ahead}")
+    pairs = 0
+    if pair_out is not None:
+        pairs = nbe // 2
+        if up is not None or scale is not None or combine is not None or nbe % 2 or rb != 1 or loop != 1:
+            raise ValueError("mma_matmul_experts: pair_out needs a plain launch (no up= / scale= / combine=) over an "
+                             f"even number of row blocks ({nbe}) with RB 1 and LOOP 1, found RB={rb} LOOP={loop}")
+        if pair_out.dtype != torch.bfloat16 or pair_out.shape != (m, n // 2) or pair_out.stride(-1) != 1:
+            raise ValueError(f"mma_matmul_experts: pair_out must be bf16 [{m}, {n // 2}] with unit column stride, "
+                             f"found {pair_out.dtype} {tuple(pair_out.shape)}")
+    if glu and (loop > 1 or ahead >= g // warps):
+        raise ValueError(f"mma_matmul_experts: glu loads x in registers: LOOP 1 and AHEAD below the {g // warps} "
+                         f"chunks, found LOOP={loop} AHEAD={ahead}")
     if g % warps or nbe % rb:
         raise ValueError(f"mma_matmul_experts: config W={warps}, RB={rb} does not divide the {g} groups / {nbe} "
                          f"row blocks")
     slots, res, comb, counters = 1, out, out, out
+    if pair_out is not None:
+        from ..triton_sync import arrival_counters
+
+        need = tiles.tile_e.numel() * pairs
+        if need > PAIR_COUNTERS:
+            raise ValueError(f"mma_matmul_experts: pair_out for {need} (tile, pair) counters, at most {PAIR_COUNTERS}")
+        comb, counters = pair_out, arrival_counters(x.device, PAIR_COUNTERS)  # one size: allocated before capture
     if combine is not None:
         res, comb = combine
         if scale is None or tiles.rows != 1:
@@ -1015,6 +1083,7 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
             xs.stride(0), out.stride(0), nbe, rs, comb, counters, rs.stride(0), comb.stride(0), XREP=x_repeat, K=k,
             W=warps, NT=column_tiles(tiles.rows), RB=rb, SINGLE=single, GATED=up is not None,
             SCALED=scale is not None, SELF_XS=self_xs, COMBINE=combine is not None, SLOTS=slots,
-            HAS_RES=combine is not None and res is not None, AHEAD=ahead, LOOP=loop, num_warps=warps,
+            HAS_RES=combine is not None and res is not None, AHEAD=ahead, LOOP=loop, GLU=k if glu else 0,
+            PAIR=pairs, num_warps=warps,
             **pdl_args(x))
     return out if combine is None else comb
