@@ -3,7 +3,8 @@
 # (gated gate/up, scaled down) and the CUDA-core gate/up and down at T = 1, experts read from DRAM
 # (scripts/probe_moe_t1.py): duration, DRAM, occupancy, warp stall reasons. (2) If Nsight Systems is there, the
 # B=1 decode step of the model in its CUDA graph, default MoE and DELTASERVE_MOE=mma, per-kernel GPU time with PDL
-# overlap (what the eager profile cannot show). (3) The Triton cache, packed, for the next call.  ~330 s
+# overlap (what the eager profile cannot show; the H200 image has no nsys, so this part was skipped when it ran).
+# (3) The Triton cache, packed, for the next call.  ~50 s with no nsys
 # Usage (H200 machine, repo root): bash scripts/device_moe_t1_ncu.sh
 source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
 [ -f .tcache.tgz ] && tar xzf .tcache.tgz -C /tmp && echo "triton cache carried: $(ls /tmp/tcache | wc -l) entries"
