@@ -47,8 +47,8 @@ def configs(n: int, k: int, m: int = 1) -> list[tuple[int, int, int]]:
 
     g, nb = k // mg.GROUP, n // mg.ROW_BLOCK
     w0 = mg.default_warps(k)
-    rest = [(w, rb, ah) for w in (w0,) for rb in (1, 2, 4, 8) for ah in (1, 2, g // w0)
-            if g % w == 0 and nb % rb == 0 and (ah <= 2 or (rb == 1 and m <= 8))]
+    rest = [(w, rb, ah) for w in (w0,) for rb in (1, 2, 4, 8) for ah in (1, 2, 4, g // w0 - 1, g // w0)
+            if g % w == 0 and nb % rb == 0 and (ah <= 2 or (rb == 1 and m <= 8))]  # 3 .. chunks - 1: the ring
     base = mg.default_config(k, m, nb)
     return [base] + [c for c in dict.fromkeys(rest) if c != base]
 

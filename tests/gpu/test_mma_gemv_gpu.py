@@ -86,6 +86,8 @@ def test_mma_gemv_launch_shapes_same_bits(dev, n, k):
     every = k // 64 // w  # AHEAD >= the chunks: the whole weight requested up front (a form for up to 8 rows)
     for m in (1, 8):
         assert torch.equal(mg.mma_gemv(x[:m], words, sb, config=(w, 1, every)), base[:m]), f"all chunks, {m} rows"
+        for ring in (3, 4, every - 1):  # the register ring (_gemv_ring), the weights' first chunks before the wait
+            assert torch.equal(mg.mma_gemv(x[:m], words, sb, config=(w, 1, ring)), base[:m]), f"ring {ring}, {m} rows"
     c = min(8192, n // 2)
     cw, pool, slots, ctx = kc.conv_problem(dev, 64, c, 4, 3 * 64 + 2, (1,))
     pool = pool.nan_to_num()
@@ -95,8 +97,9 @@ def test_mma_gemv_launch_shapes_same_bits(dev, n, k):
         outs.append((mg.mma_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c), config=config), pl))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), "conv epilogue bits"
     rows = [(mg.mma_gemv(x[:8], words, sb, conv=(cw, pl, slots[:8], ctx[:8], c), config=config), pl)
-            for config in ((w, 1, 1), (w, 1, every)) for pl in (pool.clone(),)]
-    assert torch.equal(rows[0][0], rows[1][0]) and torch.equal(rows[0][1], rows[1][1]), "conv, all chunks"
+            for config in ((w, 1, 1), (w, 1, every), (w, 1, 4)) for pl in (pool.clone(),)]
+    for got, what in ((rows[1], "all chunks"), (rows[2], "the ring")):
+        assert torch.equal(rows[0][0], got[0]) and torch.equal(rows[0][1], got[1]), f"conv, {what}"
 
 
 # ------------------------------------------------------------------ experts (grouped) and the MoE block

@@ -426,6 +426,41 @@ if HAVE_GLUON:
         return xv, xs
 
     @gluon.jit
+    def _gemv_ring(acc, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off, xs_mask, zero_w,
+                   W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr, NCH: gl.constexpr, AHEAD: gl.constexpr,
+                   mma: gl.constexpr, dot_a: gl.constexpr, dot_b: gl.constexpr, SELF_XS: gl.constexpr,
+                   PDL_WAIT: gl.constexpr):
+        """The plain GEMV's register ring (AHEAD 3 .. NCH - 1 chunks in flight, _accumulate_ring's schedule): the
+        weights (constant data) of chunks 0 .. AHEAD - 1 requested before the wait for the previous kernel, their x
+        after it (PDL_WAIT: the caller's wait, tests/test_pdl_protocol), then chunk c + AHEAD (weights and x)
+        before chunk c is computed. _accumulate's arithmetic in its order: the same bits as every other AHEAD."""
+        wt = ()
+        sbt = ()
+        for c in gl.static_range(AHEAD):
+            words, sb = _load_weight_chunk(w_base, sb_base, c, w_off, sb_off, True, W, False)
+            wt = wt + (words,)
+            sbt = sbt + (sb,)
+        pdl_wait(PDL_WAIT)
+        xt = ()
+        xst = ()
+        for c in gl.static_range(AHEAD):
+            xt = xt + (gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0),)
+            if SELF_XS:
+                xst = xst + (0.0,)
+            else:
+                xst = xst + (gl.load(xs_ptr + c * W + xs_off, mask=xs_mask, other=0.0),)
+        for c in gl.static_range(NCH):
+            if c + AHEAD < NCH:
+                words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c + AHEAD, w_off, x_off, x_mask,
+                                                sb_off, xs_off, xs_mask, True, W, False, SELF_XS)
+                wt = wt + (words,)
+                xt = xt + (xv,)
+                sbt = sbt + (sb,)
+                xst = xst + (xs,)
+            acc = _chunk_acc(acc, wt[c], xt[c], sbt[c], xst[c], zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+        return acc
+
+    @gluon.jit
     def _mma_gemv_kernel(x_ptr, xs_ptr, w_ptr, sb_ptr, out_ptr, M, stride_xm, stride_sm, stride_om,
                          cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
                          stride_pk, K: gl.constexpr, W: gl.constexpr, RB: gl.constexpr, NT: gl.constexpr,
@@ -434,8 +469,9 @@ if HAVE_GLUON:
         """grid (N / (16 RB),): out[:M, rows of the program] = x[:M] W^T; xs [M, K / 64] fp32 the group sums of x
         (triton_gemv.prep_row's, so the bits of every path that makes them agree). Chunk c is groups c W .. c W +
         W - 1, warp w taking group c W + w; a warp adds its chunks in order, the warps' sums are added last.
-        AHEAD: chunks c + 1 .. c + AHEAD are requested before chunk c is computed (AHEAD >= NCH: every chunk
-        at once, the weight's before the PDL wait; registers for all of them, so for a few rows of x only). RB and
+        AHEAD: chunks c + 1 .. c + AHEAD are requested before chunk c is computed (3 .. NCH - 1: the register ring,
+        _gemv_ring; AHEAD >= NCH: every chunk at once, the weight's before the PDL wait, x staged in shared memory;
+        registers for all of them, so for a few rows of x only). RB and
         AHEAD never change bits; W does. PDL (kernels/triton_pdl.py's protocol): the first chunk's weights are
         requested before the wait for the previous kernel, x and xs after it. CONV: the DeltaNet decode conv on
         features < C (_conv_epilogue; the pool arguments are unused otherwise). SELF_XS: the group sums of x are
@@ -475,6 +511,9 @@ if HAVE_GLUON:
             async_copy.wait_group(0)
             acc, _ = _accumulate_slices(acc, acc, wt, sbt, wt2, sbt2, x_sm, xs_sm, zero_w, W, RB, N8, NCH, mma, dot_a,
                                         dot_b, XL, CL, False, SELF_XS)
+        elif AHEAD > 2:
+            acc = _gemv_ring(acc, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
+                             zero_w, W, RB, N8, NCH, AHEAD, mma, dot_a, dot_b, SELF_XS, PDL)
         elif PDL:
             words = gl.load(w_base + w_off)  # constant data first
             sb = gl.load(sb_base + sb_off)
@@ -488,7 +527,7 @@ if HAVE_GLUON:
         else:
             first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
                                 True, W, False, SELF_XS)
-        if AHEAD < NCH:
+        if AHEAD <= 2:
             acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
                               xs_mask, True, zero_w, W, RB, N8, NCH, AHEAD, False, mma, dot_a, dot_b, SELF_XS)
         total = gl.sum(acc, axis=0)
@@ -844,10 +883,17 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     warps, rb, ahead = config or default_config(k, m, nb)
+    env = os.environ.get("DELTASERVE_MMA_GEMV_AHEAD")
+    if env and config is None and m <= 8:  # in-model A/B of the register ring at decode's row counts
+        try:
+            ahead = max(1, min(int(env), g // warps - 1))
+        except ValueError:
+            raise ValueError(f"DELTASERVE_MMA_GEMV_AHEAD must be a chunk count, found {env!r}") from None
     if g % warps or nb % rb:
         raise ValueError(f"mma_gemv: config W={warps}, RB={rb} does not divide the {g} groups / {nb} row blocks")
-    if ahead not in (0, 1, 2) and ahead < g // warps:
-        raise ValueError(f"mma_gemv: AHEAD={ahead}: 0, 1, 2 chunks ahead, or >= the {g // warps} chunks (all)")
+    if ahead < 0:
+        raise ValueError(f"mma_gemv: AHEAD={ahead}: 0 .. {g // warps - 1} chunks ahead (3 and up: the register "
+                         f"ring), or >= the {g // warps} chunks (all, x staged)")
     staged = k * 8 * column_tiles(m) * x.element_size()
     if ahead >= g // warps and staged > STAGE_BYTES:
         raise ValueError(f"mma_gemv: AHEAD >= chunks stages x in shared memory, {staged} bytes for {m} rows of "
