@@ -216,7 +216,7 @@ class _Emitter:
         self._held[name] = dense
         prefix = name.rsplit(".", 1)[0]
         cfg = self.config
-        hk, r = cfg.linear_num_key_heads, cfg.linear_num_value_heads // cfg.linear_num_key_heads
+        hk = cfg.linear_num_key_heads
         if name.endswith("in_proj_z"):
             qkv, z = self._held.pop(f"{prefix}.in_proj_qkv"), self._held.pop(name)
             q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim])

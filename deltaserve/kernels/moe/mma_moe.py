@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..quant.mma_gemv import (GROUP, PAIR_COUNTERS, default_ahead, default_warps, mma_expert_tiles,
-                              mma_matmul_experts, repack_q4, repack_q4_experts)
+from ..quant.mma_gemv import (GROUP, PAIR_COUNTERS, default_ahead, default_row_blocks, default_warps,
+                              mma_expert_tiles, mma_matmul_experts, repack_q4, repack_q4_experts)
 from ..triton_sync import MIN_COUNTERS
 from .triton_combine import combine_slots
 
@@ -39,8 +39,9 @@ class MmaExperts(NamedTuple):
     ...]. shared_last: expert E' - 1 is the shared expert (slot k of every token). shared: (gate, up, down) of a
     shared expert of another width, each a one-expert stack; None without one (or when stacked).
     gate_up: the split layout (gate and up None): one stack [E', 2 I/16, H/64, ...] whose expert rows are the gate's
-    then the up's, run as one plain launch; down then makes h = SiLU(g) * u as it loads its input (the gated
-    launch's bits, mma_matmul_experts(glu=True))."""
+    then the up's, run as one plain launch whose (gate, up) row-block pairs make h = SiLU(g) * u at their second
+    arrival (mma_matmul_experts(pair_out=)); past the counters, down makes h as it loads its input (glu=True).
+    Either way the gated launch's bits."""
 
     gate: tuple | None
     up: tuple | None
