@@ -229,6 +229,7 @@ def test_moe_block_mma_split_gate_up_same_bits(dev, t):
     sorted tiles; so does its fallback (down making h from g | u as it loads, glu=True). Counters back at zero."""
     from deltaserve.kernels.moe.mma_moe import moe_block_mma
     from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant.triton_gemv import prep_x
     from deltaserve.kernels.triton_sync import arrival_counters
 
     x, res, ids, w, sw, gated, _ = _moe_block(dev, t, seed=3)
@@ -240,7 +241,7 @@ def test_moe_block_mma_split_gate_up_same_bits(dev, t):
     slots_ids = torch.cat([ids, torch.full_like(ids[:, :1], gated.num_experts - 1)], 1)
     m = slots_ids.numel()
     tiles = mg.mma_expert_tiles(slots_ids, gated.num_experts)
-    xs = __import__("deltaserve.kernels.quant.triton_gemv", fromlist=["prep_x"]).prep_x(x, 4, 64)[1]
+    xs = prep_x(x, 4, 64)[1]
     hid = mg.mma_matmul_experts(x, *gated.gate, slots_ids, 9, xs=xs, tiles=tiles, up=gated.up)
     h = torch.full_like(hid, float("nan"))
     gu = mg.mma_matmul_experts(x, *split.gate_up, slots_ids, 9, xs=xs, tiles=tiles, config=(4, 1, 2), pair_out=h)
