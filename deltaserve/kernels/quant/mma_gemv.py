@@ -434,12 +434,7 @@ if HAVE_GLUON:
         weights (constant data) of chunks 0 .. AHEAD - 1 requested before the wait for the previous kernel, their x
         after it (PDL_WAIT: the caller's wait, tests/test_pdl_protocol), then chunk c + AHEAD (weights and x)
         before chunk c is computed. _accumulate's arithmetic in its order: the same bits as every other AHEAD."""
-        wt = ()
-        sbt = ()
-        for c in gl.static_range(AHEAD):
-            words, sb = _load_weight_chunk(w_base, sb_base, c, w_off, sb_off, True, W, False)
-            wt = wt + (words,)
-            sbt = sbt + (sb,)
+        wt, sbt, _, _ = _load_slices(w_base, sb_base, w_base, sb_base, w_off, sb_off, True, W, AHEAD, False, False)
         pdl_wait(PDL_WAIT)
         xt = ()
         xst = ()
@@ -548,6 +543,14 @@ if HAVE_GLUON:
 
 
     @gluon.jit
+    def _arrival(cnt):
+        """triton_sync.last_arrival's protocol for Gluon kernels, up to the test: every thread's stores before the
+        release (block barrier), then an acq_rel atomic at GPU scope on the group's counter; returns the count
+        before this program's arrival (the last of n sees n - 1 and resets the counter to 0)."""
+        gl.thread_barrier()
+        return gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+
+    @gluon.jit
     def _combine_at_last_arrival(part_ptr, res_ptr, comb_ptr, cnt_ptr, t, col, rb, ncols, stride_pm, stride_rm,
                                  stride_cm, W: gl.constexpr, RB: gl.constexpr, SLOTS: gl.constexpr,
                                  HAS_RES: gl.constexpr):
@@ -556,9 +559,7 @@ if HAVE_GLUON:
         block barrier, acq_rel atomic at GPU scope, the counter reset by the last; parts re-read with .cg)."""
         tok = t // SLOTS
         cnt = cnt_ptr + tok * ncols + col
-        gl.thread_barrier()  # every thread's part stores before the release
-        prev = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-        if prev == SLOTS - 1:
+        if _arrival(cnt) == SLOTS - 1:
             gl.store(cnt, 0)
             FL: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
             f = rb * 16 + gl.arange(0, RB * 16, layout=FL)
@@ -583,9 +584,7 @@ if HAVE_GLUON:
         values, into h rows o_dst, features 16 (rb mod PAIR) + [0, 16)."""
         r = rb % PAIR
         cnt = cnt_ptr + t * PAIR + r
-        gl.thread_barrier()  # every thread's g / u stores before the release
-        prev = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-        if prev == 1:
+        if _arrival(cnt) == 1:
             gl.store(cnt, 0)
             g_ptr = gu_ptr + o_dst[None, :] * stride_om + r * 16 + o_row[:, None]
             g = gl.load(g_ptr, mask=o_mask, other=0.0, cache_modifier=".cg").to(gl.float32)
