@@ -7,11 +7,7 @@
 # linear (DELTASERVE_DECODE_GEMV=mma) with DELTASERVE_MMA_GEMV_AHEAD unset / 4 / 7.  ~450 s
 # Usage (H200 machine, repo root): bash scripts/device_gemv_ring.sh
 source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
-[ -f .tcache.tgz ] && tar xzf .tcache.tgz -C /tmp
-timeout 100 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_mma_gemv_gpu.py -k "launch_shapes" \
-  > "$OUT/tests.log" 2>&1
-echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
-grep -E "^FAILED|^E  " "$OUT/tests.log" | head -8
+gpu_tests 100 tests/gpu/test_mma_gemv_gpu.py -k "launch_shapes"
 timeout 150 python3 scripts/sweep_mma_gemv.py --after-norm --ms 1,8 --budget-s 130 --out "$OUT/sweep_gemv.jsonl" \
   > "$OUT/sweep_gemv.log" 2>&1
 echo "== after-norm sweep ($((SECONDS-t0)) s)"; grep -E "^\[" "$OUT/sweep_gemv.log" | cut -c12-140 | head -60

@@ -5,11 +5,7 @@
 # against the CPU reference, then the records in that mode (their notes name the knob).  ~520 s
 # Usage (H200 machine, repo root): DELTASERVE_COMMIT=<sha> bash scripts/device_mma_default.sh
 source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
-[ -f .tcache.tgz ] && tar xzf .tcache.tgz -C /tmp
-timeout 220 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_engine_graph_gpu.py \
-  tests/gpu/test_model_mma_path.py -k "q4-mma-moe or mma-moe" > "$OUT/tests.log" 2>&1
-echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
-grep -E "^FAILED|^E  " "$OUT/tests.log" | head -12
+gpu_tests 220 tests/gpu/test_engine_graph_gpu.py tests/gpu/test_model_mma_path.py -k "q4-mma-moe or mma-moe"
 M="--preset qwen3.6-35b-a3b --quant q4"
 DELTASERVE_MOE=mma timeout 150 python3 -m deltaserve bench $M -p 512 -n 128 -d 0,512,4096,8192,32768 -b 1 -r 5 \
   --results "$OUT" 2>&1 | grep -v Warn > "$OUT/bench_b1.log"

@@ -6,11 +6,7 @@
 # DELTASERVE_MOE=mma under each ring choice against the default MoE.  ~420 s
 # Usage (H200 machine, repo root): bash scripts/device_mma_ring.sh
 source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
-[ -f .tcache.tgz ] && tar xzf .tcache.tgz -C /tmp
-timeout 100 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_mma_gemv_gpu.py -k "whole_slice" \
-  > "$OUT/tests.log" 2>&1
-echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
-grep -E "^FAILED|^E  " "$OUT/tests.log" | head -8
+gpu_tests 100 tests/gpu/test_mma_gemv_gpu.py -k "whole_slice"
 timeout 150 python3 scripts/sweep_mma_gemv.py --experts --ms 1,8,64 --budget-s 130 --out "$OUT/sweep_experts.jsonl" \
   > "$OUT/sweep_experts.log" 2>&1
 echo "== experts kernel ($((SECONDS-t0)) s)"; grep -E "experts_" "$OUT/sweep_experts.log" | grep -v own-xs | cut -c12-125

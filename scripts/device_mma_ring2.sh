@@ -5,7 +5,6 @@
 # then B=64 with the chosen pair; GPU tests of the norm's prep and the tensor-core paths end to end.  ~330 s
 # Usage (H200 machine, repo root): bash scripts/device_mma_ring2.sh
 source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
-[ -f .tcache.tgz ] && tar xzf .tcache.tgz -C /tmp
 M="--preset qwen3.6-35b-a3b --quant q4 -p 16 -n 128 -r 3 --no-record -d 512"
 for v in "cuda - sums 1" "mma 4,7 sums 1" "mma 4,7 full 1" "mma 4,4 sums 1" "mma 3,7 sums 1" "mma 5,7 sums 1" \
          "mma 4,7 sums 1" "cuda - sums 1" "mma 4,7 sums 64"; do
@@ -15,8 +14,5 @@ for v in "cuda - sums 1" "mma 4,7 sums 1" "mma 4,7 full 1" "mma 4,4 sums 1" "mma
   echo "== MoE $1 ahead $2 norm $3 ($((SECONDS-t0)) s): $(grep -E '^\| deltaserve.*tg' "$OUT/bench.log" | sort -u | cut -c1-110)"
 done
 unset DELTASERVE_MMA_AHEAD
-timeout 200 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_gemv_gpu.py tests/gpu/test_kernels_gpu.py \
-  tests/gpu/test_model_mma_path.py -k "prep or mma or norms" > "$OUT/tests.log" 2>&1
-echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
-grep -E "^FAILED|^E  " "$OUT/tests.log" | head -8
+gpu_tests 200 tests/gpu/test_gemv_gpu.py tests/gpu/test_kernels_gpu.py tests/gpu/test_model_mma_path.py -k "prep or mma or norms"
 tar czf "$OUT/tcache.tgz" -C /tmp tcache && echo "triton cache packed: $(du -h "$OUT/tcache.tgz" | cut -f1)"

@@ -6,11 +6,7 @@
 # tg128 @ d512 B=1 and 64, pp512, gated vs split.  ~420 s
 # Usage (H200 machine, repo root): bash scripts/device_mma_split.sh
 source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
-[ -f .tcache.tgz ] && tar xzf .tcache.tgz -C /tmp
-timeout 120 python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/gpu/test_mma_gemv_gpu.py -k "split or moe_block" \
-  > "$OUT/tests.log" 2>&1
-echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
-grep -E "^FAILED|^E  " "$OUT/tests.log" | head -8
+gpu_tests 120 tests/gpu/test_mma_gemv_gpu.py -k "split or moe_block"
 timeout 120 python3 scripts/sweep_mma_gemv.py --moe --ms 1,8,64,512 --budget-s 100 --out "$OUT/sweep_moe.jsonl" \
   > "$OUT/sweep_moe.log" 2>&1
 echo "== MoE blocks ($((SECONDS-t0)) s)"; grep -E "moe_" "$OUT/sweep_moe.log" | cut -c12-130

@@ -4,7 +4,6 @@
 # (AHEAD 8) and at W 8, and down; each source page as CSV under $OUT for reading here.  ~150 s
 # Usage (H200 machine, repo root): bash scripts/device_moe_t1_source.sh
 source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
-[ -f .tcache.tgz ] && tar xzf .tcache.tgz -C /tmp
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 run() {  # name, probe args
   local name=$1; shift
