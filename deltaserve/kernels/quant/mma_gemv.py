@@ -270,6 +270,14 @@ if HAVE_GLUON:
         return words, sb
 
     @gluon.jit
+    def _silu_mul(g, u):
+        """The MoE's hidden from fp32 copies of bf16 g and u: bf16(bf16(SiLU(g)) * u), SiLU as g / (1 + e^-g) in fp32
+        (each step rounded as torch's bf16 ops). One formula for the gated epilogue, the split layout's pair and
+        down's GLU load, so the three give the same bits by construction."""
+        sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
+        return (sg * u).to(gl.bfloat16)
+
+    @gluon.jit
     def _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c, w_off, x_off, x_mask, sb_off, xs_off, xs_mask, w_live,
                     W: gl.constexpr, MASKED: gl.constexpr, SELF_XS: gl.constexpr = False, GLU: gl.constexpr = 0):
         """Chunk c's (words, x, (s, b), xs). MASKED: the weight loads too are predicated on w_live (an expert
@@ -283,8 +291,7 @@ if HAVE_GLUON:
         if GLU > 0:
             g = gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0).to(gl.float32)
             u = gl.load(x_ptr + GLU + c * W * 64 + x_off, mask=x_mask, other=0.0).to(gl.float32)
-            sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
-            xv = (sg * u).to(gl.bfloat16)
+            xv = _silu_mul(g, u)
         else:
             xv = gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0)
         if MASKED:
@@ -589,9 +596,7 @@ if HAVE_GLUON:
             g_ptr = gu_ptr + o_dst[None, :] * stride_om + r * 16 + o_row[:, None]
             g = gl.load(g_ptr, mask=o_mask, other=0.0, cache_modifier=".cg").to(gl.float32)
             u = gl.load(g_ptr + PAIR * 16, mask=o_mask, other=0.0, cache_modifier=".cg").to(gl.float32)
-            sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
-            gl.store(h_ptr + o_dst[None, :] * stride_hm + r * 16 + o_row[:, None], (sg * u).to(h_ptr.dtype.element_ty),
-                     mask=o_mask)
+            gl.store(h_ptr + o_dst[None, :] * stride_hm + r * 16 + o_row[:, None], _silu_mul(g, u), mask=o_mask)
 
     @gluon.jit
     def _accumulate_pair(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off, x_mask,
@@ -799,8 +804,7 @@ if HAVE_GLUON:
         if GATED:
             g = gl.sum(acc, axis=0).to(gl.bfloat16).to(gl.float32)
             u = gl.sum(acc2, axis=0).to(gl.bfloat16).to(gl.float32)
-            sg = (g / (1.0 + gl.exp(-g))).to(gl.bfloat16).to(gl.float32)
-            gl.store(o_ptr, (sg * u).to(o_ptr.dtype.element_ty), mask=o_mask)
+            gl.store(o_ptr, _silu_mul(g, u), mask=o_mask)
         else:
             total = gl.sum(acc, axis=0)
             if SCALED:
