@@ -88,6 +88,19 @@ def compile_only(quick: bool = False) -> int:
                     count = {op: sum(o.startswith(op) for o in ops) for op in ("HMMA", "LDG", "LOP3", "STS", "LDS")}
                     print(f"N={n} K={k} W={w} RB={rb} AHEAD={ah} M={m}: {regs.group(1) if regs else '?'} registers, "
                           f"{len(lines)} SASS, {count}")
+    # weights of one or two chunks per warp (small K: the tiny test models), where AHEAD 1 / 2 reach the chunk count
+    # and take the whole-slice form, with and without PDL
+    for n, k, ah, pdl in ((64, 128, 1, True), (64, 128, 2, False), (64, 64, 1, True), (64, 64, 1, False)):
+        before = set(compiled)
+        g, m = k // mg.GROUP, 1
+        x, out = torch.empty(m, k, dtype=torch.bfloat16), torch.empty(m, n, dtype=torch.bfloat16)
+        mg._mma_gemv_kernel[(n // 16,)](x, x, torch.empty(n // 16, g, 128, dtype=torch.int32),
+                                        torch.empty(n // 16, g, 8, 2, 2, dtype=torch.bfloat16), out, m, k, g, n, x,
+                                        x, x, x, 0, 0, 0, 0, 0, 0, K=k, W=1, RB=1, NT=1, AHEAD=ah, PDL=pdl,
+                                        SELF_XS=True, num_warps=1)
+        for label in set(compiled) - before:
+            hmma = sum("HMMA" in ln for ln in instructions(compiled[label]))
+            print(f"FEW N={n} K={k} AHEAD={ah} PDL={pdl}: {hmma} HMMA")
     # the experts kernel at the MoE's gate/up (K = 2048, gated: SiLU(g) * u) and down (K = 512, scaled fp32), 64
     # tokens x top-8 + the shared expert stacked last: sorted tiles of 8 rows and single-row tiles, 1 and 4 row blocks
     e, t, slots = 257, 64, 9

@@ -66,8 +66,12 @@ def test_bad_shapes_named():
 
 def test_config_fixed_by_k():
     assert [mg.default_warps(k) for k in (64, 128, 512, 1024, 2048, 4096)] == [1, 1, 1, 4, 4, 8]
-    assert mg.default_config(2048) == (4, 1, 1)  # W from K alone; one row block, one chunk ahead
-    assert mg.default_config(2048, 8, 772) == (4, 1, 1)  # up to 8 rows: the one-row launch shape
+    assert mg.default_config(2048) == (4, 1, 7)  # W from K alone; one row block, the ring of all chunks but one
+    assert mg.default_config(2048, 8, 772) == (4, 1, 7)  # up to 8 rows: the one-row launch shape
+    assert mg.default_config(4096, 1, 128) == (8, 1, 7)  # 64 groups over 8 warps: 8 chunks
+    assert mg.default_config(2048, 1, 15520) == (4, 1, 1)  # the lm_head's many programs: one chunk ahead
+    assert mg.default_config(256, 1, 128) == (1, 1, 3)  # 4 chunks on one warp: 3 ahead, the ring at its least ...
+    assert mg.default_config(128, 1, 128) == (1, 1, 1)  # ... 2 chunks are too few for it
     assert mg.default_config(2048, 16, 772) == (4, 1, 2)  # 9 to 32 rows: two chunks in flight ...
     assert mg.default_config(2048, 32, 15520) == (4, 2, 2)  # ... and the lm_head's two row blocks
     assert mg.default_config(2048, 64, 772) == (4, 2, 1)  # 64 rows: two row blocks share the x reads ...
@@ -106,6 +110,8 @@ def test_compiles_for_sm90():
     rows = [ln for ln in out.stdout.splitlines() if ln.startswith("N=")]
     assert len(rows) == 4, out.stdout  # M = 1 and 64, each with loaded group sums and the kernel's own
     assert any(ln.startswith("CONV ") for ln in out.stdout.splitlines()), out.stdout  # the conv epilogue compiles
+    few = [ln for ln in out.stdout.splitlines() if ln.startswith("FEW ")]  # one or two chunks a warp: AHEAD >= them
+    assert len(few) == 4 and all(" 0 HMMA" not in ln for ln in few), out.stdout
     experts = [ln for ln in out.stdout.splitlines() if ln.startswith("EXPERTS ")]  # the grouped kernel too
     assert len(experts) == 3 and all(" 0 HMMA" not in ln for ln in experts), out.stdout
     assert [" 0 ATOM" not in ln for ln in experts] == [" combine" in ln for ln in experts], out.stdout

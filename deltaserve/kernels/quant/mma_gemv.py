@@ -121,6 +121,9 @@ def default_warps(k: int) -> int:
     raise ValueError(f"mma_gemv: K = {k} is not a multiple of {GROUP}")
 
 
+RING_MAX_BLOCKS = 4096  # up to 8 rows, weights of fewer row blocks than this run the register ring
+
+
 def default_config(k: int, m: int = 1, nb: int | None = None) -> tuple[int, int, int]:
     """(W, RB, AHEAD) for a weight of K columns (and nb row blocks of 16) at m rows of x: warps per program (they
     split K: W decides the order in which a row's groups are added, so it is fixed by the weight alone), row blocks
@@ -131,11 +134,16 @@ def default_config(k: int, m: int = 1, nb: int | None = None) -> tuple[int, int,
     spills) and K = 4096 keeps one with two chunks in flight (22.7 -> 20.8 us). From 9 to 32 rows two chunks in
     flight (16 rows: 12352 x 2048 12.72 -> 11.61 us, 2048 x 4096 12.86 -> 11.19; 32 rows: 12352 x 2048 24.66 (RB 2)
     -> 22.58), and for the lm_head (N / 16 >= 4096 row blocks) also two row blocks (16 rows 166.5 -> 146.9, 32 rows
-    352.0 -> 334.5); up to 8 rows the one-row choice (8 rows: 9.12 against 9.37 with AHEAD 2)."""
+    352.0 -> 334.5); up to 8 rows the one-row choice, with the register ring (AHEAD = chunks - 1) below
+    RING_MAX_BLOCKS row blocks: after-norm sweep, one row, 12352 x 2048 9.45 -> 8.05 us, 9216 x 2048 8.78 -> 6.93,
+    2048 x 4096 9.03 -> 7.16; 8 rows 10.82 -> 9.62, 10.60 -> 8.10, 8.92 -> 8.55; the lm_head's 15520 blocks keep
+    AHEAD 1 (84.1 us; the ring 90.1 at one row, 106.0 at 8)."""
     warps = default_warps(k)
     two = nb is None or nb % 2 == 0
     if m <= 8:
-        return warps, 1, 1
+        chunks = k // GROUP // warps
+        ring = chunks - 1 >= 3 and (nb is None or nb < RING_MAX_BLOCKS)
+        return warps, 1, chunks - 1 if ring else 1
     if m <= 32:
         return warps, 2 if (two and nb is not None and nb >= 4096) else 1, 2
     if k <= 2048 and two:
@@ -516,20 +524,20 @@ if HAVE_GLUON:
         elif AHEAD > 2:
             acc = _gemv_ring(acc, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
                              zero_w, W, RB, N8, NCH, AHEAD, mma, dot_a, dot_b, SELF_XS, PDL)
-        elif PDL:
-            words = gl.load(w_base + w_off)  # constant data first
-            sb = gl.load(sb_base + sb_off)
-            pdl_wait(PDL)
-            xv = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
-            if SELF_XS:
-                xs = 0.0
+        else:  # AHEAD 1 or 2 below the chunk count (a weight of one or two chunks per warp took the branch above)
+            if PDL:
+                words = gl.load(w_base + w_off)  # constant data first
+                sb = gl.load(sb_base + sb_off)
+                pdl_wait(PDL)
+                xv = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+                if SELF_XS:
+                    xs = 0.0
+                else:
+                    xs = gl.load(xs_ptr + xs_off, mask=xs_mask, other=0.0)
+                first = (words, xv, sb, xs)
             else:
-                xs = gl.load(xs_ptr + xs_off, mask=xs_mask, other=0.0)
-            first = (words, xv, sb, xs)
-        else:
-            first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
-                                True, W, False, SELF_XS)
-        if AHEAD <= 2:
+                first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off,
+                                    xs_mask, True, W, False, SELF_XS)
             acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
                               xs_mask, True, zero_w, W, RB, N8, NCH, AHEAD, False, mma, dot_a, dot_b, SELF_XS)
         total = gl.sum(acc, axis=0)
