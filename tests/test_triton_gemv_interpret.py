@@ -70,6 +70,8 @@ def _cases():
         "gemv_inline_policy": _inline_policy,
         "topk_contract_e37_k8": lambda mods: kc.check_topk_contract(mods, CPU, 37, 8),
         "topk_contract_e256_k8": lambda mods: kc.check_topk_contract(mods, CPU, 256, 8),
+        "topk_contract_bitonic_e37_k8": lambda mods: kc.check_topk_contract(mods, CPU, 37, 8, bitonic=True),
+        "topk_contract_bitonic_e256_k8": lambda mods: kc.check_topk_contract(mods, CPU, 256, 8, bitonic=True),
     })
     return cases
 

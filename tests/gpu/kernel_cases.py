@@ -603,10 +603,19 @@ def check_moe_v2_fused(mods, device, t, h, e, i, top_k, bits, group, shared=True
     return torch.equal(y, y0)
 
 
-def check_router_last_arrival(mods, device, ts=(1, 7, 64), h=64, e=12, top_k=3):
+def check_router_last_arrival(mods, device, ts=(1, 7, 64), h=64, e=12, top_k=3, select="rounds"):
     """moe_route's top-k at each token's last-arriving router program == the top-k in its own launch, bit for bit,
     for several T and on repeated calls (the arrival counters must be back at zero after every launch), with
-    the logits poisoned between calls so that a top-k reading stale values would show."""
+    the logits poisoned between calls so that a top-k reading stale values would show. select: the top-k's
+    selection (DELTASERVE_TOPK_SELECT) in both launches."""
+    import os
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, {"DELTASERVE_TOPK_SELECT": select}):
+        _router_last_arrival(mods, device, ts, h, e, top_k)
+
+
+def _router_last_arrival(mods, device, ts, h, e, top_k):
     from deltaserve.kernels.triton_sync import arrival_counters
 
     md = mods["moe"]
@@ -636,11 +645,11 @@ def check_moe_v2_fused_ties(mods, device):
     assert torch.allclose(rt.weights, torch.full_like(rt.weights, 1 / 3))
 
 
-def check_topk_contract(mods, device, e, k, warps=4):
+def check_topk_contract(mods, device, e, k, warps=4, bitonic=False):
     """The in-kernel top-k (_topk, used by moe_route and inside the fused gate/up) on adversarial fp32 logits:
     ties among negatives, -0 against +0, integer-valued logits (many ties), E not a power of two. Ids must equal
     route_topk's (ties to the lower id) in ascending order, weights to fp32 rounding; at any num_warps (the split
-    launch's DELTASERVE_TOPK_WARPS)."""
+    launch's DELTASERVE_TOPK_WARPS) and by either selection (bitonic: DELTASERVE_TOPK_SELECT=bitonic)."""
     md = mods["moe"]
     lg = torch.randn(4, e, device=device) * 3
     lg[0, ::3] = -1.5
@@ -649,7 +658,8 @@ def check_topk_contract(mods, device, e, k, warps=4):
     lg[2] = lg[2].round()
     ids = torch.full((4, k), -1, dtype=torch.int32, device=device)
     w = poisoned((4, k), torch.float32, device)
-    md._topk_kernel[(4,)](lg, ids, w, lg, e, EP=1 << (e - 1).bit_length(), TOPK=k, NORMALIZE=True, num_warps=warps)
+    md._topk_kernel[(4,)](lg, ids, w, lg, e, EP=1 << (e - 1).bit_length(), TOPK=k, NORMALIZE=True, num_warps=warps,
+                          BITONIC=bitonic)
     rw, rid = route_topk(lg.double().cpu(), k, True)
     order = rid.sort(-1)
     assert torch.equal(ids.long().cpu(), order.values), f"top-k ids {ids.tolist()} != {order.values.tolist()}"
@@ -659,7 +669,7 @@ def check_topk_contract(mods, device, e, k, warps=4):
     ids_s = torch.full((4, k + 1), -1, dtype=torch.int32, device=device)
     w_s = poisoned((4, k + 1), torch.float32, device)
     md._topk_kernel[(4,)](lg, ids_s, w_s, sw, e, EP=1 << (e - 1).bit_length(), TOPK=k, NORMALIZE=True, SHARED_ID=e,
-                          num_warps=warps)
+                          num_warps=warps, BITONIC=bitonic)
     assert torch.equal(ids_s[:, :k], ids) and torch.equal(w_s[:, :k], w), "shared slot changed the routed slots"
     assert (ids_s[:, k] == e).all() and torch.equal(w_s[:, k], sw), "shared slot: (id, weight) not (E, sw)"
 
