@@ -334,8 +334,8 @@ def topk_select() -> str:
     (_topk): "bitonic" (Triton's bitonic top-k finds the k-th key; the default) or "rounds" (k dependent rounds of
     a max over the keys). The same selection; the weights take the same formula. H200, Qwen3.6-35B-A3B q4, tg128
     @ d512 B=1, one call (bench/NOTES.md): rounds 610.8 / 611.2 tok/s, bitonic 623.6 / 623.6 (+2.0%). The top-k
-    folded into the gate/up launch (triton_moe_gemv FUSE_TOPK, not a default path) keeps the rounds."""
-    Env DELTASERVE_TOPK_SELECT, fixed for a process (a timing switch for in-model A/Bs)."""
+    folded into the gate/up launch (triton_moe_gemv FUSE_TOPK, not a default path) keeps the rounds.
+    Env DELTASERVE_TOPK_SELECT, fixed for a process."""
     value = os.environ.get("DELTASERVE_TOPK_SELECT", "bitonic")
     if value not in ("rounds", "bitonic"):
         raise ValueError(f"DELTASERVE_TOPK_SELECT={value!r}: expected 'rounds' or 'bitonic'")
