@@ -13,3 +13,28 @@ def test_moe_decode_kernels_are_moe():
 def test_unknown_kernels_are_other():
     assert classify("void at::native::reduce_kernel<512, 1>").startswith("other")
     assert classify("_gemv_kernel").startswith("linear")
+
+
+def test_critical_path_attributes_overlap_to_the_kernel_that_ends_later():
+    from deltaserve.bench.profile import critical_path
+
+    # one step: a [0, 10), b starts at 4 (PDL: it waits inside) and ends at 13, c [13, 20) after a 0-gap, d [21, 22)
+    step = [("a", 0.0, 10.0), ("b", 4.0, 9.0), ("c", 13.0, 7.0), ("d", 21.0, 1.0)]
+    second = [(n, t + 100.0, d) for n, t, d in step]
+    span, per = critical_path(second + step, 2)  # order of the events does not matter
+    assert span == 22.0
+    assert per["a"] == [1, 10.0, 10.0] and per["b"] == [1, 9.0, 3.0] and per["c"] == [1, 7.0, 7.0]
+    assert per["d"] == [1, 1.0, 2.0]  # the idle microsecond before it is its own
+    assert sum(v[2] for v in per.values()) == span
+    # a kernel that ends before the previous one (another stream's) costs nothing on the path
+    span, per = critical_path([("a", 0.0, 10.0), ("side", 2.0, 3.0), ("b", 9.0, 4.0)], 1)
+    assert span == 13.0 and per["side"][2] == 0.0 and per["b"][2] == 3.0
+
+
+def test_critical_path_refuses_uneven_steps():
+    import pytest
+
+    from deltaserve.bench.profile import critical_path
+
+    with pytest.raises(ValueError, match="do not split into 2 equal steps"):
+        critical_path([("a", 0.0, 1.0)] * 3, 2)

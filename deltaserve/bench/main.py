@@ -49,6 +49,8 @@ def parse_args(argv):
     p.add_argument("--no-graph", action="store_true",
                    help="decode (and B=1 prefill) eagerly instead of CUDA-graph replay")
     p.add_argument("--profile", action="store_true", help="break one decode step down by kernel class (at the first -d depth and -b batch)")
+    p.add_argument("--profile-graph", action="store_true",
+                   help="profile the captured decode graph's replays: each kernel's in-graph and critical time")
     p.add_argument("--profile-prefill", action="store_true",
                    help="profile one prefill of the first -p length (host vs GPU time, syncs, top kernels and ops)")
     p.add_argument("--results", default="bench/results", help="directory for the JSON-line records")
@@ -227,6 +229,10 @@ def main(argv=None) -> int:
         from .profile import profile_decode
 
         print(profile_decode(model, config, max(args.depth[0], 1), batch=args.batch[0]))
+    if args.profile_graph:
+        from .profile import profile_decode_graph
+
+        print(profile_decode_graph(model, config, max(args.depth[0], 1), batch=args.batch[0]))
     if args.profile_prefill:
         from .profile import profile_prefill
 

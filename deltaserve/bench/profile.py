@@ -67,6 +67,85 @@ def profile_decode(model, config: ModelConfig, depth: int, batch: int = 1, block
     return "\n".join(lines)
 
 
+def critical_path(kernels: list[tuple[str, float, float]], steps: int) -> tuple[float, dict[str, list[float]]]:
+    """Where a graph replay's time goes when kernels overlap (PDL: a kernel starts, and waits, before the previous
+    one ends). kernels: (name, start, duration) of `steps` replays of the same step, in any order; returns (the
+    mean step span, {name: [launches a step, mean duration, mean critical time a step]}). A kernel's critical time
+    is end - the previous kernel's end (kernels of one stream end in launch order: each waits for the previous to
+    complete), floored at zero, so a step's critical times add up to its span from the first start; the first
+    kernel's is its duration."""
+    if steps < 1 or len(kernels) % steps:
+        raise ValueError(f"critical_path: {len(kernels)} kernels do not split into {steps} equal steps")
+    per = len(kernels) // steps
+    order = sorted(kernels, key=lambda k: k[1])
+    stats: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    span = 0.0
+    for i in range(steps):
+        step = order[i * per:(i + 1) * per]
+        prev_end = step[0][1]
+        for name, start, dur in step:
+            end = start + dur
+            st = stats[name]
+            st[0] += 1
+            st[1] += dur
+            st[2] += max(end - prev_end, 0.0)
+            prev_end = max(prev_end, end)
+        span += prev_end - step[0][1]
+    out = {name: [c / steps, d / c, crit / steps] for name, (c, d, crit) in stats.items()}
+    return span / steps, out
+
+
+def profile_decode_graph(model, config: ModelConfig, depth: int, batch: int = 1, block_size: int = 64,
+                         steps: int = 5, top: int = 16) -> str:
+    """The captured decode graph's replays under the profiler: per kernel its duration as the GPU ran it inside
+    the graph (PDL overlap included) and its critical time (critical_path), by class and by kernel. The eager
+    profile (profile_decode) times each kernel alone; this one shows what the overlap hides and what it does not."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    blocks = -(-(depth + 8) // block_size)
+    cache = model.make_cache(batch * blocks, block_size, batch, torch.bfloat16)
+    dev = next(model.parameters()).device
+    tables = torch.arange(batch * blocks, dtype=torch.int32, device=dev).view(batch, -1)
+    dg = DecodeGraph(model, cache, batch, blocks, greedy_feedback=True)
+    ctx = torch.full((batch,), depth, dtype=torch.int64, device=dev)
+    dg.load(torch.zeros(batch, dtype=torch.int64, device=dev), ctx, ctx, tables, torch.arange(batch, device=dev))
+    dg.capture()
+    for _ in range(3):
+        dg.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            dg.replay()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    kernels = [(e["name"], float(e["ts"]), float(e["dur"])) for e in trace.get("traceEvents", [])
+               if e.get("cat") == "kernel" and "dur" in e]
+    if not kernels or len(kernels) % steps:
+        return (f"# decode graph profile: {len(kernels)} kernel events for {steps} replays (the profiler did not "
+                f"record the graph's kernels one by one)")
+    span, per_kernel = critical_path(kernels, steps)
+    by_class: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for name, (count, dur, crit) in per_kernel.items():
+        c = by_class[classify(name)]
+        c[0] += count
+        c[1] += count * dur
+        c[2] += crit
+    lines = [f"# decode graph profile (batch {batch}, depth {depth}, {steps} replays): step span {span:.1f} us, "
+             f"{sum(v[0] for v in per_kernel.values()):.0f} kernels a step",
+             f"  {'class':<42} {'in-graph us':>11} {'critical us':>11}  launches"]
+    for cls, (count, dur, crit) in sorted(by_class.items(), key=lambda kv: -kv[1][2]):
+        lines.append(f"  {cls:<42} {dur:11.1f} {crit:11.1f}  {count:6.0f}")
+    lines.append("  top kernels by critical time (us a step; launches, in-graph us each, critical us each):")
+    for name, (count, dur, crit) in sorted(per_kernel.items(), key=lambda kv: -kv[1][2])[:top]:
+        lines.append(f"    {crit:8.1f} us {count:5.0f}x {dur:7.2f} {crit / count:7.2f}  {name[:70]}")
+    return "\n".join(lines)
+
+
 def profile_prefill(model, config: ModelConfig, n: int, batch: int = 1, block_size: int = 64, top: int = 15) -> str:
     """One prefill of `batch` fresh n-token prompts (after a warm-up), CPU and GPU side: wall time vs summed GPU
     kernel time (a wall far above it means the host is the bottleneck), the host-blocking runtime calls (syncs,
