@@ -111,7 +111,7 @@ def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.cons
     the slot of a selected expert in ascending id order. k rounds of one max over (logit, lower id) keys
     (_order_keys): ties go to the lower id. BITONIC: instead of the k dependent rounds, Triton's bitonic top-k
     finds the k-th largest key and the keys at or above it are the selection: the keys are distinct (the id is in
-    them), so it is the same set (sm_90, E = 256, k = 8: 744 SASS and 23 barriers against 840 and 33). FRESH: the logits
+    them), so it is the same set (sm_90, E = 256, k = 8: 712 SASS and 23 barriers against 840 and 33). FRESH: the logits
     were written by other programs of this launch, read them from L2 (".cg"), not from this SM's L1."""
     rows = tl.arange(0, EP)
     e_mask = rows < E
