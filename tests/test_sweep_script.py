@@ -174,3 +174,11 @@ def test_row_run_defaults_and_timing_switches(monkeypatch):
         monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", bad)
         with pytest.raises(ValueError, match="DELTASERVE_ROUTER_LAUNCH"):
             md.router_launch((4, 4))
+    monkeypatch.delenv("DELTASERVE_TOPK_SELECT", raising=False)
+    assert md.topk_select() == "bitonic"  # the default (H200 A/B in bench/NOTES.md)
+    for value in md.TOPK_SELECTS:
+        monkeypatch.setenv("DELTASERVE_TOPK_SELECT", value)
+        assert md.topk_select() == value
+    monkeypatch.setenv("DELTASERVE_TOPK_SELECT", "sort")
+    with pytest.raises(ValueError, match="DELTASERVE_TOPK_SELECT='sort': expected one of rounds, bitonic, best"):
+        md.topk_select()

@@ -645,12 +645,13 @@ def check_moe_v2_fused_ties(mods, device):
     assert torch.allclose(rt.weights, torch.full_like(rt.weights, 1 / 3))
 
 
-def check_topk_contract(mods, device, e, k, warps=4, bitonic=False):
+def check_topk_contract(mods, device, e, k, warps=4, select="rounds", normalize=True):
     """The in-kernel top-k (_topk, used by moe_route and inside the fused gate/up) on adversarial fp32 logits:
     ties among negatives, -0 against +0, integer-valued logits (many ties), E not a power of two. Ids must equal
     route_topk's (ties to the lower id) in ascending order, weights to fp32 rounding; at any num_warps (the split
-    launch's DELTASERVE_TOPK_WARPS) and by either selection (bitonic: DELTASERVE_TOPK_SELECT=bitonic)."""
+    launch's DELTASERVE_TOPK_WARPS) and by every selection (DELTASERVE_TOPK_SELECT: rounds, bitonic, best)."""
     md = mods["moe"]
+    bitonic = md.TOPK_SELECTS.index(select)
     lg = torch.randn(4, e, device=device) * 3
     lg[0, ::3] = -1.5
     lg[1] = 0.0
@@ -658,9 +659,9 @@ def check_topk_contract(mods, device, e, k, warps=4, bitonic=False):
     lg[2] = lg[2].round()
     ids = torch.full((4, k), -1, dtype=torch.int32, device=device)
     w = poisoned((4, k), torch.float32, device)
-    md._topk_kernel[(4,)](lg, ids, w, lg, e, EP=1 << (e - 1).bit_length(), TOPK=k, NORMALIZE=True, num_warps=warps,
-                          BITONIC=bitonic)
-    rw, rid = route_topk(lg.double().cpu(), k, True)
+    md._topk_kernel[(4,)](lg, ids, w, lg, e, EP=1 << (e - 1).bit_length(), TOPK=k, NORMALIZE=normalize,
+                          num_warps=warps, BITONIC=bitonic)
+    rw, rid = route_topk(lg.double().cpu(), k, normalize)
     order = rid.sort(-1)
     assert torch.equal(ids.long().cpu(), order.values), f"top-k ids {ids.tolist()} != {order.values.tolist()}"
     close(w.cpu(), rw.gather(1, order.indices).double(), 1e-6, "top-k weights")
@@ -668,8 +669,8 @@ def check_topk_contract(mods, device, e, k, warps=4, bitonic=False):
     sw = torch.rand(4, device=device)
     ids_s = torch.full((4, k + 1), -1, dtype=torch.int32, device=device)
     w_s = poisoned((4, k + 1), torch.float32, device)
-    md._topk_kernel[(4,)](lg, ids_s, w_s, sw, e, EP=1 << (e - 1).bit_length(), TOPK=k, NORMALIZE=True, SHARED_ID=e,
-                          num_warps=warps, BITONIC=bitonic)
+    md._topk_kernel[(4,)](lg, ids_s, w_s, sw, e, EP=1 << (e - 1).bit_length(), TOPK=k, NORMALIZE=normalize,
+                          SHARED_ID=e, num_warps=warps, BITONIC=bitonic)
     assert torch.equal(ids_s[:, :k], ids) and torch.equal(w_s[:, :k], w), "shared slot changed the routed slots"
     assert (ids_s[:, k] == e).all() and torch.equal(w_s[:, k], sw), "shared slot: (id, weight) not (E, sw)"
 

@@ -261,7 +261,7 @@ def test_moe_v2_fused(fused_mods, dev, small, t, shared):
     print(f"MoE v2 4-launch == prep/top-k path, T={t}: {same}")
 
 
-@pytest.mark.parametrize("select", ["rounds", "bitonic"])
+@pytest.mark.parametrize("select", ["rounds", "bitonic", "best"])
 def test_router_last_arrival(fused_mods, dev, small, select):
     kc.check_router_last_arrival(fused_mods, dev, select=select, **({} if small else dict(
         ts=(1, 7, 64, 512), h=2048, e=256, top_k=8)))
@@ -272,24 +272,25 @@ def test_moe_v2_fused_ties(fused_mods, dev):
 
 
 @pytest.mark.parametrize("warps", [1, 2, 4])
-@pytest.mark.parametrize("bitonic", [False, True])
-def test_topk_contract(fused_mods, dev, warps, bitonic):
-    for e, k in ((37, 8), (256, 8)):
-        kc.check_topk_contract(fused_mods, dev, e, k, warps, bitonic)
+@pytest.mark.parametrize("select", ["rounds", "bitonic", "best"])
+def test_topk_contract(fused_mods, dev, warps, select):
+    for e, k in ((37, 8), (256, 8), (37, 3)):
+        kc.check_topk_contract(fused_mods, dev, e, k, warps, select)
 
 
-def test_topk_bitonic_selects_as_rounds(fused_mods, dev):
-    """Both selections on the same fresh random logits (E = 256, k = 8, and with the shared slot): the same ids;
-    weights to fp32 rounding (the same formula, the sums' layout may differ)."""
+def test_topk_selects_agree(fused_mods, dev):
+    """Every selection on the same fresh random logits (E = 256, k = 8, with the shared slot): the rounds' ids;
+    weights to fp32 rounding (the same formula; the sums' order may differ)."""
     md = fused_mods["moe"]
     lg = torch.randn(64, 256, device=dev) * 2
     sw = torch.rand(64, device=dev)
     got = {}
-    for bitonic in (False, True):
+    for select in md.TOPK_SELECTS:
         ids = torch.full((64, 9), -1, dtype=torch.int32, device=dev)
         w = torch.full((64, 9), float("nan"), device=dev)
         md._topk_kernel[(64,)](lg, ids, w, sw, 256, EP=256, TOPK=8, NORMALIZE=True,
-                               SHARED_ID=256, BITONIC=bitonic)
-        got[bitonic] = (ids, w)
-    assert torch.equal(got[False][0], got[True][0]), "bitonic and rounds select different experts"
-    assert torch.allclose(got[False][1], got[True][1], rtol=1e-6, atol=0), "bitonic and rounds weights differ"
+                               SHARED_ID=256, BITONIC=md.TOPK_SELECTS.index(select))
+        got[select] = (ids, w)
+    for select in md.TOPK_SELECTS[1:]:
+        assert torch.equal(got["rounds"][0], got[select][0]), f"{select} and rounds select different experts"
+        assert torch.allclose(got["rounds"][1], got[select][1], rtol=1e-6, atol=0), f"{select}: weights differ"

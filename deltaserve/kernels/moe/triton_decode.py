@@ -58,7 +58,7 @@ def _router_kernel(
     R_BITS: tl.constexpr, R_GROUP: tl.constexpr, R_CG: tl.constexpr,
     HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr, G_CG: tl.constexpr,
     INLINE: tl.constexpr, TOPK: tl.constexpr = 0, EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True,
-    PDL: tl.constexpr = False, BITONIC: tl.constexpr = False,
+    PDL: tl.constexpr = False, BITONIC: tl.constexpr = 0,
 ):
     # grid (T, cdiv(E, BE) + 1): column j < cdiv(E, BE) writes the fp32 logits of experts j*BE .. j*BE+BE-1 of
     # one token, the last column the shared gate's sigmoid (0 without a shared expert: every element of sg is
@@ -106,10 +106,11 @@ def _order_keys(logits, rows, EP: tl.constexpr):
 
 @triton.jit
 def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr, FRESH: tl.constexpr = False,
-          BITONIC: tl.constexpr = False):
+          BITONIC: tl.constexpr = 0):
     """The routing contract on one token's logits: (selected mask [EP], weights [EP], rank [EP]) where rank is
     the slot of a selected expert in ascending id order. k rounds of one max over (logit, lower id) keys
-    (_order_keys): ties go to the lower id. BITONIC: instead of the k dependent rounds, Triton's bitonic top-k
+    (_order_keys): ties go to the lower id. BITONIC (1, or 2: also the softmax's max and normaliser from the k best
+    keys, topk_select "best"): instead of the k dependent rounds, Triton's bitonic top-k
     finds the k-th largest key and the keys at or above it are the selection: the keys are distinct (the id is in
     them), so it is the same set (sm_90, E = 256, k = 8: 712 SASS and 23 barriers against 840 and 33). FRESH: the logits
     were written by other programs of this launch, read them from L2 (".cg"), not from this SM's L1."""
@@ -120,13 +121,28 @@ def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.cons
     else:
         logits = tl.load(logit_row + rows, mask=e_mask, other=float("-inf"))
     work = _order_keys(logits, rows, EP)
-    top = tl.max(logits, axis=0)
     if BITONIC:
         KP: tl.constexpr = 1 << (TOPK - 1).bit_length()  # tl.topk takes a power of two
         best = tl.topk(work, KP)  # [KP] the largest keys, descending (bitonic top-k: no serial rounds)
-        thr = tl.sum(tl.where(tl.arange(0, KP) == TOPK - 1, best, 0), axis=0)  # the k-th largest key
+        kk = tl.arange(0, KP)
+        thr = tl.sum(tl.where(kk == TOPK - 1, best, 0), axis=0)  # the k-th largest key
         sel = work >= thr
+    if BITONIC == 2:
+        # the best keys' logits back from their high words (_order_keys' map is its own inverse): the max and the
+        # normaliser come from the KP-element result, which every thread holds, instead of two reductions over the
+        # EP lanes across the warps (sm_90: 6 barriers fewer). top may be +0 where max(logits) is -0: x - top is
+        # the same either way. The normaliser adds the k terms in key order, not in the lanes' tree: its bits may
+        # differ from the other forms' by rounding
+        hi = (best >> 32).to(tl.int32)
+        best_logits = (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        top = tl.max(best_logits, axis=0)
+        if NORMALIZE:
+            norm = tl.sum(tl.where(kk < TOPK, tl.exp(best_logits - top), 0.0), axis=0)
+            wts = tl.where(sel, tl.exp(logits - top), 0.0) / norm
+    elif BITONIC:
+        top = tl.max(logits, axis=0)
     else:
+        top = tl.max(logits, axis=0)
         sel = rows < 0
         for _ in tl.static_range(TOPK):
             idx = EP - 1 - (tl.max(work, axis=0) & 0xFFFFFFFF)  # one reduction per round (was max, then min id)
@@ -134,8 +150,9 @@ def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.cons
             sel = sel | hit
             work = tl.where(hit, -9223372036854775807 - 1, work)
     if NORMALIZE:
-        p = tl.where(sel, tl.exp(logits - top), 0.0)
-        wts = p / tl.sum(p, axis=0)
+        if BITONIC != 2:
+            p = tl.where(sel, tl.exp(logits - top), 0.0)
+            wts = p / tl.sum(p, axis=0)
     else:
         lse = top + tl.log(tl.sum(tl.where(e_mask, tl.exp(logits - top), 0.0), axis=0))
         wts = tl.exp(logits - lse)
@@ -268,7 +285,7 @@ DEFAULT_CONFIG = {"router": (4, 4), "gate_up": (16, 512, 4), "down": (16, 512, 4
 @triton.jit
 def _topk_kernel(logit_ptr, ids_ptr, wts_ptr, sw_ptr, E, EP: tl.constexpr, TOPK: tl.constexpr,
                  NORMALIZE: tl.constexpr, SHARED_ID: tl.constexpr = -1, PDL: tl.constexpr = False,
-                 BITONIC: tl.constexpr = False):
+                 BITONIC: tl.constexpr = 0):
     # SHARED_ID >= 0: rows of TOPK + 1 slots, the last one (SHARED_ID, the shared gate's sigmoid sw[t]): the
     # shared expert as one more routed slot (kernels/moe/mma_moe.py stacks it as the last expert)
     pdl_open(PDL)
@@ -303,7 +320,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
             H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=_router_cg(r, be, warps),
             HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=_router_cg(g, be, warps),
             INLINE=inline_mode(x, True), TOPK=k, EP=triton.next_power_of_2(r.n), NORMALIZE=normalize,
-            BITONIC=topk_select() == "bitonic", num_warps=warps, **pdl_args(x),
+            BITONIC=TOPK_SELECTS.index(topk_select()), num_warps=warps, **pdl_args(x),
         )
     return logits, sw
 
@@ -329,16 +346,20 @@ def topk_warps() -> int:
     return int(value)
 
 
+TOPK_SELECTS = ("rounds", "bitonic", "best")  # topk_select's values, in _topk's BITONIC order
+
+
 def topk_select() -> str:
     """How the routing contract finds a token's k experts in the router's last arrival and the split top-k launch
     (_topk): "bitonic" (Triton's bitonic top-k finds the k-th key; the default) or "rounds" (k dependent rounds of
-    a max over the keys). The same selection; the weights take the same formula. H200, Qwen3.6-35B-A3B q4, tg128
+    a max over the keys), or "best" (bitonic, and the weights' max and normaliser from the k best keys: 6
+    barriers fewer on sm_90; the normaliser's rounding may differ). The same selection; the same weight formula. H200, Qwen3.6-35B-A3B q4, tg128
     @ d512 B=1, one call (bench/NOTES.md): rounds 610.8 / 611.2 tok/s, bitonic 623.6 / 623.6 (+2.0%). The top-k
     folded into the gate/up launch (triton_moe_gemv FUSE_TOPK, not a default path) keeps the rounds.
     Env DELTASERVE_TOPK_SELECT, fixed for a process."""
     value = os.environ.get("DELTASERVE_TOPK_SELECT", "bitonic")
-    if value not in ("rounds", "bitonic"):
-        raise ValueError(f"DELTASERVE_TOPK_SELECT={value!r}: expected 'rounds' or 'bitonic'")
+    if value not in TOPK_SELECTS:
+        raise ValueError(f"DELTASERVE_TOPK_SELECT={value!r}: expected one of {', '.join(TOPK_SELECTS)}")
     return value
 
 
@@ -398,7 +419,7 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
         if t:
             _topk_kernel[(t,)](logits, ids, wts, sw, r.n, EP=triton.next_power_of_2(r.n), TOPK=top_k,
                                NORMALIZE=normalize, SHARED_ID=-1 if shared_slot is None else shared_slot,
-                               BITONIC=topk_select() == "bitonic",
+                               BITONIC=TOPK_SELECTS.index(topk_select()),
                                num_warps=topk_warps(), **pdl_args(logits))
     else:
         _, sw = _router_logits(x, r, g, shared_gate is not None, config, (ids, wts, top_k, normalize))
