@@ -30,9 +30,9 @@ def classify(name: str) -> str:
     return "other (torch elementwise, copies, argmax)"
 
 
-def profile_decode(model, config: ModelConfig, depth: int, batch: int = 1, block_size: int = 64, top: int = 14) -> str:
-    from torch.profiler import ProfilerActivity, profile
-
+def _decode_step(model, depth: int, batch: int, block_size: int) -> DecodeGraph:
+    """A DecodeGraph of `batch` sequences at context `depth` (a fresh cache, one block table each), loaded with
+    token 0 and not captured: the step both decode profiles run."""
     blocks = -(-(depth + 8) // block_size)
     cache = model.make_cache(batch * blocks, block_size, batch, torch.bfloat16)
     dev = next(model.parameters()).device
@@ -40,6 +40,13 @@ def profile_decode(model, config: ModelConfig, depth: int, batch: int = 1, block
     dg = DecodeGraph(model, cache, batch, blocks, greedy_feedback=True)
     ctx = torch.full((batch,), depth, dtype=torch.int64, device=dev)
     dg.load(torch.zeros(batch, dtype=torch.int64, device=dev), ctx, ctx, tables, torch.arange(batch, device=dev))
+    return dg
+
+
+def profile_decode(model, config: ModelConfig, depth: int, batch: int = 1, block_size: int = 64, top: int = 14) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    dg = _decode_step(model, depth, batch, block_size)
     for _ in range(2):
         dg.replay()  # eager warm-up
     torch.cuda.synchronize()
@@ -105,13 +112,7 @@ def profile_decode_graph(model, config: ModelConfig, depth: int, batch: int = 1,
 
     from torch.profiler import ProfilerActivity, profile
 
-    blocks = -(-(depth + 8) // block_size)
-    cache = model.make_cache(batch * blocks, block_size, batch, torch.bfloat16)
-    dev = next(model.parameters()).device
-    tables = torch.arange(batch * blocks, dtype=torch.int32, device=dev).view(batch, -1)
-    dg = DecodeGraph(model, cache, batch, blocks, greedy_feedback=True)
-    ctx = torch.full((batch,), depth, dtype=torch.int64, device=dev)
-    dg.load(torch.zeros(batch, dtype=torch.int64, device=dev), ctx, ctx, tables, torch.arange(batch, device=dev))
+    dg = _decode_step(model, depth, batch, block_size)
     dg.capture()
     for _ in range(3):
         dg.replay()
