@@ -127,6 +127,14 @@ def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.cons
         kk = tl.arange(0, KP)
         thr = tl.sum(tl.where(kk == TOPK - 1, best, 0), axis=0)  # the k-th largest key
         sel = work >= thr
+    else:
+        top = tl.max(logits, axis=0)
+        sel = rows < 0
+        for _ in tl.static_range(TOPK):
+            idx = EP - 1 - (tl.max(work, axis=0) & 0xFFFFFFFF)  # one reduction per round (was max, then min id)
+            hit = rows == idx
+            sel = sel | hit
+            work = tl.where(hit, -9223372036854775807 - 1, work)
     if BITONIC == 2:
         # the best keys' logits back from their high words (_order_keys' map is its own inverse): the max and the
         # normaliser come from the KP-element result, which every thread holds, instead of two reductions over the
@@ -140,15 +148,7 @@ def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.cons
             norm = tl.sum(tl.where(kk < TOPK, tl.exp(best_logits - top), 0.0), axis=0)
             wts = tl.where(sel, tl.exp(logits - top), 0.0) / norm
     elif BITONIC:
-        top = tl.max(logits, axis=0)
-    else:
-        top = tl.max(logits, axis=0)
-        sel = rows < 0
-        for _ in tl.static_range(TOPK):
-            idx = EP - 1 - (tl.max(work, axis=0) & 0xFFFFFFFF)  # one reduction per round (was max, then min id)
-            hit = rows == idx
-            sel = sel | hit
-            work = tl.where(hit, -9223372036854775807 - 1, work)
+        top = tl.max(logits, axis=0)  # after the selection: the measured (sm_90 SASS) order of the default form
     if NORMALIZE:
         if BITONIC != 2:
             p = tl.where(sel, tl.exp(logits - top), 0.0)
@@ -320,7 +320,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
             H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=_router_cg(r, be, warps),
             HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=_router_cg(g, be, warps),
             INLINE=inline_mode(x, True), TOPK=k, EP=triton.next_power_of_2(r.n), NORMALIZE=normalize,
-            BITONIC=TOPK_SELECTS.index(topk_select()), num_warps=warps, **pdl_args(x),
+            BITONIC=topk_bitonic(), num_warps=warps, **pdl_args(x),
         )
     return logits, sw
 
@@ -361,6 +361,11 @@ def topk_select() -> str:
     if value not in TOPK_SELECTS:
         raise ValueError(f"DELTASERVE_TOPK_SELECT={value!r}: expected one of {', '.join(TOPK_SELECTS)}")
     return value
+
+
+def topk_bitonic() -> int:
+    """_topk's BITONIC constexpr for topk_select()'s choice (its index in TOPK_SELECTS)."""
+    return TOPK_SELECTS.index(topk_select())
 
 
 def router_launch(default: tuple[int, int]) -> tuple[int, int]:
@@ -419,7 +424,7 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
         if t:
             _topk_kernel[(t,)](logits, ids, wts, sw, r.n, EP=triton.next_power_of_2(r.n), TOPK=top_k,
                                NORMALIZE=normalize, SHARED_ID=-1 if shared_slot is None else shared_slot,
-                               BITONIC=TOPK_SELECTS.index(topk_select()),
+                               BITONIC=topk_bitonic(),
                                num_warps=topk_warps(), **pdl_args(logits))
     else:
         _, sw = _router_logits(x, r, g, shared_gate is not None, config, (ids, wts, top_k, normalize))
