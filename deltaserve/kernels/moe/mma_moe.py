@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..quant.mma_gemv import (GROUP, PAIR_COUNTERS, default_ahead, default_row_blocks, default_warps,
-                              mma_expert_tiles, mma_matmul_experts, repack_q4, repack_q4_experts)
+from ..quant.mma_gemv import (GROUP, default_ahead, default_row_blocks, default_warps, mma_expert_tiles,
+                              mma_matmul_experts, pair_counters_fit, repack_q4, repack_q4_experts)
 from ..triton_sync import MIN_COUNTERS
 from .triton_combine import combine_slots
 
@@ -114,7 +114,7 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
         w = default_warps(k)
         m, nbe_gu = ids.numel(), experts.gate_up[0].shape[1]
         config = (w, 1, default_ahead(m, True, k // GROUP // w))
-        if tiles.tile_e.numel() * (nbe_gu // 2) <= PAIR_COUNTERS:
+        if pair_counters_fit(tiles, nbe_gu):
             hid = torch.empty(m, nbe_gu * 8, dtype=x.dtype, device=x.device)
             mma_matmul_experts(x, *experts.gate_up, ids, slots, xs=xs, tiles=tiles, config=config, pair_out=hid)
         else:

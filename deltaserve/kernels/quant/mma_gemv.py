@@ -1010,6 +1010,12 @@ def default_ahead(m: int, gated: bool, chunks: int = 8) -> int:
     return 2
 
 
+def pair_counters_fit(tiles: MmaTiles, nbe: int) -> bool:
+    """Whether a pair_out launch over stacked [gate; up] weights of nbe row blocks per expert has a (tile, row-block
+    pair) counter for each of `tiles`' tiles within the PAIR_COUNTERS allocated."""
+    return tiles.tile_e.numel() * (nbe // 2) <= PAIR_COUNTERS
+
+
 def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, expert_ids: torch.Tensor,
                        x_repeat: int = 1, xs: torch.Tensor | None = None, out: torch.Tensor | None = None,
                        tiles: MmaTiles | None = None, up: tuple | None = None, scale: torch.Tensor | None = None,
@@ -1110,9 +1116,9 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     if pair_out is not None:
         from ..triton_sync import arrival_counters
 
-        need = tiles.tile_e.numel() * pairs
-        if need > PAIR_COUNTERS:
-            raise ValueError(f"mma_matmul_experts: pair_out for {need} (tile, pair) counters, at most {PAIR_COUNTERS}")
+        if not pair_counters_fit(tiles, nbe):
+            raise ValueError(f"mma_matmul_experts: pair_out for {tiles.tile_e.numel() * pairs} (tile, pair) "
+                             f"counters, at most {PAIR_COUNTERS}")
         comb, counters = pair_out, arrival_counters(x.device, PAIR_COUNTERS)  # one size: allocated before capture
     if combine is not None:
         res, comb = combine
