@@ -7,7 +7,7 @@ from torch import nn
 
 from ..kernels import linear as linear_ops
 from ..kernels.moe import moe_combine_reference, route_topk
-from . import fast, fusion, prefetch
+from . import fast, fusion
 from .config import ModelConfig
 from .layers import WeightFactory
 
@@ -106,28 +106,12 @@ class SparseMoeBlock(nn.Module):
 
             return moe_decode_v2(x, router, gate, up, down, self.top_k, normalize=self.normalize, residual=residual,
                                  fuse_topk=fast.moe_topk_mode() == "fused",
-                                 separate_topk=fast.moe_topk_mode() == "split", after_routing=self._warm_experts(
-                                     x, gate, up, down), **shared)
+                                 separate_topk=fast.moe_topk_mode() == "split", **shared)
         if decode or x.shape[0] <= MOE_GEMV_MAX_TOKENS:
             return moe_decode(x, router, gate, up, down, self.top_k, normalize=self.normalize, residual=residual,
                               **shared)
         routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"))
         return self._grouped(x, routing, gate, up, down, residual)
-
-    def _warm_experts(self, x: torch.Tensor, gate, up, down):
-        """The callback moe_decode_v2 runs once the top-k has written the picked ids: warm those experts' down (and
-        gate/up) weights in the L2 on a side stream (model/prefetch.py "down", "gateup"), or None."""
-        stacked = []
-        if prefetch.wanted(x, "gateup"):  # the dense fused bank's gate and up are column views of gate_up_proj
-            fused = getattr(self.experts, "gate_up_proj", None)
-            stacked += [fused] if fused is not None else [t for s in (gate, up) for t in (s.w, s.scales, s.biases)]
-        if prefetch.wanted(x, "down"):
-            stacked += [down.w, down.scales, down.biases]
-        stacked = [t for t in stacked if t is not None]
-        if not stacked:
-            return None
-        name = "experts_" + "_".join(m for m in ("gateup", "down") if prefetch.wanted(x, m))
-        return lambda routing: prefetch.warm_experts(x, self, name, stacked, routing.ids)
 
     def _grouped(self, x: torch.Tensor, routing, gate, up, down, residual: torch.Tensor | None) -> torch.Tensor:
         """Prefill: every (token, pick) row through the grouped expert matmul (rows sorted into expert tiles once

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..kernels.rope import rope_cos_sin
-from . import fast, fusion, prefetch
+from . import fast, fusion
 from .attention import GatedAttention
 from .cache import HybridCache
 from .config import ModelConfig
@@ -39,15 +39,9 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = MLP(f"{p}.mlp", config.hidden_size, config.intermediate_size, weights)
 
-    def input_projection(self) -> nn.Module | None:
-        """The fused weight the layer's first decode GEMV reads (DeltaNet in_proj, attention q|k|v), if fused."""
-        mixer, group = (self.self_attn, "qkv_proj") if self.is_attention else (self.linear_attn, "in_proj")
-        return fusion.fused(mixer, group)
-
-    def forward(self, x, batch: ForwardBatch, cache: HybridCache, rope, next_layer=None) -> torch.Tensor:
-        """next_layer: the layer after this one (its input projection may be warmed in the L2 during this MoE)."""
+    def forward(self, x, batch: ForwardBatch, cache: HybridCache, rope) -> torch.Tensor:
         if fast.enabled(x):
-            return self._forward_fast(x, batch, cache, rope, next_layer)
+            return self._forward_fast(x, batch, cache, rope)
         h = self.input_layernorm(x)
         if self.is_attention:
             h = self.self_attn(h, batch, cache, rope)
@@ -56,26 +50,18 @@ class DecoderLayer(nn.Module):
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x), decode=batch.max_seqlen == 1)
 
-    def _forward_fast(self, x, batch: ForwardBatch, cache: HybridCache, rope, next_layer=None) -> torch.Tensor:
+    def _forward_fast(self, x, batch: ForwardBatch, cache: HybridCache, rope) -> torch.Tensor:
         """Same math, fewer launches: add_rms_norm writes x + h and its post-attention norm in one kernel, and the
-        feed-forward block adds the residual itself (the MoE decode kernels inside their combine launch).
-        Decode steps may warm later weights in the L2 on a side stream (model/prefetch.py): no value changes."""
+        feed-forward block adds the residual itself (the MoE decode kernels inside their combine launch)."""
         from ..kernels.triton_norm import add_rms_norm
 
         decode = batch.max_seqlen == 1
-        mixer = self.self_attn if self.is_attention else self.linear_attn
-        if decode and prefetch.wanted(x, "mixer"):
-            out_proj = mixer.o_proj if self.is_attention else mixer.out_proj
-            mlp = self.mlp
-            prefetch.warm(x, self, "mixer", [out_proj, getattr(mlp, "gate", None), getattr(mlp, "shared_expert", None),
-                                             getattr(mlp, "shared_expert_gate", None)])
-        h = fast.norm_for_gemv(self.input_layernorm, x, self.input_projection(), decode)  # + the GEMV's prep
+        mixer, group = (self.self_attn, "qkv_proj") if self.is_attention else (self.linear_attn, "in_proj")
+        h = fast.norm_for_gemv(self.input_layernorm, x, fusion.fused(mixer, group), decode)  # + the GEMV's prep
         if self.is_attention:
             h = self.self_attn(h, batch, cache, rope)
         else:
             h = self.linear_attn(h, batch, cache)
-        if decode and next_layer is not None and prefetch.wanted(x, "next"):
-            prefetch.warm(x, self, "next", [next_layer.input_projection()])
         post = self.post_attention_layernorm
         prep = fast.moe_prep(self.mlp, h)  # the tensor-core MoE reads x's group sums: the norm makes them
         if prep is None:
@@ -125,10 +111,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         if not fast.enabled(x):
             rope = rope_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta, cfg.mrope_section,
                                 cfg.mrope_interleaved)
-        layers = list(self.layers)
-        for i, layer in enumerate(layers):
-            x = layer(x, batch, cache, rope, layers[i + 1] if i + 1 < len(layers) else None)
-        prefetch.join(x)  # the L2 prefetches' side stream rejoins (a graph capture must end joined)
+        for layer in self.layers:
+            x = layer(x, batch, cache, rope)
         return x
 
     def compute_logits(self, hidden: torch.Tensor, decode: bool = False) -> torch.Tensor:

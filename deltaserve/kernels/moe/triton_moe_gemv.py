@@ -315,7 +315,7 @@ def moe_decode_v2(
     shared_gate_proj=None, shared_up=None, shared_down=None, shared_gate=None,
     residual: torch.Tensor | None = None, return_routing: bool = False, out: torch.Tensor | None = None,
     config: dict | None = None, inline_prep: bool = True, fuse_topk: bool = False, launch: MoeLaunch | None = None,
-    separate_topk: bool = False, after_routing=None,
+    separate_topk: bool = False,
 ):
     """The MoE block for T tokens x [T, H] (bf16); arguments and result as `triton_decode.moe_decode`
     (config is passed to the router launch). Launches: router (the top-k at each token's last-arriving router
@@ -323,9 +323,7 @@ def moe_decode_v2(
     gate/up program instead, separate_topk=True gives it a launch of its own, inline_prep=False adds the prep
     launches of x and of hbuf
     (the v2 path, kept so the two can be timed against each other). launch: the kernels' launch shape (MoeLaunch;
-    None: the defaults), for sweeps (scripts/sweep_decode_kernels.py). after_routing(routing): called once the
-    routing launches are issued, before gate/up (the model warms the picked experts' weights there); with
-    fuse_topk the ids are written by gate/up itself, so it is not called."""
+    None: the defaults), for sweeps (scripts/sweep_decode_kernels.py)."""
     launch = _env_launch() if launch is None else launch
     t, h = x.shape
     g, u, d, sg, su, sd, has_shared = expert_specs(
@@ -336,8 +334,6 @@ def moe_decode_v2(
     if t == 0:
         return (out, routing) if return_routing else out
     i_s, slots, hbuf, part = slot_buffers(x, g, sg, has_shared, top_k)
-    if after_routing is not None and not fuse_topk:
-        after_routing(routing)
     _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch)
     rows = hbuf.view(t * slots, hbuf.shape[2])
     _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch)
