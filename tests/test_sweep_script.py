@@ -175,7 +175,7 @@ def test_row_run_defaults_and_timing_switches(monkeypatch):
         with pytest.raises(ValueError, match="DELTASERVE_ROUTER_LAUNCH"):
             md.router_launch((4, 4))
     monkeypatch.delenv("DELTASERVE_TOPK_SELECT", raising=False)
-    assert md.topk_select() == "bitonic"  # the default (H200 A/B in bench/NOTES.md)
+    assert md.topk_select() == "best"  # the default (H200 A/B in bench/NOTES.md)
     for value in md.TOPK_SELECTS:
         monkeypatch.setenv("DELTASERVE_TOPK_SELECT", value)
         assert md.topk_select() == value

@@ -351,13 +351,15 @@ TOPK_SELECTS = ("rounds", "bitonic", "best")  # topk_select's values, in _topk's
 
 def topk_select() -> str:
     """How the routing contract finds a token's k experts in the router's last arrival and the split top-k launch
-    (_topk): "bitonic" (Triton's bitonic top-k finds the k-th key; the default) or "rounds" (k dependent rounds of
-    a max over the keys), or "best" (bitonic, and the weights' max and normaliser from the k best keys: 6
-    barriers fewer on sm_90; the normaliser's rounding may differ). The same selection; the same weight formula. H200, Qwen3.6-35B-A3B q4, tg128
-    @ d512 B=1, one call (bench/NOTES.md): rounds 610.8 / 611.2 tok/s, bitonic 623.6 / 623.6 (+2.0%). The top-k
-    folded into the gate/up launch (triton_moe_gemv FUSE_TOPK, not a default path) keeps the rounds.
-    Env DELTASERVE_TOPK_SELECT, fixed for a process."""
-    value = os.environ.get("DELTASERVE_TOPK_SELECT", "bitonic")
+    (_topk): "best" (the default: Triton's bitonic top-k finds the k-th key, and the weights' max and normaliser
+    come from the k best keys every thread then holds: 17 barriers on sm_90), "bitonic" (the same selection, the
+    max and normaliser as two reductions over the lanes: 23 barriers), or "rounds" (k dependent rounds of a max
+    over the keys: 33). The same selection and weight formula; best's normaliser adds the k terms in key order, so
+    its weights may differ from the others' by fp32 rounding. H200, Qwen3.6-35B-A3B q4, tg128 @ d512 B=1
+    (bench/NOTES.md): rounds 610.8 / 611.2 tok/s, bitonic 623.6 / 623.6 (+2.0%; one call), then bitonic 621.8 /
+    622.8, best 626.0 / 624.5 (+0.6%; another). The top-k folded into the gate/up launch (triton_moe_gemv
+    FUSE_TOPK, not a default path) keeps the rounds. Env DELTASERVE_TOPK_SELECT, fixed for a process."""
+    value = os.environ.get("DELTASERVE_TOPK_SELECT", "best")
     if value not in TOPK_SELECTS:
         raise ValueError(f"DELTASERVE_TOPK_SELECT={value!r}: expected one of {', '.join(TOPK_SELECTS)}")
     return value
