@@ -6,14 +6,18 @@ ramp and the previous kernel's tail.
 The protocol every kernel launched with PDL follows (a kernel that breaks it races):
     pdl_open(PDL)        first thing: lets the NEXT kernel in the stream launch once all of this one's programs
                          have started (they then wait for us in their own pdl_wait)
-    ... reads of constant data only (weights, scales); no stores, no atomics ...
+    ... reads of constant data only (weights, scales), or of state the kernel alone writes (the DeltaNet step's
+        recurrent state, written by that layer's step in earlier forwards only), addressed by the step's metadata
+        (slots, context lengths: set before the forward's first kernel); no stores, no atomics ...
     pdl_wait(PDL)        blocks until the previous kernel has completed and its writes are visible
     ... everything else ...
 Chains stay safe: a kernel's pdl_wait returns only after its predecessor completed, and that predecessor passed its
 own pdl_wait only after ITS predecessor completed, so every earlier write is visible after the wait. Writes come
 after the wait, so no kernel overwrites memory an unfinished predecessor still reads. Kernels launched without PDL
 (torch's, or ours with PDL off) are serialised as usual, and pdl_wait in a kernel launched without the attribute
-returns at once.
+returns at once. Owned state read early stays safe for the same reason: every forward starts with a kernel launched
+without PDL (the embedding lookup), which starts only after everything before it completed, so no prologue of a
+forward can run before the previous forward's write of that state; within a forward nothing else writes it.
 
 Exactness: PDL moves when a program starts, never what it computes: the same instructions on the same values.
 """

@@ -303,6 +303,35 @@ def check_gdn_decode(mods, device, b, hk, hv, dk, dv, fresh_rows=(1,), num_slots
         close(inp["ssm"][slots[i]], s, 1e-5, f"gdn state row {i}")
 
 
+def check_gdn_state_early(mods, device, b, hk, hv, dk, dv, dv_block="default"):
+    """The decode step reading its state before its PDL wait (DELTASERVE_GDN_STATE_EARLY=1, the default) == after
+    it (0): outputs and the updated pool bit for bit, rows fresh and resumed; outputs poisoned first."""
+    import os
+
+    gd = mods["gdn"]
+    kw = {} if dv_block == "default" else dict(dv_block=dv_block)
+    inp = gdn_inputs(device, b, hk, hv, dk, dv, b + 3)
+    slots = torch.randperm(b + 3)[:b].to(device)
+    ctx = torch.tensor([0 if i == 1 else 3 + i for i in range(b)], device=device)
+    got = {}
+    old = os.environ.get("DELTASERVE_GDN_STATE_EARLY")
+    try:
+        for early in ("1", "0"):
+            os.environ["DELTASERVE_GDN_STATE_EARLY"] = early
+            pool = inp["ssm"].clone()
+            out = poisoned((b, hv * dv), torch.bfloat16, device)
+            gd.gdn_decode_step(inp["qkv"], inp["z"], inp["a"], inp["b"], inp["a_log"], inp["dt_bias"], inp["norm_w"],
+                               pool, slots, ctx, hk, 1e-6, out=out, **kw)
+            got[early] = (out, pool)
+    finally:
+        if old is None:
+            os.environ.pop("DELTASERVE_GDN_STATE_EARLY", None)
+        else:
+            os.environ["DELTASERVE_GDN_STATE_EARLY"] = old
+    assert torch.equal(got["1"][0], got["0"][0]), "state read before the wait: outputs differ"
+    assert torch.equal(got["1"][1], got["0"][1]), "state read before the wait: states differ"
+
+
 def check_gdn_prep(mods, device, b, hk, hv, dk, dv, dv_block="default", bits=4, group=64):
     """gdn_decode_step(prep=(bits, group)): the step's outputs and state are those of the step without prep, bit for
     bit; xp equals prep_x's of those outputs bit for bit (exact power-of-two scaling), xs its group sums to fp32

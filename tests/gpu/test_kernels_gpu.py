@@ -70,6 +70,12 @@ def test_gdn_decode_step(mods, dev, small, dv_block):
     kc.check_gdn_decode(mods, dev, 5, *dims, fresh_rows=(0, 3), num_slots=9, dv_block=dv_block)
 
 
+@pytest.mark.parametrize("dv_block", ["default", None])
+def test_gdn_decode_state_early_same_bits(mods, dev, small, dv_block):
+    dims = (2, 4, 16, 32) if small else (16, 32, 128, 128)
+    kc.check_gdn_state_early(mods, dev, 5, *dims, dv_block=dv_block)
+
+
 @pytest.mark.parametrize("dv_block,bits", [("default", 4), (None, 4), ("default", 8)])
 def test_gdn_decode_prep(mods, dev, small, dv_block, bits):
     dims = (2, 4, 16, 64) if small else (16, 32, 128, 128)

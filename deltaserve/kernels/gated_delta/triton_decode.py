@@ -20,6 +20,7 @@ conv-state update would race with their reads. Prefill uses `causal_conv` too, t
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -188,15 +189,25 @@ def _softplus(x):
 
 
 @triton.jit
-def _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv,
-                        stride_qt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, key_dim, scale,
-                        R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
-    """One decode token of sequence bi, value head h, on the state columns rv (all DV of them or a block): L2-normed
-    q/k of key head h // R, the gates, S <- exp(g) S + k (beta (v - S^T k))^T written back in place (fp32; zero
-    state when the sequence is fresh), and returns o = S^T q over rv (fp32)."""
-    kh = h // R
+def _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK: tl.constexpr):
+    """(S [DK, len(rv)] fp32, its addresses): columns rv of state[slot of sequence bi, h], zeros for a fresh
+    sequence (context 0). May run before the kernel's PDL wait: the slot index and context length are the step's
+    metadata, set before the step's first kernel, and the state is written only by this kernel, in earlier steps
+    (triton_pdl: state a kernel alone owns)."""
     slot = tl.load(slot_ptr + bi).to(tl.int64)
     keep = tl.load(ctx_ptr + bi) != 0
+    rk = tl.arange(0, DK)
+    sp = ssm_ptr + slot * stride_ss + h * stride_sh + rk[:, None] * stride_sk + rv[None, :]
+    return tl.load(sp, mask=(rk[:, None] >= 0) & keep, other=0.0), sp
+
+
+@triton.jit
+def _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, rv, stride_qt, stride_at, stride_bt,
+                        key_dim, scale, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
+    """One decode token of sequence bi, value head h, on the state columns rv (all DV of them or a block) given
+    their values s and addresses sp (_state_columns): L2-normed q/k of key head h // R, the gates,
+    S <- exp(g) S + k (beta (v - S^T k))^T written back in place (fp32), and returns o = S^T q over rv (fp32)."""
+    kh = h // R
     rk = tl.arange(0, DK)
     row = qkv_ptr + bi.to(tl.int64) * stride_qt
     q = tl.load(row + kh * DK + rk).to(tl.float32)
@@ -208,8 +219,6 @@ def _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, ssm_ptr, slot_
     bb = tl.load(b_ptr + bi.to(tl.int64) * stride_bt + h).to(tl.float32)
     g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * _softplus(a + tl.load(dtb_ptr + h).to(tl.float32))
     beta = tl.sigmoid(bb)
-    sp = ssm_ptr + slot * stride_ss + h * stride_sh + rk[:, None] * stride_sk + rv[None, :]
-    s = tl.load(sp, mask=(rk[:, None] >= 0) & keep, other=0.0)  # [DK, len(rv)]; zeros for a fresh sequence
     s = s * tl.exp(g)
     mem = tl.sum(s * k[:, None], axis=0)  # S^T k
     u = beta * (v - mem)
@@ -253,18 +262,22 @@ def _decode_kernel(
     stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, stride_ot, stride_pt, stride_st,
     key_dim, scale, eps,
     HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, PDL: tl.constexpr = False,
+    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, STATE_EARLY: tl.constexpr = True,
+    PDL: tl.constexpr = False,
 ):
     # grid (B, Hv): one program owns state[slot, h] ([DK, DV] fp32, read once, written once). PREP_BITS > 0: also
     # the out projection's prep of the head's outputs (_prep_head: xp / xs rows of pitch stride_pt / stride_st)
     pdl_open(PDL)
-    pdl_wait(PDL)
     bi = tl.program_id(0)
     h = tl.program_id(1)
     rv = tl.arange(0, DV)
-    o = _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv,
-                            stride_qt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, key_dim, scale,
-                            R, DK, DV)
+    if STATE_EARLY:  # the state's HBM read overlaps the predecessor's tail (_state_columns says why it may)
+        s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
+    pdl_wait(PDL)
+    if not STATE_EARLY:
+        s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
+    o = _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, rv, stride_qt, stride_at,
+                            stride_bt, key_dim, scale, R, DK, DV)
     act = o_ptr.dtype.element_ty
     of = o.to(act).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(of * of, axis=0) / DV + eps)
@@ -282,7 +295,8 @@ def _gdn_step_kernel(
     stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, stride_ot, stride_pt, stride_st,
     key_dim, scale, eps,
     HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, PDL: tl.constexpr = False,
+    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, STATE_EARLY: tl.constexpr = True,
+    PDL: tl.constexpr = False,
 ):
     # grid (B, Hv, DV / BV): one program owns columns [j*BV, (j+1)*BV) of state[slot, h] ([DK, BV] fp32, read once,
     # written once; the columns of the delta rule are independent). The gated RMSNorm needs the whole row's sum of
@@ -291,15 +305,18 @@ def _gdn_step_kernel(
     # and normalises, gates and rewrites the row (PREP_BITS > 0: and writes the out projection's prep of it,
     # _prep_head, so that GEMV needs no prep launch). Every split does the same q/k norms (DK values, cheap).
     pdl_open(PDL)
-    pdl_wait(PDL)
     bi = tl.program_id(0)
     h = tl.program_id(1)
     j = tl.program_id(2)
     NS: tl.constexpr = DV // BV
     rv = j * BV + tl.arange(0, BV)
-    o = _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv,
-                            stride_qt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk, key_dim, scale,
-                            R, DK, DV)
+    if STATE_EARLY:  # the state's HBM read overlaps the predecessor's tail (_state_columns says why it may)
+        s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
+    pdl_wait(PDL)
+    if not STATE_EARLY:
+        s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
+    o = _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, rv, stride_qt, stride_at,
+                            stride_bt, key_dim, scale, R, DK, DV)
     act = o_ptr.dtype.element_ty
     o_row = o_ptr + bi.to(tl.int64) * stride_ot + h * DV
     of = o.to(act)
@@ -381,7 +398,7 @@ def gdn_decode_step(
             qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
             ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), key_dim, dk ** -0.5, eps,
             HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=dv_block, PREP_BITS=bits, PREP_GROUP=group,
-            num_warps=num_warps or 4, **pdl_args(o),
+            STATE_EARLY=state_early(), num_warps=num_warps or 4, **pdl_args(o),
         )
         return done
     _decode_kernel[(bsz, hv)](
@@ -389,9 +406,19 @@ def gdn_decode_step(
         qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
         ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), key_dim, dk ** -0.5, eps,
         HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, PREP_BITS=bits, PREP_GROUP=group,
-        num_warps=num_warps or HEAD_WARPS, **pdl_args(o),
+        STATE_EARLY=state_early(), num_warps=num_warps or HEAD_WARPS, **pdl_args(o),
     )
     return done
+
+
+def state_early() -> bool:
+    """Does the decode step read its recurrent state before its PDL wait (overlapping the in-projection GEMV's tail;
+    the same loads and arithmetic, so the same bits) or after it? Env DELTASERVE_GDN_STATE_EARLY "1" (default) |
+    "0", for the A/B (bench/NOTES.md)."""
+    value = os.environ.get("DELTASERVE_GDN_STATE_EARLY", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"DELTASERVE_GDN_STATE_EARLY must be '0' or '1', found {value!r}")
+    return value == "1"
 
 
 def prep_supported(dv: int, bits: int, group: int) -> bool:
