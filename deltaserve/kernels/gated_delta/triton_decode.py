@@ -202,6 +202,19 @@ def _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, 
 
 
 @triton.jit
+def _state_and_wait(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK: tl.constexpr,
+                    STATE_EARLY: tl.constexpr, PDL_WAIT: tl.constexpr):
+    """_state_columns read before the kernel's PDL wait (STATE_EARLY: the state's HBM read overlaps the
+    predecessor's tail) or after it, and the wait itself (PDL_WAIT: the kernel's PDL); writes nothing."""
+    if STATE_EARLY:
+        s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
+    pdl_wait(PDL_WAIT)
+    if not STATE_EARLY:
+        s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
+    return s, sp
+
+
+@triton.jit
 def _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, rv, stride_qt, stride_at, stride_bt,
                         key_dim, scale, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
     """One decode token of sequence bi, value head h, on the state columns rv (all DV of them or a block) given
@@ -271,11 +284,8 @@ def _decode_kernel(
     bi = tl.program_id(0)
     h = tl.program_id(1)
     rv = tl.arange(0, DV)
-    if STATE_EARLY:  # the state's HBM read overlaps the predecessor's tail (_state_columns says why it may)
-        s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
-    pdl_wait(PDL)
-    if not STATE_EARLY:
-        s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
+    s, sp = _state_and_wait(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK, STATE_EARLY,
+                            PDL)
     o = _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, rv, stride_qt, stride_at,
                             stride_bt, key_dim, scale, R, DK, DV)
     act = o_ptr.dtype.element_ty
@@ -310,11 +320,8 @@ def _gdn_step_kernel(
     j = tl.program_id(2)
     NS: tl.constexpr = DV // BV
     rv = j * BV + tl.arange(0, BV)
-    if STATE_EARLY:  # the state's HBM read overlaps the predecessor's tail (_state_columns says why it may)
-        s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
-    pdl_wait(PDL)
-    if not STATE_EARLY:
-        s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
+    s, sp = _state_and_wait(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK, STATE_EARLY,
+                            PDL)
     o = _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, rv, stride_qt, stride_at,
                             stride_bt, key_dim, scale, R, DK, DV)
     act = o_ptr.dtype.element_ty
