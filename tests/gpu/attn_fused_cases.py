@@ -297,3 +297,60 @@ def check_attention_decode_fused(mods, device, lens, hq, hkv, d, rd, bs):
     assert bf16_ulps(p["kc"], kc_u).max().item() <= 1 and torch.equal(p["vc"], vc_u), "fused layer: caches differ"
     # q/k one bf16 step apart at most move the softmax slightly: a few steps of the output's scale
     close(o_f.reshape(b, hq * d), o_u.double(), 4 * BF16_EPS, "fused layer decode vs unfused")
+
+
+# ---------------------------------------------------------------- cached tokens read before the PDL wait
+
+
+def check_decode_kv_early(mods, device, lens, hq, hkv, d, rd, bs):
+    """The decode split program reading its tile's cached tokens before its PDL wait (DELTASERVE_ATTN_KV_EARLY=1)
+    == after it (0), bit for bit: bf16 cache gated, fp8 cache plain, rows single-split and merged. Each decode
+    follows the q/k prep that writes the rows' new K/V (launched right before it, as in the model, so under PDL
+    the early reads overlap it), and the new tokens' cache rows hold NaN before that prep: a read of a new token
+    before the wait shows as NaN. Outputs poisoned."""
+    import os
+
+    import kv_fp8_cases as fc
+
+    tp, qp = mods["attn"], mods["qkprep"]
+    b, ctx = len(lens), [n - 1 for n in lens]
+    p = paged_problem(device, ctx, [1] * b, hq, hkv, d, bs)
+    qg = torch.randn(b, hq * 2 * d, device=device).bfloat16()
+    q, gate = qg.view(b, hq, 2 * d)[..., :d], qg.view(b, hq, 2 * d)[..., d:]
+    qw, kw = (0.2 * torch.randn(d, device=device)).bfloat16(), (0.2 * torch.randn(d, device=device)).bfloat16()
+    pos = torch.tensor(ctx, device=device)
+    inv_freq, sec = rope_inv_freq(rd, THETA, device), _sections(rd // 2)
+    kc8, ks8 = fc.fp8_cache_like(p["kc"])
+    vc8, vs8 = fc.fp8_cache_like(p["vc"])
+    caches = {"bf16": (p["kc"], p["vc"], None, None), "fp8": (kc8, vc8, ks8, vs8)}
+    got = {}
+    old = os.environ.get("DELTASERVE_ATTN_KV_EARLY")
+    try:
+        for early in ("1", "0"):
+            os.environ["DELTASERVE_ATTN_KV_EARLY"] = early
+            for kind, gated in (("bf16", True), ("fp8", False)):
+                kc, vc, ks, vs = (None if t is None else t.clone() for t in caches[kind])
+                for c in (kc, vc):  # the new tokens' rows: NaN until the q/k prep writes them
+                    flat = c.view(-1, hkv, d)
+                    if c.dtype == torch.bfloat16:
+                        flat[p["slots"]] = float("nan")
+                    else:
+                        flat.view(torch.uint8)[p["slots"]] = 0x7F  # e4m3fn NaN
+                for sc in (ks, vs):
+                    if sc is not None:
+                        sc.view(-1, hkv)[p["slots"]] = float("nan")
+                out = poisoned((b, hq, d), torch.bfloat16, device)  # before the prep: nothing between the two
+                qf = qp.qk_norm_rope_write(q, p["k"], p["v"], qw, kw, EPS, 1.0, pos, inv_freq, kc, vc, p["slots"],
+                                           mrope_section=sec, mrope_interleaved=True, k_scale=ks, v_scale=vs)
+                got[early, kind] = tp.paged_decode_attention(qf, kc, vc, p["tables"], pos, d**-0.5, max(lens),
+                                                             out=out, gate=gate if gated else None, lens_add=1,
+                                                             k_scale=ks, v_scale=vs)
+    finally:
+        if old is None:
+            os.environ.pop("DELTASERVE_ATTN_KV_EARLY", None)
+        else:
+            os.environ["DELTASERVE_ATTN_KV_EARLY"] = old
+    for kind in caches:
+        assert not got["0", kind].isnan().any(), f"decode attention ({kind} cache, late reads): NaN"
+        assert torch.equal(got["1", kind], got["0", kind]), \
+            f"decode attention ({kind} cache): cached tokens read before the wait changed the bits"
