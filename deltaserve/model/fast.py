@@ -45,6 +45,24 @@ def weight_spec(module: nn.Module, attr: str = "weight"):
     return spec
 
 
+def embed(module: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """module(ids), the token embedding. On the fast path a packed affine table (bits 2, 4, 8) is looked up by one
+    kernel (kernels/quant/triton_embed: the same bits as the module's gather, which is ~13 torch launches), launched
+    without PDL: the forward's first kernel. Env DELTASERVE_EMBED=kernel (default) | torch, for the A/B."""
+    mode = os.environ.get("DELTASERVE_EMBED", "kernel")
+    if mode not in ("kernel", "torch"):
+        raise ValueError(f"DELTASERVE_EMBED must be 'kernel' or 'torch', found {mode!r}")
+    scales = getattr(module, "scales", None)
+    if mode == "torch" or scales is None or not hasattr(module, "spec") or not enabled(scales):
+        return module(ids)
+    from ..kernels.quant.triton_embed import affine_embed, embed_supported
+
+    q = module.spec
+    if not embed_supported(q.bits, q.group_size, scales.shape[1] * q.group_size):
+        return module(ids)
+    return affine_embed(module.weight, scales, module.biases, ids, q.bits, q.group_size)
+
+
 def stacked_specs(experts: nn.Module):
     """(gate, up, down) WeightSpecs of a routed-expert bank: the fused dense `Experts` ([E, 2I, H] split into two
     views) or a `StackedExperts` of three stacked projections."""

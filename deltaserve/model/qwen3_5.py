@@ -106,7 +106,7 @@ class Qwen3_5ForCausalLM(nn.Module):
     def hidden_states(self, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
         """Hidden states [T, H] of every new token after the last layer, before the final norm."""
         cfg = self.config
-        x = self.embed_tokens(batch.input_ids)
+        x = fast.embed(self.embed_tokens, batch.input_ids)  # the forward's first kernel: launched without PDL
         rope = None  # the fast path's attention computes its RoPE angles in-kernel
         if not fast.enabled(x):
             rope = rope_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta, cfg.mrope_section,
