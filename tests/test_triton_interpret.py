@@ -64,6 +64,9 @@ def _cases():
     cases = {f"affine_b{b}_g{g}": (lambda m, b=b, g=g: kc.check_affine(m, CPU, b, g, m=3, n=40, k=256))
              for b in (2, 4, 8) for g in (32, 64, 128)}
     cases.update({
+        **{f"embed_b{b}_g{g}": (lambda m, b=b, g=g: kc.check_affine_embed(m, CPU, b, g, v=50, h=256, t=9))
+           for b, g in ((2, 32), (4, 64), (8, 128))},
+        "greedy_advance": lambda m: kc.check_greedy_advance(m, CPU, b=5, v=70000),
         "affine_gemm_m17": lambda m: kc.check_affine(m, CPU, 4, 64, m=17, n=80, k=128),
         "affine_gemm_m70": lambda m: kc.check_affine(m, CPU, 8, 32, m=70, n=80, k=128),
         "affine_batch_invariance": affine_invariance,
@@ -146,6 +149,8 @@ def _attn_fused_cases():
                                                                     _split(m), 2, 16),
         "attention_decode_fused_vs_unfused": lambda m: ac.check_attention_decode_fused(
             m, CPU, _around_split(m, 1, 40 - _split(m), 0, 1, 4), 4, 2, 32, 16, 8),
+        "decode_kv_early": lambda m: ac.check_decode_kv_early(m, CPU, _around_split(m, 1, -28, 0, 1, 44), 4, 2, 32,
+                                                              16, 8),
         "decode_gate_batch_invariance": lambda m: ac.check_decode_gate_invariance(
             m, CPU, [200, 1, 128, 129, 300, 50], (1, 3, 5), 4, 2, 32, 8),
     })
@@ -160,7 +165,8 @@ def _child(names: list[str]) -> None:
     interpret_harness.run_cases(names, _cases, {
         "affine": "quant.triton_affine", "moe": "moe.triton_decode", "gdn": "gated_delta.triton_decode",
         "attn": "attention.triton_paged", "norm": "triton_norm", "qkprep": "attention.triton_qk_prep",
-        "moe2": "moe.triton_moe_gemv"})
+        "moe2": "moe.triton_moe_gemv", "embed": "quant.triton_embed",
+        "greedy": "triton_greedy"})
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,23 @@ padding and bucketing logic is testable without a GPU.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..model import ForwardBatch, HybridCache, fast
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def greedy_kernels(logits: torch.Tensor) -> bool:
+    """Does the greedy feedback run as kernels/triton_greedy's two launches (fast-path logits: CUDA, or CPU under
+    the interpreter's fast path) or as the torch sequence? Env DELTASERVE_GREEDY_FEEDBACK=kernel (default) | torch,
+    for the A/B (bench/NOTES.md)."""
+    mode = os.environ.get("DELTASERVE_GREEDY_FEEDBACK", "kernel")
+    if mode not in ("kernel", "torch"):
+        raise ValueError(f"DELTASERVE_GREEDY_FEEDBACK must be 'kernel' or 'torch', found {mode!r}")
+    return mode == "kernel" and fast.enabled(torch.empty(0, dtype=torch.bfloat16, device=logits.device))
 
 
 def activation_param(model) -> torch.Tensor | None:
@@ -90,12 +102,15 @@ class DecodeGraph:
     def _forward(self) -> torch.Tensor:
         logits = self.model(self.fb, self.cache)
         if self.greedy_feedback:
-            nxt = logits.argmax(-1)
-            self.input_ids.copy_(nxt)
-            self.positions.add_(1)
-            self.context_lens.add_(1)
+            from ..kernels import triton_greedy
+
+            args = (logits, self.input_ids, self.positions, self.context_lens, self.block_tables, self.slot_mapping,
+                    self.block_size)
+            if greedy_kernels(logits):
+                triton_greedy.greedy_advance(*args)  # two launches instead of ~12 torch ops, the same results
+            else:
+                triton_greedy.greedy_advance_reference(*args)
             self.fb.context_lens_cpu = [c + 1 for c in self.fb.context_lens_cpu]  # the eager reference path reads it
-            self._derive_slots()
         return logits
 
     def _derive_slots(self) -> None:

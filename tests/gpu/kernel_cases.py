@@ -105,6 +105,73 @@ def poisoned(shape, dtype, device) -> torch.Tensor:
     return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
 
+# ---------------------------------------------------------------- greedy feedback
+
+
+def check_greedy_advance(mods, device, b, v, bs=16):
+    """greedy_advance == the torch sequence it replaces (greedy_advance_reference) on every tensor it writes:
+    random rows, a tie across chunks and within a block (the first index wins), an all -inf row (index 0), the
+    maximum at the last index, contexts crossing a block boundary; bad shapes raise."""
+    import pytest
+
+    tg = mods["greedy"]
+    logits = torch.randn(b, v, device=device)
+    logits[0, [7, v - 5]] = 50.0  # a tie across chunks
+    logits[1] = float("-inf")
+    logits[2, v - 1] = 60.0
+    logits[3, [1030, 1031]] = 40.0  # a tie inside one block
+    if b > 4:
+        logits[4, [100, 2000]] = 45.0  # a tie across blocks (of one chunk once chunks hold several blocks)
+    blocks = 8
+    tables = torch.randperm(b * blocks).view(b, blocks).to(torch.int32).to(device)
+    ctx = torch.tensor([bs - 1, 0, 3 * bs + 2, 2 * bs - 1] + [5] * (b - 4), device=device)[:b]
+    state = dict(input_ids=torch.full((b,), -1, device=device), positions=ctx.clone() + 7, context_lens=ctx.clone(),
+                 slot_mapping=torch.full((b,), -1, device=device))
+    got = {k: t.clone() for k, t in state.items()}
+    want = {k: t.clone() for k, t in state.items()}
+    tg.greedy_advance(logits, got["input_ids"], got["positions"], got["context_lens"], tables, got["slot_mapping"], bs)
+    tg.greedy_advance_reference(logits, want["input_ids"], want["positions"], want["context_lens"], tables,
+                                want["slot_mapping"], bs)
+    for k in state:
+        assert torch.equal(got[k], want[k]), f"greedy_advance {k}: {got[k].tolist()} != {want[k].tolist()}"
+    assert got["input_ids"][:4].tolist() == [7, 0, v - 1, 1030] and (b < 5 or int(got["input_ids"][4]) == 100)
+    with pytest.raises(ValueError, match="positions"):
+        tg.greedy_advance(logits, got["input_ids"], got["positions"][:1], got["context_lens"], tables,
+                          got["slot_mapping"], bs)
+
+
+# ---------------------------------------------------------------- quantised embedding lookup
+
+
+def check_affine_embed(mods, device, bits, group, v, h, t):
+    """affine_embed == affine_gather_rows (the reference lookup) bit for bit: t random ids (repeats, the first and
+    the last row among them) of a packed [v, h] table, output poisoned; bad formats and shapes raise."""
+    import pytest
+
+    from deltaserve.kernels.quant import affine_gather_rows, affine_quantize
+
+    te = mods["embed"]
+    w = torch.randn(v, h, device=device).bfloat16()
+    packed, scales, biases = affine_quantize(w, bits, group)
+    ids = torch.cat([torch.tensor([0, v - 1, v - 1]), torch.randint(0, v, (t - 3,))]).to(device)
+    out = poisoned((t, h), torch.bfloat16, device)
+    got = te.affine_embed(packed, scales, biases, ids, bits, group, out=out)
+    want = affine_gather_rows(packed, scales, biases, ids, bits, group)
+    assert got.data_ptr() == out.data_ptr() and not got.isnan().any(), f"embedding q{bits} g{group}: rows unwritten"
+    if INTERPRETED:  # the interpreter's fp32 -> bf16 cast truncates where the GPU's and torch's round to nearest
+        line = [x.view(torch.int16).to(torch.int32) for x in (got, want)]
+        steps = (torch.where(line[0] < 0, -32768 - line[0], line[0]) - torch.where(line[1] < 0, -32768 - line[1],
+                                                                                     line[1])).abs().max().item()
+        assert steps <= 1, f"embedding q{bits} g{group}: {steps} bf16 steps from the reference"
+    else:
+        assert torch.equal(got, want), f"embedding q{bits} g{group}: bits differ from affine_gather_rows"
+    assert te.affine_embed(packed, scales, biases, ids[:0], bits, group).shape == (0, h)
+    with pytest.raises(ValueError, match="bits 3"):
+        te.affine_embed(packed, scales, biases, ids, 3, group)
+    with pytest.raises(ValueError, match="scales"):
+        te.affine_embed(packed, scales[:, 1:], biases[:, 1:], ids, bits, group)
+
+
 # ---------------------------------------------------------------- affine matmul
 
 

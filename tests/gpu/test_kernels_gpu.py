@@ -19,10 +19,22 @@ OTHERS = (1, 3, 15, 63)  # companions of the row under test
 def mods(dev):
     return {key: importlib.import_module(f"deltaserve.kernels.{path}") for key, path in (
         ("affine", "quant.triton_affine"), ("moe", "moe.triton_decode"), ("gdn", "gated_delta.triton_decode"),
-        ("attn", "attention.triton_paged"), ("norm", "triton_norm"), ("qkprep", "attention.triton_qk_prep"))}
+        ("attn", "attention.triton_paged"), ("norm", "triton_norm"), ("qkprep", "attention.triton_qk_prep"),
+        ("embed", "quant.triton_embed"), ("greedy", "triton_greedy"))}
 
 
 # ------------------------------------------------------------------------------------------ against references
+
+
+@pytest.mark.parametrize("b", [1, 5, 64])
+def test_greedy_advance(mods, dev, small, b):
+    kc.check_greedy_advance(mods, dev, max(b, 4), 3000 if small else 248320)
+
+
+@pytest.mark.parametrize("bits,group", [(4, 64), (8, 64), (2, 32)])
+def test_affine_embed(mods, dev, small, bits, group):
+    v, h = (300, 256) if small else (248320, 2048)
+    kc.check_affine_embed(mods, dev, bits, group, v=v, h=h, t=70)
 
 
 @pytest.mark.parametrize("bits,group", [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (8, 128)])
@@ -301,6 +313,13 @@ def test_decode_attention_strided(mods, dev, small):
     split = mods["attn"].SPLIT_TOKENS
     ac.check_decode_strided(mods, dev, [1, 60, split, split + 1, 3 * split + 7, 2000, 32768 if not small else 900],
                             *dims, split, targets=(1, 3, 264))
+
+
+def test_decode_attention_kv_early_same_bits(mods, dev, small):
+    dims = (4, 2, 32, 16, 8) if small else (16, 2, 256, 64, 16)
+    split = mods["attn"].SPLIT_TOKENS
+    lens = [1, 40, split, split + 1, 3 * split + 7] + ([] if small else [4000, 32768])
+    ac.check_decode_kv_early(mods, dev, lens, *dims)
 
 
 def test_decode_attention_gate_batch_invariance(mods, dev, small):
