@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran once at fc6c1de (bench/NOTES.md); the early K/V read was reverted after it (refuted), so its knob is gone.
 # Device call: the one-kernel embedding lookup (DELTASERVE_EMBED), the greedy feedback in two kernels
 # (DELTASERVE_GREEDY_FEEDBACK) and the decode attention's early K/V read (DELTASERVE_ATTN_KV_EARLY), each against
 # the step before it, then the top-k recomputed in every gate/up program (DELTASERVE_MOE_TOPK=fused) on top.

@@ -149,8 +149,6 @@ def _attn_fused_cases():
                                                                     _split(m), 2, 16),
         "attention_decode_fused_vs_unfused": lambda m: ac.check_attention_decode_fused(
             m, CPU, _around_split(m, 1, 40 - _split(m), 0, 1, 4), 4, 2, 32, 16, 8),
-        "decode_kv_early": lambda m: ac.check_decode_kv_early(m, CPU, _around_split(m, 1, -28, 0, 1, 44), 4, 2, 32,
-                                                              16, 8),
         "decode_gate_batch_invariance": lambda m: ac.check_decode_gate_invariance(
             m, CPU, [200, 1, 128, 129, 300, 50], (1, 3, 5), 4, 2, 32, 8),
     })

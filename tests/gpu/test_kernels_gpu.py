@@ -315,13 +315,6 @@ def test_decode_attention_strided(mods, dev, small):
                             *dims, split, targets=(1, 3, 264))
 
 
-def test_decode_attention_kv_early_same_bits(mods, dev, small):
-    dims = (4, 2, 32, 16, 8) if small else (16, 2, 256, 64, 16)
-    split = mods["attn"].SPLIT_TOKENS
-    lens = [1, 40, split, split + 1, 3 * split + 7] + ([] if small else [4000, 32768])
-    ac.check_decode_kv_early(mods, dev, lens, *dims)
-
-
 def test_decode_attention_gate_batch_invariance(mods, dev, small):
     dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
     lens = torch.randint(1, 600 if small else 5000, (64,)).tolist()

@@ -25,8 +25,6 @@ Optional attention output gate (Qwen3.5 gated attention), applied in the epilogu
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -126,14 +124,7 @@ def _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, pos, lim, kvh, rd, st
                 D: tl.constexpr, BS: tl.constexpr, FP8: tl.constexpr):
     """The K and V rows [BN, D] of token positions pos (0 at positions >= lim) as stored (e4m3 for FP8) and, for FP8,
     their scales [BN] (0 at positions >= lim): both loads issued together, nothing converted yet."""
-    return _tile_rows(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, pos, pos < lim, kvh, rd, stride_cr, stride_ch, D, BS,
-                      FP8)
-
-
-@triton.jit
-def _tile_rows(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, pos, valid, kvh, rd, stride_cr, stride_ch,
-               D: tl.constexpr, BS: tl.constexpr, FP8: tl.constexpr):
-    """_split_tile for any mask of positions: (valid, K, V, K scales, V scales), 0 where not valid."""
+    valid = pos < lim
     rows = _kv_rows(table_row, tl.where(valid, pos, -1), BS)
     off = rows[:, None] * stride_cr + kvh * stride_ch + rd[None, :]
     k = tl.load(kc_ptr + off, mask=valid[:, None], other=0.0)
@@ -197,24 +188,13 @@ def _decode_split_kernel(
     stride_gb, stride_gh, qk_scale,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
     BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
-    FP8: tl.constexpr = False, STRIDED: tl.constexpr = False, KV_EARLY: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    FP8: tl.constexpr = False, STRIDED: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     # grid (B, Hkv, P): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT), BN per step. P is
     # the row's maximum number of splits (program p runs split p), or, STRIDED, any P: program p runs the splits
     # p, p + P, p + 2P, ... in a loop whose next split's loads Triton can request while this one computes. A split's
     # arithmetic is the same whichever program runs it, so P and STRIDED are launch choices (never a row's bits).
-    # KV_EARLY (one tile per program, not STRIDED): the tile's cached tokens before the row's new one are read
-    # before the PDL wait (written by earlier forwards only, addressed by the step's metadata: triton_pdl's
-    # owned-data exception), so their HBM reads overlap the predecessors' tails; the new token's K/V (written by
-    # this forward's q/k prep) and q after it. The same values reach the same arithmetic: the same bits.
     pdl_open(PDL)
-    if KV_EARLY:
-        _decode_split_early(q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
-                            ks_ptr, vs_ptr, stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb,
-                            stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, qk_scale, G, GP, D, BS,
-                            SPLIT, F32, HAS_GATE, LENS_ADD, FP8, PDL)
-        return
     pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -242,55 +222,6 @@ def _decode_split_kernel(
                                        stride_cr, stride_ch, qk_scale, GP, D, BS, SPLIT, BN, F32, FP8, False)
         _split_store(acc, m_i, l_i, L, b, sp, heads, g_mask, hd, dd, gm, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
                      stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, D, SPLIT, HAS_GATE)
-
-
-@triton.jit
-def _decode_split_early(q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr, ks_ptr,
-                        vs_ptr, stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps,
-                        stride_ob, stride_oh, stride_gb, stride_gh, qk_scale, G: tl.constexpr, GP: tl.constexpr,
-                        D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr,
-                        HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
-    """_decode_split_kernel's program for split program_id(2) as one tile of SPLIT tokens, the cached tokens read
-    before the PDL wait: what _split_partial's one step computes, on the same K, V (and scales) values."""
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    L = tl.load(lens_ptr + b) + LENS_ADD  # metadata: set before the forward's first kernel
-    start = tl.program_id(2) * SPLIT
-    if start >= L:
-        return
-    rd = tl.arange(0, D)
-    table_row = table_ptr + b.to(tl.int64) * stride_tb
-    pos = start + tl.arange(0, SPLIT)
-    _, k, v, ksc, vsc = _tile_rows(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, pos, pos < L - 1, kvh, rd, stride_cr,
-                                   stride_ch, D, BS, FP8)
-    pdl_wait(PDL)
-    # the row's new token (cache index L - 1, written by this forward's q/k prep): one row, in this split or not
-    last = L - 1
-    mine = last < start + SPLIT
-    nrow = tl.load(table_row + last // BS, mask=mine, other=0).to(tl.int64) * BS + last % BS
-    noff = nrow * stride_cr + kvh * stride_ch + rd
-    kn = tl.load(kc_ptr + noff, mask=mine, other=0.0)
-    vn = tl.load(vc_ptr + noff, mask=mine, other=0.0)
-    new = pos == last
-    rg = tl.arange(0, GP)
-    g_mask = rg < G
-    heads = kvh * G + rg
-    hd, dd, gm = heads[:, None], rd[None, :], g_mask[:, None]  # [GP, D] tiles
-    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + hd * stride_qh + dd, mask=gm, other=0.0)
-    act = q_ptr.dtype.element_ty  # e4m3 -> act is exact: the where picks values, _split_step's cast is then a no-op
-    k = tl.where(new[:, None], kn.to(act)[None, :], k.to(act))
-    v = tl.where(new[:, None], vn.to(act)[None, :], v.to(act))
-    if FP8:
-        srow = nrow * (stride_cr // D) + kvh
-        ksc = tl.where(new, tl.load(ks_ptr + srow, mask=mine, other=0.0), ksc)
-        vsc = tl.where(new, tl.load(vs_ptr + srow, mask=mine, other=0.0), vsc)
-    m_i = tl.full((GP,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((GP,), dtype=tl.float32)
-    acc = tl.zeros((GP, D), dtype=tl.float32)
-    m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, pos < L, m_i, l_i, acc, qk_scale, F32, FP8)
-    _split_store(acc, m_i, l_i, L, b, tl.program_id(2), heads, g_mask, hd, dd, gm, po_ptr, pm_ptr, pl_ptr, o_ptr,
-                 gate_ptr, stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, D, SPLIT,
-                 HAS_GATE)
 
 
 @triton.jit
@@ -368,16 +299,6 @@ DECODE_STAGES = {"bf16": 1, "fp8": 1}
 DECODE_PROGRAMS = None
 
 
-def kv_early() -> bool:
-    """Does the decode split program read its tile's cached tokens (all but the row's new one) before its PDL wait,
-    overlapping that HBM read with the q/k prep and the projection before it? The same loads and arithmetic, so
-    the same bits. Env DELTASERVE_ATTN_KV_EARLY "1" | "0" (default), for the A/B (bench/NOTES.md)."""
-    value = os.environ.get("DELTASERVE_ATTN_KV_EARLY", "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"DELTASERVE_ATTN_KV_EARLY must be '0' or '1', found {value!r}")
-    return value == "1"
-
-
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     kv_lens: torch.Tensor, scale: float, max_kv_len: int, out: torch.Tensor | None = None,
@@ -417,14 +338,12 @@ def paged_decode_attention(
     gt, (sgb, sgh) = (gate, gate.stride()[:2]) if gate is not None else (out, (0, 0))
     strided = DECODE_PROGRAMS is not None
     per_head = min(n_split, max(1, -(-DECODE_PROGRAMS // (bsz * hkv)))) if strided else n_split
-    early = kv_early() and not strided and bn == SPLIT_TOKENS  # the early form is one tile per program
     _decode_split_kernel[(bsz, hkv, per_head)](
         q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl, out, gt, k_scale if fp8 else pm,
         v_scale if fp8 else pm, q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
         BS=bs, SPLIT=SPLIT_TOKENS, BN=bn, F32=dot_f32(),
-        HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, STRIDED=strided, KV_EARLY=early,
-        num_warps=DECODE_WARPS.get(kind, 4),
+        HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, STRIDED=strided, num_warps=DECODE_WARPS.get(kind, 4),
         **pdl_args(out),
         **({} if stages is None else {"num_stages": stages}),
     )
