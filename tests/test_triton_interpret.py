@@ -94,7 +94,6 @@ def _cases():
         "paged_attention": lambda m: kc.check_attention(m, CPU, ctx=[0, 13, 5, 150], seqs=[7, 3, 1, 20], hq=4,
                                                         hkv=2, d=32, bs=8),
         "norms": lambda m: kc.check_norms(m, CPU, rows=3, n=96, dv=32),
-        "combine_norm": lambda m: kc.check_combine_norm(m, CPU, t=3, slots=5, n=256),
     })
     cases.update(_attn_fused_cases())
     cases.update(_kv_fp8_cases())

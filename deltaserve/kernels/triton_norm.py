@@ -20,25 +20,16 @@ from .triton_pdl import pdl_args, pdl_open, pdl_wait
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, stride_x, stride_r, stride_y, stride_ro, eps, offset,
                      xp_ptr, xs_ptr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PREP_BITS: tl.constexpr = 0,
-                     PREP_GROUP: tl.constexpr = 64, PREP_XP: tl.constexpr = True, SLOTS: tl.constexpr = 0,
-                     PDL: tl.constexpr = False):
+                     PREP_GROUP: tl.constexpr = 64, PREP_XP: tl.constexpr = True, PDL: tl.constexpr = False):
     # PREP_BITS > 0: also the decode GEMV's prep of the output row (quant.triton_gemv.prep_row, xp / xs rows of
     # N and N / PREP_GROUP), read back from y after a barrier so it is the prep kernel's code on the same values;
-    # PREP_XP False: the group sums alone. SLOTS > 0: x is the MoE combine of the row's SLOTS fp32 parts (x_ptr
-    # rows of SLOTS x N): their sum in slot order rounded once, as triton_moe_gemv's combine makes it.
+    # PREP_XP False: the group sums alone.
     pdl_open(PDL)
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < N
-    if SLOTS > 0:
-        part = x_ptr + row * stride_x + cols
-        acc = tl.load(part, mask=m, other=0.0)
-        for s in tl.static_range(1, SLOTS):
-            acc += tl.load(part + s * N, mask=m, other=0.0)
-        x = acc.to(y_ptr.dtype.element_ty)
-    else:
-        x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
     if HAS_RES:
         r = tl.load(r_ptr + row * stride_r + cols, mask=m, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
@@ -71,7 +62,7 @@ def prep_supported(n: int, bits: int, group: int) -> bool:
 
 def _launch_norm(x2: torch.Tensor, res2: torch.Tensor | None, weight: torch.Tensor, y: torch.Tensor,
                  r_out: torch.Tensor | None, eps: float, offset: float, prep: tuple[int, int] | None, name: str,
-                 sums_only: bool = False, slots: int = 0):
+                 sums_only: bool = False):
     """The one launch of rms_norm / add_rms_norm over rows x2 [R, N] (+ res2 -> r_out when given) into y; with
     prep = (bits, group) also the decode GEMV's prep of y: returns (xp [R, N], xs [R, N / group]) (xp None when
     sums_only: the group sums alone, the same bits), else None."""
@@ -90,7 +81,7 @@ def _launch_norm(x2: torch.Tensor, res2: torch.Tensor | None, weight: torch.Tens
         _rms_norm_kernel[(x2.shape[0],)](x2, r_in, weight, y, r_o, n, x2.stride(0), r_in.stride(0) if has_res else 0,
                                          y.stride(0), r_o.stride(0) if has_res else 0, eps, offset, xp, xs,
                                          HAS_RES=has_res, BLOCK=triton.next_power_of_2(n), PREP_BITS=bits,
-                                         PREP_GROUP=group, PREP_XP=not sums_only, SLOTS=slots,
+                                         PREP_GROUP=group, PREP_XP=not sums_only,
                                          num_warps=4 if n <= 4096 or prep else 8,
                                          **pdl_args(x2))  # prep: the prep kernel's 4 warps (prep_row's bits)
     if prep is None:
@@ -127,27 +118,6 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     if prep is not None:
         return y.view(x.shape), r_out.view(x.shape), made
     return y.view(x.shape), r_out.view(x.shape)
-
-
-def combine_add_rms_norm(part: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                         offset: float = 1.0, prep: tuple[int, int] | None = None):
-    """The MoE decode's combine and the next norm in one launch: part [T, S, H] fp32 (each token's weighted slot
-    outputs, triton_moe_gemv's part rows), residual [T, H]: r = bf16(residual + bf16(sum of the S parts in slot
-    order)) (the combine's output, the residual stream), y = rms_norm(r). Returns (y, r), or with prep = (bits,
-    group) (y, r, (xp, xs)) as rms_norm(prep=) makes them: the same bits as the combine launch then
-    rms_norm(r, prep=)."""
-    t, slots, n = part.shape
-    if part.dtype != torch.float32 or not part.is_contiguous() or n != weight.numel() or slots < 1:
-        raise ValueError(f"combine_add_rms_norm: part must be contiguous fp32 [T, S >= 1, {weight.numel()}], found "
-                         f"{part.dtype} {tuple(part.shape)}")
-    if residual.shape != (t, n):
-        raise ValueError(f"combine_add_rms_norm: residual {tuple(residual.shape)} != [{t}, {n}]")
-    r2 = _rows(residual, n, "combine_add_rms_norm residual")
-    y = torch.empty(t, n, dtype=residual.dtype, device=residual.device)
-    r_out = torch.empty_like(y)
-    made = _launch_norm(part.view(t, slots * n), r2, weight, y, r_out, eps, offset, prep, "combine_add_rms_norm",
-                        slots=slots)
-    return (y, r_out) if prep is None else (y, r_out, made)
 
 
 @triton.jit

@@ -282,51 +282,22 @@ def moe_topk_mode() -> str:
 GEMV_PREP_ATTR = "_deltaserve_gemv_prep"  # on a norm's output tensor: ((bits, group), (xp, xs)) its kernel made
 
 
-NORMED_ATTR = "_deltaserve_normed"  # on a residual-stream tensor: (norm module, norm_for_gemv's result of it)
-
-
-def norm_prep_format(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None,
-                     decode: bool) -> tuple[int, int] | None:
-    """(bits, group) of the GEMV prep norm_for_gemv has the norm kernel write for `consumer`, or None (a plain
-    norm): the decode GEMV family, a packed weight read through the prep path, K = the norm's width."""
-    if consumer is None or not decode or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
-        return None
-    from ..kernels.quant.triton_gemv import use_inline_prep
-    from ..kernels.triton_norm import prep_supported
-
-    s = weight_spec(consumer)
-    n = norm.weight.numel()
-    if use_inline_prep(s, None) or s.k != n or not prep_supported(n, s.bits, s.group):
-        return None
-    return s.bits, s.group
-
-
 def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, decode: bool) -> torch.Tensor:
     """norm(x) (an RMSNorm module) on the fast path. When the output feeds `consumer`'s decode GEMV through the prep
     path (a packed weight: triton_gemv.use_inline_prep), the norm kernel also writes that GEMV's prep of its rows
     (the prep kernel's code on the same values: the same bits) and the returned tensor carries it (GEMV_PREP_ATTR);
-    `linear` then skips the prep launch. Any other case: plain norm(x). When the kernel that made x already made
-    this norm of it (x carries NORMED_ATTR for `norm`: the MoE combine fused with the next norm,
-    next_norm_fused), that result is returned: the same bits, one launch fewer."""
-    carried = getattr(x, NORMED_ATTR, None)
-    if carried is not None and carried[0] is norm:
-        return carried[1]
-    fmt = norm_prep_format(norm, x, consumer, decode)
-    if fmt is None:
+    `linear` then skips the prep launch. Any other case: plain norm(x)."""
+    if consumer is None or not decode or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
         return norm(x)
-    from ..kernels.triton_norm import rms_norm
+    from ..kernels.quant.triton_gemv import use_inline_prep
+    from ..kernels.triton_norm import prep_supported, rms_norm
 
-    y, prep = rms_norm(x, norm.weight, norm.eps, norm.offset, prep=fmt)
-    return attach_prep(y, fmt, prep)
-
-
-def next_norm_fused() -> bool:
-    """Does the decode MoE's combine also make the next layer's input norm (kernels/triton_norm.combine_add_rms_norm,
-    one launch fewer per layer, the same bits)? Env DELTASERVE_COMBINE_NORM=fused (default) | split, for the A/B."""
-    value = os.environ.get("DELTASERVE_COMBINE_NORM", "fused")
-    if value not in ("fused", "split"):
-        raise ValueError(f"DELTASERVE_COMBINE_NORM must be 'fused' or 'split', found {value!r}")
-    return value == "fused"
+    s = weight_spec(consumer)
+    n = norm.weight.numel()
+    if use_inline_prep(s, None) or s.k != n or not prep_supported(n, s.bits, s.group):
+        return norm(x)
+    y, prep = rms_norm(x, norm.weight, norm.eps, norm.offset, prep=(s.bits, s.group))
+    return attach_prep(y, (s.bits, s.group), prep)
 
 
 def attach_prep(y: torch.Tensor, fmt: tuple[int, int], prep: tuple) -> torch.Tensor:

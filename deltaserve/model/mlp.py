@@ -55,14 +55,11 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert = MLP(f"{prefix}.shared_expert", h, config.shared_expert_intermediate_size, weights)
             self.shared_expert_gate = weights.linear(f"{prefix}.shared_expert_gate", h, 1)
 
-    def forward(self, x: torch.Tensor, decode: bool = False, residual: torch.Tensor | None = None,
-                next_norm: tuple | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, decode: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
         """decode: every sequence contributes one token (selects the batch-invariant GEMV kernels on the GPU).
-        residual [N, H]: returned as residual + block(x) (on the fast decode path added inside the combine kernel).
-        next_norm: (RMSNorm, its GEMV consumer) of the next layer's input; where the combine can make that norm too
-        (fast.next_norm_fused), the returned tensor carries it (fast.NORMED_ATTR, read by fast.norm_for_gemv)."""
+        residual [N, H]: returned as residual + block(x) (on the fast decode path added inside the combine kernel)."""
         if fast.enabled(x):
-            return self._forward_fast(x, decode, residual, next_norm)
+            return self._forward_fast(x, decode, residual)
         if self.experts.__dict__.get(fast.RELEASED_ATTR):
             raise RuntimeError("SparseMoeBlock: the experts were repacked for the tensor-core MoE (DELTASERVE_MOE=mma) "
                                "and their MLX tensors released; this block runs on the GPU fast path only")
@@ -86,8 +83,7 @@ class SparseMoeBlock(nn.Module):
             shared_gate=fast.weight_spec(self.shared_expert_gate),
         )
 
-    def _forward_fast(self, x: torch.Tensor, decode: bool, residual: torch.Tensor | None,
-                      next_norm: tuple | None = None) -> torch.Tensor:
+    def _forward_fast(self, x: torch.Tensor, decode: bool, residual: torch.Tensor | None) -> torch.Tensor:
         from ..kernels.moe.triton_decode import moe_decode, moe_route
 
         router = fast.weight_spec(self.gate)
@@ -106,35 +102,16 @@ class SparseMoeBlock(nn.Module):
                                  xs=xs, shared_slotted=slot is not None)
         gate, up, down = fast.stacked_specs(self.experts)
         if decode and fast.decode_kernels() == "gemv":
-            from ..kernels.moe.triton_moe_gemv import moe_decode_v2, moe_decode_v2_parts
+            from ..kernels.moe.triton_moe_gemv import moe_decode_v2
 
-            kw = dict(normalize=self.normalize, residual=residual, fuse_topk=fast.moe_topk_mode() == "fused",
-                      separate_topk=fast.moe_topk_mode() == "split", **shared)
-            if next_norm is None or residual is None or not fast.next_norm_fused():
-                return moe_decode_v2(x, router, gate, up, down, self.top_k, **kw)
-            return self._combine_with_next_norm(
-                moe_decode_v2_parts(x, router, gate, up, down, self.top_k, **kw)[0], x, residual, next_norm)
+            return moe_decode_v2(x, router, gate, up, down, self.top_k, normalize=self.normalize, residual=residual,
+                                 fuse_topk=fast.moe_topk_mode() == "fused",
+                                 separate_topk=fast.moe_topk_mode() == "split", **shared)
         if decode or x.shape[0] <= MOE_GEMV_MAX_TOKENS:
             return moe_decode(x, router, gate, up, down, self.top_k, normalize=self.normalize, residual=residual,
                               **shared)
         routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"))
         return self._grouped(x, routing, gate, up, down, residual)
-
-    @staticmethod
-    def _combine_with_next_norm(part: torch.Tensor, x: torch.Tensor, residual: torch.Tensor,
-                                next_norm: tuple) -> torch.Tensor:
-        """residual + the combine of part [T, S, H], carrying the next layer's input norm of it (made by the same
-        launch: kernels/triton_norm.combine_add_rms_norm), as fast.norm_for_gemv would make it."""
-        from ..kernels.triton_norm import combine_add_rms_norm
-
-        norm, consumer = next_norm
-        fmt = fast.norm_prep_format(norm, x, consumer, True)
-        made = combine_add_rms_norm(part, residual, norm.weight, norm.eps, norm.offset, prep=fmt)
-        y, out = made[0], made[1]
-        if fmt is not None:
-            fast.attach_prep(y, fmt, made[2])
-        setattr(out, fast.NORMED_ATTR, (norm, y))
-        return out
 
     def _grouped(self, x: torch.Tensor, routing, gate, up, down, residual: torch.Tensor | None) -> torch.Tensor:
         """Prefill: every (token, pick) row through the grouped expert matmul (rows sorted into expert tiles once

@@ -39,11 +39,9 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = MLP(f"{p}.mlp", config.hidden_size, config.intermediate_size, weights)
 
-    def forward(self, x, batch: ForwardBatch, cache: HybridCache, rope, next_layer=None) -> torch.Tensor:
-        """next_layer: the decoder layer after this one (None for the last): on the fast path the MoE's combine may
-        make its input norm too (fast.next_norm_fused)."""
+    def forward(self, x, batch: ForwardBatch, cache: HybridCache, rope) -> torch.Tensor:
         if fast.enabled(x):
-            return self._forward_fast(x, batch, cache, rope, next_layer)
+            return self._forward_fast(x, batch, cache, rope)
         h = self.input_layernorm(x)
         if self.is_attention:
             h = self.self_attn(h, batch, cache, rope)
@@ -52,19 +50,14 @@ class DecoderLayer(nn.Module):
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x), decode=batch.max_seqlen == 1)
 
-    def input_consumer(self) -> nn.Module | None:
-        """The projection that reads the input norm's output (the fused q|k|v or DeltaNet input projection)."""
-        mixer, group = (self.self_attn, "qkv_proj") if self.is_attention else (self.linear_attn, "in_proj")
-        return fusion.fused(mixer, group)
-
-    def _forward_fast(self, x, batch: ForwardBatch, cache: HybridCache, rope, next_layer=None) -> torch.Tensor:
+    def _forward_fast(self, x, batch: ForwardBatch, cache: HybridCache, rope) -> torch.Tensor:
         """Same math, fewer launches: add_rms_norm writes x + h and its post-attention norm in one kernel, and the
-        feed-forward block adds the residual itself (the MoE decode kernels inside their combine launch, which may
-        make the next layer's input norm too: x then carries it, fast.NORMED_ATTR)."""
+        feed-forward block adds the residual itself (the MoE decode kernels inside their combine launch)."""
         from ..kernels.triton_norm import add_rms_norm
 
         decode = batch.max_seqlen == 1
-        h = fast.norm_for_gemv(self.input_layernorm, x, self.input_consumer(), decode)  # + the GEMV's prep
+        mixer, group = (self.self_attn, "qkv_proj") if self.is_attention else (self.linear_attn, "in_proj")
+        h = fast.norm_for_gemv(self.input_layernorm, x, fusion.fused(mixer, group), decode)  # + the GEMV's prep
         if self.is_attention:
             h = self.self_attn(h, batch, cache, rope)
         else:
@@ -77,9 +70,6 @@ class DecoderLayer(nn.Module):
             sums = fast.moe_norm_sums_only()
             h, x, made = add_rms_norm(h, x, post.weight, post.eps, post.offset, prep=prep, sums_only=sums)
             setattr(h, fast.GEMV_PREP_ATTR, (fast.MOE_SUMS if sums else prep, made))
-        if next_layer is not None and decode and isinstance(self.mlp, SparseMoeBlock):
-            return self.mlp(h, decode=decode, residual=x,
-                            next_norm=(next_layer.input_layernorm, next_layer.input_consumer()))
         return self.mlp(h, decode=decode, residual=x)
 
 
@@ -121,8 +111,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         if not fast.enabled(x):
             rope = rope_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta, cfg.mrope_section,
                                 cfg.mrope_interleaved)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, batch, cache, rope, self.layers[i + 1] if i + 1 < len(self.layers) else None)
+        for layer in self.layers:
+            x = layer(x, batch, cache, rope)
         return x
 
     def compute_logits(self, hidden: torch.Tensor, decode: bool = False) -> torch.Tensor:

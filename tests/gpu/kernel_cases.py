@@ -548,32 +548,6 @@ def check_norms(mods, device, rows, n, dv):
     assert torch.equal(xs_sums, xs_full), "sums_only: group sums != the full prep's"
 
 
-def check_combine_norm(mods, device, t, slots, n):
-    """combine_add_rms_norm (the MoE decode's combine and the next layer's input norm in one launch) == the combine
-    launch then rms_norm, bit for bit: the residual stream r, y, and y's GEMV prep (full and at q8), outputs
-    poisoned; bad shapes raise."""
-    import pytest
-
-    nm, m2 = mods["norm"], mods["moe2"]
-    part = torch.randn(t, slots, n, device=device)
-    res = torch.randn(t, n, device=device).bfloat16()
-    w = (0.1 * torch.randn(n, device=device)).bfloat16()
-    r_ref = poisoned((t, n), torch.bfloat16, device)
-    m2.launch_combine(part.view(-1, n), res, res, r_ref, slots, m2.MoeLaunch())
-    y_ref = nm.rms_norm(r_ref, w, 1e-6, 1.0)
-    y, r = nm.combine_add_rms_norm(part, res, w, 1e-6, 1.0)
-    assert torch.equal(r, r_ref) and torch.equal(y, y_ref), "combine + norm in one launch != combine then rms_norm"
-    for fmt in ((4, 64), (8, 32)):
-        y_p, r_p, (xp, xs) = nm.combine_add_rms_norm(part, res, w, 1e-6, 1.0, prep=fmt)
-        y_pref, (xp_ref, xs_ref) = nm.rms_norm(r_ref, w, 1e-6, 1.0, prep=fmt)
-        assert torch.equal(r_p, r_ref) and torch.equal(y_p, y_pref), f"prep {fmt}: y / r differ"
-        assert torch.equal(xp, xp_ref) and torch.equal(xs, xs_ref), f"prep {fmt}: the GEMV prep differs"
-    with pytest.raises(ValueError, match="fp32"):
-        nm.combine_add_rms_norm(part.bfloat16(), res, w, 1e-6)
-    with pytest.raises(ValueError, match="residual"):
-        nm.combine_add_rms_norm(part, res[:, 1:], w, 1e-6)
-
-
 # ---------------------------------------------------------------- fused decode paths (one launch instead of several)
 
 

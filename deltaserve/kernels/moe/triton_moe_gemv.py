@@ -325,38 +325,20 @@ def moe_decode_v2(
     (the v2 path, kept so the two can be timed against each other). launch: the kernels' launch shape (MoeLaunch;
     None: the defaults), for sweeps (scripts/sweep_decode_kernels.py)."""
     launch = _env_launch() if launch is None else launch
-    part, routing = moe_decode_v2_parts(
-        x, router, gate, up, down, top_k, normalize=normalize, shared_gate_proj=shared_gate_proj,
-        shared_up=shared_up, shared_down=shared_down, shared_gate=shared_gate, residual=residual, config=config,
-        inline_prep=inline_prep, fuse_topk=fuse_topk, launch=launch, separate_topk=separate_topk)
-    out = torch.empty_like(x) if out is None else out
-    if x.shape[0]:
-        launch_combine(part.view(-1, x.shape[1]), x, residual, out, part.shape[1], launch)
-    return (out, routing) if return_routing else out
-
-
-def moe_decode_v2_parts(
-    x: torch.Tensor, router, gate, up, down, top_k: int, *, normalize: bool = True,
-    shared_gate_proj=None, shared_up=None, shared_down=None, shared_gate=None,
-    residual: torch.Tensor | None = None, config: dict | None = None, inline_prep: bool = True,
-    fuse_topk: bool = False, launch: MoeLaunch | None = None, separate_topk: bool = False,
-):
-    """moe_decode_v2 up to its combine: (part [T, SLOTS, H] fp32, routing), part[t, s] = the slot's weighted,
-    bf16-rounded expert output (the routed picks in ascending id, the shared expert last). The combine is then
-    launch_combine's, or the next norm's (kernels/triton_norm.combine_add_rms_norm: the same r, one launch
-    fewer). residual: only checked here (its shape), for the caller's combine."""
-    launch = _env_launch() if launch is None else launch
     t, h = x.shape
     g, u, d, sg, su, sd, has_shared = expert_specs(
         x, router, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual
     )
     routing, logits = _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk, separate_topk)
+    out = torch.empty_like(x) if out is None else out
+    if t == 0:
+        return (out, routing) if return_routing else out
     i_s, slots, hbuf, part = slot_buffers(x, g, sg, has_shared, top_k)
-    if t:
-        _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch)
-        rows = hbuf.view(t * slots, hbuf.shape[2])
-        _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch)
-    return part.view(t, slots, h), routing
+    _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch)
+    rows = hbuf.view(t * slots, hbuf.shape[2])
+    _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch)
+    launch_combine(part, x, residual, out, slots, launch)
+    return (out, routing) if return_routing else out
 
 
 def expert_specs(x, router, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual):
