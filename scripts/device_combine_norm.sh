@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran once at a8b1c96 (bench/NOTES.md): the fused combine was refuted and reverted (b522cd1), so its knob is gone.
 # Device call: the MoE decode's combine making the next layer's input norm (DELTASERVE_COMBINE_NORM=fused, one
 # launch fewer per layer) against the combine launch then the norm (split). GPU tests first (the fused kernel ==
 # combine then rms_norm bit for bit at 1 / 5 / 64 tokens, then the fast-path model: against the CPU reference,
