@@ -78,3 +78,27 @@ def test_reused_slot_starts_fresh(model):
         sess.cache.conv[layer].normal_()
     got = sess.step({0: p}, {0: 0}, logits="all")
     assert rel_err(got, clean) < 1e-6
+
+
+def test_logits_of_every_row_read_without_a_gather(model):
+    """ForwardBatch.logits_all_rows (logits_indices == arange(T), e.g. a decode step) lets the model skip the
+    gather before the final norm: the same logits as gathering; the flag is set only when it holds."""
+    import dataclasses
+
+    from deltaserve.model import ForwardBatch
+
+    a, b = prompt(12, 3), prompt(9, 4)
+    cache = model.make_cache(8, 16, 2)
+    with torch.no_grad():
+        prefill = ForwardBatch.build([a, b], [0, 0], [[0, 1], [2, 3]], [0, 1], 16)
+        assert not prefill.logits_all_rows  # the last token of each of two prompts
+        model(prefill, cache)
+        step = ForwardBatch.build([[5], [6]], [12, 9], [[0, 1], [2, 3]], [0, 1], 16)
+        assert step.logits_all_rows and ForwardBatch.build([a], [0], [[0]], [0], 16, logits="all").logits_all_rows
+        assert not ForwardBatch.build([[5], [6]], [12, 9], [[0, 1], [2, 3]], [0, 1], 16, logits=[1]).logits_all_rows
+        direct = model(step, cache)
+    cache2 = model.make_cache(8, 16, 2)
+    with torch.no_grad():
+        model(prefill, cache2)
+        gathered = model(dataclasses.replace(step, logits_all_rows=False), cache2)
+    assert torch.equal(direct, gathered)

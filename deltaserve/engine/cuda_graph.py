@@ -94,6 +94,7 @@ class DecodeGraph:
             context_lens_cpu=[1] * batch,  # host copy: set by load() from host tensors for the (eager) reference
             # path; the fast path reads only the device context_lens
             block_size=self.block_size,
+            logits_all_rows=True,  # one token a row, each with logits: no gather before the final norm
         )
         self.greedy_feedback = greedy_feedback
         self.graph: torch.cuda.CUDAGraph | None = None

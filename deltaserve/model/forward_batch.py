@@ -14,6 +14,7 @@ Layout of one call with B sequences and T = sum(new tokens):
   slot_mapping   [T]  int64   flat KV slot (block * block_size + offset) where each new token's K/V is written
   state_slots    [B]  int64   slot of sequence b's DeltaNet conv + recurrent state in the state pool
   logits_indices [N]  int64   which of the T tokens get logits (default: the last new token of each sequence)
+  logits_all_rows     bool    host flag: logits_indices == arange(T) (every token, in order; a decode step)
 
 Invariants: a sequence with context_len == 0 starts from a zero DeltaNet state whatever its slot holds (so the
 engine never has to clear slots); cache index of new token i of sequence b is context_lens[b] + i.
@@ -42,6 +43,9 @@ class ForwardBatch:
     seq_lens_cpu: list[int]  # new tokens per sequence
     context_lens_cpu: list[int]
     block_size: int
+    # Host fact: logits_indices is arange(T) (every token gets logits, in order: a decode step), so the model reads
+    # the hidden states as they are instead of gathering them (one launch fewer per step).
+    logits_all_rows: bool = False
 
     @property
     def num_seqs(self) -> int:
@@ -136,4 +140,5 @@ class ForwardBatch:
             seq_lens_cpu=seq_lens,
             context_lens_cpu=list(context_lens),
             block_size=block_size,
+            logits_all_rows=logit_idx == list(range(cu[-1])),
         )

@@ -127,4 +127,5 @@ class Qwen3_5ForCausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
         hidden = self.hidden_states(batch, cache)
-        return self.compute_logits(hidden[batch.logits_indices], decode=batch.max_seqlen == 1)
+        picked = hidden if batch.logits_all_rows else hidden[batch.logits_indices]  # the identity: no gather
+        return self.compute_logits(picked, decode=batch.max_seqlen == 1)
