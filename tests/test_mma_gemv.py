@@ -199,17 +199,3 @@ def test_pack_mma_experts_stacks_an_equal_width_shared_expert():
         assert torch.equal(split.gate_up[part][:, :nb], gated.gate[part])
         assert torch.equal(split.gate_up[part][:, nb:], gated.up[part])
         assert torch.equal(split.down[part], gated.down[part])
-
-
-def test_register_cap_switch(monkeypatch):
-    """DELTASERVE_MMA_GEMV_MAXNREG: unset -> no cap; a count -> maxnreg at decode's row counts only; bad values
-    named."""
-    monkeypatch.delenv("DELTASERVE_MMA_GEMV_MAXNREG", raising=False)
-    assert mg.register_cap(1) == {}
-    monkeypatch.setenv("DELTASERVE_MMA_GEMV_MAXNREG", "72")
-    assert mg.register_cap(1) == {"maxnreg": 72} and mg.register_cap(8) == {"maxnreg": 72}
-    assert mg.register_cap(9) == {}
-    for bad in ("x", "8", "300"):
-        monkeypatch.setenv("DELTASERVE_MMA_GEMV_MAXNREG", bad)
-        with pytest.raises(ValueError, match="DELTASERVE_MMA_GEMV_MAXNREG"):
-            mg.register_cap(1)

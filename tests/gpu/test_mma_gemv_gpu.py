@@ -393,20 +393,3 @@ def test_mma_experts_whole_slice_same_bits(dev, t):
             outs.append(mg.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles, scale=scale, config=(wd, 1, ahead),
                                               combine=comb))
         assert all(torch.equal(o, outs[0]) for o in outs), f"down (combine={combine is not None}): AHEAD changes bits"
-
-
-def test_mma_gemv_register_cap_same_bits(dev, monkeypatch):
-    """DELTASERVE_MMA_GEMV_MAXNREG (the launch's register cap at decode's row counts) changes no bits: the
-    in-projection shape at 1 and 8 rows under caps 72 and 64 (the latter spills) == uncapped."""
-    from deltaserve.kernels.quant import mma_gemv as mg
-
-    n, k = (96, 256) if dev == "cpu" else (12352, 2048)
-    p, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
-    words, sb = mg.repack_q4(p, s, b)
-    for m in (1, 8):
-        x = torch.randn(m, k, device=dev).bfloat16()
-        monkeypatch.delenv("DELTASERVE_MMA_GEMV_MAXNREG", raising=False)
-        want = mg.mma_gemv(x, words, sb)
-        for cap in ("72", "64"):
-            monkeypatch.setenv("DELTASERVE_MMA_GEMV_MAXNREG", cap)
-            assert torch.equal(mg.mma_gemv(x, words, sb), want), f"register cap {cap} changes bits at {m} rows"

@@ -920,26 +920,8 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
         kconv, conv_args = 4, (x2, x2, x2, x2, 0, 0, 0, 0, 0, 0)
     _mma_gemv_kernel[(nb // rb,)](x2, xs, words, sb, out, m, x2.stride(0), xs.stride(0), out.stride(0), *conv_args,
                                   K=k, W=warps, RB=rb, NT=column_tiles(m), AHEAD=ahead, CONV=conv is not None,
-                                  KCONV=kconv, SELF_XS=self_xs, num_warps=warps, **register_cap(m), **pdl_args(x2))
+                                  KCONV=kconv, SELF_XS=self_xs, num_warps=warps, **pdl_args(x2))
     return out.reshape(*lead, n)
-
-
-def register_cap(m: int) -> dict:
-    """Launch option capping the decode GEMV's registers per thread (Triton's maxnreg) at decode's row counts
-    (m <= 8): env DELTASERVE_MMA_GEMV_MAXNREG (unset: the compiler's choice, 80 for the in-projection's ring). For
-    the in-model A/B of the "wide" GEMVs, whose 772 programs of 80 registers fill every SM's register file, so the
-    kernels after them cannot become resident and start their prologue under PDL (bench/NOTES.md). sm_90 compiles:
-    12352 x 2048 at 72 registers without spills, 64 with 10 spill instructions. The same arithmetic: no bits change."""
-    env = os.environ.get("DELTASERVE_MMA_GEMV_MAXNREG")
-    if not env or m > 8:
-        return {}
-    try:
-        cap = int(env)
-    except ValueError:
-        raise ValueError(f"DELTASERVE_MMA_GEMV_MAXNREG must be a register count, found {env!r}") from None
-    if not 24 <= cap <= 255:
-        raise ValueError(f"DELTASERVE_MMA_GEMV_MAXNREG must be 24 .. 255, found {cap}")
-    return {"maxnreg": cap}
 
 
 def repack_q4_experts(w: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor):
