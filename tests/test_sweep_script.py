@@ -182,18 +182,3 @@ def test_row_run_defaults_and_timing_switches(monkeypatch):
     monkeypatch.setenv("DELTASERVE_TOPK_SELECT", "sort")
     with pytest.raises(ValueError, match="DELTASERVE_TOPK_SELECT='sort': expected one of rounds, bitonic, best"):
         md.topk_select()
-
-
-def test_router_tokens_switch(monkeypatch):
-    """DELTASERVE_ROUTER_TOKENS: one token a program unless set, and below ROUTER_TB_MIN_TOKENS tokens; bad values
-    named."""
-    md = pytest.importorskip("deltaserve.kernels.moe.triton_decode")
-    big = md.ROUTER_TB_MIN_TOKENS
-    monkeypatch.delenv("DELTASERVE_ROUTER_TOKENS", raising=False)
-    assert md.router_tokens(512) == 1
-    monkeypatch.setenv("DELTASERVE_ROUTER_TOKENS", "16")
-    assert md.router_tokens(big) == 16 and md.router_tokens(big - 1) == 1 and md.router_tokens(1) == 1
-    for bad in ("3", "128", "x"):
-        monkeypatch.setenv("DELTASERVE_ROUTER_TOKENS", bad)
-        with pytest.raises(ValueError, match="DELTASERVE_ROUTER_TOKENS"):
-            md.router_tokens(big)

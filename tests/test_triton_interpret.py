@@ -82,7 +82,6 @@ def _cases():
         "moe_router_ties": lambda m: kc.check_moe_ties(m, CPU),
         "moe_router_last_arrival": lambda m: kc.check_router_last_arrival(m, CPU, select="bitonic"),
         "moe_router_last_arrival_best": lambda m: kc.check_router_last_arrival(m, CPU, ts=(1, 7), select="best"),  # the default
-        "moe_router_token_blocks": lambda m: kc.check_router_token_blocks(m, CPU, t=11, e=8, top_k=2, blocks=(4,)),
         "conv_varlen": lambda m: kc.check_conv(m, CPU, c=48, kw=4, seqs=[5, 1, 2, 19], ctx=[3, 0, 7, 0]),
         "gdn_decode": lambda m: kc.check_gdn_decode(m, CPU, b=3, hk=2, hv=4, dk=16, dv=32, fresh_rows=(1,)),
         "gdn_decode_one_program_per_head": lambda m: kc.check_gdn_decode(m, CPU, b=3, hk=2, hv=4, dk=16, dv=32,

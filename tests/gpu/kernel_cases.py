@@ -727,36 +727,6 @@ def _router_last_arrival(mods, device, ts, h, e, top_k):
             assert int(arrival_counters(device, t)[: t].abs().sum()) == 0, f"T={t}: counters not reset"
 
 
-def check_router_token_blocks(mods, device, t=70, h=64, e=12, top_k=3, blocks=(8, 16), route=True):
-    """The router with TB tokens per program (DELTASERVE_ROUTER_TOKENS, from ROUTER_TB_MIN_TOKENS tokens) == one
-    token per program, bit for bit: the logits and shared gate alone, and (route) the routing at each token's last
-    arrival (ids, weights, shared weight); T not a multiple of TB, so the last program's tail tokens are masked.
-    route=False skips the routing launches (the interpreter's top-k per token is slow)."""
-    import os
-    from unittest import mock
-
-    md = mods["moe"]
-    if t < md.ROUTER_TB_MIN_TOKENS:  # a short problem (the interpreter's): lower the threshold for this check
-        with mock.patch.object(md, "ROUTER_TB_MIN_TOKENS", t):
-            return check_router_token_blocks(mods, device, t, h, e, top_k, blocks, route)
-    _, kw, _ = moe_problem(device, 1, h, e, 32, 32, 4, 32, router_bits=8)
-    x = torch.randn(t, h, device=device).bfloat16()
-    r, g = md._router_specs(x, kw["router"], top_k, kw["shared_gate"])
-    cfg = md.merged_config(None)
-    got = {}
-    for tb in (1, *blocks):
-        with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_TOKENS": str(tb)}):
-            assert md.router_tokens(t) == tb
-            logits, sw = md._router_logits(x, r, g, True, cfg)
-            got[tb] = (logits, sw)
-            if route:
-                rt = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"])
-                got[tb] += (rt.ids, rt.weights, rt.shared_weight)
-    for tb in blocks:
-        for name, a, b in zip(("logits", "shared gate", "ids", "weights", "shared weight"), got[1], got[tb]):
-            assert torch.equal(a, b), f"router with {tb} tokens a program: {name} differ from one token a program"
-
-
 def check_moe_v2_fused_ties(mods, device):
     """Equal router logits go to the lower expert id in the fused top-k too (as check_moe_ties for moe_route)."""
     h, e = 64, 8

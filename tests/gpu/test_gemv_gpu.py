@@ -267,12 +267,6 @@ def test_router_last_arrival(fused_mods, dev, small, select):
         ts=(1, 7, 64, 512), h=2048, e=256, top_k=8)))
 
 
-def test_router_token_blocks(fused_mods, dev, small):
-    """Prefill router programs of 2 .. 64 tokens == one token a program, bit for bit, at the 35B-A3B router."""
-    kc.check_router_token_blocks(fused_mods, dev, **({} if small else dict(t=515, h=2048, e=256, top_k=8,
-                                                                          blocks=(2, 8, 16, 64))))
-
-
 def test_moe_v2_fused_ties(fused_mods, dev):
     kc.check_moe_v2_fused_ties(fused_mods, dev)
 

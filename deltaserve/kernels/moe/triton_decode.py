@@ -58,59 +58,33 @@ def _router_kernel(
     R_BITS: tl.constexpr, R_GROUP: tl.constexpr, R_CG: tl.constexpr,
     HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr, G_CG: tl.constexpr,
     INLINE: tl.constexpr, TOPK: tl.constexpr = 0, EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True,
-    PDL: tl.constexpr = False, BITONIC: tl.constexpr = 0, T=1, TB: tl.constexpr = 1,
+    PDL: tl.constexpr = False, BITONIC: tl.constexpr = 0,
 ):
-    # grid (cdiv(T, TB), cdiv(E, BE) + 1): column j < cdiv(E, BE) writes the fp32 logits of experts j*BE ..
-    # j*BE+BE-1 of TB tokens, the last column the shared gate's sigmoid (0 without a shared expert: every element
-    # of sg is written, no zeros fill launch). Each (token, column) is one gemv_row (the full K unrolled, two chunks
-    # ahead): a token's logits depend on (H, format, BE, CG) only, never on T or TB (TB > 1 runs the same code per
-    # token in a loop, so a prefill's programs re-read their weight chunk from L1 instead of each token's program
-    # fetching it from L2 again). TOPK > 0: the token's last program to finish (triton_sync.last_arrival on
-    # cnt[t]) applies the routing contract to all E logits and writes ids/weights, so the top-k needs no launch of
-    # its own. PDL (triton_pdl): every branch waits for the kernel that wrote x once its first weight chunks are
-    # requested (gemv_row's PDL_WAIT), before any store.
+    # grid (T, cdiv(E, BE) + 1): column j < cdiv(E, BE) writes the fp32 logits of experts j*BE .. j*BE+BE-1 of
+    # one token, the last column the shared gate's sigmoid (0 without a shared expert: every element of sg is
+    # written, no zeros fill launch). Each row is one gemv_row (the full K unrolled, two chunks ahead): a
+    # token's logits depend on (H, format, BE, CG) only, never on T. TOPK > 0: the token's last program to
+    # finish (triton_sync.last_arrival on cnt[t]) applies the routing contract to all E logits and writes
+    # ids/weights, so the top-k needs no launch of its own. PDL (triton_pdl): every branch waits for the kernel
+    # that wrote x once its first weight chunks are requested (gemv_row's PDL_WAIT), before any store.
     pdl_open(PDL)
+    t = tl.program_id(0)
     j = tl.program_id(1)
-    if TB == 1:
-        _router_token(tl.program_id(0), j, x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr,
-                      ids_ptr, wts_ptr, cnt_ptr, E, stride_xt, stride_rn, stride_rsn, stride_gn, stride_gsn, magic,
-                      H, BE, R_BITS, R_GROUP, R_CG, HAS_SHARED, G_BITS, G_GROUP, G_CG, INLINE, TOPK, EP, NORMALIZE,
-                      PDL, BITONIC)
-    else:
-        for i in range(TB):
-            t = tl.program_id(0) * TB + i
-            if t < T:
-                _router_token(t, j, x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr,
-                              ids_ptr, wts_ptr, cnt_ptr, E, stride_xt, stride_rn, stride_rsn, stride_gn, stride_gsn,
-                              magic, H, BE, R_BITS, R_GROUP, R_CG, HAS_SHARED, G_BITS, G_GROUP, G_CG, INLINE, TOPK,
-                              EP, NORMALIZE, PDL, BITONIC)
-
-
-@triton.jit
-def _router_token(t, j, x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr, ids_ptr, wts_ptr,
-                  cnt_ptr, E, stride_xt, stride_rn, stride_rsn, stride_gn, stride_gsn, magic, H: tl.constexpr,
-                  BE: tl.constexpr, R_BITS: tl.constexpr, R_GROUP: tl.constexpr, R_CG: tl.constexpr,
-                  HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr, G_CG: tl.constexpr,
-                  INLINE: tl.constexpr, TOPK: tl.constexpr, EP: tl.constexpr, NORMALIZE: tl.constexpr,
-                  PDL_WAIT: tl.constexpr, BITONIC: tl.constexpr):
-    """Column j of _router_kernel for token t (its logits or its shared gate, then the top-k at its last arrival).
-    PDL_WAIT: the kernel's PDL: wait once the first weight chunks are requested (gemv_row), before any store; a
-    later token's wait returns at once."""
     x_row = x_ptr + t.to(tl.int64) * stride_xt
     rows = j * BE + tl.arange(0, BE)
     if j * BE < E:
         e_mask = rows < E
         logits = gemv_row(x_row, x_row, x_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, magic,
-                          H, R_BITS, R_GROUP, BE, R_CG, INLINE, PDL_WAIT)
+                          H, R_BITS, R_GROUP, BE, R_CG, INLINE, PDL)
         tl.store(logit_ptr + t * E + rows, logits, mask=e_mask)
     else:
         one = tl.arange(0, BE)
         if HAS_SHARED:
             sg = gemv_row(x_row, x_row, x_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, stride_gn, stride_gsn, magic,
-                          H, G_BITS, G_GROUP, BE, G_CG, INLINE, PDL_WAIT)
+                          H, G_BITS, G_GROUP, BE, G_CG, INLINE, PDL)
             tl.store(sg_ptr + t + one, tl.sigmoid(sg), mask=one < 1)
         else:
-            pdl_wait(PDL_WAIT)
+            pdl_wait(PDL)
             tl.store(sg_ptr + t + one, tl.zeros((BE,), dtype=tl.float32), mask=one < 1)
     if TOPK > 0:
         if last_arrival(cnt_ptr + t, tl.num_programs(1)):
@@ -340,33 +314,15 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
     if t:
         ids, wts, k, normalize = topk if topk is not None else (logits, logits, 0, True)
         cnt = arrival_counters(x.device, t) if topk is not None else logits
-        tb = router_tokens(t)
-        tb_args = {} if tb == 1 else dict(T=t, TB=tb)  # TB = 1: the decode launch, unchanged
-        _router_kernel[(triton.cdiv(t, tb), triton.cdiv(r.n, be) + 1)](
+        _router_kernel[(t, triton.cdiv(r.n, be) + 1)](
             x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, ids, wts, cnt,
             r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2), g.scales.stride(-2), MAGIC,
             H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=_router_cg(r, be, warps),
             HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=_router_cg(g, be, warps),
             INLINE=inline_mode(x, True), TOPK=k, EP=triton.next_power_of_2(r.n), NORMALIZE=normalize,
-            BITONIC=topk_bitonic(), num_warps=warps, **tb_args, **pdl_args(x),
+            BITONIC=topk_bitonic(), num_warps=warps, **pdl_args(x),
         )
     return logits, sw
-
-
-ROUTER_TB_MIN_TOKENS = 64  # router_tokens' threshold: below it one token per program (decode, short prefills)
-
-
-def router_tokens(t: int) -> int:
-    """Tokens per router program for a launch of t tokens: 1 (the default for now) or, from ROUTER_TB_MIN_TOKENS
-    tokens on, env DELTASERVE_ROUTER_TOKENS (a power of two up to 64). A launch choice: each token runs the same
-    code, so its logits never depend on it (GPU test). Why: at pp512 the router is 40 x 78 us a prefill (H200,
-    bench/NOTES.md): 33,280 programs, each fetching 8 KB of weights and a 4 KB x row from L2 for 4 logits."""
-    env = os.environ.get("DELTASERVE_ROUTER_TOKENS")
-    if not env or t < ROUTER_TB_MIN_TOKENS:
-        return 1
-    if env not in ("1", "2", "4", "8", "16", "32", "64"):
-        raise ValueError(f"DELTASERVE_ROUTER_TOKENS must be a power of two from 1 to 64, found {env!r}")
-    return int(env)
 
 
 def merged_config(config: dict | None) -> dict:
