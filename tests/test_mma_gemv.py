@@ -199,3 +199,15 @@ def test_pack_mma_experts_stacks_an_equal_width_shared_expert():
         assert torch.equal(split.gate_up[part][:, :nb], gated.gate[part])
         assert torch.equal(split.gate_up[part][:, nb:], gated.up[part])
         assert torch.equal(split.down[part], gated.down[part])
+
+
+def test_logits_store_switch(monkeypatch):
+    from deltaserve.model import fast
+
+    monkeypatch.delenv("DELTASERVE_LOGITS_STORE", raising=False)
+    assert fast.logits_store() == "bf16"
+    monkeypatch.setenv("DELTASERVE_LOGITS_STORE", "fp32")
+    assert fast.logits_store() == "fp32"
+    monkeypatch.setenv("DELTASERVE_LOGITS_STORE", "fp16")
+    with pytest.raises(ValueError, match="DELTASERVE_LOGITS_STORE"):
+        fast.logits_store()

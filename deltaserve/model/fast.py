@@ -336,14 +336,26 @@ def carried_prep(x: torch.Tensor, fmt: tuple[int, int]) -> tuple | None:
     return carried[1]
 
 
-def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple | None = None) -> torch.Tensor:
+def logits_store() -> str:
+    """How the decode lm_head on the tensor-core GEMV hands over its logits: "bf16" (the default; compute_logits's
+    .float() is then a launch) or "fp32" (the GEMV stores its bf16-rounded results widened: the same values, one
+    launch fewer). Env DELTASERVE_LOGITS_STORE, for the A/B (prepared, bench/NOTES.md)."""
+    value = os.environ.get("DELTASERVE_LOGITS_STORE", "bf16")
+    if value not in ("bf16", "fp32"):
+        raise ValueError(f"DELTASERVE_LOGITS_STORE must be 'bf16' or 'fp32', found {value!r}")
+    return value
+
+
+def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple | None = None,
+           fp32_out: bool = False) -> torch.Tensor:
     """module(x), through the batch-invariant Triton kernels on the fast path.
 
     decode: the rows are one token per sequence. Decode steps of any batch size take a GEMV kernel in fixed blocks
     of rows (a row's bits never depend on the other rows): the tensor-core GEMV for q4 g64 weights (decode_gemv),
     else the CUDA-core one; prefill takes the tiled matmul.
     conv: (weight [C, K], pool [S, C, K-1], state_slots [B], context_lens [B], C) runs the DeltaNet decode conv in
-    the GEMV's epilogue (kernels/gated_delta/triton_decode.DecodeConv): decode GEMV only (`conv_in_gemv`)."""
+    the GEMV's epilogue (kernels/gated_delta/triton_decode.DecodeConv): decode GEMV only (`conv_in_gemv`).
+    fp32_out: the tensor-core GEMV stores fp32 (its bf16 results widened); any other path returns x's dtype."""
     if not enabled(x) or not hasattr(module, "weight"):
         if conv is not None:
             raise ValueError("fast.linear: conv= needs the fast path's decode GEMV")
@@ -358,7 +370,10 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
         prep = carried_prep(x, (s.bits, s.group))  # the norm's prep: its group sums are the GEMV's xs (else its own)
         xs = None if prep is None else prep[1]
         if conv is None:
-            return mma_gemv(x, *mma, xs=xs)  # launches of <= 64 rows inside
+            out = None
+            if fp32_out:
+                out = torch.empty(x.numel() // x.shape[-1], s.n, dtype=torch.float32, device=x.device)
+            return mma_gemv(x, *mma, xs=xs, out=out)  # launches of <= 64 rows inside
         x2 = x.reshape(-1, x.shape[-1])
         out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device)
         w, pool, slots, ctx, channels = conv

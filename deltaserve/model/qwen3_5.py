@@ -117,8 +117,8 @@ class Qwen3_5ForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, decode: bool = False) -> torch.Tensor:
         h = fast.norm_for_gemv(self.norm, hidden, self.lm_head, decode)  # + the lm_head GEMV's prep
-        if self.lm_head is not None:
-            logits = fast.linear(self.lm_head, h, decode)
+        if self.lm_head is not None:  # fp32 straight from the tensor-core GEMV when logits_store() says so
+            logits = fast.linear(self.lm_head, h, decode, fp32_out=fast.logits_store() == "fp32")
         elif fast.enabled(h):  # the tied table read as a [V, H] matrix by the fast matmul
             logits = fast.linear(self.embed_tokens, h, decode)
         else:

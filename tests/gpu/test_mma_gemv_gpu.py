@@ -44,6 +44,23 @@ def test_mma_gemv_batch_invariant(dev, n, k):
     assert torch.equal(mg.mma_gemv(x[37:40], words, sb), alone[37:40])
 
 
+@pytest.mark.parametrize("m", [1, 8, 64, 70])
+def test_mma_gemv_fp32_out_is_the_bf16_result_widened(dev, m):
+    """An fp32 out (the lm_head's logits, fast.logits_store "fp32") holds the bf16 results widened, bit for bit,
+    at one launch and past MAX_ROWS (two); conv= with an fp32 out is refused."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    n, k = 2048 * 3, 2048
+    p, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
+    words, sb = mg.repack_q4(p, s, b)
+    x = torch.randn(m, k, device=dev).bfloat16()
+    out = kc.poisoned((m, n), torch.float32, dev)
+    got = mg.mma_gemv(x, words, sb, out=out)
+    assert got.data_ptr() == out.data_ptr() and torch.equal(got, mg.mma_gemv(x, words, sb).float())
+    with pytest.raises(ValueError, match="out must be bf16"):
+        mg.mma_gemv(x[:1], words, sb, out=out[:1], conv=(None, None, None, None, 0))
+
+
 def _mma_gemv_of(p, s, b):
     """kernel_cases' conv-check GEMV factory for the tensor-core GEMV (the weight repacked once)."""
     from deltaserve.kernels.quant import mma_gemv as mg

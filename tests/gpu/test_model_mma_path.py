@@ -152,3 +152,15 @@ def test_gdn_step_prep_batch_invariance_and_graphs(prep_model, monkeypatch):
     monkeypatch.setenv("DELTASERVE_GDN_PREP", "step")
     check_batch_invariance(prep_model)
     check_graph_equals_eager(prep_model)
+
+
+def test_logits_stored_fp32_by_the_head_equal_bf16_then_float(models, monkeypatch):
+    """DELTASERVE_LOGITS_STORE=fp32 (the lm_head's tensor-core GEMV stores its bf16 results widened, no .float()
+    launch) gives the decode logits of "bf16" bit for bit, eager and replayed."""
+    gpu = models[1]
+    prompts = [[3, 5, 7, 9, 11, 2, 4], [8, 8, 1, 30, 22, 6, 6, 6, 9]]
+    runs = {}
+    for store in ("bf16", "fp32"):
+        monkeypatch.setenv("DELTASERVE_LOGITS_STORE", store)
+        runs[store] = (decode_logits(gpu, prompts, 4, graph=False), decode_logits(gpu, prompts, 4, graph=True))
+    assert torch.equal(runs["fp32"][0], runs["bf16"][0]) and torch.equal(runs["fp32"][1], runs["bf16"][1])

@@ -554,7 +554,9 @@ if HAVE_GLUON:
                            ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV)
         else:
             o_ptr = out_ptr + o_n[None, :].to(gl.int64) * stride_om + pid * RB * 16 + o_row[:, None]
-            gl.store(o_ptr, total.to(out_ptr.dtype.element_ty), mask=(o_n < M)[None, :])
+            # rounded to bf16 first whatever out holds: an fp32 out (the lm_head's logits) gets the bf16 values
+            # widened, the bits of a bf16 out then .float(), without that launch
+            gl.store(o_ptr, total.to(gl.bfloat16).to(out_ptr.dtype.element_ty), mask=(o_n < M)[None, :])
 
 
     @gluon.jit
@@ -856,6 +858,7 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
              xs: torch.Tensor | None = None, config: tuple[int, int, int] | None = None,
              conv: tuple | None = None) -> torch.Tensor:
     """y = x W^T for x [..., K] bf16 and a repack_q4 weight; [..., N] bf16 (launches of at most MAX_ROWS rows).
+    out: bf16, or fp32 (not with conv=): the bf16 results widened (the logits' .float() without its launch).
     xs: the rows' group sums (fp32 [M, K / 64], triton_gemv.prep_x's or the norm's prep); None: the kernel makes
     its own on the tensor cores (MMA with ones: no prep launch; a fixed rounding of its own, per row).
     config: (W, RB, AHEAD) instead of default_config (W changes bits; RB and AHEAD do not).
@@ -885,6 +888,10 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
             mma_gemv(x2[r : r + MAX_ROWS], words, sb, out=out[r : r + MAX_ROWS],
                      xs=None if xs is None else xs[r : r + MAX_ROWS], config=config)
         return out.reshape(*lead, n)
+    if out is not None and (out.dtype not in (torch.bfloat16, torch.float32) or tuple(out.shape) != (m, n)
+                            or out.stride(-1) != 1 or (conv is not None and out.dtype != torch.bfloat16)):
+        raise ValueError(f"mma_gemv: out must be bf16 (or fp32 without conv=) [{m}, {n}] with unit column stride, "
+                         f"found {out.dtype} {tuple(out.shape)} strides {out.stride()}")
     self_xs = xs is None
     if self_xs:
         xs = x2  # a placeholder pointer: not read
