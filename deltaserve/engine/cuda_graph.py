@@ -16,11 +16,10 @@ padding and bucketing logic is testable without a GPU.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..model import ForwardBatch, HybridCache, fast
+from ..utils.env import env_choice
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -29,9 +28,7 @@ def greedy_kernels(logits: torch.Tensor) -> bool:
     """Does the greedy feedback run as kernels/triton_greedy's two launches (fast-path logits: CUDA, or CPU under
     the interpreter's fast path) or as the torch sequence? Env DELTASERVE_GREEDY_FEEDBACK=kernel (default) | torch,
     for the A/B (bench/NOTES.md)."""
-    mode = os.environ.get("DELTASERVE_GREEDY_FEEDBACK", "kernel")
-    if mode not in ("kernel", "torch"):
-        raise ValueError(f"DELTASERVE_GREEDY_FEEDBACK must be 'kernel' or 'torch', found {mode!r}")
+    mode = env_choice("DELTASERVE_GREEDY_FEEDBACK", "kernel", ("kernel", "torch"))
     return mode == "kernel" and fast.enabled(torch.empty(0, dtype=torch.bfloat16, device=logits.device))
 
 

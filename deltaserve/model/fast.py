@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..kernels import backend
+from ..utils.env import env_choice
 
 
 def enabled(x: torch.Tensor) -> bool:
@@ -49,9 +50,7 @@ def embed(module: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """module(ids), the token embedding. On the fast path a packed affine table (bits 2, 4, 8) is looked up by one
     kernel (kernels/quant/triton_embed: the same bits as the module's gather, which is ~13 torch launches), launched
     without PDL: the forward's first kernel. Env DELTASERVE_EMBED=kernel (default) | torch, for the A/B."""
-    mode = os.environ.get("DELTASERVE_EMBED", "kernel")
-    if mode not in ("kernel", "torch"):
-        raise ValueError(f"DELTASERVE_EMBED must be 'kernel' or 'torch', found {mode!r}")
+    mode = env_choice("DELTASERVE_EMBED", "kernel", ("kernel", "torch"))
     scales = getattr(module, "scales", None)
     if mode == "torch" or scales is None or not hasattr(module, "spec") or not enabled(scales):
         return module(ids)
@@ -86,9 +85,7 @@ def stacked_specs(experts: nn.Module):
 def decode_kernels() -> str:
     """Which kernels serve decode steps: "gemv" (the full-K GEMV family, kernels/quant/triton_gemv.py and
     kernels/moe/triton_moe_gemv.py) or "matmul" (the tiled matmul family). Env DELTASERVE_DECODE_KERNELS."""
-    value = os.environ.get("DELTASERVE_DECODE_KERNELS", "gemv")
-    if value not in ("gemv", "matmul"):
-        raise ValueError(f"DELTASERVE_DECODE_KERNELS must be 'gemv' or 'matmul', found {value!r}")
+    value = env_choice("DELTASERVE_DECODE_KERNELS", "gemv", ("gemv", "matmul"))
     return value
 
 
@@ -105,9 +102,7 @@ def decode_gemv() -> str:
     bench/NOTES.md) it gives 600.4 tok/s at batch 1 (cuda 594.0), 1,464.5 at 8 streams (1,375.4) and 1,760.8 at 64
     (1,617.9) for a 0.27 GiB copy of the lm_head; "mma" gives more at 8 and 64 streams (1,820 / 2,661 against
     cuda's 1,357 / 1,615) but 469 at batch 1 (575): set it for batched serving."""
-    value = os.environ.get("DELTASERVE_DECODE_GEMV", "head")
-    if value not in ("mma", "cuda", "wide", "head"):
-        raise ValueError(f"DELTASERVE_DECODE_GEMV must be 'mma', 'cuda', 'wide' or 'head', found {value!r}")
+    value = env_choice("DELTASERVE_DECODE_GEMV", "head", ("mma", "cuda", "wide", "head"))
     return value
 
 
@@ -155,9 +150,7 @@ def moe_kernels() -> str:
     order: the MLX copy of the routed experts is released, so the weights stay one copy). Env DELTASERVE_MOE. The
     default is "cuda": on the H200 (Qwen3.6-35B-A3B q4, with DELTASERVE_DECODE_GEMV=mma, bench/NOTES.md) "mma" gives
     pp512 15,419 tok/s (cuda 9,814) and 4,197 at 64 streams (1,622), but 466 at batch 1 (584)."""
-    value = os.environ.get("DELTASERVE_MOE", "cuda")
-    if value not in ("cuda", "mma"):
-        raise ValueError(f"DELTASERVE_MOE must be 'cuda' or 'mma', found {value!r}")
+    value = env_choice("DELTASERVE_MOE", "cuda", ("cuda", "mma"))
     return value
 
 
@@ -166,9 +159,7 @@ def mma_gate_up_split() -> bool:
     and SiLU(g) * u per row block) or "split" (one stack of 2 I rows per expert, a plain launch of twice the
     programs, and down making SiLU(g) * u as it loads: the same bits; kernels/moe/mma_moe.MmaExperts.gate_up).
     Env DELTASERVE_MMA_GATE_UP, read when a block is first repacked."""
-    value = os.environ.get("DELTASERVE_MMA_GATE_UP", "gated")
-    if value not in ("gated", "split"):
-        raise ValueError(f"DELTASERVE_MMA_GATE_UP must be 'gated' or 'split', found {value!r}")
+    value = env_choice("DELTASERVE_MMA_GATE_UP", "gated", ("gated", "split"))
     return value == "split"
 
 
@@ -217,9 +208,7 @@ def moe_norm_sums_only() -> bool:
     """Whether the norm before a tensor-core MoE block writes x's group sums alone (the only part of the prep its
     kernels read; the same bits as the full prep's) instead of the whole GEMV prep. Env DELTASERVE_MOE_NORM_PREP:
     "sums" (default) | "full", for timing them against each other."""
-    value = os.environ.get("DELTASERVE_MOE_NORM_PREP", "sums")
-    if value not in ("sums", "full"):
-        raise ValueError(f"DELTASERVE_MOE_NORM_PREP must be 'sums' or 'full', found {value!r}")
+    value = env_choice("DELTASERVE_MOE_NORM_PREP", "sums", ("sums", "full"))
     return value == "sums"
 
 
@@ -260,9 +249,7 @@ def conv_in_gemv(pool: torch.Tensor, x: torch.Tensor, proj: nn.Module | None = N
     decode GEMV family (either GEMV has the epilogue: triton_gemv's and mma_gemv's, each equal to its GEMV followed
     by the conv kernel bit for bit) and a conv pool in the activation dtype; env DELTASERVE_DECODE_CONV=gemv
     (default) | kernel."""
-    value = os.environ.get("DELTASERVE_DECODE_CONV", "gemv")
-    if value not in ("gemv", "kernel"):
-        raise ValueError(f"DELTASERVE_DECODE_CONV must be 'gemv' or 'kernel', found {value!r}")
+    value = env_choice("DELTASERVE_DECODE_CONV", "gemv", ("gemv", "kernel"))
     return value == "gemv" and decode_kernels() == "gemv" and pool.dtype == x.dtype
 
 
@@ -273,9 +260,7 @@ def moe_topk_mode() -> str:
     DELTASERVE_MOE_TOPK, for timing them against each other. Why split: in the model on the H200 with PDL, one
     launch more per layer costs less than the router's serial tail (its last program waiting for all the others,
     then 8 rounds of selection): tg128 @ d512 571.3 (router) -> 580.4 (split) (bench/NOTES.md)."""
-    value = os.environ.get("DELTASERVE_MOE_TOPK", "split")
-    if value not in ("router", "fused", "split"):
-        raise ValueError(f"DELTASERVE_MOE_TOPK must be 'router', 'fused' or 'split', found {value!r}")
+    value = env_choice("DELTASERVE_MOE_TOPK", "split", ("router", "fused", "split"))
     return value
 
 
@@ -314,9 +299,7 @@ def gdn_step_prep(consumer: nn.Module, x: torch.Tensor, dv: int, hv: int) -> tup
     launch's bit for bit, its group sums follow the head's tile (an order of their own, the same at every batch
     size). H200, Qwen3.6-35B-A3B q4, tg128 @ d512, one call (bench/NOTES.md): B=1 599.2 (launch) -> 607.7 tok/s,
     B=64 1,755.1 -> 1,758.2."""
-    mode = os.environ.get("DELTASERVE_GDN_PREP", "step")
-    if mode not in ("step", "launch"):
-        raise ValueError(f"DELTASERVE_GDN_PREP must be 'step' or 'launch', found {mode!r}")
+    mode = env_choice("DELTASERVE_GDN_PREP", "step", ("step", "launch"))
     if mode == "launch" or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
         return None
     from ..kernels.gated_delta.triton_decode import prep_supported
@@ -340,9 +323,7 @@ def logits_store() -> str:
     """How the decode lm_head on the tensor-core GEMV hands over its logits: "bf16" (the default; compute_logits's
     .float() is then a launch) or "fp32" (the GEMV stores its bf16-rounded results widened: the same values, one
     launch fewer). Env DELTASERVE_LOGITS_STORE, for the A/B (prepared, bench/NOTES.md)."""
-    value = os.environ.get("DELTASERVE_LOGITS_STORE", "bf16")
-    if value not in ("bf16", "fp32"):
-        raise ValueError(f"DELTASERVE_LOGITS_STORE must be 'bf16' or 'fp32', found {value!r}")
+    value = env_choice("DELTASERVE_LOGITS_STORE", "bf16", ("bf16", "fp32"))
     return value
 
 

@@ -20,13 +20,13 @@ conv-state update would race with their reads. Prefill uses `causal_conv` too, t
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from ...utils.env import env_choice
 from ..triton_common import code_prescale
 from ..triton_sync import arrival_counters, last_arrival
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -422,9 +422,7 @@ def state_early() -> bool:
     """Does the decode step read its recurrent state before its PDL wait (overlapping the in-projection GEMV's tail;
     the same loads and arithmetic, so the same bits) or after it? Env DELTASERVE_GDN_STATE_EARLY "1" (default) |
     "0", for the A/B (bench/NOTES.md)."""
-    value = os.environ.get("DELTASERVE_GDN_STATE_EARLY", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"DELTASERVE_GDN_STATE_EARLY must be '0' or '1', found {value!r}")
+    value = env_choice("DELTASERVE_GDN_STATE_EARLY", "1", ("0", "1"))
     return value == "1"
 
 
