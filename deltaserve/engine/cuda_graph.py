@@ -113,9 +113,9 @@ class DecodeGraph:
 
     def _derive_slots(self) -> None:
         """KV slot of each row's new token: cache index context_lens[b] looked up in its block table."""
-        pos = self.context_lens
-        blk = self.block_tables.gather(1, (pos // self.block_size).unsqueeze(1)).squeeze(1).to(torch.int64)
-        self.slot_mapping.copy_(blk * self.block_size + pos % self.block_size)
+        from ..kernels.triton_greedy import cache_slots
+
+        self.slot_mapping.copy_(cache_slots(self.block_tables, self.context_lens, self.block_size))
 
     def capture(self, warmup: int = 2, pool=None) -> None:
         """Run eagerly (compiles kernels, settles allocations), then capture one step. The caller restores any

@@ -104,6 +104,10 @@ def greedy_advance_reference(logits, input_ids, positions, context_lens, block_t
     input_ids.copy_(logits.argmax(-1))
     positions.add_(1)
     context_lens.add_(1)
-    pos = context_lens
-    blk = block_tables.gather(1, (pos // block_size).unsqueeze(1)).squeeze(1).to(torch.int64)
-    slot_mapping.copy_(blk * block_size + pos % block_size)
+    slot_mapping.copy_(cache_slots(block_tables, context_lens, block_size))
+
+
+def cache_slots(block_tables: torch.Tensor, index: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The flat KV slot of cache index index[b] of each row b, looked up in its block table: int64 [B]."""
+    blk = block_tables.gather(1, (index // block_size).unsqueeze(1)).squeeze(1).to(torch.int64)
+    return blk * block_size + index % block_size
