@@ -108,18 +108,35 @@ def test_pdl_kernels_found():
         assert expected in kernels
 
 
+def _is_open(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and _name(stmt.value) == "pdl_open"
+
+
+def _late_open(stmt: ast.stmt) -> bool:
+    """`if not OPEN_LATE: pdl_open(PDL)`: a kernel that may open late, after its first wait, so that the next
+    launch starts only once this one's predecessor has completed (triton_pdl's protocol, the early readers)."""
+    return (isinstance(stmt, ast.If) and ast.unparse(stmt.test) == "not OPEN_LATE" and not stmt.orelse
+            and len(stmt.body) == 1 and _is_open(stmt.body[0]))
+
+
 @pytest.mark.parametrize("kernel", sorted(_pdl_kernels()[1]))
 def test_no_write_before_wait(kernel):
     funcs, kernels = _pdl_kernels()
     fn = kernels[kernel]
     body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
     first = body[0]
-    assert isinstance(first, ast.Expr) and isinstance(first.value, ast.Call) and _name(first.value) == "pdl_open", \
-        f"{kernel}: the first statement must be pdl_open(PDL)"
+    late = _late_open(first)
+    assert late or _is_open(first), \
+        f"{kernel}: the first statement must be pdl_open(PDL) (or `if not OPEN_LATE: pdl_open(PDL)`)"
     calls = _calls_in_order(fn)
     waits = [c for c in calls if _is_wait(c, funcs)]
     assert waits, f"{kernel}: has a PDL parameter but never waits (pdl_wait(PDL))"
     first_wait = (waits[0].lineno, waits[0].col_offset)
+    if late:  # the late open comes after the kernel's first wait
+        opens = [n for n in ast.walk(fn) if isinstance(n, ast.If) and ast.unparse(n.test) == "OPEN_LATE"
+                 and len(n.body) == 1 and _is_open(n.body[0])]
+        assert opens and all((n.lineno, n.col_offset) > first_wait for n in opens), \
+            f"{kernel}: OPEN_LATE must open (pdl_open(PDL)) after the first wait, and only there"
     for c in calls:
         if (c.lineno, c.col_offset) >= first_wait:
             break

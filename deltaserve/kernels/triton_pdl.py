@@ -18,6 +18,11 @@ after the wait, so no kernel overwrites memory an unfinished predecessor still r
 returns at once. Owned state read early stays safe for the same reason: every forward starts with a kernel launched
 without PDL (the embedding lookup), which starts only after everything before it completed, so no prologue of a
 forward can run before the previous forward's write of that state; within a forward nothing else writes it.
+Late opening: a kernel may call pdl_open only after its wait (`if not OPEN_LATE: pdl_open(PDL)` first, the open
+again after the wait under OPEN_LATE). The next kernel then starts only once every program of this one has
+passed its wait, i.e. once this one's predecessor has completed, so that next kernel may read the predecessor's
+output before its own wait (from L2, ".cg": a line of an earlier kernel may sit in its SM's L1). The MoE decode's
+down launch reads the routing that way (moe/triton_moe_gemv.down_early).
 
 Exactness: PDL moves when a program starts, never what it computes: the same instructions on the same values.
 """

@@ -370,6 +370,30 @@ def check_gdn_decode(mods, device, b, hk, hv, dk, dv, fresh_rows=(1,), num_slots
         close(inp["ssm"][slots[i]], s, 1e-5, f"gdn state row {i}")
 
 
+def check_moe_down_early(mods, device, t, h, e, i, top_k, bits, group, shared=True):
+    """moe_decode_v2 with down's early form (the routing and the picked experts' first weight chunks read before
+    its PDL wait, gate/up opening late; triton_moe_gemv.down_early forced on) == the late form: routing and output
+    bit for bit, outputs poisoned first. On CUDA with PDL this is the real overlap; under the interpreter (no PDL)
+    it runs the early form's code (its loads, its branch order) without the wait."""
+    m2 = mods["moe2"]
+    x, kw, _ = moe_problem(device, t, h, e, i, i, bits, group, router_bits=8 if bits != 16 else 16)
+    if not shared:
+        for key in ("shared_gate_proj", "shared_up", "shared_down", "shared_gate"):
+            kw.pop(key)
+    got = {}
+    original = m2.down_early
+    try:
+        for early in (False, True):
+            m2.down_early = lambda _x, early=early: early
+            out = poisoned((t, h), torch.bfloat16, device)
+            got[early] = m2.moe_decode_v2(x, top_k=top_k, return_routing=True, out=out, **kw)
+    finally:
+        m2.down_early = original
+    (y0, rt0), (y1, rt1) = got[False], got[True]
+    assert torch.equal(rt0.ids, rt1.ids) and torch.equal(rt0.weights, rt1.weights), "down early: routing differs"
+    assert torch.equal(y0, y1), f"down early: outputs differ at T={t} shared={shared}"
+
+
 def check_gdn_state_early(mods, device, b, hk, hv, dk, dv, dv_block="default"):
     """The decode step reading its state before its PDL wait (DELTASERVE_GDN_STATE_EARLY=1, the default) == after
     it (0): outputs and the updated pool bit for bit, rows fresh and resumed; outputs poisoned first."""

@@ -261,6 +261,12 @@ def test_moe_v2_fused(fused_mods, dev, small, t, shared):
     print(f"MoE v2 4-launch == prep/top-k path, T={t}: {same}")
 
 
+@pytest.mark.parametrize("t,shared", [(1, True), (3, False), (64, True)])
+def test_moe_v2_down_early_same_bits(fused_mods, dev, small, t, shared):
+    h, e, i, top_k = (64, 8, 64, 3) if small else (2048, 256, 512, 8)
+    kc.check_moe_down_early(fused_mods, dev, t, h, e, i, top_k, 4, 64, shared=shared)
+
+
 @pytest.mark.parametrize("select", ["rounds", "bitonic", "best"])
 def test_router_last_arrival(fused_mods, dev, small, select):
     kc.check_router_last_arrival(fused_mods, dev, select=select, **({} if small else dict(

@@ -274,6 +274,31 @@ def test_moe_block_mma_split_gate_up_same_bits(dev, t):
     assert not arrival_counters(dev, mg.PAIR_COUNTERS)[: mg.PAIR_COUNTERS].any(), "a pair counter was left set"
 
 
+@pytest.mark.parametrize("t", [1, 3])
+def test_moe_block_mma_down_early_same_bits(dev, t, monkeypatch):
+    """Down's early form (the ids and its first weight chunks read before its PDL wait; gate/up opening late)
+    gives the block's output bit for bit; taken at one token (the down ring), not past 16 rows."""
+    from deltaserve.kernels.moe import mma_moe
+
+    x, res, ids, w, sw, experts, _ = _moe_block(dev, t, seed=5)
+    calls = []
+    real = mma_moe.mma_matmul_experts
+
+    def spy(*args, **kw):
+        calls.append((kw.get("open_late", False), kw.get("early", False)))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(mma_moe, "mma_matmul_experts", spy)
+    got = {}
+    for early in (False, True):
+        monkeypatch.setattr(mma_moe, "down_early", lambda _x, early=early: early)
+        calls.clear()
+        got[early] = mma_moe.moe_block_mma(x, ids, w, sw, experts, residual=res)
+        torch.cuda.synchronize()
+        assert calls[-2:] == ([(True, False), (False, True)] if early and t == 1 else [(False, False)] * 2), calls
+    assert torch.equal(got[True], got[False]), "down early: the block's output differs"
+
+
 @pytest.mark.parametrize("t,i_s", [(1, 512), (5, 512), (64, 512), (5, 1024)])
 def test_moe_block_mma_vs_fp64(dev, t, i_s):
     import torch.nn.functional as F

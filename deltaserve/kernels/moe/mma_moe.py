@@ -32,6 +32,7 @@ from ..quant.mma_gemv import (GROUP, default_ahead, default_row_blocks, default_
                               mma_matmul_experts, pair_counters_fit, repack_q4, repack_q4_experts)
 from ..triton_sync import MIN_COUNTERS
 from .triton_combine import combine_slots
+from .triton_moe_gemv import down_early
 
 
 class MmaExperts(NamedTuple):
@@ -74,6 +75,12 @@ def pack_mma_experts(gate, up, down, shared_gate=None, shared_up=None, shared_do
         gate_up = tuple(torch.cat([g, u], dim=1) for g, u in zip(parts[0], parts[1]))
         return MmaExperts(None, None, parts[2], shared_last, shared, gate_up)
     return MmaExperts(*parts, shared_last=shared_last, shared=shared)
+
+
+def _down_early_fits(m: int, k: int) -> bool:
+    """Whether down's default launch at m rows and K = k is the register ring that its early form needs."""
+    chunks = k // GROUP // default_warps(k)
+    return 3 <= default_ahead(m, False, chunks) < chunks
 
 
 def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, shared_weight: torch.Tensor | None,
@@ -120,15 +127,18 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
         else:
             hid = mma_matmul_experts(x, *experts.gate_up, ids, slots, xs=xs, tiles=tiles, config=config)
             glu = True
-    else:
-        hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up)
     # down: hid's group sums are the kernel's own (no prep launch); with single-row tiles (decode-sized batches)
     # the combine runs at each token's last-arriving down program (no launch either; the same bits as the launch)
     nbe, groups = experts.down[0].shape[1:3]
     columns = nbe // default_row_blocks(nbe, ids.numel(), groups * GROUP)  # the down launch's programs per row
-    if experts.shared is None and tiles.rows == 1 and t * columns <= MIN_COUNTERS:  # counters exist before capture
+    single = experts.shared is None and tiles.rows == 1 and t * columns <= MIN_COUNTERS  # counters exist already
+    # down's early form (the ids and its weights read before its wait) right after the gated launch only
+    early = single and experts.gate_up is None and _down_early_fits(ids.numel(), groups * GROUP) and down_early(x)
+    if experts.gate_up is None:
+        hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up, open_late=early)
+    if single:
         return mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1),
-                                  combine=(residual, torch.empty_like(x)), glu=glu)
+                                  combine=(residual, torch.empty_like(x)), glu=glu, early=early)
     part = mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1),
                               glu=glu).view(t, slots, -1)
     if experts.shared is not None:

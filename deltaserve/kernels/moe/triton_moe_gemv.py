@@ -30,7 +30,8 @@ import triton.language as tl
 from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, gemv_row_pair, prep_x, row_run_config, unit
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import DENSE_BITS, WeightSpec
-from ..triton_pdl import pdl_args, pdl_open, pdl_wait
+from ..triton_pdl import pdl_args, pdl_enabled, pdl_open, pdl_wait
+from ...utils.env import env_choice
 from .triton_decode import (
     MoeRouting,
     _router_logits,
@@ -135,10 +136,11 @@ def swiglu_block(x_row, xp_row, xs_row, gw, gs, gb, uw, us, ub, h_row, rn, n_mas
 @triton.jit
 def down_block(h_row, hp_row, hs_row, dw, ds, db, w_s, part_row, rn, n_mask, stride_dn, stride_dsn, magic,
                K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
-               INLINE: tl.constexpr):
-    """part[rn] = w_s * bf16(h . Wd[rn]) in fp32 for one (token, slot) row: the down kernels' one block."""
+               INLINE: tl.constexpr, PDL_WAIT: tl.constexpr = False):
+    """part[rn] = w_s * bf16(h . Wd[rn]) in fp32 for one (token, slot) row: the down kernels' one block.
+    PDL_WAIT: the caller has not waited yet: gemv_row waits once the weight's first chunks are requested."""
     y = gemv_row(h_row, hp_row, hs_row, dw, ds, db, rn, n_mask, stride_dn, stride_dsn, magic, K, BITS, GROUP, BN, CG,
-                 INLINE)
+                 INLINE, PDL_WAIT)
     tl.store(part_row + rn, w_s * y.to(tl.bfloat16).to(tl.float32), mask=n_mask)
 
 
@@ -154,12 +156,17 @@ def _gate_up_kernel(
     S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr,
     EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True, FUSE_TOPK: tl.constexpr = False,
     INLINE: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, OPEN_LATE: tl.constexpr = False,
 ):
     # grid (T * SLOTS, cdiv(max(I, IS), BN)); slot < TOPK: the token's slot-th expert (ascending id), slot TOPK:
     # the shared expert. INLINE (triton_gemv_inline.inline_mode): gemv_row reads x raw (xp/xs unused).
-    pdl_open(PDL)
+    # OPEN_LATE: the next launch (down) may start only once every program here has passed its wait, i.e. once
+    # the routing (ids, weights) is complete: down's early form reads it before its own wait (down_early)
+    if not OPEN_LATE:
+        pdl_open(PDL)
     pdl_wait(PDL)
+    if OPEN_LATE:
+        pdl_open(PDL)
     pid = tl.program_id(0)
     t = pid // SLOTS
     slot = pid % SLOTS
@@ -186,11 +193,17 @@ def _down_kernel(
     I: tl.constexpr, IS: tl.constexpr, TOPK: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
     BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr,
     S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr, INLINE: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
 ):
-    # grid (T * SLOTS, cdiv(H, BN)); row r = t * SLOTS + slot of hbuf (stride_hr) and of part [T*SLOTS, H]
+    # grid (T * SLOTS, cdiv(H, BN)); row r = t * SLOTS + slot of hbuf (stride_hr) and of part [T*SLOTS, H].
+    # EARLY (down_early; the gate/up launch before this one opened late): the routing (expert id, weight, shared
+    # gate) and the picked expert's first weight chunks are read before the PDL wait, hbuf after it. Safe because
+    # this launch started only after every gate/up program had passed its wait, so the kernel that wrote the
+    # routing has completed; read from L2 (".cg"), never from a line an earlier kernel left in this SM's L1.
+    # The same loads and arithmetic as the late form: the same bits.
     pdl_open(PDL)
-    pdl_wait(PDL)
+    if not EARLY:
+        pdl_wait(PDL)
     r = tl.program_id(0)
     t = r // SLOTS
     slot = r % SLOTS
@@ -199,14 +212,23 @@ def _down_kernel(
     h_row = h_ptr + r.to(tl.int64) * stride_hr
     part_row = part_ptr + r.to(tl.int64) * H
     if slot < TOPK:
-        e = tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
+        if EARLY:
+            e = tl.load(ids_ptr + t * TOPK + slot, cache_modifier=".cg").to(tl.int64)
+            w_s = tl.load(wts_ptr + t * TOPK + slot, cache_modifier=".cg")
+        else:
+            e = tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
+            w_s = tl.load(wts_ptr + t * TOPK + slot)
         down_block(h_row, hp_ptr + r.to(tl.int64) * stride_hr, hs_ptr + r.to(tl.int64) * (stride_hr // GROUP),
-                   dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse, tl.load(wts_ptr + t * TOPK + slot),
-                   part_row, rn, n_mask, stride_dn, stride_dsn, magic, I, BITS, GROUP, BN, CG, INLINE)
+                   dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse, w_s,
+                   part_row, rn, n_mask, stride_dn, stride_dsn, magic, I, BITS, GROUP, BN, CG, INLINE, EARLY and PDL)
     else:
+        if EARLY:
+            w_sh = tl.load(sw_ptr + t, cache_modifier=".cg")
+        else:
+            w_sh = tl.load(sw_ptr + t)
         down_block(h_row, shp_ptr + r.to(tl.int64) * stride_hr, shs_ptr + r.to(tl.int64) * (stride_hr // S_GROUP),
-                   sdw, sds, sdb, tl.load(sw_ptr + t), part_row, rn, n_mask, stride_sdn, stride_sdsn, magic,
-                   IS, S_BITS, S_GROUP, BN, S_CG, INLINE)
+                   sdw, sds, sdb, w_sh, part_row, rn, n_mask, stride_sdn, stride_sdsn, magic,
+                   IS, S_BITS, S_GROUP, BN, S_CG, INLINE, EARLY and PDL)
 
 
 @triton.jit
@@ -256,7 +278,16 @@ def _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk: bool, 
     return MoeRouting(ids, wts, sw), logits
 
 
-def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch):
+def down_early(x: torch.Tensor) -> bool:
+    """Whether the decode MoE's down launch reads the routing and requests its experts' weights before its PDL
+    wait (the gate/up launch before it then lets it start only after every gate/up program has waited: the
+    routing is complete by then). Only with PDL (without it the launches are serialised anyway). Same bits either
+    way; env DELTASERVE_MOE_DOWN_EARLY "0" (default) | "1", for timing the two against each other."""
+    return env_choice("DELTASERVE_MOE_DOWN_EARLY", "0", ("0", "1")) == "1" and pdl_enabled(x)
+
+
+def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch,
+                    open_late=False):
     t, h = x.shape
     i_r, i_s = g.n, (sg.n if slots > top_k else 0)
     if inline_prep:
@@ -278,11 +309,11 @@ def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normal
         H=h, TOPK=top_k, SLOTS=slots, BN=bn, BITS=g.bits, GROUP=_group(g), CG=cg,
         S_BITS=sg.bits, S_GROUP=_group(sg), S_CG=s_cg, EP=triton.next_power_of_2(e),
         NORMALIZE=normalize, FUSE_TOPK=fuse, INLINE=inline_mode(x, inline_prep), num_warps=warps,
-        **_regs(launch.gate_up_maxnreg), **pdl_args(x),
+        **_regs(launch.gate_up_maxnreg), **pdl_args(x), **({"OPEN_LATE": True} if open_late else {}),
     )
 
 
-def _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch):
+def _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch, early=False):
     if inline_prep:
         hp = hs = shp = shs = rows  # unused
     else:
@@ -300,7 +331,7 @@ def _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, 
         I=d.k, IS=i_s if slots > top_k else d.k, TOPK=top_k, SLOTS=slots, BN=bn,
         BITS=d.bits, GROUP=_group(d), CG=_cg(d, bn, launch.down_cg), S_BITS=sd.bits, S_GROUP=_group(sd),
         S_CG=_cg(sd, bn, launch.down_cg), INLINE=inline_mode(rows, inline_prep), num_warps=launch.down_warps,
-        **_regs(launch.down_maxnreg), **pdl_args(rows),
+        **_regs(launch.down_maxnreg), **pdl_args(rows), **({"EARLY": True} if early else {}),
     )
 
 
@@ -334,9 +365,11 @@ def moe_decode_v2(
     if t == 0:
         return (out, routing) if return_routing else out
     i_s, slots, hbuf, part = slot_buffers(x, g, sg, has_shared, top_k)
-    _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch)
+    # the early down reads the routing before its wait: not when gate/up itself writes it (fuse_topk)
+    early = logits is None and down_early(x)
+    _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch, early)
     rows = hbuf.view(t * slots, hbuf.shape[2])
-    _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch)
+    _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch, early)
     launch_combine(part, x, residual, out, slots, launch)
     return (out, routing) if return_routing else out
 

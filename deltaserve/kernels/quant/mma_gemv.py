@@ -296,21 +296,30 @@ if HAVE_GLUON:
             words = gl.load(w_base + c * W * 128 + w_off, mask=w_live, other=0)
         else:
             words = gl.load(w_base + c * W * 128 + w_off)
-        if GLU > 0:
-            g = gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0).to(gl.float32)
-            u = gl.load(x_ptr + GLU + c * W * 64 + x_off, mask=x_mask, other=0.0).to(gl.float32)
-            xv = _silu_mul(g, u)
-        else:
-            xv = gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0)
+        xv = _load_x_chunk(x_ptr, c, x_off, x_mask, W, GLU)
         if MASKED:
             sb = gl.load(sb_base + c * W * 32 + sb_off, mask=w_live, other=0.0)
         else:
             sb = gl.load(sb_base + c * W * 32 + sb_off)
-        if SELF_XS:
-            xs = 0.0
+        return words, xv, sb, _load_xs_chunk(xs_ptr, c, xs_off, xs_mask, W, SELF_XS)
+
+    @gluon.jit
+    def _load_x_chunk(x_ptr, c, x_off, x_mask, W: gl.constexpr, GLU: gl.constexpr):
+        """Chunk c of x (GLU > 0: the MoE's hidden made from the (g, u) pair, as _load_chunk says)."""
+        if GLU > 0:
+            g = gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0).to(gl.float32)
+            u = gl.load(x_ptr + GLU + c * W * 64 + x_off, mask=x_mask, other=0.0).to(gl.float32)
+            return _silu_mul(g, u)
         else:
-            xs = gl.load(xs_ptr + c * W + xs_off, mask=xs_mask, other=0.0)
-        return words, xv, sb, xs
+            return gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0)
+
+    @gluon.jit
+    def _load_xs_chunk(xs_ptr, c, xs_off, xs_mask, W: gl.constexpr, SELF_XS: gl.constexpr):
+        """Chunk c of x's group sums (SELF_XS: none to load, _chunk_acc makes them)."""
+        if SELF_XS:
+            return 0.0
+        else:
+            return gl.load(xs_ptr + c * W + xs_off, mask=xs_mask, other=0.0)
 
     @gluon.jit
     def _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
@@ -645,21 +654,33 @@ if HAVE_GLUON:
                          xs_off, xs_mask, w_live, zero_w, W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr,
                          NCH: gl.constexpr, mma: gl.constexpr, dot_a: gl.constexpr, dot_b: gl.constexpr,
                          AHEAD: gl.constexpr, TWO: gl.constexpr, SELF_XS: gl.constexpr = False,
-                         GLU: gl.constexpr = 0):
+                         GLU: gl.constexpr = 0, EARLY_WAIT: gl.constexpr = False):
         """_accumulate / _accumulate_pair (MASKED) with AHEAD (3 .. NCH - 1) chunks in flight, all in registers:
         chunks 0 .. AHEAD - 1 (x, words, scales, each chunk's in turn) are requested first, then chunk c + AHEAD
         before chunk c is computed, so AHEAD = NCH - 1 requests the whole slice up front in chunk order with x
         beside its words (the AHEAD >= NCH form stages x through shared memory after every weight, and its
         barrier waits for the last of them: ncu at T = 1, bench/NOTES.md). The same arithmetic in the same order:
-        the same bits as every other AHEAD."""
+        the same bits as every other AHEAD. EARLY_WAIT (one weight, the caller launched with PDL and not waited
+        yet): the first AHEAD chunks' words and scales are requested, then the PDL wait, then their x."""
         wt = ()
         xt = ()
         sbt = ()
         xst = ()
         wt2 = ()
         sbt2 = ()
+        if EARLY_WAIT:
+            for c in gl.static_range(AHEAD):
+                words, sb = _load_weight_chunk(w_base, sb_base, c, w_off, sb_off, w_live, W)
+                wt = wt + (words,)
+                sbt = sbt + (sb,)
+            pdl_wait(EARLY_WAIT)
+            for c in gl.static_range(AHEAD):
+                xt = xt + (_load_x_chunk(x_ptr, c, x_off, x_mask, W, GLU),)
+                xst = xst + (_load_xs_chunk(xs_ptr, c, xs_off, xs_mask, W, SELF_XS),)
         for c in gl.static_range(NCH + AHEAD):
-            if c < NCH:  # request chunk c
+            if EARLY_WAIT and c < AHEAD:
+                pass  # requested above
+            elif c < NCH:  # request chunk c
                 words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c, w_off, x_off, x_mask, sb_off,
                                                 xs_off, xs_mask, w_live, W, True, SELF_XS, GLU)
                 wt = wt + (words,)
@@ -686,7 +707,7 @@ if HAVE_GLUON:
                             SCALED: gl.constexpr, PDL: gl.constexpr = False, SELF_XS: gl.constexpr = False,
                             COMBINE: gl.constexpr = False, SLOTS: gl.constexpr = 1, HAS_RES: gl.constexpr = False,
                             AHEAD: gl.constexpr = 1, LOOP: gl.constexpr = 1, GLU: gl.constexpr = 0,
-                            PAIR: gl.constexpr = 0):
+                            PAIR: gl.constexpr = 0, OPEN_LATE: gl.constexpr = False, EARLY: gl.constexpr = False):
         """grid (tiles, N / (16 RB LOOP)): the plain kernel's arithmetic on expert tile t, row blocks
         [RB LOOP p, RB LOOP (p + 1)) of its expert: LOOP rounds of RB blocks held in registers together (the x
         columns are loaded once for the RB blocks; LOOP > 1 stages them in shared memory once for every round, so
@@ -712,8 +733,13 @@ if HAVE_GLUON:
         as one plain launch over the stacked [gate; up] weight, with the gated epilogue's bits.
         PAIR > 0 (plain, RB 1, LOOP 1; the weight's first PAIR row blocks gate, the next PAIR up): out gets g | u and
         the second program of each (gate, up) block pair also stores h = SiLU(g) * u for its 16 features into
-        comb (row stride stride_cm; _glu_at_last_arrival, counters t * PAIR + block): the gated launch's bits."""
-        pdl_open(PDL)
+        comb (row stride stride_cm; _glu_at_last_arrival, counters t * PAIR + block): the gated launch's bits.
+        OPEN_LATE: the next launch may start only once every program here has passed its PDL wait (so the routing
+        this launch waited for is complete when it starts). EARLY (SINGLE, the register ring, one weight; the
+        launch before opened late): the expert id (from L2, ".cg") and the first AHEAD chunks' weights are read
+        before the PDL wait, x after it: the same loads and arithmetic, the same bits."""
+        if not OPEN_LATE:
+            pdl_open(PDL)
         G: gl.constexpr = K // 64
         NCH: gl.constexpr = G // W
         N8: gl.constexpr = 8 * NT
@@ -730,8 +756,13 @@ if HAVE_GLUON:
         CL: gl.constexpr = gl.SliceLayout(1, mma)  # xs [W, N8]: per group (warp) and column
         OL: gl.constexpr = gl.SliceLayout(0, mma)
 
-        pdl_wait(PDL)  # the tile table (or the ids) and x are the previous launches' output
-        e = gl.load(tile_e_ptr + t)
+        if EARLY:  # the ids: complete since this launch started (the one before opened late)
+            e = gl.load(tile_e_ptr + t, cache_modifier=".cg")
+        else:
+            pdl_wait(PDL)  # the tile table (or the ids) and x are the previous launches' output
+            e = gl.load(tile_e_ptr + t)
+        if OPEN_LATE:
+            pdl_open(PDL)
         xn = gl.arange(0, N8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, XL))))
         cn = gl.arange(0, N8, layout=gl.SliceLayout(0, CL))
         o_row = gl.arange(0, RB * 16, layout=gl.SliceLayout(1, OL))
@@ -789,7 +820,7 @@ if HAVE_GLUON:
         elif AHEAD > 2:
             acc, acc2 = _accumulate_ring(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
                                          x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
-                                         dot_b, AHEAD, GATED, SELF_XS, GLU)
+                                         dot_b, AHEAD, GATED, SELF_XS, GLU, EARLY and PDL)
         elif GATED:
             acc, acc2 = _accumulate_pair(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
                                          x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
@@ -1027,7 +1058,8 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
                        x_repeat: int = 1, xs: torch.Tensor | None = None, out: torch.Tensor | None = None,
                        tiles: MmaTiles | None = None, up: tuple | None = None, scale: torch.Tensor | None = None,
                        config: tuple[int, int] | None = None, combine: tuple | None = None,
-                       glu: bool = False, pair_out: torch.Tensor | None = None) -> torch.Tensor:
+                       glu: bool = False, pair_out: torch.Tensor | None = None, open_late: bool = False,
+                       early: bool = False) -> torch.Tensor:
     """Row m of the result = x[m // x_repeat] W[expert_ids[m]]^T on tensor cores, for stacked repacked experts
     (repack_q4_experts) and x [rows, K] bf16; [M, N] in x's dtype. The same rows as
     triton_affine.affine_matmul_experts (an MoE block's gate, up and down), each row an MMA column of its expert's
@@ -1047,7 +1079,12 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     are h = bf16(bf16(SiLU(g)) * u), the gated launch's output bit for bit (no up=, LOOP 1, AHEAD < the chunks).
     pair_out: bf16 [M, N / 2] for a plain launch over stacked [gate; up] weights (N = 2 I rows per expert): out
     gets g | u and pair_out h = bf16(bf16(SiLU(g)) * u), made by the second program of each (gate, up) row-block
-    pair (the gated launch's bits); RB 1, LOOP 1, and at most PAIR_COUNTERS tiles x I / 16 pairs."""
+    pair (the gated launch's bits); RB 1, LOOP 1, and at most PAIR_COUNTERS tiles x I / 16 pairs.
+    open_late: the next launch in the stream may start only once every program of this one has passed its PDL
+    wait (the routing it waited for is then complete). early: with PDL, this launch reads the expert ids and its
+    first chunks' weights before its wait; only right after a launch made with open_late that waited for the ids'
+    writer, with single-row tiles, one weight and the register ring (3 <= AHEAD < the chunks). Neither changes
+    bits."""
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("mma_matmul_experts: needs a CUDA device and Triton's Gluon; mma_experts_reference is "
                            "its CPU meaning")
@@ -1116,6 +1153,11 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     if glu and (loop > 1 or ahead >= g // warps):
         raise ValueError(f"mma_matmul_experts: glu loads x in registers: LOOP 1 and AHEAD below the {g // warps} "
                          f"chunks, found LOOP={loop} AHEAD={ahead}")
+    if early and (tiles.rows != 1 or up is not None or pair_out is not None or loop != 1
+                  or not 3 <= ahead < g // warps):
+        raise ValueError(f"mma_matmul_experts: early needs single-row tiles, one weight and the register ring "
+                         f"(3 <= AHEAD < {g // warps}), found rows={tiles.rows} AHEAD={ahead} LOOP={loop}"
+                         f"{' up=' if up is not None else ''}")
     if g % warps or nbe % rb:
         raise ValueError(f"mma_matmul_experts: config W={warps}, RB={rb} does not divide the {g} groups / {nbe} "
                          f"row blocks")
@@ -1155,5 +1197,5 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
             SCALED=scale is not None, SELF_XS=self_xs, COMBINE=combine is not None, SLOTS=slots,
             HAS_RES=combine is not None and res is not None, AHEAD=ahead, LOOP=loop, GLU=k if glu else 0,
             PAIR=pairs, num_warps=warps,
-            **pdl_args(x))
+            **pdl_args(x), **({"OPEN_LATE": True} if open_late else {}), **({"EARLY": True} if early else {}))
     return out if combine is None else comb
