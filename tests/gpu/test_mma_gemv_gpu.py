@@ -291,7 +291,7 @@ def test_moe_block_mma_down_early_same_bits(dev, t, monkeypatch):
     monkeypatch.setattr(mma_moe, "mma_matmul_experts", spy)
     got = {}
     for early in (False, True):
-        monkeypatch.setattr(mma_moe, "down_early", lambda _x, early=early: early)
+        monkeypatch.setattr(mma_moe, "down_early", lambda _x, tensor_cores=False, early=early: early)
         calls.clear()
         got[early] = mma_moe.moe_block_mma(x, ids, w, sw, experts, residual=res)
         torch.cuda.synchronize()

@@ -133,7 +133,8 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
     columns = nbe // default_row_blocks(nbe, ids.numel(), groups * GROUP)  # the down launch's programs per row
     single = experts.shared is None and tiles.rows == 1 and t * columns <= MIN_COUNTERS  # counters exist already
     # down's early form (the ids and its weights read before its wait) right after the gated launch only
-    early = single and experts.gate_up is None and _down_early_fits(ids.numel(), groups * GROUP) and down_early(x)
+    early = single and experts.gate_up is None and _down_early_fits(ids.numel(), groups * GROUP) \
+        and down_early(x, tensor_cores=True)
     if experts.gate_up is None:
         hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up, open_late=early)
     if single:

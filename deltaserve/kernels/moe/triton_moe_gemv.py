@@ -278,12 +278,15 @@ def _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk: bool, 
     return MoeRouting(ids, wts, sw), logits
 
 
-def down_early(x: torch.Tensor) -> bool:
+def down_early(x: torch.Tensor, tensor_cores: bool = False) -> bool:
     """Whether the decode MoE's down launch reads the routing and requests its experts' weights before its PDL
     wait (the gate/up launch before it then lets it start only after every gate/up program has waited: the
     routing is complete by then). Only with PDL (without it the launches are serialised anyway). Same bits either
-    way; env DELTASERVE_MOE_DOWN_EARLY "0" (default) | "1", for timing the two against each other."""
-    return env_choice("DELTASERVE_MOE_DOWN_EARLY", "0", ("0", "1")) == "1" and pdl_enabled(x)
+    way. Env DELTASERVE_MOE_DOWN_EARLY "auto" (default: the tensor-core MoE only) | "0" | "1". H200, tg128 @ d512
+    B=1 (bench/NOTES.md): the tensor-core MoE 637.8 -> 643.3 tok/s with it; the CUDA-core one 652.5 / 653.7 ->
+    650.6 / 650.1 (its gate/up loses what down gains: its weights' early loads ride on gate/up's time)."""
+    value = env_choice("DELTASERVE_MOE_DOWN_EARLY", "auto", ("auto", "0", "1"))
+    return (value == "1" or (value == "auto" and tensor_cores)) and pdl_enabled(x)
 
 
 def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch,
