@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .quant.triton_gemv import prep_row
+from .quant.triton_gemv import pairwise_sums, prep_row
 from .triton_pdl import pdl_args, pdl_open, pdl_wait
 
 
@@ -23,7 +23,8 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, stride_x, stride_r, 
                      PREP_GROUP: tl.constexpr = 64, PREP_XP: tl.constexpr = True, PDL: tl.constexpr = False):
     # PREP_BITS > 0: also the decode GEMV's prep of the output row (quant.triton_gemv.prep_row, xp / xs rows of
     # N and N / PREP_GROUP), read back from y after a barrier so it is the prep kernel's code on the same values;
-    # PREP_XP False: the group sums alone.
+    # PREP_XP False: the group sums alone, made from the row in registers by pairwise_sums (prep_row's arithmetic,
+    # whose order does not depend on the layout: the same bits without the round trip through memory).
     pdl_open(PDL)
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -37,11 +38,18 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, stride_x, stride_r, 
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_y + cols, (xf * inv * (offset + w)).to(y_ptr.dtype.element_ty), mask=m)
-    if PREP_BITS > 0:
-        tl.debug_barrier()  # the row's stores (every thread's) before its reads
-        prep_row(y_ptr + row * stride_y, xp_ptr + row * BLOCK, xs_ptr + row * (BLOCK // PREP_GROUP), BLOCK,
-                 PREP_BITS, PREP_GROUP, PREP_XP)
+    if PREP_BITS > 0 and not PREP_XP:  # the sums alone, from the registers: pairwise_sums' order is prep_row's
+        y = (xf * inv * (offset + w)).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + row * stride_y + cols, y, mask=m)
+        G: tl.constexpr = BLOCK // PREP_GROUP
+        tl.store(xs_ptr + row * G + tl.arange(0, G),
+                 pairwise_sums(tl.reshape(y.to(tl.float32), [G, PREP_GROUP]), G, PREP_GROUP))
+    else:
+        tl.store(y_ptr + row * stride_y + cols, (xf * inv * (offset + w)).to(y_ptr.dtype.element_ty), mask=m)
+        if PREP_BITS > 0:
+            tl.debug_barrier()  # the row's stores (every thread's) before its reads
+            prep_row(y_ptr + row * stride_y, xp_ptr + row * BLOCK, xs_ptr + row * (BLOCK // PREP_GROUP), BLOCK,
+                     PREP_BITS, PREP_GROUP, PREP_XP)
 
 
 def _rows(x: torch.Tensor, n: int, name: str) -> torch.Tensor:

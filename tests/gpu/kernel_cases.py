@@ -559,17 +559,23 @@ def check_norms(mods, device, rows, n, dv):
     yg = nm.gated_rms_norm(xg, z, wg, 1e-6, out=poisoned(xg.shape, torch.bfloat16, device))
     close(yg, norm_ref.gated_rms_norm(xg, z, wg, 1e-6).double(), 2 * BF16_EPS, "gated_rms_norm")
     # add_rms_norm's prep of its output (a power-of-two width): the full GEMV prep equals prep_x's of y bit for
-    # bit, and sums_only writes the same group sums alone (the tensor-core MoE's input norm)
+    # bit, and sums_only writes the same group sums alone (the tensor-core MoE's input norm), made from its
+    # registers; every group sum is the pairwise tree of pairwise_sums (fp32 adds of elements 2i and 2i + 1, ...)
     prep_x = importlib.import_module("deltaserve.kernels.quant.triton_gemv").prep_x
-    n2 = 128
-    x2, r2 = (torch.randn(rows, n2, device=device).bfloat16() for _ in range(2))
-    w2 = (0.1 * torch.randn(n2, device=device)).bfloat16()
-    y_full, s_full, (xp_full, xs_full) = nm.add_rms_norm(x2, r2, w2, 1e-6, 1.0, prep=(4, 64))
-    y_sums, s_sums, (xp_sums, xs_sums) = nm.add_rms_norm(x2, r2, w2, 1e-6, 1.0, prep=(4, 64), sums_only=True)
-    xp_ref, xs_ref = prep_x(y_full, 4, 64)
-    assert torch.equal(xp_full, xp_ref.view_as(xp_full)) and torch.equal(xs_full, xs_ref), "norm prep != prep_x's"
-    assert xp_sums is None and torch.equal(y_sums, y_full) and torch.equal(s_sums, s_full), "sums_only: y / r"
-    assert torch.equal(xs_sums, xs_full), "sums_only: group sums != the full prep's"
+    for n2 in (128, n if n & (n - 1) == 0 else 256):
+        x2, r2 = (torch.randn(rows, n2, device=device).bfloat16() * 3 for _ in range(2))
+        w2 = (0.1 * torch.randn(n2, device=device)).bfloat16()
+        y_full, s_full, (xp_full, xs_full) = nm.add_rms_norm(x2, r2, w2, 1e-6, 1.0, prep=(4, 64))
+        y_sums, s_sums, (xp_sums, xs_sums) = nm.add_rms_norm(x2, r2, w2, 1e-6, 1.0, prep=(4, 64), sums_only=True)
+        xp_ref, xs_ref = prep_x(y_full, 4, 64)
+        assert torch.equal(xp_full, xp_ref.view_as(xp_full)) and torch.equal(xs_full, xs_ref), \
+            f"norm prep != prep_x's (N={n2})"
+        assert xp_sums is None and torch.equal(y_sums, y_full) and torch.equal(s_sums, s_full), "sums_only: y / r"
+        assert torch.equal(xs_sums, xs_full), f"sums_only: group sums != the full prep's (N={n2})"
+        tree = y_full.float().view(rows, n2 // 64, 64)
+        while tree.shape[-1] > 1:
+            tree = tree[..., 0::2] + tree[..., 1::2]
+        assert torch.equal(xs_ref, tree[..., 0]), f"group sums are not the pairwise tree's (N={n2})"
 
 
 # ---------------------------------------------------------------- fused decode paths (one launch instead of several)

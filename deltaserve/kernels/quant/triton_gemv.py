@@ -70,7 +70,19 @@ def prep_row(x_row, xp_row, xs_row, K: tl.constexpr, BITS: tl.constexpr, GROUP: 
     g = tl.arange(0, K // GROUP)
     e = tl.arange(0, GROUP)
     xg = tl.load(x_row + g[:, None] * GROUP + e[None, :]).to(tl.float32)
-    tl.store(xs_row + g, tl.sum(xg, axis=1))
+    tl.store(xs_row + g, pairwise_sums(xg, K // GROUP, GROUP))
+
+
+@triton.jit
+def pairwise_sums(v, G: tl.constexpr, GROUP: tl.constexpr):
+    """[G, GROUP] fp32 -> [G]: each row summed by one fixed pairwise tree (elements 2i and 2i + 1 first, then
+    the pairs' sums likewise, ...; GROUP a power of two). Each level is a sum over an axis of two elements, whose
+    only result is a + b (= b + a) whichever threads hold them, so any kernel holding the values in any layout
+    gets the same bits (the RMSNorm makes them from its registers) without moving them through shared memory."""
+    t = tl.reshape(v, [G] + [2] * (GROUP.bit_length() - 1))
+    for _ in tl.static_range(GROUP.bit_length() - 1):
+        t = tl.sum(t, axis=len(t.shape) - 1)
+    return t
 
 
 @triton.jit
