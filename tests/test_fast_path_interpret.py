@@ -166,9 +166,9 @@ def test_kernel_choice_env_vars_are_checked(monkeypatch):
     with pytest.raises(ValueError, match="DELTASERVE_DECODE_CONV must be 'gemv' or 'kernel', found 'epilogue'"):
         fast.conv_in_gemv(pool, x)
     monkeypatch.delenv("DELTASERVE_MOE", raising=False)
-    assert fast.moe_kernels() == "cuda"
-    monkeypatch.setenv("DELTASERVE_MOE", "mma")
     assert fast.moe_kernels() == "mma" and fast.mma_moe_weights(None, x) is None  # CPU tensors: never repacked
+    monkeypatch.setenv("DELTASERVE_MOE", "cuda")
+    assert fast.moe_kernels() == "cuda" and fast.mma_moe_weights(None, x) is None
     monkeypatch.delenv("DELTASERVE_MMA_GATE_UP", raising=False)
     assert not fast.mma_gate_up_split()
     monkeypatch.setenv("DELTASERVE_MMA_GATE_UP", "split")

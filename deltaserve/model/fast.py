@@ -148,9 +148,11 @@ def moe_kernels() -> str:
     short prefills, the grouped wgmma matmul for longer prefills, on the MLX q4 layout) or "mma" (one tensor-core
     kernel family for every token count, kernels/moe/mma_moe.py, on the experts repacked once in MMA fragment
     order: the MLX copy of the routed experts is released, so the weights stay one copy). Env DELTASERVE_MOE. The
-    default is "cuda": on the H200 (Qwen3.6-35B-A3B q4, with DELTASERVE_DECODE_GEMV=mma, bench/NOTES.md) "mma" gives
-    pp512 15,419 tok/s (cuda 9,814) and 4,197 at 64 streams (1,622), but 466 at batch 1 (584)."""
-    value = env_choice("DELTASERVE_MOE", "cuda", ("cuda", "mma"))
+    default is "mma": on the H200 (Qwen3.6-35B-A3B q4 g64, default GEMVs, tg @ d512, bench/NOTES.md) it gives pp512
+    15,753 tok/s (cuda 10,239), 2,441 at 64 streams (1,770) and 641.8 at batch 1 (650.6: -1.4%); "cuda" stays for
+    batch-1-only serving. Blocks the tensor-core MoE cannot take (not q4 g64, widths not multiples of 64, no Gluon)
+    run the CUDA-core kernels either way."""
+    value = env_choice("DELTASERVE_MOE", "mma", ("cuda", "mma"))
     return value
 
 

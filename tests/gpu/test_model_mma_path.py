@@ -34,11 +34,11 @@ from model_helpers import make_hf_model, ours_from_checkpoint  # noqa: E402
 pytestmark = pytest.mark.gpu
 MODES = {  # name -> the environment it runs under
     "mma": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma"},
-    # the tensor-core MoE with the default GEMVs (the output head alone on the tensor-core GEMV): the candidate
-    # default layout (bench/NOTES.md)
+    # the tensor-core MoE with the default GEMVs (the output head alone on the tensor-core GEMV): the default
+    # layout (bench/NOTES.md)
     "mma-moe": {"DELTASERVE_MOE": "mma"},
     # the CUDA-core paths but the output head on the tensor-core GEMV
-    "head": {"DELTASERVE_DECODE_GEMV": "head"},
+    "head": {"DELTASERVE_MOE": "cuda", "DELTASERVE_DECODE_GEMV": "head"},
 }
 
 
