@@ -6,7 +6,7 @@ from deltaserve.bench.profile import classify
 
 def test_moe_decode_kernels_are_moe():
     for name in ("_router_kernel", "_topk_kernel", "_gate_up_kernel", "_down_kernel", "_combine_kernel",
-                 "_down_combine_kernel"):
+                 "_down_combine_kernel", "_mma_experts_kernel", "_tiles_order_kernel"):
         assert classify(name) == "moe", name
 
 
