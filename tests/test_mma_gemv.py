@@ -205,9 +205,9 @@ def test_logits_store_switch(monkeypatch):
     from deltaserve.model import fast
 
     monkeypatch.delenv("DELTASERVE_LOGITS_STORE", raising=False)
-    assert fast.logits_store() == "bf16"
-    monkeypatch.setenv("DELTASERVE_LOGITS_STORE", "fp32")
     assert fast.logits_store() == "fp32"
+    monkeypatch.setenv("DELTASERVE_LOGITS_STORE", "bf16")
+    assert fast.logits_store() == "bf16"
     monkeypatch.setenv("DELTASERVE_LOGITS_STORE", "fp16")
     with pytest.raises(ValueError, match="DELTASERVE_LOGITS_STORE"):
         fast.logits_store()

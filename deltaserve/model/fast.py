@@ -322,10 +322,11 @@ def carried_prep(x: torch.Tensor, fmt: tuple[int, int]) -> tuple | None:
 
 
 def logits_store() -> str:
-    """How the decode lm_head on the tensor-core GEMV hands over its logits: "bf16" (the default; compute_logits's
-    .float() is then a launch) or "fp32" (the GEMV stores its bf16-rounded results widened: the same values, one
-    launch fewer). Env DELTASERVE_LOGITS_STORE, for the A/B (prepared, bench/NOTES.md)."""
-    value = env_choice("DELTASERVE_LOGITS_STORE", "bf16", ("bf16", "fp32"))
+    """How the decode lm_head on the tensor-core GEMV hands over its logits: "fp32" (the default: the GEMV stores
+    its bf16-rounded results widened, the same values, and compute_logits's .float() is no launch) or "bf16" (then
+    .float() is a launch). Env DELTASERVE_LOGITS_STORE. H200, tg128 @ d512 B=1, four A/B pairs in three calls
+    (bench/NOTES.md): +0.33, -0.03, +0.12, +0.22%."""
+    value = env_choice("DELTASERVE_LOGITS_STORE", "fp32", ("bf16", "fp32"))
     return value
 
 
