@@ -10,8 +10,19 @@ t0=$SECONDS
 [ -f .tcache.tgz ] && [ "$TRITON_CACHE_DIR" = /tmp/tcache ] && tar xzf .tcache.tgz -C /tmp
 
 gpu_tests() {  # gpu_tests SECONDS PYTEST_ARGS...: the GPU tests under a time limit, log in $OUT/tests.log, summary
+  # (TESTS_NAMED=1: pytest -v, and each test's PASSED / FAILED line, so a cut window still names what passed)
   local limit=$1; shift
-  timeout "$limit" python3 -m pytest -m gpu -q -rf -p no:cacheprovider "$@" > "$OUT/tests.log" 2>&1
+  timeout "$limit" python3 -m pytest -m gpu $([ "${TESTS_NAMED:-0}" = 1 ] && echo -v || echo -q) -rf \
+    -p no:cacheprovider "$@" > "$OUT/tests.log" 2>&1
   echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
-  grep -E "^FAILED|^E  " "$OUT/tests.log" | head -12
+  grep -E "$([ "${TESTS_NAMED:-0}" = 1 ] && echo 'PASSED|')FAILED|^E  " "$OUT/tests.log" | cut -c1-150 | head -20
+}
+
+# bench_tg LABEL B N ENV...: one decode timing under the given environment (tg N @ $BENCH_ARGS, B streams), its
+# tok/s line; the whole output in $OUT/bench.log
+BENCH_ARGS=${BENCH_ARGS:-"--preset qwen3.6-35b-a3b --quant q4 -p 16 -r 3 --no-record -d 512"}
+bench_tg() {
+  local label=$1 b=$2 n=$3; shift 3
+  env "$@" timeout 90 python3 -m deltaserve bench $BENCH_ARGS -b "$b" -n "$n" > "$OUT/bench.log" 2>&1
+  echo "== $label B=$b ($((SECONDS-t0)) s): $(grep -E '^\| deltaserve.*tg' "$OUT/bench.log" | sort -u | cut -c50-110)"
 }
