@@ -669,6 +669,7 @@ if HAVE_GLUON:
         wt2 = ()
         sbt2 = ()
         if EARLY_WAIT:
+            gl.static_assert(not TWO, "the early wait's first chunks are one weight's")
             for c in gl.static_range(AHEAD):
                 words, sb = _load_weight_chunk(w_base, sb_base, c, w_off, sb_off, w_live, W)
                 wt = wt + (words,)
