@@ -535,15 +535,10 @@ if HAVE_GLUON:
                              zero_w, W, RB, N8, NCH, AHEAD, mma, dot_a, dot_b, SELF_XS, PDL)
         else:  # AHEAD 1 or 2 below the chunk count (a weight of one or two chunks per warp took the branch above)
             if PDL:
-                words = gl.load(w_base + w_off)  # constant data first
-                sb = gl.load(sb_base + sb_off)
+                words, sb = _load_weight_chunk(w_base, sb_base, 0, w_off, sb_off, True, W, False)  # constant first
                 pdl_wait(PDL)
-                xv = gl.load(x_ptr + x_off, mask=x_mask, other=0.0)
-                if SELF_XS:
-                    xs = 0.0
-                else:
-                    xs = gl.load(xs_ptr + xs_off, mask=xs_mask, other=0.0)
-                first = (words, xv, sb, xs)
+                first = (words, _load_x_chunk(x_ptr, 0, x_off, x_mask, W, 0), sb,
+                         _load_xs_chunk(xs_ptr, 0, xs_off, xs_mask, W, SELF_XS))
             else:
                 first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off,
                                     xs_mask, True, W, False, SELF_XS)
