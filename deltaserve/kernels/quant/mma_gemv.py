@@ -450,36 +450,6 @@ if HAVE_GLUON:
         return xv, xs
 
     @gluon.jit
-    def _gemv_ring(acc, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off, xs_mask, zero_w,
-                   W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr, NCH: gl.constexpr, AHEAD: gl.constexpr,
-                   mma: gl.constexpr, dot_a: gl.constexpr, dot_b: gl.constexpr, SELF_XS: gl.constexpr,
-                   PDL_WAIT: gl.constexpr):
-        """The plain GEMV's register ring (AHEAD 3 .. NCH - 1 chunks in flight, _accumulate_ring's schedule): the
-        weights (constant data) of chunks 0 .. AHEAD - 1 requested before the wait for the previous kernel, their x
-        after it (PDL_WAIT: the caller's wait, tests/test_pdl_protocol), then chunk c + AHEAD (weights and x)
-        before chunk c is computed. _accumulate's arithmetic in its order: the same bits as every other AHEAD."""
-        wt, sbt, _, _ = _load_slices(w_base, sb_base, w_base, sb_base, w_off, sb_off, True, W, AHEAD, False, False)
-        pdl_wait(PDL_WAIT)
-        xt = ()
-        xst = ()
-        for c in gl.static_range(AHEAD):
-            xt = xt + (gl.load(x_ptr + c * W * 64 + x_off, mask=x_mask, other=0.0),)
-            if SELF_XS:
-                xst = xst + (0.0,)
-            else:
-                xst = xst + (gl.load(xs_ptr + c * W + xs_off, mask=xs_mask, other=0.0),)
-        for c in gl.static_range(NCH):
-            if c + AHEAD < NCH:
-                words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c + AHEAD, w_off, x_off, x_mask,
-                                                sb_off, xs_off, xs_mask, True, W, False, SELF_XS)
-                wt = wt + (words,)
-                xt = xt + (xv,)
-                sbt = sbt + (sb,)
-                xst = xst + (xs,)
-            acc = _chunk_acc(acc, wt[c], xt[c], sbt[c], xst[c], zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
-        return acc
-
-    @gluon.jit
     def _mma_gemv_kernel(x_ptr, xs_ptr, w_ptr, sb_ptr, out_ptr, M, stride_xm, stride_sm, stride_om,
                          cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
                          stride_pk, K: gl.constexpr, W: gl.constexpr, RB: gl.constexpr, NT: gl.constexpr,
@@ -489,8 +459,9 @@ if HAVE_GLUON:
         (triton_gemv.prep_row's, so the bits of every path that makes them agree). Chunk c is groups c W .. c W +
         W - 1, warp w taking group c W + w; a warp adds its chunks in order, the warps' sums are added last.
         AHEAD: chunks c + 1 .. c + AHEAD are requested before chunk c is computed (3 .. NCH - 1: the register ring,
-        _gemv_ring; AHEAD >= NCH: every chunk at once, the weight's before the PDL wait, x staged in shared memory;
-        registers for all of them, so for a few rows of x only). RB and
+        _accumulate_ring, its first chunks' weights before the PDL wait; AHEAD >= NCH: every chunk at once, the
+        weight's before the PDL wait, x staged in shared memory; registers for all of them, so for a few rows of x
+        only). RB and
         AHEAD never change bits; W does. PDL (kernels/triton_pdl.py's protocol): the first chunk's weights are
         requested before the wait for the previous kernel, x and xs after it. CONV: the DeltaNet decode conv on
         features < C (_conv_epilogue; the pool arguments are unused otherwise). SELF_XS: the group sums of x are
@@ -531,8 +502,9 @@ if HAVE_GLUON:
             acc, _ = _accumulate_slices(acc, acc, wt, sbt, wt2, sbt2, x_sm, xs_sm, zero_w, W, RB, N8, NCH, mma, dot_a,
                                         dot_b, XL, CL, False, SELF_XS)
         elif AHEAD > 2:
-            acc = _gemv_ring(acc, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
-                             zero_w, W, RB, N8, NCH, AHEAD, mma, dot_a, dot_b, SELF_XS, PDL)
+            acc, _ = _accumulate_ring(acc, acc, w_base, w_base, x_ptr, sb_base, sb_base, xs_ptr, w_off, x_off, x_mask,
+                                      sb_off, xs_off, xs_mask, True, zero_w, W, RB, N8, NCH, mma, dot_a, dot_b, AHEAD,
+                                      False, SELF_XS, 0, PDL, False)
         else:  # AHEAD 1 or 2 below the chunk count (a weight of one or two chunks per warp took the branch above)
             if PDL:
                 words, sb = _load_weight_chunk(w_base, sb_base, 0, w_off, sb_off, True, W, False)  # constant first
@@ -649,36 +621,35 @@ if HAVE_GLUON:
                          xs_off, xs_mask, w_live, zero_w, W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr,
                          NCH: gl.constexpr, mma: gl.constexpr, dot_a: gl.constexpr, dot_b: gl.constexpr,
                          AHEAD: gl.constexpr, TWO: gl.constexpr, SELF_XS: gl.constexpr = False,
-                         GLU: gl.constexpr = 0, EARLY_WAIT: gl.constexpr = False):
+                         GLU: gl.constexpr = 0, PDL_WAIT: gl.constexpr = False, MASKED: gl.constexpr = True):
         """_accumulate / _accumulate_pair (MASKED) with AHEAD (3 .. NCH - 1) chunks in flight, all in registers:
         chunks 0 .. AHEAD - 1 (x, words, scales, each chunk's in turn) are requested first, then chunk c + AHEAD
         before chunk c is computed, so AHEAD = NCH - 1 requests the whole slice up front in chunk order with x
         beside its words (the AHEAD >= NCH form stages x through shared memory after every weight, and its
         barrier waits for the last of them: ncu at T = 1, bench/NOTES.md). The same arithmetic in the same order:
-        the same bits as every other AHEAD. EARLY_WAIT (one weight, the caller launched with PDL and not waited
-        yet): the first AHEAD chunks' words and scales are requested, then the PDL wait, then their x."""
+        the same bits as every other AHEAD. PDL_WAIT (one weight; the caller launched with PDL and has not waited
+        yet, tests/test_pdl_protocol): the first AHEAD chunks' words and scales (constant data) are requested, then
+        the wait for the previous kernel, then their x. MASKED: the weight loads are predicated on w_live."""
         wt = ()
         xt = ()
         sbt = ()
         xst = ()
         wt2 = ()
         sbt2 = ()
-        if EARLY_WAIT:
+        if PDL_WAIT:
             gl.static_assert(not TWO, "the early wait's first chunks are one weight's")
-            for c in gl.static_range(AHEAD):
-                words, sb = _load_weight_chunk(w_base, sb_base, c, w_off, sb_off, w_live, W)
-                wt = wt + (words,)
-                sbt = sbt + (sb,)
-            pdl_wait(EARLY_WAIT)
+            wt, sbt, _, _ = _load_slices(w_base, sb_base, w_base, sb_base, w_off, sb_off, w_live, W, AHEAD, MASKED,
+                                         False)
+            pdl_wait(PDL_WAIT)
             for c in gl.static_range(AHEAD):
                 xt = xt + (_load_x_chunk(x_ptr, c, x_off, x_mask, W, GLU),)
                 xst = xst + (_load_xs_chunk(xs_ptr, c, xs_off, xs_mask, W, SELF_XS),)
         for c in gl.static_range(NCH + AHEAD):
-            if EARLY_WAIT and c < AHEAD:
+            if PDL_WAIT and c < AHEAD:
                 pass  # requested above
             elif c < NCH:  # request chunk c
                 words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c, w_off, x_off, x_mask, sb_off,
-                                                xs_off, xs_mask, w_live, W, True, SELF_XS, GLU)
+                                                xs_off, xs_mask, w_live, W, MASKED, SELF_XS, GLU)
                 wt = wt + (words,)
                 xt = xt + (xv,)
                 sbt = sbt + (sb,)
