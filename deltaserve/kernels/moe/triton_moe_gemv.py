@@ -211,24 +211,17 @@ def _down_kernel(
     n_mask = rn < H
     h_row = h_ptr + r.to(tl.int64) * stride_hr
     part_row = part_ptr + r.to(tl.int64) * H
+    ROUTING_CACHE: tl.constexpr = ".cg" if EARLY else ""  # early: the routing from L2, not from this SM's L1
     if slot < TOPK:
-        if EARLY:
-            e = tl.load(ids_ptr + t * TOPK + slot, cache_modifier=".cg").to(tl.int64)
-            w_s = tl.load(wts_ptr + t * TOPK + slot, cache_modifier=".cg")
-        else:
-            e = tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
-            w_s = tl.load(wts_ptr + t * TOPK + slot)
+        e = tl.load(ids_ptr + t * TOPK + slot, cache_modifier=ROUTING_CACHE).to(tl.int64)
         down_block(h_row, hp_ptr + r.to(tl.int64) * stride_hr, hs_ptr + r.to(tl.int64) * (stride_hr // GROUP),
-                   dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse, w_s,
+                   dw + e * stride_de, ds + e * stride_dse, db + e * stride_dse,
+                   tl.load(wts_ptr + t * TOPK + slot, cache_modifier=ROUTING_CACHE),
                    part_row, rn, n_mask, stride_dn, stride_dsn, magic, I, BITS, GROUP, BN, CG, INLINE, EARLY and PDL)
     else:
-        if EARLY:
-            w_sh = tl.load(sw_ptr + t, cache_modifier=".cg")
-        else:
-            w_sh = tl.load(sw_ptr + t)
         down_block(h_row, shp_ptr + r.to(tl.int64) * stride_hr, shs_ptr + r.to(tl.int64) * (stride_hr // S_GROUP),
-                   sdw, sds, sdb, w_sh, part_row, rn, n_mask, stride_sdn, stride_sdsn, magic,
-                   IS, S_BITS, S_GROUP, BN, S_CG, INLINE, EARLY and PDL)
+                   sdw, sds, sdb, tl.load(sw_ptr + t, cache_modifier=ROUTING_CACHE), part_row, rn, n_mask, stride_sdn,
+                   stride_sdsn, magic, IS, S_BITS, S_GROUP, BN, S_CG, INLINE, EARLY and PDL)
 
 
 @triton.jit
