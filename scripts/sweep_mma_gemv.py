@@ -279,37 +279,57 @@ def experts_section(args, sink) -> None:
         hs = [torch.randn(m, i, device=dev).bfloat16() for _ in range(ROUTINGS)]
         scale = torch.rand(m, device=dev)
         xr = xs_in[0].double().repeat_interleave(slots, 0)
-        want = {"gated": F.silu(torch.einsum("mk,mnk->mn", xr, g64[flat])) * torch.einsum("mk,mnk->mn", xr, u64[flat]),
-                "scaled": scale.double()[:, None] * torch.einsum("mk,mnk->mn", hs[0].double(), d64[flat])}
-        rows = mg.default_tile_rows(m, num_e)
-        tables = [mg.mma_expert_tiles(ids, num_e, rows) for ids in routes]
+        def per_expert(inp, w64):  # fp64 row r = inp[r] W[flat[r]]^T, one expert at a time (no [M, N, K] gather)
+            res = torch.empty(m, w64.shape[1], dtype=torch.float64, device=dev)
+            for e in flat.unique().tolist():
+                sel = (flat == e).nonzero().flatten()
+                res[sel] = inp[sel] @ w64[e].t()
+            return res
+
+        want = {"gated": F.silu(per_expert(xr, g64)) * per_expert(xr, u64),
+                "scaled": scale.double()[:, None] * per_expert(hs[0].double(), d64)}
+        row_choices = ([int(v) for v in args.tile_rows.split(",")] if args.tile_rows
+                       else [mg.default_tile_rows(m, num_e)])
+        tables = {rows: [mg.mma_expert_tiles(ids, num_e, rows) for ids in routes] for rows in row_choices}
         # W: the defaults (W 8 for gate/up and W 2 for down were slower at every T, bench/NOTES.md)
-        for form, k, warps in (("gated", h, (mg.default_warps(h),)), ("scaled", i, (mg.default_warps(i),))):
+        forms = [f for f in (("gated", h, (mg.default_warps(h),)), ("scaled", i, (mg.default_warps(i),)))
+                 if f[0] in args.forms.split(",")]
+        for form, k, warps in forms:
             ins = xs_in if form == "gated" else hs
             sums = [prep_x(v, 4, 64)[1] for v in ins]
             rep = slots if form == "gated" else 1
             extra = {"up": up} if form == "gated" else {"scale": scale}
             weight = gate if form == "gated" else down
-            rb = mg.default_row_blocks(weight[0].shape[1], m, k)
+            nbe = weight[0].shape[1]
+            rbs = ([int(v) for v in args.rbs.split(",")] if args.rbs
+                   else [mg.default_row_blocks(nbe, m, k)])
             for w in warps:
-                for own in (False, True) if form == "scaled" else (False,):  # down's group sums: loaded or its own
-                    base = None
+                owns = [v == "own" for v in args.own_xs.split(",")]
+                for own in owns if form == "scaled" else (False,):  # down's group sums: loaded or its own
+                    base = None  # every tile shape, RB, AHEAD and LOOP must give the same bits
                     # AHEAD = every chunk (the whole weight slice at once) only for decode-sized batches; LOOP
                     # (rounds of row blocks over x staged once) where tiles share experts
                     # and the register ring (3 .. chunks - 1 in flight; chunks - 1: the whole slice up front)
                     nch = k // 64 // w
-                    plans = [(ahead, 1) for ahead in (1, 2, 4) + ((nch - 1, nch) if t <= 8 else ())]
-                    plans += [(1, loop) for loop in (2, 4, 8) if rows > 1 and weight[0].shape[1] % (rb * loop) == 0]
-                    for ahead, loop in plans:
+                    plans = []
+                    for rows in row_choices:
+                        for rb in rbs:
+                            if nbe % rb:
+                                continue
+                            aheads = tuple(int(v) for v in args.aheads.split(",") if v)
+                            loops = tuple(int(v) for v in args.loops.split(",") if v)
+                            plans += [(rows, rb, ahead, 1) for ahead in aheads + ((nch - 1, nch) if t <= 8 else ())]
+                            plans += [(rows, rb, 1, loop) for loop in loops if rows > 1 and nbe % (rb * loop) == 0]
+                    for rows, rb, ahead, loop in plans:
                         rec = dict(kernel=f"experts_{form}", shape=f"T={t} E={num_e} k={slots} K={k}",
                                    config=f"W{w} RB{rb} rows{rows} ahead{ahead} loop{loop}{' own-xs' if own else ''}")
                         if time.monotonic() > args.deadline:
                             sink.emit({**rec, "skipped": True})
                             continue
                         try:
-                            def call(j, w=w, ahead=ahead, own=own, loop=loop):
+                            def call(j, w=w, ahead=ahead, own=own, loop=loop, rows=rows, rb=rb):
                                 return mg.mma_matmul_experts(ins[j], *weight, routes[j], rep,
-                                                             xs=None if own else sums[j], tiles=tables[j],
+                                                             xs=None if own else sums[j], tiles=tables[rows][j],
                                                              config=(w, rb, ahead, loop), **extra)
                             got = call(0)
                             base = got if base is None else base
@@ -336,6 +356,12 @@ def main(argv=None) -> int:
     ap.add_argument("--moe-tiles", action="store_true", help="--moe: also each tile shape of the tensor-core block")
     ap.add_argument("--experts", action="store_true",
                     help="the experts kernel alone (gated gate/up, scaled down) over W x RB x tile rows")
+    ap.add_argument("--tile-rows", help="--experts: rows per tile to try (e.g. 8,16,32; default: the library's)")
+    ap.add_argument("--rbs", help="--experts: row blocks per program to try (default: the library's)")
+    ap.add_argument("--forms", default="gated,scaled", help="--experts: which of gated, scaled")
+    ap.add_argument("--aheads", default="1,2,4", help="--experts: chunks in flight to try past 8 tokens")
+    ap.add_argument("--loops", default="2,4,8", help="--experts: LOOP rounds to try with sorted tiles")
+    ap.add_argument("--own-xs", default="loaded,own", help="--experts, scaled: the group sums loaded, own, or both")
     ap.add_argument("--after-norm", action="store_true",
                     help="time each GEMV after the RMSNorm that makes its input and group sums (as in the model: a "
                          "one-program kernel before every GEMV, not the previous GEMV's tail)")
