@@ -84,6 +84,8 @@ def _cases():
         "moe_router_last_arrival": lambda m: kc.check_router_last_arrival(m, CPU, select="bitonic"),
         "moe_router_last_arrival_best": lambda m: kc.check_router_last_arrival(m, CPU, ts=(1, 7), select="best"),  # the default
         "conv_varlen": lambda m: kc.check_conv(m, CPU, c=48, kw=4, seqs=[5, 1, 2, 19], ctx=[3, 0, 7, 0]),
+        "conv_sections": lambda m: kc.check_conv_sections(m, CPU, 64, 64, 128, 4, seqs=[5, 1, 19], ctx=[3, 0, 0]),
+        "conv_sections_narrow": lambda m: kc.check_conv_sections(m, CPU, 16, 16, 40, 4, seqs=[3, 17], ctx=[0, 2]),
         "gdn_decode": lambda m: kc.check_gdn_decode(m, CPU, b=3, hk=2, hv=4, dk=16, dv=32, fresh_rows=(1,)),
         "gdn_decode_one_program_per_head": lambda m: kc.check_gdn_decode(m, CPU, b=3, hk=2, hv=4, dk=16, dv=32,
                                                                          fresh_rows=(1,), dv_block=None),

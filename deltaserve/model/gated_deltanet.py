@@ -78,6 +78,13 @@ class GatedDeltaNet(nn.Module):
         parts = (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
         return tuple(fast.linear(m, x, decode) for m in parts)
 
+    def _conv_sections_fit(self) -> bool:
+        """Whether the prefill conv can write q, k, v as three contiguous tensors (causal_conv(sections=)): the key
+        width a multiple of a channel block it runs (triton_decode.conv_section_block; 64 for every Qwen3.5 size)."""
+        from ..kernels.gated_delta.triton_decode import conv_section_block
+
+        return self.value_dim > 0 and conv_section_block(self.key_dim, self.key_dim) > 0
+
     def _forward_fast(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
         """All sequences at once: conv over the slot pool, then the fused step (decode) or fla's chunked rule."""
         from ..kernels.gated_delta import triton_decode as td
@@ -93,8 +100,11 @@ class GatedDeltaNet(nn.Module):
             mixed, z, b, a = fast.linear(proj, x, decode, conv=conv).split(proj.sizes, dim=-1)
         else:
             qkv, z, b, a = self._project(x, decode)
+            # prefill: q, k and v as three contiguous tensors (fla-core would copy column views to make them so)
+            sections = None if decode or not self._conv_sections_fit() else (self.key_dim, self.key_dim)
             mixed = td.causal_conv(
                 qkv, conv_w, conv_pool, batch.cu_seqlens, batch.state_slots, batch.context_lens, batch.max_seqlen,
+                sections=sections,
             )
         if batch.max_seqlen == 1:
             fmt = fast.gdn_step_prep(self.out_proj, x, self.dv, self.hv)  # the out projection's prep, made here
@@ -106,7 +116,7 @@ class GatedDeltaNet(nn.Module):
                 y = fast.attach_prep(y[0], fmt, y[1])
             return fast.linear(self.out_proj, y, decode)
         g, beta = td.gdn_gates(a, b, self.A_log, self.dt_bias)
-        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q, k, v = mixed if isinstance(mixed, tuple) else mixed.split([self.key_dim, self.key_dim, self.value_dim], -1)
         o = td.gdn_prefill(
             q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk), v.reshape(t, self.hv, self.dv), g, beta,
             batch.cu_seqlens, ssm_pool, batch.state_slots, batch.context_lens, self.scale,

@@ -204,11 +204,12 @@ def check_affine_experts(mods, device, bits, group, m, n, k, e, repeat):
 
 
 def check_expert_tiles(mods, device, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32), (130, 256, 16), (576, 257, 8),
-                                            (1024, 257, 8), (1025, 64, 8), (4096, 256, 32))):
+                                            (1024, 257, 8), (1025, 64, 8), (4096, 256, 32), (4608, 257, 8))):
     """The expert-tile kernels give the torch reference's tensors exactly (a stable sort, so the same order too), for
     (rows, experts, rows per tile) with an expert left without rows, E not a power of two, M not a multiple of the
     kernels' block, on both sides of the one-launch limit (TILES_ONE_MAX = 1024 rows; 576 = 64 tokens x 9 slots
-    over 257 experts, the 35B-A3B's decode at 64 streams)."""
+    over 257 experts, the 35B-A3B's decode at 64 streams; 4608 = pp512's 512 tokens x 9 slots, whose 36 blocks of
+    counts the scan reads in chunks of 8 with the last one partial)."""
     ta = mods["affine"]
     gen = torch.Generator().manual_seed(3)
     for m, e, r in cases:
@@ -319,6 +320,27 @@ def check_conv(mods, device, c, kw, seqs, ctx, num_slots=8):
         ry, rs = causal_conv1d(x[sl].double(), w[:, 0, :].double(), None if ctx[b] == 0 else pool0[slots[b]].double())
         close(y[sl], ry, 2 * BF16_EPS, f"conv seq {b}")
         assert torch.equal(pool[slots[b]].double(), rs), f"conv state of seq {b}"
+
+
+def check_conv_sections(mods, device, s1, s2, s3, kw, seqs, ctx, num_slots=8):
+    """causal_conv(sections=(s1, s2)) == causal_conv's column slices, bit for bit, and the same conv states: q, k, v
+    written as three contiguous tensors for the DeltaNet prefill."""
+    gd = mods["gdn"]
+    c = s1 + s2 + s3
+    slots = torch.tensor(torch.randperm(num_slots)[: len(seqs)].tolist(), device=device)
+    t = sum(seqs)
+    x = torch.randn(t, c + 24, device=device).bfloat16()[:, 7 : 7 + c]  # a column view, like the fused projection's
+    w = (torch.randn(c, kw, device=device) * 0.5).bfloat16()
+    pool = torch.randn(num_slots, c, kw - 1, device=device).bfloat16()
+    pool2 = pool.clone()
+    cu = torch.tensor([0] + torch.tensor(seqs).cumsum(0).tolist(), device=device, dtype=torch.int32)
+    ctx_t = torch.tensor(ctx, device=device)
+    y = gd.causal_conv(x, w, pool, cu, slots, ctx_t, max(seqs))
+    parts = gd.causal_conv(x, w, pool2, cu, slots, ctx_t, max(seqs), sections=(s1, s2))
+    for got, lo, hi in zip(parts, (0, s1, s1 + s2), (s1, s1 + s2, c)):
+        assert got.is_contiguous() and got.shape == (t, hi - lo), f"conv section [{lo}, {hi}): {tuple(got.shape)}"
+        assert torch.equal(got, y[:, lo:hi]), f"conv section [{lo}, {hi}) != the plain conv's columns"
+    assert torch.equal(pool, pool2), "sectioned conv: conv states differ"
 
 
 def gdn_inputs(device, b, hk, hv, dk, dv, num_slots):

@@ -46,7 +46,8 @@ def test_affine_matmul(mods, dev, small, bits, group):
 
 def test_expert_tiles(mods, dev):
     kc.check_expert_tiles(mods, dev, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32), (130, 256, 16), (576, 257, 8),
-                                            (1024, 257, 8), (1025, 64, 8), (4096, 256, 32), (32768, 256, 64)))
+                                            (1024, 257, 8), (1025, 64, 8), (4096, 256, 32), (4608, 257, 8),
+                                            (32768, 256, 64)))
 
 
 def test_affine_matmul_experts(mods, dev, small):
@@ -74,6 +75,11 @@ def test_causal_conv(mods, dev, small):
     c = 48 if small else 8192
     kc.check_conv(mods, dev, c=c, kw=4, seqs=[1, 5, 40, 2, 17] if small else [1, 5, 300, 2, 64],
                   ctx=[0, 9, 0, 1, 100])
+
+
+def test_causal_conv_sections(mods, dev, small):
+    s1, s3 = (16, 40) if small else (2048, 4096)
+    kc.check_conv_sections(mods, dev, s1, s1, s3, 4, seqs=[1, 5, 300, 2, 64], ctx=[0, 9, 0, 1, 100])
 
 
 @pytest.mark.parametrize("dv_block", ["default", None])

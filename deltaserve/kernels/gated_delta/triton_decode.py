@@ -35,12 +35,15 @@ from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 @triton.jit
 def _conv_kernel(
     x_ptr, w_ptr, state_ptr, cu_ptr, slot_ptr, ctx_ptr, y_ptr,
-    C, stride_xt, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk, stride_yt,
-    KW: tl.constexpr, KWP: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    C, stride_xt, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk, stride_yt, T, S1, S2,
+    KW: tl.constexpr, KWP: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, SECTIONS: tl.constexpr = False,
 ):
     # grid (B, cdiv(max new tokens, BT), cdiv(C, BC)). Token i of sequence b reads inputs i-KW+1..i; a negative
     # index reads the conv state (zeros when fresh). Only token block 0 reads the state (BT >= KW-1), and that same
     # program writes the new state after a barrier, so no other program can see a half-updated state.
+    # SECTIONS: y is three contiguous [T, width] blocks one after another, channels [0, S1), [S1, S1 + S2) and
+    # [S1 + S2, C) (BC divides S1 and S2, so a program's channels lie in one); else y [T, C] with row stride
+    # stride_yt.
     b = tl.program_id(0)
     tb = tl.program_id(1)
     start = tl.load(cu_ptr + b)
@@ -65,8 +68,14 @@ def _conv_kernel(
         wj = tl.load(w_ptr + rc * stride_wc + j * stride_wk, mask=c_mask, other=0.0).to(tl.float32)
         acc += tl.where(from_x[:, None], xv.to(tl.float32), sv.to(tl.float32)) * wj[None, :]
     y = acc / (1.0 + tl.exp(-acc))  # SiLU written as torch's, x / (1 + e^-x)
-    tl.store(y_ptr + (start + ri).to(tl.int64)[:, None] * stride_yt + rc[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=i_mask[:, None] & c_mask[None, :])
+    if SECTIONS:
+        c0 = tl.program_id(2) * BC
+        col0 = tl.where(c0 < S1, 0, tl.where(c0 < S1 + S2, S1, S1 + S2))  # the section's first channel
+        width = tl.where(c0 < S1, S1, tl.where(c0 < S1 + S2, S2, C - S1 - S2))
+        y_at = y_ptr + T.to(tl.int64) * col0 + (start + ri).to(tl.int64)[:, None] * width + (rc - col0)[None, :]
+    else:
+        y_at = y_ptr + (start + ri).to(tl.int64)[:, None] * stride_yt + rc[None, :]
+    tl.store(y_at, y.to(y_ptr.dtype.element_ty), mask=i_mask[:, None] & c_mask[None, :])
     if tb == 0:
         # new state[j] = ([state ; x])[n + j], j < KW-1
         rj = tl.arange(0, KWP)  # KWP = next power of two >= KW-1
@@ -81,14 +90,30 @@ def _conv_kernel(
         tl.store(st + rj[:, None] * stride_sk, new, mask=j_mask[:, None] & c_mask[None, :])
 
 
+CONV_SECTION_MIN_BLOCK = 8  # the narrowest channel block the sectioned conv runs
+
+
+def conv_section_block(s1: int, s2: int, widest: int = 64) -> int:
+    """The sectioned conv's channel block for sections (s1, s2): the widest power of two <= widest dividing both
+    (so a program's channels lie in one section), 0 when that is under CONV_SECTION_MIN_BLOCK."""
+    bc = widest
+    while bc >= CONV_SECTION_MIN_BLOCK and (s1 <= 0 or s2 <= 0 or s1 % bc or s2 % bc):
+        bc //= 2
+    return bc if bc >= CONV_SECTION_MIN_BLOCK else 0
+
+
 def causal_conv(
     x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, cu_seqlens: torch.Tensor,
     state_slots: torch.Tensor, context_lens: torch.Tensor, max_seqlen: int, out: torch.Tensor | None = None,
-) -> torch.Tensor:
+    sections: tuple[int, int] | None = None,
+):
     """SiLU(causal depthwise conv) for B sequences packed in x [T, C] (cu_seqlens [B+1]); updates conv_pool
     [S, C, K-1] at state_slots [B] in place (context_lens [B] == 0: start from zeros). weight [C, K] (any strides; pass
     conv1d.weight[:, 0, :]). max_seqlen: a host bound on the new tokens per sequence (sizes the grid).
-    Returns y [T, C] in x's dtype; computed in fp32 like `kernels/conv1d.py::causal_conv1d`."""
+    Returns y [T, C] in x's dtype; computed in fp32 like `kernels/conv1d.py::causal_conv1d`.
+    sections (S1, S2): instead, y's channels [0, S1), [S1, S1 + S2), [S1 + S2, C) as three contiguous tensors
+    [T, S1], [T, S2], [T, C - S1 - S2] (one buffer, no out=): the DeltaNet prefill's q, k, v, which fla-core would
+    otherwise copy to make contiguous (its input guard: 3 copies a layer). The same values as y's column slices."""
     t, c = x.shape
     kw = weight.shape[1]
     if weight.shape[0] != c or tuple(conv_pool.shape[1:]) != (c, kw - 1):
@@ -98,21 +123,33 @@ def causal_conv(
         raise ValueError(f"causal_conv: kernel width {kw} outside 2..16 (Qwen3.5 uses 4)")
     if x.stride(-1) != 1:
         raise ValueError("causal_conv: x must be contiguous along channels")
-    y = torch.empty_like(x) if out is None else out
-    b = state_slots.numel()
-    if b == 0 or t == 0:
-        return y
-    bt = 16 if max_seqlen > 1 else 4  # decode: one token per sequence
-    kwp = triton.next_power_of_2(kw - 1)
-    bt = max(bt, kwp)
     bc = 256 if max_seqlen == 1 else 64
-    grid = (b, triton.cdiv(max(max_seqlen, 1), bt), triton.cdiv(c, bc))
-    _conv_kernel[grid](
-        x, weight, conv_pool, cu_seqlens, state_slots, context_lens, y,
-        c, x.stride(0), weight.stride(0), weight.stride(1), conv_pool.stride(0), conv_pool.stride(1),
-        conv_pool.stride(2), y.stride(0), KW=kw, KWP=kwp, BT=bt, BC=bc, num_warps=4,
-    )
-    return y
+    if sections is not None:
+        s1, s2 = sections
+        bc = conv_section_block(s1, s2, bc)
+        if out is not None or not bc or s1 + s2 >= c:
+            raise ValueError(f"causal_conv: sections {sections} of C = {c} must be positive multiples of "
+                             f"{CONV_SECTION_MIN_BLOCK} leaving a third channel range, without out=")
+        buf = torch.empty(t * c, dtype=x.dtype, device=x.device)
+        y = buf  # written by sections; split below
+    else:
+        s1 = s2 = 0
+        y = torch.empty_like(x) if out is None else out
+    b = state_slots.numel()
+    if b and t:
+        bt = 16 if max_seqlen > 1 else 4  # decode: one token per sequence
+        kwp = triton.next_power_of_2(kw - 1)
+        bt = max(bt, kwp)
+        grid = (b, triton.cdiv(max(max_seqlen, 1), bt), triton.cdiv(c, bc))
+        _conv_kernel[grid](
+            x, weight, conv_pool, cu_seqlens, state_slots, context_lens, y,
+            c, x.stride(0), weight.stride(0), weight.stride(1), conv_pool.stride(0), conv_pool.stride(1),
+            conv_pool.stride(2), c if sections is not None else y.stride(0), t, s1, s2, KW=kw, KWP=kwp, BT=bt, BC=bc,
+            SECTIONS=sections is not None, num_warps=4,
+        )
+    if sections is None:
+        return y
+    return (buf[: t * s1].view(t, s1), buf[t * s1 : t * (s1 + s2)].view(t, s2), buf[t * (s1 + s2) :].view(t, c - s1 - s2))
 
 
 @triton.jit

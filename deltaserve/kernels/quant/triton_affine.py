@@ -290,18 +290,27 @@ def _tiles_count_kernel(ids_ptr, counts_ptr, M, EP: tl.constexpr, BLOCK: tl.cons
 @triton.jit
 def _tiles_scan_kernel(
     counts_ptr, offsets_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, NB, E, MAX_TILES,
-    R: tl.constexpr, EP: tl.constexpr, TB: tl.constexpr,
+    R: tl.constexpr, EP: tl.constexpr, TB: tl.constexpr, NBC: tl.constexpr,
 ):
-    # one program: per-expert totals, the sorted start of each (block, expert) run, and the tile table
+    # one program: per-expert totals, the sorted start of each (block, expert) run, and the tile table. The counts
+    # [NB, EP] are read NBC blocks at a time (a [NBC, EP] load, its prefix over the blocks by tl.cumsum): NB / NBC
+    # loads in each pass instead of NB dependent ones (pp512: 36 blocks, ~25 us a layer read one block at a time).
+    # Integer sums: the same offsets in any order.
     ex = tl.arange(0, EP)
+    rb = tl.arange(0, NBC)
     total = tl.zeros((EP,), dtype=tl.int32)
-    for b in range(NB):
-        total += tl.load(counts_ptr + b * EP + ex)
+    for b0 in range(0, NB, NBC):
+        live = (b0 + rb) < NB
+        total += tl.sum(tl.load(counts_ptr + (b0 + rb)[:, None] * EP + ex[None, :], mask=live[:, None], other=0),
+                        axis=0)
     starts = tl.cumsum(total, 0) - total  # experts >= E hold no rows
     run = starts
-    for b in range(NB):  # offsets[b, e]: where block b's first row of expert e goes (ascending blocks: stable)
-        tl.store(offsets_ptr + b * EP + ex, run)
-        run += tl.load(counts_ptr + b * EP + ex)
+    for b0 in range(0, NB, NBC):  # offsets[b, e]: where block b's first row of expert e goes (ascending blocks: stable)
+        live = (b0 + rb) < NB
+        at = (b0 + rb)[:, None] * EP + ex[None, :]
+        c = tl.load(counts_ptr + at, mask=live[:, None], other=0)
+        tl.store(offsets_ptr + at, run[None, :] + tl.cumsum(c, 0) - c, mask=live[:, None])
+        run += tl.sum(c, axis=0)
     _write_tile_table(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, R, TB)
 
 
@@ -394,7 +403,7 @@ def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int)
         warps = 8 if ep >= 256 else 4
         _tiles_count_kernel[(nb,)](ids, counts, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=warps)
         _tiles_scan_kernel[(1,)](counts, offsets, tile_e, lo, hi, nb, num_experts, max_tiles, R=rows_per_tile, EP=ep,
-                                 TB=64, num_warps=warps)
+                                 TB=64, NBC=max(1, 4096 // ep), num_warps=warps)
         _tiles_order_kernel[(nb,)](ids, offsets, order, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=warps)
     return tile_e, lo, hi, order
 
