@@ -147,7 +147,7 @@ def profile_decode_graph(model, config: ModelConfig, depth: int, batch: int = 1,
     return "\n".join(lines)
 
 
-def profile_prefill(model, config: ModelConfig, n: int, batch: int = 1, block_size: int = 64, top: int = 15) -> str:
+def profile_prefill(model, config: ModelConfig, n: int, batch: int = 1, block_size: int = 64, top: int = 25) -> str:
     """One prefill of `batch` fresh n-token prompts (after a warm-up), CPU and GPU side: wall time vs summed GPU
     kernel time (a wall far above it means the host is the bottleneck), the host-blocking runtime calls (syncs,
     device-to-host copies), the kernels by GPU time and the host ops by self CPU time."""
