@@ -80,6 +80,7 @@ def _cases():
         "moe_unnormalised_dense_router": lambda m: kc.check_moe(m, CPU, t=2, h=64, e=8, i=64, i_s=32, top_k=2,
                                                                 bits=4, group=32, normalize=False, router_bits=16),
         "moe_router_ties": lambda m: kc.check_moe_ties(m, CPU),
+        "moe_router_rows": lambda m: kc.check_router_rows(m, CPU, ts=(1, 13)),
         "moe_down_early": lambda m: kc.check_moe_down_early(m, CPU, 2, 64, 8, 32, 3, 4, 32),
         "moe_router_last_arrival": lambda m: kc.check_router_last_arrival(m, CPU, select="bitonic"),
         "moe_router_last_arrival_best": lambda m: kc.check_router_last_arrival(m, CPU, ts=(1, 7), select="best"),  # the default

@@ -71,6 +71,13 @@ def test_moe_router_ties(mods, dev):
     kc.check_moe_ties(mods, dev)
 
 
+def test_moe_router_rows(mods, dev, small):
+    if small:
+        kc.check_router_rows(mods, dev)
+    else:  # the 35B-A3B's router: 256 experts of H 2048 at 8 bits g64, pp512's token count
+        kc.check_router_rows(mods, dev, ts=(1, 64, 512, 515), h=2048, e=256, group=64)
+
+
 def test_causal_conv(mods, dev, small):
     c = 48 if small else 8192
     kc.check_conv(mods, dev, c=c, kw=4, seqs=[1, 5, 40, 2, 17] if small else [1, 5, 300, 2, 64],

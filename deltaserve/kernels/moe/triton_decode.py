@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, row_run_config
+from ..quant.triton_gemv import MAGIC, _gemv_kernel, chunk_groups, gemv_row, row_run_config
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import WeightSpec, dequant_tile
 from ..triton_sync import arrival_counters, last_arrival
@@ -58,7 +58,7 @@ def _router_kernel(
     R_BITS: tl.constexpr, R_GROUP: tl.constexpr, R_CG: tl.constexpr,
     HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr, G_CG: tl.constexpr,
     INLINE: tl.constexpr, TOPK: tl.constexpr = 0, EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True,
-    PDL: tl.constexpr = False, BITONIC: tl.constexpr = 0,
+    PDL: tl.constexpr = False, BITONIC: tl.constexpr = 0, SHARED_ONLY: tl.constexpr = False,
 ):
     # grid (T, cdiv(E, BE) + 1): column j < cdiv(E, BE) writes the fp32 logits of experts j*BE .. j*BE+BE-1 of
     # one token, the last column the shared gate's sigmoid (0 without a shared expert: every element of sg is
@@ -72,26 +72,38 @@ def _router_kernel(
     j = tl.program_id(1)
     x_row = x_ptr + t.to(tl.int64) * stride_xt
     rows = j * BE + tl.arange(0, BE)
-    if j * BE < E:
+    if SHARED_ONLY:  # grid (T, 1): the shared gate's column alone (the logits come from the rows launch)
+        _router_shared_gate(x_row, gw_ptr, gs_ptr, gb_ptr, sg_ptr, t, stride_gn, stride_gsn, magic, H, BE, HAS_SHARED,
+                            G_BITS, G_GROUP, G_CG, INLINE, PDL)
+    elif j * BE < E:
         e_mask = rows < E
         logits = gemv_row(x_row, x_row, x_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, magic,
                           H, R_BITS, R_GROUP, BE, R_CG, INLINE, PDL)
         tl.store(logit_ptr + t * E + rows, logits, mask=e_mask)
     else:
-        one = tl.arange(0, BE)
-        if HAS_SHARED:
-            sg = gemv_row(x_row, x_row, x_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, stride_gn, stride_gsn, magic,
-                          H, G_BITS, G_GROUP, BE, G_CG, INLINE, PDL)
-            tl.store(sg_ptr + t + one, tl.sigmoid(sg), mask=one < 1)
-        else:
-            pdl_wait(PDL)
-            tl.store(sg_ptr + t + one, tl.zeros((BE,), dtype=tl.float32), mask=one < 1)
+        _router_shared_gate(x_row, gw_ptr, gs_ptr, gb_ptr, sg_ptr, t, stride_gn, stride_gsn, magic, H, BE, HAS_SHARED,
+                            G_BITS, G_GROUP, G_CG, INLINE, PDL)
     if TOPK > 0:
         if last_arrival(cnt_ptr + t, tl.num_programs(1)):
             sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE, True, BITONIC)
             ex = tl.arange(0, EP)
             tl.store(ids_ptr + t * TOPK + rank, ex, mask=sel)
             tl.store(wts_ptr + t * TOPK + rank, wts, mask=sel)
+
+
+@triton.jit
+def _router_shared_gate(x_row, gw_ptr, gs_ptr, gb_ptr, sg_ptr, t, stride_gn, stride_gsn, magic, H: tl.constexpr,
+                        BE: tl.constexpr, HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr,
+                        G_CG: tl.constexpr, INLINE: tl.constexpr, PDL: tl.constexpr):
+    """The router launch's shared-gate column: sg[t] = sigmoid(x . w_sg) (0 without a shared expert)."""
+    one = tl.arange(0, BE)
+    if HAS_SHARED:
+        sg = gemv_row(x_row, x_row, x_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, stride_gn, stride_gsn, magic,
+                      H, G_BITS, G_GROUP, BE, G_CG, INLINE, PDL)
+        tl.store(sg_ptr + t + one, tl.sigmoid(sg), mask=one < 1)
+    else:
+        pdl_wait(PDL)
+        tl.store(sg_ptr + t + one, tl.zeros((BE,), dtype=tl.float32), mask=one < 1)
 
 
 @triton.jit
@@ -280,6 +292,16 @@ def _gemv_bk(spec: WeightSpec, prefer: int) -> int:
 # (~0.5%) of each other, while BE 2 nearly doubles the router programs the interpreter tests run (+100 s of CI in
 # tests/test_fast_path_interpret.py).
 DEFAULT_CONFIG = {"router": (4, 4), "gate_up": (16, 512, 4), "down": (16, 512, 4)}
+ROUTER_ROWS = 8  # tokens per program of the many-token router logits (_gemv_kernel's MB)
+
+
+def router_rows_min() -> int:
+    """From how many tokens the router's logits come from the multi-row GEMV (_router_logits; the same bits as the
+    per-token launch, so the choice may follow T). Env DELTASERVE_ROUTER_ROWS_MIN (0: never), for in-model A/B."""
+    value = os.environ.get("DELTASERVE_ROUTER_ROWS_MIN", "128")
+    if not value.isdigit():
+        raise ValueError(f"DELTASERVE_ROUTER_ROWS_MIN={value!r}: expected a token count (0: off)")
+    return int(value) or 1 << 62
 
 
 @triton.jit
@@ -311,14 +333,33 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
     be, warps = config["router"]
     logits = torch.empty(t, r.n, dtype=torch.float32, device=x.device)
     sw = torch.empty(t, dtype=torch.float32, device=x.device)
+    r_cg, g_cg = _router_cg(r, be, warps), _router_cg(g, be, warps)
+    if t and topk is None and r.bits != 16 and t >= router_rows_min():
+        # many tokens: the logits from the multi-row GEMV (triton_gemv._gemv_kernel: a weight chunk loaded once for
+        # ROUTER_ROWS tokens, each row gemv_row's arithmetic with the router's BE and CG, so the same bits; the
+        # per-token launch re-reads the 0.5 MB router for every token: ~78 us a layer at pp512), then the shared
+        # gate's column of the router launch alone
+        _gemv_kernel[(triton.cdiv(r.n, be), triton.cdiv(t, ROUTER_ROWS))](
+            x, x, x, r.w, r.scales, r.biases, logits, t, r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2),
+            logits.stride(0), MAGIC, x, x, x, x, 0, 0, 0, 0, 0, 0, K=h, BITS=r.bits, GROUP=r.group, BN=be, CG=r_cg,
+            MB=ROUTER_ROWS, INLINE=inline_mode(x, True), CONV=False, KCONV=4, num_warps=warps, **pdl_args(x),
+        )
+        _router_kernel[(t, 1)](
+            x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, logits, logits, logits,
+            r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2), g.scales.stride(-2), MAGIC,
+            H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=r_cg, HAS_SHARED=has_shared, G_BITS=g.bits,
+            G_GROUP=g.group, G_CG=g_cg, INLINE=inline_mode(x, True), SHARED_ONLY=True, num_warps=warps,
+            **pdl_args(x),
+        )
+        return logits, sw
     if t:
         ids, wts, k, normalize = topk if topk is not None else (logits, logits, 0, True)
         cnt = arrival_counters(x.device, t) if topk is not None else logits
         _router_kernel[(t, triton.cdiv(r.n, be) + 1)](
             x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, ids, wts, cnt,
             r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2), g.scales.stride(-2), MAGIC,
-            H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=_router_cg(r, be, warps),
-            HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=_router_cg(g, be, warps),
+            H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=r_cg,
+            HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=g_cg,
             INLINE=inline_mode(x, True), TOPK=k, EP=triton.next_power_of_2(r.n), NORMALIZE=normalize,
             BITONIC=topk_bitonic(), num_warps=warps, **pdl_args(x),
         )
