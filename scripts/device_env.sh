@@ -9,13 +9,20 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CA
 t0=$SECONDS
 [ -f .tcache.tgz ] && [ "$TRITON_CACHE_DIR" = /tmp/tcache ] && tar xzf .tcache.tgz -C /tmp
 
-gpu_tests() {  # gpu_tests SECONDS PYTEST_ARGS...: the GPU tests under a time limit, log in $OUT/tests.log, summary
-  # (TESTS_NAMED=1: pytest -v, and each test's PASSED / FAILED line, so a cut window still names what passed)
+GPU_TESTS_RUN=0
+gpu_tests() {  # gpu_tests SECONDS PYTEST_ARGS...: the GPU tests under a time limit, log in $OUT/tests[_N].log (one
+  # per call of this in a device call, so a later run never overwrites an earlier one's), summary (TESTS_NAMED=1:
+  # pytest -v, and each test's PASSED / FAILED line, so a cut window still names what passed; without it a cut
+  # window still counts the dots and Fs of -q)
   local limit=$1; shift
+  GPU_TESTS_RUN=$((GPU_TESTS_RUN + 1))
+  local log="$OUT/tests.log"; [ "$GPU_TESTS_RUN" -gt 1 ] && log="$OUT/tests_$GPU_TESTS_RUN.log"
   timeout "$limit" python3 -m pytest -m gpu $([ "${TESTS_NAMED:-0}" = 1 ] && echo -v || echo -q) -rf \
-    -p no:cacheprovider "$@" > "$OUT/tests.log" 2>&1
-  echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
-  grep -E "$([ "${TESTS_NAMED:-0}" = 1 ] && echo 'PASSED|')FAILED|^E  " "$OUT/tests.log" | cut -c1-150 | head -20
+    -p no:cacheprovider "$@" > "$log" 2>&1
+  echo "tests ($((SECONDS-t0)) s, $(basename "$log")): $(grep -E 'passed|failed' "$log" | tail -1)"
+  [ "${TESTS_NAMED:-0}" = 1 ] || echo "  progress: $(grep -oE '^[.FEsx]+' "$log" | tr -d '\n' | \
+    awk '{n = gsub(/\./, "."); f = gsub(/F/, "F"); print n " passed, " f " failed so far"}')"
+  grep -E "$([ "${TESTS_NAMED:-0}" = 1 ] && echo 'PASSED|')FAILED|^E  " "$log" | cut -c1-150 | head -20
 }
 
 # bench_tg LABEL B N ENV...: one decode timing under the given environment (tg N @ $BENCH_ARGS, B streams), its
