@@ -33,3 +33,13 @@ bench_tg() {
   env "$@" timeout 90 python3 -m deltaserve bench $BENCH_ARGS -b "$b" -n "$n" > "$OUT/bench.log" 2>&1
   echo "== $label B=$b ($((SECONDS-t0)) s): $(grep -E '^\| deltaserve.*tg' "$OUT/bench.log" | sort -u | cut -c50-110)"
 }
+
+# bench_pp LABEL B ENV...: one prefill timing under the given environment (pp512 @ d0, -r 3, B prompts), its tok/s
+# line and any error; the whole output in $OUT/pp.log
+bench_pp() {
+  local label=$1 b=$2; shift 2
+  env "$@" timeout 120 python3 -m deltaserve bench --preset qwen3.6-35b-a3b --quant q4 -p 512 -n 0 -d 0 -b "$b" -r 3 \
+    --no-record > "$OUT/pp.log" 2>&1
+  echo "== $label B=$b ($((SECONDS-t0)) s): $(grep -E '^\| deltaserve.*pp' "$OUT/pp.log" | sort -u | cut -c50-110)"
+  grep -E "Error|error" "$OUT/pp.log" | tail -3
+}

@@ -4,21 +4,14 @@
 # to 515; the q4 model on the tensor-core paths against the CPU reference, batch invariance, graphs; the prefill
 # and decode graphs of the engine), then pp512 with the rows path against the per-token launch (B=1 twice, B=8),
 # and 64 streams with the rows path from 64 tokens.  ~330 s
-source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0, gpu_tests, bench_tg
+source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0, gpu_tests, bench_tg, bench_pp
 TESTS_NAMED=1 gpu_tests 60 tests/gpu/test_kernels_gpu.py -k "router"
 TESTS_NAMED=1 gpu_tests 150 tests/gpu/test_model_mma_path.py tests/gpu/test_engine_graph_gpu.py
-pp() {  # pp LABEL B ENV...
-  local label=$1 b=$2; shift 2
-  env "$@" timeout 120 python3 -m deltaserve bench --preset qwen3.6-35b-a3b --quant q4 -p 512 -n 0 -d 0 -b "$b" -r 3 \
-    --no-record > "$OUT/pp.log" 2>&1
-  echo "== $label B=$b ($((SECONDS-t0)) s): $(grep -E '^\| deltaserve.*pp' "$OUT/pp.log" | sort -u | cut -c50-110)"
-  grep -E "Error|error" "$OUT/pp.log" | tail -3
-}
 for rep in 1 2; do
-  pp "router per token" 1 DELTASERVE_ROUTER_ROWS_MIN=0
-  pp "router rows" 1
+  bench_pp "router per token" 1 DELTASERVE_ROUTER_ROWS_MIN=0
+  bench_pp "router rows" 1
 done
-pp "router rows" 8
+bench_pp "router rows" 8
 bench_tg "router per token" 64 128 DELTASERVE_ROUTER_ROWS_MIN=0
 bench_tg "router rows from 64" 64 128 DELTASERVE_ROUTER_ROWS_MIN=64
 echo "done ($((SECONDS-t0)) s)"

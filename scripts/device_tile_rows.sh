@@ -5,18 +5,11 @@
 # 1,248 for 8, 108 registers against 87). (1) scripts/sweep_mma_gemv.py --experts at T = 512 and 4096 over tile rows
 # x AHEAD x LOOP (each checked bit for bit against the first configuration and against fp64); (2) pp512 in the model
 # with DELTASERVE_MMA_TILE_ROWS = 8 / 16 / 32 (B=1, and B=8).  ~420 s
-source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
+source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0, bench_pp
 timeout 300 python3 scripts/sweep_mma_gemv.py --experts --ms 512,4096 --tile-rows 8,16,32 --aheads 1,2 --loops 2 \
   --own-xs loaded --budget-s 240 > "$OUT/sweep.log" 2>&1
 echo "== sweep ($((SECONDS-t0)) s)"; grep -vE "^\s*$" "$OUT/sweep.log" | tail -45 | cut -c1-160
-pp() {  # pp LABEL B ENV...
-  local label=$1 b=$2; shift 2
-  env "$@" timeout 120 python3 -m deltaserve bench --preset qwen3.6-35b-a3b --quant q4 -p 512 -n 0 -d 0 -b "$b" -r 3 \
-    --no-record > "$OUT/pp.log" 2>&1
-  echo "== $label B=$b ($((SECONDS-t0)) s): $(grep -E '^\| deltaserve.*pp' "$OUT/pp.log" | sort -u | cut -c50-110)"
-  grep -E "Error|error" "$OUT/pp.log" | tail -3
-}
-for rows in 8 16 32; do pp "rows $rows" 1 DELTASERVE_MMA_TILE_ROWS=$rows; done
-for rows in 8 32; do pp "rows $rows" 8 DELTASERVE_MMA_TILE_ROWS=$rows; done
-pp "rows 16 again" 1 DELTASERVE_MMA_TILE_ROWS=16
+for rows in 8 16 32; do bench_pp "rows $rows" 1 DELTASERVE_MMA_TILE_ROWS=$rows; done
+for rows in 8 32; do bench_pp "rows $rows" 8 DELTASERVE_MMA_TILE_ROWS=$rows; done
+bench_pp "rows 16 again" 1 DELTASERVE_MMA_TILE_ROWS=16
 echo "done ($((SECONDS-t0)) s)"
