@@ -328,7 +328,9 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
     """(fp32 logits [T, E], shared gate sigmoid [T]) in one launch of (T, cdiv(E, BE) + 1) programs. The x row
     is read raw (inline prep), so no prep launch; one program per BE experts keeps every SM busy even at T = 1
     (E = 256, BE = 4: 65 programs of 8 KB of an 8-bit router each). topk = (ids [T, k], weights [T, k], k,
-    normalize): the same launch also applies the routing contract (its last-arriving program per token)."""
+    normalize): the same launch also applies the routing contract (its last-arriving program per token).
+    From router_rows_min() tokens on (a packed router, no topk): two launches instead, the logits from the multi-row
+    GEMV (ROUTER_ROWS tokens a program) and the shared gate's column alone, with the same bits."""
     t, h = x.shape
     be, warps = config["router"]
     logits = torch.empty(t, r.n, dtype=torch.float32, device=x.device)
