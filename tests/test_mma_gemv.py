@@ -168,6 +168,17 @@ def test_expert_tile_policy():
                                                                 (128, 576, 512), (1, 576, 512))] == [1, 1, 1, 2, 1]
 
 
+def test_expert_tile_rows_knob(monkeypatch):
+    """DELTASERVE_MMA_TILE_ROWS sets the sorted tiles' rows (an A/B knob: never a row's bits) and leaves the
+    single-row regime alone; a value that is not an MMA column-tile count is refused by name."""
+    monkeypatch.setenv("DELTASERVE_MMA_TILE_ROWS", "16")
+    assert [mg.default_tile_rows(m, 256) for m in (72, 129, 4608)] == [1, 16, 16]
+    assert mg.mma_expert_tiles(torch.tensor([[3, 1], [0, 3]]), 16).rows == 1
+    monkeypatch.setenv("DELTASERVE_MMA_TILE_ROWS", "12")
+    with pytest.raises(ValueError, match="DELTASERVE_MMA_TILE_ROWS"):
+        mg.default_tile_rows(4608, 256)
+
+
 def test_pack_mma_experts_stacks_an_equal_width_shared_expert():
     from types import SimpleNamespace
 

@@ -174,6 +174,14 @@ def test_row_run_defaults_and_timing_switches(monkeypatch):
         monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", bad)
         with pytest.raises(ValueError, match="DELTASERVE_ROUTER_LAUNCH"):
             md.router_launch((4, 4))
+    monkeypatch.delenv("DELTASERVE_ROUTER_ROWS_MIN", raising=False)
+    assert md.router_rows_min() == 128  # the many-token router from a prefill's worth of tokens (bench/NOTES.md)
+    monkeypatch.setenv("DELTASERVE_ROUTER_ROWS_MIN", "0")
+    assert md.router_rows_min() > 1 << 40  # off: no token count reaches it
+    monkeypatch.setenv("DELTASERVE_ROUTER_ROWS_MIN", "-4")
+    with pytest.raises(ValueError, match="DELTASERVE_ROUTER_ROWS_MIN"):
+        md.router_rows_min()
+    monkeypatch.delenv("DELTASERVE_ROUTER_ROWS_MIN")
     monkeypatch.delenv("DELTASERVE_TOPK_SELECT", raising=False)
     assert md.topk_select() == "best"  # the default (H200 A/B in bench/NOTES.md)
     for value in md.TOPK_SELECTS:
