@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant.triton_gemv import MAGIC, _gemv_kernel, chunk_groups, gemv_row, row_run_config
+from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, launch_gemv, row_run_config
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import WeightSpec, dequant_tile
 from ..triton_sync import arrival_counters, last_arrival
@@ -94,15 +94,16 @@ def _router_kernel(
 @triton.jit
 def _router_shared_gate(x_row, gw_ptr, gs_ptr, gb_ptr, sg_ptr, t, stride_gn, stride_gsn, magic, H: tl.constexpr,
                         BE: tl.constexpr, HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr,
-                        G_CG: tl.constexpr, INLINE: tl.constexpr, PDL: tl.constexpr):
-    """The router launch's shared-gate column: sg[t] = sigmoid(x . w_sg) (0 without a shared expert)."""
+                        G_CG: tl.constexpr, INLINE: tl.constexpr, PDL_WAIT: tl.constexpr):
+    """The router launch's shared-gate column: sg[t] = sigmoid(x . w_sg) (0 without a shared expert). PDL_WAIT: the
+    caller's PDL wait happens here (inside gemv_row once its first weights are requested, else before the store)."""
     one = tl.arange(0, BE)
     if HAS_SHARED:
         sg = gemv_row(x_row, x_row, x_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, stride_gn, stride_gsn, magic,
-                      H, G_BITS, G_GROUP, BE, G_CG, INLINE, PDL)
+                      H, G_BITS, G_GROUP, BE, G_CG, INLINE, PDL_WAIT)
         tl.store(sg_ptr + t + one, tl.sigmoid(sg), mask=one < 1)
     else:
-        pdl_wait(PDL)
+        pdl_wait(PDL_WAIT)
         tl.store(sg_ptr + t + one, tl.zeros((BE,), dtype=tl.float32), mask=one < 1)
 
 
@@ -341,11 +342,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
         # ROUTER_ROWS tokens, each row gemv_row's arithmetic with the router's BE and CG, so the same bits; the
         # per-token launch re-reads the 0.5 MB router for every token: ~78 us a layer at pp512), then the shared
         # gate's column of the router launch alone
-        _gemv_kernel[(triton.cdiv(r.n, be), triton.cdiv(t, ROUTER_ROWS))](
-            x, x, x, r.w, r.scales, r.biases, logits, t, r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2),
-            logits.stride(0), MAGIC, x, x, x, x, 0, 0, 0, 0, 0, 0, K=h, BITS=r.bits, GROUP=r.group, BN=be, CG=r_cg,
-            MB=ROUTER_ROWS, INLINE=inline_mode(x, True), CONV=False, KCONV=4, num_warps=warps, **pdl_args(x),
-        )
+        launch_gemv(x, r, logits, config=(be, r_cg, warps), inline_prep=True, rows=ROUTER_ROWS)
         _router_kernel[(t, 1)](
             x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, logits, logits, logits,
             r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2), g.scales.stride(-2), MAGIC,

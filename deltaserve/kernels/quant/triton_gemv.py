@@ -489,19 +489,23 @@ def use_inline_prep(spec: WeightSpec, inline_prep: bool | None) -> bool:
 
 
 def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=None, inline_prep: bool | None = None,
-                conv: DecodeConv | None = None, prep: tuple | None = None) -> None:
+                conv: DecodeConv | None = None, prep: tuple | None = None, rows: int | None = None) -> None:
     """x2 [M, K] (K contiguous), out [M, N] (N contiguous); M <= MAX_ROWS is the intended regime. inline_prep
     (resolved by use_inline_prep): the kernel reads x raw (one launch); else prep_x runs first (two launches, the v2
     path; the same products bit for bit, group sums in another fixed order: see triton_gemv_inline). conv: the
     decode conv in the epilogue (gated_delta.triton_decode.DecodeConv). prep: (xp, xs) of these rows already made
-    (prep_row, e.g. by the RMSNorm that wrote x2): used instead of the prep launch when the prep path runs."""
+    (prep_row, e.g. by the RMSNorm that wrote x2): used instead of the prep launch when the prep path runs.
+    rows: rows of x per program, 1, 2, 4 or 8 (default: row_block by the register cap; never a row's bits; the MoE
+    router's many-token launch takes 8 at its small BN: 126 registers on sm_90, no spills)."""
     m = x2.shape[0]
     bn, cg, warps = config or default_config(spec)
     group = unit(spec)
     if spec.k % (cg * group):
         raise ValueError(f"affine_gemv: chunk of {cg} x {group} must divide K = {spec.k}")
     inline_prep = use_inline_prep(spec, inline_prep)
-    mb = row_block(m, row_cap(spec, inline_prep, conv is not None))
+    if rows is not None and rows not in (1, 2, 4, 8):
+        raise ValueError(f"launch_gemv: rows per program must be 1, 2, 4 or 8, found {rows}")
+    mb = rows or row_block(m, row_cap(spec, inline_prep, conv is not None))
     if spec.bits == DENSE_BITS or inline_prep:
         xp = xs = x2  # unused
     elif prep is not None:
