@@ -41,8 +41,8 @@ from typing import NamedTuple
 
 import torch
 
-from .. import backend
 from ...utils.env import env_choice
+from .. import backend
 from ..triton_pdl import pdl_args
 
 GROUP = 64
@@ -969,7 +969,9 @@ def default_tile_rows(m: int, num_experts: int) -> int:
     """Rows per tile for m rows over num_experts: single rows while the mean rows per expert stays under one half
     (the table's three launches would cost more than the re-read weights they save), else tiles of 8 rows (one MMA
     column tile: on the H200 wider tiles were slower at every token count, up to 2.3x at 16 rows per expert; the
-    experts kernel's gated form at 64 tokens, 8 rows 112 us, 16 rows 146, 32 rows ~600, bench/NOTES.md). Env
+    experts kernel's gated form at 64 tokens, 8 rows 112 us, 16 rows 146, 32 rows ~600; at 512 tokens, 16 rows a
+    tile per expert on average, 8 rows 260 us, 16 rows 308, 32 rows 491, pp512 15,699 / 14,881 / 11,466 tok/s,
+    bench/NOTES.md: the kernel is bound by its programs' latency, not the dequant a wider tile shares). Env
     DELTASERVE_MMA_TILE_ROWS (8, 16, 32 or 64): the sorted tiles' rows, for in-model A/B (never a row's bits)."""
     if 2 * m <= num_experts:
         return 1
