@@ -103,7 +103,7 @@ def test_mma_gemv_launch_shapes_same_bits(dev, n, k):
     every = k // 64 // w  # AHEAD >= the chunks: the whole weight requested up front (a form for up to 8 rows)
     for m in (1, 8):
         assert torch.equal(mg.mma_gemv(x[:m], words, sb, config=(w, 1, every)), base[:m]), f"all chunks, {m} rows"
-        for ring in (3, 4, every - 1):  # the register ring (_accumulate_ring), the weights' first chunks before the wait
+        for ring in (3, 4, every - 1):  # the register ring (_accumulate_ring): first chunks' weights before the wait
             assert torch.equal(mg.mma_gemv(x[:m], words, sb, config=(w, 1, ring)), base[:m]), f"ring {ring}, {m} rows"
     c = min(8192, n // 2)
     cw, pool, slots, ctx = kc.conv_problem(dev, 64, c, 4, 3 * 64 + 2, (1,))

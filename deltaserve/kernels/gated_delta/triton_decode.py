@@ -149,7 +149,8 @@ def causal_conv(
         )
     if sections is None:
         return y
-    return (buf[: t * s1].view(t, s1), buf[t * s1 : t * (s1 + s2)].view(t, s2), buf[t * (s1 + s2) :].view(t, c - s1 - s2))
+    widths = (s1, s2, c - s1 - s2)
+    return tuple(part.view(t, w) for part, w in zip(buf.split([t * w for w in widths]), widths))
 
 
 @triton.jit
