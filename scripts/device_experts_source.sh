@@ -6,7 +6,7 @@
 # the next change targets the tile table / order gather / x / weight loads that the samples name; (2) the graph
 # profiles of head and wide at batch 1 (bench --profile-graph), which kernels grow under wide (-3.0% at B=1, both
 # suspects refuted on 2026-12-01).  ~240 s
-# Usage (H200 machine, repo root): bash scripts/device_experts_source.sh
+# Usage (H200 machine, repo root): [GRAPH_MODES="head wide"] bash scripts/device_experts_source.sh  (GRAPH_MODES= skips (2))
 source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for form in gated scaled; do
@@ -37,7 +37,7 @@ for r in sorted(rows, key=lambda r: -num(r.get(stall)))[:25]:
     print(f"{num(r.get(stall)) / total * 100:5.1f}%  {r.get('Address', r.get('#', '')):>8}  {str(r.get(src))[:90]}")
 PY
 done
-for mode in head wide; do
+for mode in ${GRAPH_MODES-head wide}; do
   DELTASERVE_DECODE_GEMV=$mode timeout 120 python3 -m deltaserve bench --preset qwen3.6-35b-a3b --quant q4 -p 16 -r 3 \
     --no-record -d 512 -b 1 -n 32 --profile-graph > "$OUT/graph_$mode.log" 2>&1
   echo "== graph profile $mode ($((SECONDS-t0)) s)"; grep -A30 "decode graph profile" "$OUT/graph_$mode.log" | cut -c1-140
