@@ -179,6 +179,93 @@ def _launch_wide(x2, spec: WeightSpec, out, config=None):
     )
 
 
+@triton.jit
+def _dequant_kernel(w_ptr, s_ptr, b_ptr, out_ptr, N, K, stride_wn, stride_sn, stride_on,
+                    BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    # grid: (cdiv(N, BN), K / BK). out[rn, k0:k0+BK] = W rounded to out's dtype: dequant_tile's formula, so each
+    # element is the value the wide kernel's tile holds before its MMA
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    n_mask = rn < N
+    k0 = tl.program_id(1) * BK
+    w = dequant_tile(w_ptr, s_ptr, b_ptr, rn, n_mask, k0, stride_wn, stride_sn, BN, BK, BITS, GROUP)
+    rk = k0 + tl.arange(0, BK)
+    tl.store(out_ptr + rn.to(tl.int64)[:, None] * stride_on + rk[None, :], w.to(out_ptr.dtype.element_ty),
+             mask=n_mask[:, None])
+
+
+@triton.jit
+def _dense_mm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr):
+    # grid: (cdiv(M, BM) * cdiv(N, BN),), the M tiles of one N tile adjacent (they share its weight tile while it
+    # is in the L2). out[rows, rn] = x[rows] W[rn]^T for a dense W [N, K] in x's dtype: one [BM, BK] x [BK, BN]
+    # dot per K step, chained in order, the tile fixed by the caller per weight (never by M), so a row's bits
+    # depend on (N, K) only
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    pid_m = pid % num_m
+    pid_n = pid // num_m
+    row = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    m_row = row < M
+    n_mask = rn < N
+    rk = tl.arange(0, BK)
+    xp = x_ptr + row.to(tl.int64)[:, None] * stride_xm + rk[None, :]
+    wp = w_ptr + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        xa = tl.load(xp + k0, mask=m_row[:, None], other=0.0)
+        wb = tl.load(wp + k0, mask=n_mask[:, None], other=0.0)
+        acc = mma(xa, tl.trans(wb), acc, F32)
+    tl.store(out_ptr + row.to(tl.int64)[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_row[:, None] & n_mask[None, :])
+
+
+DEQUANT_TILE = (32, 256)  # (BN, BK) of a dequantisation program
+
+
+def dequantize(spec: WeightSpec, out: torch.Tensor | None = None, dtype=torch.bfloat16) -> torch.Tensor:
+    """W [N, K] in `dtype` (dequant_tile's values, each rounded once), for the dequantise-then-multiply prefill
+    path; out: a preallocated [N, K] buffer."""
+    if spec.w.dim() != 2:
+        raise ValueError(f"dequantize: weight must be 2-D [N, packed K], found shape {tuple(spec.w.shape)}")
+    if out is None:
+        out = torch.empty(spec.n, spec.k, dtype=dtype, device=spec.w.device)
+    elif out.shape != (spec.n, spec.k) or out.stride(-1) != 1:
+        raise ValueError(f"dequantize: out must be [{spec.n}, {spec.k}] with unit column stride, found "
+                         f"{tuple(out.shape)} strides {out.stride()}")
+    bn, bk = DEQUANT_TILE
+    bk = spec.block_k(bk)
+    if spec.bits != DENSE_BITS and bk % spec.group and spec.group % bk:
+        raise ValueError(f"dequantize: no K tile nests with the group size {spec.group} for K = {spec.k}")
+    _dequant_kernel[(triton.cdiv(spec.n, bn), spec.k // bk)](
+        spec.w, spec.scales, spec.biases, out, spec.n, spec.k, spec.w.stride(-2), spec.scales.stride(-2),
+        out.stride(0), BITS=spec.bits, GROUP=spec.group, BN=bn, BK=bk, num_warps=4)
+    return out
+
+
+def dense_config(n: int, k: int) -> tuple[int, int, int, int, int]:
+    """(BM, BN, BK, num_warps, num_stages) of the dense kernel for a [N, K] weight (a function of the weight alone:
+    BM may not depend on M)."""
+    return 128, 128, 64, 8, 4
+
+
+def dense_mm(x2: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config=None) -> torch.Tensor:
+    """out [M, N] = x2 [M, K] w [N, K]^T, both in x2's dtype (the dequantised weight of `dequantize`)."""
+    m, k = x2.shape
+    n = w.shape[0]
+    if w.shape[1] != k or w.stride(-1) != 1 or x2.stride(-1) != 1 or w.dtype != x2.dtype:
+        raise ValueError(f"dense_mm: w must be {x2.dtype} [N, {k}] with unit column stride, found {w.dtype} "
+                         f"{tuple(w.shape)}")
+    bm, bn, bk, warps, stages = config or dense_config(n, k)
+    if k % bk:
+        raise ValueError(f"dense_mm: BK {bk} must divide K {k}")
+    if m:
+        _dense_mm_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
+            x2, w, out, m, n, k, x2.stride(0), w.stride(0), out.stride(0), BM=bm, BN=bn, BK=bk, F32=dot_f32(),
+            num_warps=warps, num_stages=stages)
+    return out
+
+
 def _expert_subtiles(m: int, num_experts: int) -> int:
     """16-row sub-tiles per expert-matmul program, from the mean rows per expert: a tile is one expert's, so at
     ~16 rows per expert (T = 512 x top-8 over 256 experts) 64-row tiles would be three quarters empty. H200, that

@@ -1,0 +1,94 @@
+"""The dense prefill projections two ways at the 35B-A3B's shapes (q4 g64): the wide kernel (the dequantised tile
+staged in shared memory per K step, kernels/quant/triton_affine._affine_mm_wide_kernel) against dequantising the
+whole weight to bf16 once (`dequantize`) and a plain bf16 tensor-core matmul over it (`dense_mm`), per tile
+configuration, with cuBLAS on the same bf16 weight as the reference speed. Each output is checked against fp64 and
+against the wide kernel's bits (the same products chained in the same K order should give them). Timing: a CUDA
+graph over weight copies past the L2 (sweep_common.time_graph).
+
+  python scripts/probe_dense_prefill.py [--ms 512,4096] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1]),
+                str(Path(__file__).resolve().parents[1] / "tests" / "gpu")]
+from sweep_common import RecordSink, rel_err, time_graph  # noqa: E402
+
+SHAPES = ((12352, 2048), (9216, 2048), (2048, 4096))
+CONFIGS = ((128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4),
+           (128, 64, 64, 4, 4), (128, 128, 128, 8, 3), (256, 128, 64, 8, 3), (64, 256, 64, 8, 4))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ms", default="512,4096")
+    ap.add_argument("--out")
+    ap.add_argument("--replays", type=int, default=10)
+    args = ap.parse_args(argv)
+    import torch.nn.functional as F
+    from kernel_cases import affine_weight
+
+    from deltaserve.kernels.quant import triton_affine as ta
+    from deltaserve.kernels.triton_common import WeightSpec
+
+    dev = torch.device("cuda")
+    sink = RecordSink(args.out, lambda r: f"{r['shape']:22} {r['label']:34} "
+                      + (f"{r['us']:8.2f} us {r.get('tflops', 0):6.0f} TF/s" if r.get("us") else "")
+                      + (f" err {r['err']:.2e} bits {'=' if r['same'] else '~'}" if "err" in r else "")
+                      + (f" ERROR {r['error']}" if "error" in r else ""))
+    torch.manual_seed(0)
+    for n, k in SHAPES:
+        copies = max(1, min(8, (256 << 20) // (n * k // 2)))
+        weights = []
+        for _ in range(copies):
+            p, s, b, wd = affine_weight((n, k), 4, 64, dev)
+            weights.append((WeightSpec(p, s, b, 4, 64), wd))
+        deq = [ta.dequantize(spec) for spec, _ in weights]
+        for m in (int(v) for v in args.ms.split(",")):
+            x = torch.randn(m, k, device=dev).bfloat16()
+            ref = x.double() @ weights[0][1].double().T
+            outs = [torch.empty(m, n, dtype=torch.bfloat16, device=dev) for _ in weights]
+            flops = 2.0 * m * n * k
+            shape = f"M{m} N{n} K{k}"
+            base = ta.affine_matmul(x, weights[0][0].w, weights[0][0].scales, weights[0][0].biases, 4, 64)
+
+            def emit(label, fns, got=None):
+                rec = dict(shape=shape, label=label)
+                try:
+                    if got is not None:
+                        rec.update(err=rel_err(got(), ref), same=bool(torch.equal(got(), base)))
+                    us, how = time_graph(fns, dev, args.replays)
+                    rec.update(us=us, timing=how, tflops=flops / us / 1e6)
+                except Exception as exc:  # noqa: BLE001  a configuration that fails is reported, not fatal
+                    rec.update(error=repr(exc)[:300])
+                sink.emit(rec)
+
+            emit("wide (default)", [lambda j=j: ta.affine_matmul(x, weights[j][0].w, weights[j][0].scales,
+                                                                 weights[j][0].biases, 4, 64, out=outs[j])
+                                    for j in range(copies)], lambda: base)
+            emit("dequantize alone", [lambda j=j: ta.dequantize(weights[j][0], out=deq[j]) for j in range(copies)])
+            for cfg in CONFIGS:
+                label = "dense_mm bm{} bn{} bk{} w{} s{}".format(*cfg)
+
+                def got(cfg=cfg):
+                    outs[0].fill_(float("nan"))
+                    return ta.dense_mm(x, deq[0], outs[0], cfg)
+                emit(label, [lambda j=j, cfg=cfg: ta.dense_mm(x, deq[j], outs[j], cfg) for j in range(copies)],
+                     got)
+            scratch = torch.empty(n, k, dtype=torch.bfloat16, device=dev)
+            emit("dequantize + dense_mm (default)",
+                 [lambda j=j: ta.dense_mm(x, ta.dequantize(weights[j][0], out=scratch), outs[j])
+                  for j in range(copies)])
+            emit("cuBLAS bf16 (dequantised weight)", [lambda j=j: F.linear(x, deq[j]) for j in range(copies)])
+        del weights, deq
+    return sink.finish()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
