@@ -188,6 +188,56 @@ def check_affine(mods, device, bits, group, m, n, k):
     close(y, ref_bf, 2 * BF16_EPS, f"affine bits={bits} g={group} M={m} vs bf16-dequantised")
 
 
+def check_dense_dequant(mods, device, bits, group, n, k, ms, configs, dense=False):
+    """The dense prefill path (triton_affine.dense_path "dequant"): `dequantize` gives dequant_tile's values (within
+    a bf16 rounding of the fp64 weight, no poison left), `dense_mm` over them equals the wide kernel's result bit for
+    bit for every tile in `configs` (the same products chained in the same K order; under the interpreter only tiles
+    of the wide kernel's BK, 128, since its dot sums a whole K step in numpy before adding it), affine_matmul's
+    dequant route equals its wide route (on the GPU; within tolerance under the interpreter, whose route runs BK
+    64), and a row alone equals the same row among the others. dense: a bf16 weight (bits 16), multiplied as it
+    is."""
+    import os
+
+    ta = mods["affine"]
+    if dense:
+        w16 = torch.randn(n, k, device=device).bfloat16()
+        packed, s, b, wd, bits, group = w16, None, None, w16.double(), 16, 1
+    else:
+        packed, s, b, wd = affine_weight((n, k), bits, group, device)
+    spec = ta.WeightSpec(packed, s, b, bits, group)
+    if dense:
+        deq = w16
+    else:
+        deq = ta.dequantize(spec, out=poisoned((n, k), torch.bfloat16, device))
+        close(deq, wd, BF16_EPS, f"dequantize bits={bits} g={group}")
+    x = torch.randn(max(ms), k, device=device).bfloat16()
+    wide_cfg = ta.wide_config(spec)
+    saved = {v: os.environ.get(v) for v in ("DELTASERVE_PREFILL_DENSE", "DELTASERVE_PREFILL_DEQUANT_MIN")}
+    try:
+        os.environ["DELTASERVE_PREFILL_DENSE"] = "dequant"
+        os.environ["DELTASERVE_PREFILL_DEQUANT_MIN"] = "1"  # every M through the dequant route, for the alone check
+        alone = ta.affine_matmul(x[:1], packed, s, b, bits, group)
+        for m in ms:
+            what = f"dense path bits={bits} g={group} {n}x{k} M={m}"
+            wide = ta.affine_matmul(x[:m], packed, s, b, bits, group, config=wide_cfg)
+            close(wide, x[:m].double() @ wd.t(), 4 * BF16_EPS, what + " (wide)")
+            for cfg in configs:
+                got = ta.dense_mm(x[:m], deq, poisoned((m, n), torch.bfloat16, device), cfg)
+                assert torch.equal(got, wide), f"{what}: dense_mm {cfg} != the wide kernel"
+            routed = ta.affine_matmul(x[:m], packed, s, b, bits, group, out=poisoned((m, n), torch.bfloat16, device))
+            if device == "cpu":  # the route's BK 64 against the wide kernel's 128: the interpreter's rounding differs
+                close(routed, x[:m].double() @ wd.t(), 4 * BF16_EPS, what + " (dequant route)")
+            else:
+                assert torch.equal(routed, wide), f"{what}: affine_matmul's dequant route != its wide route"
+            assert torch.equal(routed[:1], alone), f"{what}: row 0 among {m - 1} others != alone"
+    finally:
+        for v, old in saved.items():
+            if old is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = old
+
+
 def check_affine_experts(mods, device, bits, group, m, n, k, e, repeat):
     ta = mods["affine"]
     if bits == 16:

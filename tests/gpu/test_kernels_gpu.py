@@ -194,6 +194,18 @@ def test_affine_wide_rows_independent_of_tile_position_and_equal_to_16_row_kerne
             assert torch.equal(ta.affine_matmul(x, packed, s, b, 4, 64, config=cfg), whole), f"{n}x{k} {cfg}"
 
 
+@pytest.mark.parametrize("bits,group,dense", [(4, 64, False), (8, 64, False), (16, 1, True)])
+def test_dense_dequant_path_equals_wide_kernel(mods, dev, small, bits, group, dense):
+    """The dense prefill projections' dequant route (triton_affine.dense_path) against the wide kernel, bit for bit,
+    at the 35B-A3B's shapes for every tile the library picks (by M) and a few others, at row counts on both sides of
+    DEQUANT_MIN_ROWS and of the 4096-row tile switch."""
+    shapes = ((200, 256), (72, 512)) if small else ((12352, 2048), (9216, 2048), (2048, 4096))
+    configs = ((128, 64, 64, 4, 4), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4),
+               (128, 128, 128, 8, 3))
+    for n, k in shapes if bits == 4 else shapes[:1]:
+        kc.check_dense_dequant(mods, dev, bits, group, n, k, (1, 255, 256, 515, 2048, 4100), configs, dense=dense)
+
+
 def test_affine_experts_batch_invariance(mods, dev, small):
     e, n, k = (4, 24, 128) if small else (16, 512, 2048)
     packed, s, b, _ = kc.affine_weight((e, n, k), 4, 64, dev)

@@ -18,6 +18,14 @@ how many rows share the launch; no split-K):
                           columns of an MMA are independent of each other). On the H200 its bits also
                           equal the 16-row kernel's (scripts/sweep_prefill_kernels.py, every prefill shape), which
                           the GPU tests check, but nothing here relies on that.
+
+and, for the dense projections from DEQUANT_MIN_ROWS rows (`dense_path`), two launches instead of the wide kernel:
+
+  _dequant_kernel         the weight dequantised once to x's dtype (dequant_tile's values, each rounded once: what
+                          the wide kernel's tile holds before its MMA);
+  _dense_mm_kernel        x times it, one [BM, BK] x [BK, BN] `tl.dot` per K step, pipelined by Triton (cp.async
+                          stages; no dequantisation inside the K loop). The same products in the same K order as the
+                          wide kernel: on the H200 the same bits for every tile tried (GPU test), at ~2x its speed.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...utils.env import env_choice, env_int
 from ..triton_common import DENSE_BITS, WeightSpec, dequant_tile, dot_f32, mma
 
 ROWS_PER_SUBTILE = 16
@@ -243,10 +252,34 @@ def dequantize(spec: WeightSpec, out: torch.Tensor | None = None, dtype=torch.bf
     return out
 
 
-def dense_config(n: int, k: int) -> tuple[int, int, int, int, int]:
-    """(BM, BN, BK, num_warps, num_stages) of the dense kernel for a [N, K] weight (a function of the weight alone:
-    BM may not depend on M)."""
-    return 128, 128, 64, 8, 4
+DENSE_BK = 64  # dense_mm's K step (every dense_config); weights whose K it does not divide stay on the wide kernel
+DEQUANT_MIN_ROWS = 256  # from this many rows the dense prefill projections dequantise the weight once (dense_path)
+
+
+def dense_path(m: int) -> str:
+    """How affine_matmul multiplies m rows by a 2-D weight: "dequant" (the weight dequantised once to x's dtype by
+    `dequantize`, then `dense_mm`) or "wide" (the wide kernel, dequantising each weight tile for every 128 rows).
+    Both chain the same bf16 products k16 step by k16 step in K order on the tensor cores, so a row gets the same
+    bits either way (GPU test, every prefill shape and several M). H200, the 35B-A3B's projections at 512 rows
+    (scripts/probe_dense_prefill.py, bench/NOTES.md): 12352 x 2048 wide 106.4 us, dequantise 21.7 + multiply 49
+    (70.4 together); 9216 x 2048 97.3 -> 63.3; 2048 x 4096 55.9 -> 34-38; at 4096 rows 810 -> 370. Below
+    DEQUANT_MIN_ROWS rows the dequantisation of the whole weight costs more than it saves. Env
+    DELTASERVE_PREFILL_DENSE ("dequant" or "wide") and DELTASERVE_PREFILL_DEQUANT_MIN (rows), for in-model A/B."""
+    if env_choice("DELTASERVE_PREFILL_DENSE", "dequant", ("dequant", "wide")) == "wide":
+        return "wide"
+    return "dequant" if m >= env_int("DELTASERVE_PREFILL_DEQUANT_MIN", DEQUANT_MIN_ROWS, 1) else "wide"
+
+
+def dense_config(n: int, k: int, m: int) -> tuple[int, int, int, int, int]:
+    """(BM, BN, BK, num_warps, num_stages) of the dense kernel. The tile never changes a row's bits (each output
+    element is the same chain of k16 MMAs in K order whatever the tile: GPU test over these and other tiles, and
+    scripts/probe_dense_prefill.py found every tile bit-equal to the wide kernel), so it may follow M. H200
+    (bench/NOTES.md): at 512 rows 128 x 64 tiles of 4 warps (12352 x 2048 50.5 us, 9216 x 2048 45.0, 2048 x 4096
+    23.9; 128 x 128 of 8 warps 49.1 / 47.9 / 30.1); at 4096 rows 256 x 128 of 8 warps, 3 stages (347 / 258 / 110
+    against 454 / 340 / 155)."""
+    if m >= 2048:
+        return 256, 128, DENSE_BK, 8, 3
+    return 128, 64, DENSE_BK, 4, 4
 
 
 def dense_mm(x2: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config=None) -> torch.Tensor:
@@ -256,7 +289,7 @@ def dense_mm(x2: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config=None) 
     if w.shape[1] != k or w.stride(-1) != 1 or x2.stride(-1) != 1 or w.dtype != x2.dtype:
         raise ValueError(f"dense_mm: w must be {x2.dtype} [N, {k}] with unit column stride, found {w.dtype} "
                          f"{tuple(w.shape)}")
-    bm, bn, bk, warps, stages = config or dense_config(n, k)
+    bm, bn, bk, warps, stages = config or dense_config(n, k, m)
     if k % bk:
         raise ValueError(f"dense_mm: BK {bk} must divide K {k}")
     if m:
@@ -332,8 +365,10 @@ def affine_matmul(
 ) -> torch.Tensor:
     """y = x W^T. x [..., K] bf16/fp16; W packed uint32 [N, K*bits/32] with scales/biases [N, K/group]
     (bits 2/4/8), or dense [N, K] with bits=16 and scales = biases = None. Returns [..., N] in x's dtype.
-    Runs the wide kernel (`wide_config`); config: its (BM, BN, BK, num_warps, num_stages, SWAP) to override that, or
-    (BN, BK, num_warps, num_stages) for the 16-row kernel instead (benchmark sweeps)."""
+    From DEQUANT_MIN_ROWS rows the weight is dequantised once and multiplied by `dense_mm` (`dense_path`), else the
+    wide kernel runs (`wide_config`), with the same bits; config: the wide kernel's (BM, BN, BK, num_warps,
+    num_stages, SWAP) to run it whatever M, or (BN, BK, num_warps, num_stages) for the 16-row kernel instead
+    (benchmark sweeps)."""
     spec = WeightSpec(qweight, scales, biases, bits, group_size, "affine_matmul weight")
     if spec.w.dim() != 2:
         raise ValueError(f"affine_matmul: weight must be 2-D [N, packed K], found shape {tuple(qweight.shape)}")
@@ -346,7 +381,10 @@ def affine_matmul(
     if out is None:
         out = torch.empty(m, spec.n, dtype=x.dtype, device=x.device)
     if m:
-        if config is None or len(config) == 6:
+        if config is None and spec.k % DENSE_BK == 0 and dense_path(m) == "dequant":
+            w = spec.w if spec.bits == DENSE_BITS else dequantize(spec, dtype=x2.dtype)
+            dense_mm(x2, w.to(x2.dtype), out)
+        elif config is None or len(config) == 6:
             _launch_wide(x2, spec, out, config)
         else:
             sub = _subtiles(m)
