@@ -30,6 +30,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ms", default="512,4096")
     ap.add_argument("--out")
     ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--configs", help="dense_mm tiles 'BM,BN,BK,W,S[,TMA];...' instead of CONFIGS")
+    ap.add_argument("--dequant-tiles", default="", help="dequantize tiles 'BN,BK,W;...' to time beside the default")
+    ap.add_argument("--shapes", help="N:K,N:K instead of SHAPES")
     args = ap.parse_args(argv)
     import torch.nn.functional as F
     from kernel_cases import affine_weight
@@ -43,7 +46,10 @@ def main(argv=None) -> int:
                       + (f" err {r['err']:.2e} bits {'=' if r['same'] else '~'}" if "err" in r else "")
                       + (f" ERROR {r['error']}" if "error" in r else ""))
     torch.manual_seed(0)
-    for n, k in SHAPES:
+    configs = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";")] if args.configs else CONFIGS
+    dq_tiles = [tuple(int(v) for v in c.split(",")) for c in args.dequant_tiles.split(";") if c]
+    shapes = [tuple(int(v) for v in sh.split(":")) for sh in args.shapes.split(",")] if args.shapes else SHAPES
+    for n, k in shapes:
         copies = max(1, min(8, (256 << 20) // (n * k // 2)))
         weights = []
         for _ in range(copies):
@@ -56,7 +62,8 @@ def main(argv=None) -> int:
             outs = [torch.empty(m, n, dtype=torch.bfloat16, device=dev) for _ in weights]
             flops = 2.0 * m * n * k
             shape = f"M{m} N{n} K{k}"
-            base = ta.affine_matmul(x, weights[0][0].w, weights[0][0].scales, weights[0][0].biases, 4, 64)
+            base = ta.affine_matmul(x, weights[0][0].w, weights[0][0].scales, weights[0][0].biases, 4, 64,
+                                    config=ta.wide_config(weights[0][0]))  # the wide kernel whatever M
 
             def emit(label, fns, got=None):
                 rec = dict(shape=shape, label=label)
@@ -69,12 +76,21 @@ def main(argv=None) -> int:
                     rec.update(error=repr(exc)[:300])
                 sink.emit(rec)
 
-            emit("wide (default)", [lambda j=j: ta.affine_matmul(x, weights[j][0].w, weights[j][0].scales,
-                                                                 weights[j][0].biases, 4, 64, out=outs[j])
-                                    for j in range(copies)], lambda: base)
+            wcfg = ta.wide_config(weights[0][0])
+            emit("wide kernel", [lambda j=j: ta.affine_matmul(x, weights[j][0].w, weights[j][0].scales,
+                                                              weights[j][0].biases, 4, 64, out=outs[j], config=wcfg)
+                                 for j in range(copies)], lambda: base)
             emit("dequantize alone", [lambda j=j: ta.dequantize(weights[j][0], out=deq[j]) for j in range(copies)])
-            for cfg in CONFIGS:
-                label = "dense_mm bm{} bn{} bk{} w{} s{}".format(*cfg)
+            for tile in dq_tiles:
+                emit("dequantize bn{} bk{} w{}".format(*tile),
+                     [lambda j=j, tile=tile: ta.dequantize(weights[j][0], out=deq[j], tile=tile)
+                      for j in range(copies)],
+                     None)
+                if not torch.equal(ta.dequantize(weights[0][0], tile=tile), ta.dequantize(weights[0][0])):
+                    sink.emit(dict(shape=shape, label="dequantize bn{} bk{} w{}".format(*tile),
+                                   error="values differ from the default tile's"))
+            for cfg in configs:
+                label = "dense_mm bm{} bn{} bk{} w{} s{}".format(*cfg) + (" tma" if cfg[5:] and cfg[5] else "")
 
                 def got(cfg=cfg):
                     outs[0].fill_(float("nan"))
@@ -82,7 +98,7 @@ def main(argv=None) -> int:
                 emit(label, [lambda j=j, cfg=cfg: ta.dense_mm(x, deq[j], outs[j], cfg) for j in range(copies)],
                      got)
             scratch = torch.empty(n, k, dtype=torch.bfloat16, device=dev)
-            emit("dequantize + dense_mm (default)",
+            emit("dequantize + dense_mm (default: affine_matmul's route)",
                  [lambda j=j: ta.dense_mm(x, ta.dequantize(weights[j][0], out=scratch), outs[j])
                   for j in range(copies)])
             emit("cuBLAS bf16 (dequantised weight)", [lambda j=j: F.linear(x, deq[j]) for j in range(copies)])

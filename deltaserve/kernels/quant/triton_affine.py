@@ -229,12 +229,33 @@ def _dense_mm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, strid
              mask=m_row[:, None] & n_mask[None, :])
 
 
-DEQUANT_TILE = (32, 256)  # (BN, BK) of a dequantisation program
+@triton.jit
+def _dense_mm_tma_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om, BM: tl.constexpr, BN: tl.constexpr,
+                         BK: tl.constexpr):
+    # _dense_mm_kernel with the x and W tiles fetched by TMA (host tensor descriptors; rows past M or N read as 0)
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    pid_m = pid % num_m
+    pid_n = pid // num_m
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        xa = x_desc.load([pid_m * BM, k0])
+        wb = w_desc.load([pid_n * BN, k0])
+        acc = tl.dot(xa, wb.T, acc)
+    row = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    tl.store(out_ptr + row.to(tl.int64)[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(row < M)[:, None] & (rn < N)[None, :])
 
 
-def dequantize(spec: WeightSpec, out: torch.Tensor | None = None, dtype=torch.bfloat16) -> torch.Tensor:
+DEQUANT_TILE = (32, 256, 4)  # (BN, BK, num_warps) of a dequantisation program
+
+
+def dequantize(spec: WeightSpec, out: torch.Tensor | None = None, dtype=torch.bfloat16,
+               tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """W [N, K] in `dtype` (dequant_tile's values, each rounded once), for the dequantise-then-multiply prefill
-    path; out: a preallocated [N, K] buffer."""
+    path; out: a preallocated [N, K] buffer; tile: (BN, BK, num_warps) instead of DEQUANT_TILE (sweeps; BK is
+    lowered to one that divides K and nests with the group)."""
     if spec.w.dim() != 2:
         raise ValueError(f"dequantize: weight must be 2-D [N, packed K], found shape {tuple(spec.w.shape)}")
     if out is None:
@@ -242,13 +263,13 @@ def dequantize(spec: WeightSpec, out: torch.Tensor | None = None, dtype=torch.bf
     elif out.shape != (spec.n, spec.k) or out.stride(-1) != 1:
         raise ValueError(f"dequantize: out must be [{spec.n}, {spec.k}] with unit column stride, found "
                          f"{tuple(out.shape)} strides {out.stride()}")
-    bn, bk = DEQUANT_TILE
+    bn, bk, warps = tile or DEQUANT_TILE
     bk = spec.block_k(bk)
     if spec.bits != DENSE_BITS and bk % spec.group and spec.group % bk:
         raise ValueError(f"dequantize: no K tile nests with the group size {spec.group} for K = {spec.k}")
     _dequant_kernel[(triton.cdiv(spec.n, bn), spec.k // bk)](
         spec.w, spec.scales, spec.biases, out, spec.n, spec.k, spec.w.stride(-2), spec.scales.stride(-2),
-        out.stride(0), BITS=spec.bits, GROUP=spec.group, BN=bn, BK=bk, num_warps=4)
+        out.stride(0), BITS=spec.bits, GROUP=spec.group, BN=bn, BK=bk, num_warps=warps)
     return out
 
 
@@ -283,16 +304,24 @@ def dense_config(n: int, k: int, m: int) -> tuple[int, int, int, int, int]:
 
 
 def dense_mm(x2: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config=None) -> torch.Tensor:
-    """out [M, N] = x2 [M, K] w [N, K]^T, both in x2's dtype (the dequantised weight of `dequantize`)."""
+    """out [M, N] = x2 [M, K] w [N, K]^T, both in x2's dtype (the dequantised weight of `dequantize`). config:
+    (BM, BN, BK, num_warps, num_stages[, TMA]) instead of dense_config's; TMA true: the tiles fetched by tensor
+    descriptors (_dense_mm_tma_kernel; a sweep option)."""
     m, k = x2.shape
     n = w.shape[0]
     if w.shape[1] != k or w.stride(-1) != 1 or x2.stride(-1) != 1 or w.dtype != x2.dtype:
         raise ValueError(f"dense_mm: w must be {x2.dtype} [N, {k}] with unit column stride, found {w.dtype} "
                          f"{tuple(w.shape)}")
-    bm, bn, bk, warps, stages = config or dense_config(n, k, m)
+    bm, bn, bk, warps, stages, *tma = config or dense_config(n, k, m)
     if k % bk:
         raise ValueError(f"dense_mm: BK {bk} must divide K {k}")
-    if m:
+    if m and tma and tma[0]:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        _dense_mm_tma_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
+            TensorDescriptor.from_tensor(x2, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]), out, m, n, k,
+            out.stride(0), BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
+    elif m:
         _dense_mm_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
             x2, w, out, m, n, k, x2.stride(0), w.stride(0), out.stride(0), BM=bm, BN=bn, BK=bk, F32=dot_f32(),
             num_warps=warps, num_stages=stages)
