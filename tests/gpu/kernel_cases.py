@@ -230,6 +230,13 @@ def check_dense_dequant(mods, device, bits, group, n, k, ms, configs, dense=Fals
             else:
                 assert torch.equal(routed, wide), f"{what}: affine_matmul's dequant route != its wide route"
             assert torch.equal(routed[:1], alone), f"{what}: row 0 among {m - 1} others != alone"
+        # x as a view whose row stride TMA cannot describe (odd K + 1 elements): the cp.async form, the same bits
+        shifted = torch.zeros(max(ms), k + 1, device=device, dtype=torch.bfloat16)
+        shifted[:, 1:] = x
+        view = shifted[:, 1:]
+        assert torch.equal(ta.affine_matmul(view, packed, s, b, bits, group), ta.affine_matmul(x, packed, s, b, bits,
+                                                                                               group)), \
+            f"dense path bits={bits} {n}x{k}: a strided x != a contiguous one"
     finally:
         for v, old in saved.items():
             if old is None:

@@ -197,11 +197,11 @@ def test_affine_wide_rows_independent_of_tile_position_and_equal_to_16_row_kerne
 @pytest.mark.parametrize("bits,group,dense", [(4, 64, False), (8, 64, False), (16, 1, True)])
 def test_dense_dequant_path_equals_wide_kernel(mods, dev, small, bits, group, dense):
     """The dense prefill projections' dequant route (triton_affine.dense_path) against the wide kernel, bit for bit,
-    at the 35B-A3B's shapes for every tile the library picks (by M) and a few others, at row counts on both sides of
-    DEQUANT_MIN_ROWS and of the 4096-row tile switch."""
+    at the 35B-A3B's shapes for every tile the library picks (by M; TMA) and a few others (TMA and cp.async), at row
+    counts on both sides of DEQUANT_MIN_ROWS and of the 2048-row tile switch."""
     shapes = ((200, 256), (72, 512)) if small else ((12352, 2048), (9216, 2048), (2048, 4096))
-    configs = ((128, 64, 64, 4, 4), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4),
-               (128, 128, 128, 8, 3))
+    configs = ((128, 64, 64, 4, 4, True), (256, 128, 64, 8, 4, True), (128, 64, 64, 4, 4), (256, 128, 64, 8, 3),
+               (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 128, 128, 8, 3, True))
     for n, k in shapes if bits == 4 else shapes[:1]:
         kc.check_dense_dequant(mods, dev, bits, group, n, k, (1, 255, 256, 515, 2048, 4100), configs, dense=dense)
 

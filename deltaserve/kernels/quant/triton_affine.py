@@ -23,9 +23,11 @@ and, for the dense projections from DEQUANT_MIN_ROWS rows (`dense_path`), two la
 
   _dequant_kernel         the weight dequantised once to x's dtype (dequant_tile's values, each rounded once: what
                           the wide kernel's tile holds before its MMA);
-  _dense_mm_kernel        x times it, one [BM, BK] x [BK, BN] `tl.dot` per K step, pipelined by Triton (cp.async
-                          stages; no dequantisation inside the K loop). The same products in the same K order as the
-                          wide kernel: on the H200 the same bits for every tile tried (GPU test), at ~2x its speed.
+  _dense_mm_tma_kernel    x times it, one [BM, BK] x [BK, BN] `tl.dot` per K step, the tiles fetched by TMA and
+                          pipelined by Triton (no dequantisation inside the K loop); _dense_mm_kernel is the same
+                          with pointer loads (cp.async), for operands TMA cannot describe and the interpreter.
+                          The same products in the same K order as the wide kernel: on the H200 the same bits for
+                          every tile tried (GPU test), at ~2-3x its speed.
 """
 
 from __future__ import annotations
@@ -291,22 +293,28 @@ def dense_path(m: int) -> str:
     return "dequant" if m >= env_int("DELTASERVE_PREFILL_DEQUANT_MIN", DEQUANT_MIN_ROWS, 1) else "wide"
 
 
-def dense_config(n: int, k: int, m: int) -> tuple[int, int, int, int, int]:
-    """(BM, BN, BK, num_warps, num_stages) of the dense kernel. The tile never changes a row's bits (each output
+def dense_config(n: int, k: int, m: int) -> tuple[int, int, int, int, int, bool]:
+    """(BM, BN, BK, num_warps, num_stages, TMA) of the dense kernel. The tile never changes a row's bits (each output
     element is the same chain of k16 MMAs in K order whatever the tile: GPU test over these and other tiles, and
-    scripts/probe_dense_prefill.py found every tile bit-equal to the wide kernel), so it may follow M. H200
-    (bench/NOTES.md): at 512 rows 128 x 64 tiles of 4 warps (12352 x 2048 50.5 us, 9216 x 2048 45.0, 2048 x 4096
-    23.9; 128 x 128 of 8 warps 49.1 / 47.9 / 30.1); at 4096 rows 256 x 128 of 8 warps, 3 stages (347 / 258 / 110
-    against 454 / 340 / 155)."""
+    scripts/probe_dense_prefill.py found every tile, cp.async or TMA, bit-equal to the wide kernel), so it may
+    follow M. H200 (bench/NOTES.md), tiles fetched by TMA: at 512 rows 128 x 64 of 4 warps, 4 stages (12352 x 2048
+    45.4 us, 9216 x 2048 40.5, 2048 x 4096 22.8; by cp.async 52.0 / 45.0 / 23.8); at 4096 rows 256 x 128 of 8
+    warps, 4 stages (287 / 216 / 93 us; cp.async 348 / 259 / 112; cuBLAS on the same weight 273 / 205 / 88)."""
     if m >= 2048:
-        return 256, 128, DENSE_BK, 8, 3
-    return 128, 64, DENSE_BK, 4, 4
+        return 256, 128, DENSE_BK, 8, 4, True
+    return 128, 64, DENSE_BK, 4, 4, True
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """Whether a 2-D tensor can back a TMA descriptor: unit column stride, 16-byte aligned base and row stride."""
+    return (t.is_cuda and t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0)
 
 
 def dense_mm(x2: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config=None) -> torch.Tensor:
     """out [M, N] = x2 [M, K] w [N, K]^T, both in x2's dtype (the dequantised weight of `dequantize`). config:
     (BM, BN, BK, num_warps, num_stages[, TMA]) instead of dense_config's; TMA true: the tiles fetched by tensor
-    descriptors (_dense_mm_tma_kernel; a sweep option)."""
+    descriptors (_dense_mm_tma_kernel) where both operands allow it (_tma_ok; not under the interpreter), else
+    by cp.async (_dense_mm_kernel): the same bits either way."""
     m, k = x2.shape
     n = w.shape[0]
     if w.shape[1] != k or w.stride(-1) != 1 or x2.stride(-1) != 1 or w.dtype != x2.dtype:
@@ -315,7 +323,7 @@ def dense_mm(x2: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config=None) 
     bm, bn, bk, warps, stages, *tma = config or dense_config(n, k, m)
     if k % bk:
         raise ValueError(f"dense_mm: BK {bk} must divide K {k}")
-    if m and tma and tma[0]:
+    if m and tma and tma[0] and not dot_f32() and _tma_ok(x2) and _tma_ok(w):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         _dense_mm_tma_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
