@@ -299,10 +299,12 @@ def dense_config(n: int, k: int, m: int) -> tuple[int, int, int, int, int, bool]
     scripts/probe_dense_prefill.py found every tile, cp.async or TMA, bit-equal to the wide kernel), so it may
     follow M. H200 (bench/NOTES.md), tiles fetched by TMA: at 512 rows 128 x 64 of 4 warps, 4 stages (12352 x 2048
     45.4 us, 9216 x 2048 40.5, 2048 x 4096 22.8; by cp.async 52.0 / 45.0 / 23.8); at 4096 rows 256 x 128 of 8
-    warps, 4 stages (287 / 216 / 93 us; cp.async 348 / 259 / 112; cuBLAS on the same weight 273 / 205 / 88)."""
+    warps, 4 stages (287 / 216 / 93 us; cp.async 348 / 259 / 112 at 3 stages; cuBLAS on the same weight 273 / 205 /
+    88). Env DELTASERVE_DENSE_LOADS ("tma" or "cp.async"): the tile loads, for in-model A/B (never a row's bits)."""
+    tma = env_choice("DELTASERVE_DENSE_LOADS", "tma", ("tma", "cp.async")) == "tma"  # in-model A/B of the forms
     if m >= 2048:
-        return 256, 128, DENSE_BK, 8, 4, True
-    return 128, 64, DENSE_BK, 4, 4, True
+        return 256, 128, DENSE_BK, 8, 4 if tma else 3, tma
+    return 128, 64, DENSE_BK, 4, 4, tma
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
