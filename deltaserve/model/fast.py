@@ -330,6 +330,16 @@ def logits_store() -> str:
     return value
 
 
+def logits_kernels() -> str:
+    """Which kernels make the logits of a prefill's rows: "gemv" (the default: the decode GEMV family and the final
+    norm's GEMV prep, exactly as a decode step makes them, so a row's logits have the same bits whether its forward
+    was a prefill, a decode step or a mix; a prefill needs logits for a few rows, the last prompt token of each
+    sequence, where the matmul kernel read the 0.27 GiB lm_head at ~0.5 TB/s: 536 us at one row on the H200
+    against the GEMV's 84) or "matmul" (the prefill's tiled matmul). Env DELTASERVE_PREFILL_LOGITS, for A/B."""
+    value = env_choice("DELTASERVE_PREFILL_LOGITS", "gemv", ("gemv", "matmul"))
+    return value
+
+
 def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple | None = None,
            fp32_out: bool = False) -> torch.Tensor:
     """module(x), through the batch-invariant Triton kernels on the fast path.

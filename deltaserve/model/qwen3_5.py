@@ -116,6 +116,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor, decode: bool = False) -> torch.Tensor:
+        # every row's logits through the decode GEMV path, prefill or not (fast.logits_kernels): one set of bits
+        decode = decode or fast.logits_kernels() == "gemv"
         h = fast.norm_for_gemv(self.norm, hidden, self.lm_head, decode)  # + the lm_head GEMV's prep
         if self.lm_head is not None:  # fp32 straight from the tensor-core GEMV when logits_store() says so
             logits = fast.linear(self.lm_head, h, decode, fp32_out=fast.logits_store() == "fp32")
