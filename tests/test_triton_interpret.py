@@ -75,9 +75,10 @@ def _cases():
         # the wide kernel's BK (128) under the interpreter; the GPU test runs the library's tiles (BK 64)
         "dense_dequant_q4": lambda m: kc.check_dense_dequant(m, CPU, 4, 64, 72, 256, (1, 33, 300),
                                                              ((32, 32, 128, 4, 2), (64, 16, 128, 4, 2))),
-        "dense_dequant_q8_g32": lambda m: kc.check_dense_dequant(m, CPU, 8, 32, 40, 256, (5, 70), ((32, 32, 128, 4, 2),)),
-        "dense_dequant_bf16": lambda m: kc.check_dense_dequant(m, CPU, 16, 1, 40, 256, (5, 70), ((32, 32, 128, 4, 2),),
-                                                               dense=True),
+        "dense_dequant_q8_g32": lambda m: kc.check_dense_dequant(m, CPU, 8, 32, 40, 256, (5, 70),
+                                                                 ((32, 32, 128, 4, 2),)),
+        "dense_dequant_bf16": lambda m: kc.check_dense_dequant(m, CPU, 16, 1, 40, 256, (5, 70),
+                                                               ((32, 32, 128, 4, 2),), dense=True),
         "affine_experts_q4": lambda m: kc.check_affine_experts(m, CPU, 4, 32, m=37, n=24, k=128, e=5, repeat=2),
         "expert_tiles": lambda m: kc.check_expert_tiles(m, CPU),
         "affine_experts_bf16": lambda m: kc.check_affine_experts(m, CPU, 16, 32, m=9, n=24, k=64, e=3, repeat=1),

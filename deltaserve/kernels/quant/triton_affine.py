@@ -209,8 +209,8 @@ def _dense_mm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, strid
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr):
     # grid: (cdiv(M, BM) * cdiv(N, BN),), the M tiles of one N tile adjacent (they share its weight tile while it
     # is in the L2). out[rows, rn] = x[rows] W[rn]^T for a dense W [N, K] in x's dtype: one [BM, BK] x [BK, BN]
-    # dot per K step, chained in order, the tile fixed by the caller per weight (never by M), so a row's bits
-    # depend on (N, K) only
+    # dot per K step, chained in order: whatever the tile, each output element is the same chain of k16 MMAs, so a
+    # row's bits never depend on M or on the other rows (dense_config)
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
     pid_m = pid % num_m
@@ -293,14 +293,15 @@ def dense_path(m: int) -> str:
     return "dequant" if m >= env_int("DELTASERVE_PREFILL_DEQUANT_MIN", DEQUANT_MIN_ROWS, 1) else "wide"
 
 
-def dense_config(n: int, k: int, m: int) -> tuple[int, int, int, int, int, bool]:
-    """(BM, BN, BK, num_warps, num_stages, TMA) of the dense kernel. The tile never changes a row's bits (each output
-    element is the same chain of k16 MMAs in K order whatever the tile: GPU test over these and other tiles, and
-    scripts/probe_dense_prefill.py found every tile, cp.async or TMA, bit-equal to the wide kernel), so it may
-    follow M. H200 (bench/NOTES.md), tiles fetched by TMA: at 512 rows 128 x 64 of 4 warps, 4 stages (12352 x 2048
-    45.4 us, 9216 x 2048 40.5, 2048 x 4096 22.8; by cp.async 52.0 / 45.0 / 23.8); at 4096 rows 256 x 128 of 8
-    warps, 4 stages (287 / 216 / 93 us; cp.async 348 / 259 / 112 at 3 stages; cuBLAS on the same weight 273 / 205 /
-    88). Env DELTASERVE_DENSE_LOADS ("tma" or "cp.async"): the tile loads, for in-model A/B (never a row's bits)."""
+def dense_config(m: int) -> tuple[int, int, int, int, int, bool]:
+    """(BM, BN, BK, num_warps, num_stages, TMA) of the dense kernel for m rows. The tile never changes a row's bits
+    (each output element is the same chain of k16 MMAs in K order whatever the tile: GPU test over these and other
+    tiles, and scripts/probe_dense_prefill.py found every tile, cp.async or TMA, bit-equal to the wide kernel), so
+    it may follow M. H200 (bench/NOTES.md), tiles fetched by TMA: at 512 rows 128 x 64 of 4 warps, 4 stages
+    (12352 x 2048 45.4 us, 9216 x 2048 40.5, 2048 x 4096 22.8; by cp.async 52.0 / 45.0 / 23.8); at 4096 rows
+    256 x 128 of 8 warps, 4 stages (287 / 216 / 93 us; cp.async 348 / 259 / 112 at 3 stages; cuBLAS on the same
+    weight 273 / 205 / 88). Env DELTASERVE_DENSE_LOADS ("tma" or "cp.async"): the tile loads, for in-model A/B
+    (never a row's bits)."""
     tma = env_choice("DELTASERVE_DENSE_LOADS", "tma", ("tma", "cp.async")) == "tma"  # in-model A/B of the forms
     if m >= 2048:
         return 256, 128, DENSE_BK, 8, 4 if tma else 3, tma
@@ -309,7 +310,8 @@ def dense_config(n: int, k: int, m: int) -> tuple[int, int, int, int, int, bool]
 
 def _tma_ok(t: torch.Tensor) -> bool:
     """Whether a 2-D tensor can back a TMA descriptor: unit column stride, 16-byte aligned base and row stride."""
-    return (t.is_cuda and t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0)
+    row_bytes = t.stride(0) * t.element_size()
+    return t.is_cuda and t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and row_bytes % 16 == 0
 
 
 def dense_mm(x2: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config=None) -> torch.Tensor:
@@ -322,7 +324,7 @@ def dense_mm(x2: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config=None) 
     if w.shape[1] != k or w.stride(-1) != 1 or x2.stride(-1) != 1 or w.dtype != x2.dtype:
         raise ValueError(f"dense_mm: w must be {x2.dtype} [N, {k}] with unit column stride, found {w.dtype} "
                          f"{tuple(w.shape)}")
-    bm, bn, bk, warps, stages, *tma = config or dense_config(n, k, m)
+    bm, bn, bk, warps, stages, *tma = config or dense_config(m)
     if k % bk:
         raise ValueError(f"dense_mm: BK {bk} must divide K {k}")
     if m and tma and tma[0] and not dot_f32() and _tma_ok(x2) and _tma_ok(w):
@@ -421,8 +423,8 @@ def affine_matmul(
         out = torch.empty(m, spec.n, dtype=x.dtype, device=x.device)
     if m:
         if config is None and spec.k % DENSE_BK == 0 and dense_path(m) == "dequant":
-            w = spec.w if spec.bits == DENSE_BITS else dequantize(spec, dtype=x2.dtype)
-            dense_mm(x2, w.to(x2.dtype), out)
+            w = spec.w.to(x2.dtype).contiguous() if spec.bits == DENSE_BITS else dequantize(spec, dtype=x2.dtype)
+            dense_mm(x2, w, out)
         elif config is None or len(config) == 6:
             _launch_wide(x2, spec, out, config)
         else:
