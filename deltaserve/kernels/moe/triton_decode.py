@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...utils.env import env_int
 from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, launch_gemv, row_run_config
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import WeightSpec, dequant_tile
@@ -299,10 +300,7 @@ ROUTER_ROWS = 8  # tokens per program of the many-token router logits (_gemv_ker
 def router_rows_min() -> int:
     """From how many tokens the router's logits come from the multi-row GEMV (_router_logits; the same bits as the
     per-token launch, so the choice may follow T). Env DELTASERVE_ROUTER_ROWS_MIN (0: never), for in-model A/B."""
-    value = os.environ.get("DELTASERVE_ROUTER_ROWS_MIN", "128")
-    if not value.isdigit():
-        raise ValueError(f"DELTASERVE_ROUTER_ROWS_MIN={value!r}: expected a token count (0: off)")
-    return int(value) or 1 << 62
+    return env_int("DELTASERVE_ROUTER_ROWS_MIN", 128, 0) or 1 << 62
 
 
 @triton.jit

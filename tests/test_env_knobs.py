@@ -1,0 +1,62 @@
+"""The integer environment knob helper and the prefill's new switches: defaults, every allowed value, and a clear
+error naming the variable for anything else (no Triton launch: these are host-side choices)."""
+
+from __future__ import annotations
+
+import pytest
+
+from deltaserve.kernels.quant import triton_affine as ta
+from deltaserve.model import fast
+from deltaserve.utils.env import env_int
+
+
+def test_env_int_default_range_and_errors(monkeypatch):
+    monkeypatch.delenv("DELTASERVE_TEST_KNOB", raising=False)
+    assert env_int("DELTASERVE_TEST_KNOB", 7) == 7
+    monkeypatch.setenv("DELTASERVE_TEST_KNOB", "  ")
+    assert env_int("DELTASERVE_TEST_KNOB", 7) == 7  # empty means unset
+    monkeypatch.setenv("DELTASERVE_TEST_KNOB", "12")
+    assert env_int("DELTASERVE_TEST_KNOB", 7, 1, 12) == 12
+    for bad in ("13", "0", "3.5", "many"):
+        monkeypatch.setenv("DELTASERVE_TEST_KNOB", bad)
+        with pytest.raises(ValueError, match=rf"DELTASERVE_TEST_KNOB must be an integer in \[1, 12\], found '{bad}'"):
+            env_int("DELTASERVE_TEST_KNOB", 7, 1, 12)
+    monkeypatch.setenv("DELTASERVE_TEST_KNOB", "-1")
+    with pytest.raises(ValueError, match="an integer >= 0, found '-1'"):
+        env_int("DELTASERVE_TEST_KNOB", 7)
+
+
+def test_dense_prefill_route_switches(monkeypatch):
+    for var in ("DELTASERVE_PREFILL_DENSE", "DELTASERVE_PREFILL_DEQUANT_MIN", "DELTASERVE_DENSE_LOADS"):
+        monkeypatch.delenv(var, raising=False)
+    # the default: the dequant route from DEQUANT_MIN_ROWS rows (bench/NOTES.md), the wide kernel below
+    assert ta.dense_path(ta.DEQUANT_MIN_ROWS) == "dequant" and ta.dense_path(ta.DEQUANT_MIN_ROWS - 1) == "wide"
+    monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_MIN", "1")
+    assert ta.dense_path(1) == "dequant"
+    monkeypatch.setenv("DELTASERVE_PREFILL_DENSE", "wide")
+    assert ta.dense_path(4096) == "wide"
+    monkeypatch.setenv("DELTASERVE_PREFILL_DENSE", "cublas")
+    with pytest.raises(ValueError, match="DELTASERVE_PREFILL_DENSE must be 'dequant' or 'wide', found 'cublas'"):
+        ta.dense_path(512)
+    monkeypatch.delenv("DELTASERVE_PREFILL_DENSE")
+    monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_MIN", "0")
+    with pytest.raises(ValueError, match="DELTASERVE_PREFILL_DEQUANT_MIN must be an integer >= 1"):
+        ta.dense_path(512)
+    # tiles: TMA by default, 256 x 128 from 2048 rows; cp.async on request; BK always DENSE_BK
+    assert ta.dense_config(512) == (128, 64, ta.DENSE_BK, 4, 4, True)
+    assert ta.dense_config(4096) == (256, 128, ta.DENSE_BK, 8, 4, True)
+    monkeypatch.setenv("DELTASERVE_DENSE_LOADS", "cp.async")
+    assert ta.dense_config(4096) == (256, 128, ta.DENSE_BK, 8, 3, False)
+    monkeypatch.setenv("DELTASERVE_DENSE_LOADS", "ldg")
+    with pytest.raises(ValueError, match="DELTASERVE_DENSE_LOADS"):
+        ta.dense_config(512)
+
+
+def test_prefill_logits_switch(monkeypatch):
+    monkeypatch.delenv("DELTASERVE_PREFILL_LOGITS", raising=False)
+    assert fast.logits_kernels() == "gemv"  # a prefill's logits rows as a decode step makes them
+    monkeypatch.setenv("DELTASERVE_PREFILL_LOGITS", "matmul")
+    assert fast.logits_kernels() == "matmul"
+    monkeypatch.setenv("DELTASERVE_PREFILL_LOGITS", "cublas")
+    with pytest.raises(ValueError, match="DELTASERVE_PREFILL_LOGITS must be 'gemv' or 'matmul'"):
+        fast.logits_kernels()
