@@ -11,7 +11,8 @@ not give it (bench/NOTES.md: the tensor-core GEMV lost in the model what it won 
 
   python scripts/sweep_mma_gemv.py [--ms 1,8,64] [--out FILE] [--budget-s 300] [--after-norm]
   python scripts/sweep_mma_gemv.py --moe [--moe-tiles] [--ms 1,8,64,512]   # the MoE block: CUDA vs tensor cores
-  python scripts/sweep_mma_gemv.py --experts [--ms 1,8,64,512]   # the experts kernel: W x AHEAD x LOOP x own sums
+  python scripts/sweep_mma_gemv.py --experts [--ms 1,8,64,512] [--wstages 3,5]   # the experts kernel: W x AHEAD x
+                                        # LOOP x own sums x the weight words' shared-memory slots
   python scripts/sweep_mma_gemv.py --compile-only [--quick]   # no GPU: compiles the configurations for sm_90,
                                         # checks the repack's round trip, prints registers and SASS counts
 Exit status 1 when any configuration fails its checks.
@@ -318,19 +319,22 @@ def experts_section(args, sink) -> None:
                                 continue
                             aheads = tuple(int(v) for v in args.aheads.split(",") if v)
                             loops = tuple(int(v) for v in args.loops.split(",") if v)
-                            plans += [(rows, rb, ahead, 1) for ahead in aheads + ((nch - 1, nch) if t <= 8 else ())]
-                            plans += [(rows, rb, 1, loop) for loop in loops if rows > 1 and nbe % (rb * loop) == 0]
-                    for rows, rb, ahead, loop in plans:
+                            wstages = tuple(int(v) for v in args.wstages.split(",") if v)
+                            plans += [(rows, rb, ahead, 1, 0) for ahead in aheads + ((nch - 1, nch) if t <= 8 else ())]
+                            plans += [(rows, rb, 1, loop, 0) for loop in loops if rows > 1 and nbe % (rb * loop) == 0]
+                            plans += [(rows, rb, 2, 1, ws) for ws in wstages]
+                    for rows, rb, ahead, loop, ws in plans:
                         rec = dict(kernel=f"experts_{form}", shape=f"T={t} E={num_e} k={slots} K={k}",
-                                   config=f"W{w} RB{rb} rows{rows} ahead{ahead} loop{loop}{' own-xs' if own else ''}")
+                                   config=f"W{w} RB{rb} rows{rows} ahead{ahead} loop{loop}{' own-xs' if own else ''}"
+                                          + (f" wstage{ws}" if ws else ""))
                         if time.monotonic() > args.deadline:
                             sink.emit({**rec, "skipped": True})
                             continue
                         try:
-                            def call(j, w=w, ahead=ahead, own=own, loop=loop, rows=rows, rb=rb):
+                            def call(j, w=w, ahead=ahead, own=own, loop=loop, rows=rows, rb=rb, ws=ws):
                                 return mg.mma_matmul_experts(ins[j], *weight, routes[j], rep,
                                                              xs=None if own else sums[j], tiles=tables[rows][j],
-                                                             config=(w, rb, ahead, loop), **extra)
+                                                             config=(w, rb, ahead, loop, ws), **extra)
                             got = call(0)
                             base = got if base is None else base
                             same = torch.equal(got, base)
@@ -361,6 +365,7 @@ def main(argv=None) -> int:
     ap.add_argument("--forms", default="gated,scaled", help="--experts: which of gated, scaled")
     ap.add_argument("--aheads", default="1,2,4", help="--experts: chunks in flight to try past 8 tokens")
     ap.add_argument("--loops", default="2,4,8", help="--experts: LOOP rounds to try with sorted tiles")
+    ap.add_argument("--wstages", default="", help="--experts: the weight words' shared-memory slots to try (WSTAGE)")
     ap.add_argument("--own-xs", default="loaded,own", help="--experts, scaled: the group sums loaded, own, or both")
     ap.add_argument("--after-norm", action="store_true",
                     help="time each GEMV after the RMSNorm that makes its input and group sums (as in the model: a "

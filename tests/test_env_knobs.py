@@ -60,3 +60,17 @@ def test_prefill_logits_switch(monkeypatch):
     monkeypatch.setenv("DELTASERVE_PREFILL_LOGITS", "cublas")
     with pytest.raises(ValueError, match="DELTASERVE_PREFILL_LOGITS must be 'gemv' or 'matmul'"):
         fast.logits_kernels()
+
+
+def test_experts_staged_weights_switch(monkeypatch):
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    monkeypatch.delenv("DELTASERVE_MMA_WSTAGE", raising=False)
+    assert mg.default_wstage(512, True) == mg.default_wstage(512, False) == 0  # registers until timed
+    monkeypatch.setenv("DELTASERVE_MMA_WSTAGE", "3,5")
+    assert (mg.default_wstage(512, True), mg.default_wstage(512, False)) == (3, 5)
+    assert mg.default_wstage(16, True) == 0  # decode-sized launches keep their tuned forms
+    for bad in ("3", "1,4", "a,b", "-2,3"):
+        monkeypatch.setenv("DELTASERVE_MMA_WSTAGE", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_MMA_WSTAGE"):
+            mg.default_wstage(512, True)

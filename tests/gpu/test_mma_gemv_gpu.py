@@ -435,3 +435,36 @@ def test_mma_experts_whole_slice_same_bits(dev, t):
             outs.append(mg.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles, scale=scale, config=(wd, 1, ahead),
                                               combine=comb))
         assert all(torch.equal(o, outs[0]) for o in outs), f"down (combine={combine is not None}): AHEAD changes bits"
+
+
+@pytest.mark.parametrize("t", [1, 64, 512])
+def test_mma_experts_staged_weights_same_bits(dev, t):
+    """The experts kernel's staged-weight form (WSTAGE slots of shared memory filled by cp.async, x staged whole)
+    gives the bits of the register forms in the gated and scaled launches, on single-row and sorted 8-row tiles,
+    with 2, 3, 5 and more slots than chunks, and a NaN-poisoned output fully written."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    e, slots, h, i = 257, 9, 2048, 512
+    (gw, gsb), _ = _experts(dev, e, i, h)
+    (uw, usb), _ = _experts(dev, e, i, h)
+    (dw, dsb), _ = _experts(dev, e, h, i)
+    ids = torch.stack([torch.cat([torch.randperm(e - 1, device=dev)[: slots - 1], torch.tensor([e - 1], device=dev)])
+                       for _ in range(t)]).int()
+    x = torch.randn(t, h, device=dev).bfloat16()
+    scale = torch.rand(t * slots, device=dev)
+    wg, wd = mg.default_warps(h), mg.default_warps(i)
+    for rows in (1, 8) if t > 1 else (1,):
+        tiles = mg.mma_expert_tiles(ids, e, rows)
+        base_g = mg.mma_matmul_experts(x, gw, gsb, ids, slots, tiles=tiles, up=(uw, usb), config=(wg, 1, 2))
+        hid = base_g
+        rbd = mg.default_row_blocks(dw.shape[1], t * slots, i)
+        base_d = mg.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles, scale=scale, config=(wd, rbd, 2))
+        for ns in (2, 3, 5, 9):
+            out = torch.full_like(base_g, float("nan"))
+            got = mg.mma_matmul_experts(x, gw, gsb, ids, slots, tiles=tiles, up=(uw, usb), config=(wg, 1, 2, 1, ns),
+                                        out=out)
+            assert torch.equal(got, base_g), f"gated, {rows}-row tiles, {ns} slots"
+            out = torch.full_like(base_d, float("nan"))
+            got = mg.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles, scale=scale, config=(wd, rbd, 2, 1, ns),
+                                        out=out)
+            assert torch.equal(got, base_d), f"down, {rows}-row tiles, {ns} slots"

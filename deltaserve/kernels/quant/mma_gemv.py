@@ -675,7 +675,8 @@ if HAVE_GLUON:
                             SCALED: gl.constexpr, PDL: gl.constexpr = False, SELF_XS: gl.constexpr = False,
                             COMBINE: gl.constexpr = False, SLOTS: gl.constexpr = 1, HAS_RES: gl.constexpr = False,
                             AHEAD: gl.constexpr = 1, LOOP: gl.constexpr = 1, GLU: gl.constexpr = 0,
-                            PAIR: gl.constexpr = 0, OPEN_LATE: gl.constexpr = False, EARLY: gl.constexpr = False):
+                            PAIR: gl.constexpr = 0, OPEN_LATE: gl.constexpr = False, EARLY: gl.constexpr = False,
+                            WSTAGE: gl.constexpr = 0):
         """grid (tiles, N / (16 RB LOOP)): the plain kernel's arithmetic on expert tile t, row blocks
         [RB LOOP p, RB LOOP (p + 1)) of its expert: LOOP rounds of RB blocks held in registers together (the x
         columns are loaded once for the RB blocks; LOOP > 1 stages them in shared memory once for every round, so
@@ -692,6 +693,9 @@ if HAVE_GLUON:
         AHEAD: chunks requested ahead of the one computed (3 .. NCH - 1: a register ring, _accumulate_ring; NCH - 1
         is the whole slice in chunk order); >= NCH: every chunk of the weight(s) at once, x through shared memory
         (_stage_x), the same arithmetic in the same order.
+        WSTAGE >= 2 (LOOP 1, not GLU / PAIR / EARLY): the weight words through a ring of WSTAGE shared-memory slots
+        filled by cp.async, WSTAGE - 1 chunks in flight without holding registers, x staged whole (_stage_x), the
+        scales in registers (_accumulate_wstaged): the same arithmetic in the same order (AHEAD unused).
         COMBINE (SINGLE and SCALED, rows t = SLOTS * token + slot): the program that stores the last of a token's
         SLOTS parts of its row blocks (triton_sync's last arrival, one counter per (token, program column) at
         cnt_ptr) also does triton_combine.combine_slots' arithmetic on them: the slots added 0 .. SLOTS-1 in fp32
@@ -774,6 +778,12 @@ if HAVE_GLUON:
                     sb_off, live, zero_w, W, RB, N8, NCH, mma, dot_a, dot_b, XL, CL, GATED, SELF_XS)
                 _experts_store(acc, acc2, out_ptr + o_dst[None, :] * stride_om + rbr * 16 + o_row[:, None], o_mask,
                                scale_ptr, o_dst, o_n < rows, GATED, SCALED)
+        elif WSTAGE > 0:
+            gl.static_assert(WSTAGE >= 2 and GLU == 0 and PAIR == 0 and not EARLY,
+                             "the staged weight ring: 2+ slots, a plain x and no pair / early forms")
+            acc, acc2 = _accumulate_wstaged(acc, acc2, w_base, sb_base, w2_base, sb2_base, x_ptr, xs_ptr, w_off,
+                                            sb_off, x_off, x_mask, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH,
+                                            WSTAGE, mma, dot_a, dot_b, WL, XL, CL, GATED, SELF_XS)
         elif AHEAD >= NCH:
             # the whole weight slice (both weights when GATED) requested at once, after the wait (the expert comes
             # from the routing); a second griddepcontrol.wait, which returns at once, keeps ptxas from sinking them
@@ -843,6 +853,46 @@ if HAVE_GLUON:
                 acc2 = _chunk_acc(acc2, words2, xv, sb2, xs, zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
                 words2, sb2 = nxt2
             words, sb = nxt
+        return acc, acc2
+
+    @gluon.jit
+    def _accumulate_wstaged(acc, acc2, w_base, sb_base, w2_base, sb2_base, x_ptr, xs_ptr, w_off, sb_off, x_off,
+                            x_mask, xs_off, xs_mask, w_live, zero_w, W: gl.constexpr, RB: gl.constexpr,
+                            N8: gl.constexpr, NCH: gl.constexpr, NS: gl.constexpr, mma: gl.constexpr,
+                            dot_a: gl.constexpr, dot_b: gl.constexpr, WL: gl.constexpr, XL: gl.constexpr,
+                            CL: gl.constexpr, TWO: gl.constexpr, SELF_XS: gl.constexpr):
+        """acc (+ acc2 from the second weight when TWO) + every chunk in order, _accumulate's arithmetic, with the
+        weight words through NS shared-memory slots: x (and xs) staged whole first (_stage_x, cp.async group 0),
+        then chunk c's words by cp.async into slot c % NS (one group a chunk, NS - 1 chunks in flight), its scales
+        into registers beside them; before chunk c is computed, the wait for its group and the words read back.
+        Each thread reads back only the words it copied (the same layout both ways), so no barrier is needed; the
+        slot refilled at chunk c held chunk c - 1, whose words the thread consumed in the iteration before."""
+        x_sm, xs_sm = _stage_x(x_ptr, xs_ptr, x_off, x_mask, xs_off, xs_mask, W, N8, NCH, SELF_XS)
+        SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[4, 3, 2, 1, 0])
+        w_sm = gl.allocate_shared_memory(gl.int32, [NS, W, RB, 8, 4, 4], SH)
+        w2_sm = w_sm
+        if TWO:
+            w2_sm = gl.allocate_shared_memory(gl.int32, [NS, W, RB, 8, 4, 4], SH)
+        wmask = (w_off >= 0) & w_live  # the tile's liveness over every word (an empty tile reads nothing)
+        sbt = ()
+        sbt2 = ()
+        for c in gl.static_range(NCH + NS - 1):
+            if c < NCH:  # request chunk c: its words into slot c % NS, its scales into registers
+                async_copy.async_copy_global_to_shared(w_sm.index(c % NS), w_base + c * W * 128 + w_off, mask=wmask)
+                sbt = sbt + (gl.load(sb_base + c * W * 32 + sb_off, mask=w_live, other=0.0),)
+                if TWO:
+                    async_copy.async_copy_global_to_shared(w2_sm.index(c % NS), w2_base + c * W * 128 + w_off,
+                                                           mask=wmask)
+                    sbt2 = sbt2 + (gl.load(sb2_base + c * W * 32 + sb_off, mask=w_live, other=0.0),)
+                async_copy.commit_group()
+            if c >= NS - 1:  # compute chunk c - (NS - 1): at most the groups after its own may still be pending
+                async_copy.wait_group(min(NS - 1, NCH - 1 - (c - (NS - 1))))
+                xv, xs = _staged_chunk(x_sm, xs_sm, c - (NS - 1), XL, CL, SELF_XS)
+                acc = _chunk_acc(acc, w_sm.index((c - (NS - 1)) % NS).load(WL), xv, sbt[c - (NS - 1)], xs, zero_w,
+                                 W, RB, N8, mma, dot_a, dot_b, SELF_XS)
+                if TWO:
+                    acc2 = _chunk_acc(acc2, w2_sm.index((c - (NS - 1)) % NS).load(WL), xv, sbt2[c - (NS - 1)], xs,
+                                      zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
         return acc, acc2
 
 def column_tiles(m: int) -> int:
@@ -1021,6 +1071,27 @@ def default_ahead(m: int, gated: bool, chunks: int = 8) -> int:
     return 2
 
 
+WSTAGE_BYTES = 160 << 10  # x staged whole plus the weight words' slots (the WSTAGE form): at most this per program
+
+
+def default_wstage(m: int, gated: bool) -> int:
+    """The weight words' shared-memory slots of the experts kernel (0: the words in registers, the AHEAD forms;
+    never a row's bits). The ncu source view at a 512-token prefill (bench/NOTES.md) found down's stalls 61% on
+    its weight words and more chunks in registers slower (AHEAD 2 -> 3 .. 8: 111.9 -> 118.5 .. 141.2 us), so the
+    slots keep chunks in flight without registers; not yet timed, so 0 by default. Env DELTASERVE_MMA_WSTAGE="G,D":
+    the gated and the down launch's slots past 16 rows, for in-model A/B."""
+    env = os.environ.get("DELTASERVE_MMA_WSTAGE", "").strip()
+    if m <= 16 or not env:
+        return 0
+    try:
+        g_slots, d_slots = (int(v) for v in env.split(","))
+    except ValueError:
+        raise ValueError(f"DELTASERVE_MMA_WSTAGE must be two slot counts 'G,D' (0: registers), found {env!r}") from None
+    if min(g_slots, d_slots) < 0 or 1 in (g_slots, d_slots):
+        raise ValueError(f"DELTASERVE_MMA_WSTAGE: slot counts are 0 (registers) or at least 2, found {env!r}")
+    return g_slots if gated else d_slots
+
+
 def pair_counters_fit(tiles: MmaTiles, nbe: int) -> bool:
     """Whether a pair_out launch over stacked [gate; up] weights of nbe row blocks per expert has a (tile, row-block
     pair) counter for each of `tiles`' tiles within the PAIR_COUNTERS allocated."""
@@ -1041,10 +1112,11 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     tiles: mma_expert_tiles(ids, E) to share across the block's calls (None: built here).
     up: a second stacked weight (words, sb) of W's shape: the result is h = SiLU(x W^T) * (x W_up^T) in bf16
     (the kernel's GATED epilogue). scale: fp32 [M]: the result is fp32, scale[m] * bf16(row m) (SCALED).
-    config: (W, RB[, AHEAD[, LOOP]]) warps per program (changes bits), row blocks per program held together, chunks
-    in flight (1 .. chunks - 1 in registers, chunks - 1 being the whole slice up front; or >= the chunks: the whole
-    weight slice at once, x by cp.async) and rounds of RB row blocks
-    per program over x staged once in shared memory (LOOP > 1); none but W changes bits.
+    config: (W, RB[, AHEAD[, LOOP[, WSTAGE]]]) warps per program (changes bits), row blocks per program held
+    together, chunks in flight (1 .. chunks - 1 in registers, chunks - 1 being the whole slice up front; or >= the
+    chunks: the whole weight slice at once, x by cp.async), rounds of RB row blocks per program over x staged once
+    in shared memory (LOOP > 1) and the weight words' shared-memory slots (WSTAGE >= 2: cp.async, WSTAGE - 1 chunks
+    in flight, x staged whole; 0: registers; default_wstage); none but W changes bits.
     combine: (residual [T, N] or None, comb [T, N]) with scale= and single-row tiles, rows being T tokens x S
     slots: the launch also does triton_combine.combine_slots(out.view(T, S, N), residual, comb) (the same
     arithmetic, the same bits) at each token's last-arriving program, and returns comb; out still holds the parts.
@@ -1102,13 +1174,20 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
         raise ValueError(f"mma_matmul_experts: tiles of {tiles.rows} rows for {m} rows must number {want}, found "
                          f"{tiles.tile_e.numel()} (build them with mma_expert_tiles for these ids)")
     warps = config[0] if config else default_warps(k)
-    defaults = (warps, default_row_blocks(nbe, m, k), default_ahead(m, up is not None, g // warps), 1)
-    warps, rb, ahead, loop = (*config, *defaults[len(config):]) if config else defaults
+    defaults = (warps, default_row_blocks(nbe, m, k), default_ahead(m, up is not None, g // warps), 1,
+                default_wstage(m, up is not None))
+    warps, rb, ahead, loop, wstage = (*config, *defaults[len(config):]) if config else defaults
     if loop < 1 or nbe % (rb * loop):
         raise ValueError(f"mma_matmul_experts: LOOP={loop} rounds of RB={rb} row blocks must divide the {nbe} row "
                          f"blocks")
     staged = k * 8 * column_tiles(tiles.rows) * x.element_size()
-    if (loop > 1 or ahead >= g // warps) and staged > STAGE_BYTES:
+    if wstage:
+        ring = wstage * warps * rb * 512 * (2 if up is not None else 1)
+        if wstage < 2 or loop != 1 or glu or pair_out is not None or early or staged + ring > WSTAGE_BYTES:
+            raise ValueError(f"mma_matmul_experts: WSTAGE={wstage} (the weight words' shared-memory slots) needs 2+ "
+                             f"slots, LOOP 1, no glu / pair_out / early, and x staged ({staged} bytes) plus the "
+                             f"slots ({ring}) within {WSTAGE_BYTES} bytes")
+    if (loop > 1 or ahead >= g // warps or wstage) and staged > STAGE_BYTES:
         raise ValueError(f"mma_matmul_experts: LOOP > 1 and AHEAD >= chunks stage x in shared memory, {staged} bytes "
                          f"for K={k} and tiles of {tiles.rows} rows; at most {STAGE_BYTES}")
     if ahead < 1:
@@ -1170,5 +1249,6 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
             SCALED=scale is not None, SELF_XS=self_xs, COMBINE=combine is not None, SLOTS=slots,
             HAS_RES=combine is not None and res is not None, AHEAD=ahead, LOOP=loop, GLU=k if glu else 0,
             PAIR=pairs, num_warps=warps,
-            **pdl_args(x), **({"OPEN_LATE": True} if open_late else {}), **({"EARLY": True} if early else {}))
+            **pdl_args(x), **({"OPEN_LATE": True} if open_late else {}), **({"EARLY": True} if early else {}),
+            **({"WSTAGE": wstage} if wstage else {}))
     return out if combine is None else comb
