@@ -102,7 +102,7 @@ def main(argv=None) -> int:
                  [lambda j=j: ta.dense_mm(x, ta.dequantize(weights[j][0], out=scratch), outs[j])
                   for j in range(copies)])
             emit("cuBLAS bf16 (dequantised weight)", [lambda j=j: F.linear(x, deq[j]) for j in range(copies)])
-        del weights, deq
+        weights = deq = None  # the copies freed before the next shape (the lambdas above are done with them)
     return sink.finish()
 
 
