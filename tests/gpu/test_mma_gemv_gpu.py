@@ -130,6 +130,17 @@ def _experts(dev, e, n, k):
     return (words, sb), wd
 
 
+def _moe_experts(dev, e, h, i):
+    """An MoE block's repacked stacks: gate and up [e, i, h], down [e, h, i]."""
+    return tuple(_experts(dev, e, n, k)[0] for n, k in ((i, h), (i, h), (h, i)))
+
+
+def _routes(dev, e, slots, t):
+    """t tokens' expert ids: slots - 1 distinct routed experts of e - 1, then the shared expert stacked last."""
+    return torch.stack([torch.cat([torch.randperm(e - 1, device=dev)[: slots - 1], torch.tensor([e - 1], device=dev)])
+                        for _ in range(t)]).int()
+
+
 @pytest.mark.parametrize("e,n,k,top_k", [(8, 64, 256, 2), (256, 1024, 2048, 8), (256, 2048, 512, 8)])
 @pytest.mark.parametrize("t", [1, 8, 64])
 @pytest.mark.parametrize("tile_rows", [None, 1, 16])
@@ -384,8 +395,7 @@ def test_mma_experts_combine_at_last_arrival(dev, t, with_res):
 
     e, n, k, slots = 257, 2048, 512, 9
     (words, sb), _ = _experts(dev, e, n, k)
-    ids = torch.stack([torch.cat([torch.randperm(e - 1, device=dev)[: slots - 1], torch.tensor([e - 1], device=dev)])
-                       for _ in range(t)]).int()
+    ids = _routes(dev, e, slots, t)
     hid = torch.randn(t * slots, k, device=dev).bfloat16()
     scale = torch.rand(t * slots, device=dev)
     res = torch.randn(t, n, device=dev).bfloat16() if with_res else None
@@ -413,11 +423,8 @@ def test_mma_experts_whole_slice_same_bits(dev, t):
     from deltaserve.kernels.quant import mma_gemv as mg
 
     e, slots, h, i = 65, 9, 2048, 512
-    (gw, gsb), _ = _experts(dev, e, i, h)
-    (uw, usb), _ = _experts(dev, e, i, h)
-    (dw, dsb), _ = _experts(dev, e, h, i)
-    ids = torch.stack([torch.cat([torch.randperm(e - 1, device=dev)[: slots - 1], torch.tensor([e - 1], device=dev)])
-                       for _ in range(t)]).int()
+    (gw, gsb), (uw, usb), (dw, dsb) = _moe_experts(dev, e, h, i)
+    ids = _routes(dev, e, slots, t)
     tiles = mg.mma_expert_tiles(ids, e, 1)
     x = torch.randn(t, h, device=dev).bfloat16()
     scale = torch.rand(t * slots, device=dev)
@@ -445,11 +452,8 @@ def test_mma_experts_staged_weights_same_bits(dev, t):
     from deltaserve.kernels.quant import mma_gemv as mg
 
     e, slots, h, i = 257, 9, 2048, 512
-    (gw, gsb), _ = _experts(dev, e, i, h)
-    (uw, usb), _ = _experts(dev, e, i, h)
-    (dw, dsb), _ = _experts(dev, e, h, i)
-    ids = torch.stack([torch.cat([torch.randperm(e - 1, device=dev)[: slots - 1], torch.tensor([e - 1], device=dev)])
-                       for _ in range(t)]).int()
+    (gw, gsb), (uw, usb), (dw, dsb) = _moe_experts(dev, e, h, i)
+    ids = _routes(dev, e, slots, t)
     x = torch.randn(t, h, device=dev).bfloat16()
     scale = torch.rand(t * slots, device=dev)
     wg, wd = mg.default_warps(h), mg.default_warps(i)
