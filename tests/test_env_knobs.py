@@ -66,7 +66,9 @@ def test_experts_staged_weights_switch(monkeypatch):
     from deltaserve.kernels.quant import mma_gemv as mg
 
     monkeypatch.delenv("DELTASERVE_MMA_WSTAGE", raising=False)
-    assert mg.default_wstage(512, True) == mg.default_wstage(512, False) == 0  # registers until timed
+    # as timed: down from WSTAGE_MIN_ROWS rows through WSTAGE_DOWN slots, the gated form in registers
+    assert (mg.default_wstage(4608, True), mg.default_wstage(4608, False)) == (0, mg.WSTAGE_DOWN) == (0, 3)
+    assert mg.default_wstage(mg.WSTAGE_MIN_ROWS - 1, False) == 0 and mg.default_wstage(576, False) == 0
     monkeypatch.setenv("DELTASERVE_MMA_WSTAGE", "3,5")
     assert (mg.default_wstage(512, True), mg.default_wstage(512, False)) == (3, 5)
     assert mg.default_wstage(16, True) == 0  # decode-sized launches keep their tuned forms

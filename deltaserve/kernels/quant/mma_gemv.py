@@ -1074,15 +1074,24 @@ def default_ahead(m: int, gated: bool, chunks: int = 8) -> int:
 WSTAGE_BYTES = 160 << 10  # x staged whole plus the weight words' slots (the WSTAGE form): at most this per program
 
 
+WSTAGE_DOWN = 3  # down's default slots from WSTAGE_MIN_ROWS rows (default_wstage)
+WSTAGE_MIN_ROWS = 1024  # above a 64-stream decode's 576 rows: prefill only
+
+
 def default_wstage(m: int, gated: bool) -> int:
     """The weight words' shared-memory slots of the experts kernel (0: the words in registers, the AHEAD forms;
-    never a row's bits). The ncu source view at a 512-token prefill (bench/NOTES.md) found down's stalls 61% on
-    its weight words and more chunks in registers slower (AHEAD 2 -> 3 .. 8: 111.9 -> 118.5 .. 141.2 us), so the
-    slots keep chunks in flight without registers; not yet timed, so 0 by default. Env DELTASERVE_MMA_WSTAGE="G,D":
-    the gated and the down launch's slots past 16 rows, for in-model A/B."""
+    never a row's bits). ncu at a 512-token prefill found down's stalls 61% on its weight words, and more chunks in
+    registers were slower (AHEAD 2 -> 3 .. 8: 111.9 -> 118.5 .. 141.2 us). H200, 35B-A3B q4 (bench/NOTES.md, the
+    sweep at 64 / 512 / 4096 tokens, 576+ rows): down with 3 slots 56.9 -> 51.8 / 133.0 -> 125.1 / 853.8 -> 853.2
+    us (2: 53.4 / 125.1 / 852.9; 5 and 9 slower), the gated form slower with any (260 -> 335-373 us at 512), pp512
+    B=1 18,346 -> 18,499, B=8 24,556 -> 24,772, then 17,831 -> 18,391; but 64-stream decode (576 rows) 2,451 ->
+    2,303 tok/s: down takes WSTAGE_DOWN slots from WSTAGE_MIN_ROWS rows (prefill sizes), the gated form none. Env DELTASERVE_MMA_WSTAGE="G,D": the gated and the down launch's slots past 16 rows, for in-model
+    A/B."""
     env = os.environ.get("DELTASERVE_MMA_WSTAGE", "").strip()
-    if m <= 16 or not env:
+    if m <= 16:
         return 0
+    if not env:
+        return 0 if gated or m < WSTAGE_MIN_ROWS else WSTAGE_DOWN
     try:
         g_slots, d_slots = (int(v) for v in env.split(","))
     except ValueError:
@@ -1177,6 +1186,8 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     defaults = (warps, default_row_blocks(nbe, m, k), default_ahead(m, up is not None, g // warps), 1,
                 default_wstage(m, up is not None))
     warps, rb, ahead, loop, wstage = (*config, *defaults[len(config):]) if config else defaults
+    if len(config or ()) < 5 and (loop != 1 or glu or pair_out is not None or early or combine is not None):
+        wstage = 0  # the default slots serve the plain, gated and scaled forms only
     if loop < 1 or nbe % (rb * loop):
         raise ValueError(f"mma_matmul_experts: LOOP={loop} rounds of RB={rb} row blocks must divide the {nbe} row "
                          f"blocks")
