@@ -37,6 +37,9 @@ MODES = {  # name -> the environment it runs under
     # the tensor-core MoE with the default GEMVs (the output head alone on the tensor-core GEMV): the default
     # layout (bench/NOTES.md)
     "mma-moe": {"DELTASERVE_MOE": "mma"},
+    # the same with every MoE block's gate/up and down on the warpgroup-MMA experts kernel (prefill sizes by
+    # default; here from one row, decode included): the mma.sync kernel's bits
+    "mma-moe-wgmma": {"DELTASERVE_MOE": "mma", "DELTASERVE_MOE_WGMMA_MIN_ROWS": "1"},
     # the CUDA-core paths but the output head on the tensor-core GEMV
     "head": {"DELTASERVE_MOE": "cuda", "DELTASERVE_DECODE_GEMV": "head"},
 }
@@ -87,7 +90,12 @@ def test_tensor_core_paths_in_use(models):
         assert mma and mma.shared_last, "an MoE block did not take the tensor-core path"
         assert b.experts.__dict__.get(fast.RELEASED_ATTR) and b.experts.gate_proj.weight.numel() == 0
     assert fast.decode_copy_bytes(gpu) > 0
-    if mode == "mma-moe":  # the decode linears stay on CUDA cores
+    if mode == "mma-moe-wgmma":  # moe_block_mma's condition for the warpgroup-MMA experts kernel, from one row
+        from deltaserve.kernels.quant import wgmma_experts as wx
+
+        assert wx.wg_min_rows() == 1 and all(b.__dict__[fast.MMA_ATTR].gate_up is None and wx.wg_fits(
+            b.__dict__[fast.MMA_ATTR].gate[0], b.__dict__[fast.MMA_ATTR].down[0]) for b in blocks)
+    if mode in ("mma-moe", "mma-moe-wgmma"):  # the decode linears stay on CUDA cores
         assert not any(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers)
         with pytest.raises(RuntimeError, match="released"):
             fast.stacked_specs(blocks[0].experts)

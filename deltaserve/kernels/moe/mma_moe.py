@@ -30,6 +30,7 @@ import torch
 
 from ..quant.mma_gemv import (GROUP, default_ahead, default_row_blocks, default_warps, mma_expert_tiles,
                               mma_matmul_experts, pair_counters_fit, repack_q4, repack_q4_experts)
+from ..quant.wgmma_experts import WG_TILE_ROWS, wg_fits, wg_matmul_experts, wg_min_rows
 from ..triton_sync import MIN_COUNTERS
 from .triton_combine import combine_slots
 from .triton_moe_gemv import down_early
@@ -96,7 +97,6 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
     from ..quant.triton_gemv import prep_x
 
     t = ids.shape[0]
-    h_dim = x.shape[1]
     has_shared = experts.shared_last or experts.shared is not None
     if has_shared and shared_weight is None:
         raise ValueError("moe_block_mma: the block has a shared expert but no shared_weight was given")
@@ -112,6 +112,12 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
         weights = torch.cat([weights, shared_weight.to(torch.float32)[:, None]], dim=1)
     slots = ids.shape[1]
     xs = prep_x(x, 4, 64)[1] if xs is None else xs  # x's group sums: shared by every gate and up row
+    # large blocks (prefill chunks): gate/up and down on warpgroup MMAs over 16-row tiles, the same bits
+    if experts.gate_up is None and ids.numel() >= wg_min_rows() and wg_fits(experts.gate[0], experts.down[0]):
+        tiles = mma_expert_tiles(ids, num_e, WG_TILE_ROWS)
+        hid = wg_matmul_experts(x, *experts.gate, ids, tiles, slots, xs=xs, up=experts.up)
+        part = wg_matmul_experts(hid, *experts.down, ids, tiles, 1, scale=weights.reshape(-1)).view(t, slots, -1)
+        return _with_shared(part, x, xs, shared_weight, experts, residual)
     tiles = mma_expert_tiles(ids, num_e, tile_rows)
     glu = False  # down makes h = SiLU(g) * u from g | u as it loads its input
     if experts.gate_up is not None:
@@ -142,11 +148,19 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
                                   combine=(residual, torch.empty_like(x)), glu=glu, early=early)
     part = mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1),
                               glu=glu).view(t, slots, -1)
+    return _with_shared(part, x, xs, shared_weight, experts, residual)
+
+
+def _with_shared(part: torch.Tensor, x: torch.Tensor, xs: torch.Tensor, shared_weight: torch.Tensor | None,
+                 experts: MmaExperts, residual: torch.Tensor | None) -> torch.Tensor:
+    """The block's output from its slots' parts [T, S, H] (fp32): the shared expert's part appended when it is not
+    stacked (a one-expert stack, two launches), then the combine (+ residual)."""
+    t = part.shape[0]
     if experts.shared is not None:
         sg, su, sd = experts.shared
         zero = torch.zeros(t, dtype=torch.int32, device=x.device)
         one = mma_expert_tiles(zero, 1, 1)
         hs = mma_matmul_experts(x, *sg, zero, 1, xs=xs, tiles=one, up=su)
         ps = mma_matmul_experts(hs, *sd, zero, 1, tiles=one, scale=shared_weight.to(torch.float32).contiguous())
-        part = torch.cat([part, ps.view(t, 1, h_dim)], dim=1)
+        part = torch.cat([part, ps.view(t, 1, x.shape[1])], dim=1)
     return combine_slots(part, residual, out=torch.empty_like(x))

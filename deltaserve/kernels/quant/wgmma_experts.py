@@ -1,0 +1,328 @@
+"""The experts matmul at prefill sizes on warpgroup MMAs (wgmma), with the bits of the tensor-core experts kernel.
+
+Why: at a 512-token prefill `mma_gemv._mma_experts_kernel` (mma.sync, 16 weight rows x 8 sorted rows of x a
+program) takes ~60% of the prefill; each program dequantises its 16 rows for 8 rows of x and re-reads 32 KB of x
+from L2, and ncu found it bound by its programs' latency and issue (bench/NOTES.md). Here a program owns 64 weight
+rows (four row blocks of 16, one per warp of the warpgroup) against BN sorted rows of one expert (a tile of
+`mma_expert_tiles(rows=BN)`), so a weight word is dequantised once for up to BN rows of x and x is read once per
+64 weight rows.
+
+Same bits, by construction and by GPU test: each output element is what the mma.sync kernel computes,
+  per group g of 64 columns: qx = MMA(128 + q, x) from zero (the four k16 steps in the fragment order kk of the
+  repacked layout, see mma_gemv's docstring), acc_w = fma(s, qx, acc_w), acc_w = fma(b - 128 s, xs, acc_w),
+  with warp w of W taking groups w, w + W, ... in order, then the W partial sums added as Triton's cross-warp
+  reduction adds them (SUM_ORDER, checked against the mma.sync kernel on the GPU).
+The weight is the A operand straight from registers: each warp's 128-bit load of a row block's group is exactly its
+A fragment (the repacked layout), so the codes never pass through shared memory. x is the B operand in shared
+memory, its 64 columns written in the fragment order kk, so each k16 step pairs the same codes with the same x
+values in the same positions as the mma.sync kernel does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...utils.env import env_int
+from .. import backend
+from ..triton_pdl import pdl_args
+from .mma_gemv import GROUP, HAVE_GLUON, ROW_BLOCK, MmaTiles
+
+WG_ROWS = 64  # weight rows per program: four row blocks of 16, one per warp of the warpgroup
+WG_STAGES = 3  # shared-memory slots per program (NS): two groups in flight
+WG_TILE_ROWS = 16  # sorted rows of x per program (the MMA's N)
+WG_MIN_ROWS = 16384  # the MoE block's rows (tokens x slots) from which it takes this kernel (wg_min_rows)
+
+
+def wg_min_rows() -> int:
+    """From how many rows (tokens x slots) an MoE block's gate/up and down take this kernel instead of the mma.sync
+    one (the same bits, so the choice may follow the size). H200, 35B-A3B q4, eager (bench/NOTES.md): at 4,096
+    tokens (36,864 rows) gated 1,616 -> 1,323 us, down 848 -> 744 with 16-row tiles and 3 slots; at 512 tokens
+    (4,608 rows) 280 -> 314 and 149 -> 160 (slower); at 64 tokens about even. Env DELTASERVE_MOE_WGMMA_MIN_ROWS
+    (0: never), for in-model A/B."""
+    return env_int("DELTASERVE_MOE_WGMMA_MIN_ROWS", WG_MIN_ROWS, 0) or 1 << 62
+
+
+def wg_fits(gate_words: torch.Tensor, down_words: torch.Tensor) -> bool:
+    """Whether an MoE block's repacked gate [E, I/16, H/64, 128] and down [E, H/16, I/64, 128] stacks suit this
+    kernel: both widths multiples of 64 (four row blocks of 16 a program), and K split over at most 4 warps in the
+    mma.sync kernel whose bits it gives (K < 4096)."""
+    from .mma_gemv import default_warps
+
+    return all(w.shape[1] % 4 == 0 and default_warps(w.shape[2] * GROUP) <= 4 for w in (gate_words, down_words))
+
+if HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+
+    from .mma_gemv import _DEQUANT_ASM, _silu_mul, pdl_open, pdl_wait
+
+    @gluon.jit
+    def _wg_a_operand(words, zero_w, dot_a: gl.constexpr):
+        """A group's words [4 warps, 8 rr, 4 c, 4 j] -> the A operand [64 rows, 64 kk] (128 + q as bf16) in
+        registers: row 16 r + 8 i1 + rr, column kk = 16 j + 8 i2 + 2 c + l (mma_gemv._chunk_acc's order)."""
+        w8 = gl.broadcast(gl.expand_dims(words, 4), zero_w)[0]
+        q = gl.inline_asm_elementwise(_DEQUANT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [w8], dtype=gl.bfloat16,
+                                      is_pure=True, pack=8)
+        q = gl.permute(gl.reshape(q, [4, 8, 4, 4, 2, 2, 2]), [0, 5, 1, 3, 4, 2, 6])  # r i1 rr | j i2 c l
+        return gl.convert_layout(gl.reshape(q, [64, 64]), dot_a, assert_trivial=True)
+
+    @gluon.jit
+    def _wg_sb_pair(v):
+        """(s, b) fp32 from (s, b) bf16 pairs read as int32 (s the low half): exact."""
+        return (v << 16).to(gl.float32, bitcast=True), (v & -65536).to(gl.float32, bitcast=True)
+
+    @gluon.jit
+    def _wg_group_fma(acc, qx, sb, xsum):
+        """acc + one group's MMA result qx: fma(s, qx, acc), then fma(b - 128 s, sum(x), acc) (mma_gemv._chunk_acc's
+        two FMAs in that order; the codes came in as 128 + q)."""
+        s, b = sb
+        acc = gl.fma(s[:, None], qx, acc)
+        return gl.fma(gl.fma(s, -128.0, b)[:, None], xsum, acc)
+
+    @gluon.jit
+    def _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, slot, w_src, w2_src, x_src, sq_src, wmask, xq_mask, sq_mask,
+                  GATED: gl.constexpr):
+        """One group's copies into slot `slot` (words of one or both weights, x's pairs, the (s, b) pairs) as one
+        cp.async group."""
+        async_copy.async_copy_global_to_shared(w_sm.index(slot), w_src, mask=wmask)
+        if GATED:
+            async_copy.async_copy_global_to_shared(w2_sm.index(slot), w2_src, mask=wmask)
+        async_copy.async_copy_global_to_shared(xq_sm.index(slot), x_src, mask=xq_mask)
+        async_copy.async_copy_global_to_shared(sb_sm.index(slot), sq_src, mask=sq_mask)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _wg_experts_kernel(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr,
+                           hi_ptr, order_ptr, stride_xq, stride_sm, stride_om, NBE, XREP: gl.constexpr,
+                           K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, GATED: gl.constexpr,
+                           SCALED: gl.constexpr, SELF_XS: gl.constexpr, NS: gl.constexpr = 3,
+                           PDL: gl.constexpr = False):
+        """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
+        writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
+        row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
+        projection) out = bf16(bf16(SiLU(bf16 y)) * bf16 y2); SCALED out (fp32) = scale[row] * bf16(y); else y in
+        out's dtype. W: the K split of the mma.sync kernel whose bits these are (groups w, w + W, ... summed apart,
+        then added as its cross-warp reduction adds them: (a0 + a2) + (a1 + a3)).
+        Each group's words, x (bf16 pairs through xq_ptr, x's int32 view, written in the fragment order) and (s, b)
+        pairs go through NS shared-memory slots filled by cp.async, NS - 1 groups in flight; the group's MMAs (gate,
+        up, and the group sums' when SELF_XS) are issued together and awaited once."""
+        pdl_open(PDL)
+        G: gl.constexpr = K // 64
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        WL8: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4, 8], [1, 8, 4, 1, 1], [4, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+        WL: gl.constexpr = gl.SliceLayout(4, WL8)  # words [4 r, 8 rr, 4 c, 4 j]: one 16-byte copy a thread
+        XPL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])  # x's pairs [BN, 32]
+        SQL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [2, 2], [1, 0])  # (s, b) pairs [2 weights, 64 rows]
+        RL: gl.constexpr = gl.SliceLayout(1, mma)  # per weight row
+        CL: gl.constexpr = gl.SliceLayout(0, mma)  # per sorted row of x
+        WSH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 1, 0])
+        SSH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        SSH1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])  # the same bytes, read per weight
+        XSH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        XSH32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+
+        t = gl.program_id(0)
+        p = gl.program_id(1).to(gl.int64)
+        pdl_wait(PDL)  # the tile table and x are the previous launches' output
+        e = gl.load(tile_e_ptr + t)
+        lo = gl.load(lo_ptr + t)
+        rows = gl.where(e >= 0, gl.load(hi_ptr + t) - lo, 0)
+        live = rows > 0
+        blk = (gl.maximum(e, 0).to(gl.int64) * NBE + p * 4) * G  # row block 4 p of the expert, group 0
+
+        # the words of row block 4 p + r, group g: (blk + r G) 128 + g 128 + lane 4 + j (int32)
+        wr = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
+        wrr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
+        wc = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, WL))))
+        wj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, WL))))
+        w_off = (wr[:, None, None, None] * (G * 128) + wrr[None, :, None, None] * 16 + wc[None, None, :, None] * 4
+                 + wj[None, None, None, :])
+        w_base = w_ptr + blk * 128 + w_off
+        w2_base = w2_ptr + blk * 128 + w_off
+        wmask = (w_off >= 0) & live
+        # x's bf16 pairs: pair kk // 2 = 8 j + 4 i2 + c of a group is its pair 8 c + 2 j + i2
+        pn = gl.arange(0, BN, layout=gl.SliceLayout(1, XPL))
+        pk = gl.arange(0, 32, layout=gl.SliceLayout(0, XPL))
+        ptok = gl.load(order_ptr + lo + pn, mask=pn < rows, other=0) // XREP
+        pcol = (pk % 4) * 8 + (pk // 8) * 2 + (pk // 4) % 2
+        x_base = xq_ptr + (ptok.to(gl.int64) * stride_xq)[:, None] + pcol[None, :]
+        xq_mask = (pn < rows)[:, None] & (pk >= 0)[None, :]
+        # (s, b) of weight k (0 gate, 1 up; one weight: twice), row m = 16 r + 8 i1 + rr, as int32:
+        # (blk + r G) 16 + g 16 + 2 rr + i1
+        qk = gl.arange(0, 2, layout=gl.SliceLayout(1, SQL))
+        qm = gl.arange(0, 64, layout=gl.SliceLayout(0, SQL))
+        q_off = blk * 16 + gl.zeros([2, 64], gl.int64, layout=SQL) + ((qm // 16) * (G * 16) + (qm % 8) * 2
+                                                                      + (qm // 8) % 2)[None, :]
+        sq_base = gl.where((qk == 1)[:, None] & GATED, sb2q_ptr + q_off, sbq_ptr + q_off)
+        sq_mask = live & (qk >= 0)[:, None] & (qm >= 0)[None, :]
+        cn = gl.arange(0, BN, layout=CL)
+        s_tok = gl.load(order_ptr + lo + cn, mask=cn < rows, other=0) // XREP
+        xs_base = xs_ptr + s_tok.to(gl.int64) * stride_sm
+        xs_mask = cn < rows
+
+        w_sm = gl.allocate_shared_memory(gl.int32, [NS, 4, 8, 4, 4], WSH)
+        w2_sm = w_sm
+        if GATED:
+            w2_sm = gl.allocate_shared_memory(gl.int32, [NS, 4, 8, 4, 4], WSH)
+        xq_sm = gl.allocate_shared_memory(gl.int32, [NS, BN, 32], XSH32)  # read as bf16 [BN, 64]: 128-byte rows
+        sb_sm = gl.allocate_shared_memory(gl.int32, [NS, 2, 64], SSH)
+
+        zero_w = gl.zeros([4, 8, 4, 4, 8], gl.int32, layout=WL8)
+        zero = gl.zeros([64, BN], gl.float32, layout=mma)
+        ones = gl.full([64, 64], 1.0, gl.bfloat16, layout=dot_a)
+        a0 = zero
+        a1 = zero
+        a2 = zero
+        a3 = zero
+        c0 = zero
+        c1 = zero
+        c2 = zero
+        c3 = zero
+        for i in gl.static_range(NS - 1):  # groups 0 .. NS - 2 requested
+            _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, i, w_base + i * 128, w2_base + i * 128, x_base + i * 32,
+                      sq_base + i * 16, wmask, xq_mask, sq_mask, GATED)
+        xs_n = 0.0
+        if not SELF_XS:
+            xs_n = gl.load(xs_base, mask=xs_mask, other=0.0)
+        for c in range(G // W):  # chunks of W groups, group c W + w into partial sum w
+            for w in gl.static_range(W):
+                g = c * W + w
+                # group g's copies complete (this thread's, then everyone's) and visible to the MMAs
+                async_copy.wait_group(NS - 2)
+                fence_async_shared()
+                gl.thread_barrier()
+                # group g + NS - 1 (an empty group past the last, so every wait counts alike) into the slot that
+                # held group g - 1, whose MMAs finished before the barrier above
+                nx = gl.minimum(g + NS - 1, G - 1)
+                more = g + NS - 1 < G
+                _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, (g + NS - 1) % NS, w_base + nx * 128, w2_base + nx * 128,
+                          x_base + nx * 32, sq_base + nx * 16, wmask & more, xq_mask & more, sq_mask & more, GATED)
+                xs = xs_n
+                if not SELF_XS:
+                    xs_n = gl.load(xs_base + gl.minimum(g + 1, G - 1), mask=xs_mask, other=0.0)
+                slot = g % NS
+                b_sm = xq_sm.index(slot)._reinterpret(gl.bfloat16, [BN, 64], XSH).permute((1, 0))
+                sbq = sb_sm.index(slot)._reinterpret(gl.int32, [128], SSH1)
+                a = _wg_a_operand(w_sm.index(slot).load(WL), zero_w, dot_a)
+                qg = warpgroup_mma(a, b_sm, zero, is_async=True)
+                if GATED:
+                    a_up = _wg_a_operand(w2_sm.index(slot).load(WL), zero_w, dot_a)
+                    qu = warpgroup_mma(a_up, b_sm, zero, is_async=True)
+                    qg, qu, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, a, a_up])
+                    xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
+                elif SELF_XS:
+                    qx = warpgroup_mma(ones, b_sm, zero, is_async=True)
+                    qg, xsum, a = warpgroup_mma_wait(0, deps=[qg, qx, a])
+                else:
+                    qg, a = warpgroup_mma_wait(0, deps=[qg, a])
+                    xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
+                sbv = _wg_sb_pair(sbq.slice(0, 64).load(RL))
+                if w == 0:
+                    a0 = _wg_group_fma(a0, qg, sbv, xsum)
+                elif w == 1:
+                    a1 = _wg_group_fma(a1, qg, sbv, xsum)
+                elif w == 2:
+                    a2 = _wg_group_fma(a2, qg, sbv, xsum)
+                else:
+                    a3 = _wg_group_fma(a3, qg, sbv, xsum)
+                if GATED:
+                    sb2v = _wg_sb_pair(sbq.slice(64, 64).load(RL))
+                    if w == 0:
+                        c0 = _wg_group_fma(c0, qu, sb2v, xsum)
+                    elif w == 1:
+                        c1 = _wg_group_fma(c1, qu, sb2v, xsum)
+                    elif w == 2:
+                        c2 = _wg_group_fma(c2, qu, sb2v, xsum)
+                    else:
+                        c3 = _wg_group_fma(c3, qu, sb2v, xsum)
+        async_copy.wait_group(0)
+        y = _wg_sum(a0, a1, a2, a3, W)
+        o_n = gl.arange(0, BN, layout=CL)
+        o_row = gl.arange(0, 64, layout=RL)
+        o_dst = gl.load(order_ptr + lo + o_n, mask=o_n < rows, other=0).to(gl.int64)
+        o_mask = (o_n < rows)[None, :]
+        o_ptr = out_ptr + o_dst[None, :] * stride_om + p * 64 + o_row[:, None]
+        if GATED:
+            y2 = _wg_sum(c0, c1, c2, c3, W)
+            gl.store(o_ptr, _silu_mul(y.to(gl.bfloat16).to(gl.float32), y2.to(gl.bfloat16).to(gl.float32)),
+                     mask=o_mask)
+        elif SCALED:
+            sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
+            gl.store(o_ptr, sc[None, :] * y.to(gl.bfloat16).to(gl.float32), mask=o_mask)
+        else:
+            gl.store(o_ptr, y.to(o_ptr.dtype.element_ty), mask=o_mask)
+
+    @gluon.jit
+    def _wg_sum(a0, a1, a2, a3, W: gl.constexpr):
+        """The W partial sums added as the mma.sync kernel's cross-warp reduction adds them (its sm_90 SASS: the
+        butterfly over the warps' values at lane distance 2, then 1; the GPU probe: every element equal)."""
+        if W == 1:
+            return a0
+        elif W == 2:
+            return a0 + a1
+        else:
+            return (a0 + a2) + (a1 + a3)
+
+
+def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, expert_ids: torch.Tensor,
+                      tiles: MmaTiles, x_repeat: int = 1, xs: torch.Tensor | None = None,
+                      up: tuple | None = None, scale: torch.Tensor | None = None, warps: int | None = None,
+                      out: torch.Tensor | None = None, stages: int = WG_STAGES) -> torch.Tensor:
+    """mma_gemv.mma_matmul_experts' result (the same bits) through warpgroup MMAs, for sorted tiles of 8 to 64 rows
+    (tiles.rows is the MMA's N): row m = x[m // x_repeat] W[expert_ids[m]]^T for repacked stacked experts (N a
+    multiple of 64); up= the gated epilogue (x's group sums xs= required, as the model's norm makes them), scale=
+    the scaled one (fp32 out); xs None: the group sums are the kernel's own, MMA(ones, x), as mma.sync's.
+    warps: the mma.sync kernel's K split whose bits to give (default_warps(K)); stages: shared-memory slots (2+)."""
+    from .mma_gemv import default_warps
+
+    if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
+        raise RuntimeError("wg_matmul_experts: needs a CUDA device (sm_90) and Triton's Gluon")
+    num_e, nbe, g, _ = words.shape
+    n, k = nbe * ROW_BLOCK, g * GROUP
+    if x.dim() != 2 or x.shape[1] != k or x.stride(-1) != 1 or x.stride(0) % 2 or x.dtype != torch.bfloat16:
+        raise ValueError(f"wg_matmul_experts: x must be bf16 [rows, {k}] with unit column stride and an even row "
+                         f"stride, found {x.dtype} {tuple(x.shape)} strides {x.stride()}")
+    if nbe % 4:
+        raise ValueError(f"wg_matmul_experts: the weight's {nbe} row blocks of 16 must come in fours (64 rows a "
+                         f"program)")
+    if tiles.rows not in (8, 16, 32, 64):
+        raise ValueError(f"wg_matmul_experts: sorted tiles of 8 - 64 rows, found {tiles.rows}")
+    m = expert_ids.numel()
+    if m != x.shape[0] * x_repeat:
+        raise ValueError(f"wg_matmul_experts: {m} expert ids for {x.shape[0]} rows x {x_repeat} repeats")
+    if up is not None and (scale is not None or xs is None):
+        raise ValueError("wg_matmul_experts: up= (the gated epilogue) takes x's group sums (xs=) and no scale=")
+    if up is not None and (up[0].shape != words.shape or up[1].shape != sb.shape):
+        raise ValueError(f"wg_matmul_experts: the up weight {tuple(up[0].shape)} must have the gate's shape "
+                         f"{tuple(words.shape)}")
+    if scale is not None and (scale.dtype != torch.float32 or scale.numel() != m or not scale.is_contiguous()):
+        raise ValueError(f"wg_matmul_experts: scale must be contiguous fp32 with one value per row ({m}), found "
+                         f"{scale.dtype} {tuple(scale.shape)}")
+    warps = warps or default_warps(k)
+    if warps not in (1, 2, 4) or g % warps:  # _wg_sum's orders
+        raise ValueError(f"wg_matmul_experts: W={warps} must be 1, 2 or 4 and divide the {g} groups")
+    if stages < 2:
+        raise ValueError(f"wg_matmul_experts: {stages} shared-memory slots; at least 2")
+    stages = min(stages, g + 1)  # the prologue requests NS - 1 groups: at most all of them (never a row's bits)
+    self_xs = xs is None
+    if not self_xs and (xs.dtype != torch.float32 or tuple(xs.shape) != (x.shape[0], g) or xs.stride(-1) != 1):
+        raise ValueError(f"wg_matmul_experts: xs must be fp32 [{x.shape[0]}, {g}], found {xs.dtype} "
+                         f"{tuple(xs.shape)}")
+    out_dtype = torch.float32 if scale is not None else x.dtype
+    if out is None:
+        out = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    elif out.dtype != out_dtype or out.shape != (m, n) or out.stride(-1) != 1:
+        raise ValueError(f"wg_matmul_experts: out must be {out_dtype} [{m}, {n}] with unit column stride, found "
+                         f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
+    if m:
+        w2, sb2 = up if up is not None else (words, sb)
+        xq = x.view(torch.int32)  # bf16 pairs: the kernel copies x 4 bytes at a time, in the fragment order
+        _wg_experts_kernel[(tiles.tile_e.numel(), nbe // 4)](
+            xq, xq if self_xs else xs, words, w2, sb.view(torch.int32), sb2.view(torch.int32), out,
+            scale if scale is not None else out, tiles.tile_e, tiles.lo, tiles.hi, tiles.order, xq.stride(0),
+            0 if self_xs else xs.stride(0), out.stride(0), nbe, XREP=x_repeat, K=k, W=warps, BN=tiles.rows,
+            GATED=up is not None, SCALED=scale is not None, SELF_XS=self_xs, NS=stages, num_warps=4, **pdl_args(x))
+    return out

@@ -1,0 +1,101 @@
+"""The experts matmul at prefill sizes on warpgroup MMAs (kernels/quant/wgmma_experts.py) against the mma.sync
+experts kernel (mma_gemv.mma_matmul_experts, the default configuration and 8-row tiles), at the 35B-A3B's shapes
+(256 routed experts + the shared one stacked last, top-8, H 2048, I 512, q4 g64): bit equality of every form and
+(gated with the norm's group sums, down with its own), then eager timings over
+--calls routings and inputs of their own (the experts from DRAM, as in the model), one line each, a table last.
+
+  python scripts/probe_wgmma_experts.py --t 512,4096,64 --bn 8,16 --ns 2,3,4 [--out results.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=6)
+    ap.add_argument("--t", default="512,4096,64", help="token counts")
+    ap.add_argument("--bn", default="16,32,64", help="rows of x per wgmma tile")
+    ap.add_argument("--ns", default="2,3,4", help="shared-memory slots")
+    ap.add_argument("--out", help="append one JSON line per timing here")
+    args = ap.parse_args(argv)
+    from kernel_cases import affine_weight
+
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant.triton_gemv import prep_x
+
+    dev = torch.device("cuda")
+    num_e, h, i, slots = 257, 2048, 512, 9
+    torch.manual_seed(0)
+
+    def stack(n, k):
+        p, s, b, _ = affine_weight((num_e, n, k), 4, 64, dev)
+        return mg.repack_q4_experts(p, s, b)
+
+    gate, up, down = stack(i, h), stack(i, h), stack(h, i)
+    table = []
+    for t in (int(v) for v in args.t.split(",")):
+        routes = [torch.cat([torch.rand(t, 256, device=dev).topk(8, dim=1).indices.sort(dim=1).values,
+                             torch.full((t, 1), 256, device=dev)], 1).int() for _ in range(args.calls)]
+        xin = [torch.randn(t, h, device=dev).bfloat16() for _ in range(args.calls)]
+        sums = [prep_x(v, 4, 64)[1] for v in xin]
+        hs = [torch.randn(t * slots, i, device=dev).bfloat16() for _ in range(args.calls)]
+        scale = torch.rand(t * slots, device=dev)
+        tiles8 = [mg.mma_expert_tiles(r, num_e, 8) for r in routes]
+
+        def timed(fn):
+            fn(0)
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for j in range(1, args.calls):
+                fn(j)
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) * 1e3 / (args.calls - 1)
+
+        ref_g = mg.mma_matmul_experts(xin[0], *gate, routes[0], slots, xs=sums[0], tiles=tiles8[0], up=up)
+        ref_d = mg.mma_matmul_experts(hs[0], *down, routes[0], 1, tiles=tiles8[0], scale=scale)
+        rows = [("mma.sync 8-row tiles", "gated", timed(lambda j: mg.mma_matmul_experts(
+                    xin[j], *gate, routes[j], slots, xs=sums[j], tiles=tiles8[j], up=up)), "ref"),
+                ("mma.sync 8-row tiles", "down", timed(lambda j: mg.mma_matmul_experts(
+                    hs[j], *down, routes[j], 1, tiles=tiles8[j], scale=scale)), "ref")]
+        for bn in (int(v) for v in args.bn.split(",")):
+            tiles = [mg.mma_expert_tiles(r, num_e, bn) for r in routes]
+            for ns in (int(v) for v in args.ns.split(",")):
+                out = torch.full_like(ref_g, float("nan"))
+                got = wx.wg_matmul_experts(xin[0], *gate, routes[0], tiles[0], slots, xs=sums[0], up=up, out=out,
+                                           stages=ns)
+                diff_g = int((got.view(torch.int16) != ref_g.view(torch.int16)).sum()) + int(got.isnan().sum())
+                out = torch.full_like(ref_d, float("nan"))
+                got = wx.wg_matmul_experts(hs[0], *down, routes[0], tiles[0], 1, scale=scale, out=out, stages=ns)
+                diff_d = int((got.view(torch.int32) != ref_d.view(torch.int32)).sum()) + int(got.isnan().sum())
+                print(f"T={t} BN={bn} NS={ns}: differing or NaN elements: gated {diff_g} of {ref_g.numel()}, down {diff_d} of {ref_d.numel()}", flush=True)
+                rows.append((f"wgmma BN {bn} NS {ns}", "gated", timed(lambda j: wx.wg_matmul_experts(
+                    xin[j], *gate, routes[j], tiles[j], slots, xs=sums[j], up=up, stages=ns)), str(diff_g)))
+                rows.append((f"wgmma BN {bn} NS {ns}", "down", timed(lambda j: wx.wg_matmul_experts(
+                    hs[j], *down, routes[j], tiles[j], 1, scale=scale, stages=ns)), str(diff_d)))
+        for name, form, us, bits in rows:
+            table.append((t, name, form, us, bits))
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps({"probe": "wgmma_experts", "t": t, "kernel": name, "form": form,
+                                        "us": round(us, 2), "bits": bits}) + "\n")
+    print("\n| T | kernel | form | us | elements differing from mma.sync |\n|---|---|---|---|---|")
+    for t, name, form, us, bits in table:
+        print(f"| {t} | {name} | {form} | {us:.1f} | {bits} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""The experts matmul on warpgroup MMAs (`kernels/quant/wgmma_experts.py`) on CUDA: the mma.sync experts kernel's
+bits (the definition of the MoE's bits at every size), NaN-poisoned outputs fully written, the plain form against
+fp64, the MoE block through it equal to the block without it, and the wrapper's input checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernel_cases as kc
+from conftest import INTERPRET
+from test_mma_gemv_gpu import _experts, _moe_block, _moe_experts, _routes
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(INTERPRET, reason="Gluon kernels do not run in the interpreter")]
+
+
+@pytest.mark.parametrize("t", [1, 7, 64, 512])
+def test_wg_experts_same_bits_as_mma(dev, t):
+    """Gate/up (SiLU * up, the norm's group sums) and the scaled down (its own group sums) at the 35B-A3B's shapes
+    (256 routed experts + the shared one stacked last, top-8, H 2048, I 512): every tile width and slot count gives
+    the mma.sync kernel's result bit for bit, and writes every element of a NaN-poisoned output."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant.triton_gemv import prep_x
+
+    e, slots, h, i = 257, 9, 2048, 512
+    (gw, gsb), (uw, usb), (dw, dsb) = _moe_experts(dev, e, h, i)
+    ids = _routes(dev, e, slots, t)
+    x = torch.randn(t, h, device=dev).bfloat16()
+    xs = prep_x(x, 4, 64)[1]
+    scale = torch.rand(t * slots, device=dev)
+    tiles8 = mg.mma_expert_tiles(ids, e, 8)
+    ref_g = mg.mma_matmul_experts(x, gw, gsb, ids, slots, xs=xs, tiles=tiles8, up=(uw, usb))
+    ref_d = mg.mma_matmul_experts(ref_g, dw, dsb, ids, 1, tiles=tiles8, scale=scale)
+    for rows in (8, 16, 32):
+        tiles = mg.mma_expert_tiles(ids, e, rows)
+        for ns in (2, 3, 5):
+            out = torch.full_like(ref_g, float("nan"))
+            got = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb), out=out, stages=ns)
+            assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref_g), f"gated, {rows}-row tiles, {ns} slots"
+            out = torch.full_like(ref_d, float("nan"))
+            got = wx.wg_matmul_experts(ref_g, dw, dsb, ids, tiles, 1, scale=scale, out=out, stages=ns)
+            assert torch.equal(got, ref_d), f"down, {rows}-row tiles, {ns} slots"
+
+
+@pytest.mark.parametrize("e,n,k,top_k", [(8, 64, 256, 2), (16, 128, 64, 4)])
+def test_wg_experts_plain_vs_fp64(dev, e, n, k, top_k):
+    """The plain form (no epilogue, x's group sums given or the kernel's own) against fp64 at small shapes (one group
+    of K included), poisoned output fully written, and equal to the mma.sync kernel."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant.triton_gemv import prep_x
+
+    (words, sb), wd = _experts(dev, e, n, k)
+    t = 37
+    x = torch.randn(t, k, device=dev).bfloat16()
+    ids = torch.stack([torch.randperm(e, device=dev)[:top_k] for _ in range(t)]).int()
+    ref = torch.stack([x[r // top_k].double() @ wd[int(i)].t() for r, i in enumerate(ids.reshape(-1).tolist())])
+    tiles = mg.mma_expert_tiles(ids, e, 16)
+    for xs in (None, prep_x(x, 4, 64)[1]):
+        out = kc.poisoned((t * top_k, n), torch.bfloat16, dev)
+        got = wx.wg_matmul_experts(x, words, sb, ids, tiles, top_k, xs=xs, out=out)
+        kc.close(got, ref, 2 * kc.BF16_EPS, f"wg plain E={e} N={n} K={k} own sums {xs is None}")
+        assert torch.equal(got, mg.mma_matmul_experts(x, words, sb, ids, top_k, xs=xs, tiles=tiles))
+
+
+@pytest.mark.parametrize("t", [3, 300])
+def test_moe_block_wgmma_same_bits(dev, t, monkeypatch):
+    """The MoE block with its gate/up and down on the warpgroup-MMA kernel (from one row) equals the block on the
+    mma.sync kernel bit for bit, the stacked shared expert included."""
+    from deltaserve.kernels.moe.mma_moe import moe_block_mma
+
+    x, res, ids, w, sw, experts, _ = _moe_block(dev, t)
+    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_MIN_ROWS", "0")
+    base = moe_block_mma(x, ids, w, sw, experts, residual=res)
+    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_MIN_ROWS", "1")
+    assert torch.equal(moe_block_mma(x, ids, w, sw, experts, residual=res), base)
+
+
+def test_wg_experts_input_checks(dev):
+    """Bad inputs name the problem: x's width, the up weight's shape, the gated form without group sums, tiles of
+    one row, the slot count, out's shape."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    (words, sb), _ = _experts(dev, 8, 64, 256)
+    x = torch.randn(4, 256, device=dev).bfloat16()
+    ids = torch.randint(0, 8, (4, 2), device=dev).int()
+    tiles = mg.mma_expert_tiles(ids, 8, 16)
+    with pytest.raises(ValueError, match=r"x must be bf16 \[rows, 256\]"):
+        wx.wg_matmul_experts(x[:, :128], words, sb, ids, tiles, 2)
+    with pytest.raises(ValueError, match="takes x's group sums"):
+        wx.wg_matmul_experts(x, words, sb, ids, tiles, 2, up=(words, sb))
+    with pytest.raises(ValueError, match="the up weight"):
+        wx.wg_matmul_experts(x, words, sb, ids, tiles, 2, xs=torch.zeros(4, 4, device=dev), up=(words[:4], sb[:4]))
+    with pytest.raises(ValueError, match="sorted tiles of 8 - 64 rows"):
+        wx.wg_matmul_experts(x, words, sb, ids, mg.mma_expert_tiles(ids, 8, 1), 2)
+    with pytest.raises(ValueError, match="shared-memory slots"):
+        wx.wg_matmul_experts(x, words, sb, ids, tiles, 2, stages=1)
+    with pytest.raises(ValueError, match="out must be"):
+        wx.wg_matmul_experts(x, words, sb, ids, tiles, 2, out=torch.empty(8, 32, device=dev, dtype=torch.bfloat16))
