@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -70,6 +71,12 @@ def main(argv=None) -> int:
                     xin[j], *gate, routes[j], slots, xs=sums[j], tiles=tiles8[j], up=up)), "ref"),
                 ("mma.sync 8-row tiles", "down", timed(lambda j: mg.mma_matmul_experts(
                     hs[j], *down, routes[j], 1, tiles=tiles8[j], scale=scale)), "ref")]
+        os.environ["DELTASERVE_MMA_SKIP_EMPTY"] = "0"  # the unused tail tiles running the K loop, as before
+        rows += [("mma.sync 8-row tiles, no skip", "gated", timed(lambda j: mg.mma_matmul_experts(
+                    xin[j], *gate, routes[j], slots, xs=sums[j], tiles=tiles8[j], up=up)), "-"),
+                 ("mma.sync 8-row tiles, no skip", "down", timed(lambda j: mg.mma_matmul_experts(
+                     hs[j], *down, routes[j], 1, tiles=tiles8[j], scale=scale)), "-")]
+        del os.environ["DELTASERVE_MMA_SKIP_EMPTY"]
         for bn in (int(v) for v in args.bn.split(",")):
             tiles = [mg.mma_expert_tiles(r, num_e, bn) for r in routes]
             for ns in (int(v) for v in args.ns.split(",")):

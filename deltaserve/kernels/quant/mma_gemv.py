@@ -676,7 +676,7 @@ if HAVE_GLUON:
                             COMBINE: gl.constexpr = False, SLOTS: gl.constexpr = 1, HAS_RES: gl.constexpr = False,
                             AHEAD: gl.constexpr = 1, LOOP: gl.constexpr = 1, GLU: gl.constexpr = 0,
                             PAIR: gl.constexpr = 0, OPEN_LATE: gl.constexpr = False, EARLY: gl.constexpr = False,
-                            WSTAGE: gl.constexpr = 0):
+                            WSTAGE: gl.constexpr = 0, SKIP_EMPTY: gl.constexpr = True):
         """grid (tiles, N / (16 RB LOOP)): the plain kernel's arithmetic on expert tile t, row blocks
         [RB LOOP p, RB LOOP (p + 1)) of its expert: LOOP rounds of RB blocks held in registers together (the x
         columns are loaded once for the RB blocks; LOOP > 1 stages them in shared memory once for every round, so
@@ -765,51 +765,54 @@ if HAVE_GLUON:
         w2_base = w2_ptr + (e64 * NBE + rb) * G * 128
         sb2_base = sb2_ptr + (e64 * NBE + rb) * G * 32
         acc2 = gl.zeros([W, RB * 16, N8], gl.float32, layout=mma)
-        if LOOP > 1:
-            x_sm, xs_sm = _stage_x(x_ptr, xs_ptr, x_off, x_mask, xs_off, xs_mask, W, N8, NCH, SELF_XS)
-            async_copy.wait_group(0)
-            for r in range(LOOP):
-                rbr = rb + r * RB
-                acc, acc2 = _accumulate_staged(
-                    gl.zeros([W, RB * 16, N8], gl.float32, layout=mma), gl.zeros([W, RB * 16, N8], gl.float32,
-                                                                                 layout=mma),
-                    w_ptr + (e64 * NBE + rbr) * G * 128, sb_ptr + (e64 * NBE + rbr) * G * 32,
-                    w2_ptr + (e64 * NBE + rbr) * G * 128, sb2_ptr + (e64 * NBE + rbr) * G * 32, x_sm, xs_sm, w_off,
-                    sb_off, live, zero_w, W, RB, N8, NCH, mma, dot_a, dot_b, XL, CL, GATED, SELF_XS)
-                _experts_store(acc, acc2, out_ptr + o_dst[None, :] * stride_om + rbr * 16 + o_row[:, None], o_mask,
-                               scale_ptr, o_dst, o_n < rows, GATED, SCALED)
-        elif WSTAGE > 0:
-            gl.static_assert(WSTAGE >= 2 and GLU == 0 and PAIR == 0 and not EARLY,
-                             "the staged weight ring: 2+ slots, a plain x and no pair / early forms")
-            acc, acc2 = _accumulate_wstaged(acc, acc2, w_base, sb_base, w2_base, sb2_base, x_ptr, xs_ptr, w_off,
-                                            sb_off, x_off, x_mask, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH,
-                                            WSTAGE, mma, dot_a, dot_b, WL, XL, CL, GATED, SELF_XS)
-        elif AHEAD >= NCH:
-            # the whole weight slice (both weights when GATED) requested at once, after the wait (the expert comes
-            # from the routing); a second griddepcontrol.wait, which returns at once, keeps ptxas from sinking them
-            # to their chunks' MMAs; x through shared memory (_stage_x)
-            wt, sbt, wt2, sbt2 = _load_slices(w_base, sb_base, w2_base, sb2_base, w_off, sb_off, live, W, NCH, True,
-                                              GATED)
-            x_sm, xs_sm = _stage_x(x_ptr, xs_ptr, x_off, x_mask, xs_off, xs_mask, W, N8, NCH, SELF_XS)
-            pdl_wait(PDL)
-            async_copy.wait_group(0)
-            acc, acc2 = _accumulate_slices(acc, acc2, wt, sbt, wt2, sbt2, x_sm, xs_sm, zero_w, W, RB, N8, NCH, mma,
-                                           dot_a, dot_b, XL, CL, GATED, SELF_XS)
-        elif AHEAD > 2:
-            acc, acc2 = _accumulate_ring(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
-                                         x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
-                                         dot_b, AHEAD, GATED, SELF_XS, GLU, EARLY and PDL)
-        elif GATED:
-            acc, acc2 = _accumulate_pair(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
-                                         x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
-                                         dot_b, AHEAD, SELF_XS)
-        else:
-            first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
-                                live, W, True, SELF_XS, GLU)
-            acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
-                              xs_mask, live, zero_w, W, RB, N8, NCH, AHEAD, True, mma, dot_a, dot_b, SELF_XS, GLU)
-        if LOOP == 1:
-            _experts_store(acc, acc2, o_ptr, o_mask, scale_ptr, o_dst, o_n < rows, GATED, SCALED)
+        # the table's unused tail tiles (expert -1: ~16% of the 8-row tiles at 512 tokens) skip the work; single
+        # rows, pair and combine launches run it for every program (their arrival counters count them all)
+        if (rows > 0) | SINGLE | (PAIR > 0) | COMBINE | (not SKIP_EMPTY):
+            if LOOP > 1:
+                x_sm, xs_sm = _stage_x(x_ptr, xs_ptr, x_off, x_mask, xs_off, xs_mask, W, N8, NCH, SELF_XS)
+                async_copy.wait_group(0)
+                for r in range(LOOP):
+                    rbr = rb + r * RB
+                    acc, acc2 = _accumulate_staged(
+                        gl.zeros([W, RB * 16, N8], gl.float32, layout=mma), gl.zeros([W, RB * 16, N8], gl.float32,
+                                                                                     layout=mma),
+                        w_ptr + (e64 * NBE + rbr) * G * 128, sb_ptr + (e64 * NBE + rbr) * G * 32,
+                        w2_ptr + (e64 * NBE + rbr) * G * 128, sb2_ptr + (e64 * NBE + rbr) * G * 32, x_sm, xs_sm, w_off,
+                        sb_off, live, zero_w, W, RB, N8, NCH, mma, dot_a, dot_b, XL, CL, GATED, SELF_XS)
+                    _experts_store(acc, acc2, out_ptr + o_dst[None, :] * stride_om + rbr * 16 + o_row[:, None], o_mask,
+                                   scale_ptr, o_dst, o_n < rows, GATED, SCALED)
+            elif WSTAGE > 0:
+                gl.static_assert(WSTAGE >= 2 and GLU == 0 and PAIR == 0 and not EARLY,
+                                 "the staged weight ring: 2+ slots, a plain x and no pair / early forms")
+                acc, acc2 = _accumulate_wstaged(acc, acc2, w_base, sb_base, w2_base, sb2_base, x_ptr, xs_ptr, w_off,
+                                                sb_off, x_off, x_mask, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH,
+                                                WSTAGE, mma, dot_a, dot_b, WL, XL, CL, GATED, SELF_XS)
+            elif AHEAD >= NCH:
+                # the whole weight slice (both weights when GATED) requested at once, after the wait (the expert comes
+                # from the routing); a second griddepcontrol.wait, which returns at once, keeps ptxas from sinking them
+                # to their chunks' MMAs; x through shared memory (_stage_x)
+                wt, sbt, wt2, sbt2 = _load_slices(w_base, sb_base, w2_base, sb2_base, w_off, sb_off, live, W, NCH, True,
+                                                  GATED)
+                x_sm, xs_sm = _stage_x(x_ptr, xs_ptr, x_off, x_mask, xs_off, xs_mask, W, N8, NCH, SELF_XS)
+                pdl_wait(PDL)
+                async_copy.wait_group(0)
+                acc, acc2 = _accumulate_slices(acc, acc2, wt, sbt, wt2, sbt2, x_sm, xs_sm, zero_w, W, RB, N8, NCH, mma,
+                                               dot_a, dot_b, XL, CL, GATED, SELF_XS)
+            elif AHEAD > 2:
+                acc, acc2 = _accumulate_ring(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
+                                             x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
+                                             dot_b, AHEAD, GATED, SELF_XS, GLU, EARLY and PDL)
+            elif GATED:
+                acc, acc2 = _accumulate_pair(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
+                                             x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
+                                             dot_b, AHEAD, SELF_XS)
+            else:
+                first = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, 0, w_off, x_off, x_mask, sb_off, xs_off, xs_mask,
+                                    live, W, True, SELF_XS, GLU)
+                acc = _accumulate(acc, first, w_base, x_ptr, sb_base, xs_ptr, w_off, x_off, x_mask, sb_off, xs_off,
+                                  xs_mask, live, zero_w, W, RB, N8, NCH, AHEAD, True, mma, dot_a, dot_b, SELF_XS, GLU)
+            if LOOP == 1:
+                _experts_store(acc, acc2, o_ptr, o_mask, scale_ptr, o_dst, o_n < rows, GATED, SCALED)
         if PAIR > 0:
             _glu_at_last_arrival(out_ptr, comb_ptr, cnt_ptr, t, rb, o_dst, o_row, o_mask, stride_om, stride_cm, PAIR)
         if COMBINE:
@@ -1085,8 +1088,8 @@ def default_wstage(m: int, gated: bool) -> int:
     sweep at 64 / 512 / 4096 tokens, 576+ rows): down with 3 slots 56.9 -> 51.8 / 133.0 -> 125.1 / 853.8 -> 853.2
     us (2: 53.4 / 125.1 / 852.9; 5 and 9 slower), the gated form slower with any (260 -> 335-373 us at 512), pp512
     B=1 18,346 -> 18,499, B=8 24,556 -> 24,772, then 17,831 -> 18,391; but 64-stream decode (576 rows) 2,451 ->
-    2,303 tok/s: down takes WSTAGE_DOWN slots from WSTAGE_MIN_ROWS rows (prefill sizes), the gated form none. Env DELTASERVE_MMA_WSTAGE="G,D": the gated and the down launch's slots past 16 rows, for in-model
-    A/B."""
+    2,303 tok/s: down takes WSTAGE_DOWN slots from WSTAGE_MIN_ROWS rows (prefill sizes), the gated form none.
+    Env DELTASERVE_MMA_WSTAGE="G,D": the gated and the down launch's slots past 16 rows, for in-model A/B."""
     env = os.environ.get("DELTASERVE_MMA_WSTAGE", "").strip()
     if m <= 16:
         return 0
@@ -1261,5 +1264,12 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
             HAS_RES=combine is not None and res is not None, AHEAD=ahead, LOOP=loop, GLU=k if glu else 0,
             PAIR=pairs, num_warps=warps,
             **pdl_args(x), **({"OPEN_LATE": True} if open_late else {}), **({"EARLY": True} if early else {}),
-            **({"WSTAGE": wstage} if wstage else {}))
+            **({"WSTAGE": wstage} if wstage else {}), **({} if skip_empty_tiles() else {"SKIP_EMPTY": False}))
     return out if combine is None else comb
+
+
+def skip_empty_tiles() -> bool:
+    """Whether the experts kernel's programs on the tile table's unused tail tiles return at once (the default)
+    instead of running the K loop on masked loads (never a row's bits; single-row, pair and combine launches always
+    run it). Env DELTASERVE_MMA_SKIP_EMPTY=0, for in-model A/B."""
+    return env_choice("DELTASERVE_MMA_SKIP_EMPTY", "1", ("0", "1")) == "1"

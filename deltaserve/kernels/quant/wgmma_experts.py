@@ -30,15 +30,16 @@ from .mma_gemv import GROUP, HAVE_GLUON, ROW_BLOCK, MmaTiles
 WG_ROWS = 64  # weight rows per program: four row blocks of 16, one per warp of the warpgroup
 WG_STAGES = 3  # shared-memory slots per program (NS): two groups in flight
 WG_TILE_ROWS = 16  # sorted rows of x per program (the MMA's N)
-WG_MIN_ROWS = 16384  # the MoE block's rows (tokens x slots) from which it takes this kernel (wg_min_rows)
+WG_MIN_ROWS = 4096  # the MoE block's rows (tokens x slots) from which it takes this kernel (wg_min_rows)
 
 
 def wg_min_rows() -> int:
     """From how many rows (tokens x slots) an MoE block's gate/up and down take this kernel instead of the mma.sync
-    one (the same bits, so the choice may follow the size). H200, 35B-A3B q4, eager (bench/NOTES.md): at 4,096
-    tokens (36,864 rows) gated 1,616 -> 1,323 us, down 848 -> 744 with 16-row tiles and 3 slots; at 512 tokens
-    (4,608 rows) 280 -> 314 and 149 -> 160 (slower); at 64 tokens about even. Env DELTASERVE_MOE_WGMMA_MIN_ROWS
-    (0: never), for in-model A/B."""
+    one (the same bits, so the choice may follow the size). H200, 35B-A3B q4, eager (bench/NOTES.md), both kernels
+    skipping the tile table's unused tail tiles: at 512 tokens (4,608 rows) gated 267 -> 250 us, down 155 -> 123
+    with 16-row tiles and 3 slots (pp512 B=1 19,176 -> 20,024 tok/s); at 4,096 tokens 1,524 -> 1,271 and 854 ->
+    729; at 64 tokens (a 64-stream decode, 576 rows; before the skip) 151 -> 175 and 111 -> 108. Env
+    DELTASERVE_MOE_WGMMA_MIN_ROWS (0: never), for in-model A/B."""
     return env_int("DELTASERVE_MOE_WGMMA_MIN_ROWS", WG_MIN_ROWS, 0) or 1 << 62
 
 
@@ -181,79 +182,80 @@ if HAVE_GLUON:
         c1 = zero
         c2 = zero
         c3 = zero
-        for i in gl.static_range(NS - 1):  # groups 0 .. NS - 2 requested
-            _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, i, w_base + i * 128, w2_base + i * 128, x_base + i * 32,
-                      sq_base + i * 16, wmask, xq_mask, sq_mask, GATED)
-        xs_n = 0.0
-        if not SELF_XS:
-            xs_n = gl.load(xs_base, mask=xs_mask, other=0.0)
-        for c in range(G // W):  # chunks of W groups, group c W + w into partial sum w
-            for w in gl.static_range(W):
-                g = c * W + w
-                # group g's copies complete (this thread's, then everyone's) and visible to the MMAs
-                async_copy.wait_group(NS - 2)
-                fence_async_shared()
-                gl.thread_barrier()
-                # group g + NS - 1 (an empty group past the last, so every wait counts alike) into the slot that
-                # held group g - 1, whose MMAs finished before the barrier above
-                nx = gl.minimum(g + NS - 1, G - 1)
-                more = g + NS - 1 < G
-                _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, (g + NS - 1) % NS, w_base + nx * 128, w2_base + nx * 128,
-                          x_base + nx * 32, sq_base + nx * 16, wmask & more, xq_mask & more, sq_mask & more, GATED)
-                xs = xs_n
-                if not SELF_XS:
-                    xs_n = gl.load(xs_base + gl.minimum(g + 1, G - 1), mask=xs_mask, other=0.0)
-                slot = g % NS
-                b_sm = xq_sm.index(slot)._reinterpret(gl.bfloat16, [BN, 64], XSH).permute((1, 0))
-                sbq = sb_sm.index(slot)._reinterpret(gl.int32, [128], SSH1)
-                a = _wg_a_operand(w_sm.index(slot).load(WL), zero_w, dot_a)
-                qg = warpgroup_mma(a, b_sm, zero, is_async=True)
-                if GATED:
-                    a_up = _wg_a_operand(w2_sm.index(slot).load(WL), zero_w, dot_a)
-                    qu = warpgroup_mma(a_up, b_sm, zero, is_async=True)
-                    qg, qu, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, a, a_up])
-                    xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
-                elif SELF_XS:
-                    qx = warpgroup_mma(ones, b_sm, zero, is_async=True)
-                    qg, xsum, a = warpgroup_mma_wait(0, deps=[qg, qx, a])
-                else:
-                    qg, a = warpgroup_mma_wait(0, deps=[qg, a])
-                    xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
-                sbv = _wg_sb_pair(sbq.slice(0, 64).load(RL))
-                if w == 0:
-                    a0 = _wg_group_fma(a0, qg, sbv, xsum)
-                elif w == 1:
-                    a1 = _wg_group_fma(a1, qg, sbv, xsum)
-                elif w == 2:
-                    a2 = _wg_group_fma(a2, qg, sbv, xsum)
-                else:
-                    a3 = _wg_group_fma(a3, qg, sbv, xsum)
-                if GATED:
-                    sb2v = _wg_sb_pair(sbq.slice(64, 64).load(RL))
-                    if w == 0:
-                        c0 = _wg_group_fma(c0, qu, sb2v, xsum)
-                    elif w == 1:
-                        c1 = _wg_group_fma(c1, qu, sb2v, xsum)
-                    elif w == 2:
-                        c2 = _wg_group_fma(c2, qu, sb2v, xsum)
+        if rows > 0:  # the table's unused tail tiles (expert -1, ~20% of them at 512 tokens) skip the work
+            for i in gl.static_range(NS - 1):  # groups 0 .. NS - 2 requested
+                _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, i, w_base + i * 128, w2_base + i * 128, x_base + i * 32,
+                          sq_base + i * 16, wmask, xq_mask, sq_mask, GATED)
+            xs_n = 0.0
+            if not SELF_XS:
+                xs_n = gl.load(xs_base, mask=xs_mask, other=0.0)
+            for c in range(G // W):  # chunks of W groups, group c W + w into partial sum w
+                for w in gl.static_range(W):
+                    g = c * W + w
+                    # group g's copies complete (this thread's, then everyone's) and visible to the MMAs
+                    async_copy.wait_group(NS - 2)
+                    fence_async_shared()
+                    gl.thread_barrier()
+                    # group g + NS - 1 (an empty group past the last, so every wait counts alike) into the slot that
+                    # held group g - 1, whose MMAs finished before the barrier above
+                    nx = gl.minimum(g + NS - 1, G - 1)
+                    more = g + NS - 1 < G
+                    _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, (g + NS - 1) % NS, w_base + nx * 128, w2_base + nx * 128,
+                              x_base + nx * 32, sq_base + nx * 16, wmask & more, xq_mask & more, sq_mask & more, GATED)
+                    xs = xs_n
+                    if not SELF_XS:
+                        xs_n = gl.load(xs_base + gl.minimum(g + 1, G - 1), mask=xs_mask, other=0.0)
+                    slot = g % NS
+                    b_sm = xq_sm.index(slot)._reinterpret(gl.bfloat16, [BN, 64], XSH).permute((1, 0))
+                    sbq = sb_sm.index(slot)._reinterpret(gl.int32, [128], SSH1)
+                    a = _wg_a_operand(w_sm.index(slot).load(WL), zero_w, dot_a)
+                    qg = warpgroup_mma(a, b_sm, zero, is_async=True)
+                    if GATED:
+                        a_up = _wg_a_operand(w2_sm.index(slot).load(WL), zero_w, dot_a)
+                        qu = warpgroup_mma(a_up, b_sm, zero, is_async=True)
+                        qg, qu, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, a, a_up])
+                        xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
+                    elif SELF_XS:
+                        qx = warpgroup_mma(ones, b_sm, zero, is_async=True)
+                        qg, xsum, a = warpgroup_mma_wait(0, deps=[qg, qx, a])
                     else:
-                        c3 = _wg_group_fma(c3, qu, sb2v, xsum)
-        async_copy.wait_group(0)
-        y = _wg_sum(a0, a1, a2, a3, W)
-        o_n = gl.arange(0, BN, layout=CL)
-        o_row = gl.arange(0, 64, layout=RL)
-        o_dst = gl.load(order_ptr + lo + o_n, mask=o_n < rows, other=0).to(gl.int64)
-        o_mask = (o_n < rows)[None, :]
-        o_ptr = out_ptr + o_dst[None, :] * stride_om + p * 64 + o_row[:, None]
-        if GATED:
-            y2 = _wg_sum(c0, c1, c2, c3, W)
-            gl.store(o_ptr, _silu_mul(y.to(gl.bfloat16).to(gl.float32), y2.to(gl.bfloat16).to(gl.float32)),
-                     mask=o_mask)
-        elif SCALED:
-            sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
-            gl.store(o_ptr, sc[None, :] * y.to(gl.bfloat16).to(gl.float32), mask=o_mask)
-        else:
-            gl.store(o_ptr, y.to(o_ptr.dtype.element_ty), mask=o_mask)
+                        qg, a = warpgroup_mma_wait(0, deps=[qg, a])
+                        xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
+                    sbv = _wg_sb_pair(sbq.slice(0, 64).load(RL))
+                    if w == 0:
+                        a0 = _wg_group_fma(a0, qg, sbv, xsum)
+                    elif w == 1:
+                        a1 = _wg_group_fma(a1, qg, sbv, xsum)
+                    elif w == 2:
+                        a2 = _wg_group_fma(a2, qg, sbv, xsum)
+                    else:
+                        a3 = _wg_group_fma(a3, qg, sbv, xsum)
+                    if GATED:
+                        sb2v = _wg_sb_pair(sbq.slice(64, 64).load(RL))
+                        if w == 0:
+                            c0 = _wg_group_fma(c0, qu, sb2v, xsum)
+                        elif w == 1:
+                            c1 = _wg_group_fma(c1, qu, sb2v, xsum)
+                        elif w == 2:
+                            c2 = _wg_group_fma(c2, qu, sb2v, xsum)
+                        else:
+                            c3 = _wg_group_fma(c3, qu, sb2v, xsum)
+            async_copy.wait_group(0)
+            y = _wg_sum(a0, a1, a2, a3, W)
+            o_n = gl.arange(0, BN, layout=CL)
+            o_row = gl.arange(0, 64, layout=RL)
+            o_dst = gl.load(order_ptr + lo + o_n, mask=o_n < rows, other=0).to(gl.int64)
+            o_mask = (o_n < rows)[None, :]
+            o_ptr = out_ptr + o_dst[None, :] * stride_om + p * 64 + o_row[:, None]
+            if GATED:
+                y2 = _wg_sum(c0, c1, c2, c3, W)
+                gl.store(o_ptr, _silu_mul(y.to(gl.bfloat16).to(gl.float32), y2.to(gl.bfloat16).to(gl.float32)),
+                         mask=o_mask)
+            elif SCALED:
+                sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
+                gl.store(o_ptr, sc[None, :] * y.to(gl.bfloat16).to(gl.float32), mask=o_mask)
+            else:
+                gl.store(o_ptr, y.to(o_ptr.dtype.element_ty), mask=o_mask)
 
     @gluon.jit
     def _wg_sum(a0, a1, a2, a3, W: gl.constexpr):
