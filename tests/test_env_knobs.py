@@ -76,3 +76,41 @@ def test_experts_staged_weights_switch(monkeypatch):
         monkeypatch.setenv("DELTASERVE_MMA_WSTAGE", bad)
         with pytest.raises(ValueError, match="DELTASERVE_MMA_WSTAGE"):
             mg.default_wstage(512, True)
+
+
+def test_router_row_blocks_switch(monkeypatch):
+    from deltaserve.kernels.moe import triton_decode as md
+
+    monkeypatch.delenv("DELTASERVE_ROUTER_ROW_BLOCKS", raising=False)
+    assert md.router_row_blocks() == 1  # one block a program until timed
+    monkeypatch.setenv("DELTASERVE_ROUTER_ROW_BLOCKS", "16")
+    assert md.router_row_blocks() == 16
+    for bad in ("0", "3", "128", "x"):
+        monkeypatch.setenv("DELTASERVE_ROUTER_ROW_BLOCKS", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_ROUTER_ROW_BLOCKS"):
+            md.router_row_blocks()
+
+
+def test_wgmma_experts_rows_switch(monkeypatch):
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.delenv("DELTASERVE_MOE_WGMMA_MIN_ROWS", raising=False)
+    assert wx.wg_min_rows() == wx.WG_MIN_ROWS == 4096  # from a 455-token prefill chunk; decode batches stay below
+    assert (wx.wg_tile_rows(4096), wx.wg_tile_rows(576)) == (16, 8)
+    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_MIN_ROWS", "0")
+    assert wx.wg_min_rows() > 1 << 40  # off: no block reaches it
+    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_MIN_ROWS", "-1")
+    with pytest.raises(ValueError, match="DELTASERVE_MOE_WGMMA_MIN_ROWS"):
+        wx.wg_min_rows()
+
+
+def test_experts_skip_empty_switch(monkeypatch):
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    monkeypatch.delenv("DELTASERVE_MMA_SKIP_EMPTY", raising=False)
+    assert mg.skip_empty_tiles()
+    monkeypatch.setenv("DELTASERVE_MMA_SKIP_EMPTY", "0")
+    assert not mg.skip_empty_tiles()
+    monkeypatch.setenv("DELTASERVE_MMA_SKIP_EMPTY", "no")
+    with pytest.raises(ValueError, match="DELTASERVE_MMA_SKIP_EMPTY"):
+        mg.skip_empty_tiles()

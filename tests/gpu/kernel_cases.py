@@ -836,11 +836,12 @@ def _router_last_arrival(mods, device, ts, h, e, top_k):
             assert int(arrival_counters(device, t)[: t].abs().sum()) == 0, f"T={t}: counters not reset"
 
 
-def check_router_rows(mods, device, ts=(1, 13, 40), h=64, e=12, router_bits=8, group=32):
+def check_router_rows(mods, device, ts=(1, 13, 40), h=64, e=12, router_bits=8, group=32, blocks=(1, 4)):
     """The router's logits and shared-gate sigmoid from the multi-row GEMV launch (DELTASERVE_ROUTER_ROWS_MIN: from
     that many tokens on) == the per-token router launch's, bit for bit (the same per-row arithmetic), for T on both
-    sides of a row block (8 tokens a program) and with the shared gate; and a dense router keeps the per-token
-    launch (the same result either way)."""
+    sides of a row block (8 tokens a program) and with the shared gate, with each program taking `blocks` row
+    blocks of experts in turn (DELTASERVE_ROUTER_ROW_BLOCKS; the last program's blocks past E masked); and a dense
+    router keeps the per-token launch (the same result either way)."""
     import os
     from unittest import mock
 
@@ -851,13 +852,15 @@ def check_router_rows(mods, device, ts=(1, 13, 40), h=64, e=12, router_bits=8, g
         x = torch.randn(t + 3, h, device=device).bfloat16()[2 : 2 + t]  # an offset view: rows at a stride of h
         with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_ROWS_MIN": "0"}):
             want = md._router_logits(x, r, g, True, md.merged_config(None))
-        with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_ROWS_MIN": "1"}):
-            got = md._router_logits(x, r, g, True, md.merged_config(None))
-            routed = md.moe_route(x, kw["router"], 3, True, kw["shared_gate"], separate_topk=True)
-        assert torch.equal(got[0], want[0]), f"router rows T={t}: logits differ"
-        assert torch.equal(got[1], want[1]), f"router rows T={t}: shared gate differs"
-        ref = md.moe_route(x, kw["router"], 3, True, kw["shared_gate"], separate_topk=True)
-        assert torch.equal(routed.ids, ref.ids) and torch.equal(routed.weights, ref.weights), f"T={t}: routing"
+            ref = md.moe_route(x, kw["router"], 3, True, kw["shared_gate"], separate_topk=True)
+        for nb in blocks:
+            env = {"DELTASERVE_ROUTER_ROWS_MIN": "1", "DELTASERVE_ROUTER_ROW_BLOCKS": str(nb)}
+            with mock.patch.dict(os.environ, env):
+                got = md._router_logits(x, r, g, True, md.merged_config(None))
+                routed = md.moe_route(x, kw["router"], 3, True, kw["shared_gate"], separate_topk=True)
+            assert torch.equal(got[0], want[0]), f"router rows T={t}, {nb} blocks a program: logits differ"
+            assert torch.equal(got[1], want[1]), f"router rows T={t}, {nb} blocks a program: shared gate differs"
+            assert torch.equal(routed.ids, ref.ids) and torch.equal(routed.weights, ref.weights), f"T={t}: routing"
 
 
 def check_moe_v2_fused_ties(mods, device):

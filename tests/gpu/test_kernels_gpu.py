@@ -75,7 +75,7 @@ def test_moe_router_rows(mods, dev, small):
     if small:
         kc.check_router_rows(mods, dev)
     else:  # the 35B-A3B's router: 256 experts of H 2048 at 8 bits g64, pp512's token count
-        kc.check_router_rows(mods, dev, ts=(1, 64, 512, 515), h=2048, e=256, group=64)
+        kc.check_router_rows(mods, dev, ts=(1, 64, 512, 515), h=2048, e=256, group=64, blocks=(1, 8, 16, 64))
 
 
 def test_causal_conv(mods, dev, small):

@@ -297,6 +297,17 @@ DEFAULT_CONFIG = {"router": (4, 4), "gate_up": (16, 512, 4), "down": (16, 512, 4
 ROUTER_ROWS = 8  # tokens per program of the many-token router logits (_gemv_kernel's MB)
 
 
+def router_row_blocks() -> int:
+    """Row blocks of BE experts per program of the many-token router logits (1: _gemv_kernel, one block a program;
+    more: _gemv_blocks_kernel, the program's 8 tokens' x read from L1 by every block after the first; never a
+    token's bits). Not yet timed, so 1 by default; env DELTASERVE_ROUTER_ROW_BLOCKS (a power of two up to 64), for
+    in-model A/B."""
+    value = env_int("DELTASERVE_ROUTER_ROW_BLOCKS", 1, 1, 64)
+    if value & (value - 1):
+        raise ValueError(f"DELTASERVE_ROUTER_ROW_BLOCKS must be a power of two up to 64, found {value}")
+    return value
+
+
 def router_rows_min() -> int:
     """From how many tokens the router's logits come from the multi-row GEMV (_router_logits; the same bits as the
     per-token launch, so the choice may follow T). Env DELTASERVE_ROUTER_ROWS_MIN (0: never), for in-model A/B."""
@@ -340,7 +351,8 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
         # ROUTER_ROWS tokens, each row gemv_row's arithmetic with the router's BE and CG, so the same bits; the
         # per-token launch re-reads the 0.5 MB router for every token: ~78 us a layer at pp512), then the shared
         # gate's column of the router launch alone
-        launch_gemv(x, r, logits, config=(be, r_cg, warps), inline_prep=True, rows=ROUTER_ROWS)
+        launch_gemv(x, r, logits, config=(be, r_cg, warps), inline_prep=True, rows=ROUTER_ROWS,
+                    blocks=router_row_blocks())
         _router_kernel[(t, 1)](
             x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, logits, logits, logits,
             r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2), g.scales.stride(-2), MAGIC,

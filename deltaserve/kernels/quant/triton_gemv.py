@@ -280,12 +280,43 @@ def _gemv_kernel(
     MB: tl.constexpr, INLINE: tl.constexpr = 0, CONV: tl.constexpr = False, KCONV: tl.constexpr = 4,
     PDL: tl.constexpr = False,
 ):
-    # grid (cdiv(N, BN), cdiv(M, MB)); rows m0 .. m0+MB-1 of x, each with its own accumulator (a0..a7). Rows past
-    # M read row M-1 (valid memory) and are not stored. INLINE: x is read raw (xp/xs unused); CONV: the decode conv
-    # runs in the epilogue (_store_row_conv; cw/pool/slot/ctx unused otherwise). PDL (triton_pdl): the first
-    # chunk's weights are requested before waiting for the kernel that wrote x.
+    # grid (cdiv(N, BN), cdiv(M, MB)): _gemv_block for row block program_id(0). PDL (triton_pdl): the first chunk's
+    # weights are requested before waiting for the kernel that wrote x.
     pdl_open(PDL)
-    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    _gemv_block(tl.program_id(0), x_ptr, xp_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn,
+                stride_sn, stride_om, magic, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps,
+                stride_pc, stride_pk, K, BITS, GROUP, BN, CG, MB, INLINE, CONV, KCONV, PDL)
+
+
+@triton.jit
+def _gemv_blocks_kernel(
+    x_ptr, xp_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_om, magic,
+    K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
+    MB: tl.constexpr, NBLK: tl.constexpr, INLINE: tl.constexpr = 0, PDL: tl.constexpr = False,
+):
+    # grid (cdiv(N, BN * NBLK), cdiv(M, MB)): _gemv_block for NBLK consecutive row blocks in turn, the MB rows of x
+    # the same throughout (their reads after the first block come from L1 instead of L2): every row's arithmetic is
+    # _gemv_kernel's. Blocks past N are masked (their rows store nothing).
+    pdl_open(PDL)
+    for nb in tl.static_range(NBLK):
+        _gemv_block(tl.program_id(0) * NBLK + nb, x_ptr, xp_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N,
+                    stride_xm, stride_wn, stride_sn, stride_om, magic, x_ptr, x_ptr, x_ptr, x_ptr, 0, 0, 0, 0, 0, 0,
+                    K, BITS, GROUP, BN, CG, MB, INLINE, False, 4, PDL and nb == 0)
+
+
+@triton.jit
+def _gemv_block(
+    blk, x_ptr, xp_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_om, magic,
+    cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk,
+    K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
+    MB: tl.constexpr, INLINE: tl.constexpr, CONV: tl.constexpr, KCONV: tl.constexpr, PDL_WAIT: tl.constexpr,
+):
+    # weight rows blk * BN .. + BN - 1 against rows m0 .. m0+MB-1 of x (m0 = program_id(1) * MB), each with its own
+    # accumulator (a0..a7). Rows past M read row M-1 (valid memory) and are not stored. INLINE: x is read raw
+    # (xp/xs unused); CONV: the decode conv runs in the epilogue (_store_row_conv; cw/pool/slot/ctx unused
+    # otherwise). PDL_WAIT: wait for the kernel that wrote x (triton_pdl) once the first chunk's weights are
+    # requested.
+    rn = blk * BN + tl.arange(0, BN)
     n_mask = rn < N
     rn64 = rn.to(tl.int64)
     m0 = tl.program_id(1) * MB
@@ -315,7 +346,7 @@ def _gemv_kernel(
         cur, nxt1, nxt2 = _next_chunk(nxt1, nxt2, w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, NC,
                                       BITS, GROUP, BN, CG)
         if c == 0:
-            pdl_wait(PDL)
+            pdl_wait(PDL_WAIT)
         p, s, b = cur
         wv = p  # dense: the chunk's values (s, b unused)
         ph = p  # dense: unused
@@ -489,14 +520,17 @@ def use_inline_prep(spec: WeightSpec, inline_prep: bool | None) -> bool:
 
 
 def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=None, inline_prep: bool | None = None,
-                conv: DecodeConv | None = None, prep: tuple | None = None, rows: int | None = None) -> None:
+                conv: DecodeConv | None = None, prep: tuple | None = None, rows: int | None = None,
+                blocks: int = 1) -> None:
     """x2 [M, K] (K contiguous), out [M, N] (N contiguous); M <= MAX_ROWS is the intended regime. inline_prep
     (resolved by use_inline_prep): the kernel reads x raw (one launch); else prep_x runs first (two launches, the v2
     path; the same products bit for bit, group sums in another fixed order: see triton_gemv_inline). conv: the
     decode conv in the epilogue (gated_delta.triton_decode.DecodeConv). prep: (xp, xs) of these rows already made
     (prep_row, e.g. by the RMSNorm that wrote x2): used instead of the prep launch when the prep path runs.
     rows: rows of x per program, 1, 2, 4 or 8 (default: row_block by the register cap; never a row's bits; the MoE
-    router's many-token launch takes 8 at its small BN: 126 registers on sm_90, no spills)."""
+    router's many-token launch takes 8 at its small BN: 126 registers on sm_90, no spills).
+    blocks: row blocks of BN per program, taken in turn over the same rows of x (_gemv_blocks_kernel: x re-read from
+    L1 rather than L2 by each block; never a row's bits); no conv epilogue."""
     m = x2.shape[0]
     bn, cg, warps = config or default_config(spec)
     group = unit(spec)
@@ -519,6 +553,14 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
         cw, pool = conv.weight, conv.pool
         cargs = (cw, pool, conv.state_slots, conv.context_lens, conv.channels, cw.stride(0), cw.stride(1),
                  pool.stride(0), pool.stride(1), pool.stride(2))
+    if blocks < 1 or (blocks > 1 and conv is not None):
+        raise ValueError(f"launch_gemv: blocks per program must be >= 1, and 1 with the conv epilogue; found {blocks}")
+    if blocks > 1:
+        _gemv_blocks_kernel[(triton.cdiv(spec.n, bn * blocks), triton.cdiv(m, mb))](
+            x2, xp, xs, spec.w, spec.scales, spec.biases, out, m, spec.n, x2.stride(0), spec.w.stride(0),
+            spec.scales.stride(0), out.stride(0), MAGIC, K=spec.k, BITS=spec.bits, GROUP=group, BN=bn, CG=cg, MB=mb,
+            NBLK=blocks, INLINE=inline_mode(x2, inline_prep), num_warps=warps, **pdl_args(x2))
+        return
     grid = (triton.cdiv(spec.n, bn), triton.cdiv(m, mb))
     _gemv_kernel[grid](
         x2, xp, xs, spec.w, spec.scales, spec.biases, out, m, spec.n, x2.stride(0), spec.w.stride(0),

@@ -29,7 +29,7 @@ from .mma_gemv import GROUP, HAVE_GLUON, ROW_BLOCK, MmaTiles
 
 WG_ROWS = 64  # weight rows per program: four row blocks of 16, one per warp of the warpgroup
 WG_STAGES = 3  # shared-memory slots per program (NS): two groups in flight
-WG_TILE_ROWS = 16  # sorted rows of x per program (the MMA's N)
+WG_TILE_ROWS = 16  # sorted rows of x per program (the MMA's N) from WG_MIN_ROWS rows; 8 below (wg_tile_rows)
 WG_MIN_ROWS = 4096  # the MoE block's rows (tokens x slots) from which it takes this kernel (wg_min_rows)
 
 
@@ -41,6 +41,13 @@ def wg_min_rows() -> int:
     729; at 64 tokens (a 64-stream decode, 576 rows; before the skip) 151 -> 175 and 111 -> 108. Env
     DELTASERVE_MOE_WGMMA_MIN_ROWS (0: never), for in-model A/B."""
     return env_int("DELTASERVE_MOE_WGMMA_MIN_ROWS", WG_MIN_ROWS, 0) or 1 << 62
+
+
+def wg_tile_rows(m: int) -> int:
+    """Sorted rows of x per program for a block of m rows: WG_TILE_ROWS from WG_MIN_ROWS rows, else 8 (a few rows
+    per expert: H200 probe at 64 tokens, before the tail-tile skip, gated 139.5 us with 8-row tiles against 174.5
+    with 16 and 150.7 on mma.sync; down 94.2 / 108.2 / 110.8). Never a row's bits."""
+    return WG_TILE_ROWS if m >= WG_MIN_ROWS else 8
 
 
 def wg_fits(gate_words: torch.Tensor, down_words: torch.Tensor) -> bool:
