@@ -1110,6 +1110,22 @@ def pair_counters_fit(tiles: MmaTiles, nbe: int) -> bool:
     return tiles.tile_e.numel() * (nbe // 2) <= PAIR_COUNTERS
 
 
+def experts_out(x: torch.Tensor, xs: torch.Tensor | None, g: int, m: int, n: int, scaled: bool,
+                out: torch.Tensor | None, who: str) -> torch.Tensor:
+    """An experts matmul's output [m, n] (fp32 when scaled, else x's dtype), checked or allocated, after checking x's
+    group sums xs (fp32 [rows of x, g] with unit column stride; None: the kernel's own)."""
+    if xs is not None and (xs.dtype != torch.float32 or tuple(xs.shape) != (x.shape[0], g) or xs.stride(-1) != 1):
+        raise ValueError(f"{who}: xs must be fp32 [{x.shape[0]}, {g}] with unit column stride, found {xs.dtype} "
+                         f"{tuple(xs.shape)} strides {xs.stride()}")
+    out_dtype = torch.float32 if scaled else x.dtype
+    if out is None:
+        return torch.empty(m, n, dtype=out_dtype, device=x.device)
+    if out.dtype != out_dtype or out.shape != (m, n) or out.stride(-1) != 1:
+        raise ValueError(f"{who}: out must be {out_dtype} [{m}, {n}] with unit column stride, found {out.dtype} "
+                         f"{tuple(out.shape)} strides {out.stride()}")
+    return out
+
+
 def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, expert_ids: torch.Tensor,
                        x_repeat: int = 1, xs: torch.Tensor | None = None, out: torch.Tensor | None = None,
                        tiles: MmaTiles | None = None, up: tuple | None = None, scale: torch.Tensor | None = None,
@@ -1167,17 +1183,8 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
         raise ValueError(f"mma_matmul_experts: scale must be contiguous fp32 with one value per row ({m}), found "
                          f"{scale.dtype} {tuple(scale.shape)}")
     self_xs = xs is None
-    if self_xs:
-        xs = x  # a placeholder pointer: not read
-    elif xs.dtype != torch.float32 or tuple(xs.shape) != (x.shape[0], g) or xs.stride(-1) != 1:
-        raise ValueError(f"mma_matmul_experts: xs must be fp32 [{x.shape[0]}, {g}] with unit column stride, found "
-                         f"{xs.dtype} {tuple(xs.shape)} strides {xs.stride()}")
-    out_dtype = torch.float32 if scale is not None else x.dtype
-    if out is None:
-        out = torch.empty(m, n, dtype=out_dtype, device=x.device)
-    elif out.dtype != out_dtype or out.shape != (m, n) or out.stride(-1) != 1:
-        raise ValueError(f"mma_matmul_experts: out must be {out_dtype} [{m}, {n}] with unit column stride, found "
-                         f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
+    out = experts_out(x, xs, g, m, n, scale is not None, out, "mma_matmul_experts")
+    xs = x if self_xs else xs  # a placeholder pointer when the kernel makes the group sums: not read
     tiles = mma_expert_tiles(ids, num_e) if tiles is None else tiles
     if not isinstance(tiles, MmaTiles):
         raise TypeError("mma_matmul_experts: tiles must come from mma_expert_tiles")

@@ -25,7 +25,7 @@ import torch
 from ...utils.env import env_int
 from .. import backend
 from ..triton_pdl import pdl_args
-from .mma_gemv import GROUP, HAVE_GLUON, ROW_BLOCK, MmaTiles
+from .mma_gemv import GROUP, HAVE_GLUON, ROW_BLOCK, MmaTiles, experts_out
 
 WG_ROWS = 64  # weight rows per program: four row blocks of 16, one per warp of the warpgroup
 WG_STAGES = 3  # shared-memory slots per program (NS): two groups in flight
@@ -88,6 +88,20 @@ if HAVE_GLUON:
         s, b = sb
         acc = gl.fma(s[:, None], qx, acc)
         return gl.fma(gl.fma(s, -128.0, b)[:, None], xsum, acc)
+
+    @gluon.jit
+    def _wg_partial_fma(a0, a1, a2, a3, w: gl.constexpr, qx, sb, xsum):
+        """The four partial sums with group result qx added into partial sum w (_wg_group_fma), the others as they
+        were."""
+        if w == 0:
+            a0 = _wg_group_fma(a0, qx, sb, xsum)
+        elif w == 1:
+            a1 = _wg_group_fma(a1, qx, sb, xsum)
+        elif w == 2:
+            a2 = _wg_group_fma(a2, qx, sb, xsum)
+        else:
+            a3 = _wg_group_fma(a3, qx, sb, xsum)
+        return a0, a1, a2, a3
 
     @gluon.jit
     def _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, slot, w_src, w2_src, x_src, sq_src, wmask, xq_mask, sq_mask,
@@ -228,25 +242,11 @@ if HAVE_GLUON:
                     else:
                         qg, a = warpgroup_mma_wait(0, deps=[qg, a])
                         xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
-                    sbv = _wg_sb_pair(sbq.slice(0, 64).load(RL))
-                    if w == 0:
-                        a0 = _wg_group_fma(a0, qg, sbv, xsum)
-                    elif w == 1:
-                        a1 = _wg_group_fma(a1, qg, sbv, xsum)
-                    elif w == 2:
-                        a2 = _wg_group_fma(a2, qg, sbv, xsum)
-                    else:
-                        a3 = _wg_group_fma(a3, qg, sbv, xsum)
+                    a0, a1, a2, a3 = _wg_partial_fma(a0, a1, a2, a3, w, qg, _wg_sb_pair(sbq.slice(0, 64).load(RL)),
+                                                     xsum)
                     if GATED:
-                        sb2v = _wg_sb_pair(sbq.slice(64, 64).load(RL))
-                        if w == 0:
-                            c0 = _wg_group_fma(c0, qu, sb2v, xsum)
-                        elif w == 1:
-                            c1 = _wg_group_fma(c1, qu, sb2v, xsum)
-                        elif w == 2:
-                            c2 = _wg_group_fma(c2, qu, sb2v, xsum)
-                        else:
-                            c3 = _wg_group_fma(c3, qu, sb2v, xsum)
+                        c0, c1, c2, c3 = _wg_partial_fma(c0, c1, c2, c3, w, qu,
+                                                         _wg_sb_pair(sbq.slice(64, 64).load(RL)), xsum)
             async_copy.wait_group(0)
             y = _wg_sum(a0, a1, a2, a3, W)
             o_n = gl.arange(0, BN, layout=CL)
@@ -317,15 +317,7 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
         raise ValueError(f"wg_matmul_experts: {stages} shared-memory slots; at least 2")
     stages = min(stages, g + 1)  # the prologue requests NS - 1 groups: at most all of them (never a row's bits)
     self_xs = xs is None
-    if not self_xs and (xs.dtype != torch.float32 or tuple(xs.shape) != (x.shape[0], g) or xs.stride(-1) != 1):
-        raise ValueError(f"wg_matmul_experts: xs must be fp32 [{x.shape[0]}, {g}], found {xs.dtype} "
-                         f"{tuple(xs.shape)}")
-    out_dtype = torch.float32 if scale is not None else x.dtype
-    if out is None:
-        out = torch.empty(m, n, dtype=out_dtype, device=x.device)
-    elif out.dtype != out_dtype or out.shape != (m, n) or out.stride(-1) != 1:
-        raise ValueError(f"wg_matmul_experts: out must be {out_dtype} [{m}, {n}] with unit column stride, found "
-                         f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
+    out = experts_out(x, xs, g, m, n, scale is not None, out, "wg_matmul_experts")
     if m:
         w2, sb2 = up if up is not None else (words, sb)
         xq = x.view(torch.int32)  # bf16 pairs: the kernel copies x 4 bytes at a time, in the fragment order
