@@ -1,8 +1,10 @@
 """An MoE block on tensor cores for any number of tokens (decode steps of 1-64 streams, prefill chunks) in three
 launches after the routing: gate and up with SiLU * up as one launch, down with each slot's routing weight as one
-launch, then the one combine of the prefill path (`triton_combine.combine_slots`). All three go through
-`quant.mma_gemv.mma_matmul_experts`: each (token, slot) row is an MMA column of its expert's tile, so an expert
-picked by several rows of a tile is read once, and a row's bits never depend on which rows share the launch.
+launch, then the one combine of the prefill path (`triton_combine.combine_slots`). Gate/up and down go through
+`quant.mma_gemv.mma_matmul_experts` (mma.sync), or from `wgmma_experts.wg_min_rows()` rows (prefill chunks) through
+`quant.wgmma_experts.wg_matmul_experts` (warpgroup MMAs, the same bits): each (token, slot) row is an MMA column of
+its expert's tile, so an expert picked by several rows of a tile is read once, and a row's bits never depend on
+which rows share the launch or which of the two kernels ran it.
 
 At decode-sized batches (single-row tiles) the combine runs inside the down launch, at each token's last-arriving
 program (the same arithmetic and bits as the combine launch), and down makes its input's group sums itself: the
@@ -112,7 +114,8 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
         weights = torch.cat([weights, shared_weight.to(torch.float32)[:, None]], dim=1)
     slots = ids.shape[1]
     xs = prep_x(x, 4, 64)[1] if xs is None else xs  # x's group sums: shared by every gate and up row
-    # large blocks (prefill chunks): gate/up and down on warpgroup MMAs over 16-row tiles, the same bits
+    # large blocks (prefill chunks): gate/up and down on warpgroup MMAs over their own tiles (tile_rows unused),
+    # the mma.sync kernel's bits
     if experts.gate_up is None and ids.numel() >= wg_min_rows() and wg_fits(experts.gate[0], experts.down[0]):
         tiles = mma_expert_tiles(ids, num_e, wg_tile_rows(ids.numel()))
         hid = wg_matmul_experts(x, *experts.gate, ids, tiles, slots, xs=xs, up=experts.up)
