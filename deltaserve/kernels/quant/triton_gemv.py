@@ -298,10 +298,14 @@ def _gemv_blocks_kernel(
     # the same throughout (their reads after the first block come from L1 instead of L2): every row's arithmetic is
     # _gemv_kernel's. Blocks past N are masked (their rows store nothing).
     pdl_open(PDL)
-    for nb in tl.static_range(NBLK):
-        _gemv_block(tl.program_id(0) * NBLK + nb, x_ptr, xp_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N,
-                    stride_xm, stride_wn, stride_sn, stride_om, magic, x_ptr, x_ptr, x_ptr, x_ptr, 0, 0, 0, 0, 0, 0,
-                    K, BITS, GROUP, BN, CG, MB, INLINE, False, 4, PDL and nb == 0)
+    blk = tl.program_id(0) * NBLK
+    _gemv_block(blk, x_ptr, xp_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn,
+                stride_om, magic, x_ptr, x_ptr, x_ptr, x_ptr, 0, 0, 0, 0, 0, 0, K, BITS, GROUP, BN, CG, MB, INLINE,
+                False, 4, PDL)  # the first block waits (PDL) once its first chunk's weights are requested
+    for nb in tl.static_range(1, NBLK):
+        _gemv_block(blk + nb, x_ptr, xp_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn,
+                    stride_sn, stride_om, magic, x_ptr, x_ptr, x_ptr, x_ptr, 0, 0, 0, 0, 0, 0, K, BITS, GROUP, BN, CG,
+                    MB, INLINE, False, 4, False)
 
 
 @triton.jit
