@@ -4,7 +4,7 @@ experts kernel (mma_gemv.mma_matmul_experts, the default configuration and 8-row
 (gated with the norm's group sums, down with its own), then eager timings over
 --calls routings and inputs of their own (the experts from DRAM, as in the model), one line each, a table last.
 
-  python scripts/probe_wgmma_experts.py --t 512,4096,64 --bn 8,16 --ns 2,3,4 [--out results.jsonl]
+  python scripts/probe_wgmma_experts.py --t 512,4096,64 --bn 8,16 --ns 3 --orders group,partial [--out results.jsonl]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--t", default="512,4096,64", help="token counts")
     ap.add_argument("--bn", default="16,32,64", help="rows of x per wgmma tile")
     ap.add_argument("--ns", default="2,3,4", help="shared-memory slots")
+    ap.add_argument("--orders", default="group,partial", help="the gated form's group orders (wg partial_major)")
     ap.add_argument("--out", help="append one JSON line per timing here")
     args = ap.parse_args(argv)
     from kernel_cases import affine_weight
@@ -80,16 +81,21 @@ def main(argv=None) -> int:
         for bn in (int(v) for v in args.bn.split(",")):
             tiles = [mg.mma_expert_tiles(r, num_e, bn) for r in routes]
             for ns in (int(v) for v in args.ns.split(",")):
-                out = torch.full_like(ref_g, float("nan"))
-                got = wx.wg_matmul_experts(xin[0], *gate, routes[0], tiles[0], slots, xs=sums[0], up=up, out=out,
-                                           stages=ns)
-                diff_g = int((got.view(torch.int16) != ref_g.view(torch.int16)).sum()) + int(got.isnan().sum())
+                for order in args.orders.split(","):
+                    pm = order == "partial"
+                    out = torch.full_like(ref_g, float("nan"))
+                    got = wx.wg_matmul_experts(xin[0], *gate, routes[0], tiles[0], slots, xs=sums[0], up=up, out=out,
+                                               stages=ns, partial_major=pm)
+                    diff_g = int((got.view(torch.int16) != ref_g.view(torch.int16)).sum()) + int(got.isnan().sum())
+                    print(f"T={t} BN={bn} NS={ns} {order} order: gated differing or NaN elements {diff_g} of "
+                          f"{ref_g.numel()}", flush=True)
+                    rows.append((f"wgmma BN {bn} NS {ns} {order}", "gated", timed(lambda j: wx.wg_matmul_experts(
+                        xin[j], *gate, routes[j], tiles[j], slots, xs=sums[j], up=up, stages=ns, partial_major=pm)),
+                        str(diff_g)))
                 out = torch.full_like(ref_d, float("nan"))
                 got = wx.wg_matmul_experts(hs[0], *down, routes[0], tiles[0], 1, scale=scale, out=out, stages=ns)
                 diff_d = int((got.view(torch.int32) != ref_d.view(torch.int32)).sum()) + int(got.isnan().sum())
-                print(f"T={t} BN={bn} NS={ns}: differing or NaN elements: gated {diff_g} of {ref_g.numel()}, down {diff_d} of {ref_d.numel()}", flush=True)
-                rows.append((f"wgmma BN {bn} NS {ns}", "gated", timed(lambda j: wx.wg_matmul_experts(
-                    xin[j], *gate, routes[j], tiles[j], slots, xs=sums[j], up=up, stages=ns)), str(diff_g)))
+                print(f"T={t} BN={bn} NS={ns}: down differing or NaN elements {diff_d} of {ref_d.numel()}", flush=True)
                 rows.append((f"wgmma BN {bn} NS {ns}", "down", timed(lambda j: wx.wg_matmul_experts(
                     hs[j], *down, routes[j], tiles[j], 1, scale=scale, stages=ns)), str(diff_d)))
         for name, form, us, bits in rows:

@@ -114,3 +114,15 @@ def test_experts_skip_empty_switch(monkeypatch):
     monkeypatch.setenv("DELTASERVE_MMA_SKIP_EMPTY", "no")
     with pytest.raises(ValueError, match="DELTASERVE_MMA_SKIP_EMPTY"):
         mg.skip_empty_tiles()
+
+
+def test_wgmma_order_switch(monkeypatch):
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.delenv("DELTASERVE_WGMMA_ORDER", raising=False)
+    assert not wx.wg_partial_major()  # K order until the partial-sum order is timed
+    monkeypatch.setenv("DELTASERVE_WGMMA_ORDER", "partial")
+    assert wx.wg_partial_major()
+    monkeypatch.setenv("DELTASERVE_WGMMA_ORDER", "warp")
+    with pytest.raises(ValueError, match="DELTASERVE_WGMMA_ORDER"):
+        wx.wg_partial_major()

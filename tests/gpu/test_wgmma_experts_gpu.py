@@ -17,8 +17,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(INTERPRET, reason="Gluon kerne
 @pytest.mark.parametrize("t", [1, 7, 64, 512])
 def test_wg_experts_same_bits_as_mma(dev, t):
     """Gate/up (SiLU * up, the norm's group sums) and the scaled down (its own group sums) at the 35B-A3B's shapes
-    (256 routed experts + the shared one stacked last, top-8, H 2048, I 512): every tile width and slot count gives
-    the mma.sync kernel's result bit for bit, and writes every element of a NaN-poisoned output."""
+    (256 routed experts + the shared one stacked last, top-8, H 2048, I 512): every tile width, slot count and group
+    order gives the mma.sync kernel's result bit for bit, and writes every element of a NaN-poisoned output."""
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
     from deltaserve.kernels.quant.triton_gemv import prep_x
@@ -35,9 +35,12 @@ def test_wg_experts_same_bits_as_mma(dev, t):
     for rows in (8, 16, 32):
         tiles = mg.mma_expert_tiles(ids, e, rows)
         for ns in (2, 3, 5):
-            out = torch.full_like(ref_g, float("nan"))
-            got = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb), out=out, stages=ns)
-            assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref_g), f"gated, {rows}-row tiles, {ns} slots"
+            for pm in (False, True):  # the groups in K order, or partial sum by partial sum
+                out = torch.full_like(ref_g, float("nan"))
+                got = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb), out=out, stages=ns,
+                                           partial_major=pm)
+                assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref_g), \
+                    f"gated, {rows}-row tiles, {ns} slots, partial-major {pm}"
             out = torch.full_like(ref_d, float("nan"))
             got = wx.wg_matmul_experts(ref_g, dw, dsb, ids, tiles, 1, scale=scale, out=out, stages=ns)
             assert torch.equal(got, ref_d), f"down, {rows}-row tiles, {ns} slots"

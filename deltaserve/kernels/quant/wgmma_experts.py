@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ...utils.env import env_int
+from ...utils.env import env_choice, env_int
 from .. import backend
 from ..triton_pdl import pdl_args
 from .mma_gemv import GROUP, HAVE_GLUON, ROW_BLOCK, MmaTiles, experts_out
@@ -48,6 +48,14 @@ def wg_tile_rows(m: int) -> int:
     per expert: H200 probe at 64 tokens, before the tail-tile skip, gated 139.5 us with 8-row tiles against 174.5
     with 16 and 150.7 on mma.sync; down 94.2 / 108.2 / 110.8). Never a row's bits."""
     return WG_TILE_ROWS if m >= WG_MIN_ROWS else 8
+
+
+def wg_partial_major() -> bool:
+    """Whether the kernel takes a K split's groups partial sum by partial sum (warp w's groups w, w + W, ... in turn,
+    one partial sum updated at a time) instead of in K order; each partial sum adds its groups in the same order, so
+    the same bits. sm_90: the gated form at 16-row tiles 255 -> 165 registers (3 programs an SM instead of 2), 8-row
+    tiles 167 -> 141. Not yet timed, so off by default; env DELTASERVE_WGMMA_ORDER=partial|group, for A/B."""
+    return env_choice("DELTASERVE_WGMMA_ORDER", "group", ("group", "partial")) == "partial"
 
 
 def wg_fits(gate_words: torch.Tensor, down_words: torch.Tensor) -> bool:
@@ -103,6 +111,51 @@ if HAVE_GLUON:
             a3 = _wg_group_fma(a3, qx, sb, xsum)
         return a0, a1, a2, a3
 
+    @gluon.constexpr_function
+    def _wg_group(step, W, NCH, PARTIAL_MAJOR):
+        """The group a prologue step requests: the step itself, or partial sum by partial sum (step w NCH + c is
+        group c W + w)."""
+        return (step % NCH) * W + step // NCH if PARTIAL_MAJOR else step
+
+    @gluon.jit
+    def _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, slot, nx, more, w_base, w2_base, x_base, sq_base, wmask, xq_mask,
+                    sq_mask, NS: gl.constexpr, GATED: gl.constexpr):
+        """Before a step: its group's copies complete (this thread's, then everyone's) and visible to the MMAs; then
+        group nx requested into slot `slot` (the slot of the step before, whose MMAs finished before the barrier), as
+        an empty cp.async group when not `more` (past the last step, so every wait counts alike)."""
+        async_copy.wait_group(NS - 2)
+        fence_async_shared()
+        gl.thread_barrier()
+        _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, slot, w_base + nx * 128, w2_base + nx * 128, x_base + nx * 32,
+                  sq_base + nx * 16, wmask & more, xq_mask & more, sq_mask & more, GATED)
+
+    @gluon.jit
+    def _wg_step(a0, a1, a2, a3, c0, c1, c2, c3, w: gl.constexpr, slot, xs, w_sm, w2_sm, xq_sm, sb_sm, zero_w, zero,
+                 ones, dot_a: gl.constexpr, RL: gl.constexpr, XSH: gl.constexpr, SSH1: gl.constexpr,
+                 BN: gl.constexpr, GATED: gl.constexpr, SELF_XS: gl.constexpr):
+        """One group from slot `slot` into partial sum w (gate's a, up's c): its MMAs (gate, up, and the group sums'
+        when SELF_XS) issued together and awaited once, then _wg_group_fma."""
+        b_sm = xq_sm.index(slot)._reinterpret(gl.bfloat16, [BN, 64], XSH).permute((1, 0))
+        sbq = sb_sm.index(slot)._reinterpret(gl.int32, [128], SSH1)
+        a = _wg_a_operand(w_sm.index(slot).load(gl.SliceLayout(4, zero_w.type.layout)), zero_w, dot_a)
+        qg = warpgroup_mma(a, b_sm, zero, is_async=True)
+        qu = qg
+        if GATED:
+            a_up = _wg_a_operand(w2_sm.index(slot).load(gl.SliceLayout(4, zero_w.type.layout)), zero_w, dot_a)
+            qu = warpgroup_mma(a_up, b_sm, zero, is_async=True)
+            qg, qu, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, a, a_up])
+            xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
+        elif SELF_XS:
+            qx = warpgroup_mma(ones, b_sm, zero, is_async=True)
+            qg, xsum, a = warpgroup_mma_wait(0, deps=[qg, qx, a])
+        else:
+            qg, a = warpgroup_mma_wait(0, deps=[qg, a])
+            xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
+        a0, a1, a2, a3 = _wg_partial_fma(a0, a1, a2, a3, w, qg, _wg_sb_pair(sbq.slice(0, 64).load(RL)), xsum)
+        if GATED:
+            c0, c1, c2, c3 = _wg_partial_fma(c0, c1, c2, c3, w, qu, _wg_sb_pair(sbq.slice(64, 64).load(RL)), xsum)
+        return a0, a1, a2, a3, c0, c1, c2, c3
+
     @gluon.jit
     def _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, slot, w_src, w2_src, x_src, sq_src, wmask, xq_mask, sq_mask,
                   GATED: gl.constexpr):
@@ -120,7 +173,7 @@ if HAVE_GLUON:
                            hi_ptr, order_ptr, stride_xq, stride_sm, stride_om, NBE, XREP: gl.constexpr,
                            K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, GATED: gl.constexpr,
                            SCALED: gl.constexpr, SELF_XS: gl.constexpr, NS: gl.constexpr = 3,
-                           PDL: gl.constexpr = False):
+                           PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -204,49 +257,45 @@ if HAVE_GLUON:
         c2 = zero
         c3 = zero
         if rows > 0:  # the table's unused tail tiles (expert -1, ~20% of them at 512 tokens) skip the work
-            for i in gl.static_range(NS - 1):  # groups 0 .. NS - 2 requested
-                _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, i, w_base + i * 128, w2_base + i * 128, x_base + i * 32,
-                          sq_base + i * 16, wmask, xq_mask, sq_mask, GATED)
+            NCH: gl.constexpr = G // W
+            for i in gl.static_range(NS - 1):  # steps 0 .. NS - 2 requested
+                _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, i, w_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 128,
+                          w2_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 128,
+                          x_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 32,
+                          sq_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 16, wmask, xq_mask, sq_mask, GATED)
             xs_n = 0.0
             if not SELF_XS:
                 xs_n = gl.load(xs_base, mask=xs_mask, other=0.0)
-            for c in range(G // W):  # chunks of W groups, group c W + w into partial sum w
+            if PARTIAL_MAJOR:
+                # partial sum w's groups w, w + W, ... in turn (step w NCH + c is group c W + w): each partial sum
+                # adds its groups in the same order, so the same bits, with one partial sum updated at a time
                 for w in gl.static_range(W):
-                    g = c * W + w
-                    # group g's copies complete (this thread's, then everyone's) and visible to the MMAs
-                    async_copy.wait_group(NS - 2)
-                    fence_async_shared()
-                    gl.thread_barrier()
-                    # group g + NS - 1 (an empty group past the last, so every wait counts alike) into the slot that
-                    # held group g - 1, whose MMAs finished before the barrier above
-                    nx = gl.minimum(g + NS - 1, G - 1)
-                    more = g + NS - 1 < G
-                    _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, (g + NS - 1) % NS, w_base + nx * 128, w2_base + nx * 128,
-                              x_base + nx * 32, sq_base + nx * 16, wmask & more, xq_mask & more, sq_mask & more, GATED)
-                    xs = xs_n
-                    if not SELF_XS:
-                        xs_n = gl.load(xs_base + gl.minimum(g + 1, G - 1), mask=xs_mask, other=0.0)
-                    slot = g % NS
-                    b_sm = xq_sm.index(slot)._reinterpret(gl.bfloat16, [BN, 64], XSH).permute((1, 0))
-                    sbq = sb_sm.index(slot)._reinterpret(gl.int32, [128], SSH1)
-                    a = _wg_a_operand(w_sm.index(slot).load(WL), zero_w, dot_a)
-                    qg = warpgroup_mma(a, b_sm, zero, is_async=True)
-                    if GATED:
-                        a_up = _wg_a_operand(w2_sm.index(slot).load(WL), zero_w, dot_a)
-                        qu = warpgroup_mma(a_up, b_sm, zero, is_async=True)
-                        qg, qu, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, a, a_up])
-                        xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
-                    elif SELF_XS:
-                        qx = warpgroup_mma(ones, b_sm, zero, is_async=True)
-                        qg, xsum, a = warpgroup_mma_wait(0, deps=[qg, qx, a])
-                    else:
-                        qg, a = warpgroup_mma_wait(0, deps=[qg, a])
-                        xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
-                    a0, a1, a2, a3 = _wg_partial_fma(a0, a1, a2, a3, w, qg, _wg_sb_pair(sbq.slice(0, 64).load(RL)),
-                                                     xsum)
-                    if GATED:
-                        c0, c1, c2, c3 = _wg_partial_fma(c0, c1, c2, c3, w, qu,
-                                                         _wg_sb_pair(sbq.slice(64, 64).load(RL)), xsum)
+                    for c in range(NCH):
+                        step = w * NCH + c
+                        nstep = gl.minimum(step + NS - 1, G - 1)
+                        _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, (step + NS - 1) % NS, (nstep % NCH) * W + nstep // NCH,
+                                    step + NS - 1 < G, w_base, w2_base, x_base, sq_base, wmask, xq_mask, sq_mask, NS,
+                                    GATED)
+                        xs = xs_n
+                        if not SELF_XS:
+                            s1 = gl.minimum(step + 1, G - 1)
+                            xs_n = gl.load(xs_base + (s1 % NCH) * W + s1 // NCH, mask=xs_mask, other=0.0)
+                        a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
+                            a0, a1, a2, a3, c0, c1, c2, c3, w, step % NS, xs, w_sm, w2_sm, xq_sm, sb_sm, zero_w, zero,
+                            ones, dot_a, RL, XSH, SSH1, BN, GATED, SELF_XS)
+            else:
+                for c in range(NCH):  # chunks of W groups, group c W + w into partial sum w
+                    for w in gl.static_range(W):
+                        g = c * W + w
+                        _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, (g + NS - 1) % NS, gl.minimum(g + NS - 1, G - 1),
+                                    g + NS - 1 < G, w_base, w2_base, x_base, sq_base, wmask, xq_mask, sq_mask, NS,
+                                    GATED)
+                        xs = xs_n
+                        if not SELF_XS:
+                            xs_n = gl.load(xs_base + gl.minimum(g + 1, G - 1), mask=xs_mask, other=0.0)
+                        a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
+                            a0, a1, a2, a3, c0, c1, c2, c3, w, g % NS, xs, w_sm, w2_sm, xq_sm, sb_sm, zero_w, zero,
+                            ones, dot_a, RL, XSH, SSH1, BN, GATED, SELF_XS)
             async_copy.wait_group(0)
             y = _wg_sum(a0, a1, a2, a3, W)
             o_n = gl.arange(0, BN, layout=CL)
@@ -279,12 +328,14 @@ if HAVE_GLUON:
 def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, expert_ids: torch.Tensor,
                       tiles: MmaTiles, x_repeat: int = 1, xs: torch.Tensor | None = None,
                       up: tuple | None = None, scale: torch.Tensor | None = None, warps: int | None = None,
-                      out: torch.Tensor | None = None, stages: int = WG_STAGES) -> torch.Tensor:
+                      out: torch.Tensor | None = None, stages: int = WG_STAGES,
+                      partial_major: bool | None = None) -> torch.Tensor:
     """mma_gemv.mma_matmul_experts' result (the same bits) through warpgroup MMAs, for sorted tiles of 8 to 64 rows
     (tiles.rows is the MMA's N): row m = x[m // x_repeat] W[expert_ids[m]]^T for repacked stacked experts (N a
     multiple of 64); up= the gated epilogue (x's group sums xs= required, as the model's norm makes them), scale=
     the scaled one (fp32 out); xs None: the group sums are the kernel's own, MMA(ones, x), as mma.sync's.
-    warps: the mma.sync kernel's K split whose bits to give (default_warps(K)); stages: shared-memory slots (2+)."""
+    warps: the mma.sync kernel's K split whose bits to give (default_warps(K)); stages: shared-memory slots (2+);
+    partial_major: the groups partial sum by partial sum (None: wg_partial_major()); neither changes bits."""
     from .mma_gemv import default_warps
 
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
@@ -325,5 +376,7 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
             xq, xq if self_xs else xs, words, w2, sb.view(torch.int32), sb2.view(torch.int32), out,
             scale if scale is not None else out, tiles.tile_e, tiles.lo, tiles.hi, tiles.order, xq.stride(0),
             0 if self_xs else xs.stride(0), out.stride(0), nbe, XREP=x_repeat, K=k, W=warps, BN=tiles.rows,
-            GATED=up is not None, SCALED=scale is not None, SELF_XS=self_xs, NS=stages, num_warps=4, **pdl_args(x))
+            GATED=up is not None, SCALED=scale is not None, SELF_XS=self_xs, NS=stages, num_warps=4,
+            **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
+               else {}), **pdl_args(x))
     return out
