@@ -22,6 +22,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 
 
+NUM_E, H, I, SLOTS = 257, 2048, 512, 9  # the 35B-A3B's MoE: 256 routed experts + the shared one stacked last
+
+
+def expert_stacks(dev):
+    """The MoE block's random repacked q4 g64 stacks: gate, up [E, I, H] and down [E, H, I]."""
+    from kernel_cases import affine_weight
+
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    def stack(n, k):
+        p, s, b, _ = affine_weight((NUM_E, n, k), 4, 64, dev)
+        return mg.repack_q4_experts(p, s, b)
+
+    return stack(I, H), stack(I, H), stack(H, I)
+
+
+def probe_inputs(dev, t: int, calls: int):
+    """For t tokens, `calls` of each: routings (top-8 of the 256 routed experts, sorted, then the shared expert),
+    the gate/up inputs x and their group sums, down's inputs; and one fp32 scale per (token, slot) row."""
+    from deltaserve.kernels.quant.triton_gemv import prep_x
+
+    routes = [torch.cat([torch.rand(t, 256, device=dev).topk(8, dim=1).indices.sort(dim=1).values,
+                         torch.full((t, 1), 256, device=dev)], 1).int() for _ in range(calls)]
+    xs_in = [torch.randn(t, H, device=dev).bfloat16() for _ in range(calls)]
+    sums = [prep_x(v, 4, 64)[1] for v in xs_in]
+    hs = [torch.randn(t * SLOTS, I, device=dev).bfloat16() for _ in range(calls)]
+    return routes, xs_in, sums, hs, torch.rand(t * SLOTS, device=dev)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=8)
@@ -29,28 +58,17 @@ def main(argv=None) -> int:
     ap.add_argument("--gated-config", help="W,RB,AHEAD,LOOP of the tensor-core gate/up (default: the library's)")
     ap.add_argument("--only", choices=("gated", "scaled", "cuda"), help="one form alone")
     args = ap.parse_args(argv)
-    from kernel_cases import affine_weight, moe_problem
+    from kernel_cases import moe_problem
 
     from deltaserve.kernels.moe.triton_moe_gemv import moe_decode_v2
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant.triton_gemv import prep_x
 
     dev = torch.device("cuda")
-    num_e, h, i, slots, t = 257, 2048, 512, 9, args.t
+    h, i, slots, t = H, I, SLOTS, args.t
     torch.manual_seed(0)
-
-    def stack(n, k):
-        p, s, b, _ = affine_weight((num_e, n, k), 4, 64, dev)
-        return mg.repack_q4_experts(p, s, b)
-
-    gate, up, down = stack(i, h), stack(i, h), stack(h, i)
-    routes = [torch.cat([torch.rand(t, 256, device=dev).topk(8, dim=1).indices.sort(dim=1).values,
-                         torch.full((t, 1), 256, device=dev)], 1).int() for _ in range(args.calls)]
-    xs_in = [torch.randn(t, h, device=dev).bfloat16() for _ in range(args.calls)]
-    sums = [prep_x(v, 4, 64)[1] for v in xs_in]
-    hs = [torch.randn(t * slots, i, device=dev).bfloat16() for _ in range(args.calls)]
-    scale = torch.rand(t * slots, device=dev)
-    tiles = [mg.mma_expert_tiles(r, num_e) for r in routes]
+    gate, up, down = expert_stacks(dev)
+    routes, xs_in, sums, hs, scale = probe_inputs(dev, t, args.calls)
+    tiles = [mg.mma_expert_tiles(r, NUM_E) for r in routes]
 
     def timed(name, fn):
         torch.cuda.synchronize()

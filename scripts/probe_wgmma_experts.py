@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_moe_t1: the same MoE inputs
 
 
 def main(argv=None) -> int:
@@ -30,29 +31,17 @@ def main(argv=None) -> int:
     ap.add_argument("--orders", default="group,partial", help="the gated form's group orders (wg partial_major)")
     ap.add_argument("--out", help="append one JSON line per timing here")
     args = ap.parse_args(argv)
-    from kernel_cases import affine_weight
+    from probe_moe_t1 import NUM_E as num_e, SLOTS as slots, expert_stacks, probe_inputs
 
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
-    from deltaserve.kernels.quant.triton_gemv import prep_x
 
     dev = torch.device("cuda")
-    num_e, h, i, slots = 257, 2048, 512, 9
     torch.manual_seed(0)
-
-    def stack(n, k):
-        p, s, b, _ = affine_weight((num_e, n, k), 4, 64, dev)
-        return mg.repack_q4_experts(p, s, b)
-
-    gate, up, down = stack(i, h), stack(i, h), stack(h, i)
+    gate, up, down = expert_stacks(dev)
     table = []
     for t in (int(v) for v in args.t.split(",")):
-        routes = [torch.cat([torch.rand(t, 256, device=dev).topk(8, dim=1).indices.sort(dim=1).values,
-                             torch.full((t, 1), 256, device=dev)], 1).int() for _ in range(args.calls)]
-        xin = [torch.randn(t, h, device=dev).bfloat16() for _ in range(args.calls)]
-        sums = [prep_x(v, 4, 64)[1] for v in xin]
-        hs = [torch.randn(t * slots, i, device=dev).bfloat16() for _ in range(args.calls)]
-        scale = torch.rand(t * slots, device=dev)
+        routes, xin, sums, hs, scale = probe_inputs(dev, t, args.calls)
         tiles8 = [mg.mma_expert_tiles(r, num_e, 8) for r in routes]
 
         def timed(fn):
