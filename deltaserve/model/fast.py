@@ -336,8 +336,7 @@ def logits_kernels() -> str:
     was a prefill, a decode step or a mix; a prefill needs logits for a few rows, the last prompt token of each
     sequence, where the matmul kernel read the 0.27 GiB lm_head at ~0.5 TB/s: 536 us at one row on the H200
     against the GEMV's 84) or "matmul" (the prefill's tiled matmul). Env DELTASERVE_PREFILL_LOGITS, for A/B."""
-    value = env_choice("DELTASERVE_PREFILL_LOGITS", "gemv", ("gemv", "matmul"))
-    return value
+    return env_choice("DELTASERVE_PREFILL_LOGITS", "gemv", ("gemv", "matmul"))
 
 
 def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple | None = None,

@@ -1075,8 +1075,6 @@ def default_ahead(m: int, gated: bool, chunks: int = 8) -> int:
 
 
 WSTAGE_BYTES = 160 << 10  # x staged whole plus the weight words' slots (the WSTAGE form): at most this per program
-
-
 WSTAGE_DOWN = 3  # down's default slots from WSTAGE_MIN_ROWS rows (default_wstage)
 WSTAGE_MIN_ROWS = 1024  # above a 64-stream decode's 576 rows: prefill only
 
@@ -1110,14 +1108,23 @@ def pair_counters_fit(tiles: MmaTiles, nbe: int) -> bool:
     return tiles.tile_e.numel() * (nbe // 2) <= PAIR_COUNTERS
 
 
-def experts_out(x: torch.Tensor, xs: torch.Tensor | None, g: int, m: int, n: int, scaled: bool,
-                out: torch.Tensor | None, who: str) -> torch.Tensor:
-    """An experts matmul's output [m, n] (fp32 when scaled, else x's dtype), checked or allocated, after checking x's
-    group sums xs (fp32 [rows of x, g] with unit column stride; None: the kernel's own)."""
+def experts_operands(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, up: tuple | None,
+                     scale: torch.Tensor | None, xs: torch.Tensor | None, m: int, out: torch.Tensor | None,
+                     who: str) -> torch.Tensor:
+    """The checks both experts matmuls (mma_matmul_experts, wgmma_experts.wg_matmul_experts) make of their operands,
+    for m rows against the stacked repacked weight (words, sb) [E, N / 16, G, ...]: the up weight of the gate's
+    shape, one fp32 scale per row, x's group sums xs fp32 [rows of x, G] (None: the kernel's own); returns the output
+    [m, N] (fp32 when scaled, else x's dtype), checked or allocated."""
+    g, n = words.shape[2], words.shape[1] * ROW_BLOCK
+    if up is not None and (up[0].shape != words.shape or up[1].shape != sb.shape):
+        raise ValueError(f"{who}: the up weight {tuple(up[0].shape)} must have the gate's shape {tuple(words.shape)}")
+    if scale is not None and (scale.dtype != torch.float32 or scale.numel() != m or not scale.is_contiguous()):
+        raise ValueError(f"{who}: scale must be contiguous fp32 with one value per row ({m}), found {scale.dtype} "
+                         f"{tuple(scale.shape)}")
     if xs is not None and (xs.dtype != torch.float32 or tuple(xs.shape) != (x.shape[0], g) or xs.stride(-1) != 1):
         raise ValueError(f"{who}: xs must be fp32 [{x.shape[0]}, {g}] with unit column stride, found {xs.dtype} "
                          f"{tuple(xs.shape)} strides {xs.stride()}")
-    out_dtype = torch.float32 if scaled else x.dtype
+    out_dtype = torch.float32 if scale is not None else x.dtype
     if out is None:
         return torch.empty(m, n, dtype=out_dtype, device=x.device)
     if out.dtype != out_dtype or out.shape != (m, n) or out.stride(-1) != 1:
@@ -1174,16 +1181,10 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     m = ids.numel()
     if m != x.shape[0] * x_repeat:
         raise ValueError(f"mma_matmul_experts: {m} expert ids for {x.shape[0]} rows x {x_repeat} repeats")
-    if up is not None and (up[0].shape != words.shape or up[1].shape != sb.shape):
-        raise ValueError(f"mma_matmul_experts: the up weight {tuple(up[0].shape)} must have the gate's shape "
-                         f"{tuple(words.shape)}")
     if up is not None and scale is not None:
         raise ValueError("mma_matmul_experts: up= (the gated epilogue) and scale= are exclusive")
-    if scale is not None and (scale.dtype != torch.float32 or scale.numel() != m or not scale.is_contiguous()):
-        raise ValueError(f"mma_matmul_experts: scale must be contiguous fp32 with one value per row ({m}), found "
-                         f"{scale.dtype} {tuple(scale.shape)}")
     self_xs = xs is None
-    out = experts_out(x, xs, g, m, n, scale is not None, out, "mma_matmul_experts")
+    out = experts_operands(x, words, sb, up, scale, xs, m, out, "mma_matmul_experts")
     xs = x if self_xs else xs  # a placeholder pointer when the kernel makes the group sums: not read
     tiles = mma_expert_tiles(ids, num_e) if tiles is None else tiles
     if not isinstance(tiles, MmaTiles):
@@ -1196,15 +1197,16 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     defaults = (warps, default_row_blocks(nbe, m, k), default_ahead(m, up is not None, g // warps), 1,
                 default_wstage(m, up is not None))
     warps, rb, ahead, loop, wstage = (*config, *defaults[len(config):]) if config else defaults
-    if len(config or ()) < 5 and (loop != 1 or glu or pair_out is not None or early or combine is not None):
-        wstage = 0  # the default slots serve the plain, gated and scaled forms only
+    ring_form = loop == 1 and not (glu or early) and pair_out is None  # the forms the WSTAGE ring serves
+    if len(config or ()) < 5 and not (ring_form and combine is None):
+        wstage = 0  # the default slots: the plain, gated and scaled forms only
     if loop < 1 or nbe % (rb * loop):
         raise ValueError(f"mma_matmul_experts: LOOP={loop} rounds of RB={rb} row blocks must divide the {nbe} row "
                          f"blocks")
     staged = k * 8 * column_tiles(tiles.rows) * x.element_size()
     if wstage:
         ring = wstage * warps * rb * 512 * (2 if up is not None else 1)
-        if wstage < 2 or loop != 1 or glu or pair_out is not None or early or staged + ring > WSTAGE_BYTES:
+        if wstage < 2 or not ring_form or staged + ring > WSTAGE_BYTES:
             raise ValueError(f"mma_matmul_experts: WSTAGE={wstage} (the weight words' shared-memory slots) needs 2+ "
                              f"slots, LOOP 1, no glu / pair_out / early, and x staged ({staged} bytes) plus the "
                              f"slots ({ring}) within {WSTAGE_BYTES} bytes")
