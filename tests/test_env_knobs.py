@@ -120,9 +120,9 @@ def test_wgmma_order_switch(monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     monkeypatch.delenv("DELTASERVE_WGMMA_ORDER", raising=False)
-    assert not wx.wg_partial_major()  # K order until the partial-sum order is timed
-    monkeypatch.setenv("DELTASERVE_WGMMA_ORDER", "partial")
-    assert wx.wg_partial_major()
+    assert wx.wg_partial_major()  # partial sum by partial sum: the default since the H200 A/B
+    monkeypatch.setenv("DELTASERVE_WGMMA_ORDER", "group")
+    assert not wx.wg_partial_major()
     monkeypatch.setenv("DELTASERVE_WGMMA_ORDER", "warp")
     with pytest.raises(ValueError, match="DELTASERVE_WGMMA_ORDER"):
         wx.wg_partial_major()

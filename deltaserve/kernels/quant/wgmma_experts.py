@@ -53,8 +53,10 @@ def wg_partial_major() -> bool:
     """Whether the kernel takes a K split's groups partial sum by partial sum (warp w's groups w, w + W, ... in turn,
     one partial sum updated at a time) instead of in K order; each partial sum adds its groups in the same order, so
     the same bits. sm_90: the gated form at 16-row tiles 255 -> 165 registers (3 programs an SM instead of 2), 8-row
-    tiles 167 -> 141. Not yet timed, so off by default; env DELTASERVE_WGMMA_ORDER=partial|group, for A/B."""
-    return env_choice("DELTASERVE_WGMMA_ORDER", "group", ("group", "partial")) == "partial"
+    tiles 167 -> 141. The default: H200, pp512 @ d0 in one call (bench/NOTES.md), B=1 19,912 (group) -> 20,498
+    tok/s, 8 prompts 27,776 -> 28,843; the GPU tests compare both orders with the mma.sync kernel bit for bit. Env
+    DELTASERVE_WGMMA_ORDER=partial|group, for A/B."""
+    return env_choice("DELTASERVE_WGMMA_ORDER", "partial", ("group", "partial")) == "partial"
 
 
 def wg_fits(gate_words: torch.Tensor, down_words: torch.Tensor) -> bool:
