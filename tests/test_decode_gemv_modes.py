@@ -52,3 +52,51 @@ def test_gdn_step_prep_switch(monkeypatch):
     monkeypatch.setenv("DELTASERVE_GDN_PREP", "kernel")
     with pytest.raises(ValueError, match="DELTASERVE_GDN_PREP must be 'step' or 'launch', found 'kernel'"):
         fast.gdn_step_prep(mixer.out_proj, x, mixer.dv, mixer.hv)
+
+
+def test_deployment_size_picks_the_mode():
+    """A deployment's capacity, never its live batch, picks the GEMV: head for 1-3 streams, mma from 4."""
+    assert [fast.decode_gemv_for_streams(n) for n in (1, 2, 3, 4, 8, 64)] == ["head"] * 3 + ["mma"] * 3
+    with pytest.raises(ValueError, match="max_streams must be >= 1, found 0"):
+        fast.decode_gemv_for_streams(0)
+
+
+def test_set_decode_gemv_covers_every_linear_and_env_overrides(monkeypatch):
+    """The mode is stamped on every module, the fused projections (kept outside the registered tree) included, and
+    on weights fused afterwards; DELTASERVE_DECODE_GEMV still wins; a bad mode names the allowed ones."""
+    from deltaserve.model import fusion
+
+    monkeypatch.delenv("DELTASERVE_DECODE_GEMV", raising=False)
+    model = tiny_model(moe=True)
+    assert fast.decode_gemv(model.lm_head) == "head"  # nothing fixed yet
+    fast.set_decode_gemv(model, "mma")
+    assert model.fuse_projections() > 0  # fused after the stamp: they inherit it
+    fused = [f for m in model.modules() for f in m.__dict__.values() if isinstance(f, fusion.FusedLinear)]
+    assert fused and all(fast.decode_gemv(f) == "mma" for f in fused)
+    assert all(fast.decode_gemv(m) == "mma" for m in model.modules())
+    fast.set_decode_gemv(model, "head")
+    assert all(fast.decode_gemv(f) == "head" for f in fused)
+    monkeypatch.setenv("DELTASERVE_DECODE_GEMV", "cuda")
+    assert fast.decode_gemv(model.lm_head) == "cuda"
+    with pytest.raises(ValueError, match="decode GEMV mode must be one of mma, cuda, wide, head, found 'fast'"):
+        fast.set_decode_gemv(model, "fast")
+
+
+@pytest.mark.parametrize("seqs,choice,want", [(1, "auto", "head"), (3, "auto", "head"), (4, "auto", "mma"),
+                                              (32, "auto", "mma"), (32, "head", "head"), (1, "wide", "wide")])
+def test_engine_fixes_its_mode_from_max_num_seqs(monkeypatch, seqs, choice, want):
+    from deltaserve.engine.engine import EngineConfig, LLMEngine
+
+    monkeypatch.delenv("DELTASERVE_DECODE_GEMV", raising=False)
+    model = tiny_model(moe=True)
+    engine = LLMEngine(model, None, [], EngineConfig(num_blocks=8, max_num_seqs=seqs, max_model_len=64,
+                                                     decode_gemv=choice))
+    assert engine.decode_gemv == want
+    assert fast.decode_gemv(model.layers[0].mlp.gate) == want
+
+
+def test_engine_rejects_an_unknown_mode():
+    from deltaserve.engine.engine import EngineConfig, LLMEngine
+
+    with pytest.raises(ValueError, match="EngineConfig.decode_gemv must be 'auto' or one of .* found 'gpu'"):
+        LLMEngine(tiny_model(moe=True), None, [], EngineConfig(num_blocks=8, max_model_len=64, decode_gemv="gpu"))

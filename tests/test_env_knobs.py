@@ -126,3 +126,15 @@ def test_wgmma_order_switch(monkeypatch):
     monkeypatch.setenv("DELTASERVE_WGMMA_ORDER", "warp")
     with pytest.raises(ValueError, match="DELTASERVE_WGMMA_ORDER"):
         wx.wg_partial_major()
+
+
+def test_gdn_step_shape_switch(monkeypatch):
+    from deltaserve.kernels.gated_delta import triton_decode as td
+
+    monkeypatch.delenv("DELTASERVE_GDN_STEP", raising=False)
+    assert td.step_dv_block() == td.DV_BLOCK and td.step_dv_block("head") is None
+    monkeypatch.setenv("DELTASERVE_GDN_STEP", "head")
+    assert td.step_dv_block() is None and td.step_dv_block("split") is None  # the environment wins
+    monkeypatch.setenv("DELTASERVE_GDN_STEP", "warp")
+    with pytest.raises(ValueError, match="DELTASERVE_GDN_STEP must be 'split' or 'head', found 'warp'"):
+        td.step_dv_block()

@@ -56,6 +56,10 @@ def parse_args(argv):
     p.add_argument("--results", default="bench/results", help="directory for the JSON-line records")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--decode-gemv", default="auto", choices=["auto", "mma", "cuda", "wide", "head"],
+                   help="decode GEMV mode of the q4 linears; auto: each -b measured as a deployment for that many "
+                        "streams (model/fast.py decode_gemv_for_streams: head below 4, mma from 4), as an engine "
+                        "with max_num_seqs = B picks it; DELTASERVE_DECODE_GEMV overrides")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
                    help="K/V cache of the attention layers: auto = bf16, fp8 = e4m3 with a scale per (token, head) row "
                         "(records get quant '<weights>-kvfp8')")
@@ -201,7 +205,19 @@ def main(argv=None) -> int:
         if not args.no_record:
             records.append_records([rec], args.results, gpu)
 
+    from ..model import fast
+
+    def deployment(b: int) -> str:
+        """The decode GEMV mode a deployment for b streams runs (fixed on the model before its runs), and the note."""
+        mode = fast.decode_gemv_for_streams(b) if args.decode_gemv == "auto" else args.decode_gemv
+        fast.set_decode_gemv(model, mode)
+        why = f"a deployment for {b} streams" if args.decode_gemv == "auto" else "--decode-gemv"
+        if fast.decode_gemv(model) != mode:
+            why = "DELTASERVE_DECODE_GEMV"
+        return f"; decode GEMV {fast.decode_gemv(model)} ({why})"
+
     for b in args.batch:
+        gemv_note = deployment(b)
         streams = Streams(model, config, b, max_len, kv_dtype)
         for d in args.depth:
             for n in args.n_prompt:
@@ -220,11 +236,14 @@ def main(argv=None) -> int:
                 step_bytes = roofline.decode_step_bytes(config, fmt, b, d + n // 2, kv_cache_bytes=kv_bytes)
                 gbps, pct = roofline.roofline(b / tps if tps else float("inf"), step_bytes)
                 keep(records.make_record("deltaserve", gpu, name, quant, "tg", n, d, b, tps, sd, args.reps,
-                                         gbps, pct, notes=note + ("; eager" if args.no_graph else "; cuda graph")))
+                                         gbps, pct, notes=note + ("; eager" if args.no_graph else "; cuda graph")
+                                         + gemv_note))
                 print(records.format_table(recs[-1:]).splitlines()[-1], flush=True)
         del streams
         torch.cuda.empty_cache()
     print(records.format_table(recs))
+    if args.profile or args.profile_graph:
+        deployment(args.batch[0])  # the profiled batch's deployment
     if args.profile:
         from .profile import profile_decode
 

@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 from tokenizers import Tokenizer
 
+from ..model import fast
 from ..model.cache import cache_spec, parse_kv_cache_dtype
 from ..utils.memory import cache_budget_bytes
 from .block_pool import BlockPool, StateSlotPool
@@ -49,6 +50,21 @@ class EngineConfig:
     # K/V cache of the full-attention layers: "auto" (the activation dtype) or "fp8" (e4m3, one fp32 scale per
     # (token, KV head) row: half the bytes per token, kernels/attention/kv_fp8.py), like vLLM's --kv-cache-dtype
     kv_cache_dtype: str = "auto"
+    # The decode GEMV family of the q4 linears (model/fast.py decode_gemv): "auto" picks it from max_num_seqs
+    # (fast.decode_gemv_for_streams: the batch-1 "head" mode for 1-3 streams, the tensor-core "mma" mode from 4),
+    # or one of fast.DECODE_GEMV_MODES. Fixed for the engine's life, so a request's bits never depend on how many
+    # others share its steps; engines of other sizes may differ in the last bits (DELTASERVE_DECODE_GEMV overrides).
+    decode_gemv: str = "auto"
+
+
+def resolve_decode_gemv(choice: str, max_num_seqs: int) -> str:
+    """EngineConfig.decode_gemv -> the mode the engine fixes on its model ("auto": from max_num_seqs)."""
+    if choice == "auto":
+        return fast.decode_gemv_for_streams(max_num_seqs)
+    if choice not in fast.DECODE_GEMV_MODES:
+        raise ValueError(f"EngineConfig.decode_gemv must be 'auto' or one of {', '.join(fast.DECODE_GEMV_MODES)}, "
+                         f"found {choice!r}")
+    return choice
 
 
 class LLMEngine:
@@ -76,6 +92,8 @@ class LLMEngine:
                 f"{mcfg.max_position_embeddings}"
             )
         self.kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype)
+        self.decode_gemv = resolve_decode_gemv(config.decode_gemv, config.max_num_seqs)
+        fast.set_decode_gemv(model, self.decode_gemv)  # before any step or graph capture
         self.num_blocks = config.num_blocks or self._auto_num_blocks()
         # With graphs the cache holds one more block and one more state slot than the pools hand out: ids
         # num_blocks and max_num_seqs are the padding rows' scratch, never owned by a request.

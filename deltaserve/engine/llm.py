@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from ..model.cache import parse_kv_cache_dtype
 from ..model.config import ModelConfig
 from .chat import ChatTemplateError, render_chat
-from .engine import EngineConfig, LLMEngine
+from .engine import EngineConfig, LLMEngine, resolve_decode_gemv
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .tokenizer import TokenizerInfo, load_tokenizer
@@ -48,16 +48,18 @@ class LLM:
         progress: bool = False,
         cuda_graphs: bool | None = None,
         kv_cache_dtype: str = "auto",
+        decode_gemv: str = "auto",
     ):
         from ..weights.loader import load_checkpoint  # lazy: loading pulls in every checkpoint format
 
         self.model_dir = Path(model_dir)
         parse_kv_cache_dtype(kv_cache_dtype)  # cheap checks first: options, config, tokenizer, then the weights
+        resolve_decode_gemv(decode_gemv, max_num_seqs)
         ModelConfig.from_dir(self.model_dir)
         tok = load_tokenizer(self.model_dir)
         ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype), progress)
         config = EngineConfig(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, seed=seed,
-                              cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype)
+                              cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype, decode_gemv=decode_gemv)
         self._setup(ckpt.model, tok, config)
 
     @classmethod

@@ -92,18 +92,54 @@ def decode_kernels() -> str:
 WIDE_ROWS = 8192  # "wide": the tensor-core GEMV for weights of at least this many output rows
 
 
-def decode_gemv() -> str:
+DECODE_GEMV_MODES = ("mma", "cuda", "wide", "head")
+DEPLOY_GEMV_ATTR = "_fast_decode_gemv"  # module.__dict__ key: the decode GEMV mode its model's deployment chose
+THROUGHPUT_STREAMS = 4  # a deployment for at least this many streams decodes on the tensor-core GEMV ("mma")
+
+
+def decode_gemv_for_streams(max_streams: int) -> str:
+    """The decode GEMV mode of a deployment that decodes up to `max_streams` sequences at once (an engine's
+    max_num_seqs, the bench's -b): "head" below THROUGHPUT_STREAMS, "mma" from it. The choice is made once per
+    deployment from its capacity, never from how many sequences a step holds, so within a deployment a row's bits
+    never depend on the batch. H200, Qwen3.6-35B-A3B q4, tg64 @ d512, one call (bench/NOTES.md), head -> mma:
+    B=1 643.5 -> 607.2 tok/s, B=2 943.1 -> 968.9, B=4 1,297.2 -> 1,660.5, B=8 1,637.4 -> 2,303.7, B=64 2,502.4 ->
+    4,868.4: a deployment of 4 or more streams gives up 5.6% of a lone stream's speed for +28% to +95% under load."""
+    if max_streams < 1:
+        raise ValueError(f"decode_gemv_for_streams: max_streams must be >= 1, found {max_streams}")
+    return "mma" if max_streams >= THROUGHPUT_STREAMS else "head"
+
+
+def all_modules(model: nn.Module):
+    """Every module of the tree, with the ones kept in a module's __dict__ (fused projections: model/fusion.py)."""
+    for m in model.modules():
+        yield m
+        yield from (v for v in m.__dict__.values() if isinstance(v, nn.Module))
+
+
+def set_decode_gemv(model: nn.Module, mode: str) -> None:
+    """Fix the decode GEMV mode of `model`'s linears (one of DECODE_GEMV_MODES; an engine does this once, before
+    its first step and its graph captures, from decode_gemv_for_streams). DELTASERVE_DECODE_GEMV, when set, still
+    overrides it (decode_gemv)."""
+    if mode not in DECODE_GEMV_MODES:
+        raise ValueError(f"decode GEMV mode must be one of {', '.join(DECODE_GEMV_MODES)}, found {mode!r}")
+    for m in all_modules(model):
+        m.__dict__[DEPLOY_GEMV_ATTR] = mode
+
+
+def decode_gemv(module: nn.Module | None = None) -> str:
     """Which GEMV serves a decode step's q4 g64 linears: "mma" (the tensor-core GEMV on a copy of the weight
     repacked in MMA fragment order, kernels/quant/mma_gemv.py: one kernel for 1 to 64 rows), "cuda" (the
     CUDA-core GEMV, kernels/quant/triton_gemv.py), "wide" (mma for weights of >= WIDE_ROWS output rows, cuda for
     the rest) or "head" (mma for the output head only, cuda for the rest). The choice is per weight, never per
-    batch size, so a row's bits never depend on the batch. Env DELTASERVE_DECODE_GEMV; other weight formats always
-    take the CUDA-core GEMV. The default is "head": on the H200 (Qwen3.6-35B-A3B q4, tg128 @ d512, one call,
-    bench/NOTES.md) it gives 600.4 tok/s at batch 1 (cuda 594.0), 1,464.5 at 8 streams (1,375.4) and 1,760.8 at 64
-    (1,617.9) for a 0.27 GiB copy of the lm_head; "mma" gives more at 8 and 64 streams (1,820 / 2,661 against
-    cuda's 1,357 / 1,615) but 469 at batch 1 (575): set it for batched serving."""
-    value = env_choice("DELTASERVE_DECODE_GEMV", "head", ("mma", "cuda", "wide", "head"))
-    return value
+    batch size, so a row's bits never depend on the batch. Env DELTASERVE_DECODE_GEMV when set; else the mode
+    `module`'s deployment fixed (set_decode_gemv: an engine's from its max_num_seqs, decode_gemv_for_streams);
+    else "head". Other weight formats always take the CUDA-core GEMV. "head" is the batch-1 mode: on the H200
+    (Qwen3.6-35B-A3B q4, tg128 @ d512) it gave 600.4 tok/s at batch 1 (cuda 594.0) for a 0.27 GiB copy of the
+    lm_head; "mma" wins from 2 streams on (bench/NOTES.md) for ~0.7 GiB of copies more."""
+    if os.environ.get("DELTASERVE_DECODE_GEMV"):
+        return env_choice("DELTASERVE_DECODE_GEMV", "head", DECODE_GEMV_MODES)
+    stamped = None if module is None else module.__dict__.get(DEPLOY_GEMV_ATTR)
+    return stamped or "head"
 
 
 OUTPUT_HEAD_ATTR = "_fast_output_head"  # module.__dict__ key: this linear makes the logits (decode_gemv "head")
@@ -121,10 +157,10 @@ MMA_ATTR = "_fast_mma"  # module.__dict__ key of its repacked (words, sb) copy
 
 def mma_weights(module: nn.Module, x: torch.Tensor):
     """(words, sb) of `module`'s weight in the tensor-core GEMV's layout when that GEMV serves its decode steps
-    (decode_gemv() == "mma", or "wide" / "head" and the weight is one they pick; a 2-D q4 g64 weight with
+    (decode_gemv(module) == "mma", or "wide" / "head" and the weight is one they pick; a 2-D q4 g64 weight with
     N % 16 == 0 on CUDA), else None. Built on first use and cached on the module: weights never move after loading
     (the copy is what `decode_copy_bytes` counts)."""
-    mode = decode_gemv()
+    mode = decode_gemv(module)
     if mode == "cuda" or not x.is_cuda or not hasattr(module, "scales"):
         return None
     if mode == "wide" and weight_spec(module).n < WIDE_ROWS:
@@ -237,12 +273,11 @@ def decode_copy_bytes(model: nn.Module) -> int:
     """Bytes held by the tensor-core kernels' repacked weights built so far: the GEMV copies (fused projections
     included) and the MoE experts (which replace their MLX tensors instead of copying them)."""
     seen, total = set(), 0
-    for m in model.modules():
-        for obj in [m, *(v for v in m.__dict__.values() if isinstance(v, nn.Module))]:
-            for t in _tensors(obj.__dict__.get(MMA_ATTR) or ()):
-                if t.data_ptr() not in seen:
-                    seen.add(t.data_ptr())
-                    total += t.numel() * t.element_size()
+    for obj in all_modules(model):
+        for t in _tensors(obj.__dict__.get(MMA_ATTR) or ()):
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
     return total
 
 

@@ -60,6 +60,14 @@ def _mma_moe_in_use(model) -> bool:
     return bool(blocks) and all(b.__dict__.get(fast.MMA_ATTR) for b in blocks)
 
 
+def _mma_gemv_in_use(model) -> bool:
+    """Some linear besides the output head holds its tensor-core GEMV copy (the "mma" decode GEMV served it)."""
+    from deltaserve.model import fast
+
+    return any(m.__dict__.get(fast.MMA_ATTR) and not m.__dict__.get(fast.OUTPUT_HEAD_ATTR)
+               for m in fast.all_modules(model))
+
+
 def generate(model, n: int, graphs: bool):
     """n concurrent greedy requests (lengths and max_tokens staggered: the batch shrinks through several buckets;
     every prompt is prefilled in the first step, so the second decodes all n). Returns the tokens, the engine and
@@ -103,6 +111,9 @@ def test_engine_graphs_equal_eager(model, n):
     assert all(g.graph is not None for g in runner.graphs.graphs.values())  # captured, not eager replays
     # the mode really served the model (the bf16 experts cannot take the tensor-core MoE)
     assert _mma_moe_in_use(model) == (model.__dict__["_test_mode"] == "q4-mma-moe")
+    # a deployment for 32 streams decodes its q4 linears on the tensor-core GEMV (fast.decode_gemv_for_streams)
+    assert g_engine.decode_gemv == e_engine.decode_gemv == "mma"
+    assert _mma_gemv_in_use(model) == (model.__dict__["_test_mode"] == "q4-mma-moe")
 
 
 def test_prefill_graph_equals_eager_bit_for_bit(model):

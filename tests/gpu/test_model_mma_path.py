@@ -156,8 +156,12 @@ def test_gdn_step_prep_in_use_and_equal_to_the_prep_launch(prep_model, monkeypat
     assert torch.equal(step.argmax(-1), launch.argmax(-1)), "step prep changes the greedy tokens"
 
 
-def test_gdn_step_prep_batch_invariance_and_graphs(prep_model, monkeypatch):
+@pytest.mark.parametrize("shape", ["split", "head"])
+def test_gdn_step_prep_batch_invariance_and_graphs(prep_model, monkeypatch, shape):
+    """dv = 64: the step in blocks of 32 state columns (split, two programs a head) or a head per program
+    (DELTASERVE_GDN_STEP), each batch-invariant bit for bit and graph == eager."""
     monkeypatch.setenv("DELTASERVE_GDN_PREP", "step")
+    monkeypatch.setenv("DELTASERVE_GDN_STEP", shape)
     check_batch_invariance(prep_model)
     check_graph_equals_eager(prep_model)
 

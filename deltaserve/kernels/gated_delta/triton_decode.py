@@ -456,6 +456,14 @@ def gdn_decode_step(
     return done
 
 
+def step_dv_block(deployment: str | None = None) -> int | None:
+    """The decode step's shape for the model: DV_BLOCK state columns a program ("split") or a head per program
+    ("head"). Env DELTASERVE_GDN_STEP=split|head when set, else `deployment`'s choice (None: split). The shape is
+    part of a row's bits (the dk sums follow it), so it is fixed per deployment, never per batch."""
+    value = env_choice("DELTASERVE_GDN_STEP", deployment or "split", ("split", "head"))
+    return DV_BLOCK if value == "split" else None
+
+
 def state_early() -> bool:
     """Does the decode step read its recurrent state before its PDL wait (overlapping the in-projection GEMV's tail;
     the same loads and arithmetic, so the same bits) or after it? Env DELTASERVE_GDN_STATE_EARLY "1" (default) |
