@@ -95,8 +95,8 @@ def test_wgmma_experts_rows_switch(monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     monkeypatch.delenv("DELTASERVE_MOE_WGMMA_MIN_ROWS", raising=False)
-    assert wx.wg_min_rows() == wx.WG_MIN_ROWS == 4096  # from a 455-token prefill chunk; decode batches stay below
-    assert (wx.wg_tile_rows(4096), wx.wg_tile_rows(576)) == (16, 8)
+    assert wx.wg_min_rows() == wx.WG_MIN_ROWS == 512  # from 57 tokens: a 64-stream decode, not an 8-stream one
+    assert (wx.wg_tile_rows(4096), wx.wg_tile_rows(4095), wx.wg_tile_rows(576)) == (16, 8, 8)
     monkeypatch.setenv("DELTASERVE_MOE_WGMMA_MIN_ROWS", "0")
     assert wx.wg_min_rows() > 1 << 40  # off: no block reaches it
     monkeypatch.setenv("DELTASERVE_MOE_WGMMA_MIN_ROWS", "-1")

@@ -316,9 +316,28 @@ PROMPT = [5, 17, 99, 300, 42, 7, 900, 12, 1001, 64, 3, 250]
 
 
 def llama_cpp_model(path):
+    """The exported file in llama.cpp's plain CPU backend. Its extra buffer types (weights repacked for AMX and
+    similar at load) are turned off: on a Xeon that reports amx_int8 under a hypervisor (this project's CI machines,
+    2026-12-01) the repacked Q8_0 matmul segfaults in eval, and the plain CPU matmul is the one whose activation
+    rounding the Q8_0 check below models. Llama() takes no such argument, so its default model params are wrapped
+    while it loads."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    return llama_cpp.Llama(model_path=str(path), n_ctx=128, n_batch=128, n_threads=1, logits_all=True,
-                           verbose=False, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    from llama_cpp import llama_cpp as api
+
+    default = api.llama_model_default_params
+
+    def no_repack():
+        params = default()
+        if hasattr(params, "use_extra_bufts"):
+            params.use_extra_bufts = False
+        return params
+
+    api.llama_model_default_params = no_repack
+    try:
+        return llama_cpp.Llama(model_path=str(path), n_ctx=128, n_batch=128, n_threads=1, logits_all=True,
+                               verbose=False, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    finally:
+        api.llama_model_default_params = default
 
 
 def llama_cpp_logits(model, ids) -> np.ndarray:

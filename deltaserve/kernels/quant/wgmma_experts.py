@@ -28,8 +28,9 @@ from ..triton_pdl import pdl_args
 from .mma_gemv import GROUP, HAVE_GLUON, MmaTiles, experts_operands
 
 WG_STAGES = 3  # shared-memory slots per program (NS): two groups in flight
-WG_TILE_ROWS = 16  # sorted rows of x per program (the MMA's N) from WG_MIN_ROWS rows; 8 below (wg_tile_rows)
-WG_MIN_ROWS = 4096  # the MoE block's rows (tokens x slots) from which it takes this kernel (wg_min_rows)
+WG_TILE_ROWS = 16  # sorted rows of x per program (the MMA's N) from WG_WIDE_ROWS rows; 8 below (wg_tile_rows)
+WG_WIDE_ROWS = 4096  # the block's rows from which the programs take WG_TILE_ROWS sorted rows
+WG_MIN_ROWS = 512  # the MoE block's rows (tokens x slots) from which it takes this kernel (wg_min_rows)
 
 
 def wg_min_rows() -> int:
@@ -37,16 +38,18 @@ def wg_min_rows() -> int:
     one (the same bits, so the choice may follow the size). H200, 35B-A3B q4, eager (bench/NOTES.md), both kernels
     skipping the tile table's unused tail tiles: at 512 tokens (4,608 rows) gated 267 -> 250 us, down 155 -> 123
     with 16-row tiles and 3 slots (pp512 B=1 19,176 -> 20,024 tok/s); at 4,096 tokens 1,524 -> 1,271 and 854 ->
-    729; at 64 tokens (a 64-stream decode, 576 rows; before the skip) 151 -> 175 and 111 -> 108. Env
-    DELTASERVE_MOE_WGMMA_MIN_ROWS (0: never), for in-model A/B."""
+    729; at 64 tokens (a 64-stream decode, 576 rows; before the skip) 151 -> 175 and 111 -> 108, and in the model
+    tg64 @ d512 at 64 streams (8-row tiles) 4,852 -> 4,913 tok/s with it from 512 rows, so 512 is the default: every
+    batch of 57+ tokens (a 64-stream decode, a prefill chunk of 57+ tokens) takes it, 8 streams (72 rows) and fewer
+    keep mma.sync. Env DELTASERVE_MOE_WGMMA_MIN_ROWS (0: never), for in-model A/B."""
     return env_int("DELTASERVE_MOE_WGMMA_MIN_ROWS", WG_MIN_ROWS, 0) or 1 << 62
 
 
 def wg_tile_rows(m: int) -> int:
-    """Sorted rows of x per program for a block of m rows: WG_TILE_ROWS from WG_MIN_ROWS rows, else 8 (a few rows
+    """Sorted rows of x per program for a block of m rows: WG_TILE_ROWS from WG_WIDE_ROWS rows, else 8 (a few rows
     per expert: H200 probe at 64 tokens, before the tail-tile skip, gated 139.5 us with 8-row tiles against 174.5
     with 16 and 150.7 on mma.sync; down 94.2 / 108.2 / 110.8). Never a row's bits."""
-    return WG_TILE_ROWS if m >= WG_MIN_ROWS else 8
+    return WG_TILE_ROWS if m >= WG_WIDE_ROWS else 8
 
 
 def wg_partial_major() -> bool:
