@@ -31,15 +31,18 @@ def classify(name: str) -> str:
 
 
 def _decode_step(model, depth: int, batch: int, block_size: int) -> DecodeGraph:
-    """A DecodeGraph of `batch` sequences at context `depth` (a fresh cache, one block table each), loaded with
-    token 0 and not captured: the step both decode profiles run."""
+    """A DecodeGraph of `batch` sequences at context `depth` (a fresh cache, one block table each), loaded with a
+    different random token per sequence (seeded) and not captured: the step both decode profiles run. Distinct
+    tokens route to different experts, as the bench's streams do; one token for every row would send all of them
+    to the same 8 experts and price the MoE of a batch as one token's."""
     blocks = -(-(depth + 8) // block_size)
     cache = model.make_cache(batch * blocks, block_size, batch, torch.bfloat16)
     dev = next(model.parameters()).device
     tables = torch.arange(batch * blocks, dtype=torch.int32, device=dev).view(batch, -1)
     dg = DecodeGraph(model, cache, batch, blocks, greedy_feedback=True)
     ctx = torch.full((batch,), depth, dtype=torch.int64, device=dev)
-    dg.load(torch.zeros(batch, dtype=torch.int64, device=dev), ctx, ctx, tables, torch.arange(batch, device=dev))
+    ids = torch.randint(0, model.config.vocab_size, (batch,), generator=torch.Generator().manual_seed(batch))
+    dg.load(ids.to(dev), ctx, ctx, tables, torch.arange(batch, device=dev))
     return dg
 
 
