@@ -211,7 +211,7 @@ def main(argv=None) -> int:
         """The decode GEMV mode a deployment for b streams runs (fixed on the model before its runs), and the note."""
         mode = fast.decode_gemv_for_streams(b) if args.decode_gemv == "auto" else args.decode_gemv
         fast.set_decode_gemv(model, mode)
-        why = f"a deployment for {b} streams" if args.decode_gemv == "auto" else "--decode-gemv"
+        why = f"a deployment for {b} stream{'s' * (b != 1)}" if args.decode_gemv == "auto" else "--decode-gemv"
         if fast.decode_gemv(model) != mode:
             why = "DELTASERVE_DECODE_GEMV"
         return f"; decode GEMV {fast.decode_gemv(model)} ({why})"
