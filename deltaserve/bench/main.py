@@ -211,10 +211,9 @@ def main(argv=None) -> int:
         """The decode GEMV mode a deployment for b streams runs (fixed on the model before its runs), and the note."""
         mode = fast.decode_gemv_for_streams(b) if args.decode_gemv == "auto" else args.decode_gemv
         fast.set_decode_gemv(model, mode)
+        runs = fast.decode_gemv(model)  # DELTASERVE_DECODE_GEMV overrides the deployment's choice
         why = f"a deployment for {b} stream{'s' * (b != 1)}" if args.decode_gemv == "auto" else "--decode-gemv"
-        if fast.decode_gemv(model) != mode:
-            why = "DELTASERVE_DECODE_GEMV"
-        return f"; decode GEMV {fast.decode_gemv(model)} ({why})"
+        return f"; decode GEMV {runs} ({why if runs == mode else 'DELTASERVE_DECODE_GEMV'})"
 
     for b in args.batch:
         gemv_note = deployment(b)
