@@ -40,6 +40,8 @@ MODES = {  # name -> the environment it runs under
     # the same with every MoE block's gate/up and down on the warpgroup-MMA experts kernel (prefill sizes by
     # default; here from one row, decode included): the mma.sync kernel's bits
     "mma-moe-wgmma": {"DELTASERVE_MOE": "mma", "DELTASERVE_MOE_WGMMA_MIN_ROWS": "1"},
+    # the tensor-core GEMVs with every weight wgmma_experts.wg_gemv can take on it from one row (the same bits)
+    "mma-wg-gemv": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma", "DELTASERVE_MMA_GEMV_WG_ROWS": "1"},
     # the CUDA-core paths but the output head on the tensor-core GEMV
     "head": {"DELTASERVE_MOE": "cuda", "DELTASERVE_DECODE_GEMV": "head"},
 }

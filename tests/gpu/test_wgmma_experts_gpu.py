@@ -102,3 +102,63 @@ def test_wg_experts_input_checks(dev):
         wx.wg_matmul_experts(x, words, sb, ids, tiles, 2, stages=1)
     with pytest.raises(ValueError, match="out must be"):
         wx.wg_matmul_experts(x, words, sb, ids, tiles, 2, out=torch.empty(8, 32, device=dev, dtype=torch.bfloat16))
+
+
+# ------------------------------------------------------------------ the dense decode GEMV on warpgroup MMAs
+
+
+@pytest.mark.parametrize("n,k", [(12352, 2048), (9216, 2048), (128, 1024), (64, 256), (64, 64)])
+def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k):
+    """wg_gemv gives mma_gemv's result bit for bit (the decode linears' definition at every row count) for 1 to 100
+    rows, every tile width and slot count, the group sums given or its own, bf16 and fp32 (widened) out, writing
+    every element of a NaN-poisoned output; and against fp64."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant.triton_gemv import prep_x
+
+    p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
+    words, sb = mg.repack_q4(p, s, b)
+    assert wx.wg_dense_fits(words)
+    x = torch.randn(100, k, device=dev).bfloat16()
+    xs_all = prep_x(x, 4, 64)[1]
+    kc.close(wx.wg_gemv(x, words, sb, out=kc.poisoned((100, n), torch.bfloat16, dev)), x.double() @ wd.t(),
+             2 * kc.BF16_EPS, f"wg_gemv N={n} K={k} vs fp64")
+    for m in (1, 7, 16, 64, 100):
+        for xs in (None, xs_all[:m]):
+            ref = torch.cat([mg.mma_gemv(x[r : r + 64], words, sb, xs=None if xs is None else xs[r : r + 64])
+                             for r in range(0, m, 64)])
+            for rows in (8, 16, 32, 64):
+                for ns in (2, 3) if rows == 16 else (3,):
+                    out = kc.poisoned((m, n), torch.bfloat16, dev)
+                    got = wx.wg_gemv(x[:m], words, sb, xs=xs, out=out, tile_rows=rows, stages=ns)
+                    assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref), \
+                        f"m={m} own sums {xs is None} {rows}-row tiles {ns} slots"
+            out = kc.poisoned((m, n), torch.float32, dev)
+            assert torch.equal(wx.wg_gemv(x[:m], words, sb, xs=xs, out=out), ref.float()), f"fp32 out, m={m}"
+
+
+@pytest.mark.parametrize("m", [16, 64])
+def test_mma_gemv_through_wg_gemv(dev, m, monkeypatch):
+    """mma_gemv from DELTASERVE_MMA_GEMV_WG_ROWS rows runs as wg_gemv (then the conv as its own launch): the conv
+    check of kernel_cases (== the GEMV then causal_conv, the other slots untouched, against fp64), and the same
+    outputs and conv pool as the mma.sync forms, plain and with the DeltaNet in_proj's conv; weights it cannot take
+    (N % 64, K = 4096) keep mma.sync."""
+    from deltaserve.kernels.gated_delta import triton_decode as td
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from test_mma_gemv_gpu import _mma_gemv_of
+
+    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "1")
+    kc.check_gemv_conv({"gdn": td}, dev, 4, 64, m=m, c=8192, extra=4160, k=2048, fresh=(1,), gemv=_mma_gemv_of)
+    for n, k, c in ((12352, 2048, 8192), (2048, 4096, 1024), (80, 256, 64)):
+        p, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
+        words, sb = mg.repack_q4(p, s, b)
+        x = torch.randn(m, k, device=dev).bfloat16()
+        cw, pool, slots, ctx = kc.conv_problem(dev, m, c, 4, 3 * m + 2, (1,))
+        pool = pool.nan_to_num()
+        outs = {}
+        for rows in ("1", "0"):  # through wg_gemv, and mma.sync with the conv in its epilogue
+            monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", rows)
+            pl = pool.clone()
+            outs[rows] = (mg.mma_gemv(x, words, sb), mg.mma_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c)), pl)
+        for what, a, b in zip(("plain", "conv", "conv pool"), outs["1"], outs["0"]):
+            assert torch.equal(a, b), f"{what}, N={n} K={k}, {m} rows"

@@ -898,6 +898,29 @@ if HAVE_GLUON:
                                       zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
         return acc, acc2
 
+def wg_gemv_rows() -> int:
+    """From how many rows of x (per launch of at most MAX_ROWS) mma_gemv runs as wgmma_experts.wg_gemv (the same
+    bits; weights of N % 64 == 0 and K < 4096, on sm_90). Env DELTASERVE_MMA_GEMV_WG_ROWS (0: never)."""
+    from ...utils.env import env_int
+
+    return env_int("DELTASERVE_MMA_GEMV_WG_ROWS", 0, 0) or 1 << 62
+
+
+def wg_gemv_tile_rows() -> int:
+    """Rows of x per wg_gemv program (never a row's bits). Env DELTASERVE_MMA_GEMV_WG_BN."""
+    return int(env_choice("DELTASERVE_MMA_GEMV_WG_BN", "16", ("8", "16", "32", "64")))
+
+
+_HOPPER: dict = {}
+
+
+def _hopper(device: torch.device) -> bool:
+    """Whether the device runs warpgroup MMAs (sm_90), cached per device."""
+    if device not in _HOPPER:
+        _HOPPER[device] = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+    return _HOPPER[device]
+
+
 def column_tiles(m: int) -> int:
     """MMA column tiles (8 rows of x each) for m rows: a power of two, so few kernels are compiled."""
     nt = 1
@@ -944,6 +967,21 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
                             or out.stride(-1) != 1 or (conv is not None and out.dtype != torch.bfloat16)):
         raise ValueError(f"mma_gemv: out must be bf16 (or fp32 without conv=) [{m}, {n}] with unit column stride, "
                          f"found {out.dtype} {tuple(out.shape)} strides {out.stride()}")
+    if m >= wg_gemv_rows() and words.shape[0] % 4 == 0 and default_warps(k) <= 4 and _hopper(x2.device):
+        # the same bits through warpgroup MMAs (x read once per 64 weight rows), then the conv as its own launch
+        # (this GEMV's conv epilogue equals the GEMV followed by causal_conv, bit for bit)
+        from .wgmma_experts import wg_gemv
+
+        out = wg_gemv(x2, words, sb, xs=xs, out=out, tile_rows=wg_gemv_tile_rows())
+        if conv is not None:
+            from ..gated_delta.triton_decode import DecodeConv, causal_conv, check_decode_conv
+
+            cv = DecodeConv(*conv)
+            check_decode_conv(cv, m, n, x.dtype)
+            mixed = out[:, : cv.channels]
+            cu = torch.arange(m + 1, dtype=torch.int32, device=x.device)
+            causal_conv(mixed, cv.weight, cv.pool, cu, cv.state_slots, cv.context_lens, 1, out=mixed)
+        return out.reshape(*lead, n)
     self_xs = xs is None
     if self_xs:
         xs = x2  # a placeholder pointer: not read

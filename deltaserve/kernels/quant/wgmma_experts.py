@@ -175,10 +175,11 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _wg_experts_kernel(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr,
-                           hi_ptr, order_ptr, stride_xq, stride_sm, stride_om, NBE, XREP: gl.constexpr,
+                           hi_ptr, order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP: gl.constexpr,
                            K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, GATED: gl.constexpr,
                            SCALED: gl.constexpr, SELF_XS: gl.constexpr, NS: gl.constexpr = 3,
-                           PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False):
+                           PARTIAL_MAJOR: gl.constexpr = False, DENSE: gl.constexpr = False,
+                           PDL: gl.constexpr = False):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -187,7 +188,9 @@ if HAVE_GLUON:
         then added as its cross-warp reduction adds them: (a0 + a2) + (a1 + a3)).
         Each group's words, x (bf16 pairs through xq_ptr, x's int32 view, written in the fragment order) and (s, b)
         pairs go through NS shared-memory slots filled by cp.async, NS - 1 groups in flight; the group's MMAs (gate,
-        up, and the group sums' when SELF_XS) are issued together and awaited once."""
+        up, and the group sums' when SELF_XS) are issued together and awaited once.
+        DENSE: one weight (E = 1) and no table: tile t is rows [t BN, min(t BN + BN, M)) in order (wg_gemv); the
+        plain epilogue rounds to bf16 before a wider out (the fp32 logits: the bf16 results widened)."""
         pdl_open(PDL)
         G: gl.constexpr = K // 64
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
@@ -207,9 +210,14 @@ if HAVE_GLUON:
         t = gl.program_id(0)
         p = gl.program_id(1).to(gl.int64)
         pdl_wait(PDL)  # the tile table and x are the previous launches' output
-        e = gl.load(tile_e_ptr + t)
-        lo = gl.load(lo_ptr + t)
-        rows = gl.where(e >= 0, gl.load(hi_ptr + t) - lo, 0)
+        if DENSE:
+            e = 0
+            lo = t * BN
+            rows = gl.minimum(M - lo, BN)
+        else:
+            e = gl.load(tile_e_ptr + t)
+            lo = gl.load(lo_ptr + t)
+            rows = gl.where(e >= 0, gl.load(hi_ptr + t) - lo, 0)
         live = rows > 0
         blk = (gl.maximum(e, 0).to(gl.int64) * NBE + p * 4) * G  # row block 4 p of the expert, group 0
 
@@ -226,7 +234,7 @@ if HAVE_GLUON:
         # x's bf16 pairs: pair kk // 2 = 8 j + 4 i2 + c of a group is its pair 8 c + 2 j + i2
         pn = gl.arange(0, BN, layout=gl.SliceLayout(1, XPL))
         pk = gl.arange(0, 32, layout=gl.SliceLayout(0, XPL))
-        ptok = gl.load(order_ptr + lo + pn, mask=pn < rows, other=0) // XREP
+        ptok = _wg_rows(order_ptr, lo, pn, rows, DENSE) // XREP
         pcol = (pk % 4) * 8 + (pk // 8) * 2 + (pk // 4) % 2
         x_base = xq_ptr + (ptok.to(gl.int64) * stride_xq)[:, None] + pcol[None, :]
         xq_mask = (pn < rows)[:, None] & (pk >= 0)[None, :]
@@ -239,7 +247,7 @@ if HAVE_GLUON:
         sq_base = gl.where((qk == 1)[:, None] & GATED, sb2q_ptr + q_off, sbq_ptr + q_off)
         sq_mask = live & (qk >= 0)[:, None] & (qm >= 0)[None, :]
         cn = gl.arange(0, BN, layout=CL)
-        s_tok = gl.load(order_ptr + lo + cn, mask=cn < rows, other=0) // XREP
+        s_tok = _wg_rows(order_ptr, lo, cn, rows, DENSE) // XREP
         xs_base = xs_ptr + s_tok.to(gl.int64) * stride_sm
         xs_mask = cn < rows
 
@@ -305,7 +313,7 @@ if HAVE_GLUON:
             y = _wg_sum(a0, a1, a2, a3, W)
             o_n = gl.arange(0, BN, layout=CL)
             o_row = gl.arange(0, 64, layout=RL)
-            o_dst = gl.load(order_ptr + lo + o_n, mask=o_n < rows, other=0).to(gl.int64)
+            o_dst = _wg_rows(order_ptr, lo, o_n, rows, DENSE).to(gl.int64)
             o_mask = (o_n < rows)[None, :]
             o_ptr = out_ptr + o_dst[None, :] * stride_om + p * 64 + o_row[:, None]
             if GATED:
@@ -316,7 +324,14 @@ if HAVE_GLUON:
                 sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
                 gl.store(o_ptr, sc[None, :] * y.to(gl.bfloat16).to(gl.float32), mask=o_mask)
             else:
-                gl.store(o_ptr, y.to(o_ptr.dtype.element_ty), mask=o_mask)
+                gl.store(o_ptr, y.to(gl.bfloat16).to(o_ptr.dtype.element_ty), mask=o_mask)
+
+    @gluon.jit
+    def _wg_rows(order_ptr, lo, i, rows, DENSE: gl.constexpr):
+        """The rows that a tile's sorted rows i (< rows) stand for: order[lo + i], or lo + i with no table (DENSE)."""
+        if DENSE:
+            return gl.where(i < rows, lo + i, 0)
+        return gl.load(order_ptr + lo + i, mask=i < rows, other=0)
 
     @gluon.jit
     def _wg_sum(a0, a1, a2, a3, W: gl.constexpr):
@@ -374,8 +389,64 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
         _wg_experts_kernel[(tiles.tile_e.numel(), nbe // 4)](
             xq, xq if self_xs else xs, words, w2, sb.view(torch.int32), sb2.view(torch.int32), out,
             scale if scale is not None else out, tiles.tile_e, tiles.lo, tiles.hi, tiles.order, xq.stride(0),
-            0 if self_xs else xs.stride(0), out.stride(0), nbe, XREP=x_repeat, K=k, W=warps, BN=tiles.rows,
+            0 if self_xs else xs.stride(0), out.stride(0), nbe, 0, XREP=x_repeat, K=k, W=warps, BN=tiles.rows,
             GATED=up is not None, SCALED=scale is not None, SELF_XS=self_xs, NS=stages, num_warps=4,
+            **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
+               else {}), **pdl_args(x))
+    return out
+
+
+WG_DENSE_TILE_ROWS = 16  # rows of x per wg_gemv program (the MMA's N; never a row's bits)
+
+
+def wg_dense_fits(words: torch.Tensor) -> bool:
+    """Whether a repacked dense weight (words [N/16, K/64, 128]) suits wg_gemv: N a multiple of 64 (four row blocks
+    a program) and the mma_gemv K split whose bits it gives at most 4 warps (K < 4096)."""
+    from .mma_gemv import default_warps
+
+    return HAVE_GLUON and words.dim() == 3 and words.shape[0] % 4 == 0 and default_warps(words.shape[1] * GROUP) <= 4
+
+
+def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Tensor | None = None,
+            out: torch.Tensor | None = None, tile_rows: int = WG_DENSE_TILE_ROWS, stages: int = WG_STAGES,
+            partial_major: bool | None = None) -> torch.Tensor:
+    """mma_gemv.mma_gemv's result (the same bits: its K split W = default_warps(K), its group sums xs or, when None,
+    the kernel's own MMA(ones, x)) for x [M, K] bf16 and a repack_q4 weight, through warpgroup MMAs: a program owns 64
+    weight rows against tile_rows (8 - 64) rows of x, so x is read once per 64 weight rows instead of once per 16 or
+    32 (mma_gemv at 64 rows: every program re-reads all of x from L2). out: bf16, or fp32 (the bf16 results
+    widened), [M, N]. Any M (x's rows are MMA columns: a row's bits never depend on M or its neighbours)."""
+    from .mma_gemv import default_warps
+
+    if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
+        raise RuntimeError("wg_gemv: needs a CUDA device (sm_90) and Triton's Gluon")
+    if words.dim() != 3 or not wg_dense_fits(words):
+        raise ValueError(f"wg_gemv: a repacked weight [N/16, K/64, 128] with N % 64 == 0 and K < 4096, found "
+                         f"{tuple(words.shape)}")
+    nb, g = words.shape[:2]
+    n, k = nb * 16, g * GROUP
+    if x.dim() != 2 or x.shape[1] != k or x.stride(-1) != 1 or x.stride(0) % 2 or x.dtype != torch.bfloat16:
+        raise ValueError(f"wg_gemv: x must be bf16 [rows, {k}] with unit column stride and an even row stride, "
+                         f"found {x.dtype} {tuple(x.shape)} strides {x.stride()}")
+    if tile_rows not in (8, 16, 32, 64):
+        raise ValueError(f"wg_gemv: tiles of 8 - 64 rows of x, found {tile_rows}")
+    m = x.shape[0]
+    if xs is not None and (xs.dtype != torch.float32 or tuple(xs.shape) != (m, g) or xs.stride(-1) != 1):
+        raise ValueError(f"wg_gemv: xs must be fp32 [{m}, {g}] with unit column stride, found {xs.dtype} "
+                         f"{tuple(xs.shape)} strides {xs.stride()}")
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    elif out.dtype not in (torch.bfloat16, torch.float32) or tuple(out.shape) != (m, n) or out.stride(-1) != 1:
+        raise ValueError(f"wg_gemv: out must be bf16 or fp32 [{m}, {n}] with unit column stride, found {out.dtype} "
+                         f"{tuple(out.shape)} strides {out.stride()}")
+    warps = default_warps(k)
+    stages = min(stages, g + 1)
+    if m:
+        xq = x.view(torch.int32)
+        self_xs = xs is None
+        _wg_experts_kernel[(-(-m // tile_rows), nb // 4)](
+            xq, xq if self_xs else xs, words, words, sb.view(torch.int32), sb.view(torch.int32), out, out, xq, xq, xq,
+            xq, xq.stride(0), 0 if self_xs else xs.stride(0), out.stride(0), nb, m, XREP=1, K=k, W=warps,
+            BN=tile_rows, GATED=False, SCALED=False, SELF_XS=self_xs, NS=stages, DENSE=True, num_warps=4,
             **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
                else {}), **pdl_args(x))
     return out

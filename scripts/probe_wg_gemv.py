@@ -1,0 +1,98 @@
+"""The dense decode GEMV on warpgroup MMAs (wgmma_experts.wg_gemv) against the tensor-core GEMV (mma_gemv, its
+default configuration) at the 35B-A3B's K = 2048 decode linears (q4 g64), for 16 / 32 / 64 rows of x.
+
+Every form is first checked bit for bit against mma_gemv on fresh random weights and rows: the norm's group sums
+given (bf16 and fp32 out) and the kernel's own; then timed as a CUDA graph of calls cycling weight copies past the
+L2 (sweep_common.time_graph), one line each, a table last.
+
+  python scripts/probe_wg_gemv.py [--ms 16,32,64] [--bn 8,16,32,64] [--ns 3,4] [--out results.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SHAPES = ((12352, 2048, "DeltaNet in_proj"), (9216, 2048, "attention qkv"), (248320, 2048, "lm_head"))
+L2_BYTES = 256 << 20
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ms", default="16,32,64")
+    ap.add_argument("--bn", default="8,16,32,64")
+    ap.add_argument("--ns", default="3,4")
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    from kernel_cases import affine_weight
+    from sweep_common import time_graph
+
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    bad = 0
+    table = []
+    for n, k, name in SHAPES:
+        p, s, b, _ = affine_weight((n, k), 4, 64, dev)
+        words, sb = mg.repack_q4(p, s, b)
+        del p, s, b
+        nbytes = words.numel() * 4 + sb.numel() * 2
+        copies = max(1, min(16, -(-2 * L2_BYTES // nbytes)))
+        stacks = [(words, sb)] + [(words.clone(), sb.clone()) for _ in range(copies - 1)]
+        for m in (int(v) for v in args.ms.split(",")):
+            x = (torch.randn(m, k, device=dev) * 0.5).bfloat16()
+            xs = x.float().view(m, k // 64, 64).sum(-1)
+            ref = mg.mma_gemv(x, words, sb, xs=xs)
+            ref_own = mg.mma_gemv(x, words, sb)
+            ref32 = mg.mma_gemv(x, words, sb, xs=xs, out=torch.empty(m, n, device=dev))
+            t_mma, how = time_graph([lambda w=w: mg.mma_gemv(x, *w, xs=xs) for w in stacks], dev, args.replays)
+            rows = [("mma_gemv", "-", "-", t_mma, True)]
+            for bn in (int(v) for v in args.bn.split(",")):
+                if bn > 2 * m and bn > 8:
+                    continue
+                for ns in (int(v) for v in args.ns.split(",")):
+                    got = wx.wg_gemv(x, words, sb, xs=xs, out=torch.full_like(ref, float("nan")), tile_rows=bn,
+                                     stages=ns)
+                    own = wx.wg_gemv(x, words, sb, out=torch.full_like(ref, float("nan")), tile_rows=bn, stages=ns)
+                    g32 = wx.wg_gemv(x, words, sb, xs=xs, out=torch.full_like(ref32, float("nan")), tile_rows=bn,
+                                     stages=ns)
+                    same = torch.equal(got, ref) and torch.equal(own, ref_own) and torch.equal(g32, ref32)
+                    if not same:
+                        bad += 1
+                        print(f"  DIFFER {name} m={m} bn={bn} ns={ns}: given {(got != ref).sum().item()}, own "
+                              f"{(own != ref_own).sum().item()}, fp32 {(g32 != ref32).sum().item()} of {ref.numel()}")
+                    t, _ = time_graph([lambda w=w, bn=bn, ns=ns: wx.wg_gemv(x, *w, xs=xs, tile_rows=bn, stages=ns)
+                                       for w in stacks], dev, args.replays)
+                    rows.append(("wg_gemv", bn, ns, t, same))
+            for kind, bn, ns, t, same in rows:
+                rec = {"probe": "wg_gemv", "shape": f"{n}x{k}", "name": name, "m": m, "kernel": kind, "bn": bn,
+                       "ns": ns, "us": round(t, 2), "same_bits": same, "gpu": torch.cuda.get_device_name(dev),
+                       "timing": how, "gbps": round(nbytes / t / 1e3, 1)}
+                print(json.dumps(rec), flush=True)
+                table.append(rec)
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(rec) + "\n")
+        del stacks, words, sb
+        torch.cuda.empty_cache()
+    print(f"\n| shape | m | kernel | BN | NS | us | GB/s | same bits |\n|---|---|---|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r['shape']} | {r['m']} | {r['kernel']} | {r['bn']} | {r['ns']} | {r['us']} | {r['gbps']} | "
+              f"{r['same_bits']} |")
+    print(f"{bad} forms differ")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
