@@ -125,8 +125,8 @@ def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k):
              2 * kc.BF16_EPS, f"wg_gemv N={n} K={k} vs fp64")
     for m in (1, 7, 16, 64, 100):
         for xs in (None, xs_all[:m]):
-            ref = torch.cat([mg.mma_gemv(x[r : r + 64], words, sb, xs=None if xs is None else xs[r : r + 64])
-                             for r in range(0, m, 64)])
+            ref = torch.cat([mg.mma_gemv(x[r : min(r + 64, m)], words, sb,
+                                         xs=None if xs is None else xs[r : min(r + 64, m)]) for r in range(0, m, 64)])
             for rows in (8, 16, 32, 64):
                 for ns in (2, 3) if rows == 16 else (3,):
                     out = kc.poisoned((m, n), torch.bfloat16, dev)

@@ -75,7 +75,6 @@ def _conv_kernel(
         y_at = y_ptr + T.to(tl.int64) * col0 + (start + ri).to(tl.int64)[:, None] * width + (rc - col0)[None, :]
     else:
         y_at = y_ptr + (start + ri).to(tl.int64)[:, None] * stride_yt + rc[None, :]
-    tl.store(y_at, y.to(y_ptr.dtype.element_ty), mask=i_mask[:, None] & c_mask[None, :])
     if tb == 0:
         # new state[j] = ([state ; x])[n + j], j < KW-1
         rj = tl.arange(0, KWP)  # KWP = next power of two >= KW-1
@@ -86,8 +85,11 @@ def _conv_kernel(
         ss = tl.load(st + (src_j + KW - 1)[:, None] * stride_sk,
                      mask=(j_mask & (src_j < 0) & keep)[:, None] & c_mask[None, :], other=0.0)
         new = tl.where((src_j >= 0)[:, None], xs.to(state_ptr.dtype.element_ty), ss.to(state_ptr.dtype.element_ty))
-        tl.debug_barrier()  # every read of the old state in this program is done
+        tl.debug_barrier()  # every read of the old state (and of x) in this program is done
         tl.store(st + rj[:, None] * stride_sk, new, mask=j_mask[:, None] & c_mask[None, :])
+    # y last: with one token per sequence (a decode step) y may be x itself (out=x), since every read of x is above
+    # (the barrier orders them for the state's program, the only one a sequence has then)
+    tl.store(y_at, y.to(y_ptr.dtype.element_ty), mask=i_mask[:, None] & c_mask[None, :])
 
 
 CONV_SECTION_MIN_BLOCK = 8  # the narrowest channel block the sectioned conv runs
@@ -110,7 +112,8 @@ def causal_conv(
     """SiLU(causal depthwise conv) for B sequences packed in x [T, C] (cu_seqlens [B+1]); updates conv_pool
     [S, C, K-1] at state_slots [B] in place (context_lens [B] == 0: start from zeros). weight [C, K] (any strides; pass
     conv1d.weight[:, 0, :]). max_seqlen: a host bound on the new tokens per sequence (sizes the grid).
-    Returns y [T, C] in x's dtype; computed in fp32 like `kernels/conv1d.py::causal_conv1d`.
+    Returns y [T, C] in x's dtype; computed in fp32 like `kernels/conv1d.py::causal_conv1d`. out may be x itself
+    when max_seqlen == 1 (one token per sequence: each program reads all of its x before it writes y).
     sections (S1, S2): instead, y's channels [0, S1), [S1, S1 + S2), [S1 + S2, C) as three contiguous tensors
     [T, S1], [T, S2], [T, C - S1 - S2] (one buffer, no out=): the DeltaNet prefill's q, k, v, which fla-core would
     otherwise copy to make contiguous (its input guard: 3 copies a layer). The same values as y's column slices."""

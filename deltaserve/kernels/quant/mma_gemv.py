@@ -911,6 +911,13 @@ def wg_gemv_tile_rows() -> int:
     return int(env_choice("DELTASERVE_MMA_GEMV_WG_BN", "16", ("8", "16", "32", "64")))
 
 
+def wg_gemv_stages() -> int:
+    """Shared-memory slots per wg_gemv program (never a row's bits). Env DELTASERVE_MMA_GEMV_WG_NS."""
+    from ...utils.env import env_int
+
+    return env_int("DELTASERVE_MMA_GEMV_WG_NS", 3, 2, 16)
+
+
 _HOPPER: dict = {}
 
 
@@ -972,7 +979,7 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
         # (this GEMV's conv epilogue equals the GEMV followed by causal_conv, bit for bit)
         from .wgmma_experts import wg_gemv
 
-        out = wg_gemv(x2, words, sb, xs=xs, out=out, tile_rows=wg_gemv_tile_rows())
+        out = wg_gemv(x2, words, sb, xs=xs, out=out, tile_rows=wg_gemv_tile_rows(), stages=wg_gemv_stages())
         if conv is not None:
             from ..gated_delta.triton_decode import DecodeConv, causal_conv, check_decode_conv
 
