@@ -138,3 +138,26 @@ def test_gdn_step_shape_switch(monkeypatch):
     monkeypatch.setenv("DELTASERVE_GDN_STEP", "warp")
     with pytest.raises(ValueError, match="DELTASERVE_GDN_STEP must be 'split' or 'head', found 'warp'"):
         td.step_dv_block()
+
+
+def test_wg_gemv_dispatch_knobs(monkeypatch):
+    """mma_gemv's warpgroup-MMA form: from WG_GEMV_ROWS rows by default (0: never), its tile rows by the rows and
+    the weight (32 past 32 rows or for the lm_head's row blocks, else 16) unless pinned, its slots; bad values name
+    the variable."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    for var in ("DELTASERVE_MMA_GEMV_WG_ROWS", "DELTASERVE_MMA_GEMV_WG_BN", "DELTASERVE_MMA_GEMV_WG_NS"):
+        monkeypatch.delenv(var, raising=False)
+    assert mg.wg_gemv_rows() == mg.WG_GEMV_ROWS == 17
+    assert (mg.wg_gemv_tile_rows(32, 772), mg.wg_gemv_tile_rows(64, 772), mg.wg_gemv_tile_rows(32, 15520)) == (16, 32, 32)
+    assert mg.wg_gemv_stages() == 3
+    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "0")
+    assert mg.wg_gemv_rows() > 1 << 40
+    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_BN", "64")
+    assert mg.wg_gemv_tile_rows(17, 772) == 64
+    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_BN", "12")
+    with pytest.raises(ValueError, match="DELTASERVE_MMA_GEMV_WG_BN"):
+        mg.wg_gemv_tile_rows(64, 772)
+    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_NS", "1")
+    with pytest.raises(ValueError, match="DELTASERVE_MMA_GEMV_WG_NS"):
+        mg.wg_gemv_stages()

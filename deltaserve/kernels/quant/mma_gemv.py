@@ -898,21 +898,34 @@ if HAVE_GLUON:
                                       zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
         return acc, acc2
 
+WG_GEMV_ROWS = 17  # rows of x from which mma_gemv runs as wg_gemv (wg_gemv_rows)
+
+
 def wg_gemv_rows() -> int:
-    """From how many rows of x (per launch of at most MAX_ROWS) mma_gemv runs as wgmma_experts.wg_gemv (the same
-    bits; weights of N % 64 == 0 and K < 4096, on sm_90). Env DELTASERVE_MMA_GEMV_WG_ROWS (0: never)."""
+    """From how many rows of x (per launch of at most MAX_ROWS) mma_gemv runs as wgmma_experts.wg_gemv: the same
+    bits (GPU tests), for weights of N % 64 == 0 and K < 4096 on sm_90 (the others keep this kernel). H200 probe
+    (graph timings, weights past the L2, bench/NOTES.md): the DeltaNet in_proj 12352 x 2048 at 16 / 32 / 64 rows
+    11.5 / 20.8 / 35.3 us here against 14.1 / 15.1 / 25.7 there, the lm_head 157 / 352 / 535 against 149 / 237 / 472;
+    in the model, 64 streams tg64 @ d512 4,915 -> 5,100 tok/s. So from 17 rows (the 32- and 64-row graph buckets).
+    Env DELTASERVE_MMA_GEMV_WG_ROWS (0: never)."""
     from ...utils.env import env_int
 
-    return env_int("DELTASERVE_MMA_GEMV_WG_ROWS", 0, 0) or 1 << 62
+    return env_int("DELTASERVE_MMA_GEMV_WG_ROWS", WG_GEMV_ROWS, 0) or 1 << 62
 
 
-def wg_gemv_tile_rows() -> int:
-    """Rows of x per wg_gemv program (never a row's bits). Env DELTASERVE_MMA_GEMV_WG_BN."""
-    return int(env_choice("DELTASERVE_MMA_GEMV_WG_BN", "16", ("8", "16", "32", "64")))
+def wg_gemv_tile_rows(m: int, nb: int) -> int:
+    """Rows of x per wg_gemv program for m rows and a weight of nb row blocks (never a row's bits): 32 past 32 rows
+    and for the lm_head's thousands of row blocks, else 16 (H200 probe at 32 / 64 rows: the in_proj 15.1 / 28.8 us
+    with 16, 23.9 / 25.7 with 32, 32.4 / 36.4 with 64; the lm_head 270 / 530, 237 / 472, 454 / 519). Env
+    DELTASERVE_MMA_GEMV_WG_BN (8, 16, 32 or 64) for A/B."""
+    if os.environ.get("DELTASERVE_MMA_GEMV_WG_BN"):
+        return int(env_choice("DELTASERVE_MMA_GEMV_WG_BN", "16", ("8", "16", "32", "64")))
+    return 32 if m > 32 or nb >= RING_MAX_BLOCKS else 16
 
 
 def wg_gemv_stages() -> int:
-    """Shared-memory slots per wg_gemv program (never a row's bits). Env DELTASERVE_MMA_GEMV_WG_NS."""
+    """Shared-memory slots per wg_gemv program (never a row's bits): 3 (H200, 64 streams, BN 32: 3 / 5 / 8 slots
+    5,100 / 5,087 / 5,044 tok/s). Env DELTASERVE_MMA_GEMV_WG_NS."""
     from ...utils.env import env_int
 
     return env_int("DELTASERVE_MMA_GEMV_WG_NS", 3, 2, 16)
@@ -946,7 +959,9 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
     config: (W, RB, AHEAD) instead of default_config (W changes bits; RB and AHEAD do not).
     conv: gated_delta.triton_decode.DecodeConv (or the same as a tuple): x holds one token per sequence, and
     features < channels come out as SiLU(causal conv) with the pool updated, meant to equal this GEMV followed by
-    triton_decode.causal_conv bit for bit (tests/gpu/test_mma_gemv_gpu.py)."""
+    triton_decode.causal_conv bit for bit (tests/gpu/test_mma_gemv_gpu.py).
+    From wg_gemv_rows() rows a launch runs as wgmma_experts.wg_gemv where the weight suits it (the same bits; the
+    conv then as causal_conv in place)."""
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("mma_gemv: needs a CUDA device and Triton's Gluon (it has no interpreter form); "
                            "mma_gemv_reference is its CPU meaning")
@@ -979,7 +994,7 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
         # (this GEMV's conv epilogue equals the GEMV followed by causal_conv, bit for bit)
         from .wgmma_experts import wg_gemv
 
-        out = wg_gemv(x2, words, sb, xs=xs, out=out, tile_rows=wg_gemv_tile_rows(), stages=wg_gemv_stages())
+        out = wg_gemv(x2, words, sb, xs=xs, out=out, tile_rows=wg_gemv_tile_rows(m, nb), stages=wg_gemv_stages())
         if conv is not None:
             from ..gated_delta.triton_decode import DecodeConv, causal_conv, check_decode_conv
 
