@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -39,6 +40,7 @@ def main(argv=None) -> int:
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
 
+    os.environ["DELTASERVE_MMA_GEMV_WG_ROWS"] = "0"  # mma_gemv: its own kernel at every row count (the reference)
     dev = torch.device("cuda")
     torch.manual_seed(0)
     bad = 0

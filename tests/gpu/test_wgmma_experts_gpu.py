@@ -108,7 +108,7 @@ def test_wg_experts_input_checks(dev):
 
 
 @pytest.mark.parametrize("n,k", [(12352, 2048), (9216, 2048), (128, 1024), (64, 256), (64, 64)])
-def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k):
+def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k, monkeypatch):
     """wg_gemv gives mma_gemv's result bit for bit (the decode linears' definition at every row count) for 1 to 100
     rows, every tile width and slot count, the group sums given or its own, bf16 and fp32 (widened) out, writing
     every element of a NaN-poisoned output; and against fp64."""
@@ -116,6 +116,7 @@ def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k):
     from deltaserve.kernels.quant import wgmma_experts as wx
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
+    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "0")  # the references: mma_gemv's own kernel at every size
     p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
     words, sb = mg.repack_q4(p, s, b)
     assert wx.wg_dense_fits(words)

@@ -960,8 +960,8 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
     conv: gated_delta.triton_decode.DecodeConv (or the same as a tuple): x holds one token per sequence, and
     features < channels come out as SiLU(causal conv) with the pool updated, meant to equal this GEMV followed by
     triton_decode.causal_conv bit for bit (tests/gpu/test_mma_gemv_gpu.py).
-    From wg_gemv_rows() rows a launch runs as wgmma_experts.wg_gemv where the weight suits it (the same bits; the
-    conv then as causal_conv in place)."""
+    From wg_gemv_rows() rows a launch runs as wgmma_experts.wg_gemv where the weight suits it and no config= pins
+    this kernel (the same bits; the conv then as causal_conv in place)."""
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("mma_gemv: needs a CUDA device and Triton's Gluon (it has no interpreter form); "
                            "mma_gemv_reference is its CPU meaning")
@@ -989,7 +989,7 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
                             or out.stride(-1) != 1 or (conv is not None and out.dtype != torch.bfloat16)):
         raise ValueError(f"mma_gemv: out must be bf16 (or fp32 without conv=) [{m}, {n}] with unit column stride, "
                          f"found {out.dtype} {tuple(out.shape)} strides {out.stride()}")
-    if m >= wg_gemv_rows() and words.shape[0] % 4 == 0 and default_warps(k) <= 4 and _hopper(x2.device):
+    if config is None and m >= wg_gemv_rows() and words.shape[0] % 4 == 0 and default_warps(k) <= 4 and _hopper(x2.device):
         # the same bits through warpgroup MMAs (x read once per 64 weight rows), then the conv as its own launch
         # (this GEMV's conv epilogue equals the GEMV followed by causal_conv, bit for bit)
         from .wgmma_experts import wg_gemv
