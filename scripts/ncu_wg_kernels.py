@@ -1,0 +1,60 @@
+"""Driver for Nsight Compute over the warpgroup-MMA kernels at a 64-stream decode's sizes (scripts/device_wg_ncu.sh):
+the DeltaNet in_proj (12352 x 2048, q4 g64) at 64 rows through mma_gemv's own kernel and wg_gemv (32-row tiles with 3
+and 8 slots, 16-row tiles with 3), then the MoE's gated gate/up and scaled down on the wgmma experts kernel at 64
+tokens (8-row tiles, as a 64-stream decode runs them). Each launch first once to compile (and a sync), then once to
+measure, in the same order: the measured launches are the 7th to the 12th of these kernels.
+
+  python scripts/ncu_wg_kernels.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> int:
+    os.environ["DELTASERVE_MMA_GEMV_WG_ROWS"] = "0"  # mma_gemv: its own kernel
+    from kernel_cases import affine_weight
+    from probe_moe_t1 import NUM_E, SLOTS, expert_stacks, probe_inputs
+
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    p, s, b, _ = affine_weight((12352, 2048), 4, 64, dev)
+    words, sb = mg.repack_q4(p, s, b)
+    x = (torch.randn(64, 2048, device=dev) * 0.5).bfloat16()
+    xs = x.float().view(64, 32, 64).sum(-1)
+    gate, up, down = expert_stacks(dev)
+    routes, xin, sums, hs, scale = probe_inputs(dev, 64, 1)
+    tiles = mg.mma_expert_tiles(routes[0], NUM_E, 8)
+    calls = [
+        ("mma_gemv 64 rows", lambda: mg.mma_gemv(x, words, sb, xs=xs)),
+        ("wg_gemv BN 32 NS 3", lambda: wx.wg_gemv(x, words, sb, xs=xs, tile_rows=32, stages=3)),
+        ("wg_gemv BN 32 NS 8", lambda: wx.wg_gemv(x, words, sb, xs=xs, tile_rows=32, stages=8)),
+        ("wg_gemv BN 16 NS 3", lambda: wx.wg_gemv(x, words, sb, xs=xs, tile_rows=16, stages=3)),
+        ("wg experts gated T=64", lambda: wx.wg_matmul_experts(xin[0], *gate, routes[0], tiles, SLOTS, xs=sums[0],
+                                                               up=up)),
+        ("wg experts down T=64", lambda: wx.wg_matmul_experts(hs[0], *down, routes[0], tiles, 1, scale=scale)),
+    ]
+    for _, fn in calls:  # compile and warm
+        fn()
+    torch.cuda.synchronize()
+    for name, fn in calls:
+        print(f"measured launch: {name}", flush=True)
+        fn()
+    torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
