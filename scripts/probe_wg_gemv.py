@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ns", default="3,4")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--out")
+    ap.add_argument("--split", action="store_true", help="the K = 4096 out projection's row split too")
+    ap.add_argument("--shapes", default="0,1,2", help="indices into SHAPES")
     args = ap.parse_args(argv)
     from kernel_cases import affine_weight
     from sweep_common import time_graph
@@ -45,7 +47,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     bad = 0
     table = []
-    for n, k, name in SHAPES:
+    for n, k, name in [SHAPES[int(i)] for i in args.shapes.split(",") if i]:
         p, s, b, _ = affine_weight((n, k), 4, 64, dev)
         words, sb = mg.repack_q4(p, s, b)
         del p, s, b
@@ -88,7 +90,32 @@ def main(argv=None) -> int:
                         f.write(json.dumps(rec) + "\n")
         del stacks, words, sb
         torch.cuda.empty_cache()
-    print(f"\n| shape | m | kernel | BN | NS | us | GB/s | same bits |\n|---|---|---|---|---|---|---|---|")
+    # the K = 4096 out projection at 64 rows: mma_gemv's rows split over programs (DELTASERVE_MMA_GEMV_SPLIT_ROWS,
+    # with and without a register cap), each checked bit for bit against the unsplit launch
+    if args.split:
+        n, k = 2048, 4096
+        p, s, b, _ = affine_weight((n, k), 4, 64, dev)
+        words, sb = mg.repack_q4(p, s, b)
+        nbytes = words.numel() * 4 + sb.numel() * 2
+        stacks = [(words, sb)] + [(words.clone(), sb.clone()) for _ in range(15)]
+        x = (torch.randn(64, k, device=dev) * 0.5).bfloat16()
+        xs = x.float().view(64, k // 64, 64).sum(-1)
+        ref = mg.mma_gemv(x, words, sb, xs=xs)
+        for split, cap in (("0", "0"), ("32", "0"), ("32", "128"), ("16", "0")):
+            os.environ["DELTASERVE_MMA_GEMV_SPLIT_ROWS"], os.environ["DELTASERVE_MMA_GEMV_SPLIT_MAXNREG"] = split, cap
+            same = torch.equal(mg.mma_gemv(x, words, sb, xs=xs, out=torch.full_like(ref, float("nan"))), ref)
+            bad += not same
+            t, how = time_graph([lambda w=w: mg.mma_gemv(x, *w, xs=xs) for w in stacks], dev, args.replays)
+            rec = {"probe": "mma_gemv_split", "shape": f"{n}x{k}", "m": 64, "kernel": "mma_gemv", "bn": split,
+                   "ns": cap, "us": round(t, 2), "same_bits": same, "gpu": torch.cuda.get_device_name(dev),
+                   "timing": how, "gbps": round(nbytes / t / 1e3, 1)}
+            print(json.dumps(rec), flush=True)
+            table.append(rec)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+        os.environ["DELTASERVE_MMA_GEMV_SPLIT_ROWS"] = os.environ["DELTASERVE_MMA_GEMV_SPLIT_MAXNREG"] = "0"
+    print(f"\n| shape | m | kernel | BN (split rows) | NS (maxnreg) | us | GB/s | same bits |\n|---|---|---|---|---|---|---|---|")
     for r in table:
         print(f"| {r['shape']} | {r['m']} | {r['kernel']} | {r['bn']} | {r['ns']} | {r['us']} | {r['gbps']} | "
               f"{r['same_bits']} |")

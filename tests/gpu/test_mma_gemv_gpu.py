@@ -472,3 +472,26 @@ def test_mma_experts_staged_weights_same_bits(dev, t):
             got = mg.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles, scale=scale, config=(wd, rbd, 2, 1, ns),
                                         out=out)
             assert torch.equal(got, base_d), f"down, {rows}-row tiles, {ns} slots"
+
+
+@pytest.mark.parametrize("split,cap", [("16", "0"), ("32", "0"), ("32", "128")])
+def test_mma_gemv_row_split_same_bits(dev, split, cap, monkeypatch):
+    """The K = 4096 weights' rows of x split over programs (DELTASERVE_MMA_GEMV_SPLIT_ROWS, with and without a
+    register cap) give the unsplit launch's bits at 64 and 37 rows (a ragged last block), the group sums given or
+    the kernel's own, every element of a NaN-poisoned output written."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant.triton_gemv import prep_x
+
+    p, s, b, _ = kc.affine_weight((2048, 4096), 4, 64, dev)
+    words, sb = mg.repack_q4(p, s, b)
+    x = torch.randn(64, 4096, device=dev).bfloat16()
+    xs_all = prep_x(x, 4, 64)[1]
+    for m in (64, 37):
+        for xs in (None, xs_all[:m]):
+            monkeypatch.setenv("DELTASERVE_MMA_GEMV_SPLIT_ROWS", "0")
+            ref = mg.mma_gemv(x[:m], words, sb, xs=xs)
+            monkeypatch.setenv("DELTASERVE_MMA_GEMV_SPLIT_ROWS", split)
+            monkeypatch.setenv("DELTASERVE_MMA_GEMV_SPLIT_MAXNREG", cap)
+            assert mg.split_rows(4096, m) == int(split)
+            got = mg.mma_gemv(x[:m], words, sb, xs=xs, out=kc.poisoned((m, 2048), torch.bfloat16, dev))
+            assert torch.equal(got, ref), f"split {split} cap {cap}, {m} rows, own sums {xs is None}"

@@ -455,7 +455,7 @@ if HAVE_GLUON:
                          cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
                          stride_pk, K: gl.constexpr, W: gl.constexpr, RB: gl.constexpr, NT: gl.constexpr,
                          AHEAD: gl.constexpr, CONV: gl.constexpr = False, KCONV: gl.constexpr = 4,
-                         PDL: gl.constexpr = False, SELF_XS: gl.constexpr = False):
+                         PDL: gl.constexpr = False, SELF_XS: gl.constexpr = False, SPLIT: gl.constexpr = False):
         """grid (N / (16 RB),): out[:M, rows of the program] = x[:M] W^T; xs [M, K / 64] fp32 the group sums of x
         (triton_gemv.prep_row's, so the bits of every path that makes them agree). Chunk c is groups c W .. c W +
         W - 1, warp w taking group c W + w; a warp adds its chunks in order, the warps' sums are added last.
@@ -466,12 +466,20 @@ if HAVE_GLUON:
         AHEAD never change bits; W does. PDL (kernels/triton_pdl.py's protocol): the first chunk's weights are
         requested before the wait for the previous kernel, x and xs after it. CONV: the DeltaNet decode conv on
         features < C (_conv_epilogue; the pool arguments are unused otherwise). SELF_XS: the group sums of x are
-        the kernel's own (_chunk_acc), xs_ptr is not read."""
+        the kernel's own (_chunk_acc), xs_ptr is not read. SPLIT: grid (N / (16 RB), row blocks of x), program
+        (p, r) taking rows [8 NT r, 8 NT (r + 1)) of x (rows are MMA columns: never a bit; not with CONV)."""
         pdl_open(PDL)
         G: gl.constexpr = K // 64
         NCH: gl.constexpr = G // W
         N8: gl.constexpr = 8 * NT  # MMA columns (rows of x, padded)
         pid = gl.program_id(0).to(gl.int64)
+        if SPLIT:
+            gl.static_assert(not CONV, "the row split takes no conv epilogue")
+            r0 = gl.program_id(1) * N8
+            x_ptr += r0.to(gl.int64) * stride_xm
+            xs_ptr += r0.to(gl.int64) * stride_sm
+            out_ptr += r0.to(gl.int64) * stride_om
+            M -= r0
 
         mma: gl.constexpr = _mma_layout(W)
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -898,6 +906,28 @@ if HAVE_GLUON:
                                       zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
         return acc, acc2
 
+def split_rows(k: int, m: int) -> int:
+    """Rows of x per program when mma_gemv splits a launch's m rows over programs (a second grid axis; never a
+    row's bits), or 0: the weights of K >= 4096 (8 warps a program, one program an SM at 64 rows: the out
+    projections, 20.8 us at 64 rows on the H200) past that many rows. Env DELTASERVE_MMA_GEMV_SPLIT_ROWS (16 or
+    32; 0: never, the default)."""
+    from ...utils.env import env_int
+
+    rows = env_int("DELTASERVE_MMA_GEMV_SPLIT_ROWS", 0, 0, MAX_ROWS)
+    if rows not in (0, 16, 32):
+        raise ValueError(f"DELTASERVE_MMA_GEMV_SPLIT_ROWS must be 16 or 32 (0: never), found {rows}")
+    return rows if rows and k >= 4096 and m > rows else 0
+
+
+def split_maxnreg() -> dict:
+    """The split launches' register cap as a launch option (never a bit): env DELTASERVE_MMA_GEMV_SPLIT_MAXNREG
+    (e.g. 128: two 8-warp programs an SM at 32 rows, which take 142 registers uncapped); none by default."""
+    from ...utils.env import env_int
+
+    cap = env_int("DELTASERVE_MMA_GEMV_SPLIT_MAXNREG", 0, 0, 255)
+    return {"maxnreg": cap} if cap else {}
+
+
 WG_GEMV_ROWS = 17  # rows of x from which mma_gemv runs as wg_gemv (wg_gemv_rows)
 
 
@@ -1037,9 +1067,13 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
                      *cv.pool.stride())
     else:
         kconv, conv_args = 4, (x2, x2, x2, x2, 0, 0, 0, 0, 0, 0)
-    _mma_gemv_kernel[(nb // rb,)](x2, xs, words, sb, out, m, x2.stride(0), xs.stride(0), out.stride(0), *conv_args,
-                                  K=k, W=warps, RB=rb, NT=column_tiles(m), AHEAD=ahead, CONV=conv is not None,
-                                  KCONV=kconv, SELF_XS=self_xs, num_warps=warps, **pdl_args(x2))
+    split = split_rows(k, m) if conv is None and config is None else 0
+    splits = -(-m // split) if split else 1
+    _mma_gemv_kernel[(nb // rb, splits)](x2, xs, words, sb, out, m, x2.stride(0), xs.stride(0), out.stride(0),
+                                         *conv_args, K=k, W=warps, RB=rb, NT=column_tiles(split or m), AHEAD=ahead,
+                                         CONV=conv is not None, KCONV=kconv, SELF_XS=self_xs, num_warps=warps,
+                                         **({"SPLIT": True, **split_maxnreg()} if splits > 1 else {}),
+                                         **pdl_args(x2))
     return out.reshape(*lead, n)
 
 
