@@ -161,3 +161,18 @@ def test_wg_gemv_dispatch_knobs(monkeypatch):
     monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_NS", "1")
     with pytest.raises(ValueError, match="DELTASERVE_MMA_GEMV_WG_NS"):
         mg.wg_gemv_stages()
+
+
+def test_wgmma_register_cap_knob(monkeypatch):
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.delenv("DELTASERVE_WGMMA_MAXNREG", raising=False)
+    assert wx.wg_maxnreg(8) == {}
+    monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "128")
+    assert wx.wg_maxnreg(8) == wx.wg_maxnreg(64) == {"maxnreg": 128}
+    monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "128@8")
+    assert (wx.wg_maxnreg(8), wx.wg_maxnreg(16)) == ({"maxnreg": 128}, {})
+    for bad in ("many", "128@", "8"):
+        monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_WGMMA_MAXNREG"):
+            wx.wg_maxnreg(8)

@@ -163,3 +163,34 @@ def test_mma_gemv_through_wg_gemv(dev, m, monkeypatch):
             outs[rows] = (mg.mma_gemv(x, words, sb), mg.mma_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c)), pl)
         for what, a, b in zip(("plain", "conv", "conv pool"), outs["1"], outs["0"]):
             assert torch.equal(a, b), f"{what}, N={n} K={k}, {m} rows"
+
+
+@pytest.mark.parametrize("cap", ["128", "128@8"])
+def test_wg_register_cap_same_bits(dev, cap, monkeypatch):
+    """DELTASERVE_WGMMA_MAXNREG (a register cap for the launches, spilling what does not fit) never changes a bit:
+    the MoE's gate/up and down at a 64-stream decode's 64 tokens (8-row tiles) and wg_gemv at 64 rows, capped ==
+    uncapped."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant.triton_gemv import prep_x
+
+    e, slots, h, i, t = 257, 9, 2048, 512, 64
+    (gw, gsb), (uw, usb), (dw, dsb) = _moe_experts(dev, e, h, i)
+    ids = _routes(dev, e, slots, t)
+    x = torch.randn(t, h, device=dev).bfloat16()
+    xs = prep_x(x, 4, 64)[1]
+    scale = torch.rand(t * slots, device=dev)
+    tiles = mg.mma_expert_tiles(ids, e, 8)
+    p, s, b, _ = kc.affine_weight((12352, 2048), 4, 64, dev)
+    words, sb = mg.repack_q4(p, s, b)
+
+    def run():
+        g = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb))
+        return g, wx.wg_matmul_experts(g, dw, dsb, ids, tiles, 1, scale=scale), wx.wg_gemv(x, words, sb, xs=xs,
+                                                                                            tile_rows=32)
+
+    monkeypatch.delenv("DELTASERVE_WGMMA_MAXNREG", raising=False)
+    base = run()
+    monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", cap)
+    for what, a, b in zip(("gated", "down", "wg_gemv"), run(), base):
+        assert torch.equal(a, b), f"{what} with the register cap {cap}"

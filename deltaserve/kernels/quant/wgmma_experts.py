@@ -20,6 +20,8 @@ values in the same positions as the mma.sync kernel does.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ...utils.env import env_choice, env_int
@@ -43,6 +45,24 @@ def wg_min_rows() -> int:
     batch of 57+ tokens (a 64-stream decode, a prefill chunk of 57+ tokens) takes it, 8 streams (72 rows) and fewer
     keep mma.sync. Env DELTASERVE_MOE_WGMMA_MIN_ROWS (0: never), for in-model A/B."""
     return env_int("DELTASERVE_MOE_WGMMA_MIN_ROWS", WG_MIN_ROWS, 0) or 1 << 62
+
+
+def wg_maxnreg(tile_rows: int) -> dict:
+    """The kernel's register cap as a launch option for tiles of tile_rows rows of x (never a bit: it only decides
+    what ptxas keeps in registers), or {}: env DELTASERVE_WGMMA_MAXNREG=CAP (every launch) or CAP@ROWS (tiles of at
+    most ROWS rows only), e.g. 128@8: the 8-row gated form at 141 registers runs 3 programs an SM, at 128 (48 bytes
+    of stack) 4. Unset by default."""
+    value = os.environ.get("DELTASERVE_WGMMA_MAXNREG", "").strip()
+    if not value:
+        return {}
+    cap, at, rows = value.partition("@")
+    try:
+        cap_n, rows_n = int(cap), int(rows) if at else 64
+    except ValueError:
+        raise ValueError(f"DELTASERVE_WGMMA_MAXNREG must be CAP or CAP@ROWS (integers), found {value!r}") from None
+    if not 24 <= cap_n <= 255:
+        raise ValueError(f"DELTASERVE_WGMMA_MAXNREG: a cap of 24 - 255 registers, found {cap_n}")
+    return {"maxnreg": cap_n} if tile_rows <= rows_n else {}
 
 
 def wg_tile_rows(m: int) -> int:
@@ -392,7 +412,7 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
             0 if self_xs else xs.stride(0), out.stride(0), nbe, 0, XREP=x_repeat, K=k, W=warps, BN=tiles.rows,
             GATED=up is not None, SCALED=scale is not None, SELF_XS=self_xs, NS=stages, num_warps=4,
             **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
-               else {}), **pdl_args(x))
+               else {}), **wg_maxnreg(tiles.rows), **pdl_args(x))
     return out
 
 
@@ -448,5 +468,5 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
             xq, xq.stride(0), 0 if self_xs else xs.stride(0), out.stride(0), nb, m, XREP=1, K=k, W=warps,
             BN=tile_rows, GATED=False, SCALED=False, SELF_XS=self_xs, NS=stages, DENSE=True, num_warps=4,
             **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
-               else {}), **pdl_args(x))
+               else {}), **wg_maxnreg(tile_rows), **pdl_args(x))
     return out
