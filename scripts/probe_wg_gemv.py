@@ -115,7 +115,7 @@ def main(argv=None) -> int:
                 with open(args.out, "a") as f:
                     f.write(json.dumps(rec) + "\n")
         os.environ["DELTASERVE_MMA_GEMV_SPLIT_ROWS"] = os.environ["DELTASERVE_MMA_GEMV_SPLIT_MAXNREG"] = "0"
-    print(f"\n| shape | m | kernel | BN (split rows) | NS (maxnreg) | us | GB/s | same bits |\n|---|---|---|---|---|---|---|---|")
+    print("\n| shape | m | kernel | BN (split rows) | NS (maxnreg) | us | GB/s | same bits |\n|---|---|---|---|---|---|---|---|")
     for r in table:
         print(f"| {r['shape']} | {r['m']} | {r['kernel']} | {r['bn']} | {r['ns']} | {r['us']} | {r['gbps']} | "
               f"{r['same_bits']} |")

@@ -167,6 +167,8 @@ def test_wgmma_register_cap_knob(monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     monkeypatch.delenv("DELTASERVE_WGMMA_MAXNREG", raising=False)
+    assert (wx.wg_maxnreg(8), wx.wg_maxnreg(16)) == ({"maxnreg": 128}, {})  # the default: 8-row tiles only
+    monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "0")
     assert wx.wg_maxnreg(8) == {}
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "128")
     assert wx.wg_maxnreg(8) == wx.wg_maxnreg(64) == {"maxnreg": 128}
@@ -176,3 +178,19 @@ def test_wgmma_register_cap_knob(monkeypatch):
         monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", bad)
         with pytest.raises(ValueError, match="DELTASERVE_WGMMA_MAXNREG"):
             wx.wg_maxnreg(8)
+
+
+def test_mma_gemv_row_split_knobs(monkeypatch):
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    for var in ("DELTASERVE_MMA_GEMV_SPLIT_ROWS", "DELTASERVE_MMA_GEMV_SPLIT_MAXNREG"):
+        monkeypatch.delenv(var, raising=False)
+    # by default the K = 4096 weights past 32 rows, in programs of 32 rows capped at 128 registers
+    assert (mg.split_rows(4096, 64), mg.split_rows(4096, 32), mg.split_rows(2048, 64)) == (32, 0, 0)
+    assert mg.split_maxnreg() == {"maxnreg": 128}
+    monkeypatch.setenv("DELTASERVE_MMA_GEMV_SPLIT_ROWS", "0")
+    monkeypatch.setenv("DELTASERVE_MMA_GEMV_SPLIT_MAXNREG", "0")
+    assert (mg.split_rows(4096, 64), mg.split_maxnreg()) == (0, {})
+    monkeypatch.setenv("DELTASERVE_MMA_GEMV_SPLIT_ROWS", "24")
+    with pytest.raises(ValueError, match="DELTASERVE_MMA_GEMV_SPLIT_ROWS must be 16 or 32"):
+        mg.split_rows(4096, 64)

@@ -908,23 +908,25 @@ if HAVE_GLUON:
 
 def split_rows(k: int, m: int) -> int:
     """Rows of x per program when mma_gemv splits a launch's m rows over programs (a second grid axis; never a
-    row's bits), or 0: the weights of K >= 4096 (8 warps a program, one program an SM at 64 rows: the out
-    projections, 20.8 us at 64 rows on the H200) past that many rows. Env DELTASERVE_MMA_GEMV_SPLIT_ROWS (16 or
-    32; 0: never, the default)."""
+    row's bits), or 0: the weights of K >= 4096 (8 warps a program, 255 registers, one program an SM at 64 rows:
+    the out projections) past that many rows. H200 (bench/NOTES.md): the out projection at 64 rows 17.8 us
+    unsplit, 16.4 split in 32s with 128 registers (two programs an SM; split_maxnreg), 19.2 uncapped, 18.8 in 16s;
+    with the 8-row wgmma cap, 64 streams 5,097 -> 5,170 tok/s. Env DELTASERVE_MMA_GEMV_SPLIT_ROWS (16 or 32; 0:
+    never)."""
     from ...utils.env import env_int
 
-    rows = env_int("DELTASERVE_MMA_GEMV_SPLIT_ROWS", 0, 0, MAX_ROWS)
+    rows = env_int("DELTASERVE_MMA_GEMV_SPLIT_ROWS", 32, 0, MAX_ROWS)
     if rows not in (0, 16, 32):
         raise ValueError(f"DELTASERVE_MMA_GEMV_SPLIT_ROWS must be 16 or 32 (0: never), found {rows}")
     return rows if rows and k >= 4096 and m > rows else 0
 
 
 def split_maxnreg() -> dict:
-    """The split launches' register cap as a launch option (never a bit): env DELTASERVE_MMA_GEMV_SPLIT_MAXNREG
-    (e.g. 128: two 8-warp programs an SM at 32 rows, which take 142 registers uncapped); none by default."""
+    """The split launches' register cap as a launch option (never a bit): 128, two 8-warp programs an SM at 32 rows
+    (142 registers uncapped, 56 bytes of stack capped). Env DELTASERVE_MMA_GEMV_SPLIT_MAXNREG (0: none)."""
     from ...utils.env import env_int
 
-    cap = env_int("DELTASERVE_MMA_GEMV_SPLIT_MAXNREG", 0, 0, 255)
+    cap = env_int("DELTASERVE_MMA_GEMV_SPLIT_MAXNREG", 128, 0, 255)
     return {"maxnreg": cap} if cap else {}
 
 

@@ -50,10 +50,12 @@ def wg_min_rows() -> int:
 def wg_maxnreg(tile_rows: int) -> dict:
     """The kernel's register cap as a launch option for tiles of tile_rows rows of x (never a bit: it only decides
     what ptxas keeps in registers), or {}: env DELTASERVE_WGMMA_MAXNREG=CAP (every launch) or CAP@ROWS (tiles of at
-    most ROWS rows only), e.g. 128@8: the 8-row gated form at 141 registers runs 3 programs an SM, at 128 (48 bytes
-    of stack) 4. Unset by default."""
-    value = os.environ.get("DELTASERVE_WGMMA_MAXNREG", "").strip()
-    if not value:
+    most ROWS rows only; 0: none). Default 128@8: the 8-row gated form (a 64-stream decode's MoE) at 141 registers
+    runs 3 programs an SM, at 128 (48 bytes of stack) 4. H200 (bench/NOTES.md): 64 streams 5,103 -> 5,131 tok/s
+    alone, 5,097 -> 5,170 with the K = 4096 row split; every launch capped (the 16- and 32-row forms spill 104-136
+    bytes) 4,921, and pp512 20,847 -> 20,252."""
+    value = os.environ.get("DELTASERVE_WGMMA_MAXNREG", "128@8").strip()
+    if value in ("", "0"):
         return {}
     cap, at, rows = value.partition("@")
     try:
