@@ -6,13 +6,14 @@ from deltaserve.bench.profile import classify
 
 def test_moe_decode_kernels_are_moe():
     for name in ("_router_kernel", "_topk_kernel", "_gate_up_kernel", "_down_kernel", "_combine_kernel",
-                 "_down_combine_kernel", "_mma_experts_kernel", "_tiles_order_kernel"):
+                 "_down_combine_kernel", "_mma_experts_kernel", "_wg_experts_kernel", "_tiles_order_kernel"):
         assert classify(name) == "moe", name
 
 
 def test_unknown_kernels_are_other():
     assert classify("void at::native::reduce_kernel<512, 1>").startswith("other")
     assert classify("_gemv_kernel").startswith("linear")
+    assert classify("_wg_gemv_kernel").startswith("linear")  # the dense decode GEMV on warpgroup MMAs
 
 
 def test_critical_path_attributes_overlap_to_the_kernel_that_ends_later():

@@ -12,7 +12,7 @@ from ..model import ModelConfig
 # kernel-name fragments -> class, first match wins
 CLASSES = (
     ("router", "moe"), ("_topk", "moe"), ("gate_up", "moe"), ("down_combine", "moe"), ("_down_kernel", "moe"),
-    ("_combine", "moe"), ("mma_experts", "moe"), ("_tiles_", "moe"),
+    ("_combine", "moe"), ("mma_experts", "moe"), ("_wg_experts", "moe"), ("_tiles_", "moe"),
     ("affine_mm", "linear (affine/dense matmul)"), ("_gemv", "linear (affine/dense matmul)"),
     ("_prep", "linear (affine/dense matmul)"),
     ("conv", "deltanet conv"), ("decode_kernel", "deltanet step"), ("gdn_step", "deltanet step"), ("gates", "deltanet step"),

@@ -196,12 +196,11 @@ if HAVE_GLUON:
         async_copy.commit_group()
 
     @gluon.jit
-    def _wg_experts_kernel(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr,
-                           hi_ptr, order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP: gl.constexpr,
-                           K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, GATED: gl.constexpr,
-                           SCALED: gl.constexpr, SELF_XS: gl.constexpr, NS: gl.constexpr = 3,
-                           PARTIAL_MAJOR: gl.constexpr = False, DENSE: gl.constexpr = False,
-                           PDL: gl.constexpr = False):
+    def _wg_program(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr, hi_ptr,
+                    order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP: gl.constexpr, K: gl.constexpr,
+                    W: gl.constexpr, BN: gl.constexpr, GATED: gl.constexpr, SCALED: gl.constexpr,
+                    SELF_XS: gl.constexpr, NS: gl.constexpr, PARTIAL_MAJOR: gl.constexpr, DENSE: gl.constexpr,
+                    PDL: gl.constexpr):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -349,6 +348,27 @@ if HAVE_GLUON:
                 gl.store(o_ptr, y.to(gl.bfloat16).to(o_ptr.dtype.element_ty), mask=o_mask)
 
     @gluon.jit
+    def _wg_experts_kernel(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr,
+                           hi_ptr, order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP: gl.constexpr,
+                           K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, GATED: gl.constexpr,
+                           SCALED: gl.constexpr, SELF_XS: gl.constexpr, NS: gl.constexpr = 3,
+                           PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False):
+        """The experts matmul (wg_matmul_experts): _wg_program over the sorted tile table."""
+        _wg_program(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr, hi_ptr,
+                    order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP, K, W, BN, GATED, SCALED, SELF_XS, NS,
+                    PARTIAL_MAJOR, False, PDL)
+
+    @gluon.jit
+    def _wg_gemv_kernel(xq_ptr, xs_ptr, w_ptr, sbq_ptr, out_ptr, stride_xq, stride_sm, stride_om, NBE, M,
+                        K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, SELF_XS: gl.constexpr,
+                        NS: gl.constexpr = 3, PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False):
+        """The dense GEMV (wg_gemv): _wg_program with one weight and no table (DENSE); a kernel of its own name, so
+        that profiles count it with the linears."""
+        _wg_program(xq_ptr, xs_ptr, w_ptr, w_ptr, sbq_ptr, sbq_ptr, out_ptr, out_ptr, xq_ptr, xq_ptr, xq_ptr, xq_ptr,
+                    stride_xq, stride_sm, stride_om, NBE, M, 1, K, W, BN, False, False, SELF_XS, NS, PARTIAL_MAJOR,
+                    True, PDL)
+
+    @gluon.jit
     def _wg_rows(order_ptr, lo, i, rows, DENSE: gl.constexpr):
         """The rows that a tile's sorted rows i (< rows) stand for: order[lo + i], or lo + i with no table (DENSE)."""
         if DENSE:
@@ -465,10 +485,9 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
     if m:
         xq = x.view(torch.int32)
         self_xs = xs is None
-        _wg_experts_kernel[(-(-m // tile_rows), nb // 4)](
-            xq, xq if self_xs else xs, words, words, sb.view(torch.int32), sb.view(torch.int32), out, out, xq, xq, xq,
-            xq, xq.stride(0), 0 if self_xs else xs.stride(0), out.stride(0), nb, m, XREP=1, K=k, W=warps,
-            BN=tile_rows, GATED=False, SCALED=False, SELF_XS=self_xs, NS=stages, DENSE=True, num_warps=4,
+        _wg_gemv_kernel[(-(-m // tile_rows), nb // 4)](
+            xq, xq if self_xs else xs, words, sb.view(torch.int32), out, xq.stride(0), 0 if self_xs else xs.stride(0),
+            out.stride(0), nb, m, K=k, W=warps, BN=tile_rows, SELF_XS=self_xs, NS=stages, num_warps=4,
             **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
                else {}), **wg_maxnreg(tile_rows), **pdl_args(x))
     return out
