@@ -194,3 +194,30 @@ def test_mma_gemv_row_split_knobs(monkeypatch):
     monkeypatch.setenv("DELTASERVE_MMA_GEMV_SPLIT_ROWS", "24")
     with pytest.raises(ValueError, match="DELTASERVE_MMA_GEMV_SPLIT_ROWS must be 16 or 32"):
         mg.split_rows(4096, 64)
+
+
+def test_moe_wgmma_stages_knob(monkeypatch):
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.delenv("DELTASERVE_MOE_WGMMA_STAGES", raising=False)
+    assert wx.wg_moe_stages(8) == wx.wg_moe_stages(16) == wx.WG_STAGES
+    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_STAGES", "5@8")
+    assert (wx.wg_moe_stages(8), wx.wg_moe_stages(16)) == (5, wx.WG_STAGES)
+    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_STAGES", "4")
+    assert wx.wg_moe_stages(16) == 4
+    for bad in ("1", "x", "5@"):
+        monkeypatch.setenv("DELTASERVE_MOE_WGMMA_STAGES", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_MOE_WGMMA_STAGES"):
+            wx.wg_moe_stages(8)
+
+
+def test_wg_gemv_conv_switch(monkeypatch):
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    monkeypatch.delenv("DELTASERVE_WG_GEMV_CONV", raising=False)
+    assert mg.wg_gemv_conv() == "launch"  # the measured form; the epilogue is prepared
+    monkeypatch.setenv("DELTASERVE_WG_GEMV_CONV", "epilogue")
+    assert mg.wg_gemv_conv() == "epilogue"
+    monkeypatch.setenv("DELTASERVE_WG_GEMV_CONV", "fused")
+    with pytest.raises(ValueError, match="DELTASERVE_WG_GEMV_CONV"):
+        mg.wg_gemv_conv()

@@ -138,16 +138,18 @@ def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k, monkeypatch):
             assert torch.equal(wx.wg_gemv(x[:m], words, sb, xs=xs, out=out), ref.float()), f"fp32 out, m={m}"
 
 
+@pytest.mark.parametrize("conv_mode", ["launch", "epilogue"])
 @pytest.mark.parametrize("m", [16, 64])
-def test_mma_gemv_through_wg_gemv(dev, m, monkeypatch):
-    """mma_gemv from DELTASERVE_MMA_GEMV_WG_ROWS rows runs as wg_gemv (then the conv as its own launch): the conv
-    check of kernel_cases (== the GEMV then causal_conv, the other slots untouched, against fp64), and the same
-    outputs and conv pool as the mma.sync forms, plain and with the DeltaNet in_proj's conv; weights it cannot take
-    (N % 64, K = 4096) keep mma.sync."""
+def test_mma_gemv_through_wg_gemv(dev, m, conv_mode, monkeypatch):
+    """mma_gemv from DELTASERVE_MMA_GEMV_WG_ROWS rows runs as wg_gemv (the conv as its own launch, or in wg_gemv's
+    epilogue: DELTASERVE_WG_GEMV_CONV): the conv check of kernel_cases (== the GEMV then causal_conv, the other slots
+    untouched, against fp64), and the same outputs and conv pool as the mma.sync forms, plain and with the DeltaNet
+    in_proj's conv; weights it cannot take (N % 64, K = 4096) keep mma.sync."""
     from deltaserve.kernels.gated_delta import triton_decode as td
     from deltaserve.kernels.quant import mma_gemv as mg
     from test_mma_gemv_gpu import _mma_gemv_of
 
+    monkeypatch.setenv("DELTASERVE_WG_GEMV_CONV", conv_mode)
     monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "1")
     kc.check_gemv_conv({"gdn": td}, dev, 4, 64, m=m, c=8192, extra=4160, k=2048, fresh=(1,), gemv=_mma_gemv_of)
     for n, k, c in ((12352, 2048, 8192), (2048, 4096, 1024), (80, 256, 64)):

@@ -963,6 +963,13 @@ def wg_gemv_stages() -> int:
     return env_int("DELTASERVE_MMA_GEMV_WG_NS", 3, 2, 16)
 
 
+def wg_gemv_conv() -> str:
+    """Where wg_gemv's launches make the DeltaNet decode conv of mma_gemv(conv=): "launch" (the default: causal_conv
+    after the GEMV, in place; H200, 64 streams: 30 x 9.65 us a step) or "epilogue" (mma_gemv's conv epilogue inside
+    the GEMV, its arithmetic: prepared, not yet measured). Env DELTASERVE_WG_GEMV_CONV."""
+    return env_choice("DELTASERVE_WG_GEMV_CONV", "launch", ("launch", "epilogue"))
+
+
 _HOPPER: dict = {}
 
 
@@ -1026,8 +1033,10 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
         # (this GEMV's conv epilogue equals the GEMV followed by causal_conv, bit for bit)
         from .wgmma_experts import wg_gemv
 
-        out = wg_gemv(x2, words, sb, xs=xs, out=out, tile_rows=wg_gemv_tile_rows(m, nb), stages=wg_gemv_stages())
-        if conv is not None:
+        in_epilogue = conv is not None and wg_gemv_conv() == "epilogue"
+        out = wg_gemv(x2, words, sb, xs=xs, out=out, tile_rows=wg_gemv_tile_rows(m, nb), stages=wg_gemv_stages(),
+                      conv=conv if in_epilogue else None)
+        if conv is not None and not in_epilogue:
             from ..gated_delta.triton_decode import DecodeConv, causal_conv, check_decode_conv
 
             cv = DecodeConv(*conv)

@@ -67,6 +67,24 @@ def wg_maxnreg(tile_rows: int) -> dict:
     return {"maxnreg": cap_n} if tile_rows <= rows_n else {}
 
 
+def wg_moe_stages(tile_rows: int) -> int:
+    """Shared-memory slots of the MoE block's launches of this kernel with tiles of tile_rows rows of x (never a
+    bit): WG_STAGES. Env DELTASERVE_MOE_WGMMA_STAGES=NS (every tile width) or NS@ROWS (tiles of at most ROWS rows),
+    for A/B: at a 64-stream decode (8-row tiles) ncu found the gated form moving 2.9 TB/s from DRAM with two groups
+    in flight a program, 4 programs an SM (bench/NOTES.md)."""
+    value = os.environ.get("DELTASERVE_MOE_WGMMA_STAGES", "").strip()
+    if not value:
+        return WG_STAGES
+    ns, at, rows = value.partition("@")
+    try:
+        ns_n, rows_n = int(ns), int(rows) if at else 64
+    except ValueError:
+        raise ValueError(f"DELTASERVE_MOE_WGMMA_STAGES must be NS or NS@ROWS (integers), found {value!r}") from None
+    if not 2 <= ns_n <= 16:
+        raise ValueError(f"DELTASERVE_MOE_WGMMA_STAGES: 2 - 16 slots, found {ns_n}")
+    return ns_n if tile_rows <= rows_n else WG_STAGES
+
+
 def wg_tile_rows(m: int) -> int:
     """Sorted rows of x per program for a block of m rows: WG_TILE_ROWS from WG_WIDE_ROWS rows, else 8 (a few rows
     per expert: H200 probe at 64 tokens, before the tail-tile skip, gated 139.5 us with 8-row tiles against 174.5
@@ -99,7 +117,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
                                                                   warpgroup_mma_wait)
 
-    from .mma_gemv import _DEQUANT_ASM, _silu_mul, pdl_open, pdl_wait
+    from .mma_gemv import _DEQUANT_ASM, _conv_epilogue, _silu_mul, pdl_open, pdl_wait
 
     @gluon.jit
     def _wg_a_operand(words, zero_w, dot_a: gl.constexpr):
@@ -200,7 +218,9 @@ if HAVE_GLUON:
                     order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP: gl.constexpr, K: gl.constexpr,
                     W: gl.constexpr, BN: gl.constexpr, GATED: gl.constexpr, SCALED: gl.constexpr,
                     SELF_XS: gl.constexpr, NS: gl.constexpr, PARTIAL_MAJOR: gl.constexpr, DENSE: gl.constexpr,
-                    PDL: gl.constexpr):
+                    PDL: gl.constexpr, cw_ptr=None, pool_ptr=None, slot_ptr=None, ctx_ptr=None, C=0, stride_cwc=0,
+                    stride_cwk=0, stride_ps=0, stride_pc=0, stride_pk=0, CONV: gl.constexpr = False,
+                    KCONV: gl.constexpr = 4):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -344,6 +364,13 @@ if HAVE_GLUON:
             elif SCALED:
                 sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
                 gl.store(o_ptr, sc[None, :] * y.to(gl.bfloat16).to(gl.float32), mask=o_mask)
+            elif CONV:
+                # the DeltaNet decode conv on the tile (mma_gemv's epilogue: its arithmetic, so its bits): features
+                # 64 p + row, tokens lo + i (DENSE; those past M are masked inside); the accumulator layout holds
+                # each element once
+                gl.static_assert(DENSE, "the conv epilogue is the dense GEMV's")
+                _conv_epilogue(y, out_ptr, stride_om, p * 64 + o_row, lo + o_n, M, cw_ptr, pool_ptr, slot_ptr, ctx_ptr,
+                               C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV)
             else:
                 gl.store(o_ptr, y.to(gl.bfloat16).to(o_ptr.dtype.element_ty), mask=o_mask)
 
@@ -360,13 +387,17 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _wg_gemv_kernel(xq_ptr, xs_ptr, w_ptr, sbq_ptr, out_ptr, stride_xq, stride_sm, stride_om, NBE, M,
-                        K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, SELF_XS: gl.constexpr,
-                        NS: gl.constexpr = 3, PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False):
+                        cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
+                        stride_pk, K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, SELF_XS: gl.constexpr,
+                        NS: gl.constexpr = 3, PARTIAL_MAJOR: gl.constexpr = False, CONV: gl.constexpr = False,
+                        KCONV: gl.constexpr = 4, PDL: gl.constexpr = False):
         """The dense GEMV (wg_gemv): _wg_program with one weight and no table (DENSE); a kernel of its own name, so
-        that profiles count it with the linears."""
+        that profiles count it with the linears. CONV: mma_gemv's DeltaNet decode conv epilogue (the pool arguments
+        unused otherwise)."""
         _wg_program(xq_ptr, xs_ptr, w_ptr, w_ptr, sbq_ptr, sbq_ptr, out_ptr, out_ptr, xq_ptr, xq_ptr, xq_ptr, xq_ptr,
                     stride_xq, stride_sm, stride_om, NBE, M, 1, K, W, BN, False, False, SELF_XS, NS, PARTIAL_MAJOR,
-                    True, PDL)
+                    True, PDL, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
+                    stride_pk, CONV, KCONV)
 
     @gluon.jit
     def _wg_rows(order_ptr, lo, i, rows, DENSE: gl.constexpr):
@@ -451,12 +482,14 @@ def wg_dense_fits(words: torch.Tensor) -> bool:
 
 def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Tensor | None = None,
             out: torch.Tensor | None = None, tile_rows: int = WG_DENSE_TILE_ROWS, stages: int = WG_STAGES,
-            partial_major: bool | None = None) -> torch.Tensor:
+            partial_major: bool | None = None, conv: tuple | None = None) -> torch.Tensor:
     """mma_gemv.mma_gemv's result (the same bits: its K split W = default_warps(K), its group sums xs or, when None,
     the kernel's own MMA(ones, x)) for x [M, K] bf16 and a repack_q4 weight, through warpgroup MMAs: a program owns 64
     weight rows against tile_rows (8 - 64) rows of x, so x is read once per 64 weight rows instead of once per 16 or
     32 (mma_gemv at 64 rows: every program re-reads all of x from L2). out: bf16, or fp32 (the bf16 results
-    widened), [M, N]. Any M (x's rows are MMA columns: a row's bits never depend on M or its neighbours)."""
+    widened), [M, N]. Any M (x's rows are MMA columns: a row's bits never depend on M or its neighbours).
+    conv: mma_gemv's conv= (a DecodeConv or the same tuple; bf16 out): the DeltaNet decode conv in the epilogue,
+    mma_gemv's arithmetic, meant to equal this GEMV followed by causal_conv bit for bit."""
     from .mma_gemv import default_warps
 
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
@@ -482,12 +515,24 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
                          f"{tuple(out.shape)} strides {out.stride()}")
     warps = default_warps(k)
     stages = min(stages, g + 1)
+    if conv is not None:
+        from ..gated_delta.triton_decode import DecodeConv, check_decode_conv
+
+        cv = DecodeConv(*conv)
+        if out.dtype != torch.bfloat16:
+            raise ValueError(f"wg_gemv: conv= writes bf16 activations, out is {out.dtype}")
+        kconv = check_decode_conv(cv, m, n, x.dtype)
+        conv_args = (cv.weight, cv.pool, cv.state_slots, cv.context_lens, cv.channels, *cv.weight.stride(),
+                     *cv.pool.stride())
+    else:
+        kconv, conv_args = 4, (x, x, x, x, 0, 0, 0, 0, 0, 0)
     if m:
         xq = x.view(torch.int32)
         self_xs = xs is None
         _wg_gemv_kernel[(-(-m // tile_rows), nb // 4)](
             xq, xq if self_xs else xs, words, sb.view(torch.int32), out, xq.stride(0), 0 if self_xs else xs.stride(0),
-            out.stride(0), nb, m, K=k, W=warps, BN=tile_rows, SELF_XS=self_xs, NS=stages, num_warps=4,
+            out.stride(0), nb, m, *conv_args, K=k, W=warps, BN=tile_rows, SELF_XS=self_xs, NS=stages,
+            CONV=conv is not None, KCONV=kconv, num_warps=4,
             **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
                else {}), **wg_maxnreg(tile_rows), **pdl_args(x))
     return out
