@@ -47,6 +47,13 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     bad = 0
     table = []
+
+    def emit(rec: dict) -> None:  # one timing: printed, kept for the table, appended to --out
+        print(json.dumps(rec), flush=True)
+        table.append(rec)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(rec) + "\n")
     for n, k, name in [SHAPES[int(i)] for i in args.shapes.split(",") if i]:
         p, s, b, _ = affine_weight((n, k), 4, 64, dev)
         words, sb = mg.repack_q4(p, s, b)
@@ -80,14 +87,9 @@ def main(argv=None) -> int:
                                        for w in stacks], dev, args.replays)
                     rows.append(("wg_gemv", bn, ns, t, same))
             for kind, bn, ns, t, same in rows:
-                rec = {"probe": "wg_gemv", "shape": f"{n}x{k}", "name": name, "m": m, "kernel": kind, "bn": bn,
-                       "ns": ns, "us": round(t, 2), "same_bits": same, "gpu": torch.cuda.get_device_name(dev),
-                       "timing": how, "gbps": round(nbytes / t / 1e3, 1)}
-                print(json.dumps(rec), flush=True)
-                table.append(rec)
-                if args.out:
-                    with open(args.out, "a") as f:
-                        f.write(json.dumps(rec) + "\n")
+                emit({"probe": "wg_gemv", "shape": f"{n}x{k}", "name": name, "m": m, "kernel": kind, "bn": bn,
+                      "ns": ns, "us": round(t, 2), "same_bits": same, "gpu": torch.cuda.get_device_name(dev),
+                      "timing": how, "gbps": round(nbytes / t / 1e3, 1)})
         del stacks, words, sb
         torch.cuda.empty_cache()
     # the K = 4096 out projection at 64 rows: mma_gemv's rows split over programs (DELTASERVE_MMA_GEMV_SPLIT_ROWS,
@@ -106,14 +108,9 @@ def main(argv=None) -> int:
             same = torch.equal(mg.mma_gemv(x, words, sb, xs=xs, out=torch.full_like(ref, float("nan"))), ref)
             bad += not same
             t, how = time_graph([lambda w=w: mg.mma_gemv(x, *w, xs=xs) for w in stacks], dev, args.replays)
-            rec = {"probe": "mma_gemv_split", "shape": f"{n}x{k}", "m": 64, "kernel": "mma_gemv", "bn": split,
-                   "ns": cap, "us": round(t, 2), "same_bits": same, "gpu": torch.cuda.get_device_name(dev),
-                   "timing": how, "gbps": round(nbytes / t / 1e3, 1)}
-            print(json.dumps(rec), flush=True)
-            table.append(rec)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+            emit({"probe": "mma_gemv_split", "shape": f"{n}x{k}", "m": 64, "kernel": "mma_gemv", "bn": split,
+                  "ns": cap, "us": round(t, 2), "same_bits": same, "gpu": torch.cuda.get_device_name(dev),
+                  "timing": how, "gbps": round(nbytes / t / 1e3, 1)})
         os.environ["DELTASERVE_MMA_GEMV_SPLIT_ROWS"] = os.environ["DELTASERVE_MMA_GEMV_SPLIT_MAXNREG"] = "0"
     print("\n| shape | m | kernel | BN (split rows) | NS (maxnreg) | us | GB/s | same bits |\n|---|---|---|---|---|---|---|---|")
     for r in table:

@@ -14,6 +14,18 @@ from test_mma_gemv_gpu import _experts, _moe_block, _moe_experts, _routes
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(INTERPRET, reason="Gluon kernels do not run in the interpreter")]
 
 
+def _moe_35b_case(dev, t):
+    """The 35B-A3B's MoE at t tokens (256 routed experts + the shared one stacked last, top-8, H 2048, I 512):
+    (E, slots, gate, up, down, routes, x, x's group sums, one fp32 scale per row)."""
+    from deltaserve.kernels.quant.triton_gemv import prep_x
+
+    e, slots, h, i = 257, 9, 2048, 512
+    gate, up, down = _moe_experts(dev, e, h, i)
+    ids = _routes(dev, e, slots, t)
+    x = torch.randn(t, h, device=dev).bfloat16()
+    return e, slots, gate, up, down, ids, x, prep_x(x, 4, 64)[1], torch.rand(t * slots, device=dev)
+
+
 @pytest.mark.parametrize("t", [1, 7, 64, 512])
 def test_wg_experts_same_bits_as_mma(dev, t):
     """Gate/up (SiLU * up, the norm's group sums) and the scaled down (its own group sums) at the 35B-A3B's shapes
@@ -21,14 +33,8 @@ def test_wg_experts_same_bits_as_mma(dev, t):
     order gives the mma.sync kernel's result bit for bit, and writes every element of a NaN-poisoned output."""
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
-    from deltaserve.kernels.quant.triton_gemv import prep_x
 
-    e, slots, h, i = 257, 9, 2048, 512
-    (gw, gsb), (uw, usb), (dw, dsb) = _moe_experts(dev, e, h, i)
-    ids = _routes(dev, e, slots, t)
-    x = torch.randn(t, h, device=dev).bfloat16()
-    xs = prep_x(x, 4, 64)[1]
-    scale = torch.rand(t * slots, device=dev)
+    e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
     tiles8 = mg.mma_expert_tiles(ids, e, 8)
     ref_g = mg.mma_matmul_experts(x, gw, gsb, ids, slots, xs=xs, tiles=tiles8, up=(uw, usb))
     ref_d = mg.mma_matmul_experts(ref_g, dw, dsb, ids, 1, tiles=tiles8, scale=scale)
@@ -174,14 +180,8 @@ def test_wg_register_cap_same_bits(dev, cap, monkeypatch):
     uncapped."""
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
-    from deltaserve.kernels.quant.triton_gemv import prep_x
 
-    e, slots, h, i, t = 257, 9, 2048, 512, 64
-    (gw, gsb), (uw, usb), (dw, dsb) = _moe_experts(dev, e, h, i)
-    ids = _routes(dev, e, slots, t)
-    x = torch.randn(t, h, device=dev).bfloat16()
-    xs = prep_x(x, 4, 64)[1]
-    scale = torch.rand(t * slots, device=dev)
+    e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, 64)
     tiles = mg.mma_expert_tiles(ids, e, 8)
     p, s, b, _ = kc.affine_weight((12352, 2048), 4, 64, dev)
     words, sb = mg.repack_q4(p, s, b)

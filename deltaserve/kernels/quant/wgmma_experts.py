@@ -47,6 +47,22 @@ def wg_min_rows() -> int:
     return env_int("DELTASERVE_MOE_WGMMA_MIN_ROWS", WG_MIN_ROWS, 0) or 1 << 62
 
 
+def env_value_at_rows(name: str, default: str, what: str, low: int, high: int, tile_rows: int) -> int | None:
+    """An env knob of the form N (every tile width) or N@ROWS (tiles of at most ROWS rows of x only): N for tiles of
+    tile_rows rows, None where it does not apply (unset, empty or 0, or wider tiles). Errors name the variable."""
+    value = os.environ.get(name, default).strip()
+    if value in ("", "0"):
+        return None
+    n, at, rows = value.partition("@")
+    try:
+        n_v, rows_n = int(n), int(rows) if at else 64
+    except ValueError:
+        raise ValueError(f"{name} must be {what} or {what}@ROWS (integers), found {value!r}") from None
+    if not low <= n_v <= high:
+        raise ValueError(f"{name}: {what} of {low} - {high}, found {n_v}")
+    return n_v if tile_rows <= rows_n else None
+
+
 def wg_maxnreg(tile_rows: int) -> dict:
     """The kernel's register cap as a launch option for tiles of tile_rows rows of x (never a bit: it only decides
     what ptxas keeps in registers), or {}: env DELTASERVE_WGMMA_MAXNREG=CAP (every launch) or CAP@ROWS (tiles of at
@@ -54,17 +70,8 @@ def wg_maxnreg(tile_rows: int) -> dict:
     runs 3 programs an SM, at 128 (48 bytes of stack) 4. H200 (bench/NOTES.md): 64 streams 5,103 -> 5,131 tok/s
     alone, 5,097 -> 5,170 with the K = 4096 row split; every launch capped (the 16- and 32-row forms spill 104-136
     bytes) 4,921, and pp512 20,847 -> 20,252."""
-    value = os.environ.get("DELTASERVE_WGMMA_MAXNREG", "128@8").strip()
-    if value in ("", "0"):
-        return {}
-    cap, at, rows = value.partition("@")
-    try:
-        cap_n, rows_n = int(cap), int(rows) if at else 64
-    except ValueError:
-        raise ValueError(f"DELTASERVE_WGMMA_MAXNREG must be CAP or CAP@ROWS (integers), found {value!r}") from None
-    if not 24 <= cap_n <= 255:
-        raise ValueError(f"DELTASERVE_WGMMA_MAXNREG: a cap of 24 - 255 registers, found {cap_n}")
-    return {"maxnreg": cap_n} if tile_rows <= rows_n else {}
+    cap = env_value_at_rows("DELTASERVE_WGMMA_MAXNREG", "128@8", "CAP", 24, 255, tile_rows)
+    return {} if cap is None else {"maxnreg": cap}
 
 
 def wg_moe_stages(tile_rows: int) -> int:
@@ -72,17 +79,8 @@ def wg_moe_stages(tile_rows: int) -> int:
     bit): WG_STAGES. Env DELTASERVE_MOE_WGMMA_STAGES=NS (every tile width) or NS@ROWS (tiles of at most ROWS rows),
     for A/B: at a 64-stream decode (8-row tiles) ncu found the gated form moving 2.9 TB/s from DRAM with two groups
     in flight a program, 4 programs an SM (bench/NOTES.md)."""
-    value = os.environ.get("DELTASERVE_MOE_WGMMA_STAGES", "").strip()
-    if not value:
-        return WG_STAGES
-    ns, at, rows = value.partition("@")
-    try:
-        ns_n, rows_n = int(ns), int(rows) if at else 64
-    except ValueError:
-        raise ValueError(f"DELTASERVE_MOE_WGMMA_STAGES must be NS or NS@ROWS (integers), found {value!r}") from None
-    if not 2 <= ns_n <= 16:
-        raise ValueError(f"DELTASERVE_MOE_WGMMA_STAGES: 2 - 16 slots, found {ns_n}")
-    return ns_n if tile_rows <= rows_n else WG_STAGES
+    ns = env_value_at_rows("DELTASERVE_MOE_WGMMA_STAGES", "", "NS", 2, 16, tile_rows)
+    return WG_STAGES if ns is None else ns
 
 
 def wg_tile_rows(m: int) -> int:
