@@ -216,7 +216,7 @@ if HAVE_GLUON:
                     order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP: gl.constexpr, K: gl.constexpr,
                     W: gl.constexpr, BN: gl.constexpr, GATED: gl.constexpr, SCALED: gl.constexpr,
                     SELF_XS: gl.constexpr, NS: gl.constexpr, PARTIAL_MAJOR: gl.constexpr, DENSE: gl.constexpr,
-                    PDL: gl.constexpr, cw_ptr=None, pool_ptr=None, slot_ptr=None, ctx_ptr=None, C=0, stride_cwc=0,
+                    PDL_WAIT: gl.constexpr, cw_ptr=None, pool_ptr=None, slot_ptr=None, ctx_ptr=None, C=0, stride_cwc=0,
                     stride_cwk=0, stride_ps=0, stride_pc=0, stride_pk=0, CONV: gl.constexpr = False,
                     KCONV: gl.constexpr = 4):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
@@ -230,7 +230,6 @@ if HAVE_GLUON:
         up, and the group sums' when SELF_XS) are issued together and awaited once.
         DENSE: one weight (E = 1) and no table: tile t is rows [t BN, min(t BN + BN, M)) in order (wg_gemv); the
         plain epilogue rounds to bf16 before a wider out (the fp32 logits: the bf16 results widened)."""
-        pdl_open(PDL)
         G: gl.constexpr = K // 64
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -248,7 +247,7 @@ if HAVE_GLUON:
 
         t = gl.program_id(0)
         p = gl.program_id(1).to(gl.int64)
-        pdl_wait(PDL)  # the tile table and x are the previous launches' output
+        pdl_wait(PDL_WAIT)  # the tile table and x are the previous launches' output (the kernel opened: pdl_open)
         if DENSE:
             e = 0
             lo = t * BN
@@ -379,6 +378,7 @@ if HAVE_GLUON:
                            SCALED: gl.constexpr, SELF_XS: gl.constexpr, NS: gl.constexpr = 3,
                            PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False):
         """The experts matmul (wg_matmul_experts): _wg_program over the sorted tile table."""
+        pdl_open(PDL)
         _wg_program(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr, hi_ptr,
                     order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP, K, W, BN, GATED, SCALED, SELF_XS, NS,
                     PARTIAL_MAJOR, False, PDL)
@@ -392,6 +392,7 @@ if HAVE_GLUON:
         """The dense GEMV (wg_gemv): _wg_program with one weight and no table (DENSE); a kernel of its own name, so
         that profiles count it with the linears. CONV: mma_gemv's DeltaNet decode conv epilogue (the pool arguments
         unused otherwise)."""
+        pdl_open(PDL)
         _wg_program(xq_ptr, xs_ptr, w_ptr, w_ptr, sbq_ptr, sbq_ptr, out_ptr, out_ptr, xq_ptr, xq_ptr, xq_ptr, xq_ptr,
                     stride_xq, stride_sm, stride_om, NBE, M, 1, K, W, BN, False, False, SELF_XS, NS, PARTIAL_MAJOR,
                     True, PDL, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
