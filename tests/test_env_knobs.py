@@ -221,3 +221,21 @@ def test_wg_gemv_conv_switch(monkeypatch):
     monkeypatch.setenv("DELTASERVE_WG_GEMV_CONV", "fused")
     with pytest.raises(ValueError, match="DELTASERVE_WG_GEMV_CONV"):
         mg.wg_gemv_conv()
+
+
+def test_decode_conv_launch_args():
+    """The conv's launch arguments the tensor-core GEMVs (mma_gemv, wg_gemv) share: placeholders without a conv,
+    else the checked conv's tensors, channels and strides in the kernels' order; a bad conv names the problem."""
+    import torch
+
+    from deltaserve.kernels.quant.mma_gemv import decode_conv_args
+
+    x = torch.zeros(3, 8)
+    assert decode_conv_args(None, 3, 16, torch.bfloat16, x) == (4, (x, x, x, x, 0, 0, 0, 0, 0, 0))
+    w = torch.zeros(4, 1, 4, dtype=torch.bfloat16)[:, 0, :]
+    pool = torch.zeros(5, 4, 3, dtype=torch.bfloat16)
+    slots, ctx = torch.arange(3), torch.zeros(3, dtype=torch.int32)
+    kconv, args = decode_conv_args((w, pool, slots, ctx, 4), 3, 16, torch.bfloat16, x)
+    assert kconv == 4 and args[:5] == (w, pool, slots, ctx, 4) and args[5:] == (*w.stride(), *pool.stride())
+    with pytest.raises(ValueError, match="3 rows .* but 2 slots"):
+        decode_conv_args((w, pool, slots[:2], ctx[:2], 4), 3, 16, torch.bfloat16, x)

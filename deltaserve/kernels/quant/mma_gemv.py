@@ -970,6 +970,21 @@ def wg_gemv_conv() -> str:
     return env_choice("DELTASERVE_WG_GEMV_CONV", "launch", ("launch", "epilogue"))
 
 
+def decode_conv_args(conv: tuple | None, m: int, n: int, dtype: torch.dtype, placeholder: torch.Tensor):
+    """(KCONV, the ten conv arguments) of a GEMV launch with the DeltaNet decode conv in its epilogue (conv: a
+    DecodeConv or the same tuple, checked against m rows, n features and the activation dtype), or placeholders
+    (never read) without one. The arguments: weight, pool, state slots, context lengths, channels, the weight's
+    and the pool's strides."""
+    if conv is None:
+        return 4, (placeholder, placeholder, placeholder, placeholder, 0, 0, 0, 0, 0, 0)
+    from ..gated_delta.triton_decode import DecodeConv, check_decode_conv
+
+    cv = DecodeConv(*conv)
+    kconv = check_decode_conv(cv, m, n, dtype)
+    return kconv, (cv.weight, cv.pool, cv.state_slots, cv.context_lens, cv.channels, *cv.weight.stride(),
+                   *cv.pool.stride())
+
+
 _HOPPER: dict = {}
 
 
@@ -1028,23 +1043,23 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
                             or out.stride(-1) != 1 or (conv is not None and out.dtype != torch.bfloat16)):
         raise ValueError(f"mma_gemv: out must be bf16 (or fp32 without conv=) [{m}, {n}] with unit column stride, "
                          f"found {out.dtype} {tuple(out.shape)} strides {out.stride()}")
-    if config is None and m >= wg_gemv_rows() and words.shape[0] % 4 == 0 and default_warps(k) <= 4 and _hopper(x2.device):
-        # the same bits through warpgroup MMAs (x read once per 64 weight rows), then the conv as its own launch
-        # (this GEMV's conv epilogue equals the GEMV followed by causal_conv, bit for bit)
-        from .wgmma_experts import wg_gemv
+    if config is None and m >= wg_gemv_rows() and _hopper(x2.device):
+        from .wgmma_experts import wg_dense_fits, wg_gemv
 
-        in_epilogue = conv is not None and wg_gemv_conv() == "epilogue"
-        out = wg_gemv(x2, words, sb, xs=xs, out=out, tile_rows=wg_gemv_tile_rows(m, nb), stages=wg_gemv_stages(),
-                      conv=conv if in_epilogue else None)
-        if conv is not None and not in_epilogue:
-            from ..gated_delta.triton_decode import DecodeConv, causal_conv, check_decode_conv
+        if wg_dense_fits(words):
+            # the same bits through warpgroup MMAs (x read once per 64 weight rows), then the conv as its own launch
+            # (this GEMV's conv epilogue equals the GEMV followed by causal_conv, bit for bit) or in its epilogue
+            in_epilogue = conv is not None and wg_gemv_conv() == "epilogue"
+            out = wg_gemv(x2, words, sb, xs=xs, out=out, tile_rows=wg_gemv_tile_rows(m, nb),
+                          stages=wg_gemv_stages(), conv=conv if in_epilogue else None)
+            if conv is not None and not in_epilogue:
+                from ..gated_delta.triton_decode import causal_conv
 
-            cv = DecodeConv(*conv)
-            check_decode_conv(cv, m, n, x.dtype)
-            mixed = out[:, : cv.channels]
-            cu = torch.arange(m + 1, dtype=torch.int32, device=x.device)
-            causal_conv(mixed, cv.weight, cv.pool, cu, cv.state_slots, cv.context_lens, 1, out=mixed)
-        return out.reshape(*lead, n)
+                _, (cw, pool, slots, ctx, channels, *_) = decode_conv_args(conv, m, n, x.dtype, x2)
+                mixed = out[:, :channels]
+                cu = torch.arange(m + 1, dtype=torch.int32, device=x.device)
+                causal_conv(mixed, cw, pool, cu, slots, ctx, 1, out=mixed)
+            return out.reshape(*lead, n)
     self_xs = xs is None
     if self_xs:
         xs = x2  # a placeholder pointer: not read
@@ -1069,15 +1084,7 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
     if ahead >= g // warps and staged > STAGE_BYTES:
         raise ValueError(f"mma_gemv: AHEAD >= chunks stages x in shared memory, {staged} bytes for {m} rows of "
                          f"K={k}; at most {STAGE_BYTES}")
-    if conv is not None:
-        from ..gated_delta.triton_decode import DecodeConv, check_decode_conv
-
-        cv = DecodeConv(*conv)
-        kconv = check_decode_conv(cv, m, n, x.dtype)
-        conv_args = (cv.weight, cv.pool, cv.state_slots, cv.context_lens, cv.channels, *cv.weight.stride(),
-                     *cv.pool.stride())
-    else:
-        kconv, conv_args = 4, (x2, x2, x2, x2, 0, 0, 0, 0, 0, 0)
+    kconv, conv_args = decode_conv_args(conv, m, n, x.dtype, x2)
     split = split_rows(k, m) if conv is None and config is None else 0
     splits = -(-m // split) if split else 1
     _mma_gemv_kernel[(nb // rb, splits)](x2, xs, words, sb, out, m, x2.stride(0), xs.stride(0), out.stride(0),

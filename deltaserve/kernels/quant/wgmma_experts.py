@@ -489,11 +489,11 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
     widened), [M, N]. Any M (x's rows are MMA columns: a row's bits never depend on M or its neighbours).
     conv: mma_gemv's conv= (a DecodeConv or the same tuple; bf16 out): the DeltaNet decode conv in the epilogue,
     mma_gemv's arithmetic, meant to equal this GEMV followed by causal_conv bit for bit."""
-    from .mma_gemv import default_warps
+    from .mma_gemv import decode_conv_args, default_warps
 
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("wg_gemv: needs a CUDA device (sm_90) and Triton's Gluon")
-    if words.dim() != 3 or not wg_dense_fits(words):
+    if not wg_dense_fits(words):
         raise ValueError(f"wg_gemv: a repacked weight [N/16, K/64, 128] with N % 64 == 0 and K < 4096, found "
                          f"{tuple(words.shape)}")
     nb, g = words.shape[:2]
@@ -514,17 +514,9 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
                          f"{tuple(out.shape)} strides {out.stride()}")
     warps = default_warps(k)
     stages = min(stages, g + 1)
-    if conv is not None:
-        from ..gated_delta.triton_decode import DecodeConv, check_decode_conv
-
-        cv = DecodeConv(*conv)
-        if out.dtype != torch.bfloat16:
-            raise ValueError(f"wg_gemv: conv= writes bf16 activations, out is {out.dtype}")
-        kconv = check_decode_conv(cv, m, n, x.dtype)
-        conv_args = (cv.weight, cv.pool, cv.state_slots, cv.context_lens, cv.channels, *cv.weight.stride(),
-                     *cv.pool.stride())
-    else:
-        kconv, conv_args = 4, (x, x, x, x, 0, 0, 0, 0, 0, 0)
+    if conv is not None and out.dtype != torch.bfloat16:
+        raise ValueError(f"wg_gemv: conv= writes bf16 activations, out is {out.dtype}")
+    kconv, conv_args = decode_conv_args(conv, m, n, x.dtype, x)
     if m:
         xq = x.view(torch.int32)
         self_xs = xs is None
