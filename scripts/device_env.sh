@@ -25,12 +25,12 @@ gpu_tests() {  # gpu_tests SECONDS PYTEST_ARGS...: the GPU tests under a time li
   grep -E "$([ "${TESTS_NAMED:-0}" = 1 ] && echo 'PASSED|')FAILED|^E  " "$log" | cut -c1-150 | head -20
 }
 
-# bench_tg LABEL B N ENV...: one decode timing under the given environment (tg N @ $BENCH_ARGS, B streams), its
-# tok/s line; the whole output in $OUT/bench.log
+# bench_tg LABEL B N ENV...: one decode timing under the given environment (tg N @ $BENCH_ARGS, B streams; limit
+# $BENCH_TIMEOUT s, default 90: a cold Triton cache needs more), its tok/s line; the whole output in $OUT/bench.log
 BENCH_ARGS=${BENCH_ARGS:-"--preset qwen3.6-35b-a3b --quant q4 -p 16 -r 3 --no-record -d 512"}
 bench_tg() {
   local label=$1 b=$2 n=$3; shift 3
-  env "$@" timeout 90 python3 -m deltaserve bench $BENCH_ARGS -b "$b" -n "$n" > "$OUT/bench.log" 2>&1
+  env "$@" timeout "${BENCH_TIMEOUT:-90}" python3 -m deltaserve bench $BENCH_ARGS -b "$b" -n "$n" > "$OUT/bench.log" 2>&1
   echo "== $label B=$b ($((SECONDS-t0)) s): $(grep -E '^\| deltaserve.*tg' "$OUT/bench.log" | sort -u | cut -c50-110)"
 }
 
