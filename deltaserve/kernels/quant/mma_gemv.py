@@ -964,10 +964,12 @@ def wg_gemv_stages() -> int:
 
 
 def wg_gemv_conv() -> str:
-    """Where wg_gemv's launches make the DeltaNet decode conv of mma_gemv(conv=): "launch" (the default: causal_conv
-    after the GEMV, in place; H200, 64 streams: 30 x 9.65 us a step) or "epilogue" (mma_gemv's conv epilogue inside
-    the GEMV, its arithmetic: prepared, not yet measured). Env DELTASERVE_WG_GEMV_CONV."""
-    return env_choice("DELTASERVE_WG_GEMV_CONV", "launch", ("launch", "epilogue"))
+    """Where wg_gemv's launches make the DeltaNet decode conv of mma_gemv(conv=): "epilogue" (the default:
+    mma_gemv's conv epilogue inside the GEMV, its arithmetic, so the bits of the GEMV then causal_conv: GPU test) or
+    "launch" (causal_conv after the GEMV, in place: 30 x 9.65 us a 64-stream step). H200, tg64 @ d512 at 64 streams
+    in one call (bench/NOTES.md): launch 5,174 / 5,172, epilogue 5,193 tok/s; with the MoE's 5 slots at 8-row tiles
+    (wgmma_experts.wg_moe_stages) 5,171 -> 5,210. Env DELTASERVE_WG_GEMV_CONV."""
+    return env_choice("DELTASERVE_WG_GEMV_CONV", "epilogue", ("launch", "epilogue"))
 
 
 def decode_conv_args(conv: tuple | None, m: int, n: int, dtype: torch.dtype, placeholder: torch.Tensor):

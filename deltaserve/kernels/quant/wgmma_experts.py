@@ -76,10 +76,12 @@ def wg_maxnreg(tile_rows: int) -> dict:
 
 def wg_moe_stages(tile_rows: int) -> int:
     """Shared-memory slots of the MoE block's launches of this kernel with tiles of tile_rows rows of x (never a
-    bit): WG_STAGES. Env DELTASERVE_MOE_WGMMA_STAGES=NS (every tile width) or NS@ROWS (tiles of at most ROWS rows),
-    for A/B: at a 64-stream decode (8-row tiles) ncu found the gated form moving 2.9 TB/s from DRAM with two groups
-    in flight a program, 4 programs an SM (bench/NOTES.md)."""
-    ns = env_value_at_rows("DELTASERVE_MOE_WGMMA_STAGES", "", "NS", 2, 16, tile_rows)
+    bit): 5 for 8-row tiles (a 64-stream decode), else WG_STAGES. At 64 streams ncu found the gated form moving 2.9
+    TB/s from DRAM with two groups in flight a program, 4 programs an SM; H200, tg64 @ d512 in one call
+    (bench/NOTES.md): 3 slots 5,174 / 5,172, 5 slots 5,190, 8 slots 4,965 tok/s; with wg_gemv's conv in its
+    epilogue 5,171 -> 5,210. Env DELTASERVE_MOE_WGMMA_STAGES=NS (every tile width) or NS@ROWS (tiles of at most
+    ROWS rows; 0: WG_STAGES everywhere), for A/B."""
+    ns = env_value_at_rows("DELTASERVE_MOE_WGMMA_STAGES", "5@8", "NS", 2, 16, tile_rows)
     return WG_STAGES if ns is None else ns
 
 
