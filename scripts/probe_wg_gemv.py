@@ -5,7 +5,10 @@ Every form is first checked bit for bit against mma_gemv on fresh random weights
 given (bf16 and fp32 out) and the kernel's own; then timed as a CUDA graph of calls cycling weight copies past the
 L2 (sweep_common.time_graph), one line each, a table last.
 
-  python scripts/probe_wg_gemv.py [--ms 16,32,64] [--bn 8,16,32,64] [--ns 3,4] [--out results.jsonl]
+  python scripts/probe_wg_gemv.py [--ms 16,32,64] [--bn 8,16,32,64] [--ns 3,4] [--xs load,smem] [--out FILE]
+
+--xs: where wg_gemv reads the norm's group sums from, global memory each step (load) or the tile's sums staged in
+shared memory once (smem, wgmma_experts.wg_xs_smem); each form checked against mma_gemv like the others.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     ap.add_argument("--split", action="store_true", help="the K = 4096 out projection's row split too")
     ap.add_argument("--shapes", default="0,1,2", help="indices into SHAPES")
+    ap.add_argument("--xs", default="load", help="load and/or smem: wg_gemv's group sums (xs_smem)")
     args = ap.parse_args(argv)
     from kernel_cases import affine_weight
     from sweep_common import time_graph
@@ -72,20 +76,23 @@ def main(argv=None) -> int:
             for bn in (int(v) for v in args.bn.split(",")):
                 if bn > 2 * m and bn > 8:
                     continue
-                for ns in (int(v) for v in args.ns.split(",")):
+                for ns, mode in ((int(v), mode) for v in args.ns.split(",") for mode in args.xs.split(",")):
+                    sm = {"load": False, "smem": True}[mode]
                     got = wx.wg_gemv(x, words, sb, xs=xs, out=torch.full_like(ref, float("nan")), tile_rows=bn,
-                                     stages=ns)
+                                     stages=ns, xs_smem=sm)
                     own = wx.wg_gemv(x, words, sb, out=torch.full_like(ref, float("nan")), tile_rows=bn, stages=ns)
                     g32 = wx.wg_gemv(x, words, sb, xs=xs, out=torch.full_like(ref32, float("nan")), tile_rows=bn,
-                                     stages=ns)
+                                     stages=ns, xs_smem=sm)
                     same = torch.equal(got, ref) and torch.equal(own, ref_own) and torch.equal(g32, ref32)
                     if not same:
                         bad += 1
-                        print(f"  DIFFER {name} m={m} bn={bn} ns={ns}: given {(got != ref).sum().item()}, own "
-                              f"{(own != ref_own).sum().item()}, fp32 {(g32 != ref32).sum().item()} of {ref.numel()}")
-                    t, _ = time_graph([lambda w=w, bn=bn, ns=ns: wx.wg_gemv(x, *w, xs=xs, tile_rows=bn, stages=ns)
+                        print(f"  DIFFER {name} m={m} bn={bn} ns={ns} xs {mode}: given {(got != ref).sum().item()}, "
+                              f"own {(own != ref_own).sum().item()}, fp32 {(g32 != ref32).sum().item()} of "
+                              f"{ref.numel()}")
+                    t, _ = time_graph([lambda w=w, bn=bn, ns=ns, sm=sm: wx.wg_gemv(x, *w, xs=xs, tile_rows=bn,
+                                                                                   stages=ns, xs_smem=sm)
                                        for w in stacks], dev, args.replays)
-                    rows.append(("wg_gemv", bn, ns, t, same))
+                    rows.append(("wg_gemv" + (" xs smem" if sm else ""), bn, ns, t, same))
             for kind, bn, ns, t, same in rows:
                 emit({"probe": "wg_gemv", "shape": f"{n}x{k}", "name": name, "m": m, "kernel": kind, "bn": bn,
                       "ns": ns, "us": round(t, 2), "same_bits": same, "gpu": torch.cuda.get_device_name(dev),

@@ -241,3 +241,18 @@ def test_decode_conv_launch_args():
     assert kconv == 4 and args[:5] == (w, pool, slots, ctx, 4) and args[5:] == (*w.stride(), *pool.stride())
     with pytest.raises(ValueError, match="3 rows .* but 2 slots"):
         decode_conv_args((w, pool, slots[:2], ctx[:2], 4), 3, 16, torch.bfloat16, x)
+
+
+def test_wgmma_xs_knob(monkeypatch):
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.delenv("DELTASERVE_WGMMA_XS", raising=False)
+    assert wx.wg_xs_smem() is False  # the measured loads; the staging is prepared
+    assert wx._xs_smem_arg(False, None) == {} and wx._xs_smem_arg(False, True) == {"XS_SMEM": True}
+    assert wx._xs_smem_arg(True, True) == {}  # the kernel's own sums: nothing to stage
+    monkeypatch.setenv("DELTASERVE_WGMMA_XS", "smem")
+    assert wx.wg_xs_smem() is True and wx._xs_smem_arg(False, None) == {"XS_SMEM": True}
+    assert wx._xs_smem_arg(False, False) == {}
+    monkeypatch.setenv("DELTASERVE_WGMMA_XS", "shared")
+    with pytest.raises(ValueError, match="DELTASERVE_WGMMA_XS"):
+        wx.wg_xs_smem()

@@ -102,6 +102,15 @@ def wg_partial_major() -> bool:
     return env_choice("DELTASERVE_WGMMA_ORDER", "partial", ("group", "partial")) == "partial"
 
 
+def wg_xs_smem() -> bool:
+    """Whether the kernel's launches with x's group sums given stage a tile's sums of every group in shared memory
+    once (with the first group's copies) instead of loading them from global memory each step (BN / 4 loads a
+    thread, each with its 64-bit address: sm_90 SASS of the 32-row dense form, 8 LDG and ~16 address instructions of
+    a step's 209). The same values, so never a bit. Prepared, not yet measured: env DELTASERVE_WGMMA_XS=load (the
+    default) | smem, for A/B."""
+    return env_choice("DELTASERVE_WGMMA_XS", "load", ("load", "smem")) == "smem"
+
+
 def wg_fits(gate_words: torch.Tensor, down_words: torch.Tensor) -> bool:
     """Whether an MoE block's repacked gate [E, I/16, H/64, 128] and down [E, H/16, I/64, 128] stacks suit this
     kernel: both widths multiples of 64 (four row blocks of 16 a program), and K split over at most 4 warps in the
@@ -220,7 +229,7 @@ if HAVE_GLUON:
                     SELF_XS: gl.constexpr, NS: gl.constexpr, PARTIAL_MAJOR: gl.constexpr, DENSE: gl.constexpr,
                     PDL_WAIT: gl.constexpr, cw_ptr=None, pool_ptr=None, slot_ptr=None, ctx_ptr=None, C=0, stride_cwc=0,
                     stride_cwk=0, stride_ps=0, stride_pc=0, stride_pk=0, CONV: gl.constexpr = False,
-                    KCONV: gl.constexpr = 4):
+                    KCONV: gl.constexpr = 4, XS_SMEM: gl.constexpr = False):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -231,7 +240,10 @@ if HAVE_GLUON:
         pairs go through NS shared-memory slots filled by cp.async, NS - 1 groups in flight; the group's MMAs (gate,
         up, and the group sums' when SELF_XS) are issued together and awaited once.
         DENSE: one weight (E = 1) and no table: tile t is rows [t BN, min(t BN + BN, M)) in order (wg_gemv); the
-        plain epilogue rounds to bf16 before a wider out (the fp32 logits: the bf16 results widened)."""
+        plain epilogue rounds to bf16 before a wider out (the fp32 logits: the bf16 results widened).
+        XS_SMEM (x's group sums given): the tile's sums of every group [G, BN] copied to shared memory once, with the
+        first group's copies, and read from there each step, instead of BN / 4 global loads a thread a step, each
+        with its 64-bit address (the same values, so the same bits)."""
         G: gl.constexpr = K // 64
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -290,6 +302,12 @@ if HAVE_GLUON:
         s_tok = _wg_rows(order_ptr, lo, cn, rows, DENSE) // XREP
         xs_base = xs_ptr + s_tok.to(gl.int64) * stride_sm
         xs_mask = cn < rows
+        GP: gl.constexpr = _wg_pow2(G)  # the sums' groups padded to a power of two (the masked tail never read)
+        TG: gl.constexpr = _wg_min(GP, 32)
+        XGL: gl.constexpr = gl.BlockedLayout([1, 1], [TG, 32 // TG], [1, 4], [0, 1])  # [GP, BN], a row's groups along
+        # the lanes (contiguous in global)
+        if XS_SMEM and not SELF_XS:
+            xs_sm = gl.allocate_shared_memory(gl.float32, [GP, BN], SSH1)  # read a group's [BN] at a time
 
         w_sm = gl.allocate_shared_memory(gl.int32, [NS, 4, 8, 4, 4], WSH)
         w2_sm = w_sm
@@ -311,13 +329,20 @@ if HAVE_GLUON:
         c3 = zero
         if rows > 0:  # the table's unused tail tiles (expert -1, ~20% of them at 512 tokens) skip the work
             NCH: gl.constexpr = G // W
+            if XS_SMEM and not SELF_XS:  # committed with the first group's copies, so complete before step 0
+                gg = gl.arange(0, GP, layout=gl.SliceLayout(1, XGL))
+                gn = gl.arange(0, BN, layout=gl.SliceLayout(0, XGL))
+                g_tok = _wg_rows(order_ptr, lo, gn, rows, DENSE) // XREP
+                async_copy.async_copy_global_to_shared(
+                    xs_sm._reinterpret(gl.float32, [GP, BN], SSH), xs_ptr + (g_tok.to(gl.int64) * stride_sm)[None, :] + gg[:, None],
+                    mask=(gg < G)[:, None] & (gn < rows)[None, :])
             for i in gl.static_range(NS - 1):  # steps 0 .. NS - 2 requested
                 _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, i, w_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 128,
                           w2_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 128,
                           x_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 32,
                           sq_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 16, wmask, xq_mask, sq_mask, GATED)
             xs_n = 0.0
-            if not SELF_XS:
+            if not SELF_XS and not XS_SMEM:
                 xs_n = gl.load(xs_base, mask=xs_mask, other=0.0)
             if PARTIAL_MAJOR:
                 # partial sum w's groups w, w + W, ... in turn (step w NCH + c is group c W + w): each partial sum
@@ -330,7 +355,9 @@ if HAVE_GLUON:
                                     step + NS - 1 < G, w_base, w2_base, x_base, sq_base, wmask, xq_mask, sq_mask, NS,
                                     GATED)
                         xs = xs_n
-                        if not SELF_XS:
+                        if XS_SMEM and not SELF_XS:
+                            xs = xs_sm.index(c * W + w).load(CL)
+                        elif not SELF_XS:
                             s1 = gl.minimum(step + 1, G - 1)
                             xs_n = gl.load(xs_base + (s1 % NCH) * W + s1 // NCH, mask=xs_mask, other=0.0)
                         a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
@@ -344,7 +371,9 @@ if HAVE_GLUON:
                                     g + NS - 1 < G, w_base, w2_base, x_base, sq_base, wmask, xq_mask, sq_mask, NS,
                                     GATED)
                         xs = xs_n
-                        if not SELF_XS:
+                        if XS_SMEM and not SELF_XS:
+                            xs = xs_sm.index(g).load(CL)
+                        elif not SELF_XS:
                             xs_n = gl.load(xs_base + gl.minimum(g + 1, G - 1), mask=xs_mask, other=0.0)
                         a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
                             a0, a1, a2, a3, c0, c1, c2, c3, w, g % NS, xs, w_sm, w2_sm, xq_sm, sb_sm, zero_w, zero,
@@ -378,19 +407,20 @@ if HAVE_GLUON:
                            hi_ptr, order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP: gl.constexpr,
                            K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, GATED: gl.constexpr,
                            SCALED: gl.constexpr, SELF_XS: gl.constexpr, NS: gl.constexpr = 3,
-                           PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False):
+                           PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False,
+                           XS_SMEM: gl.constexpr = False):
         """The experts matmul (wg_matmul_experts): _wg_program over the sorted tile table."""
         pdl_open(PDL)
         _wg_program(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr, hi_ptr,
                     order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP, K, W, BN, GATED, SCALED, SELF_XS, NS,
-                    PARTIAL_MAJOR, False, PDL)
+                    PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM)
 
     @gluon.jit
     def _wg_gemv_kernel(xq_ptr, xs_ptr, w_ptr, sbq_ptr, out_ptr, stride_xq, stride_sm, stride_om, NBE, M,
                         cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
                         stride_pk, K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, SELF_XS: gl.constexpr,
                         NS: gl.constexpr = 3, PARTIAL_MAJOR: gl.constexpr = False, CONV: gl.constexpr = False,
-                        KCONV: gl.constexpr = 4, PDL: gl.constexpr = False):
+                        KCONV: gl.constexpr = 4, PDL: gl.constexpr = False, XS_SMEM: gl.constexpr = False):
         """The dense GEMV (wg_gemv): _wg_program with one weight and no table (DENSE); a kernel of its own name, so
         that profiles count it with the linears. CONV: mma_gemv's DeltaNet decode conv epilogue (the pool arguments
         unused otherwise)."""
@@ -398,7 +428,7 @@ if HAVE_GLUON:
         _wg_program(xq_ptr, xs_ptr, w_ptr, w_ptr, sbq_ptr, sbq_ptr, out_ptr, out_ptr, xq_ptr, xq_ptr, xq_ptr, xq_ptr,
                     stride_xq, stride_sm, stride_om, NBE, M, 1, K, W, BN, False, False, SELF_XS, NS, PARTIAL_MAJOR,
                     True, PDL, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
-                    stride_pk, CONV, KCONV)
+                    stride_pk, CONV, KCONV, XS_SMEM)
 
     @gluon.jit
     def _wg_rows(order_ptr, lo, i, rows, DENSE: gl.constexpr):
@@ -406,6 +436,15 @@ if HAVE_GLUON:
         if DENSE:
             return gl.where(i < rows, lo + i, 0)
         return gl.load(order_ptr + lo + i, mask=i < rows, other=0)
+
+    @gluon.constexpr_function
+    def _wg_pow2(n):
+        """The least power of two >= n."""
+        return 1 << (n - 1).bit_length()
+
+    @gluon.constexpr_function
+    def _wg_min(a, b):
+        return min(a, b)
 
     @gluon.jit
     def _wg_sum(a0, a1, a2, a3, W: gl.constexpr):
@@ -423,13 +462,14 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
                       tiles: MmaTiles, x_repeat: int = 1, xs: torch.Tensor | None = None,
                       up: tuple | None = None, scale: torch.Tensor | None = None, warps: int | None = None,
                       out: torch.Tensor | None = None, stages: int = WG_STAGES,
-                      partial_major: bool | None = None) -> torch.Tensor:
+                      partial_major: bool | None = None, xs_smem: bool | None = None) -> torch.Tensor:
     """mma_gemv.mma_matmul_experts' result (the same bits) through warpgroup MMAs, for sorted tiles of 8 to 64 rows
     (tiles.rows is the MMA's N): row m = x[m // x_repeat] W[expert_ids[m]]^T for repacked stacked experts (N a
     multiple of 64); up= the gated epilogue (x's group sums xs= required, as the model's norm makes them), scale=
     the scaled one (fp32 out); xs None: the group sums are the kernel's own, MMA(ones, x), as mma.sync's.
     warps: the mma.sync kernel's K split whose bits to give (default_warps(K)); stages: shared-memory slots (2+);
-    partial_major: the groups partial sum by partial sum (None: wg_partial_major()); neither changes bits."""
+    partial_major: the groups partial sum by partial sum (None: wg_partial_major()); xs_smem: x's given group sums
+    staged in shared memory (None: wg_xs_smem()); none of them changes bits."""
     from .mma_gemv import default_warps
 
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
@@ -465,9 +505,16 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
             scale if scale is not None else out, tiles.tile_e, tiles.lo, tiles.hi, tiles.order, xq.stride(0),
             0 if self_xs else xs.stride(0), out.stride(0), nbe, 0, XREP=x_repeat, K=k, W=warps, BN=tiles.rows,
             GATED=up is not None, SCALED=scale is not None, SELF_XS=self_xs, NS=stages, num_warps=4,
+            **_xs_smem_arg(self_xs, xs_smem),
             **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
                else {}), **wg_maxnreg(tiles.rows), **pdl_args(x))
     return out
+
+
+def _xs_smem_arg(self_xs: bool, xs_smem: bool | None) -> dict:
+    """The XS_SMEM launch argument where it applies (x's group sums given, staging chosen), else none (so the
+    default launches compile as before)."""
+    return {"XS_SMEM": True} if not self_xs and (wg_xs_smem() if xs_smem is None else xs_smem) else {}
 
 
 WG_DENSE_TILE_ROWS = 16  # rows of x per wg_gemv program (the MMA's N; never a row's bits)
@@ -483,14 +530,16 @@ def wg_dense_fits(words: torch.Tensor) -> bool:
 
 def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Tensor | None = None,
             out: torch.Tensor | None = None, tile_rows: int = WG_DENSE_TILE_ROWS, stages: int = WG_STAGES,
-            partial_major: bool | None = None, conv: tuple | None = None) -> torch.Tensor:
+            partial_major: bool | None = None, conv: tuple | None = None,
+            xs_smem: bool | None = None) -> torch.Tensor:
     """mma_gemv.mma_gemv's result (the same bits: its K split W = default_warps(K), its group sums xs or, when None,
     the kernel's own MMA(ones, x)) for x [M, K] bf16 and a repack_q4 weight, through warpgroup MMAs: a program owns 64
     weight rows against tile_rows (8 - 64) rows of x, so x is read once per 64 weight rows instead of once per 16 or
     32 (mma_gemv at 64 rows: every program re-reads all of x from L2). out: bf16, or fp32 (the bf16 results
     widened), [M, N]. Any M (x's rows are MMA columns: a row's bits never depend on M or its neighbours).
     conv: mma_gemv's conv= (a DecodeConv or the same tuple; bf16 out): the DeltaNet decode conv in the epilogue,
-    mma_gemv's arithmetic, meant to equal this GEMV followed by causal_conv bit for bit."""
+    mma_gemv's arithmetic, meant to equal this GEMV followed by causal_conv bit for bit. xs_smem: xs staged in
+    shared memory (None: wg_xs_smem(); never a bit)."""
     from .mma_gemv import decode_conv_args, default_warps
 
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
@@ -525,7 +574,7 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
         _wg_gemv_kernel[(-(-m // tile_rows), nb // 4)](
             xq, xq if self_xs else xs, words, sb.view(torch.int32), out, xq.stride(0), 0 if self_xs else xs.stride(0),
             out.stride(0), nb, m, *conv_args, K=k, W=warps, BN=tile_rows, SELF_XS=self_xs, NS=stages,
-            CONV=conv is not None, KCONV=kconv, num_warps=4,
+            CONV=conv is not None, KCONV=kconv, num_warps=4, **_xs_smem_arg(self_xs, xs_smem),
             **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
                else {}), **wg_maxnreg(tile_rows), **pdl_args(x))
     return out
