@@ -256,3 +256,17 @@ def test_wgmma_xs_knob(monkeypatch):
     monkeypatch.setenv("DELTASERVE_WGMMA_XS", "shared")
     with pytest.raises(ValueError, match="DELTASERVE_WGMMA_XS"):
         wx.wg_xs_smem()
+
+
+def test_wgmma_slots_knob(monkeypatch):
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.delenv("DELTASERVE_WGMMA_XS", raising=False)
+    monkeypatch.delenv("DELTASERVE_WGMMA_SLOTS", raising=False)
+    assert wx.wg_slot_carry() is False and wx._xs_smem_arg(True, None) == {}
+    monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "carry")
+    assert wx._xs_smem_arg(True, None) == {"SLOT_CARRY": True}  # any launch, own sums or given
+    assert wx._xs_smem_arg(False, True) == {"XS_SMEM": True, "SLOT_CARRY": True}
+    monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "ring")
+    with pytest.raises(ValueError, match="DELTASERVE_WGMMA_SLOTS"):
+        wx.wg_slot_carry()

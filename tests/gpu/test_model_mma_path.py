@@ -42,9 +42,10 @@ MODES = {  # name -> the environment it runs under
     "mma-moe-wgmma": {"DELTASERVE_MOE": "mma", "DELTASERVE_MOE_WGMMA_MIN_ROWS": "1"},
     # the tensor-core GEMVs with every weight wgmma_experts.wg_gemv can take on it from one row (the same bits)
     "mma-wg-gemv": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma", "DELTASERVE_MMA_GEMV_WG_ROWS": "1"},
-    # the same with the MoE on the wgmma experts kernel too, x's group sums staged in shared memory (the same bits)
+    # the same with the MoE on the wgmma experts kernel too, x's group sums staged in shared memory and the slots
+    # carried (the same bits)
     "mma-wg-xs": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma", "DELTASERVE_MMA_GEMV_WG_ROWS": "1",
-                  "DELTASERVE_MOE_WGMMA_MIN_ROWS": "1", "DELTASERVE_WGMMA_XS": "smem"},
+                  "DELTASERVE_MOE_WGMMA_MIN_ROWS": "1", "DELTASERVE_WGMMA_XS": "smem", "DELTASERVE_WGMMA_SLOTS": "carry"},
     # the CUDA-core paths but the output head on the tensor-core GEMV
     "head": {"DELTASERVE_MOE": "cuda", "DELTASERVE_DECODE_GEMV": "head"},
 }

@@ -173,29 +173,39 @@ def test_mma_gemv_through_wg_gemv(dev, m, conv_mode, monkeypatch):
             assert torch.equal(a, b), f"{what}, N={n} K={k}, {m} rows"
 
 
+@pytest.mark.parametrize("slots_mode", ["mod", "carry"])
 @pytest.mark.parametrize("t", [64, 512])
-def test_wg_xs_smem_same_bits(dev, t):
-    """x's group sums staged in shared memory (xs_smem, DELTASERVE_WGMMA_XS=smem) never change a bit: the MoE's
-    gate/up at the 35B-A3B's shapes (every tile width, 3 and 5 slots, both group orders) and wg_gemv (1 to 100 rows,
-    every tile width, K of 1 - 32 groups, a group count that is not a power of two included) equal the loads from
-    global memory, which equal the mma.sync kernels (test_wg_experts_same_bits_as_mma,
-    test_wg_gemv_same_bits_as_mma_gemv), writing every element of a NaN-poisoned output."""
+def test_wg_xs_smem_same_bits(dev, t, slots_mode, monkeypatch):
+    """x's group sums staged in shared memory (xs_smem, DELTASERVE_WGMMA_XS=smem), with the slots computed or
+    carried (DELTASERVE_WGMMA_SLOTS), never change a bit: the MoE's gate/up at the 35B-A3B's shapes (every tile
+    width, 3 and 5 slots, both group orders) and wg_gemv (1 to 100 rows, every tile width, K of 1 - 32 groups, a
+    group count that is not a power of two included) equal the loads from global memory with computed slots, which
+    equal the mma.sync kernels (test_wg_experts_same_bits_as_mma, test_wg_gemv_same_bits_as_mma_gemv), writing every
+    element of a NaN-poisoned output; the down (the kernel's own sums) with carried slots equals it too."""
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
-    e, slots, (gw, gsb), (uw, usb), _, ids, x, xs, _ = _moe_35b_case(dev, t)
+    def both(fn):  # (the reference: loads, computed slots; the form under test)
+        monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "mod")
+        ref = fn(False)
+        monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", slots_mode)
+        return ref, fn(True)
+
+    e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
     for rows in (8, 16, 32):
         tiles = mg.mma_expert_tiles(ids, e, rows)
         for ns in (3, 5):
             for pm in (False, True):
-                ref = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb), stages=ns,
-                                           partial_major=pm, xs_smem=False)
-                out = kc.poisoned(tuple(ref.shape), torch.bfloat16, dev)
-                got = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb), out=out, stages=ns,
-                                           partial_major=pm, xs_smem=True)
+                out = kc.poisoned((ids.numel(), gw.shape[1] * 16), torch.bfloat16, dev)
+                ref, got = both(lambda sm: wx.wg_matmul_experts(
+                    x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb), out=out if sm else None, stages=ns,
+                    partial_major=pm, xs_smem=sm))
                 assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref), \
-                    f"gated, t={t}, {rows}-row tiles, {ns} slots, partial-major {pm}"
+                    f"gated, t={t}, {rows}-row tiles, {ns} slots, partial-major {pm}, slots {slots_mode}"
+            g = ref
+            ref, got = both(lambda sm: wx.wg_matmul_experts(g, dw, dsb, ids, tiles, 1, scale=scale, stages=ns))
+            assert torch.equal(got, ref), f"down, t={t}, {rows}-row tiles, {ns} slots, slots {slots_mode}"
     if t != 64:
         return
     for n, k in ((12352, 2048), (128, 1024), (64, 320), (64, 64)):
@@ -206,11 +216,11 @@ def test_wg_xs_smem_same_bits(dev, t):
         xsd = prep_x(xd, 4, 64)[1]
         for m in (1, 7, 64, 100):
             for rows in (8, 16, 32, 64):
-                ref = wx.wg_gemv(xd[:m], words, sb, xs=xsd[:m], tile_rows=rows, xs_smem=False)
                 out = kc.poisoned((m, n), torch.bfloat16, dev)
-                got = wx.wg_gemv(xd[:m], words, sb, xs=xsd[:m], out=out, tile_rows=rows, xs_smem=True)
+                ref, got = both(lambda sm: wx.wg_gemv(xd[:m], words, sb, xs=xsd[:m], out=out if sm else None,
+                                                      tile_rows=rows, xs_smem=sm))
                 assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref), \
-                    f"wg_gemv N={n} K={k} m={m} {rows}-row tiles"
+                    f"wg_gemv N={n} K={k} m={m} {rows}-row tiles, slots {slots_mode}"
 
 
 @pytest.mark.parametrize("cap", ["128", "128@8"])

@@ -111,6 +111,14 @@ def wg_xs_smem() -> bool:
     return env_choice("DELTASERVE_WGMMA_XS", "load", ("load", "smem")) == "smem"
 
 
+def wg_slot_carry() -> bool:
+    """Whether the kernel carries a step's shared-memory slot (and the one it refills) from step to step instead of
+    computing step % NS and (step + NS - 1) % NS: at NS = 3 each is a multiply-shift division, ~18 uniform
+    instructions of a step's ~170 (sm_90 SASS of the 32-row dense form). The same slots, so never a bit. Prepared,
+    not yet measured: env DELTASERVE_WGMMA_SLOTS=mod (the default) | carry, for A/B."""
+    return env_choice("DELTASERVE_WGMMA_SLOTS", "mod", ("mod", "carry")) == "carry"
+
+
 def wg_fits(gate_words: torch.Tensor, down_words: torch.Tensor) -> bool:
     """Whether an MoE block's repacked gate [E, I/16, H/64, 128] and down [E, H/16, I/64, 128] stacks suit this
     kernel: both widths multiples of 64 (four row blocks of 16 a program), and K split over at most 4 warps in the
@@ -229,7 +237,7 @@ if HAVE_GLUON:
                     SELF_XS: gl.constexpr, NS: gl.constexpr, PARTIAL_MAJOR: gl.constexpr, DENSE: gl.constexpr,
                     PDL_WAIT: gl.constexpr, cw_ptr=None, pool_ptr=None, slot_ptr=None, ctx_ptr=None, C=0, stride_cwc=0,
                     stride_cwk=0, stride_ps=0, stride_pc=0, stride_pk=0, CONV: gl.constexpr = False,
-                    KCONV: gl.constexpr = 4, XS_SMEM: gl.constexpr = False):
+                    KCONV: gl.constexpr = 4, XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -243,7 +251,9 @@ if HAVE_GLUON:
         plain epilogue rounds to bf16 before a wider out (the fp32 logits: the bf16 results widened).
         XS_SMEM (x's group sums given): the tile's sums of every group [G, BN] copied to shared memory once, with the
         first group's copies, and read from there each step, instead of BN / 4 global loads a thread a step, each
-        with its 64-bit address (the same values, so the same bits)."""
+        with its 64-bit address (the same values, so the same bits). SLOT_CARRY: a step's shared-memory slot and the
+        slot it refills carried from step to step instead of computed as step % NS and (step + NS - 1) % NS (two
+        divisions by NS a step, ~18 uniform instructions at NS = 3; the same slots, so the same bits)."""
         G: gl.constexpr = K // 64
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -341,6 +351,9 @@ if HAVE_GLUON:
                           w2_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 128,
                           x_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 32,
                           sq_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 16, wmask, xq_mask, sq_mask, GATED)
+            slot = 0
+            if SLOT_CARRY:
+                slot = t * 0  # step 0's slot (a runtime value, carried through the loops)
             xs_n = 0.0
             if not SELF_XS and not XS_SMEM:
                 xs_n = gl.load(xs_base, mask=xs_mask, other=0.0)
@@ -351,9 +364,9 @@ if HAVE_GLUON:
                     for c in range(NCH):
                         step = w * NCH + c
                         nstep = gl.minimum(step + NS - 1, G - 1)
-                        _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, (step + NS - 1) % NS, (nstep % NCH) * W + nstep // NCH,
-                                    step + NS - 1 < G, w_base, w2_base, x_base, sq_base, wmask, xq_mask, sq_mask, NS,
-                                    GATED)
+                        _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, _wg_refill(slot, step, NS, SLOT_CARRY),
+                                    (nstep % NCH) * W + nstep // NCH, step + NS - 1 < G, w_base, w2_base, x_base,
+                                    sq_base, wmask, xq_mask, sq_mask, NS, GATED)
                         xs = xs_n
                         if XS_SMEM and not SELF_XS:
                             xs = xs_sm.index(c * W + w).load(CL)
@@ -361,23 +374,27 @@ if HAVE_GLUON:
                             s1 = gl.minimum(step + 1, G - 1)
                             xs_n = gl.load(xs_base + (s1 % NCH) * W + s1 // NCH, mask=xs_mask, other=0.0)
                         a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
-                            a0, a1, a2, a3, c0, c1, c2, c3, w, step % NS, xs, w_sm, w2_sm, xq_sm, sb_sm, zero_w, zero,
-                            ones, dot_a, RL, XSH, SSH1, BN, GATED, SELF_XS)
+                            a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, step, NS, SLOT_CARRY), xs, w_sm, w2_sm,
+                            xq_sm, sb_sm, zero_w, zero, ones, dot_a, RL, XSH, SSH1, BN, GATED, SELF_XS)
+                        if SLOT_CARRY:
+                            slot = gl.where(slot == NS - 1, 0, slot + 1)
             else:
                 for c in range(NCH):  # chunks of W groups, group c W + w into partial sum w
                     for w in gl.static_range(W):
                         g = c * W + w
-                        _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, (g + NS - 1) % NS, gl.minimum(g + NS - 1, G - 1),
-                                    g + NS - 1 < G, w_base, w2_base, x_base, sq_base, wmask, xq_mask, sq_mask, NS,
-                                    GATED)
+                        _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, _wg_refill(slot, g, NS, SLOT_CARRY),
+                                    gl.minimum(g + NS - 1, G - 1), g + NS - 1 < G, w_base, w2_base, x_base, sq_base,
+                                    wmask, xq_mask, sq_mask, NS, GATED)
                         xs = xs_n
                         if XS_SMEM and not SELF_XS:
                             xs = xs_sm.index(g).load(CL)
                         elif not SELF_XS:
                             xs_n = gl.load(xs_base + gl.minimum(g + 1, G - 1), mask=xs_mask, other=0.0)
                         a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
-                            a0, a1, a2, a3, c0, c1, c2, c3, w, g % NS, xs, w_sm, w2_sm, xq_sm, sb_sm, zero_w, zero,
-                            ones, dot_a, RL, XSH, SSH1, BN, GATED, SELF_XS)
+                            a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, g, NS, SLOT_CARRY), xs, w_sm, w2_sm,
+                            xq_sm, sb_sm, zero_w, zero, ones, dot_a, RL, XSH, SSH1, BN, GATED, SELF_XS)
+                        if SLOT_CARRY:
+                            slot = gl.where(slot == NS - 1, 0, slot + 1)
             async_copy.wait_group(0)
             y = _wg_sum(a0, a1, a2, a3, W)
             o_n = gl.arange(0, BN, layout=CL)
@@ -408,19 +425,20 @@ if HAVE_GLUON:
                            K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, GATED: gl.constexpr,
                            SCALED: gl.constexpr, SELF_XS: gl.constexpr, NS: gl.constexpr = 3,
                            PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False,
-                           XS_SMEM: gl.constexpr = False):
+                           XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False):
         """The experts matmul (wg_matmul_experts): _wg_program over the sorted tile table."""
         pdl_open(PDL)
         _wg_program(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr, hi_ptr,
                     order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP, K, W, BN, GATED, SCALED, SELF_XS, NS,
-                    PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM)
+                    PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM, SLOT_CARRY=SLOT_CARRY)
 
     @gluon.jit
     def _wg_gemv_kernel(xq_ptr, xs_ptr, w_ptr, sbq_ptr, out_ptr, stride_xq, stride_sm, stride_om, NBE, M,
                         cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
                         stride_pk, K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, SELF_XS: gl.constexpr,
                         NS: gl.constexpr = 3, PARTIAL_MAJOR: gl.constexpr = False, CONV: gl.constexpr = False,
-                        KCONV: gl.constexpr = 4, PDL: gl.constexpr = False, XS_SMEM: gl.constexpr = False):
+                        KCONV: gl.constexpr = 4, PDL: gl.constexpr = False, XS_SMEM: gl.constexpr = False,
+                        SLOT_CARRY: gl.constexpr = False):
         """The dense GEMV (wg_gemv): _wg_program with one weight and no table (DENSE); a kernel of its own name, so
         that profiles count it with the linears. CONV: mma_gemv's DeltaNet decode conv epilogue (the pool arguments
         unused otherwise)."""
@@ -428,7 +446,7 @@ if HAVE_GLUON:
         _wg_program(xq_ptr, xs_ptr, w_ptr, w_ptr, sbq_ptr, sbq_ptr, out_ptr, out_ptr, xq_ptr, xq_ptr, xq_ptr, xq_ptr,
                     stride_xq, stride_sm, stride_om, NBE, M, 1, K, W, BN, False, False, SELF_XS, NS, PARTIAL_MAJOR,
                     True, PDL, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
-                    stride_pk, CONV, KCONV, XS_SMEM)
+                    stride_pk, CONV, KCONV, XS_SMEM, SLOT_CARRY)
 
     @gluon.jit
     def _wg_rows(order_ptr, lo, i, rows, DENSE: gl.constexpr):
@@ -436,6 +454,20 @@ if HAVE_GLUON:
         if DENSE:
             return gl.where(i < rows, lo + i, 0)
         return gl.load(order_ptr + lo + i, mask=i < rows, other=0)
+
+    @gluon.jit
+    def _wg_cur(slot, step, NS: gl.constexpr, SLOT_CARRY: gl.constexpr):
+        """A step's shared-memory slot: the carried one, or step % NS."""
+        if SLOT_CARRY:
+            return slot
+        return step % NS
+
+    @gluon.jit
+    def _wg_refill(slot, step, NS: gl.constexpr, SLOT_CARRY: gl.constexpr):
+        """The slot a step refills (the step before's): from the carried one, or (step + NS - 1) % NS."""
+        if SLOT_CARRY:
+            return gl.where(slot == 0, NS - 1, slot - 1)
+        return (step + NS - 1) % NS
 
     @gluon.constexpr_function
     def _wg_pow2(n):
@@ -512,9 +544,10 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
 
 
 def _xs_smem_arg(self_xs: bool, xs_smem: bool | None) -> dict:
-    """The XS_SMEM launch argument where it applies (x's group sums given, staging chosen), else none (so the
-    default launches compile as before)."""
-    return {"XS_SMEM": True} if not self_xs and (wg_xs_smem() if xs_smem is None else xs_smem) else {}
+    """The XS_SMEM and SLOT_CARRY launch arguments where they apply (XS_SMEM: x's group sums given and their staging
+    chosen; SLOT_CARRY: wg_slot_carry()), else none (so the default launches compile as before)."""
+    args = {"XS_SMEM": True} if not self_xs and (wg_xs_smem() if xs_smem is None else xs_smem) else {}
+    return {**args, "SLOT_CARRY": True} if wg_slot_carry() else args
 
 
 WG_DENSE_TILE_ROWS = 16  # rows of x per wg_gemv program (the MMA's N; never a row's bits)
