@@ -246,8 +246,10 @@ def test_decode_conv_launch_args():
 def test_wgmma_xs_knob(monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
 
+    monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "mod")
     monkeypatch.delenv("DELTASERVE_WGMMA_XS", raising=False)
-    assert wx.wg_xs_smem() is False  # the measured loads; the staging is prepared
+    assert wx.wg_xs_smem() is True  # the default (H200: +1.9% at 64 streams)
+    monkeypatch.setenv("DELTASERVE_WGMMA_XS", "load")
     assert wx._xs_smem_arg(False, None) == {} and wx._xs_smem_arg(False, True) == {"XS_SMEM": True}
     assert wx._xs_smem_arg(True, True) == {}  # the kernel's own sums: nothing to stage
     monkeypatch.setenv("DELTASERVE_WGMMA_XS", "smem")
@@ -263,7 +265,9 @@ def test_wgmma_slots_knob(monkeypatch):
 
     monkeypatch.delenv("DELTASERVE_WGMMA_XS", raising=False)
     monkeypatch.delenv("DELTASERVE_WGMMA_SLOTS", raising=False)
-    assert wx.wg_slot_carry() is False and wx._xs_smem_arg(True, None) == {}
+    assert wx.wg_slot_carry() is True  # the default (H200: +2.2% more at 64 streams)
+    monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "mod")
+    assert wx._xs_smem_arg(True, None) == {}
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "carry")
     assert wx._xs_smem_arg(True, None) == {"SLOT_CARRY": True}  # any launch, own sums or given
     assert wx._xs_smem_arg(False, True) == {"XS_SMEM": True, "SLOT_CARRY": True}

@@ -106,17 +106,19 @@ def wg_xs_smem() -> bool:
     """Whether the kernel's launches with x's group sums given stage a tile's sums of every group in shared memory
     once (with the first group's copies) instead of loading them from global memory each step (BN / 4 loads a
     thread, each with its 64-bit address: sm_90 SASS of the 32-row dense form, 8 LDG and ~16 address instructions of
-    a step's 209). The same values, so never a bit. Prepared, not yet measured: env DELTASERVE_WGMMA_XS=load (the
-    default) | smem, for A/B."""
-    return env_choice("DELTASERVE_WGMMA_XS", "load", ("load", "smem")) == "smem"
+    a step's 209). The same values, so never a bit. The default: H200 (bench/NOTES.md), the in_proj at 64 rows
+    25.6 -> 21.0 us, the lm_head 476 -> 392; 64 streams 5,208 -> 5,306 tok/s, with wg_slot_carry 5,421. Env
+    DELTASERVE_WGMMA_XS=smem (the default) | load, for A/B."""
+    return env_choice("DELTASERVE_WGMMA_XS", "smem", ("load", "smem")) == "smem"
 
 
 def wg_slot_carry() -> bool:
     """Whether the kernel carries a step's shared-memory slot (and the one it refills) from step to step instead of
     computing step % NS and (step + NS - 1) % NS: at NS = 3 each is a multiply-shift division, ~18 uniform
-    instructions of a step's ~170 (sm_90 SASS of the 32-row dense form). The same slots, so never a bit. Prepared,
-    not yet measured: env DELTASERVE_WGMMA_SLOTS=mod (the default) | carry, for A/B."""
-    return env_choice("DELTASERVE_WGMMA_SLOTS", "mod", ("mod", "carry")) == "carry"
+    instructions of a step's ~170 (sm_90 SASS of the 32-row dense form). The same slots, so never a bit. The
+    default: H200, 64 streams with the staged sums 5,306 -> 5,421 tok/s (bench/NOTES.md). Env
+    DELTASERVE_WGMMA_SLOTS=carry (the default) | mod, for A/B."""
+    return env_choice("DELTASERVE_WGMMA_SLOTS", "carry", ("mod", "carry")) == "carry"
 
 
 def wg_fits(gate_words: torch.Tensor, down_words: torch.Tensor) -> bool:
