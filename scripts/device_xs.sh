@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call (prepared, not yet run): x's group sums staged in shared memory in the warpgroup-MMA kernels
+# Device call (run 2026-12-01, bench/NOTES.md): x's group sums staged in shared memory in the warpgroup-MMA kernels
 # (DELTASERVE_WGMMA_XS=smem, wgmma_experts.wg_xs_smem; off by default). sm_90 SASS compiled without a GPU
 # (bench/NOTES.md): a step of the 32-row dense form 209 -> 169 instructions (the 8 LDGs of the sums and their 64-bit
 # addresses gone), 166 -> 161 registers; the 16-row dense form 141 -> 107 registers (4 programs an SM instead of 3);
