@@ -250,11 +250,11 @@ def test_wgmma_xs_knob(monkeypatch):
     monkeypatch.delenv("DELTASERVE_WGMMA_XS", raising=False)
     assert wx.wg_xs_smem() is True  # the default (H200: +1.9% at 64 streams)
     monkeypatch.setenv("DELTASERVE_WGMMA_XS", "load")
-    assert wx._xs_smem_arg(False, None) == {} and wx._xs_smem_arg(False, True) == {"XS_SMEM": True}
-    assert wx._xs_smem_arg(True, True) == {}  # the kernel's own sums: nothing to stage
+    assert wx._step_args(False, None) == {} and wx._step_args(False, True) == {"XS_SMEM": True}
+    assert wx._step_args(True, True) == {}  # the kernel's own sums: nothing to stage
     monkeypatch.setenv("DELTASERVE_WGMMA_XS", "smem")
-    assert wx.wg_xs_smem() is True and wx._xs_smem_arg(False, None) == {"XS_SMEM": True}
-    assert wx._xs_smem_arg(False, False) == {}
+    assert wx.wg_xs_smem() is True and wx._step_args(False, None) == {"XS_SMEM": True}
+    assert wx._step_args(False, False) == {}
     monkeypatch.setenv("DELTASERVE_WGMMA_XS", "shared")
     with pytest.raises(ValueError, match="DELTASERVE_WGMMA_XS"):
         wx.wg_xs_smem()
@@ -267,10 +267,10 @@ def test_wgmma_slots_knob(monkeypatch):
     monkeypatch.delenv("DELTASERVE_WGMMA_SLOTS", raising=False)
     assert wx.wg_slot_carry() is True  # the default (H200: +2.2% more at 64 streams)
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "mod")
-    assert wx._xs_smem_arg(True, None) == {}
+    assert wx._step_args(True, None) == {}
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "carry")
-    assert wx._xs_smem_arg(True, None) == {"SLOT_CARRY": True}  # any launch, own sums or given
-    assert wx._xs_smem_arg(False, True) == {"XS_SMEM": True, "SLOT_CARRY": True}
+    assert wx._step_args(True, None) == {"SLOT_CARRY": True}  # any launch, own sums or given
+    assert wx._step_args(False, True) == {"XS_SMEM": True, "SLOT_CARRY": True}
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "ring")
     with pytest.raises(ValueError, match="DELTASERVE_WGMMA_SLOTS"):
         wx.wg_slot_carry()

@@ -316,8 +316,8 @@ if HAVE_GLUON:
         xs_mask = cn < rows
         GP: gl.constexpr = _wg_pow2(G)  # the sums' groups padded to a power of two (the masked tail never read)
         TG: gl.constexpr = _wg_min(GP, 32)
-        XGL: gl.constexpr = gl.BlockedLayout([1, 1], [TG, 32 // TG], [1, 4], [0, 1])  # [GP, BN], a row's groups along
-        # the lanes (contiguous in global)
+        # the sums' copy [GP, BN]: a row's groups (contiguous in global) along the lanes
+        XGL: gl.constexpr = gl.BlockedLayout([1, 1], [TG, 32 // TG], [1, 4], [0, 1])
         if XS_SMEM and not SELF_XS:
             xs_sm = gl.allocate_shared_memory(gl.float32, [GP, BN], SSH1)  # read a group's [BN] at a time
 
@@ -345,9 +345,9 @@ if HAVE_GLUON:
                 gg = gl.arange(0, GP, layout=gl.SliceLayout(1, XGL))
                 gn = gl.arange(0, BN, layout=gl.SliceLayout(0, XGL))
                 g_tok = _wg_rows(order_ptr, lo, gn, rows, DENSE) // XREP
-                async_copy.async_copy_global_to_shared(
-                    xs_sm._reinterpret(gl.float32, [GP, BN], SSH), xs_ptr + (g_tok.to(gl.int64) * stride_sm)[None, :] + gg[:, None],
-                    mask=(gg < G)[:, None] & (gn < rows)[None, :])
+                g_src = xs_ptr + (g_tok.to(gl.int64) * stride_sm)[None, :] + gg[:, None]
+                async_copy.async_copy_global_to_shared(xs_sm._reinterpret(gl.float32, [GP, BN], SSH), g_src,
+                                                       mask=(gg < G)[:, None] & (gn < rows)[None, :])
             for i in gl.static_range(NS - 1):  # steps 0 .. NS - 2 requested
                 _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, i, w_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 128,
                           w2_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 128,
@@ -539,15 +539,15 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
             scale if scale is not None else out, tiles.tile_e, tiles.lo, tiles.hi, tiles.order, xq.stride(0),
             0 if self_xs else xs.stride(0), out.stride(0), nbe, 0, XREP=x_repeat, K=k, W=warps, BN=tiles.rows,
             GATED=up is not None, SCALED=scale is not None, SELF_XS=self_xs, NS=stages, num_warps=4,
-            **_xs_smem_arg(self_xs, xs_smem),
+            **_step_args(self_xs, xs_smem),
             **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
                else {}), **wg_maxnreg(tiles.rows), **pdl_args(x))
     return out
 
 
-def _xs_smem_arg(self_xs: bool, xs_smem: bool | None) -> dict:
-    """The XS_SMEM and SLOT_CARRY launch arguments where they apply (XS_SMEM: x's group sums given and their staging
-    chosen; SLOT_CARRY: wg_slot_carry()), else none (so the default launches compile as before)."""
+def _step_args(self_xs: bool, xs_smem: bool | None) -> dict:
+    """The loop step's launch arguments where they apply: XS_SMEM (x's group sums given and staged: xs_smem, or
+    wg_xs_smem() when None) and SLOT_CARRY (wg_slot_carry()); an option off is left at the kernel's default."""
     args = {"XS_SMEM": True} if not self_xs and (wg_xs_smem() if xs_smem is None else xs_smem) else {}
     return {**args, "SLOT_CARRY": True} if wg_slot_carry() else args
 
@@ -609,7 +609,7 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
         _wg_gemv_kernel[(-(-m // tile_rows), nb // 4)](
             xq, xq if self_xs else xs, words, sb.view(torch.int32), out, xq.stride(0), 0 if self_xs else xs.stride(0),
             out.stride(0), nb, m, *conv_args, K=k, W=warps, BN=tile_rows, SELF_XS=self_xs, NS=stages,
-            CONV=conv is not None, KCONV=kconv, num_warps=4, **_xs_smem_arg(self_xs, xs_smem),
+            CONV=conv is not None, KCONV=kconv, num_warps=4, **_step_args(self_xs, xs_smem),
             **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
                else {}), **wg_maxnreg(tile_rows), **pdl_args(x))
     return out
