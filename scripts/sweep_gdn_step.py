@@ -39,6 +39,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget-s", type=float, default=120.0)
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--programs", default="0", help="programs per SM of the split step's persistent form "
+                    "(gdn_decode_step(programs=): 0 = one program per block of columns), comma-separated")
+    ap.add_argument("--configs", default=None, help="only these dv_block x warps, e.g. 32x4,64x4 (0 = a head)")
     ap.add_argument("--dry-run", action="store_true", help="checks only, under the interpreter, tiny shapes")
     args = ap.parse_args(argv)
     code = start(args.dry_run, __file__, sys.argv[1:] if argv is None else argv)
@@ -53,6 +56,11 @@ def main(argv=None) -> int:
     blocks = (None, 8, 16) if args.dry_run else (None, 16, 32, 64)
     warps = (4,) if args.dry_run else (2, 4, 8)
     bs = [int(v) for v in args.bs.split(",")]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if dev.type == "cuda" else 4
+    per_sm = [int(v) for v in args.programs.split(",")]
+    pairs = [(bv, w) for bv in blocks for w in warps]
+    if args.configs:
+        pairs = [(int(c.split("x")[0]) or None, int(c.split("x")[1])) for c in args.configs.split(",")]
     if args.dry_run:
         bs = [min(b, 3) for b in bs]
     sink = RecordSink(args.out, fmt, {"gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"})
@@ -66,41 +74,40 @@ def main(argv=None) -> int:
         pools = [inp["ssm"]] + ([] if args.dry_run else [inp["ssm"].clone() for _ in range(LAYERS - 1)])
         shape = f"B={b} Hv={hv} dk={dk} dv={dv}"
         state_bytes = 2 * b * hv * dk * dv * 4
-        for bv in blocks:
-            for w in warps:
-                if bv is None and w < 4:
-                    continue  # one program per head: a [dk, dv] tile, 4 or 8 warps
-                rec = dict(shape=shape, config=f"dv{bv or dv} w{w}")
-                if time.monotonic() > deadline:
-                    sink.emit({**rec, "skipped": True})
-                    continue
-                try:
-                    pool = pools[0].clone()
-                    out = torch.full((b, hv * dv), float("nan"), dtype=torch.bfloat16, device=dev)
+        for bv, w, ps in [(bv, w, ps) for bv, w in pairs for ps in (per_sm if bv else [0])]:
+            if bv is None and w < 4:
+                continue  # one program per head: a [dk, dv] tile, 4 or 8 warps
+            rec = dict(shape=shape, config=f"dv{bv or dv} w{w}" + (f" p{ps}" if ps else ""))
+            if time.monotonic() > deadline:
+                sink.emit({**rec, "skipped": True})
+                continue
+            try:
+                pool = pools[0].clone()
+                out = torch.full((b, hv * dv), float("nan"), dtype=torch.bfloat16, device=dev)
 
-                    def step(pl, o=None, bv=bv, w=w):
-                        return gdn_decode_step(inp["qkv"], inp["z"], inp["a"], inp["b"], inp["a_log"],
-                                               inp["dt_bias"], inp["norm_w"], pl, slots, ctx, hk, 1e-6, out=o,
-                                               dv_block=bv, num_warps=w)
+                def step(pl, o=None, bv=bv, w=w, ps=ps):
+                    return gdn_decode_step(inp["qkv"], inp["z"], inp["a"], inp["b"], inp["a_log"],
+                                           inp["dt_bias"], inp["norm_w"], pl, slots, ctx, hk, 1e-6, out=o,
+                                           dv_block=bv, num_warps=w, programs=ps * sms)
 
-                    y = step(pool, out)
-                    err_out = err_state = 0.0
-                    for i in sorted({0, b - 1}):
-                        st = None if int(ctx[i]) == 0 else pools[0][slots[i]].double()
-                        ry, rs = gdn_step_reference(inp, i, hk, dk, st)
-                        err_out = max(err_out, rel_err(y[i], ry))  # (inf for NaN: the poison, a NaN state)
-                        err_state = max(err_state, rel_err(pool[slots[i]], rs))
-                    # the check_gdn_decode bounds: 4 bf16 roundings in the norm, the state to fp32 rounding
-                    ok = bool(torch.isfinite(y).all()) and err_out <= 4 * BF16_EPS * SLACK and err_state <= 1e-5
-                    us = how = None
-                    if dev.type == "cuda":
-                        from sweep_common import time_graph
+                y = step(pool, out)
+                err_out = err_state = 0.0
+                for i in sorted({0, b - 1}):
+                    st = None if int(ctx[i]) == 0 else pools[0][slots[i]].double()
+                    ry, rs = gdn_step_reference(inp, i, hk, dk, st)
+                    err_out = max(err_out, rel_err(y[i], ry))  # (inf for NaN: the poison, a NaN state)
+                    err_state = max(err_state, rel_err(pool[slots[i]], rs))
+                # the check_gdn_decode bounds: 4 bf16 roundings in the norm, the state to fp32 rounding
+                ok = bool(torch.isfinite(y).all()) and err_out <= 4 * BF16_EPS * SLACK and err_state <= 1e-5
+                us = how = None
+                if dev.type == "cuda":
+                    from sweep_common import time_graph
 
-                        us, how = time_graph([lambda pl=pl: step(pl) for pl in pools], dev, args.replays)
-                    sink.emit({**rec, "us": us, "timing": how, "gbs": state_bytes / us / 1e3 if us else 0.0,
-                               "err_out": err_out, "err_state": err_state, "ok": ok})
-                except Exception as exc:  # noqa: BLE001  a configuration that does not launch is a result
-                    sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
+                    us, how = time_graph([lambda pl=pl: step(pl) for pl in pools], dev, args.replays)
+                sink.emit({**rec, "us": us, "timing": how, "gbs": state_bytes / us / 1e3 if us else 0.0,
+                           "err_out": err_out, "err_state": err_state, "ok": ok})
+            except Exception as exc:  # noqa: BLE001  a configuration that does not launch is a result
+                sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
         del pools
     return sink.finish()
 

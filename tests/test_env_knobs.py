@@ -274,3 +274,21 @@ def test_wgmma_slots_knob(monkeypatch):
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "ring")
     with pytest.raises(ValueError, match="DELTASERVE_WGMMA_SLOTS"):
         wx.wg_slot_carry()
+
+
+def test_gdn_step_programs_knob(monkeypatch):
+    import torch
+
+    from deltaserve.kernels.gated_delta import triton_decode as td
+
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("DELTASERVE_GDN_STEP_PROGRAMS", raising=False)
+    assert td.step_programs(cpu) == td.STEP_PROGRAMS_PER_SM * 132  # the interpreter's stand-in SM count
+    monkeypatch.setenv("DELTASERVE_GDN_STEP_PROGRAMS", "0")
+    assert td.step_programs(cpu) == 0  # off: one program per block of columns at every batch size
+    monkeypatch.setenv("DELTASERVE_GDN_STEP_PROGRAMS", "2")
+    assert td.step_programs(cpu) == 264
+    for bad in ("-1", "65", "four"):
+        monkeypatch.setenv("DELTASERVE_GDN_STEP_PROGRAMS", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_GDN_STEP_PROGRAMS"):
+            td.step_programs(cpu)

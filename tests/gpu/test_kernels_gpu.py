@@ -107,6 +107,12 @@ def test_gdn_decode_prep(mods, dev, small, dv_block, bits):
     kc.check_gdn_prep(mods, dev, 5, *dims, dv_block=dv_block, bits=bits)
 
 
+def test_gdn_decode_step_programs_same_bits(mods, dev, small):
+    # blocks: small 5 x 4 x 2 = 40, full 5 x 32 x 4 = 640 (as the 64-stream form: more blocks than programs)
+    dims = (2, 4, 16, 64) if small else (16, 32, 128, 128)
+    kc.check_gdn_step_programs(mods, dev, 5, *dims, dv_block=32, programs=(1, 7, 39) if small else (1, 97, 639))
+
+
 def test_gdn_decode_split_vs_whole(mods, dev, small):
     dims = (2, 4, 16, 32) if small else (16, 32, 128, 128)
     kc.check_gdn_split_vs_whole(mods, dev, 3, *dims, blocks=(8, 16) if small else (16, 32, 64))
