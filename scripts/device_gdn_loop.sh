@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Device call: the DeltaNet decode step's persistent form (gdn_decode_step(programs=): at most P programs, each
-# taking every P-th block of [128, 32] state columns with the next block's state requested before the current one
-# is computed; sm_90: 153 registers, 3 programs an SM) and the state's row stride as a constant (the plain form
-# 96 -> 72 registers, the loads at immediate offsets). (1) GPU tests: the step's forms bit for bit and against fp64,
-# batch invariance across 1 / 4 / 16 / 64 rows (the plain form below 396 blocks, the loop above), the tiny q4 model's
-# tensor-core paths; (2) the step sweep at 8 and 64 streams over 0 / 2 / 3 / 4 programs an SM; (3) tg64 @ d512 at 64
-# streams: the default (3 an SM), off, 2, 4, the default again. Predicted: 88 -> ~70 us a layer, 64 streams +4%.
-# Usage (H200 machine, repo root): bash scripts/device_gdn_loop.sh
+# Device call (ran at 5b3275d): the DeltaNet decode step's persistent form (at most P programs, each taking every
+# P-th block of [128, 32] state columns with the next block's state requested ahead; 153 registers, 3 programs an
+# SM; since removed) against one program per block, with the state's row stride a constant (the plain form 96 -> 72
+# registers). GPU tests, the step sweep at 8 and 64 streams over 0 / 2 / 3 / 4 programs an SM, tg64 @ d512 at 64
+# streams. Measured (bench/NOTES.md): the persistent form 4,953 / 4,947, 2 an SM 4,461, 4 an SM 4,569; one program
+# per block with the constant stride 5,529.
+# Usage (H200 machine, repo root, at 5b3275d): bash scripts/device_gdn_loop.sh
 source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0, gpu_tests, bench_tg
 TESTS_NAMED=1 gpu_tests 120 tests/gpu/test_kernels_gpu.py -k "gdn_decode"
 TESTS_NAMED=1 gpu_tests 60 tests/gpu/test_wgmma_experts_gpu.py -k "xs_smem"

@@ -39,8 +39,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget-s", type=float, default=120.0)
     ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--programs", default="0", help="programs per SM of the split step's persistent form "
-                    "(gdn_decode_step(programs=): 0 = one program per block of columns), comma-separated")
     ap.add_argument("--configs", default=None, help="only these dv_block x warps, e.g. 32x4,64x4 (0 = a head)")
     ap.add_argument("--dry-run", action="store_true", help="checks only, under the interpreter, tiny shapes")
     args = ap.parse_args(argv)
@@ -56,8 +54,6 @@ def main(argv=None) -> int:
     blocks = (None, 8, 16) if args.dry_run else (None, 16, 32, 64)
     warps = (4,) if args.dry_run else (2, 4, 8)
     bs = [int(v) for v in args.bs.split(",")]
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if dev.type == "cuda" else 4
-    per_sm = [int(v) for v in args.programs.split(",")]
     pairs = [(bv, w) for bv in blocks for w in warps]
     if args.configs:
         pairs = [(int(c.split("x")[0]) or None, int(c.split("x")[1])) for c in args.configs.split(",")]
@@ -74,10 +70,10 @@ def main(argv=None) -> int:
         pools = [inp["ssm"]] + ([] if args.dry_run else [inp["ssm"].clone() for _ in range(LAYERS - 1)])
         shape = f"B={b} Hv={hv} dk={dk} dv={dv}"
         state_bytes = 2 * b * hv * dk * dv * 4
-        for bv, w, ps in [(bv, w, ps) for bv, w in pairs for ps in (per_sm if bv else [0])]:
+        for bv, w in pairs:
             if bv is None and w < 4:
                 continue  # one program per head: a [dk, dv] tile, 4 or 8 warps
-            rec = dict(shape=shape, config=f"dv{bv or dv} w{w}" + (f" p{ps}" if ps else ""))
+            rec = dict(shape=shape, config=f"dv{bv or dv} w{w}")
             if time.monotonic() > deadline:
                 sink.emit({**rec, "skipped": True})
                 continue
@@ -85,10 +81,10 @@ def main(argv=None) -> int:
                 pool = pools[0].clone()
                 out = torch.full((b, hv * dv), float("nan"), dtype=torch.bfloat16, device=dev)
 
-                def step(pl, o=None, bv=bv, w=w, ps=ps):
+                def step(pl, o=None, bv=bv, w=w):
                     return gdn_decode_step(inp["qkv"], inp["z"], inp["a"], inp["b"], inp["a_log"],
                                            inp["dt_bias"], inp["norm_w"], pl, slots, ctx, hk, 1e-6, out=o,
-                                           dv_block=bv, num_warps=w, programs=ps * sms)
+                                           dv_block=bv, num_warps=w)
 
                 y = step(pool, out)
                 err_out = err_state = 0.0

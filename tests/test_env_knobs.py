@@ -132,11 +132,17 @@ def test_gdn_step_shape_switch(monkeypatch):
     from deltaserve.kernels.gated_delta import triton_decode as td
 
     monkeypatch.delenv("DELTASERVE_GDN_STEP", raising=False)
-    assert td.step_dv_block() == td.DV_BLOCK  # blocks of 32 state columns: the batch-1 winner
+    assert td.step_dv_block() == td.DV_BLOCK == 32  # blocks of 32 state columns: the batch-1 winner
+    assert td.step_dv_block(throughput=True) == td.THROUGHPUT_DV_BLOCK == 64  # a tensor-core GEMV deployment's
+    monkeypatch.setenv("DELTASERVE_GDN_STEP", "split")
+    assert td.step_dv_block(throughput=True) == 32
+    monkeypatch.setenv("DELTASERVE_GDN_STEP", "split64")
+    assert td.step_dv_block() == 64
     monkeypatch.setenv("DELTASERVE_GDN_STEP", "head")
-    assert td.step_dv_block() is None
+    assert td.step_dv_block() is None and td.step_dv_block(throughput=True) is None
     monkeypatch.setenv("DELTASERVE_GDN_STEP", "warp")
-    with pytest.raises(ValueError, match="DELTASERVE_GDN_STEP must be 'split' or 'head', found 'warp'"):
+    with pytest.raises(ValueError, match="DELTASERVE_GDN_STEP must be 'auto', 'split', 'split64' or 'head', "
+                                         "found 'warp'"):
         td.step_dv_block()
 
 
@@ -274,21 +280,3 @@ def test_wgmma_slots_knob(monkeypatch):
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "ring")
     with pytest.raises(ValueError, match="DELTASERVE_WGMMA_SLOTS"):
         wx.wg_slot_carry()
-
-
-def test_gdn_step_programs_knob(monkeypatch):
-    import torch
-
-    from deltaserve.kernels.gated_delta import triton_decode as td
-
-    cpu = torch.device("cpu")
-    monkeypatch.delenv("DELTASERVE_GDN_STEP_PROGRAMS", raising=False)
-    assert td.step_programs(cpu) == td.STEP_PROGRAMS_PER_SM * 132  # the interpreter's stand-in SM count
-    monkeypatch.setenv("DELTASERVE_GDN_STEP_PROGRAMS", "0")
-    assert td.step_programs(cpu) == 0  # off: one program per block of columns at every batch size
-    monkeypatch.setenv("DELTASERVE_GDN_STEP_PROGRAMS", "2")
-    assert td.step_programs(cpu) == 264
-    for bad in ("-1", "65", "four"):
-        monkeypatch.setenv("DELTASERVE_GDN_STEP_PROGRAMS", bad)
-        with pytest.raises(ValueError, match="DELTASERVE_GDN_STEP_PROGRAMS"):
-            td.step_programs(cpu)

@@ -99,7 +99,6 @@ def _cases():
                                                                          fresh_rows=(1,), dv_block=None),
         "gdn_decode_split_vs_whole": lambda m: kc.check_gdn_split_vs_whole(m, CPU, 3, 2, 4, 16, 32, blocks=(8, 16)),
         "gdn_decode_prep_q4": lambda m: kc.check_gdn_prep(m, CPU, 3, 2, 4, 16, 64),
-        "gdn_decode_step_programs": lambda m: kc.check_gdn_step_programs(m, CPU, 4, 2, 4, 16, 64, 32, (1, 5)),
         "gdn_decode_prep_q8_one_program_per_head": lambda m: kc.check_gdn_prep(m, CPU, 2, 2, 4, 16, 64, None, bits=8),
         "gdn_gates": gates,
         "paged_attention": lambda m: kc.check_attention(m, CPU, ctx=[0, 13, 5, 150], seqs=[7, 3, 1, 20], hq=4,

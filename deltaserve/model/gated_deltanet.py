@@ -110,7 +110,8 @@ class GatedDeltaNet(nn.Module):
             fmt = fast.gdn_step_prep(self.out_proj, x, self.dv, self.hv)  # the out projection's prep, made here
             y = td.gdn_decode_step(
                 mixed, z, a, b, self.A_log, self.dt_bias, self.norm.weight, ssm_pool, batch.state_slots,
-                batch.context_lens, self.hk, self.norm.eps, prep=fmt, dv_block=td.step_dv_block(),
+                batch.context_lens, self.hk, self.norm.eps, prep=fmt,
+                dv_block=td.step_dv_block(throughput=fast.decode_gemv(self) == "mma"),
             )
             if fmt is not None:
                 y = fast.attach_prep(y[0], fmt, y[1])

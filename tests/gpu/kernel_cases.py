@@ -502,42 +502,6 @@ def check_gdn_state_early(mods, device, b, hk, hv, dk, dv, dv_block="default"):
     assert torch.equal(got["1"][1], got["0"][1]), "state read before the wait: states differ"
 
 
-def check_gdn_step_programs(mods, device, b, hk, hv, dk, dv, dv_block, programs, bits=4, group=64):
-    """The split step with at most P programs, each taking every P-th block of columns with the next block's state
-    requested ahead (gdn_decode_step(programs=P): the 64-stream form), == one program per block (programs=0):
-    outputs, the updated pool and the out projection's prep bit for bit, for each P in `programs` (P = 1, P not
-    dividing the blocks, P just under them), rows fresh and resumed, slots out of order; against the fp64 step
-    reference too. Outputs poisoned first."""
-    gd = mods["gdn"]
-    inp = gdn_inputs(device, b, hk, hv, dk, dv, b + 3)
-    slots = torch.randperm(b + 3)[:b].to(device)
-    ctx = torch.tensor([0 if i % 3 == 1 else 3 + i for i in range(b)], device=device)
-    for i in range(b):
-        if int(ctx[i]) == 0:
-            inp["ssm"][slots[i]] = float("nan")  # a fresh sequence must not read its slot
-    ssm0 = inp["ssm"].clone()
-
-    def run(p):
-        pool = ssm0.clone()
-        out = poisoned((b, hv * dv), torch.bfloat16, device)
-        o, (xp, xs) = gd.gdn_decode_step(inp["qkv"], inp["z"], inp["a"], inp["b"], inp["a_log"], inp["dt_bias"],
-                                         inp["norm_w"], pool, slots, ctx, hk, 1e-6, out=out, dv_block=dv_block,
-                                         prep=(bits, group), programs=p)
-        return o, xp, xs, pool
-
-    base = run(0)
-    for p in programs:
-        got = run(p)
-        for name, x, y in zip(("outputs", "xp", "xs", "states"), got, base):
-            assert torch.equal(x, y), f"gdn step with {p} programs: {name} differ from one program per block"
-    o, pool = base[0], base[3]
-    for i in range(b):
-        st = None if int(ctx[i]) == 0 else ssm0[slots[i]].double()
-        y, s = gdn_step_reference(inp, i, hk, dk, st)
-        close(o[i], y.double(), 4 * BF16_EPS, f"gdn step row {i}")
-        close(pool[slots[i]], s, 1e-5, f"gdn step state row {i}")
-
-
 def check_gdn_prep(mods, device, b, hk, hv, dk, dv, dv_block="default", bits=4, group=64):
     """gdn_decode_step(prep=(bits, group)): the step's outputs and state are those of the step without prep, bit for
     bit; xp equals prep_x's of those outputs bit for bit (exact power-of-two scaling), xs its group sums to fp32

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...utils.env import env_choice, env_int
+from ...utils.env import env_choice
 from ..triton_common import code_prescale
 from ..triton_sync import arrival_counters, last_arrival
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -230,31 +230,16 @@ def _softplus(x):
 
 
 @triton.jit
-def _state_ptrs(ssm_ptr, slot_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK: tl.constexpr):
-    """Addresses [DK, len(rv)] of columns rv of state[slot of sequence bi, h]."""
-    slot = tl.load(slot_ptr + bi).to(tl.int64)
-    rk = tl.arange(0, DK)
-    return ssm_ptr + slot * stride_ss + h * stride_sh + rk[:, None] * stride_sk + rv[None, :]
-
-
-@triton.jit
-def _state_block(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK: tl.constexpr, live):
-    """S [DK, len(rv)] fp32: columns rv of state[slot of sequence bi, h], zeros for a fresh sequence (context 0)
-    or where live is false (nothing read)."""
-    keep = (tl.load(ctx_ptr + bi) != 0) & live
-    rk = tl.arange(0, DK)
-    sp = _state_ptrs(ssm_ptr, slot_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
-    return tl.load(sp, mask=(rk[:, None] >= 0) & keep, other=0.0)
-
-
-@triton.jit
 def _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK: tl.constexpr):
     """(S [DK, len(rv)] fp32, its addresses): columns rv of state[slot of sequence bi, h], zeros for a fresh
     sequence (context 0). May run before the kernel's PDL wait: the slot index and context length are the step's
     metadata, set before the step's first kernel, and the state is written only by this kernel, in earlier steps
     (triton_pdl: state a kernel alone owns)."""
-    s = _state_block(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK, True)
-    return s, _state_ptrs(ssm_ptr, slot_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
+    slot = tl.load(slot_ptr + bi).to(tl.int64)
+    keep = tl.load(ctx_ptr + bi) != 0
+    rk = tl.arange(0, DK)
+    sp = ssm_ptr + slot * stride_ss + h * stride_sh + rk[:, None] * stride_sk + rv[None, :]
+    return tl.load(sp, mask=(rk[:, None] >= 0) & keep, other=0.0), sp
 
 
 @triton.jit
@@ -355,15 +340,29 @@ def _decode_kernel(
 
 
 @triton.jit
-def _step_columns(qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, o_ptr, ss_ptr, cnt_ptr, xp_ptr, xs_ptr,
-                  s, sp, bi, h, j, stride_qt, stride_zt, stride_at, stride_bt, stride_ot, stride_pt, stride_st,
-                  key_dim, scale, eps, HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                  BV: tl.constexpr, PREP_BITS: tl.constexpr, PREP_GROUP: tl.constexpr):
-    """Columns [j*BV, (j+1)*BV) of sequence bi's value head h given their state s (at sp): the delta rule, the
-    act-rounded output slice and its partial sum of squares stored, and at the head's last arrival the gated
-    RMSNorm of the whole row (and the out projection's prep). One item of _gdn_step_kernel, either form."""
+def _gdn_step_kernel(
+    qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, slot_ptr, ctx_ptr, o_ptr, ss_ptr, cnt_ptr,
+    xp_ptr, xs_ptr,
+    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk: tl.constexpr, stride_ot, stride_pt, stride_st,
+    key_dim, scale, eps,
+    HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, STATE_EARLY: tl.constexpr = True,
+    PDL: tl.constexpr = False,
+):
+    # grid (B, Hv, DV / BV): one program owns columns [j*BV, (j+1)*BV) of state[slot, h] ([DK, BV] fp32, read once,
+    # written once; the columns of the delta rule are independent). The gated RMSNorm needs the whole row's sum of
+    # squares: each program writes its act-rounded output slice to o and its partial sum of squares to ss[b, h, j];
+    # the head's last-arriving program (triton_sync.last_arrival) sums the DV / BV partials in order j = 0, 1, ..
+    # and normalises, gates and rewrites the row (PREP_BITS > 0: and writes the out projection's prep of it,
+    # _prep_head, so that GEMV needs no prep launch). Every split does the same q/k norms (DK values, cheap).
+    pdl_open(PDL)
+    bi = tl.program_id(0)
+    h = tl.program_id(1)
+    j = tl.program_id(2)
     NS: tl.constexpr = DV // BV
     rv = j * BV + tl.arange(0, BV)
+    s, sp = _state_and_wait(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK, STATE_EARLY,
+                            PDL)
     o = _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, rv, stride_qt, stride_at,
                             stride_bt, key_dim, scale, R, DK, DV)
     act = o_ptr.dtype.element_ty
@@ -384,67 +383,6 @@ def _step_columns(qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, o_ptr
                        HV * DV, PREP_BITS, PREP_GROUP)
 
 
-@triton.jit
-def _gdn_step_kernel(
-    qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, slot_ptr, ctx_ptr, o_ptr, ss_ptr, cnt_ptr,
-    xp_ptr, xs_ptr,
-    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk: tl.constexpr, stride_ot, stride_pt, stride_st,
-    key_dim, scale, eps, n_items,
-    HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, STATE_EARLY: tl.constexpr = True,
-    PDL: tl.constexpr = False, LOOP: tl.constexpr = False,
-):
-    # An item is columns [j*BV, (j+1)*BV) of state[slot of sequence bi, h] ([DK, BV] fp32, read once, written once;
-    # the columns of the delta rule are independent), item index (bi * HV + h) * NS + j. LOOP False: grid (B, Hv,
-    # DV / BV), one item a program. LOOP True: grid (P,) with P < n_items, program p taking items p, p + P, ...,
-    # each item's state requested one item ahead (in registers), so its DRAM latency overlaps the item before; the
-    # items' arithmetic is _step_columns either way, so a row's bits do not depend on the form (nor on P).
-    # The gated RMSNorm needs the whole row's sum of squares: each item writes its act-rounded output slice to o and
-    # its partial sum of squares to ss[b, h, j]; the head's last-arriving item (triton_sync.last_arrival) sums the
-    # DV / BV partials in order j = 0, 1, .. and normalises, gates and rewrites the row (PREP_BITS > 0: and writes
-    # the out projection's prep of it, _prep_head, so that GEMV needs no prep launch). Every item does the same q/k
-    # norms (DK values, cheap).
-    pdl_open(PDL)
-    NS: tl.constexpr = DV // BV
-    if LOOP:
-        it = tl.program_id(0)
-        step = tl.num_programs(0)
-        bi = it // (HV * NS)
-        h = (it // NS) % HV
-        j = it % NS
-    else:
-        bi = tl.program_id(0)
-        h = tl.program_id(1)
-        j = tl.program_id(2)
-    rv = j * BV + tl.arange(0, BV)
-    s, sp = _state_and_wait(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK, STATE_EARLY,
-                            PDL)
-    if LOOP:
-        for _ in tl.range(it, n_items, step, num_stages=1):
-            nxt = it + step
-            live = nxt < n_items
-            nb = nxt // (HV * NS)
-            nh = (nxt // NS) % HV
-            nj = nxt % NS
-            # the next item's state first: owned data (as _state_columns says), masked off past the last item
-            s_next = _state_block(ssm_ptr, slot_ptr, ctx_ptr, tl.where(live, nb, 0), nh, nj * BV + tl.arange(0, BV),
-                                  stride_ss, stride_sh, stride_sk, DK, live)
-            _step_columns(qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, o_ptr, ss_ptr, cnt_ptr, xp_ptr,
-                          xs_ptr, s, _state_ptrs(ssm_ptr, slot_ptr, bi, h, j * BV + tl.arange(0, BV), stride_ss,
-                                                 stride_sh, stride_sk, DK),
-                          bi, h, j, stride_qt, stride_zt, stride_at, stride_bt, stride_ot, stride_pt, stride_st,
-                          key_dim, scale, eps, HV, R, DK, DV, BV, PREP_BITS, PREP_GROUP)
-            s = s_next
-            it = nxt
-            bi = nb
-            h = nh
-            j = nj
-    else:
-        _step_columns(qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, o_ptr, ss_ptr, cnt_ptr, xp_ptr, xs_ptr,
-                      s, sp, bi, h, j, stride_qt, stride_zt, stride_at, stride_bt, stride_ot, stride_pt, stride_st,
-                      key_dim, scale, eps, HV, R, DK, DV, BV, PREP_BITS, PREP_GROUP)
-
-
 # State columns per program of the decode step (Hv * DV / 32 programs, 128 at B = 1 for 35B-A3B); None = a head per
 # program. One shape for every batch size: the dk sums follow the program's layout, so the shape is part of a row's
 # bits. H200 (bench/NOTES.md): the kernel sweep (scripts/sweep_gdn_step.py, graph of 30 layers) had a head per
@@ -460,7 +398,6 @@ def gdn_decode_step(
     dt_bias: torch.Tensor, norm_weight: torch.Tensor, ssm_pool: torch.Tensor, state_slots: torch.Tensor,
     context_lens: torch.Tensor, num_k_heads: int, eps: float, out: torch.Tensor | None = None,
     dv_block: int | None = DV_BLOCK, num_warps: int | None = None, prep: tuple[int, int] | None = None,
-    programs: int | None = None,
 ):
     """One DeltaNet token for each of B sequences, after `causal_conv`.
 
@@ -474,10 +411,6 @@ def gdn_decode_step(
     prep: (bits, group) of the out projection's q4/q8 weight: the step also writes that decode GEMV's prep of its
     output (quant.triton_gemv.prep_row's format: xp [B, Hv*dv] fp32, xs [B, Hv*dv / group] fp32) at each head's
     last arrival, and returns (o, (xp, xs)) so the GEMV needs no prep launch (prep_supported says which formats).
-    programs (split shape only): at most this many programs, each taking every programs-th block of columns with
-    the next block's state requested before the current one is computed, when there are more blocks than that;
-    None: step_programs(device); 0: one program per block always. The blocks' arithmetic is the same either way,
-    so this is a launch choice, never a bit.
     """
     bsz, c = qkv_conv.shape
     _, hv, dk, dv = ssm_pool.shape
@@ -507,16 +440,13 @@ def gdn_decode_step(
             raise ValueError(f"gdn_decode_step: dv_block {dv_block} must be a power of two dividing dv = {dv}")
         ns = dv // dv_block
         ss = torch.empty(bsz, hv, ns, dtype=torch.float32, device=o.device)
-        n_items = bsz * hv * ns
-        cap = step_programs(o.device) if programs is None else programs
-        loop = 0 < cap < n_items
-        _gdn_step_kernel[(cap,) if loop else (bsz, hv, ns)](
+        _gdn_step_kernel[(bsz, hv, ns)](
             qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots, context_lens, o, ss,
             arrival_counters(o.device, bsz * hv), xp, xs,
             qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
-            ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), key_dim, dk ** -0.5, eps, n_items,
+            ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), key_dim, dk ** -0.5, eps,
             HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=dv_block, PREP_BITS=bits, PREP_GROUP=group,
-            STATE_EARLY=state_early(), LOOP=loop, num_warps=num_warps or 4, **pdl_args(o),
+            STATE_EARLY=state_early(), num_warps=num_warps or 4, **pdl_args(o),
         )
         return done
     _decode_kernel[(bsz, hv)](
@@ -529,34 +459,21 @@ def gdn_decode_step(
     return done
 
 
-# Programs per SM of the split step when a launch has more column blocks than that (64 streams: 8,192 blocks of
-# [128, 32] fp32): the persistent form, each program's next block's state in flight while it computes the current
-# one. sm_90: 153 registers at 4 warps, so 3 programs fit an SM (a 4th would wait for a whole program's items).
-# 0: one program per block at every size. bench/NOTES.md has the A/B.
-STEP_PROGRAMS_PER_SM = 3
-_SM_COUNT: dict[int, int] = {}
+THROUGHPUT_DV_BLOCK = 64  # the split step's columns a program in a throughput deployment (fast.decode_gemv "mma")
 
 
-def step_programs(device: torch.device) -> int:
-    """The split step's program cap on `device`: env DELTASERVE_GDN_STEP_PROGRAMS programs per SM (default
-    STEP_PROGRAMS_PER_SM; 0 = off) times its SMs (132 off CUDA, for the interpreter). Fixed per process and
-    device, never per batch (and a launch choice only: the bits do not depend on it)."""
-    per_sm = env_int("DELTASERVE_GDN_STEP_PROGRAMS", STEP_PROGRAMS_PER_SM, 0, 64)
-    if device.type != "cuda":
-        return per_sm * 132
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return per_sm * _SM_COUNT[index]
-
-
-def step_dv_block() -> int | None:
-    """The decode step's shape in the model: DV_BLOCK state columns a program ("split", the default) or a head per
-    program ("head"); env DELTASERVE_GDN_STEP, for A/B. The shape is part of a row's bits (the dk sums follow it), so
-    it is fixed for the process, never per batch. H200, tensor-core GEMVs, tg64 @ d512 (bench/NOTES.md): head 4,844
-    against split 4,852 tok/s at 64 streams, 2,303 against 2,296 at 8; at batch 1 split won by 2.4% before."""
-    value = env_choice("DELTASERVE_GDN_STEP", "split", ("split", "head"))
-    return DV_BLOCK if value == "split" else None
+def step_dv_block(throughput: bool = False) -> int | None:
+    """The decode step's shape in the model: state columns a program (the split form) or a head per program (None).
+    Env DELTASERVE_GDN_STEP: "auto" (the default: DV_BLOCK = 32 columns, or THROUGHPUT_DV_BLOCK = 64 when
+    `throughput`, i.e. the model's deployment decodes on the tensor-core GEMVs, fast.decode_gemv "mma"), "split"
+    (32 always), "split64" (64 always) or "head". The shape is part of a row's bits (the dk sums follow it), so it
+    is fixed per deployment (from its capacity, like the decode GEMV), never per batch. H200 (bench/NOTES.md): the
+    step sweep at 64 streams 85.9 us (32) against 77.7 (64), at 8 streams 13.8 against 10.7, at 1 3.94 against
+    4.30; earlier in the model at 64 streams head 4,844 against split 4,852 tok/s."""
+    value = env_choice("DELTASERVE_GDN_STEP", "auto", ("auto", "split", "split64", "head"))
+    if value == "auto":
+        return THROUGHPUT_DV_BLOCK if throughput else DV_BLOCK
+    return {"split": DV_BLOCK, "split64": THROUGHPUT_DV_BLOCK, "head": None}[value]
 
 
 def state_early() -> bool:
