@@ -148,14 +148,15 @@ def test_gdn_step_shape_switch(monkeypatch):
 
 def test_wg_gemv_dispatch_knobs(monkeypatch):
     """mma_gemv's warpgroup-MMA form: from WG_GEMV_ROWS rows by default (0: never), its tile rows by the rows and
-    the weight (32 past 32 rows or for the lm_head's row blocks, else 16) unless pinned, its slots; bad values name
-    the variable."""
+    the weight (64 for the lm_head past 32 rows, 32 past 32 rows or for the lm_head below, else 16) unless pinned,
+    its slots; bad values name the variable."""
     from deltaserve.kernels.quant import mma_gemv as mg
 
     for var in ("DELTASERVE_MMA_GEMV_WG_ROWS", "DELTASERVE_MMA_GEMV_WG_BN", "DELTASERVE_MMA_GEMV_WG_NS"):
         monkeypatch.delenv(var, raising=False)
     assert mg.wg_gemv_rows() == mg.WG_GEMV_ROWS == 17
-    assert (mg.wg_gemv_tile_rows(32, 772), mg.wg_gemv_tile_rows(64, 772), mg.wg_gemv_tile_rows(32, 15520)) == (16, 32, 32)
+    assert (mg.wg_gemv_tile_rows(32, 772), mg.wg_gemv_tile_rows(64, 772), mg.wg_gemv_tile_rows(32, 15520),
+            mg.wg_gemv_tile_rows(64, 15520)) == (16, 32, 32, 64)  # the lm_head past 32 rows: 64
     assert mg.wg_gemv_stages() == 3
     monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "0")
     assert mg.wg_gemv_rows() > 1 << 40
@@ -280,3 +281,15 @@ def test_wgmma_slots_knob(monkeypatch):
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "ring")
     with pytest.raises(ValueError, match="DELTASERVE_WGMMA_SLOTS"):
         wx.wg_slot_carry()
+
+
+def test_tiles_one_form_switch(monkeypatch):
+    from deltaserve.kernels.quant import triton_affine as ta
+
+    monkeypatch.delenv("DELTASERVE_TILES_ONE", raising=False)
+    assert ta.tiles_one_form() == "rank"
+    monkeypatch.setenv("DELTASERVE_TILES_ONE", "sort")
+    assert ta.tiles_one_form() == "sort"
+    monkeypatch.setenv("DELTASERVE_TILES_ONE", "scan")
+    with pytest.raises(ValueError, match="DELTASERVE_TILES_ONE must be 'rank' or 'sort', found 'scan'"):
+        ta.tiles_one_form()

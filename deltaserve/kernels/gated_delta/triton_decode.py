@@ -313,7 +313,9 @@ def _prep_head(y, xp_row, xs_row, h, ra, DV: tl.constexpr, K: tl.constexpr, BITS
 @triton.jit
 def _decode_kernel(
     qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, slot_ptr, ctx_ptr, o_ptr, xp_ptr, xs_ptr,
-    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk: tl.constexpr, stride_ot, stride_pt, stride_st,
+    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh,
+    stride_sk: tl.constexpr,  # the state's dk stride, a constant: loads and stores at immediate offsets
+    stride_ot, stride_pt, stride_st,
     key_dim, scale, eps,
     HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, STATE_EARLY: tl.constexpr = True,
@@ -343,7 +345,9 @@ def _decode_kernel(
 def _gdn_step_kernel(
     qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, slot_ptr, ctx_ptr, o_ptr, ss_ptr, cnt_ptr,
     xp_ptr, xs_ptr,
-    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk: tl.constexpr, stride_ot, stride_pt, stride_st,
+    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh,
+    stride_sk: tl.constexpr,  # the state's dk stride, a constant: loads and stores at immediate offsets
+    stride_ot, stride_pt, stride_st,
     key_dim, scale, eps,
     HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
     PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, STATE_EARLY: tl.constexpr = True,

@@ -946,13 +946,16 @@ def wg_gemv_rows() -> int:
 
 
 def wg_gemv_tile_rows(m: int, nb: int) -> int:
-    """Rows of x per wg_gemv program for m rows and a weight of nb row blocks (never a row's bits): 32 past 32 rows
-    and for the lm_head's thousands of row blocks, else 16 (H200 probe at 32 / 64 rows: the in_proj 15.1 / 28.8 us
-    with 16, 23.9 / 25.7 with 32, 32.4 / 36.4 with 64; the lm_head 270 / 530, 237 / 472, 454 / 519). Env
-    DELTASERVE_MMA_GEMV_WG_BN (8, 16, 32 or 64) for A/B."""
+    """Rows of x per wg_gemv program for m rows and a weight of nb row blocks (never a row's bits): 64 for the
+    lm_head's thousands of row blocks past 32 rows, 32 past 32 rows and for the lm_head below, else 16 (H200 probe
+    at 32 / 64 rows: the in_proj 15.1 / 28.8 us with 16, 23.9 / 25.7 with 32, 32.4 / 36.4 with 64; the lm_head 270 /
+    530, 237 / 472, 454 / 519; with x's group sums staged in shared memory the lm_head at 64 rows 392 with 32, 353
+    with 64, which no longer spills). Env DELTASERVE_MMA_GEMV_WG_BN (8, 16, 32 or 64) for A/B."""
     if os.environ.get("DELTASERVE_MMA_GEMV_WG_BN"):
         return int(env_choice("DELTASERVE_MMA_GEMV_WG_BN", "16", ("8", "16", "32", "64")))
-    return 32 if m > 32 or nb >= RING_MAX_BLOCKS else 16
+    if nb >= RING_MAX_BLOCKS:
+        return 64 if m > 32 else 32
+    return 32 if m > 32 else 16
 
 
 def wg_gemv_stages() -> int:
