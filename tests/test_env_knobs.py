@@ -282,14 +282,3 @@ def test_wgmma_slots_knob(monkeypatch):
     with pytest.raises(ValueError, match="DELTASERVE_WGMMA_SLOTS"):
         wx.wg_slot_carry()
 
-
-def test_tiles_one_form_switch(monkeypatch):
-    from deltaserve.kernels.quant import triton_affine as ta
-
-    monkeypatch.delenv("DELTASERVE_TILES_ONE", raising=False)
-    assert ta.tiles_one_form() == "rank"
-    monkeypatch.setenv("DELTASERVE_TILES_ONE", "sort")
-    assert ta.tiles_one_form() == "sort"
-    monkeypatch.setenv("DELTASERVE_TILES_ONE", "scan")
-    with pytest.raises(ValueError, match="DELTASERVE_TILES_ONE must be 'rank' or 'sort', found 'scan'"):
-        ta.tiles_one_form()

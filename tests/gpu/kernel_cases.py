@@ -274,13 +274,9 @@ def check_expert_tiles(mods, device, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32
         if m > 100:
             ids[ids == 1] = 2
         ids = ids.to(device)
-        ref = ta.expert_tiles_reference(ids, e, r)
-        for form in ("rank", "sort"):  # the one-launch forms (up to TILES_ONE_MAX rows; past it neither is used)
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setenv("DELTASERVE_TILES_ONE", form)
-                got = ta.expert_tiles(ids, e, r)
-            for name, a, b in zip(("tile_e", "tile_lo", "tile_hi", "order"), got, ref):
-                assert torch.equal(a, b), f"expert_tiles {name} ({form}): M={m} E={e} R={r}"
+        got, ref = ta.expert_tiles(ids, e, r), ta.expert_tiles_reference(ids, e, r)
+        for name, a, b in zip(("tile_e", "tile_lo", "tile_hi", "order"), got, ref):
+            assert torch.equal(a, b), f"expert_tiles {name}: M={m} E={e} R={r}"
 
 
 # ---------------------------------------------------------------- MoE decode

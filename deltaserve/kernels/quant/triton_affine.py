@@ -439,16 +439,7 @@ def dense_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None
 
 
 TILE_BLOCK = 128  # rows per program of the two per-block expert-tile kernels
-TILES_ONE_MAX = 1024  # up to this many rows the tiles come from one launch, past it from three launches
-TILES_RANK_ROWS = 64  # rows placed per program of the one-launch rank form
-
-
-def tiles_one_form() -> str:
-    """How a decode-sized batch's expert tiles (<= TILES_ONE_MAX rows) are made in one launch: "rank" (each of
-    cdiv(M, 64) programs places its rows by counting the rows of a smaller (expert, row) key) or "sort" (one program
-    sorts every row's (expert, row) key: 8.8 us a MoE block at 64 streams on the H200, bench/NOTES.md). The same
-    tensors either way. Env DELTASERVE_TILES_ONE, for the A/B."""
-    return env_choice("DELTASERVE_TILES_ONE", "rank", ("rank", "sort"))
+TILES_ONE_MAX = 1024  # up to this many rows the tiles come from one program (a sort), past it from three launches
 
 
 @triton.jit
@@ -537,29 +528,6 @@ def _tiles_one_kernel(ids_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, order_ptr, 
 
 
 @triton.jit
-def _tiles_rank_kernel(ids_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, order_ptr, M, E, MAX_TILES, R: tl.constexpr,
-                       EP: tl.constexpr, MP: tl.constexpr, RB: tl.constexpr, CB: tl.constexpr, TB: tl.constexpr):
-    # grid (cdiv(M, RB),), up to MP rows in all, without a sort: row r of expert id goes to the number of rows whose
-    # key id * MP + row is smaller (the stable order _tiles_one_kernel's sort gives), counted over CB-row chunks of
-    # all M rows; program 0 also makes the per-expert counts (a histogram) and writes the tile table.
-    r = tl.program_id(0) * RB + tl.arange(0, RB)
-    live = r < M
-    key = tl.load(ids_ptr + r, mask=live, other=0).to(tl.int32) * MP + r
-    pos = tl.zeros((RB,), dtype=tl.int32)
-    for c0 in range(0, M, CB):
-        rc = c0 + tl.arange(0, CB)
-        kc = tl.load(ids_ptr + rc, mask=rc < M, other=EP).to(tl.int32) * MP + rc  # padding sorts last
-        pos += tl.sum((kc[None, :] < key[:, None]).to(tl.int32), axis=1)
-    tl.store(order_ptr + pos, r, mask=live)
-    if tl.program_id(0) == 0:
-        ra = tl.arange(0, MP)
-        total = tl.histogram(tl.load(ids_ptr + ra, mask=ra < M, other=0).to(tl.int32), EP, mask=ra < M)
-        starts = tl.cumsum(total, 0) - total
-        _write_tile_table(starts, total, tl.arange(0, EP), E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, R,
-                          TB)
-
-
-@triton.jit
 def _tiles_order_kernel(ids_ptr, offsets_ptr, order_ptr, M, EP: tl.constexpr, BLOCK: tl.constexpr):
     # grid (cdiv(M, BLOCK),): each row's sorted position = its (block, expert) run start + its rank in that run
     pid = tl.program_id(0)
@@ -592,11 +560,7 @@ def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int)
     lo = torch.empty(max_tiles, dtype=torch.int32, device=dev)
     hi = torch.empty(max_tiles, dtype=torch.int32, device=dev)
     order = torch.empty(m, dtype=torch.int32, device=dev)
-    if 0 < m <= TILES_ONE_MAX and tiles_one_form() == "rank":  # decode-sized batches: one launch instead of three
-        _tiles_rank_kernel[(triton.cdiv(m, TILES_RANK_ROWS),)](
-            ids, tile_e, lo, hi, order, m, num_experts, max_tiles, R=rows_per_tile, EP=ep,
-            MP=max(16, triton.next_power_of_2(m)), RB=TILES_RANK_ROWS, CB=128, TB=64, num_warps=4)
-    elif 0 < m <= TILES_ONE_MAX:  # the same tensors from one program's sort
+    if 0 < m <= TILES_ONE_MAX:  # decode-sized batches: one launch instead of three (the same tensors)
         _tiles_one_kernel[(1,)](ids, tile_e, lo, hi, order, m, num_experts, max_tiles, R=rows_per_tile, EP=ep,
                                 MP=max(16, triton.next_power_of_2(m)), TB=64, num_warps=8)
     elif m:
