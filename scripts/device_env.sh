@@ -43,3 +43,14 @@ bench_pp() {
   echo "== $label B=$b ($((SECONDS-t0)) s): $(grep -E '^\| deltaserve.*pp' "$OUT/pp.log" | sort -u | cut -c50-110)"
   grep -E "Error|error" "$OUT/pp.log" | tail -3
 }
+
+# bench_records [LIMIT_MULTI [LIMIT_B1]]: the records of a device call at this tree ($DELTASERVE_COMMIT): tg128 and
+# pp512 @ d512 at 64 and 8 streams (-r 3), then batch 1 at every depth (-r 5), each under its own limit (default
+# 150 / 110 s), appended under $OUT; their table rows, the whole output in $OUT/bench_b64.log / bench_b1.log
+bench_records() {
+  local m="--preset qwen3.6-35b-a3b --quant q4"
+  timeout "${1:-150}" python3 -m deltaserve bench $m -p 512 -n 128 -d 512 -b 64,8 -r 3 --results "$OUT" 2>&1 \
+    | grep -v Warn > "$OUT/bench_b64.log"; grep -E "^\| deltaserve" "$OUT/bench_b64.log" | sort -u
+  timeout "${2:-110}" python3 -m deltaserve bench $m -p 512 -n 128 -d 0,512,4096,8192,32768 -b 1 -r 5 \
+    --results "$OUT" 2>&1 | grep -v Warn > "$OUT/bench_b1.log"; grep -E "^\| deltaserve" "$OUT/bench_b1.log" | sort -u
+}

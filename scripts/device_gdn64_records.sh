@@ -6,16 +6,12 @@
 # are throughput deployments: 64 columns); (2) tg64 @ d512 A/B at 64 and 8 streams: the default against
 # DELTASERVE_GDN_STEP=split (predicted +2% and +2.5%); (3) records at this commit.  ~520 s
 # Usage (H200 machine, repo root): DELTASERVE_COMMIT=<sha> bash scripts/device_gdn64_records.sh
-source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0, gpu_tests, bench_tg
+source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0, gpu_tests, bench_tg, bench_records
 TESTS_NAMED=1 gpu_tests 90 tests/gpu/test_kernels_gpu.py -k "gdn_decode_step or gdn_decode_batch or split_vs_whole"
 TESTS_NAMED=1 gpu_tests 110 tests/gpu/test_engine_graph_gpu.py
 for b in 64 8; do
   for cfg in "" "DELTASERVE_GDN_STEP=split"; do bench_tg "${cfg:-default}" $b 64 $cfg; done
 done
-M="--preset qwen3.6-35b-a3b --quant q4"
-timeout 170 python3 -m deltaserve bench $M -p 512 -n 128 -d 512 -b 64,8 -r 3 --results "$OUT" 2>&1 \
-  | grep -v Warn > "$OUT/bench_b64.log"; grep -E "^\| deltaserve" "$OUT/bench_b64.log" | sort -u
-timeout 120 python3 -m deltaserve bench $M -p 512 -n 128 -d 0,512,4096,8192,32768 -b 1 -r 5 --results "$OUT" 2>&1 \
-  | grep -v Warn > "$OUT/bench_b1.log"; grep -E "^\| deltaserve" "$OUT/bench_b1.log" | sort -u
+bench_records 170 120
 cat "$OUT"/tests*.log > "$OUT/all_tests.txt" && rm -f "$OUT"/tests*.log "$OUT/bench.log"  # 8 files come back at most
 ls "$OUT"; echo "done ($((SECONDS-t0)) s)"

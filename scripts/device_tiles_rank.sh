@@ -6,18 +6,15 @@
 # tiny q4 model's tensor-core MoE (CPU reference, batch invariance, graph == eager); (2) tg64 @ d512 A/B: 64 streams
 # default / sort / lm_head on 32-row tiles / default; 8 streams and batch 1 default / sort. Predicted: tiles 8.8 ->
 # ~3 us a block (64 streams +2%), the lm_head -39 us a step (+0.3%); (3) records at this commit.  ~420 s
-# Usage (H200 machine, repo root): DELTASERVE_COMMIT=<sha> bash scripts/device_tiles_rank.sh
-source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0, gpu_tests, bench_tg
+# Ran at ded2f0d (measured: bench/NOTES.md; the rank form lost 1.0% and is removed since, so DELTASERVE_TILES_ONE
+# is gone too). Usage (H200 machine, repo root, at ded2f0d): DELTASERVE_COMMIT=<sha> bash scripts/device_tiles_rank.sh
+source "$(dirname "$0")/device_env.sh"  # OUT, the wheels, PYTHONPATH, t0, gpu_tests, bench_tg, bench_records
 TESTS_NAMED=1 gpu_tests 60 tests/gpu/test_kernels_gpu.py -k "expert_tiles"
 TESTS_NAMED=1 gpu_tests 90 tests/gpu/test_model_mma_path.py -k "mma-moe and not wgmma"
 for cfg in "" "DELTASERVE_TILES_ONE=sort" "DELTASERVE_MMA_GEMV_WG_BN=32" ""; do bench_tg "${cfg:-default}" 64 64 $cfg; done
 for b in 8 1; do
   for cfg in "" "DELTASERVE_TILES_ONE=sort"; do bench_tg "${cfg:-default}" $b 64 $cfg; done
 done
-M="--preset qwen3.6-35b-a3b --quant q4"
-timeout 150 python3 -m deltaserve bench $M -p 512 -n 128 -d 512 -b 64,8 -r 3 --results "$OUT" 2>&1 \
-  | grep -v Warn > "$OUT/bench_b64.log"; grep -E "^\| deltaserve" "$OUT/bench_b64.log" | sort -u
-timeout 110 python3 -m deltaserve bench $M -p 512 -n 128 -d 0,512,4096,8192,32768 -b 1 -r 5 --results "$OUT" 2>&1 \
-  | grep -v Warn > "$OUT/bench_b1.log"; grep -E "^\| deltaserve" "$OUT/bench_b1.log" | sort -u
+bench_records 150 110
 cat "$OUT"/tests*.log > "$OUT/all_tests.txt" && rm -f "$OUT"/tests*.log "$OUT/bench.log"  # 8 files come back at most
 ls "$OUT"; echo "done ($((SECONDS-t0)) s)"
