@@ -39,3 +39,29 @@ def test_critical_path_refuses_uneven_steps():
 
     with pytest.raises(ValueError, match="do not split into 2 equal steps"):
         critical_path([("a", 0.0, 1.0)] * 3, 2)
+
+
+def test_profile_prefill_runs_the_batch_it_is_given(tmp_path):
+    """`bench --profile-prefill` profiles the first -b prompts (it once profiled one whatever -b said): on the CPU
+    reference path the report names the batch and the blocks of every layer kind ran under their labels."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from model_helpers import make_hf_model, ours_from_checkpoint
+
+    from deltaserve.bench.profile import profile_prefill
+    from deltaserve.kernels import backend
+
+    model = ours_from_checkpoint(make_hf_model(True, seed=0, vocab_size=32), tmp_path / "ckpt")
+    backend.use_reference(True)
+    try:
+        torch.manual_seed(0)
+        report = profile_prefill(model, model.config, 6, batch=3, block_size=16)
+    finally:
+        backend.use_reference(False)
+    assert report.startswith("# prefill profile: batch 3 x 6 tokens"), report.splitlines()[0]
+    for block in ("deltanet mixer", "attention mixer", "moe block"):
+        assert f"block: {block}" in report, report

@@ -153,29 +153,33 @@ def profile_decode_graph(model, config: ModelConfig, depth: int, batch: int = 1,
 def profile_prefill(model, config: ModelConfig, n: int, batch: int = 1, block_size: int = 64, top: int = 25) -> str:
     """One prefill of `batch` fresh n-token prompts (after a warm-up), CPU and GPU side: wall time vs summed GPU
     kernel time (a wall far above it means the host is the bottleneck), the host-blocking runtime calls (syncs,
-    device-to-host copies), the kernels by GPU time and the host ops by self CPU time."""
+    device-to-host copies), the kernels by GPU time and the host ops by self CPU time. Off CUDA (a reference model
+    on the CPU, as the tests run it) the same report with the host side only and an fp32 cache."""
     import time
 
     from torch.profiler import ProfilerActivity, profile
 
     from ..model import ForwardBatch
 
-    blocks = -(-(n + 8) // block_size)
-    cache = model.make_cache(batch * blocks, block_size, batch, torch.bfloat16)
     dev = next(model.parameters()).device
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    blocks = -(-(n + 8) // block_size)
+    cache = model.make_cache(batch * blocks, block_size, batch, torch.bfloat16 if cuda else torch.float32)
     tables = torch.arange(batch * blocks, dtype=torch.int32).view(batch, -1).tolist()
     ids = torch.randint(0, config.vocab_size, (batch, n)).tolist()
     fb = ForwardBatch.build(ids, [0] * batch, tables, list(range(batch)), block_size, device=dev)
     with torch.no_grad():
         model(fb, cache)  # warm-up: compilation
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         model(fb, cache)
-        torch.cuda.synchronize()
+        sync()
         wall = time.perf_counter() - start
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, _labelled_blocks():
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof, _labelled_blocks():
             model(fb, cache)
-            torch.cuda.synchronize()
+            sync()
     events = prof.key_averages()
     by_label = {e.key: (getattr(e, "device_time_total", 0.0) or 0.0, e.cpu_time_total) for e in events
                 if e.key.startswith("block: ")}
