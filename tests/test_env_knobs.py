@@ -281,4 +281,3 @@ def test_wgmma_slots_knob(monkeypatch):
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "ring")
     with pytest.raises(ValueError, match="DELTASERVE_WGMMA_SLOTS"):
         wx.wg_slot_carry()
-
