@@ -257,11 +257,11 @@ def test_wgmma_xs_knob(monkeypatch):
     monkeypatch.delenv("DELTASERVE_WGMMA_XS", raising=False)
     assert wx.wg_xs_smem() is True  # the default (H200: +1.9% at 64 streams)
     monkeypatch.setenv("DELTASERVE_WGMMA_XS", "load")
-    assert wx._step_args(False, None) == {} and wx._step_args(False, True) == {"XS_SMEM": True}
-    assert wx._step_args(True, True) == {}  # the kernel's own sums: nothing to stage
+    assert wx._step_args(False, None, 1) == {} and wx._step_args(False, True, 1) == {"XS_SMEM": True}
+    assert wx._step_args(True, True, 1) == {}  # the kernel's own sums: nothing to stage
     monkeypatch.setenv("DELTASERVE_WGMMA_XS", "smem")
-    assert wx.wg_xs_smem() is True and wx._step_args(False, None) == {"XS_SMEM": True}
-    assert wx._step_args(False, False) == {}
+    assert wx.wg_xs_smem() is True and wx._step_args(False, None, 1) == {"XS_SMEM": True}
+    assert wx._step_args(False, False, 1) == {}
     monkeypatch.setenv("DELTASERVE_WGMMA_XS", "shared")
     with pytest.raises(ValueError, match="DELTASERVE_WGMMA_XS"):
         wx.wg_xs_smem()
@@ -274,10 +274,31 @@ def test_wgmma_slots_knob(monkeypatch):
     monkeypatch.delenv("DELTASERVE_WGMMA_SLOTS", raising=False)
     assert wx.wg_slot_carry() is True  # the default (H200: +2.2% more at 64 streams)
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "mod")
-    assert wx._step_args(True, None) == {}
+    assert wx._step_args(True, None, 1) == {}
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "carry")
-    assert wx._step_args(True, None) == {"SLOT_CARRY": True}  # any launch, own sums or given
-    assert wx._step_args(False, True) == {"XS_SMEM": True, "SLOT_CARRY": True}
+    assert wx._step_args(True, None, 1) == {"SLOT_CARRY": True}  # any launch, own sums or given
+    assert wx._step_args(False, True, 1) == {"XS_SMEM": True, "SLOT_CARRY": True}
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "ring")
     with pytest.raises(ValueError, match="DELTASERVE_WGMMA_SLOTS"):
         wx.wg_slot_carry()
+
+
+def test_wgmma_groups_knob(monkeypatch):
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.delenv("DELTASERVE_WGMMA_GROUPS", raising=False)
+    assert wx.wg_step_groups(8, 32, 4) == 1  # the default
+    monkeypatch.setenv("DELTASERVE_WGMMA_GROUPS", "2")
+    assert wx.wg_step_groups(8, 32, 4) == 2 and wx.wg_step_groups(64, 8, 1) == 2
+    assert wx.wg_step_groups(8, 12, 4) == 1  # 3 groups a partial sum's run: not in pairs
+    monkeypatch.setenv("DELTASERVE_WGMMA_GROUPS", "2@8")
+    assert wx.wg_step_groups(8, 32, 4) == 2 and wx.wg_step_groups(16, 32, 4) == 1
+    monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "mod")
+    assert wx._step_args(True, None, 2) == {"GS": 2} and wx._step_args(True, None, 1) == {}
+    # the same groups in flight in steps of two: 5 slots of one group (4 in flight) = 3 of two
+    assert wx._wg_slots(5, 32, 2) == 3 and wx._wg_slots(3, 32, 2) == 2 and wx._wg_slots(5, 32, 1) == 5
+    assert wx._wg_slots(5, 2, 2) == 2 and wx._wg_slots(5, 2, 1) == 3  # at most every step in flight
+    for bad in ("3", "x", "2@y"):
+        monkeypatch.setenv("DELTASERVE_WGMMA_GROUPS", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_WGMMA_GROUPS"):
+            wx.wg_step_groups(8, 32, 4)

@@ -245,3 +245,51 @@ def test_wg_register_cap_same_bits(dev, cap, monkeypatch):
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", cap)
     for what, a, b in zip(("gated", "down", "wg_gemv"), run(), base):
         assert torch.equal(a, b), f"{what} with the register cap {cap}"
+
+
+@pytest.mark.parametrize("slots_mode", ["mod", "carry"])
+@pytest.mark.parametrize("t", [1, 64, 512])
+def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
+    """Two groups a loop step (DELTASERVE_WGMMA_GROUPS=2: one cp.async group, wait and barrier per two groups)
+    never changes a bit: the MoE's gate/up and down at the 35B-A3B's shapes (every tile width, 2 and 5 slots, both
+    group orders, computed or carried slots) and wg_gemv (1 to 100 rows, every tile width, K of 1 - 32 groups) equal
+    one group a step, writing every element of a NaN-poisoned output."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", slots_mode)
+
+    def both(fn, poison):  # (one group a step, two)
+        monkeypatch.setenv("DELTASERVE_WGMMA_GROUPS", "1")
+        ref = fn(None)
+        monkeypatch.setenv("DELTASERVE_WGMMA_GROUPS", "2")
+        out = kc.poisoned(tuple(ref.shape), ref.dtype, dev) if poison else None
+        got = fn(out)
+        assert out is None or got.data_ptr() == out.data_ptr()
+        return ref, got
+
+    e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
+    for rows in (8, 16, 32):
+        tiles = mg.mma_expert_tiles(ids, e, rows)
+        for ns in (2, 5):
+            for pm in (False, True):
+                ref, got = both(lambda out: wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb),
+                                                                 out=out, stages=ns, partial_major=pm), True)
+                assert torch.equal(got, ref), f"gated, t={t}, {rows}-row tiles, {ns} slots, partial-major {pm}"
+            g = ref
+            ref, got = both(lambda out: wx.wg_matmul_experts(g, dw, dsb, ids, tiles, 1, scale=scale, out=out,
+                                                             stages=ns), True)
+            assert torch.equal(got, ref), f"down, t={t}, {rows}-row tiles, {ns} slots"
+    if t != 64:
+        return
+    for n, k in ((12352, 2048), (128, 1024), (64, 320), (64, 128), (64, 64)):
+        p, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
+        words, sb = mg.repack_q4(p, s, b)
+        xd = torch.randn(100, k, device=dev).bfloat16()
+        xsd = xd.float().view(100, k // 64, 64).sum(-1)
+        for m in (1, 7, 64, 100):
+            for rows in (8, 16, 32, 64):
+                for given in (True, False):  # the norm's sums, or the kernel's own
+                    ref, got = both(lambda out: wx.wg_gemv(xd[:m], words, sb, xs=xsd[:m] if given else None, out=out,
+                                                           tile_rows=rows), True)
+                    assert torch.equal(got, ref), f"wg_gemv N={n} K={k} m={m} {rows}-row tiles, sums given {given}"

@@ -121,6 +121,23 @@ def wg_slot_carry() -> bool:
     return env_choice("DELTASERVE_WGMMA_SLOTS", "carry", ("mod", "carry")) == "carry"
 
 
+def wg_step_groups(tile_rows: int, groups: int, warps: int) -> int:
+    """Groups of 64 columns a loop step of the kernel takes for tiles of tile_rows rows of x over `groups` groups
+    with the K split `warps` (never a bit: each group's MMAs and FMAs are the same, in the same order; only the
+    copies' grouping and the barriers per group change): env DELTASERVE_WGMMA_GROUPS=N (every tile width) or
+    N@ROWS (tiles of at most ROWS rows; 0 or unset: 1), N of 1 or 2, where it divides the groups of a K split's run
+    (groups // warps), else 1. sm_90 SASS at 2 (bench/NOTES.md): the 8-row gated MoE form's step 166 -> ~148
+    instructions a group and 3 barriers a step of two groups instead of one; down's 28 barriers 16."""
+    gs = env_value_at_rows("DELTASERVE_WGMMA_GROUPS", "1", "N", 1, 2, tile_rows) or 1
+    return gs if (groups // warps) % gs == 0 else 1
+
+
+def _wg_slots(stages: int, groups: int, gs: int) -> int:
+    """The kernel's NS (slots of gs groups each) for `stages` slots of one group: the same groups in flight,
+    (stages - 1), rounded up to whole steps; at most every step in flight."""
+    return min(1 + -(-(stages - 1) // gs), groups // gs + 1)
+
+
 def wg_fits(gate_words: torch.Tensor, down_words: torch.Tensor) -> bool:
     """Whether an MoE block's repacked gate [E, I/16, H/64, 128] and down [E, H/16, I/64, 128] stacks suit this
     kernel: both widths multiples of 64 (four row blocks of 16 a program), and K split over at most 4 warps in the
@@ -183,15 +200,16 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, slot, nx, more, w_base, w2_base, x_base, sq_base, wmask, xq_mask,
-                    sq_mask, NS: gl.constexpr, GATED: gl.constexpr):
-        """Before a step: its group's copies complete (this thread's, then everyone's) and visible to the MMAs; then
-        group nx requested into slot `slot` (the slot of the step before, whose MMAs finished before the barrier), as
-        an empty cp.async group when not `more` (past the last step, so every wait counts alike)."""
+                    sq_mask, NS: gl.constexpr, GATED: gl.constexpr, GS: gl.constexpr = 1, DG: gl.constexpr = 1):
+        """Before a step: its groups' copies complete (this thread's, then everyone's) and visible to the MMAs; then
+        the GS groups nx, nx + DG, ... requested into slot `slot` (the slot of the step before, whose MMAs finished
+        before the barrier; sub-slots slot GS + i), as one cp.async group, empty when not `more` (past the last
+        step, so every wait counts alike)."""
         async_copy.wait_group(NS - 2)
         fence_async_shared()
         gl.thread_barrier()
         _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, slot, w_base + nx * 128, w2_base + nx * 128, x_base + nx * 32,
-                  sq_base + nx * 16, wmask & more, xq_mask & more, sq_mask & more, GATED)
+                  sq_base + nx * 16, wmask & more, xq_mask & more, sq_mask & more, GATED, GS, DG)
 
     @gluon.jit
     def _wg_step(a0, a1, a2, a3, c0, c1, c2, c3, w: gl.constexpr, slot, xs, w_sm, w2_sm, xq_sm, sb_sm, zero_w, zero,
@@ -222,14 +240,15 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, slot, w_src, w2_src, x_src, sq_src, wmask, xq_mask, sq_mask,
-                  GATED: gl.constexpr):
-        """One group's copies into slot `slot` (words of one or both weights, x's pairs, the (s, b) pairs) as one
-        cp.async group."""
-        async_copy.async_copy_global_to_shared(w_sm.index(slot), w_src, mask=wmask)
-        if GATED:
-            async_copy.async_copy_global_to_shared(w2_sm.index(slot), w2_src, mask=wmask)
-        async_copy.async_copy_global_to_shared(xq_sm.index(slot), x_src, mask=xq_mask)
-        async_copy.async_copy_global_to_shared(sb_sm.index(slot), sq_src, mask=sq_mask)
+                  GATED: gl.constexpr, GS: gl.constexpr = 1, DG: gl.constexpr = 1):
+        """GS groups' copies (words of one or both weights, x's pairs, the (s, b) pairs), group i = the sources'
+        group + i DG into sub-slot slot GS + i, as one cp.async group."""
+        for i in gl.static_range(GS):
+            async_copy.async_copy_global_to_shared(w_sm[i].index(slot), w_src + i * DG * 128, mask=wmask)
+            if GATED:
+                async_copy.async_copy_global_to_shared(w2_sm[i].index(slot), w2_src + i * DG * 128, mask=wmask)
+            async_copy.async_copy_global_to_shared(xq_sm[i].index(slot), x_src + i * DG * 32, mask=xq_mask)
+            async_copy.async_copy_global_to_shared(sb_sm[i].index(slot), sq_src + i * DG * 16, mask=sq_mask)
         async_copy.commit_group()
 
     @gluon.jit
@@ -239,7 +258,8 @@ if HAVE_GLUON:
                     SELF_XS: gl.constexpr, NS: gl.constexpr, PARTIAL_MAJOR: gl.constexpr, DENSE: gl.constexpr,
                     PDL_WAIT: gl.constexpr, cw_ptr=None, pool_ptr=None, slot_ptr=None, ctx_ptr=None, C=0, stride_cwc=0,
                     stride_cwk=0, stride_ps=0, stride_pc=0, stride_pk=0, CONV: gl.constexpr = False,
-                    KCONV: gl.constexpr = 4, XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False):
+                    KCONV: gl.constexpr = 4, XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False,
+                    GS: gl.constexpr = 1):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -255,7 +275,10 @@ if HAVE_GLUON:
         first group's copies, and read from there each step, instead of BN / 4 global loads a thread a step, each
         with its 64-bit address (the same values, so the same bits). SLOT_CARRY: a step's shared-memory slot and the
         slot it refills carried from step to step instead of computed as step % NS and (step + NS - 1) % NS (two
-        divisions by NS a step, ~18 uniform instructions at NS = 3; the same slots, so the same bits)."""
+        divisions by NS a step, ~18 uniform instructions at NS = 3; the same slots, so the same bits).
+        GS: groups a step (1 or 2, dividing G // W): a slot holds GS groups, copied as one cp.async group, so the wait,
+        fence, barriers and slot bookkeeping come once per GS groups (NS - 1 steps, (NS - 1) GS groups, in flight).
+        Each group's MMAs and FMAs are as at GS = 1, in the same order, so the same bits."""
         G: gl.constexpr = K // 64
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -321,12 +344,13 @@ if HAVE_GLUON:
         if XS_SMEM and not SELF_XS:
             xs_sm = gl.allocate_shared_memory(gl.float32, [GP, BN], SSH1)  # read a group's [BN] at a time
 
-        w_sm = gl.allocate_shared_memory(gl.int32, [NS, 4, 8, 4, 4], WSH)
+        # a step's group i in buffer i of each tuple (its own allocation: no hazard barrier between the copies)
+        w_sm = _wg_buffers(gl.int32, [NS, 4, 8, 4, 4], WSH, GS)
         w2_sm = w_sm
         if GATED:
-            w2_sm = gl.allocate_shared_memory(gl.int32, [NS, 4, 8, 4, 4], WSH)
-        xq_sm = gl.allocate_shared_memory(gl.int32, [NS, BN, 32], XSH32)  # read as bf16 [BN, 64]: 128-byte rows
-        sb_sm = gl.allocate_shared_memory(gl.int32, [NS, 2, 64], SSH)
+            w2_sm = _wg_buffers(gl.int32, [NS, 4, 8, 4, 4], WSH, GS)
+        xq_sm = _wg_buffers(gl.int32, [NS, BN, 32], XSH32, GS)  # read as bf16 [BN, 64]: 128-byte rows
+        sb_sm = _wg_buffers(gl.int32, [NS, 2, 64], SSH, GS)
 
         zero_w = gl.zeros([4, 8, 4, 4, 8], gl.int32, layout=WL8)
         zero = gl.zeros([64, BN], gl.float32, layout=mma)
@@ -348,11 +372,14 @@ if HAVE_GLUON:
                 g_src = xs_ptr + (g_tok.to(gl.int64) * stride_sm)[None, :] + gg[:, None]
                 async_copy.async_copy_global_to_shared(xs_sm._reinterpret(gl.float32, [GP, BN], SSH), g_src,
                                                        mask=(gg < G)[:, None] & (gn < rows)[None, :])
+            # a step's groups: GS consecutive steps of the group order below, group g and g + DG (DG = W partial sum
+            # by partial sum, else 1; GS divides NCH, so a step's groups share a partial sum's run)
+            DG: gl.constexpr = W if PARTIAL_MAJOR else 1
+            S: gl.constexpr = G // GS  # steps
             for i in gl.static_range(NS - 1):  # steps 0 .. NS - 2 requested
-                _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, i, w_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 128,
-                          w2_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 128,
-                          x_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 32,
-                          sq_base + _wg_group(i, W, NCH, PARTIAL_MAJOR) * 16, wmask, xq_mask, sq_mask, GATED)
+                g0 = _wg_group(i * GS, W, NCH, PARTIAL_MAJOR)
+                _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, i, w_base + g0 * 128, w2_base + g0 * 128, x_base + g0 * 32,
+                          sq_base + g0 * 16, wmask, xq_mask, sq_mask, GATED, GS, DG)
             slot = 0
             if SLOT_CARRY:
                 slot = t * 0  # step 0's slot (a runtime value, carried through the loops)
@@ -360,41 +387,51 @@ if HAVE_GLUON:
             if not SELF_XS and not XS_SMEM:
                 xs_n = gl.load(xs_base, mask=xs_mask, other=0.0)
             if PARTIAL_MAJOR:
-                # partial sum w's groups w, w + W, ... in turn (step w NCH + c is group c W + w): each partial sum
-                # adds its groups in the same order, so the same bits, with one partial sum updated at a time
+                # partial sum w's groups w, w + W, ... in turn (group step w NCH + c is group c W + w): each partial
+                # sum adds its groups in the same order, so the same bits, with one partial sum updated at a time
                 for w in gl.static_range(W):
-                    for c in range(NCH):
-                        step = w * NCH + c
-                        nstep = gl.minimum(step + NS - 1, G - 1)
-                        _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, _wg_refill(slot, step, NS, SLOT_CARRY),
-                                    (nstep % NCH) * W + nstep // NCH, step + NS - 1 < G, w_base, w2_base, x_base,
-                                    sq_base, wmask, xq_mask, sq_mask, NS, GATED)
-                        xs = xs_n
-                        if XS_SMEM and not SELF_XS:
-                            xs = xs_sm.index(c * W + w).load(CL)
-                        elif not SELF_XS:
-                            s1 = gl.minimum(step + 1, G - 1)
-                            xs_n = gl.load(xs_base + (s1 % NCH) * W + s1 // NCH, mask=xs_mask, other=0.0)
-                        a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
-                            a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, step, NS, SLOT_CARRY), xs, w_sm, w2_sm,
-                            xq_sm, sb_sm, zero_w, zero, ones, dot_a, RL, XSH, SSH1, BN, GATED, SELF_XS)
+                    for cs in range(NCH // GS):
+                        st = w * (NCH // GS) + cs  # the step; its groups are group steps st GS + i
+                        ns1 = gl.minimum((st + NS - 1) * GS, G - GS)
+                        _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, _wg_refill(slot, st, NS, SLOT_CARRY),
+                                    (ns1 % NCH) * W + ns1 // NCH, st + NS - 1 < S, w_base, w2_base, x_base,
+                                    sq_base, wmask, xq_mask, sq_mask, NS, GATED, GS, DG)
+                        for i in gl.static_range(GS):
+                            c = cs * GS + i
+                            step = w * NCH + c
+                            xs = xs_n
+                            if XS_SMEM and not SELF_XS:
+                                xs = xs_sm.index(c * W + w).load(CL)
+                            elif not SELF_XS:
+                                s1 = gl.minimum(step + 1, G - 1)
+                                xs_n = gl.load(xs_base + (s1 % NCH) * W + s1 // NCH, mask=xs_mask, other=0.0)
+                            a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
+                                a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, st, NS, SLOT_CARRY), xs,
+                                w_sm[i], w2_sm[i], xq_sm[i], sb_sm[i], zero_w, zero, ones, dot_a, RL, XSH, SSH1, BN,
+                                GATED, SELF_XS)
                         if SLOT_CARRY:
                             slot = gl.where(slot == NS - 1, 0, slot + 1)
             else:
-                for c in range(NCH):  # chunks of W groups, group c W + w into partial sum w
-                    for w in gl.static_range(W):
-                        g = c * W + w
-                        _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, _wg_refill(slot, g, NS, SLOT_CARRY),
-                                    gl.minimum(g + NS - 1, G - 1), g + NS - 1 < G, w_base, w2_base, x_base, sq_base,
-                                    wmask, xq_mask, sq_mask, NS, GATED)
-                        xs = xs_n
-                        if XS_SMEM and not SELF_XS:
-                            xs = xs_sm.index(g).load(CL)
-                        elif not SELF_XS:
-                            xs_n = gl.load(xs_base + gl.minimum(g + 1, G - 1), mask=xs_mask, other=0.0)
-                        a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
-                            a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, g, NS, SLOT_CARRY), xs, w_sm, w2_sm,
-                            xq_sm, sb_sm, zero_w, zero, ones, dot_a, RL, XSH, SSH1, BN, GATED, SELF_XS)
+                # group g into partial sum g % W, in K order: WS steps an iteration (a chunk of W groups, or of GS)
+                WS: gl.constexpr = _wg_max(W // GS, 1)
+                for o in range(S // WS):
+                    for ws in gl.static_range(WS):
+                        st = o * WS + ws  # the step: groups st GS + i
+                        _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, _wg_refill(slot, st, NS, SLOT_CARRY),
+                                    gl.minimum((st + NS - 1) * GS, G - GS), st + NS - 1 < S, w_base, w2_base, x_base,
+                                    sq_base, wmask, xq_mask, sq_mask, NS, GATED, GS, DG)
+                        for i in gl.static_range(GS):
+                            g = st * GS + i
+                            w = (ws * GS + i) % W
+                            xs = xs_n
+                            if XS_SMEM and not SELF_XS:
+                                xs = xs_sm.index(g).load(CL)
+                            elif not SELF_XS:
+                                xs_n = gl.load(xs_base + gl.minimum(g + 1, G - 1), mask=xs_mask, other=0.0)
+                            a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
+                                a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, st, NS, SLOT_CARRY), xs,
+                                w_sm[i], w2_sm[i], xq_sm[i], sb_sm[i], zero_w, zero, ones, dot_a, RL, XSH, SSH1, BN,
+                                GATED, SELF_XS)
                         if SLOT_CARRY:
                             slot = gl.where(slot == NS - 1, 0, slot + 1)
             async_copy.wait_group(0)
@@ -427,12 +464,12 @@ if HAVE_GLUON:
                            K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, GATED: gl.constexpr,
                            SCALED: gl.constexpr, SELF_XS: gl.constexpr, NS: gl.constexpr = 3,
                            PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False,
-                           XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False):
+                           XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1):
         """The experts matmul (wg_matmul_experts): _wg_program over the sorted tile table."""
         pdl_open(PDL)
         _wg_program(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr, hi_ptr,
                     order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP, K, W, BN, GATED, SCALED, SELF_XS, NS,
-                    PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM, SLOT_CARRY=SLOT_CARRY)
+                    PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM, SLOT_CARRY=SLOT_CARRY, GS=GS)
 
     @gluon.jit
     def _wg_gemv_kernel(xq_ptr, xs_ptr, w_ptr, sbq_ptr, out_ptr, stride_xq, stride_sm, stride_om, NBE, M,
@@ -440,7 +477,7 @@ if HAVE_GLUON:
                         stride_pk, K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, SELF_XS: gl.constexpr,
                         NS: gl.constexpr = 3, PARTIAL_MAJOR: gl.constexpr = False, CONV: gl.constexpr = False,
                         KCONV: gl.constexpr = 4, PDL: gl.constexpr = False, XS_SMEM: gl.constexpr = False,
-                        SLOT_CARRY: gl.constexpr = False):
+                        SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1):
         """The dense GEMV (wg_gemv): _wg_program with one weight and no table (DENSE); a kernel of its own name, so
         that profiles count it with the linears. CONV: mma_gemv's DeltaNet decode conv epilogue (the pool arguments
         unused otherwise)."""
@@ -448,7 +485,7 @@ if HAVE_GLUON:
         _wg_program(xq_ptr, xs_ptr, w_ptr, w_ptr, sbq_ptr, sbq_ptr, out_ptr, out_ptr, xq_ptr, xq_ptr, xq_ptr, xq_ptr,
                     stride_xq, stride_sm, stride_om, NBE, M, 1, K, W, BN, False, False, SELF_XS, NS, PARTIAL_MAJOR,
                     True, PDL, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
-                    stride_pk, CONV, KCONV, XS_SMEM, SLOT_CARRY)
+                    stride_pk, CONV, KCONV, XS_SMEM, SLOT_CARRY, GS)
 
     @gluon.jit
     def _wg_rows(order_ptr, lo, i, rows, DENSE: gl.constexpr):
@@ -471,6 +508,14 @@ if HAVE_GLUON:
             return gl.where(slot == 0, NS - 1, slot - 1)
         return (step + NS - 1) % NS
 
+    @gluon.jit
+    def _wg_buffers(dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr, GS: gl.constexpr):
+        """GS shared-memory allocations of one shape, as a tuple (a step's group i in buffer i)."""
+        if GS == 1:
+            return (gl.allocate_shared_memory(dtype, shape, layout),)
+        else:
+            return (gl.allocate_shared_memory(dtype, shape, layout), gl.allocate_shared_memory(dtype, shape, layout))
+
     @gluon.constexpr_function
     def _wg_pow2(n):
         """The least power of two >= n."""
@@ -479,6 +524,10 @@ if HAVE_GLUON:
     @gluon.constexpr_function
     def _wg_min(a, b):
         return min(a, b)
+
+    @gluon.constexpr_function
+    def _wg_max(a, b):
+        return max(a, b)
 
     @gluon.jit
     def _wg_sum(a0, a1, a2, a3, W: gl.constexpr):
@@ -528,7 +577,8 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
         raise ValueError(f"wg_matmul_experts: W={warps} must be 1, 2 or 4 and divide the {g} groups")
     if stages < 2:
         raise ValueError(f"wg_matmul_experts: {stages} shared-memory slots; at least 2")
-    stages = min(stages, g + 1)  # the prologue requests NS - 1 groups: at most all of them (never a row's bits)
+    gs = wg_step_groups(tiles.rows, g, warps)
+    stages = _wg_slots(stages, g, gs)  # the prologue requests NS - 1 steps: at most all of them (never a bit)
     self_xs = xs is None
     out = experts_operands(x, words, sb, up, scale, xs, m, out, "wg_matmul_experts")
     if m:
@@ -539,16 +589,19 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
             scale if scale is not None else out, tiles.tile_e, tiles.lo, tiles.hi, tiles.order, xq.stride(0),
             0 if self_xs else xs.stride(0), out.stride(0), nbe, 0, XREP=x_repeat, K=k, W=warps, BN=tiles.rows,
             GATED=up is not None, SCALED=scale is not None, SELF_XS=self_xs, NS=stages, num_warps=4,
-            **_step_args(self_xs, xs_smem),
+            **_step_args(self_xs, xs_smem, gs),
             **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
                else {}), **wg_maxnreg(tiles.rows), **pdl_args(x))
     return out
 
 
-def _step_args(self_xs: bool, xs_smem: bool | None) -> dict:
+def _step_args(self_xs: bool, xs_smem: bool | None, gs: int) -> dict:
     """The loop step's launch arguments where they apply: XS_SMEM (x's group sums given and staged: xs_smem, or
-    wg_xs_smem() when None) and SLOT_CARRY (wg_slot_carry()); an option off is left at the kernel's default."""
+    wg_xs_smem() when None), SLOT_CARRY (wg_slot_carry()) and GS (gs groups a step, from wg_step_groups); an
+    option off is left at the kernel's default."""
     args = {"XS_SMEM": True} if not self_xs and (wg_xs_smem() if xs_smem is None else xs_smem) else {}
+    if gs > 1:
+        args["GS"] = gs
     return {**args, "SLOT_CARRY": True} if wg_slot_carry() else args
 
 
@@ -599,7 +652,8 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
         raise ValueError(f"wg_gemv: out must be bf16 or fp32 [{m}, {n}] with unit column stride, found {out.dtype} "
                          f"{tuple(out.shape)} strides {out.stride()}")
     warps = default_warps(k)
-    stages = min(stages, g + 1)
+    gs = wg_step_groups(tile_rows, g, warps)
+    stages = _wg_slots(stages, g, gs)
     if conv is not None and out.dtype != torch.bfloat16:
         raise ValueError(f"wg_gemv: conv= writes bf16 activations, out is {out.dtype}")
     kconv, conv_args = decode_conv_args(conv, m, n, x.dtype, x)
@@ -609,7 +663,7 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
         _wg_gemv_kernel[(-(-m // tile_rows), nb // 4)](
             xq, xq if self_xs else xs, words, sb.view(torch.int32), out, xq.stride(0), 0 if self_xs else xs.stride(0),
             out.stride(0), nb, m, *conv_args, K=k, W=warps, BN=tile_rows, SELF_XS=self_xs, NS=stages,
-            CONV=conv is not None, KCONV=kconv, num_warps=4, **_step_args(self_xs, xs_smem),
+            CONV=conv is not None, KCONV=kconv, num_warps=4, **_step_args(self_xs, xs_smem, gs),
             **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
                else {}), **wg_maxnreg(tile_rows), **pdl_args(x))
     return out
