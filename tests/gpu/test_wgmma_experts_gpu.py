@@ -247,10 +247,10 @@ def test_wg_register_cap_same_bits(dev, cap, monkeypatch):
         assert torch.equal(a, b), f"{what} with the register cap {cap}"
 
 
-@pytest.mark.parametrize("slots_mode", ["mod", "carry"])
-@pytest.mark.parametrize("t", [1, 64, 512])
+@pytest.mark.parametrize("t,slots_mode", [(1, "mod"), (1, "carry"), (64, "carry"), (512, "carry")])
 def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
-    """Two groups a loop step (DELTASERVE_WGMMA_GROUPS=2: one cp.async group, wait and barrier per two groups)
+    """Two groups a loop step (DELTASERVE_MOE_WGMMA_GROUPS / DELTASERVE_WG_GEMV_GROUPS=2: one cp.async group, wait
+    and barrier per two groups)
     never changes a bit: the MoE's gate/up and down at the 35B-A3B's shapes (every tile width, 2 and 5 slots, both
     group orders, computed or carried slots) and wg_gemv (1 to 100 rows, every tile width, K of 1 - 32 groups) equal
     one group a step, writing every element of a NaN-poisoned output."""
@@ -260,9 +260,11 @@ def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", slots_mode)
 
     def both(fn, poison):  # (one group a step, two)
-        monkeypatch.setenv("DELTASERVE_WGMMA_GROUPS", "1")
+        for name in ("DELTASERVE_MOE_WGMMA_GROUPS", "DELTASERVE_WG_GEMV_GROUPS"):
+            monkeypatch.setenv(name, "1")
         ref = fn(None)
-        monkeypatch.setenv("DELTASERVE_WGMMA_GROUPS", "2")
+        for name in ("DELTASERVE_MOE_WGMMA_GROUPS", "DELTASERVE_WG_GEMV_GROUPS"):
+            monkeypatch.setenv(name, "2")
         out = kc.poisoned(tuple(ref.shape), ref.dtype, dev) if poison else None
         got = fn(out)
         assert out is None or got.data_ptr() == out.data_ptr()

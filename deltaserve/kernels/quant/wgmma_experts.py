@@ -121,14 +121,18 @@ def wg_slot_carry() -> bool:
     return env_choice("DELTASERVE_WGMMA_SLOTS", "carry", ("mod", "carry")) == "carry"
 
 
-def wg_step_groups(tile_rows: int, groups: int, warps: int) -> int:
+def wg_step_groups(tile_rows: int, groups: int, warps: int, dense: bool = False) -> int:
     """Groups of 64 columns a loop step of the kernel takes for tiles of tile_rows rows of x over `groups` groups
     with the K split `warps` (never a bit: each group's MMAs and FMAs are the same, in the same order; only the
-    copies' grouping and the barriers per group change): env DELTASERVE_WGMMA_GROUPS=N (every tile width) or
-    N@ROWS (tiles of at most ROWS rows; 0 or unset: 1), N of 1 or 2, where it divides the groups of a K split's run
-    (groups // warps), else 1. sm_90 SASS at 2 (bench/NOTES.md): the 8-row gated MoE form's step 166 -> ~148
-    instructions a group and 3 barriers a step of two groups instead of one; down's 28 barriers 16."""
-    gs = env_value_at_rows("DELTASERVE_WGMMA_GROUPS", "1", "N", 1, 2, tile_rows) or 1
+    copies' grouping and the barriers per group change): 1 or 2, where it divides the groups of a K split's run
+    (groups // warps), else 1. Env N (every tile width) or N@ROWS (tiles of at most ROWS rows; 0: 1), for the MoE's
+    launches DELTASERVE_MOE_WGMMA_GROUPS (default 2@8: a decode's 8-row tiles), for wg_gemv (dense=True)
+    DELTASERVE_WG_GEMV_GROUPS (default 2). sm_90 SASS at 2: the 8-row gated MoE step 166 -> ~145 instructions a
+    group, the 32-row dense step 153 -> ~127, one barrier set per two groups. H200, in one call (bench/NOTES.md):
+    64 streams tg64 @ d512 5,624 / 5,636 (1) -> 5,773 / 5,770 (2 everywhere), 5,732 (2 for 8-row tiles only);
+    pp512 with 64 prompts (16-row MoE tiles) 30,751 -> 30,315 at 2 everywhere, so the MoE's wider tiles keep 1."""
+    name = "DELTASERVE_WG_GEMV_GROUPS" if dense else "DELTASERVE_MOE_WGMMA_GROUPS"
+    gs = env_value_at_rows(name, "2" if dense else "2@8", "N", 1, 2, tile_rows) or 1
     return gs if (groups // warps) % gs == 0 else 1
 
 
@@ -652,7 +656,7 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
         raise ValueError(f"wg_gemv: out must be bf16 or fp32 [{m}, {n}] with unit column stride, found {out.dtype} "
                          f"{tuple(out.shape)} strides {out.stride()}")
     warps = default_warps(k)
-    gs = wg_step_groups(tile_rows, g, warps)
+    gs = wg_step_groups(tile_rows, g, warps, dense=True)
     stages = _wg_slots(stages, g, gs)
     if conv is not None and out.dtype != torch.bfloat16:
         raise ValueError(f"wg_gemv: conv= writes bf16 activations, out is {out.dtype}")
