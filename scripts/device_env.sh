@@ -1,13 +1,16 @@
 # The tensor-core device calls' shared set-up, sourced by scripts/device_mma_*.sh (H200 machine, repo root): $OUT,
 # the carried wheels (.whl/, listed in wheels.txt) installed into /tmp/site, the repository and them on PYTHONPATH,
 # one Triton cache per machine (seeded from a carried .tcache.tgz: a previous call's $OUT/tcache.tgz, ignored by
-# git), t0 for the calls' elapsed-seconds prints, and gpu_tests for a call's test window.
+# git; or .tcache.txz), t0 for the calls' elapsed-seconds prints, and gpu_tests for a call's test window.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 t0=$SECONDS
 [ -f .tcache.tgz ] && [ "$TRITON_CACHE_DIR" = /tmp/tcache ] && tar xzf .tcache.tgz -C /tmp
+# or an xz one (a quarter of the gzip size; python's lzma, so no xz binary is needed there)
+[ -f .tcache.txz ] && [ "$TRITON_CACHE_DIR" = /tmp/tcache ] && \
+  python3 -c "import tarfile; tarfile.open('.tcache.txz').extractall('/tmp', filter='tar')"
 
 GPU_TESTS_RUN=0
 gpu_tests() {  # gpu_tests SECONDS PYTEST_ARGS...: the GPU tests under a time limit, log in $OUT/tests[_N].log (one

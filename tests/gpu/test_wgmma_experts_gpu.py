@@ -252,8 +252,8 @@ def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
     """Two groups a loop step (DELTASERVE_MOE_WGMMA_GROUPS / DELTASERVE_WG_GEMV_GROUPS=2: one cp.async group, wait
     and barrier per two groups)
     never changes a bit: the MoE's gate/up and down at the 35B-A3B's shapes (every tile width, 2 and 5 slots, both
-    group orders, computed or carried slots) and wg_gemv (1 to 100 rows, every tile width, K of 1 - 32 groups) equal
-    one group a step, writing every element of a NaN-poisoned output."""
+    group orders, computed or carried slots) and wg_gemv (1 to 100 rows, 8- / 32- / 64-row tiles, K of 2 - 32
+    groups) equal one group a step, writing every element of a NaN-poisoned output."""
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
 
@@ -284,13 +284,13 @@ def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
             assert torch.equal(got, ref), f"down, t={t}, {rows}-row tiles, {ns} slots"
     if t != 64:
         return
-    for n, k in ((12352, 2048), (128, 1024), (64, 320), (64, 128), (64, 64)):
+    for n, k in ((12352, 2048), (128, 1024), (64, 128)):  # K split 4 (both group orders' runs), 4, 1
         p, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
         words, sb = mg.repack_q4(p, s, b)
         xd = torch.randn(100, k, device=dev).bfloat16()
         xsd = xd.float().view(100, k // 64, 64).sum(-1)
         for m in (1, 7, 64, 100):
-            for rows in (8, 16, 32, 64):
+            for rows in (8, 32, 64):
                 for given in (True, False):  # the norm's sums, or the kernel's own
                     ref, got = both(lambda out: wx.wg_gemv(xd[:m], words, sb, xs=xsd[:m] if given else None, out=out,
                                                            tile_rows=rows), True)
