@@ -310,3 +310,16 @@ def test_wgmma_groups_knob(monkeypatch):
             with pytest.raises(ValueError, match=name):
                 wx.wg_step_groups(8, 32, 4, dense)
         monkeypatch.delenv(name)
+
+
+def test_attention_merge_knob(monkeypatch):
+    from deltaserve.kernels.attention import triton_paged as tp
+
+    monkeypatch.delenv("DELTASERVE_ATTN_MERGE", raising=False)
+    assert tp.merge_shape() == tp.merge_shape(throughput=True) == (tp.MERGE_BSP, tp.MERGE_BD)
+    monkeypatch.setenv("DELTASERVE_ATTN_MERGE", "16x64")
+    assert tp.merge_shape() == (16, 64) and tp.merge_shape(throughput=True) == (16, 64)
+    for bad in ("16", "12x64", "16x8", "512x32", "ax32"):
+        monkeypatch.setenv("DELTASERVE_ATTN_MERGE", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_ATTN_MERGE"):
+            tp.merge_shape()

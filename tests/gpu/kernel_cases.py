@@ -612,6 +612,17 @@ def check_attention(mods, device, ctx, seqs, hq, hkv, d, bs):
     od = tp.paged_decode_attention(p["q"][last], p["kc"], p["vc"], p["tables"], lens, scale, int(lens.max()),
                                    out=out)
     close(od, ref[last], 4 * BF16_EPS, "paged decode attention")
+    # other merge shapes (a deployment's merge_shape: BSP splits a step, BD columns a program) mean the same, and a
+    # row alone gets the bits it gets in the batch under each (BSP 2: a row of 3 splits takes two steps)
+    for merge in ((2, 16), (8, 32)) + (((16, 64), (16, 128), (16, 256)) if d >= 256 else ()):
+        out = poisoned((len(seqs), hq, d), torch.bfloat16, device)
+        om = tp.paged_decode_attention(p["q"][last], p["kc"], p["vc"], p["tables"], lens, scale, int(lens.max()),
+                                       out=out, merge=merge)
+        close(om, ref[last], 4 * BF16_EPS, f"paged decode attention, merge {merge}")
+        b = len(seqs) - 1
+        alone = tp.paged_decode_attention(p["q"][last][b:], p["kc"], p["vc"], p["tables"][b:], lens[b:], scale,
+                                          int(lens.max()), merge=merge)
+        assert torch.equal(alone[0], om[b]), f"paged decode attention, merge {merge}: a row alone != in the batch"
 
 
 # ---------------------------------------------------------------- norms

@@ -25,6 +25,8 @@ Optional attention output gate (Qwen3.5 gated attention), applied in the epilogu
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -284,6 +286,26 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stri
 
 MERGE_BD = 32  # merge columns per program (no arithmetic): D = 256 gives 8 programs per (row, head)
 MERGE_BSP = 128  # splits per merge step (a row's summation order): 32k tokens = 256 splits = 2 steps
+
+
+def merge_shape(throughput: bool = False) -> tuple[int, int]:
+    """The decode merge's (BSP splits a step, BD columns a program) for a deployment. Both set a row's summation
+    order (the tree of a step's sums over BSP, the tile's layout), so the shape is fixed per deployment (from its
+    capacity, like the decode GEMV and the DeltaNet step's columns), never per batch; `throughput`: the deployment
+    decodes on the tensor-core GEMVs (4+ streams). Env DELTASERVE_ATTN_MERGE: "auto" (the default: (MERGE_BSP,
+    MERGE_BD) for every deployment) or "BSPxBD" (powers of two, BSP 2 - 256, BD 16 - 256), for A/B."""
+    value = os.environ.get("DELTASERVE_ATTN_MERGE", "auto").strip() or "auto"
+    if value == "auto":
+        return MERGE_BSP, MERGE_BD
+    bsp, _, bd = value.partition("x")
+    try:
+        shape = int(bsp), int(bd)
+    except ValueError:
+        raise ValueError(f"DELTASERVE_ATTN_MERGE must be auto or BSPxBD (e.g. 16x64), found {value!r}") from None
+    if any(v & (v - 1) for v in shape) or not (2 <= shape[0] <= 256 and 16 <= shape[1] <= 256):
+        raise ValueError(f"DELTASERVE_ATTN_MERGE: BSP a power of two in 2 - 256 and BD one in 16 - 256, found "
+                         f"{value!r}")
+    return shape
 # the split program's launch shape: tokens per loop step (None: 64 for D <= 128, else 32; it sets a row's summation
 # order, the same for every row), and per cache dtype the warps (the layout of the softmax sums: a row's order, the
 # same for every row) and the software-pipeline stages of the loop's loads (None: Triton's default; no arithmetic).
@@ -303,14 +325,15 @@ def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     kv_lens: torch.Tensor, scale: float, max_kv_len: int, out: torch.Tensor | None = None,
     gate: torch.Tensor | None = None, lens_add: int = 0, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None, merge: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """One new token per sequence: q [B, Hq, D] attends to the first kv_lens[b] cached tokens (context + the new
     token, already written). max_kv_len: a host upper bound on kv_lens (sizes the split grid; a CUDA graph can pass
     the model's maximum). gate: None or [B, Hq, D] (any batch/head strides, e.g. qg.view(B, Hq, 2D)[..., D:]),
     returns bf16(bf16(o) * bf16(sigmoid(gate))) then. lens_add: a constant added to every kv_lens[b] in the kernel
     (1 lets the caller pass the context lengths without a `+ 1` launch; max_kv_len bounds the sum). k_scale,
-    v_scale: an fp8 cache's scales (kv_fp8.py). Returns [B, Hq, D] in q's dtype."""
+    v_scale: an fp8 cache's scales (kv_fp8.py). merge: the merge's (BSP, BD) (None: (MERGE_BSP, MERGE_BD)), a
+    row's summation order: one per deployment (merge_shape). Returns [B, Hq, D] in q's dtype."""
     bsz, hq, d = q.shape
     nb, bs, hkv, dc = k_cache.shape
     if dc != d or hq % hkv or block_tables.shape[0] != bsz or kv_lens.numel() != bsz:
@@ -348,10 +371,11 @@ def paged_decode_attention(
         **({} if stages is None else {"num_stages": stages}),
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
-        bd = min(d, MERGE_BD)
+        bsp, bd = merge or (MERGE_BSP, MERGE_BD)
+        bd = min(d, bd)
         _decode_merge_kernel[(bsz, hq, d // bd)](
             po, pm, pl, kv_lens, out, gt, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0), out.stride(1),
-            sgb, sgh, D=d, BD=bd, SPLIT=SPLIT_TOKENS, BSP=MERGE_BSP, HAS_GATE=gate is not None, LENS_ADD=lens_add,
+            sgb, sgh, D=d, BD=bd, SPLIT=SPLIT_TOKENS, BSP=bsp, HAS_GATE=gate is not None, LENS_ADD=lens_add,
             num_warps=4, **pdl_args(out),
         )
     return out
