@@ -316,7 +316,7 @@ def test_attention_merge_knob(monkeypatch):
     from deltaserve.kernels.attention import triton_paged as tp
 
     monkeypatch.delenv("DELTASERVE_ATTN_MERGE", raising=False)
-    assert tp.merge_shape() == tp.merge_shape(throughput=True) == (tp.MERGE_BSP, tp.MERGE_BD)
+    assert tp.merge_shape() == (tp.MERGE_BSP, tp.MERGE_BD) and tp.merge_shape(throughput=True) == (16, 256)
     monkeypatch.setenv("DELTASERVE_ATTN_MERGE", "16x64")
     assert tp.merge_shape() == (16, 64) and tp.merge_shape(throughput=True) == (16, 64)
     for bad in ("16", "12x64", "16x8", "512x32", "ax32"):

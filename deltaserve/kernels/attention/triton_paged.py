@@ -286,17 +286,24 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stri
 
 MERGE_BD = 32  # merge columns per program (no arithmetic): D = 256 gives 8 programs per (row, head)
 MERGE_BSP = 128  # splits per merge step (a row's summation order): 32k tokens = 256 splits = 2 steps
+# a throughput deployment's merge (4+ streams): 16 splits a step over whole rows. H200 sweep at 64 streams
+# (bench/NOTES.md), merge us a layer: d512 21.4 (128 x 32), 9.3 (16 x 64), 9.1 (16 x 128), 5.4 (16 x 256); d4096
+# 27.0, 33.6, 38.1, 25.5. In the model, tg64 @ d512: 5,761 / 5,769 (128 x 32), 5,828 / 5,826 (16 x 64); 8 streams
+# 2,336 either way.
+THROUGHPUT_MERGE = (16, 256)
 
 
 def merge_shape(throughput: bool = False) -> tuple[int, int]:
     """The decode merge's (BSP splits a step, BD columns a program) for a deployment. Both set a row's summation
     order (the tree of a step's sums over BSP, the tile's layout), so the shape is fixed per deployment (from its
     capacity, like the decode GEMV and the DeltaNet step's columns), never per batch; `throughput`: the deployment
-    decodes on the tensor-core GEMVs (4+ streams). Env DELTASERVE_ATTN_MERGE: "auto" (the default: (MERGE_BSP,
-    MERGE_BD) for every deployment) or "BSPxBD" (powers of two, BSP 2 - 256, BD 16 - 256), for A/B."""
+    decodes on the tensor-core GEMVs (4+ streams). Env DELTASERVE_ATTN_MERGE: "auto" (the default: THROUGHPUT_MERGE
+    when `throughput`, else (MERGE_BSP, MERGE_BD): at batch 1 a row's 9 splits at 512 tokens are 128 programs of 8
+    columns' blocks, and at 32K its 512 splits 4 steps of 128) or "BSPxBD" (powers of two, BSP 2 - 256, BD 16 -
+    256), for A/B."""
     value = os.environ.get("DELTASERVE_ATTN_MERGE", "auto").strip() or "auto"
     if value == "auto":
-        return MERGE_BSP, MERGE_BD
+        return THROUGHPUT_MERGE if throughput else (MERGE_BSP, MERGE_BD)
     bsp, _, bd = value.partition("x")
     try:
         shape = int(bsp), int(bd)
