@@ -250,10 +250,10 @@ def test_wg_register_cap_same_bits(dev, cap, monkeypatch):
 @pytest.mark.parametrize("t,slots_mode", [(1, "mod"), (1, "carry"), (64, "carry"), (512, "carry")])
 def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
     """Two groups a loop step (DELTASERVE_MOE_WGMMA_GROUPS / DELTASERVE_WG_GEMV_GROUPS=2: one cp.async group, wait
-    and barrier per two groups)
-    never changes a bit: the MoE's gate/up and down at the 35B-A3B's shapes (every tile width, 2 and 5 slots, both
-    group orders, computed or carried slots) and wg_gemv (1 to 100 rows, 8- / 32- / 64-row tiles, K of 2 - 32
-    groups) equal one group a step, writing every element of a NaN-poisoned output."""
+    and barrier per two groups) never changes a bit: the MoE's gate/up and down at the 35B-A3B's shapes (every tile
+    width, 2 and 5 slots, both group orders, computed or carried slots) and wg_gemv (1 to 100 rows, 8- / 32- /
+    64-row tiles, sums given and its own, K of 2 - 32 groups) equal one group a step, writing every element of a
+    NaN-poisoned output."""
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
 

@@ -80,7 +80,9 @@ def wg_moe_stages(tile_rows: int) -> int:
     TB/s from DRAM with two groups in flight a program, 4 programs an SM; H200, tg64 @ d512 in one call
     (bench/NOTES.md): 3 slots 5,174 / 5,172, 5 slots 5,190, 8 slots 4,965 tok/s; with wg_gemv's conv in its
     epilogue 5,171 -> 5,210. Env DELTASERVE_MOE_WGMMA_STAGES=NS (every tile width) or NS@ROWS (tiles of at most
-    ROWS rows; 0: WG_STAGES everywhere), for A/B."""
+    ROWS rows; 0: WG_STAGES everywhere), for A/B. Slots of one group: with two groups a step (wg_step_groups) the
+    kernel keeps the same groups in flight in fewer, wider slots (_wg_slots: 5 -> 3); there, in one call, 3 / 5 / 7
+    such slots gave 5,506 / 5,778 / 5,721 tok/s."""
     ns = env_value_at_rows("DELTASERVE_MOE_WGMMA_STAGES", "5@8", "NS", 2, 16, tile_rows)
     return WG_STAGES if ns is None else ns
 
