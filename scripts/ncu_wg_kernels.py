@@ -2,9 +2,11 @@
 the DeltaNet in_proj (12352 x 2048, q4 g64) at 64 rows through mma_gemv's own kernel and wg_gemv (32-row tiles with 3
 and 8 slots, 16-row tiles with 3), then the MoE's gated gate/up and scaled down on the wgmma experts kernel at 64
 tokens (8-row tiles, as a 64-stream decode runs them). Each launch first once to compile (and a sync), then once to
-measure, in the same order: the measured launches are the 7th to the 12th of these kernels.
+measure, in the same order: the measured launches are the 7th to the 12th of these kernels. --experts-only: the MoE's
+two launches alone, at the model's slots for 8-row tiles (wg_moe_stages) and its groups a step (wg_step_groups, env
+DELTASERVE_MOE_WGMMA_GROUPS): the measured launches are the 3rd and 4th.
 
-  python scripts/ncu_wg_kernels.py
+  python scripts/ncu_wg_kernels.py [--experts-only]
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ def main() -> int:
                                                                up=up)),
         ("wg experts down T=64", lambda: wx.wg_matmul_experts(hs[0], *down, routes[0], tiles, 1, scale=scale)),
     ]
+    if "--experts-only" in sys.argv[1:]:
+        ns = wx.wg_moe_stages(8)
+        calls = [("wg experts gated T=64 (model slots)", lambda: wx.wg_matmul_experts(
+                     xin[0], *gate, routes[0], tiles, SLOTS, xs=sums[0], up=up, stages=ns)),
+                 ("wg experts down T=64 (model slots)", lambda: wx.wg_matmul_experts(
+                     hs[0], *down, routes[0], tiles, 1, scale=scale, stages=ns))]
     for _, fn in calls:  # compile and warm
         fn()
     torch.cuda.synchronize()
