@@ -57,3 +57,9 @@ bench_records() {
   timeout "${2:-110}" python3 -m deltaserve bench $m -p 512 -n 128 -d 0,512,4096,8192,32768 -b 1 -r 5 \
     --results "$OUT" 2>&1 | grep -v Warn > "$OUT/bench_b1.log"; grep -E "^\| deltaserve" "$OUT/bench_b1.log" | sort -u
 }
+
+# logs_into_one: the call's test logs as one file, $OUT/all_tests.txt, and bench.log dropped (at most 8 files come
+# back from $OUT)
+logs_into_one() {
+  cat "$OUT"/tests*.log > "$OUT/all_tests.txt" && rm -f "$OUT"/tests*.log "$OUT/bench.log"
+}

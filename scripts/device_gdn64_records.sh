@@ -13,5 +13,5 @@ for b in 64 8; do
   for cfg in "" "DELTASERVE_GDN_STEP=split"; do bench_tg "${cfg:-default}" $b 64 $cfg; done
 done
 bench_records 170 120
-cat "$OUT"/tests*.log > "$OUT/all_tests.txt" && rm -f "$OUT"/tests*.log "$OUT/bench.log"  # 8 files come back at most
+logs_into_one
 ls "$OUT"; echo "done ($((SECONDS-t0)) s)"

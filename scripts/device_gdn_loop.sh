@@ -18,5 +18,5 @@ for cfg in "DELTASERVE_GDN_STEP_PROGRAMS=0" "DELTASERVE_GDN_STEP_PROGRAMS=2" "DE
 done
 TESTS_NAMED=1 gpu_tests 100 tests/gpu/test_model_mma_path.py -k "mma-moe and not wgmma"
 tar czf "$OUT/tcache.tgz" -C /tmp tcache && split -b 15M "$OUT/tcache.tgz" "$OUT/tcache.tgz." && rm "$OUT/tcache.tgz"
-cat "$OUT"/tests*.log > "$OUT/all_tests.txt" && rm "$OUT"/tests*.log "$OUT/bench.log"  # 8 files come back at most
+logs_into_one
 echo "done ($((SECONDS-t0)) s)"

@@ -16,5 +16,5 @@ for b in 8 1; do
   for cfg in "" "DELTASERVE_TILES_ONE=sort"; do bench_tg "${cfg:-default}" $b 64 $cfg; done
 done
 bench_records 150 110
-cat "$OUT"/tests*.log > "$OUT/all_tests.txt" && rm -f "$OUT"/tests*.log "$OUT/bench.log"  # 8 files come back at most
+logs_into_one
 ls "$OUT"; echo "done ($((SECONDS-t0)) s)"

@@ -104,7 +104,7 @@ class GatedAttention(nn.Module):
             max_kv = batch.block_tables.shape[1] * batch.block_size
             o = tp.paged_decode_attention(
                 q, k_cache, v_cache, batch.block_tables, batch.context_lens, self.scale, max_kv, gate=gate, lens_add=1,
-                k_scale=k_scale, v_scale=v_scale, merge=tp.merge_shape(throughput=fast.decode_gemv(self) == "mma"),
+                k_scale=k_scale, v_scale=v_scale, merge=tp.merge_shape(throughput=fast.throughput_deployment(self)),
             )
             return fast.linear(self.o_proj, o.view(t, self.hq * d), decode)
         o = tp.paged_prefill_attention(

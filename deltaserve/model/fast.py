@@ -142,6 +142,12 @@ def decode_gemv(module: nn.Module | None = None) -> str:
     return stamped or "head"
 
 
+def throughput_deployment(module: nn.Module | None = None) -> bool:
+    """Whether `module`'s deployment is a throughput one (decode_gemv "mma": 4+ streams), whose other per-deployment
+    launch shapes (the DeltaNet step's state columns, the decode attention merge) follow it."""
+    return decode_gemv(module) == "mma"
+
+
 OUTPUT_HEAD_ATTR = "_fast_output_head"  # module.__dict__ key: this linear makes the logits (decode_gemv "head")
 
 

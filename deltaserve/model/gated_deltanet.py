@@ -111,7 +111,7 @@ class GatedDeltaNet(nn.Module):
             y = td.gdn_decode_step(
                 mixed, z, a, b, self.A_log, self.dt_bias, self.norm.weight, ssm_pool, batch.state_slots,
                 batch.context_lens, self.hk, self.norm.eps, prep=fmt,
-                dv_block=td.step_dv_block(throughput=fast.decode_gemv(self) == "mma"),
+                dv_block=td.step_dv_block(throughput=fast.throughput_deployment(self)),
             )
             if fmt is not None:
                 y = fast.attach_prep(y[0], fmt, y[1])

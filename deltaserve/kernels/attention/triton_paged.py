@@ -286,10 +286,25 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stri
 
 MERGE_BD = 32  # merge columns per program (no arithmetic): D = 256 gives 8 programs per (row, head)
 MERGE_BSP = 128  # splits per merge step (a row's summation order): 32k tokens = 256 splits = 2 steps
+# the split program's launch shape: tokens per loop step (None: 64 for D <= 128, else 32; it sets a row's summation
+# order, the same for every row), and per cache dtype the warps (the layout of the softmax sums: a row's order, the
+# same for every row) and the software-pipeline stages of the loop's loads (None: Triton's default; no arithmetic).
+# scripts/sweep_decode_attention.py chose them: one stage keeps more programs resident (fp8: 167 registers at 1
+# stage, 210 at 3) and a split of 64 tokens is one loop step.
+DECODE_BN = 64
+# fp8 at 8 warps (78 registers instead of 134): sweep 32K 30.5 -> 29.1 us, 512 7.3 -> 6.5; in the model (H200, tg128
+# B=1, same call) d32768 520.8 -> 527.1 tok/s, d512 586.3 -> 586.6. bf16 at 8 warps is slower (33.1 -> 35.5 us at 32K).
+DECODE_WARPS = {"bf16": 4, "fp8": 8}
+DECODE_STAGES = {"bf16": 1, "fp8": 1}
+# split programs per launch to aim for (None: one per split). With a target, each (row, KV head) gets
+# P = clamp(target / (B * Hkv), 1, splits) programs that loop over its splits (no arithmetic changes).
+DECODE_PROGRAMS = None
+
+
 # a throughput deployment's merge (4+ streams): 16 splits a step over whole rows. H200 sweep at 64 streams
 # (bench/NOTES.md), merge us a layer: d512 21.4 (128 x 32), 9.3 (16 x 64), 9.1 (16 x 128), 5.4 (16 x 256); d4096
-# 27.0, 33.6, 38.1, 25.5. In the model, tg64 @ d512: 5,761 / 5,769 (128 x 32), 5,828 / 5,826 (16 x 64); 8 streams
-# 2,336 either way.
+# 27.0, 33.6, 38.1, 25.5. In the model, tg64 @ d512: 5,761 / 5,769 / 5,771 (128 x 32), 5,828 / 5,826 / 5,837 (16 x
+# 64), 5,854 / 5,849 (16 x 256); 8 streams 2,336 either way.
 THROUGHPUT_MERGE = (16, 256)
 
 
@@ -313,19 +328,6 @@ def merge_shape(throughput: bool = False) -> tuple[int, int]:
         raise ValueError(f"DELTASERVE_ATTN_MERGE: BSP a power of two in 2 - 256 and BD one in 16 - 256, found "
                          f"{value!r}")
     return shape
-# the split program's launch shape: tokens per loop step (None: 64 for D <= 128, else 32; it sets a row's summation
-# order, the same for every row), and per cache dtype the warps (the layout of the softmax sums: a row's order, the
-# same for every row) and the software-pipeline stages of the loop's loads (None: Triton's default; no arithmetic).
-# scripts/sweep_decode_attention.py chose them: one stage keeps more programs resident (fp8: 167 registers at 1
-# stage, 210 at 3) and a split of 64 tokens is one loop step.
-DECODE_BN = 64
-# fp8 at 8 warps (78 registers instead of 134): sweep 32K 30.5 -> 29.1 us, 512 7.3 -> 6.5; in the model (H200, tg128
-# B=1, same call) d32768 520.8 -> 527.1 tok/s, d512 586.3 -> 586.6. bf16 at 8 warps is slower (33.1 -> 35.5 us at 32K).
-DECODE_WARPS = {"bf16": 4, "fp8": 8}
-DECODE_STAGES = {"bf16": 1, "fp8": 1}
-# split programs per launch to aim for (None: one per split). With a target, each (row, KV head) gets
-# P = clamp(target / (B * Hkv), 1, splits) programs that loop over its splits (no arithmetic changes).
-DECODE_PROGRAMS = None
 
 
 def paged_decode_attention(

@@ -208,8 +208,8 @@ if HAVE_GLUON:
     def _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, slot, nx, more, w_base, w2_base, x_base, sq_base, wmask, xq_mask,
                     sq_mask, NS: gl.constexpr, GATED: gl.constexpr, GS: gl.constexpr = 1, DG: gl.constexpr = 1):
         """Before a step: its groups' copies complete (this thread's, then everyone's) and visible to the MMAs; then
-        the GS groups nx, nx + DG, ... requested into slot `slot` (the slot of the step before, whose MMAs finished
-        before the barrier; sub-slots slot GS + i), as one cp.async group, empty when not `more` (past the last
+        the GS groups nx, nx + DG, ... requested into slot `slot` of buffers 0 .. GS - 1 (the slot of the step
+        before, whose MMAs finished before the barrier), as one cp.async group, empty when not `more` (past the last
         step, so every wait counts alike)."""
         async_copy.wait_group(NS - 2)
         fence_async_shared()
@@ -248,7 +248,7 @@ if HAVE_GLUON:
     def _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, slot, w_src, w2_src, x_src, sq_src, wmask, xq_mask, sq_mask,
                   GATED: gl.constexpr, GS: gl.constexpr = 1, DG: gl.constexpr = 1):
         """GS groups' copies (words of one or both weights, x's pairs, the (s, b) pairs), group i = the sources'
-        group + i DG into sub-slot slot GS + i, as one cp.async group."""
+        group + i DG into slot `slot` of buffer i, as one cp.async group."""
         for i in gl.static_range(GS):
             async_copy.async_copy_global_to_shared(w_sm[i].index(slot), w_src + i * DG * 128, mask=wmask)
             if GATED:
