@@ -7,10 +7,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 t0=$SECONDS
-[ -f .tcache.tgz ] && [ "$TRITON_CACHE_DIR" = /tmp/tcache ] && tar xzf .tcache.tgz -C /tmp
-# or an xz one (a quarter of the gzip size; python's lzma, so no xz binary is needed there)
-[ -f .tcache.txz ] && [ "$TRITON_CACHE_DIR" = /tmp/tcache ] && \
-  python3 -c "import tarfile; tarfile.open('.tcache.txz').extractall('/tmp', filter='tar')"
+# (once per machine: a script sourced by another call's script finds /tmp/tcache/.seeded and skips it)
+if [ "$TRITON_CACHE_DIR" = /tmp/tcache ] && [ ! -f /tmp/tcache/.seeded ]; then
+  [ -f .tcache.tgz ] && tar xzf .tcache.tgz -C /tmp
+  # or an xz one (a quarter of the gzip size; python's lzma, so no xz binary is needed there)
+  [ -f .tcache.txz ] && python3 -c "import tarfile; tarfile.open('.tcache.txz').extractall('/tmp', filter='tar')"
+  mkdir -p /tmp/tcache && touch /tmp/tcache/.seeded
+fi
 
 GPU_TESTS_RUN=0
 gpu_tests() {  # gpu_tests SECONDS PYTEST_ARGS...: the GPU tests under a time limit, log in $OUT/tests[_N].log (one
@@ -62,4 +65,12 @@ bench_records() {
 # back from $OUT)
 logs_into_one() {
   cat "$OUT"/tests*.log > "$OUT/all_tests.txt" && rm -f "$OUT"/tests*.log "$OUT/bench.log"
+}
+
+# cache_news: the Triton cache entries compiled since the seed (newer than /tmp/tcache/.seeded) as
+# $OUT/tcache_new.tgz.* pieces of 15 MiB, to merge into .tcache.txz here (at most 8 files come back from $OUT)
+cache_news() {
+  (cd /tmp && find tcache -newer tcache/.seeded -type f ! -name .seeded | tar czf - -T -) \
+    | split -b 15M - "$OUT/tcache_new.tgz."
+  echo "new cache entries: $(cat "$OUT"/tcache_new.tgz.* | wc -c) bytes in $(ls "$OUT"/tcache_new.tgz.* | wc -l) pieces"
 }
