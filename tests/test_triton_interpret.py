@@ -91,6 +91,8 @@ def _cases():
         "moe_down_early": lambda m: kc.check_moe_down_early(m, CPU, 2, 64, 8, 32, 3, 4, 32),
         "moe_router_last_arrival": lambda m: kc.check_router_last_arrival(m, CPU, select="bitonic"),
         "moe_router_last_arrival_best": lambda m: kc.check_router_last_arrival(m, CPU, ts=(1, 7), select="best"),  # the default
+        # 33 tokens: both bitmap words; the GPU test runs more token counts and tile widths
+        "moe_route_tiles": lambda m: kc.check_route_tiles(m, CPU, ts=(33,), rows=(8,), reps=2),
         "conv_varlen": lambda m: kc.check_conv(m, CPU, c=48, kw=4, seqs=[5, 1, 2, 19], ctx=[3, 0, 7, 0]),
         "conv_sections": lambda m: kc.check_conv_sections(m, CPU, 64, 64, 128, 4, seqs=[5, 1, 19], ctx=[3, 0, 0]),
         "conv_sections_narrow": lambda m: kc.check_conv_sections(m, CPU, 16, 16, 40, 4, seqs=[3, 17], ctx=[0, 2]),

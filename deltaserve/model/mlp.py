@@ -90,16 +90,18 @@ class SparseMoeBlock(nn.Module):
         shared = self._shared_specs()
         mma = fast.mma_moe_weights(self, x)
         if mma is not None:  # every token count, decode or prefill: one kernel family, one set of bits
-            from ..kernels.moe.mma_moe import moe_block_mma
+            from ..kernels.moe.mma_moe import moe_block_mma, wg_block_tile_rows
 
             slot = mma.num_experts - 1 if mma.shared_last else None  # the shared expert: routed slot k
+            # the warpgroup-MMA launches' tiles from the router (at decode sizes, in its launch: the same tiles)
+            tile_rows = None if slot is None else wg_block_tile_rows(mma, x.shape[0] * (self.top_k + 1))
             routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"),
-                                separate_topk=fast.moe_topk_mode() == "split", shared_slot=slot)
+                                separate_topk=fast.moe_topk_mode() == "split", shared_slot=slot, tile_rows=tile_rows)
             # the norm's prep (fast.moe_prep): x's group sums, alone (MOE_SUMS) or with the GEMV's xp
             carried = fast.carried_prep(x, fast.MOE_SUMS) or fast.carried_prep(x, fast.MOE_PREP)
             xs = None if carried is None else carried[1]
             return moe_block_mma(x, routing.ids, routing.weights, routing.shared_weight, mma, residual=residual,
-                                 xs=xs, shared_slotted=slot is not None)
+                                 xs=xs, shared_slotted=slot is not None, tiles=routing.tiles)
         gate, up, down = fast.stacked_specs(self.experts)
         if decode and fast.decode_kernels() == "gemv":
             from ..kernels.moe.triton_moe_gemv import moe_decode_v2

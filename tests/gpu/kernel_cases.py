@@ -847,6 +847,41 @@ def _router_last_arrival(mods, device, ts, h, e, top_k):
             assert int(arrival_counters(device, t)[: t].abs().sum()) == 0, f"T={t}: counters not reset"
 
 
+def check_route_tiles(mods, device, ts=(1, 33), h=64, e=12, top_k=3, rows=(8, 16), group=32, reps=3):
+    """moe_route's tiles from the router's one launch (DELTASERVE_MOE_ROUTE_TILES=fused, triton_route_tiles) == the
+    split path's (the top-k launch with the shared slot, then mma_expert_tiles), bit for bit: ids, weights, the
+    shared weight and the four tile tensors, for T on both sides of the bitmap's first word (32 tokens) and several
+    rows per tile, on repeated calls with the last call's outputs poisoned (their blocks come back from the caching
+    allocator), and the arrival counters (the bitmap and the starts' scratch among them) back at zero."""
+    import os
+    from unittest import mock
+
+    from deltaserve.kernels.moe.triton_route_tiles import BITMAP_AT
+    from deltaserve.kernels.triton_sync import arrival_counters
+
+    md = mods["moe"]
+    _, kw, _ = moe_problem(device, 1, h, e, 2 * group, 2 * group, 4, group, router_bits=8)
+    for t in ts:
+        x = torch.randn(t, h, device=device).bfloat16()
+        for r in rows:
+            with mock.patch.dict(os.environ, {"DELTASERVE_MOE_ROUTE_TILES": "split"}):
+                want = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], separate_topk=True,
+                                    shared_slot=e, tile_rows=r)
+            for rep in range(reps):
+                with mock.patch.dict(os.environ, {"DELTASERVE_MOE_ROUTE_TILES": "fused"}):
+                    got = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], shared_slot=e, tile_rows=r)
+                what = f"route tiles T={t} rows={r} call {rep}"
+                assert torch.equal(got.ids, want.ids), f"{what}: ids {got.ids.tolist()} != {want.ids.tolist()}"
+                assert torch.equal(got.weights, want.weights), f"{what}: weights differ"
+                assert torch.equal(got.shared_weight, want.shared_weight), f"{what}: shared weight differs"
+                assert got.tiles.rows == r, what
+                for name, a, b in zip(("tile_e", "tile_lo", "tile_hi", "order"), got.tiles[:4], want.tiles[:4]):
+                    assert torch.equal(a, b), f"{what}: {name} {a.tolist()} != {b.tolist()}"
+                assert int(arrival_counters(device, 1)[: BITMAP_AT * 16].abs().sum()) == 0, f"{what}: counters"
+                for out in (*got[:3], *got.tiles[:4]):
+                    out.fill_(-7)
+
+
 def check_router_rows(mods, device, ts=(1, 13, 40), h=64, e=12, router_bits=8, group=32, blocks=(1, 4)):
     """The router's logits and shared-gate sigmoid from the multi-row GEMV launch (DELTASERVE_ROUTER_ROWS_MIN: from
     that many tokens on) == the per-token router launch's, bit for bit (the same per-row arithmetic), for T on both

@@ -78,6 +78,13 @@ def test_moe_router_rows(mods, dev, small):
         kc.check_router_rows(mods, dev, ts=(1, 64, 512, 515), h=2048, e=256, group=64, blocks=(1, 8, 16, 64))
 
 
+def test_moe_route_tiles(mods, dev, small):
+    if small:
+        kc.check_route_tiles(mods, dev, ts=(1, 31, 33, 64))
+    else:  # the 35B-A3B's router and its 257 stacked experts: a 64-stream step, and a 57-token prefill chunk
+        kc.check_route_tiles(mods, dev, ts=(1, 57, 64), h=2048, e=256, top_k=8, rows=(8, 16), group=64)
+
+
 def test_causal_conv(mods, dev, small):
     c = 48 if small else 8192
     kc.check_conv(mods, dev, c=c, kw=4, seqs=[1, 5, 40, 2, 17] if small else [1, 5, 300, 2, 64],

@@ -86,14 +86,25 @@ def _down_early_fits(m: int, k: int) -> bool:
     return 3 <= default_ahead(m, False, chunks) < chunks
 
 
+def wg_block_tile_rows(experts: MmaExperts, rows: int) -> int | None:
+    """The rows per tile of moe_block_mma's warpgroup-MMA launches for a block of `rows` (token, slot) rows, or None
+    where the block takes the mma.sync kernel (fewer than wg_min_rows rows, the split gate/up layout, or a stack
+    the kernel does not fit). The router can then build the block's tiles (moe_route(tile_rows=))."""
+    if experts.gate_up is None and rows >= wg_min_rows() and wg_fits(experts.gate[0], experts.down[0]):
+        return wg_tile_rows(rows)
+    return None
+
+
 def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, shared_weight: torch.Tensor | None,
                   experts: MmaExperts, residual: torch.Tensor | None = None, xs: torch.Tensor | None = None,
-                  tile_rows: int | None = None, shared_slotted: bool = False) -> torch.Tensor:
+                  tile_rows: int | None = None, shared_slotted: bool = False, tiles=None) -> torch.Tensor:
     """x [T, H] bf16; ids / weights [T, k] (the routing contract: int32 expert ids, fp32 weights); shared_weight
     [T] fp32 (sigmoid of the shared gate) when the block has a shared expert. shared_slotted: ids / weights are
     [T, k + 1] with the stacked shared expert already in the last slot (moe_route(shared_slot=E' - 1): no launches
     to append it). xs: x's group sums (prep_x's, or the norm's prep: the same bits) if the caller has them.
-    tile_rows: rows per expert tile (mma_expert_tiles; never a row's bits). Returns [T, H] bf16 (+ residual)."""
+    tile_rows: rows per expert tile (mma_expert_tiles; never a row's bits). tiles: the warpgroup-MMA launches' tiles
+    of these ids when the caller has them (moe_route(tile_rows=wg_block_tile_rows(...))). Returns [T, H] bf16
+    (+ residual)."""
     if x.device.type != "cuda":
         raise RuntimeError("moe_block_mma: the tensor-core MoE needs a CUDA device (its kernels are Gluon)")
     from ..quant.triton_gemv import prep_x
@@ -116,14 +127,19 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
     xs = prep_x(x, 4, 64)[1] if xs is None else xs  # x's group sums: shared by every gate and up row
     # large blocks (prefill chunks): gate/up and down on warpgroup MMAs over their own tiles (tile_rows unused),
     # the mma.sync kernel's bits
-    if experts.gate_up is None and ids.numel() >= wg_min_rows() and wg_fits(experts.gate[0], experts.down[0]):
-        tiles = mma_expert_tiles(ids, num_e, wg_tile_rows(ids.numel()))
+    wg_rows = wg_block_tile_rows(experts, ids.numel())
+    if wg_rows is not None:
+        if tiles is None:
+            tiles = mma_expert_tiles(ids, num_e, wg_rows)
+        elif tiles.order is None or tiles.order.numel() != ids.numel() or tiles.rows != wg_rows:
+            raise ValueError(f"moe_block_mma: the tiles given are for another block (rows per tile {tiles.rows}, "
+                             f"expected {wg_rows} for {ids.numel()} rows)")
         ns = wg_moe_stages(tiles.rows)
         hid = wg_matmul_experts(x, *experts.gate, ids, tiles, slots, xs=xs, up=experts.up, stages=ns)
         part = wg_matmul_experts(hid, *experts.down, ids, tiles, 1, scale=weights.reshape(-1),
                                  stages=ns).view(t, slots, -1)
         return _with_shared(part, x, xs, shared_weight, experts, residual)
-    tiles = mma_expert_tiles(ids, num_e, tile_rows)
+    tiles = mma_expert_tiles(ids, num_e, tile_rows)  # the mma.sync kernel's own (single-row at decode sizes)
     glu = False  # down makes h = SiLU(g) * u from g | u as it loads its input
     if experts.gate_up is not None:
         # g | u in one plain launch of twice the gated launch's programs; h at each (gate, up) block pair's second

@@ -274,6 +274,7 @@ class MoeRouting(NamedTuple):
     ids: torch.Tensor  # [T, k] int32, ascending expert id per row
     weights: torch.Tensor  # [T, k] fp32, aligned with ids
     shared_weight: torch.Tensor  # [T] fp32 sigmoid(shared gate logit) (zeros without a shared expert)
+    tiles: object = None  # quant.mma_gemv.MmaTiles of the rows (moe_route(tile_rows=)), else None
 
 
 def _spec(w, name: str) -> WeightSpec:
@@ -457,17 +458,32 @@ def _router_specs(x, router, top_k, shared_gate):
 
 
 def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, shared_gate=None,
-              config=None, separate_topk: bool = False, shared_slot: int | None = None) -> MoeRouting:
+              config=None, separate_topk: bool = False, shared_slot: int | None = None,
+              tile_rows: int | None = None) -> MoeRouting:
     """Router logits (fp32) + the routing contract, in one launch (the top-k at each token's last-arriving router
     program); separate_topk: the top-k in a launch of its own (the two-launch path, for timing). x [T, H];
     router [E, H] (WeightSpec or dense tensor); shared_gate [1, H] or None. shared_slot (with a shared gate): ids
     and weights get k + 1 slots, the last (shared_slot, the shared gate's sigmoid) for every token, written by the
-    separate top-k launch (taken then whatever separate_topk says: the same bits)."""
+    separate top-k launch (taken then whatever separate_topk says: the same bits). tile_rows (with shared_slot):
+    the routing's tiles too (MoeRouting.tiles: mma_expert_tiles(ids, shared_slot + 1, tile_rows)'s tensors), for up
+    to ROUTE_TILES_MAX_TOKENS tokens from the router's one launch (triton_route_tiles; route_tiles_mode), else
+    from the tiles' own launch."""
     config = merged_config(config)
     r, g = _router_specs(x, router, top_k, shared_gate)
     t = x.shape[0]
     if shared_slot is not None and shared_gate is None:
         raise ValueError("moe_route: shared_slot needs the shared expert's gate")
+    if tile_rows is not None:
+        if shared_slot is None:
+            raise ValueError("moe_route: tile_rows needs shared_slot (the tiles are over the stacked experts)")
+        from . import triton_route_tiles as rt
+
+        if rt.route_tiles_mode() == "fused" and rt.route_tiles_fit(t, shared_slot + 1):
+            return MoeRouting(*rt.route_with_tiles(x, r, g, top_k, normalize, shared_slot, tile_rows, config))
+        from ..quant.mma_gemv import mma_expert_tiles
+
+        routing = moe_route(x, router, top_k, normalize, shared_gate, config, separate_topk, shared_slot)
+        return routing._replace(tiles=mma_expert_tiles(routing.ids, shared_slot + 1, tile_rows))
     slots = top_k + int(shared_slot is not None)
     ids = torch.empty(t, slots, dtype=torch.int32, device=x.device)
     wts = torch.empty(t, slots, dtype=torch.float32, device=x.device)
