@@ -220,6 +220,21 @@ def test_moe_wgmma_stages_knob(monkeypatch):
             wx.wg_moe_stages(8)
 
 
+def test_moe_wgmma_down_stages_knob(monkeypatch):
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.delenv("DELTASERVE_MOE_WGMMA_STAGES", raising=False)
+    monkeypatch.delenv("DELTASERVE_MOE_WGMMA_DOWN_STAGES", raising=False)
+    assert [wx.wg_moe_down_stages(r) for r in (8, 16)] == [wx.wg_moe_stages(r) for r in (8, 16)]  # unset: the same
+    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_DOWN_STAGES", "9@8")
+    assert (wx.wg_moe_down_stages(8), wx.wg_moe_down_stages(16)) == (9, wx.WG_STAGES)
+    assert wx.wg_moe_stages(8) == 5  # the gated launch keeps its own
+    for bad in ("1", "17", "x@8"):
+        monkeypatch.setenv("DELTASERVE_MOE_WGMMA_DOWN_STAGES", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_MOE_WGMMA_DOWN_STAGES"):
+            wx.wg_moe_down_stages(8)
+
+
 def test_wg_gemv_conv_switch(monkeypatch):
     from deltaserve.kernels.quant import mma_gemv as mg
 

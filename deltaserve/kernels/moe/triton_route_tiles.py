@@ -74,12 +74,12 @@ def _router_tiles_kernel(
     BE: tl.constexpr, R_BITS: tl.constexpr, R_GROUP: tl.constexpr, R_CG: tl.constexpr, G_BITS: tl.constexpr,
     G_GROUP: tl.constexpr, G_CG: tl.constexpr, INLINE: tl.constexpr, TOPK: tl.constexpr, EP: tl.constexpr,
     NORMALIZE: tl.constexpr, BITONIC: tl.constexpr, SHARED_ID: tl.constexpr, TEP: tl.constexpr, TW: tl.constexpr,
-    MP: tl.constexpr, R: tl.constexpr, TB: tl.constexpr, PDL: tl.constexpr = False,
+    MP: tl.constexpr, R: tl.constexpr, TB: tl.constexpr, BOFF: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # grid (T, cdiv(E, BE) + 1), the router launch's (_router_kernel): column j < cdiv(E, BE) writes the fp32 logits
     # of experts j*BE .. j*BE+BE-1 of token t, the last column the shared gate's sigmoid; each with gemv_row's
     # arithmetic, so the router launch's bits. cnt: the arrival counters, [0, T) per token, [T] the launch's, the
-    # bitmap [TEP, TW] int32 at BITMAP_AT, the starts' scratch [TEP] after it; all zero outside a launch.
+    # bitmap [TEP, TW] int32 at BOFF (BITMAP_AT), the starts' scratch [TEP] after it; all zero outside a launch.
     # PDL: every branch waits inside gemv_row (or before the shared column's store), before any store.
     pdl_open(PDL)
     t = tl.program_id(0)
@@ -103,7 +103,7 @@ def _router_tiles_kernel(
         tl.store(wts_ptr + t * S + rank, wts, mask=sel)
         tl.store(ids_ptr + t * S + TOPK, SHARED_ID)
         tl.store(wts_ptr + t * S + TOPK, tl.load(sg_ptr + t, cache_modifier=".cg"))
-        bits_ptr = cnt_ptr + BITMAP_AT
+        bits_ptr = cnt_ptr + BOFF
         bit = 1 << (t % 32)  # int32: bit 31 is the sign bit, the same word
         tl.atomic_or(bits_ptr + ex * TW + t // 32, bit, mask=sel, sem="relaxed")
         tl.atomic_or(bits_ptr + SHARED_ID * TW + t // 32, bit, sem="relaxed")
@@ -178,7 +178,8 @@ def route_with_tiles(x, r, g, top_k: int, normalize: bool, shared_slot: int, til
         g.scales.stride(-2), MAGIC, H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=_router_cg(r, be, warps),
         G_BITS=g.bits, G_GROUP=g.group, G_CG=_router_cg(g, be, warps), INLINE=inline_mode(x, True), TOPK=top_k,
         EP=triton.next_power_of_2(r.n), NORMALIZE=normalize, BITONIC=topk_bitonic(), SHARED_ID=shared_slot,
-        TEP=tep, TW=tw, MP=max(16, triton.next_power_of_2(m)), R=tile_rows, TB=64, num_warps=warps,
+        TEP=tep, TW=tw, MP=max(16, triton.next_power_of_2(m)), R=tile_rows, TB=64, BOFF=BITMAP_AT,
+        num_warps=warps,
         **pdl_args(x),
     )
     return ids, wts, sw, MmaTiles(tile_e, lo, hi, order, tile_rows)

@@ -87,6 +87,15 @@ def wg_moe_stages(tile_rows: int) -> int:
     return WG_STAGES if ns is None else ns
 
 
+def wg_moe_down_stages(tile_rows: int) -> int:
+    """Shared-memory slots (of one group) of the MoE block's down launch with tiles of tile_rows rows (never a bit):
+    wg_moe_stages' unless env DELTASERVE_MOE_WGMMA_DOWN_STAGES=NS or NS@ROWS says otherwise (for A/B). Down's K is
+    the experts' width (512 at 35B-A3B: 8 groups), so a program's copies are in flight for a short time; ncu at 64
+    streams (bench/NOTES.md): down 53.2 us at 55% of DRAM's throughput, the gated launch 77.5 at 73%."""
+    ns = env_value_at_rows("DELTASERVE_MOE_WGMMA_DOWN_STAGES", "", "NS", 2, 16, tile_rows)
+    return wg_moe_stages(tile_rows) if ns is None else ns
+
+
 def wg_tile_rows(m: int) -> int:
     """Sorted rows of x per program for a block of m rows: WG_TILE_ROWS from WG_WIDE_ROWS rows, else 8 (a few rows
     per expert: H200 probe at 64 tokens, before the tail-tile skip, gated 139.5 us with 8-row tiles against 174.5
