@@ -91,7 +91,9 @@ def wg_moe_down_stages(tile_rows: int) -> int:
     """Shared-memory slots (of one group) of the MoE block's down launch with tiles of tile_rows rows (never a bit):
     wg_moe_stages' unless env DELTASERVE_MOE_WGMMA_DOWN_STAGES=NS or NS@ROWS says otherwise (for A/B). Down's K is
     the experts' width (512 at 35B-A3B: 8 groups), so a program's copies are in flight for a short time; ncu at 64
-    streams (bench/NOTES.md): down 53.2 us at 55% of DRAM's throughput, the gated launch 77.5 at 73%."""
+    streams (bench/NOTES.md): down 53.2 us at 55% of DRAM's throughput, the gated launch 77.5 at 73%. More slots
+    for down were slower, in one call at 64 streams: 5 (the gated launch's) 5,914, 7 5,847, 9 (all of K in
+    flight) 5,587 / 5,587 tok/s."""
     ns = env_value_at_rows("DELTASERVE_MOE_WGMMA_DOWN_STAGES", "", "NS", 2, 16, tile_rows)
     return wg_moe_stages(tile_rows) if ns is None else ns
 
