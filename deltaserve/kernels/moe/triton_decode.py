@@ -70,26 +70,41 @@ def _router_kernel(
     # that wrote x once its first weight chunks are requested (gemv_row's PDL_WAIT), before any store.
     pdl_open(PDL)
     t = tl.program_id(0)
-    j = tl.program_id(1)
-    x_row = x_ptr + t.to(tl.int64) * stride_xt
-    rows = j * BE + tl.arange(0, BE)
     if SHARED_ONLY:  # grid (T, 1): the shared gate's column alone (the logits come from the rows launch)
-        _router_shared_gate(x_row, gw_ptr, gs_ptr, gb_ptr, sg_ptr, t, stride_gn, stride_gsn, magic, H, BE, HAS_SHARED,
-                            G_BITS, G_GROUP, G_CG, INLINE, PDL)
-    elif j * BE < E:
-        e_mask = rows < E
-        logits = gemv_row(x_row, x_row, x_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, magic,
-                          H, R_BITS, R_GROUP, BE, R_CG, INLINE, PDL)
-        tl.store(logit_ptr + t * E + rows, logits, mask=e_mask)
+        _router_shared_gate(x_ptr + t.to(tl.int64) * stride_xt, gw_ptr, gs_ptr, gb_ptr, sg_ptr, t, stride_gn,
+                            stride_gsn, magic, H, BE, HAS_SHARED, G_BITS, G_GROUP, G_CG, INLINE, PDL)
     else:
-        _router_shared_gate(x_row, gw_ptr, gs_ptr, gb_ptr, sg_ptr, t, stride_gn, stride_gsn, magic, H, BE, HAS_SHARED,
-                            G_BITS, G_GROUP, G_CG, INLINE, PDL)
+        _router_column(x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr, E, stride_xt,
+                       stride_rn, stride_rsn, stride_gn, stride_gsn, magic, H, BE, R_BITS, R_GROUP, R_CG, HAS_SHARED,
+                       G_BITS, G_GROUP, G_CG, INLINE, PDL)
     if TOPK > 0:
         if last_arrival(cnt_ptr + t, tl.num_programs(1)):
             sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE, True, BITONIC)
             ex = tl.arange(0, EP)
             tl.store(ids_ptr + t * TOPK + rank, ex, mask=sel)
             tl.store(wts_ptr + t * TOPK + rank, wts, mask=sel)
+
+
+@triton.jit
+def _router_column(x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr, E, stride_xt, stride_rn,
+                   stride_rsn, stride_gn, stride_gsn, magic, H: tl.constexpr, BE: tl.constexpr, R_BITS: tl.constexpr,
+                   R_GROUP: tl.constexpr, R_CG: tl.constexpr, HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr,
+                   G_GROUP: tl.constexpr, G_CG: tl.constexpr, INLINE: tl.constexpr, PDL_WAIT: tl.constexpr):
+    """Program (t, j) of a router launch of (T, cdiv(E, BE) + 1) programs: column j < cdiv(E, BE) stores the fp32
+    logits of experts j*BE .. j*BE+BE-1 of token t (gemv_row: the full K unrolled, two chunks ahead), the last
+    column the shared gate's sigmoid. PDL_WAIT: the caller's PDL wait, inside gemv_row or _router_shared_gate."""
+    t = tl.program_id(0)
+    j = tl.program_id(1)
+    x_row = x_ptr + t.to(tl.int64) * stride_xt
+    rows = j * BE + tl.arange(0, BE)
+    if j * BE < E:
+        e_mask = rows < E
+        logits = gemv_row(x_row, x_row, x_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, magic,
+                          H, R_BITS, R_GROUP, BE, R_CG, INLINE, PDL_WAIT)
+        tl.store(logit_ptr + t * E + rows, logits, mask=e_mask)
+    else:
+        _router_shared_gate(x_row, gw_ptr, gs_ptr, gb_ptr, sg_ptr, t, stride_gn, stride_gsn, magic, H, BE, HAS_SHARED,
+                            G_BITS, G_GROUP, G_CG, INLINE, PDL_WAIT)
 
 
 @triton.jit

@@ -26,11 +26,11 @@ import triton
 import triton.language as tl
 
 from ..quant.triton_affine import _write_tile_table
-from ..quant.triton_gemv import MAGIC, gemv_row
+from ..quant.triton_gemv import MAGIC
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_pdl import pdl_args, pdl_open
 from ..triton_sync import arrival_counters, last_arrival
-from .triton_decode import _router_cg, _router_shared_gate, _topk, topk_bitonic
+from .triton_decode import _router_cg, _router_column, _topk, topk_bitonic
 
 ROUTE_TILES_MAX_TOKENS = 64  # two bitmap words an expert: a 64-stream decode step
 BITMAP_AT = 128  # the bitmap's offset in the arrival counters (the per-token counters and the launch's one before it)
@@ -84,17 +84,9 @@ def _router_tiles_kernel(
     # PDL: every branch waits inside gemv_row (or before the shared column's store), before any store.
     pdl_open(PDL)
     t = tl.program_id(0)
-    j = tl.program_id(1)
-    x_row = x_ptr + t.to(tl.int64) * stride_xt
-    rows = j * BE + tl.arange(0, BE)
-    if j * BE < E:
-        e_mask = rows < E
-        logits = gemv_row(x_row, x_row, x_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, magic,
-                          H, R_BITS, R_GROUP, BE, R_CG, INLINE, PDL)
-        tl.store(logit_ptr + t * E + rows, logits, mask=e_mask)
-    else:
-        _router_shared_gate(x_row, gw_ptr, gs_ptr, gb_ptr, sg_ptr, t, stride_gn, stride_gsn, magic, H, BE, True,
-                            G_BITS, G_GROUP, G_CG, INLINE, PDL)
+    _router_column(x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr, E, stride_xt, stride_rn,
+                   stride_rsn, stride_gn, stride_gsn, magic, H, BE, R_BITS, R_GROUP, R_CG, True, G_BITS, G_GROUP,
+                   G_CG, INLINE, PDL)
     if last_arrival(cnt_ptr + t, tl.num_programs(1)):
         # the token's routing: the split top-k launch's (_topk_kernel with SHARED_ID), from L2
         S: tl.constexpr = TOPK + 1
