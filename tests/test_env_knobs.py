@@ -235,19 +235,6 @@ def test_moe_wgmma_down_stages_knob(monkeypatch):
             wx.wg_moe_down_stages(8)
 
 
-def test_moe_wgmma_down_sets_knob(monkeypatch):
-    from deltaserve.kernels.quant import wgmma_experts as wx
-
-    monkeypatch.delenv("DELTASERVE_MOE_WGMMA_DOWN_SETS", raising=False)
-    assert (wx.wg_moe_down_sets(8), wx.wg_moe_down_sets(16)) == (1, 1)
-    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_DOWN_SETS", "4@8")
-    assert (wx.wg_moe_down_sets(8), wx.wg_moe_down_sets(16)) == (4, 1)
-    for bad in ("3", "16", "x"):
-        monkeypatch.setenv("DELTASERVE_MOE_WGMMA_DOWN_SETS", bad)
-        with pytest.raises(ValueError, match="DELTASERVE_MOE_WGMMA_DOWN_SETS"):
-            wx.wg_moe_down_sets(8)
-
-
 def test_wg_gemv_conv_switch(monkeypatch):
     from deltaserve.kernels.quant import mma_gemv as mg
 

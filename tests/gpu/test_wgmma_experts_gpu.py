@@ -295,33 +295,3 @@ def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
                     ref, got = both(lambda out: wx.wg_gemv(xd[:m], words, sb, xs=xsd[:m] if given else None, out=out,
                                                            tile_rows=rows), True)
                     assert torch.equal(got, ref), f"wg_gemv N={n} K={k} m={m} {rows}-row tiles, sums given {given}"
-
-
-@pytest.mark.parametrize("t", [1, 64, 512])
-def test_wg_down_row_sets_same_bits(dev, t, monkeypatch):
-    """Down with 2 and 4 row sets of 64 weight rows a program (wg_matmul_experts(row_sets=): the sets as one
-    stream of steps) equals one set a program and the mma.sync kernel bit for bit at the 35B-A3B's shapes, over
-    8- and 16-row tiles, 2 and 5 slots, one and two groups a step, writing every element of a NaN-poisoned
-    output; the forms it does not serve are refused."""
-    from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_experts as wx
-
-    e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
-    tiles8 = mg.mma_expert_tiles(ids, e, 8)
-    hid = mg.mma_matmul_experts(x, gw, gsb, ids, slots, xs=xs, tiles=tiles8, up=(uw, usb))
-    ref = mg.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles8, scale=scale)
-    for gs in ("1", "2"):
-        monkeypatch.setenv("DELTASERVE_MOE_WGMMA_GROUPS", gs)
-        for rows in (8, 16):
-            tiles = mg.mma_expert_tiles(ids, e, rows)
-            for ns in (2, 5):
-                for sets in (1, 2, 4):
-                    out = kc.poisoned(tuple(ref.shape), ref.dtype, dev)
-                    got = wx.wg_matmul_experts(hid, dw, dsb, ids, tiles, 1, scale=scale, out=out, stages=ns,
-                                               row_sets=sets)
-                    assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref), \
-                        f"down t={t}, {rows}-row tiles, {ns} slots, {gs} groups a step, {sets} row sets"
-    with pytest.raises(ValueError, match="row sets"):
-        wx.wg_matmul_experts(x, gw, gsb, ids, tiles8, slots, xs=xs, up=(uw, usb), row_sets=2)
-    with pytest.raises(ValueError, match="row sets"):
-        wx.wg_matmul_experts(hid, dw, dsb, ids, tiles8, 1, scale=scale, row_sets=3)

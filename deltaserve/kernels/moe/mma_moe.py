@@ -32,8 +32,8 @@ import torch
 
 from ..quant.mma_gemv import (GROUP, default_ahead, default_row_blocks, default_warps, mma_expert_tiles,
                               mma_matmul_experts, pair_counters_fit, repack_q4, repack_q4_experts)
-from ..quant.wgmma_experts import (wg_fits, wg_matmul_experts, wg_min_rows, wg_moe_down_sets, wg_moe_down_stages,
-                                   wg_moe_stages, wg_tile_rows)
+from ..quant.wgmma_experts import (wg_fits, wg_matmul_experts, wg_min_rows, wg_moe_down_stages, wg_moe_stages,
+                                   wg_tile_rows)
 from ..triton_sync import MIN_COUNTERS
 from .triton_combine import combine_slots
 from .triton_moe_gemv import down_early
@@ -138,8 +138,7 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
         hid = wg_matmul_experts(x, *experts.gate, ids, tiles, slots, xs=xs, up=experts.up,
                                 stages=wg_moe_stages(tiles.rows))
         part = wg_matmul_experts(hid, *experts.down, ids, tiles, 1, scale=weights.reshape(-1),
-                                 stages=wg_moe_down_stages(tiles.rows),
-                                 row_sets=wg_moe_down_sets(tiles.rows)).view(t, slots, -1)
+                                 stages=wg_moe_down_stages(tiles.rows)).view(t, slots, -1)
         return _with_shared(part, x, xs, shared_weight, experts, residual)
     tiles = mma_expert_tiles(ids, num_e, tile_rows)  # the mma.sync kernel's own (single-row at decode sizes)
     glu = False  # down makes h = SiLU(g) * u from g | u as it loads its input

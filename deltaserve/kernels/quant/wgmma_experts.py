@@ -98,17 +98,6 @@ def wg_moe_down_stages(tile_rows: int) -> int:
     return wg_moe_stages(tile_rows) if ns is None else ns
 
 
-def wg_moe_down_sets(tile_rows: int) -> int:
-    """Row sets of 64 weight rows a program of the MoE block's down launch with tiles of tile_rows rows (never a
-    bit; wg_matmul_experts(row_sets=)): 1 unless env DELTASERVE_MOE_WGMMA_DOWN_SETS=N or N@ROWS (2, 4 or 8) says
-    otherwise, for A/B. Down's programs are short (K = 512: 8 groups), and ncu found its 64-stream launch at 55% of
-    DRAM's throughput against the gated launch's 73% (bench/NOTES.md)."""
-    n = env_value_at_rows("DELTASERVE_MOE_WGMMA_DOWN_SETS", "", "N", 1, 8, tile_rows)
-    if n is not None and n not in (1, 2, 4, 8):
-        raise ValueError(f"DELTASERVE_MOE_WGMMA_DOWN_SETS: 1, 2, 4 or 8 row sets, found {n}")
-    return n or 1
-
-
 def wg_tile_rows(m: int) -> int:
     """Sorted rows of x per program for a block of m rows: WG_TILE_ROWS from WG_WIDE_ROWS rows, else 8 (a few rows
     per expert: H200 probe at 64 tokens, before the tail-tile skip, gated 139.5 us with 8-row tiles against 174.5
@@ -287,7 +276,7 @@ if HAVE_GLUON:
                     PDL_WAIT: gl.constexpr, cw_ptr=None, pool_ptr=None, slot_ptr=None, ctx_ptr=None, C=0, stride_cwc=0,
                     stride_cwk=0, stride_ps=0, stride_pc=0, stride_pk=0, CONV: gl.constexpr = False,
                     KCONV: gl.constexpr = 4, XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False,
-                    GS: gl.constexpr = 1, RS: gl.constexpr = 1):
+                    GS: gl.constexpr = 1):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -306,11 +295,7 @@ if HAVE_GLUON:
         divisions by NS a step, ~18 uniform instructions at NS = 3; the same slots, so the same bits).
         GS: groups a step (1 or 2, dividing G // W): a slot holds GS groups, copied as one cp.async group, so the wait,
         fence, barriers and slot bookkeeping come once per GS groups (NS - 1 steps, (NS - 1) GS groups, in flight).
-        Each group's MMAs and FMAs are as at GS = 1, in the same order, so the same bits.
-        RS: row sets of 64 weight rows a program (grid (tiles, NBE / 4 / RS); the plain and scaled epilogues with
-        SELF_XS or XS_SMEM, groups in K order): sets 4 RS p' .. of the expert in turn as one stream of steps, so a
-        set's first groups are in flight while the set before finishes, and the program's tile, order and x rows
-        are looked up once. Each set's groups, MMAs and FMAs are as at RS = 1, so the same bits."""
+        Each group's MMAs and FMAs are as at GS = 1, in the same order, so the same bits."""
         G: gl.constexpr = K // 64
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -338,7 +323,7 @@ if HAVE_GLUON:
             lo = gl.load(lo_ptr + t)
             rows = gl.where(e >= 0, gl.load(hi_ptr + t) - lo, 0)
         live = rows > 0
-        blk = (gl.maximum(e, 0).to(gl.int64) * NBE + p * (4 * RS)) * G  # row block 4 RS p of the expert, group 0
+        blk = (gl.maximum(e, 0).to(gl.int64) * NBE + p * 4) * G  # row block 4 p of the expert, group 0
 
         # the words of row block 4 p + r, group g: (blk + r G) 128 + g 128 + lane 4 + j (int32)
         wr = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
@@ -443,54 +428,6 @@ if HAVE_GLUON:
                                 GATED, SELF_XS)
                         if SLOT_CARRY:
                             slot = gl.where(slot == NS - 1, 0, slot + 1)
-            elif RS > 1:
-                gl.static_assert(not GATED and not DENSE and not CONV and (SELF_XS or XS_SMEM),
-                                 "row sets: the plain and scaled epilogues, x's group sums own or staged")
-                # RS row sets as one stream of RS S steps: step f of set f // S, group (f % S) GS; the sets' words and
-                # (s, b) pairs RSW / RSQ int32 apart, x the same for every set
-                WS: gl.constexpr = _wg_max(W // GS, 1)
-                RSW: gl.constexpr = 4 * G * 128
-                RSQ: gl.constexpr = 4 * G * 16
-                o_n = gl.arange(0, BN, layout=CL)
-                o_row = gl.arange(0, 64, layout=RL)
-                o_dst = _wg_rows(order_ptr, lo, o_n, rows, DENSE).to(gl.int64)
-                o_mask = (o_n < rows)[None, :]
-                sc = gl.full([BN], 1.0, gl.float32, layout=CL)
-                if SCALED:
-                    sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
-                for rs in range(RS):
-                    a0 = zero
-                    a1 = zero
-                    a2 = zero
-                    a3 = zero
-                    for o in range(S // WS):
-                        for ws in gl.static_range(WS):
-                            st = o * WS + ws  # the step in this set: groups st GS + i
-                            f = rs * S + st
-                            nf = f + NS - 1  # the step requested now (none past the last)
-                            nrs = gl.minimum(nf // S, RS - 1)
-                            _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, _wg_refill(slot, f, NS, SLOT_CARRY), (nf % S) * GS,
-                                        nf < S * RS, w_base + nrs * RSW, w2_base + nrs * RSW, x_base,
-                                        sq_base + nrs * RSQ, wmask, xq_mask, sq_mask, NS, GATED, GS, DG)
-                            for i in gl.static_range(GS):
-                                g = st * GS + i
-                                w = (ws * GS + i) % W
-                                xs = xs_n
-                                if XS_SMEM and not SELF_XS:
-                                    xs = xs_sm.index(g).load(CL)
-                                a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
-                                    a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, f, NS, SLOT_CARRY), xs,
-                                    w_sm[i], w2_sm[i], xq_sm[i], sb_sm[i], zero_w, zero, ones, dot_a, RL, XSH, SSH1,
-                                    BN, GATED, SELF_XS)
-                            if SLOT_CARRY:
-                                slot = gl.where(slot == NS - 1, 0, slot + 1)
-                    y = _wg_sum(a0, a1, a2, a3, W).to(gl.bfloat16).to(gl.float32)
-                    o_ptr = out_ptr + o_dst[None, :] * stride_om + (p * RS + rs) * 64 + o_row[:, None]
-                    if SCALED:
-                        gl.store(o_ptr, sc[None, :] * y, mask=o_mask)
-                    else:
-                        gl.store(o_ptr, y.to(o_ptr.dtype.element_ty), mask=o_mask)
-                async_copy.wait_group(0)
             else:
                 # group g into partial sum g % W, in K order: WS steps an iteration (a chunk of W groups, or of GS)
                 WS: gl.constexpr = _wg_max(W // GS, 1)
@@ -544,13 +481,12 @@ if HAVE_GLUON:
                            K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, GATED: gl.constexpr,
                            SCALED: gl.constexpr, SELF_XS: gl.constexpr, NS: gl.constexpr = 3,
                            PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False,
-                           XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1,
-                           RS: gl.constexpr = 1):
+                           XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1):
         """The experts matmul (wg_matmul_experts): _wg_program over the sorted tile table."""
         pdl_open(PDL)
         _wg_program(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr, hi_ptr,
                     order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP, K, W, BN, GATED, SCALED, SELF_XS, NS,
-                    PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM, SLOT_CARRY=SLOT_CARRY, GS=GS, RS=RS)
+                    PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM, SLOT_CARRY=SLOT_CARRY, GS=GS)
 
     @gluon.jit
     def _wg_gemv_kernel(xq_ptr, xs_ptr, w_ptr, sbq_ptr, out_ptr, stride_xq, stride_sm, stride_om, NBE, M,
@@ -626,16 +562,14 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
                       tiles: MmaTiles, x_repeat: int = 1, xs: torch.Tensor | None = None,
                       up: tuple | None = None, scale: torch.Tensor | None = None, warps: int | None = None,
                       out: torch.Tensor | None = None, stages: int = WG_STAGES,
-                      partial_major: bool | None = None, xs_smem: bool | None = None,
-                      row_sets: int = 1) -> torch.Tensor:
+                      partial_major: bool | None = None, xs_smem: bool | None = None) -> torch.Tensor:
     """mma_gemv.mma_matmul_experts' result (the same bits) through warpgroup MMAs, for sorted tiles of 8 to 64 rows
     (tiles.rows is the MMA's N): row m = x[m // x_repeat] W[expert_ids[m]]^T for repacked stacked experts (N a
     multiple of 64); up= the gated epilogue (x's group sums xs= required, as the model's norm makes them), scale=
     the scaled one (fp32 out); xs None: the group sums are the kernel's own, MMA(ones, x), as mma.sync's.
     warps: the mma.sync kernel's K split whose bits to give (default_warps(K)); stages: shared-memory slots (2+);
     partial_major: the groups partial sum by partial sum (None: wg_partial_major()); xs_smem: x's given group sums
-    staged in shared memory (None: wg_xs_smem()); row_sets: sets of 64 weight rows a program (_wg_program's RS; the
-    plain and scaled forms with the K split's groups in K order); none of them changes bits."""
+    staged in shared memory (None: wg_xs_smem()); none of them changes bits."""
     from .mma_gemv import default_warps
 
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
@@ -663,23 +597,18 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
     gs = wg_step_groups(tiles.rows, g, warps)
     stages = _wg_slots(stages, g, gs)  # the prologue requests NS - 1 steps: at most all of them (never a bit)
     self_xs = xs is None
-    pm = warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
-    if row_sets != 1 and (row_sets not in (2, 4, 8) or (nbe // 4) % row_sets or up is not None or pm
-                          or not (self_xs or (wg_xs_smem() if xs_smem is None else xs_smem))):
-        raise ValueError(f"wg_matmul_experts: {row_sets} row sets a program: 1, 2, 4 or 8 dividing the {nbe // 4} "
-                         f"sets of 64 rows, for the plain and scaled forms with own or staged group sums, groups in "
-                         f"K order")
     out = experts_operands(x, words, sb, up, scale, xs, m, out, "wg_matmul_experts")
     if m:
         w2, sb2 = up if up is not None else (words, sb)
         xq = x.view(torch.int32)  # bf16 pairs: the kernel copies x 4 bytes at a time, in the fragment order
-        _wg_experts_kernel[(tiles.tile_e.numel(), nbe // 4 // row_sets)](
+        _wg_experts_kernel[(tiles.tile_e.numel(), nbe // 4)](
             xq, xq if self_xs else xs, words, w2, sb.view(torch.int32), sb2.view(torch.int32), out,
             scale if scale is not None else out, tiles.tile_e, tiles.lo, tiles.hi, tiles.order, xq.stride(0),
             0 if self_xs else xs.stride(0), out.stride(0), nbe, 0, XREP=x_repeat, K=k, W=warps, BN=tiles.rows,
             GATED=up is not None, SCALED=scale is not None, SELF_XS=self_xs, NS=stages, num_warps=4,
-            **_step_args(self_xs, xs_smem, gs), **({"PARTIAL_MAJOR": True} if pm else {}),
-            **({"RS": row_sets} if row_sets > 1 else {}), **wg_maxnreg(tiles.rows), **pdl_args(x))
+            **_step_args(self_xs, xs_smem, gs),
+            **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
+               else {}), **wg_maxnreg(tiles.rows), **pdl_args(x))
     return out
 
 
