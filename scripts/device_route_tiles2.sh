@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call: the router launch that also builds the expert tiles (triton_route_tiles), after call 2's compile error
+# Device call: the router launch that also builds the expert tiles (triton_route_tiles), after a first call's compile error
 # (a module global read inside the kernel; the interpreter allowed it, sm_90 compiles now): its GPU tests and the q4
 # model on the warpgroup-MMA MoE from one row, the in-model A/B at 64 streams (fused against split, twice each),
 # down's own shared-memory slots (DELTASERVE_MOE_WGMMA_DOWN_STAGES 7@8 / 9@8 against the gated launch's 5), then the

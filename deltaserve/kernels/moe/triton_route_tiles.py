@@ -77,11 +77,10 @@ def _router_tiles_kernel(
     NORMALIZE: tl.constexpr, BITONIC: tl.constexpr, SHARED_ID: tl.constexpr, TEP: tl.constexpr, TW: tl.constexpr,
     MP: tl.constexpr, R: tl.constexpr, TB: tl.constexpr, BOFF: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    # grid (T, cdiv(E, BE) + 1), the router launch's (_router_kernel): column j < cdiv(E, BE) writes the fp32 logits
-    # of experts j*BE .. j*BE+BE-1 of token t, the last column the shared gate's sigmoid; each with gemv_row's
-    # arithmetic, so the router launch's bits. cnt: the arrival counters, [0, T) per token, [T] the launch's, the
-    # bitmap [TEP, TW] int32 at BOFF (BITMAP_AT), the starts' scratch [TEP] after it; all zero outside a launch.
-    # PDL: every branch waits inside gemv_row (or before the shared column's store), before any store.
+    # grid (T, cdiv(E, BE) + 1), the router launch's: program (t, j) is router column j of token t (_router_column,
+    # as in _router_kernel: the same logits and shared-gate sigmoid). cnt: the arrival counters, [0, T) per token,
+    # [T] the launch's, the bitmap [TEP, TW] int32 at BOFF (BITMAP_AT), the starts' scratch [TEP] after it; all zero
+    # outside a launch. PDL: the column waits inside gemv_row (or before the shared column's store), before any store.
     pdl_open(PDL)
     t = tl.program_id(0)
     _router_column(x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr, E, stride_xt, stride_rn,
