@@ -338,3 +338,32 @@ def test_attention_merge_knob(monkeypatch):
         monkeypatch.setenv("DELTASERVE_ATTN_MERGE", bad)
         with pytest.raises(ValueError, match="DELTASERVE_ATTN_MERGE"):
             tp.merge_shape()
+
+
+def test_route_tiles_mode_and_bad_requests(monkeypatch):
+    """The fused routing's switch and its refusals, before any launch: an unknown mode, tiles without the shared
+    slot, more tokens than the bitmap's two words, a tile width the experts kernel does not take."""
+    import torch
+
+    from deltaserve.kernels.moe import triton_decode as md
+    from deltaserve.kernels.moe import triton_route_tiles as rt
+    from deltaserve.kernels.triton_common import WeightSpec
+
+    monkeypatch.delenv("DELTASERVE_MOE_ROUTE_TILES", raising=False)
+    assert rt.route_tiles_mode() == "fused"
+    monkeypatch.setenv("DELTASERVE_MOE_ROUTE_TILES", "split")
+    assert rt.route_tiles_mode() == "split"
+    monkeypatch.setenv("DELTASERVE_MOE_ROUTE_TILES", "sorted")
+    with pytest.raises(ValueError, match="DELTASERVE_MOE_ROUTE_TILES"):
+        rt.route_tiles_mode()
+    assert rt.route_tiles_fit(64, 257) and not rt.route_tiles_fit(65, 257) and not rt.route_tiles_fit(0, 257)
+    router = torch.zeros(8, 64, dtype=torch.bfloat16)
+    gate = torch.zeros(1, 64, dtype=torch.bfloat16)
+    x = torch.zeros(3, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="tile_rows needs shared_slot"):
+        md.moe_route(x, router, 2, True, gate, tile_rows=8)
+    r, g = WeightSpec.dense(router, "router"), WeightSpec.dense(gate, "shared gate")
+    with pytest.raises(ValueError, match="do not fit the fused launch"):
+        rt.route_with_tiles(torch.zeros(65, 64, dtype=torch.bfloat16), r, g, 2, True, 8, 8, md.merged_config(None))
+    with pytest.raises(ValueError, match="rows per tile must be 8, 16, 32 or 64, found 12"):
+        rt.route_with_tiles(x, r, g, 2, True, 8, 12, md.merged_config(None))
