@@ -19,12 +19,11 @@ clears them after reading). Tokens: at most ROUTE_TILES_MAX_TOKENS (two bitmap w
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from ...utils.env import env_choice
 from ..quant.triton_affine import _write_tile_table
 from ..quant.triton_gemv import MAGIC
 from ..quant.triton_gemv_inline import inline_mode
@@ -32,7 +31,8 @@ from ..triton_pdl import pdl_args, pdl_open
 from ..triton_sync import arrival_counters, last_arrival
 from .triton_decode import _router_cg, _router_column, _topk, topk_bitonic
 
-ROUTE_TILES_MAX_TOKENS = 64  # two bitmap words an expert: a 64-stream decode step
+ROUTE_TILES_MAX_TOKENS = 64  # a 64-stream decode step
+BITMAP_WORDS = ROUTE_TILES_MAX_TOKENS // 32  # the most int32 words of tokens an expert's bitmap row holds
 BITMAP_AT = 128  # the bitmap's offset in the arrival counters (the per-token counters and the launch's one before it)
 ROUTE_TILES_MODES = ("fused", "split")
 
@@ -42,10 +42,7 @@ def route_tiles_mode() -> str:
     top-k launch and the tiles' own ("split"; the same ids, weights and tiles, bit for bit). H200, 35B-A3B q4, tg64
     @ d512 at 64 streams in one call (bench/NOTES.md): split 5,830.7 / 5,827.7 tok/s, fused 5,921.3 / 5,920.9
     (+1.6%); the graph profile's routing 22.8 -> 19.0 us a layer. Env DELTASERVE_MOE_ROUTE_TILES, for A/B."""
-    value = os.environ.get("DELTASERVE_MOE_ROUTE_TILES", "fused")
-    if value not in ROUTE_TILES_MODES:
-        raise ValueError(f"DELTASERVE_MOE_ROUTE_TILES={value!r}: expected one of {', '.join(ROUTE_TILES_MODES)}")
-    return value
+    return env_choice("DELTASERVE_MOE_ROUTE_TILES", "fused", ROUTE_TILES_MODES)
 
 
 def route_tiles_fit(tokens: int, tile_experts: int) -> bool:
@@ -54,7 +51,7 @@ def route_tiles_fit(tokens: int, tile_experts: int) -> bool:
     from ..triton_sync import MIN_COUNTERS
 
     tep = triton.next_power_of_2(tile_experts)
-    return 0 < tokens <= ROUTE_TILES_MAX_TOKENS and BITMAP_AT + tep * 2 + tep <= MIN_COUNTERS
+    return 0 < tokens <= ROUTE_TILES_MAX_TOKENS and BITMAP_AT + tep * BITMAP_WORDS + tep <= MIN_COUNTERS
 
 
 @triton.jit
@@ -155,7 +152,7 @@ def route_with_tiles(x, r, g, top_k: int, normalize: bool, shared_slot: int, til
     dev = x.device
     be, warps = config["router"]
     tep = triton.next_power_of_2(tile_experts)
-    tw = 1 if t <= 32 else 2
+    tw = triton.cdiv(t, 32)  # the bitmap's words an expert (1 or 2: a power of two)
     max_tiles = triton.cdiv(m, tile_rows) + min(tile_experts, m)
     ids = torch.empty(t, slots, dtype=torch.int32, device=dev)
     wts = torch.empty(t, slots, dtype=torch.float32, device=dev)
