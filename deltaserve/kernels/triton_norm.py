@@ -5,6 +5,8 @@ Same meaning and rounding points as `kernels/norm.py`:
   add_rms_norm:   r = bf16(x + residual); y = rms_norm(r)  -> (y, r)           (the decoder layer's x + h, then norm)
   gated_rms_norm: y = bf16( bf16(w * bf16(x * rsqrt(mean(x^2) + eps))) * SiLU(z) ) per row of dv
 One program per row (or per block of rows), the whole row in registers: a row's result never depends on others.
+mean(x^2) is one pairwise tree (sum_of_squares), not tl.sum's layout-dependent order, so a kernel that makes a norm
+itself from the row in another layout (the MoE router launch, moe/triton_decode NORM) gets the same bits.
 """
 
 from __future__ import annotations
@@ -15,6 +17,31 @@ import triton.language as tl
 
 from .quant.triton_gemv import pairwise_sums, prep_row
 from .triton_pdl import pdl_args, pdl_open, pdl_wait
+
+
+@triton.jit
+def sum_of_squares(xf, BLOCK: tl.constexpr):
+    """sum(xf * xf) of a row xf [BLOCK] fp32 (BLOCK a power of two, padding zeros) by one fixed pairwise tree: pair
+    (2i, 2i + 1) as fma(x_2i, x_2i, x_2i+1^2) (the fused product spelled out, so no compiler choice), then
+    pairwise_sums' levels within groups of 32 pairs, then over the groups. Every level is a sum over an axis of
+    two, a + b whichever threads hold them, so any kernel holding the row in any layout gets the same bits: the
+    RMSNorm and the router launch that makes the MoE's input norm itself (moe/triton_decode, NORM)."""
+    a, b = tl.split(tl.reshape(xf, [BLOCK // 2, 2]))
+    s1 = tl.fma(a, a, b * b)
+    HALF: tl.constexpr = BLOCK // 2
+    if HALF <= 32:
+        s = pairwise_sums(tl.reshape(s1, [1, HALF]), 1, HALF)
+    else:
+        G: tl.constexpr = HALF // 32
+        s = pairwise_sums(tl.reshape(pairwise_sums(tl.reshape(s1, [G, 32]), G, 32), [1, G]), 1, G)
+    return tl.sum(s, axis=0)
+
+
+@triton.jit
+def rms_inverse(xf, N, eps, BLOCK: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) of a row xf [BLOCK] fp32 of N features (N a runtime value in every caller, so the
+    division is the same instruction everywhere): the one formula of every RMSNorm kernel here."""
+    return 1.0 / tl.sqrt(sum_of_squares(xf, BLOCK) / N + eps)
 
 
 @triton.jit
@@ -36,7 +63,7 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, stride_x, stride_r, 
         x = (x.to(tl.float32) + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
         tl.store(ro_ptr + row * stride_ro + cols, x, mask=m)
     xf = x.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    inv = rms_inverse(xf, N, eps, BLOCK)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
     if PREP_BITS > 0 and not PREP_XP:  # the sums alone, from the registers: pairwise_sums' order is prep_row's
         y = (xf * inv * (offset + w)).to(y_ptr.dtype.element_ty)
