@@ -93,6 +93,8 @@ def _cases():
         "moe_router_last_arrival_best": lambda m: kc.check_router_last_arrival(m, CPU, ts=(1, 7), select="best"),  # the default
         # 33 tokens: both bitmap words; the GPU test runs more token counts and tile widths
         "moe_route_tiles": lambda m: kc.check_route_tiles(m, CPU, ts=(33,), rows=(8,), reps=2),
+        # H 128: both levels of the norm's sum of squares; the GPU test runs the 35B router
+        "moe_router_norm": lambda m: kc.check_router_norm(m, CPU, ts=(1, 3)),
         "conv_varlen": lambda m: kc.check_conv(m, CPU, c=48, kw=4, seqs=[5, 1, 2, 19], ctx=[3, 0, 7, 0]),
         "conv_sections": lambda m: kc.check_conv_sections(m, CPU, 64, 64, 128, 4, seqs=[5, 1, 19], ctx=[3, 0, 0]),
         "conv_sections_narrow": lambda m: kc.check_conv_sections(m, CPU, 16, 16, 40, 4, seqs=[3, 17], ctx=[0, 2]),

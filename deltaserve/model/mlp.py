@@ -55,9 +55,14 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert = MLP(f"{prefix}.shared_expert", h, config.shared_expert_intermediate_size, weights)
             self.shared_expert_gate = weights.linear(f"{prefix}.shared_expert_gate", h, 1)
 
-    def forward(self, x: torch.Tensor, decode: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, decode: bool = False, residual: torch.Tensor | None = None,
+                norm: nn.Module | None = None) -> torch.Tensor:
         """decode: every sequence contributes one token (selects the batch-invariant GEMV kernels on the GPU).
-        residual [N, H]: returned as residual + block(x) (on the fast decode path added inside the combine kernel)."""
+        residual [N, H]: returned as residual + block(x) (on the fast decode path added inside the combine kernel).
+        norm (an RMSNorm; fast path, where routes_normed): x is the mixer's output and the block's input is
+        norm(x + residual), made inside the router's launch; the block returns (x + residual) + block(input)."""
+        if norm is not None:
+            return self._forward_normed(x, residual, norm)
         if fast.enabled(x):
             return self._forward_fast(x, decode, residual)
         if self.experts.__dict__.get(fast.RELEASED_ATTR):
@@ -82,6 +87,31 @@ class SparseMoeBlock(nn.Module):
             shared_down=fast.weight_spec(se.down_proj),
             shared_gate=fast.weight_spec(self.shared_expert_gate),
         )
+
+    def routes_normed(self, x: torch.Tensor, decode: bool) -> bool:
+        """Whether this block on the fast path takes its input norm inside its router launch (forward(norm=)):
+        the tensor-core MoE with the shared expert stacked, a router launch without tiles (decode-sized blocks),
+        up to kernels/moe/triton_decode.ROUTER_NORM_MAX_TOKENS tokens, DELTASERVE_ROUTER_NORM=fused. The same bits
+        as the norm kernel then the router (one norm arithmetic), so the choice may follow the token count."""
+        from ..kernels.moe.triton_decode import route_normed_fits, router_norm_mode
+        from ..kernels.moe.mma_moe import wg_block_tile_rows
+
+        mma = fast.mma_moe_weights(self, x)
+        if mma is None or not mma.shared_last or self.shared_expert is None or router_norm_mode() != "fused":
+            return False
+        t = x.shape[0]
+        return route_normed_fits(t, x.shape[1]) and wg_block_tile_rows(mma, t * (self.top_k + 1)) is None
+
+    def _forward_normed(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        from ..kernels.moe.mma_moe import moe_block_mma
+        from ..kernels.moe.triton_decode import route_normed
+
+        mma = fast.mma_moe_weights(self, x)
+        routing, y, r, xs = route_normed(x, residual, norm.weight, norm.eps, norm.offset, fast.weight_spec(self.gate),
+                                         self.top_k, self.normalize, self._shared_specs()["shared_gate"],
+                                         shared_slot=mma.num_experts - 1)
+        return moe_block_mma(y, routing.ids, routing.weights, routing.shared_weight, mma, residual=r, xs=xs,
+                             shared_slotted=True)
 
     def _forward_fast(self, x: torch.Tensor, decode: bool, residual: torch.Tensor | None) -> torch.Tensor:
         from ..kernels.moe.triton_decode import moe_decode, moe_route

@@ -64,6 +64,8 @@ class DecoderLayer(nn.Module):
             h = self.linear_attn(h, batch, cache)
         post = self.post_attention_layernorm
         prep = fast.moe_prep(self.mlp, h)  # the tensor-core MoE reads x's group sums: the norm makes them
+        if prep is not None and fast.moe_norm_sums_only() and self.mlp.routes_normed(h, decode):
+            return self.mlp(h, decode=decode, residual=x, norm=post)  # the norm inside the router's launch
         if prep is None:
             h, x = add_rms_norm(h, x, post.weight, post.eps, post.offset)  # (norm(x + h), x + h), both [T, H]
         else:

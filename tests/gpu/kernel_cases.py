@@ -882,6 +882,45 @@ def check_route_tiles(mods, device, ts=(1, 33), h=64, e=12, top_k=3, rows=(8, 16
                     out.fill_(-7)
 
 
+def check_router_norm(mods, device, ts=(1, 3, 16), h=128, e=12, top_k=3, group=32, reps=2):
+    """route_normed (the router launch making its input's add_rms_norm itself) == add_rms_norm(prep=(4, 64),
+    sums_only=True) then moe_route on its output, bit for bit: y, the residual sum, y's group sums, ids, weights and
+    the shared weight, with and without the stacked shared slot (shared_slot = E) and at both norm offsets (HF's 1,
+    MLX's 0), on repeated calls with the last call's outputs poisoned; and y against the fp64 norm."""
+    from deltaserve.kernels import norm as norm_ref
+
+    md, nm = mods["moe"], mods["norm"]
+    _, kw, _ = moe_problem(device, 1, h, e, 2 * group, 2 * group, 4, group, router_bits=8)
+    for t in ts:
+        x = torch.randn(t, h, device=device).bfloat16() * 3
+        res = torch.randn(t, h, device=device).bfloat16()
+        w = (0.1 * torch.randn(h, device=device)).bfloat16()
+        for offset, slot in ((1.0, None), (0.0, e)):
+            y, r, (_, xs) = nm.add_rms_norm(x, res, w, 1e-6, offset, prep=(4, 64), sums_only=True)
+            want = md.moe_route(y, kw["router"], top_k, True, kw["shared_gate"], separate_topk=True,
+                                shared_slot=slot)
+            what = f"router norm T={t} offset={offset} slot={slot}"
+            close(y, norm_ref.rms_norm(r.double(), w.double(), 1e-6, offset), 2 * BF16_EPS, what + ": y vs fp64")
+            for rep in range(reps):
+                got, gy, gr, gxs = md.route_normed(x, res, w, 1e-6, offset, kw["router"], top_k, True,
+                                                   kw["shared_gate"], shared_slot=slot)
+                for name, a, b in (("y", gy, y), ("r", gr, r), ("xs", gxs, xs), ("ids", got.ids, want.ids),
+                                   ("weights", got.weights, want.weights),
+                                   ("shared weight", got.shared_weight, want.shared_weight)):
+                    assert torch.equal(a, b), f"{what} call {rep}: {name} differs"
+                for out in (gy, gr, gxs, *got[:3]):
+                    out.fill_(float("nan") if out.is_floating_point() else -7)
+                del got, gy, gr, gxs, out
+    for bad in ((torch.zeros(17, h), "17 tokens"), (torch.zeros(1, 96), "96 features")):
+        try:
+            z = bad[0].to(device).bfloat16()
+            md.route_normed(z, z, torch.zeros(z.shape[1], device=device).bfloat16(), 1e-6, 1.0, kw["router"], top_k)
+        except ValueError as exc:
+            assert "route_normed" in str(exc), str(exc)
+        else:
+            raise AssertionError(f"route_normed accepted {bad[1]}")
+
+
 def check_router_rows(mods, device, ts=(1, 13, 40), h=64, e=12, router_bits=8, group=32, blocks=(1, 4)):
     """The router's logits and shared-gate sigmoid from the multi-row GEMV launch (DELTASERVE_ROUTER_ROWS_MIN: from
     that many tokens on) == the per-token router launch's, bit for bit (the same per-row arithmetic), for T on both

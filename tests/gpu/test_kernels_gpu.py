@@ -85,6 +85,13 @@ def test_moe_route_tiles(mods, dev, small):
         kc.check_route_tiles(mods, dev, ts=(1, 57, 64), h=2048, e=256, top_k=8, rows=(8, 16), group=64)
 
 
+def test_moe_router_norm(mods, dev, small):
+    if small:
+        kc.check_router_norm(mods, dev)
+    else:  # the 35B-A3B's router, shared gate and 257 stacked experts' shared slot, at 1 / 2 / 8 / 16 streams
+        kc.check_router_norm(mods, dev, ts=(1, 2, 8, 16), h=2048, e=256, top_k=8, group=64)
+
+
 def test_causal_conv(mods, dev, small):
     c = 48 if small else 8192
     kc.check_conv(mods, dev, c=c, kw=4, seqs=[1, 5, 40, 2, 17] if small else [1, 5, 300, 2, 64],

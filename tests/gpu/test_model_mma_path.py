@@ -128,6 +128,37 @@ def test_q4_mma_graph_replay_equals_eager(models):
     check_graph_equals_eager(models[1])
 
 
+def test_router_norm_in_use_and_equal_to_the_norm_launch(models, monkeypatch):
+    """DELTASERVE_ROUTER_NORM=fused (each decode-sized MoE block's router launch makes the block's input norm
+    itself: kernels/moe/triton_decode.route_normed) == split (the norm kernel, then the router): decode logits bit
+    for bit, eager and from a graph; and the fused form really ran at 1 and 3 rows (not in the mode whose MoE takes
+    the warpgroup-MMA kernel's tiles from one row)."""
+    from deltaserve.kernels.moe import triton_decode as md
+
+    _, gpu, mode = models
+    gen = torch.Generator().manual_seed(12)
+    prompts = [torch.randint(0, 32, (n,), generator=gen).tolist() for n in (7, 30, 12)]
+    rows, real = [], md.route_normed
+
+    def counting(x, *args, **kwargs):
+        rows.append(x.shape[0])
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(md, "route_normed", counting)
+    fused = [decode_logits(gpu, p, 4, graph=g) for p in (prompts[:1], prompts) for g in (False, True)]
+    blocks = [m for m in gpu.modules() if isinstance(m, SparseMoeBlock)]
+    if mode in ("head", "mma-moe-wgmma"):
+        assert not rows, f"{mode}: the router made the norm at {sorted(set(rows))} rows"
+    else:
+        assert {1, 3} <= set(rows) and len(rows) >= 4 * 2 * len(blocks), f"{mode}: route_normed at {rows[:8]}"
+    monkeypatch.setenv("DELTASERVE_ROUTER_NORM", "split")
+    rows.clear()
+    split = [decode_logits(gpu, p, 4, graph=g) for p in (prompts[:1], prompts) for g in (False, True)]
+    assert not rows
+    for i, (a, b) in enumerate(zip(fused, split)):
+        assert torch.equal(a, b), f"{mode}: fused router norm != the norm launch (run {i})"
+
+
 @pytest.fixture(scope="module")
 def prep_model(tmp_path_factory):
     """The default paths on a q4 g64 model whose DeltaNet value heads are one q4 group wide (dv = 64), so the decode

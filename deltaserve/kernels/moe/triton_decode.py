@@ -26,11 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ...utils.env import env_int
-from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, launch_gemv, row_run_config
+from ...utils.env import env_choice, env_int
+from ..quant.triton_gemv import (MAGIC, chunk_groups, gemv_row, gemv_row_chunks, gemv_row_from, launch_gemv,
+                                  pairwise_sums, row_run_config)
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import WeightSpec, dequant_tile
 from ..triton_sync import arrival_counters, last_arrival
+from ..triton_norm import rms_inverse
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 
 
@@ -55,11 +57,14 @@ def gemv(x_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, K: tl.con
 @triton.jit
 def _router_kernel(
     x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr, ids_ptr, wts_ptr, cnt_ptr,
-    E, stride_xt, stride_rn, stride_rsn, stride_gn, stride_gsn, magic, H: tl.constexpr, BE: tl.constexpr,
+    E, stride_xt, stride_rn, stride_rsn, stride_gn, stride_gsn, magic,
+    res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, stride_res, norm_n, eps, offset,
+    H: tl.constexpr, BE: tl.constexpr,
     R_BITS: tl.constexpr, R_GROUP: tl.constexpr, R_CG: tl.constexpr,
     HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr, G_CG: tl.constexpr,
     INLINE: tl.constexpr, TOPK: tl.constexpr = 0, EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True,
     PDL: tl.constexpr = False, BITONIC: tl.constexpr = 0, SHARED_ONLY: tl.constexpr = False,
+    NORM: tl.constexpr = False, XS_GROUP: tl.constexpr = 64,
 ):
     # grid (T, cdiv(E, BE) + 1): column j < cdiv(E, BE) writes the fp32 logits of experts j*BE .. j*BE+BE-1 of
     # one token, the last column the shared gate's sigmoid (0 without a shared expert: every element of sg is
@@ -70,7 +75,12 @@ def _router_kernel(
     # that wrote x once its first weight chunks are requested (gemv_row's PDL_WAIT), before any store.
     pdl_open(PDL)
     t = tl.program_id(0)
-    if SHARED_ONLY:  # grid (T, 1): the shared gate's column alone (the logits come from the rows launch)
+    if NORM:  # x is the mixer's output: each program makes the token's add_rms_norm itself (_router_normed)
+        _router_normed(x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr, E, stride_xt,
+                       stride_rn, stride_rsn, stride_gn, stride_gsn, magic, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr,
+                       scr_ptr, stride_res, norm_n, eps, offset, H, BE, R_BITS, R_GROUP, R_CG, HAS_SHARED, G_BITS,
+                       G_GROUP, G_CG, INLINE, XS_GROUP, PDL)
+    elif SHARED_ONLY:  # grid (T, 1): the shared gate's column alone (the logits come from the rows launch)
         _router_shared_gate(x_ptr + t.to(tl.int64) * stride_xt, gw_ptr, gs_ptr, gb_ptr, sg_ptr, t, stride_gn,
                             stride_gsn, magic, H, BE, HAS_SHARED, G_BITS, G_GROUP, G_CG, INLINE, PDL)
     else:
@@ -83,6 +93,72 @@ def _router_kernel(
             ex = tl.arange(0, EP)
             tl.store(ids_ptr + t * TOPK + rank, ex, mask=sel)
             tl.store(wts_ptr + t * TOPK + rank, wts, mask=sel)
+
+
+@triton.jit
+def _router_normed(x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr, E, stride_xt, stride_rn,
+                   stride_rsn, stride_gn, stride_gsn, magic, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr,
+                   stride_res, norm_n, eps, offset, H: tl.constexpr, BE: tl.constexpr, R_BITS: tl.constexpr,
+                   R_GROUP: tl.constexpr, R_CG: tl.constexpr, HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr,
+                   G_GROUP: tl.constexpr, G_CG: tl.constexpr, INLINE: tl.constexpr, XS_GROUP: tl.constexpr,
+                   PDL_WAIT: tl.constexpr):
+    """_router_column for a router launch that makes its input itself: program (t, j) requests its weight rows'
+    first chunks, waits (PDL_WAIT: the kernel's PDL wait), then makes token t's add_rms_norm (_router_norm_row:
+    the norm kernel's arithmetic, so the same bits) and reads its column's dot product from that row."""
+    t = tl.program_id(0)
+    j = tl.program_id(1)
+    rows = j * BE + tl.arange(0, BE)
+    if j * BE < E:
+        e_mask = rows < E
+        r_chunks = gemv_row_chunks(rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, H, R_BITS, R_GROUP,
+                                 BE, R_CG)
+        pdl_wait(PDL_WAIT)
+        y_row = _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, j, stride_xt,
+                                 stride_res, norm_n, eps, offset, H, XS_GROUP)
+        logits = gemv_row_from(r_chunks, y_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, magic,
+                               H, R_BITS, R_GROUP, BE, R_CG, INLINE)
+        tl.store(logit_ptr + t * E + rows, logits, mask=e_mask)
+    else:
+        one = tl.arange(0, BE)
+        if HAS_SHARED:
+            g_chunks = gemv_row_chunks(gw_ptr, gs_ptr, gb_ptr, one, one < 1, stride_gn, stride_gsn, H, G_BITS, G_GROUP,
+                                     BE, G_CG)
+            pdl_wait(PDL_WAIT)
+            g_row = _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, j, stride_xt,
+                                     stride_res, norm_n, eps, offset, H, XS_GROUP)
+            sg = gemv_row_from(g_chunks, g_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, stride_gn, stride_gsn, magic, H,
+                               G_BITS, G_GROUP, BE, G_CG, INLINE)
+            tl.store(sg_ptr + t + one, tl.sigmoid(sg), mask=one < 1)
+        else:
+            pdl_wait(PDL_WAIT)
+            tl.store(sg_ptr + t + one, tl.zeros((BE,), dtype=tl.float32), mask=one < 1)
+
+
+@triton.jit
+def _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, j, stride_xt, stride_res, norm_n, eps,
+                     offset, H: tl.constexpr, XS_GROUP: tl.constexpr):
+    """Token t's add_rms_norm as triton_norm's kernel makes it (r = bf16(x + res), y = bf16(r * rms_inverse(r) *
+    (offset + w)): the same helper, the same bits) in router program (t, j), which writes y to its own scratch row
+    (scr [T, programs, H]) and returns that row's pointer after a barrier, for its dot product to read raw. Program
+    (t, 0) also writes the norm's outputs: y [T, H], r [T, H] (the block's residual) and y's group sums [T, H /
+    XS_GROUP] (pairwise_sums, as the sums-only norm makes them)."""
+    cols = tl.arange(0, H)
+    t64 = t.to(tl.int64)
+    x = tl.load(x_ptr + t64 * stride_xt + cols).to(tl.float32)
+    r = (x + tl.load(res_ptr + t64 * stride_res + cols).to(tl.float32)).to(y_ptr.dtype.element_ty)
+    rf = r.to(tl.float32)
+    inv = rms_inverse(rf, norm_n, eps, H)
+    y = (rf * inv * (offset + tl.load(nw_ptr + cols).to(tl.float32))).to(y_ptr.dtype.element_ty)
+    if j == 0:
+        tl.store(y_ptr + t64 * H + cols, y)
+        tl.store(ro_ptr + t64 * H + cols, r)
+        G: tl.constexpr = H // XS_GROUP
+        tl.store(xs_ptr + t64 * G + tl.arange(0, G),
+                 pairwise_sums(tl.reshape(y.to(tl.float32), [G, XS_GROUP]), G, XS_GROUP))
+    y_row = scr_ptr + (t64 * tl.num_programs(1) + j) * H
+    tl.store(y_row + cols, y)
+    tl.debug_barrier()  # every thread's part of the row stored before any thread reads it
+    return y_row
 
 
 @triton.jit
@@ -350,11 +426,14 @@ def _topk_kernel(logit_ptr, ids_ptr, wts_ptr, sw_ptr, E, EP: tl.constexpr, TOPK:
 
 
 def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
-                   topk: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   topk: tuple | None = None, norm: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 logits [T, E], shared gate sigmoid [T]) in one launch of (T, cdiv(E, BE) + 1) programs. The x row
     is read raw (inline prep), so no prep launch; one program per BE experts keeps every SM busy even at T = 1
     (E = 256, BE = 4: 65 programs of 8 KB of an 8-bit router each). topk = (ids [T, k], weights [T, k], k,
     normalize): the same launch also applies the routing contract (its last-arriving program per token).
+    norm = (residual [T, H], weight [H], eps, offset, (y, r, xs)): x is a mixer's output and every program makes
+    the token's add_rms_norm(x, residual) first (the norm kernel's bits), program (t, 0) writing y, r = x + residual
+    and y's group sums [T, H / 64] into the three given tensors; the logits are of y (route_normed).
     From router_rows_min() tokens on (a packed router, no topk): two launches instead, the logits from the multi-row
     GEMV (ROUTER_ROWS tokens a program) and the shared gate's column alone, with the same bits."""
     t, h = x.shape
@@ -362,7 +441,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
     logits = torch.empty(t, r.n, dtype=torch.float32, device=x.device)
     sw = torch.empty(t, dtype=torch.float32, device=x.device)
     r_cg, g_cg = _router_cg(r, be, warps), _router_cg(g, be, warps)
-    if t and topk is None and r.bits != 16 and t >= router_rows_min():
+    if t and topk is None and r.bits != 16 and t >= router_rows_min() and norm is None:
         # many tokens: the logits from the multi-row GEMV (triton_gemv._gemv_kernel: a weight chunk loaded once for
         # ROUTER_ROWS tokens, each row gemv_row's arithmetic with the router's BE and CG, so the same bits; the
         # per-token launch re-reads the 0.5 MB router for every token: ~78 us a layer at pp512), then the shared
@@ -372,23 +451,35 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
         _router_kernel[(t, 1)](
             x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, logits, logits, logits,
             r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2), g.scales.stride(-2), MAGIC,
-            H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=r_cg, HAS_SHARED=has_shared, G_BITS=g.bits,
-            G_GROUP=g.group, G_CG=g_cg, INLINE=inline_mode(x, True), SHARED_ONLY=True, num_warps=warps,
+            *_NO_NORM(x), H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=r_cg, HAS_SHARED=has_shared,
+            G_BITS=g.bits, G_GROUP=g.group, G_CG=g_cg, INLINE=inline_mode(x, True), SHARED_ONLY=True, num_warps=warps,
             **pdl_args(x),
         )
         return logits, sw
     if t:
         ids, wts, k, normalize = topk if topk is not None else (logits, logits, 0, True)
         cnt = arrival_counters(x.device, t) if topk is not None else logits
-        _router_kernel[(t, triton.cdiv(r.n, be) + 1)](
+        grid = (t, triton.cdiv(r.n, be) + 1)
+        if norm is None:
+            norm_args, xin = _NO_NORM(x), x
+        else:  # a scratch row a program for its y (every program makes the token's norm; program (t, 0) writes it)
+            res, nw, eps, offset, (y, r_out, xs) = norm
+            xin = torch.empty(t, grid[1], h, dtype=x.dtype, device=x.device)
+            norm_args = (res, nw, y, r_out, xs, xin, res.stride(0), h, eps, offset)
+        _router_kernel[grid](
             x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, ids, wts, cnt,
             r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2), g.scales.stride(-2), MAGIC,
-            H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=r_cg,
+            *norm_args, H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=r_cg,
             HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=g_cg,
-            INLINE=inline_mode(x, True), TOPK=k, EP=triton.next_power_of_2(r.n), NORMALIZE=normalize,
-            BITONIC=topk_bitonic(), num_warps=warps, **pdl_args(x),
+            INLINE=inline_mode(xin[:, 0] if norm is not None else x, True), TOPK=k, EP=triton.next_power_of_2(r.n),
+            NORMALIZE=normalize, BITONIC=topk_bitonic(), NORM=norm is not None, num_warps=warps, **pdl_args(x),
         )
     return logits, sw
+
+
+def _NO_NORM(x: torch.Tensor) -> tuple:
+    """The router launch's norm arguments when it does not make its input's norm (unused: x in every pointer)."""
+    return (x, x, x, x, x, x, 0, 1, 0.0, 0.0)
 
 
 def merged_config(config: dict | None) -> dict:
@@ -472,9 +563,47 @@ def _router_specs(x, router, top_k, shared_gate):
     return r, g
 
 
+ROUTER_NORM_MAX_TOKENS = 16  # route_normed's launches: a scratch row of H a program, T x (E / BE + 1) of them
+
+
+def router_norm_mode() -> str:
+    """Whether a decode-sized tensor-core MoE block's router launch makes the block's input norm itself ("fused":
+    route_normed, one launch fewer a layer) or the norm kernel runs first ("split"). The same bits either way (one
+    norm arithmetic: triton_norm.rms_inverse). Env DELTASERVE_ROUTER_NORM."""
+    return env_choice("DELTASERVE_ROUTER_NORM", "fused", ("fused", "split"))
+
+
+def route_normed_fits(t: int, h: int) -> bool:
+    """Can route_normed serve t tokens of h features: 1..ROUTER_NORM_MAX_TOKENS tokens, h a power of two (the
+    norm's row is one block) and a multiple of 64 (its group sums)."""
+    return 1 <= t <= ROUTER_NORM_MAX_TOKENS and h & (h - 1) == 0 and h % 64 == 0
+
+
+def route_normed(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
+                 router, top_k: int, normalize: bool = True, shared_gate=None, shared_slot: int | None = None,
+                 separate_topk: bool = False) -> tuple[MoeRouting, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """add_rms_norm(x, residual) then moe_route of its output, with the norm made inside the router launch: x
+    [T, H] is the mixer's output. Returns (routing, y, r, xs): y = the norm's output [T, H] (the block's input),
+    r = bf16(x + residual) [T, H] (the block's residual) and xs = y's group sums [T, H / 64] (fp32, the sums-only
+    norm's), bit for bit what triton_norm.add_rms_norm(x, residual, ..., prep=(4, 64), sums_only=True) returns."""
+    t, h = x.shape
+    if not route_normed_fits(t, h):
+        raise ValueError(f"route_normed: {t} tokens of {h} features (1..{ROUTER_NORM_MAX_TOKENS} tokens, H a power "
+                         "of two and a multiple of 64)")
+    if residual.shape != x.shape or norm_weight.shape != (h,):
+        raise ValueError(f"route_normed: residual {tuple(residual.shape)} / norm weight {tuple(norm_weight.shape)} "
+                         f"for x {tuple(x.shape)}")
+    if residual.stride(-1) != 1 or x.dtype != residual.dtype:
+        raise ValueError("route_normed: the residual must be contiguous along H and of x's dtype")
+    outs = (torch.empty_like(x), torch.empty_like(x), torch.empty(t, h // 64, dtype=torch.float32, device=x.device))
+    routing = moe_route(x, router, top_k, normalize, shared_gate, separate_topk=separate_topk,
+                        shared_slot=shared_slot, norm=(residual, norm_weight, float(eps), float(offset), outs))
+    return (routing, *outs)
+
+
 def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, shared_gate=None,
               config=None, separate_topk: bool = False, shared_slot: int | None = None,
-              tile_rows: int | None = None) -> MoeRouting:
+              tile_rows: int | None = None, norm: tuple | None = None) -> MoeRouting:
     """Router logits (fp32) + the routing contract, in one launch (the top-k at each token's last-arriving router
     program); separate_topk: the top-k in a launch of its own (the two-launch path, for timing). x [T, H];
     router [E, H] (WeightSpec or dense tensor); shared_gate [1, H] or None. shared_slot (with a shared gate): ids
@@ -482,13 +611,15 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
     separate top-k launch (taken then whatever separate_topk says: the same bits). tile_rows (with shared_slot):
     the routing's tiles too (MoeRouting.tiles: mma_expert_tiles(ids, shared_slot + 1, tile_rows)'s tensors), for up
     to ROUTE_TILES_MAX_TOKENS tokens from the router's one launch (triton_route_tiles; route_tiles_mode), else
-    from the tiles' own launch."""
+    from the tiles' own launch. norm: the router launch makes its input's norm first (route_normed)."""
     config = merged_config(config)
     r, g = _router_specs(x, router, top_k, shared_gate)
     t = x.shape[0]
     if shared_slot is not None and shared_gate is None:
         raise ValueError("moe_route: shared_slot needs the shared expert's gate")
     if tile_rows is not None:
+        if norm is not None:
+            raise ValueError("moe_route: the router's own norm (route_normed) is for launches without tiles")
         if shared_slot is None:
             raise ValueError("moe_route: tile_rows needs shared_slot (the tiles are over the stacked experts)")
         from . import triton_route_tiles as rt
@@ -503,14 +634,14 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
     ids = torch.empty(t, slots, dtype=torch.int32, device=x.device)
     wts = torch.empty(t, slots, dtype=torch.float32, device=x.device)
     if separate_topk or shared_slot is not None:
-        logits, sw = _router_logits(x, r, g, shared_gate is not None, config)
+        logits, sw = _router_logits(x, r, g, shared_gate is not None, config, norm=norm)
         if t:
             _topk_kernel[(t,)](logits, ids, wts, sw, r.n, EP=triton.next_power_of_2(r.n), TOPK=top_k,
                                NORMALIZE=normalize, SHARED_ID=-1 if shared_slot is None else shared_slot,
                                BITONIC=topk_bitonic(),
                                num_warps=topk_warps(), **pdl_args(logits))
     else:
-        _, sw = _router_logits(x, r, g, shared_gate is not None, config, (ids, wts, top_k, normalize))
+        _, sw = _router_logits(x, r, g, shared_gate is not None, config, (ids, wts, top_k, normalize), norm)
     return MoeRouting(ids, wts, sw)
 
 

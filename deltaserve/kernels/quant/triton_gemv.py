@@ -248,6 +248,35 @@ def gemv_row_pair(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, w2_ptr, s2_ptr, b2
 
 
 @triton.jit
+def gemv_row_chunks(w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, K: tl.constexpr, BITS: tl.constexpr,
+                    GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr):
+    """gemv_row in two parts for a caller with work between its weight requests and its x (the router launch that
+    makes its input's norm after its PDL wait): this part requests the first two chunks of W[rn] (gemv_row's
+    lookahead), gemv_row_from consumes them. Together: gemv_row's instructions on the same values, the same bits."""
+    NC: tl.constexpr = K // (CG * GROUP)
+    return _first_chunks(w_ptr, s_ptr, b_ptr, rn.to(tl.int64), n_mask, stride_wn, stride_sn, NC, BITS, GROUP, BN, CG)
+
+
+@triton.jit
+def gemv_row_from(chunks, x_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, magic, K: tl.constexpr,
+                  BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr):
+    """W[rn, :K] . x as fp32 [BN] for one row of x read raw (INLINE 1 or 2, or a dense weight) from the chunks
+    gemv_row_chunks requested: gemv_row_pair's loop for one weight, without a wait (the caller has waited)."""
+    rn64 = rn.to(tl.int64)
+    NC: tl.constexpr = K // (CG * GROUP)
+    if BITS == 16:
+        acc = tl.zeros((BN, CG * GROUP), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BN, CG), dtype=tl.float32)
+    nxt1, nxt2 = chunks
+    for c in tl.static_range(NC):
+        cur, nxt1, nxt2 = _next_chunk(nxt1, nxt2, w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, NC,
+                                      BITS, GROUP, BN, CG)
+        acc = _chunk_dot(acc, cur, magic, x_row, x_row, x_row, c, K, BITS, GROUP, BN, CG, INLINE)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
 def _chunk_dot(acc, chunk, magic, x_row, xp_row, xs_row, c, K: tl.constexpr, BITS: tl.constexpr,
                GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr):
     """acc + one row of x against chunk c (a _load_chunk result): gemv_row's per-chunk step."""
