@@ -275,7 +275,21 @@ def test_prefill_graph_runner_equals_eager(model, kind):
         eager = drain(make_engine(model, False, max_num_batched_tokens=32), ps, pp)
         engine = make_engine(model, True, max_num_batched_tokens=32)
         assert drain(engine, ps, pp) == eager
-        assert engine.runner.prefill_graph_steps > 0 and set(engine.runner.prefill_graphs.graphs) == {32}
+        graphs = engine.runner.prefill_graphs.graphs
+        assert engine.runner.prefill_graph_steps > 0 and graphs and all(b * n == 32 for b, n in graphs)
+
+
+def test_prefill_graph_runner_serves_equal_chunks_of_several_sequences(model):
+    """Three prompts of 16 tokens arriving together with max_num_batched_tokens = 48: their one prefill step is
+    three chunks of 16 (the (3, 16) graph: here its eager replay), then a step of two of them (unequal lengths:
+    eager); the same tokens as the eager engine, greedy and seeded."""
+    prompts = [random_prompt(16, seed=20 + i) for i in range(3)]
+    for params in ([SamplingParams(temperature=0, max_tokens=4) for _ in prompts],
+                   [SamplingParams(temperature=1.0, top_k=5, seed=3 + i, max_tokens=4) for i in range(3)]):
+        eager = drain(make_engine(model, False, max_num_batched_tokens=48), prompts, params)
+        engine = make_engine(model, True, max_num_batched_tokens=48)
+        assert drain(engine, prompts, params) == eager
+        assert (3, 16) in engine.runner.prefill_graphs.graphs and engine.runner.prefill_graph_steps >= 1
 
 
 def test_prefill_graph_load_derives_positions_and_slots(model):
@@ -292,6 +306,18 @@ def test_prefill_graph_load_derives_positions_and_slots(model):
         g.load([1, 2, 3], 0, [0], 0)
     with pytest.raises(ValueError, match="exceeds its static 4"):
         g.load(list(range(20)), 0, [0, 1, 2, 3, 4], 0)
+    two = PrefillGraph(model, cache, 6, max_blocks=3, batch=2)  # sequences at depths 14 and 0
+    two.load_batch([list(range(6)), list(range(10, 16))], [14, 0], [[3, 4], [6]], [1, 0])
+    assert two.positions.tolist() == list(range(14, 20)) + list(range(6))
+    assert two.slot_mapping.tolist() == [3 * BS + p for p in (14, 15)] + [4 * BS + p - 16 for p in range(16, 20)] + \
+        [6 * BS + p for p in range(6)]
+    assert two.input_ids.tolist() == list(range(6)) + list(range(10, 16))
+    assert two.fb.cu_seqlens.tolist() == [0, 6, 12] and two.fb.logits_indices.tolist() == [5, 11]
+    assert two.state_slots.tolist() == [1, 0] and two.fb.context_lens_cpu == [14, 0]
+    with pytest.raises(ValueError, match="sequence 1 loaded with 5"):
+        two.load_batch([list(range(6)), list(range(5))], [0, 0], [[0], [1]], [0, 1])
+    with pytest.raises(ValueError, match="for 2 sequences loaded with 1"):
+        two.load_batch([list(range(6))], [0], [[0]], [0])
 
 
 def test_warm_and_capture_order(monkeypatch):
@@ -348,3 +374,25 @@ def test_activation_dtype_of_a_quantised_model(tmp_path):
     p = cuda_graph.activation_param(model)
     assert p is not None and p.dtype == torch.bfloat16
     assert not cuda_graph.capturable(model)  # on the CPU: the reference path, never captured
+
+
+def test_bench_prefill_of_several_prompts_runs_their_prefill_graph(model, monkeypatch):
+    """`deltaserve bench`'s pp of B prompts goes through PrefillGraph(batch=B) (here its eager replay on CPU), loaded
+    with every prompt's tokens, depth, table and slot; the eager form (--no-graph) does not."""
+    from deltaserve.bench import main as bench
+
+    loads = []
+    real = cuda_graph.PrefillGraph.load_batch
+
+    def recording(self, tokens, depths, tables, slots):
+        loads.append((self.batch, [len(t) for t in tokens], list(depths), list(slots)))
+        return real(self, tokens, depths, tables, slots)
+
+    monkeypatch.setattr(cuda_graph.PrefillGraph, "load_batch", recording)
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)  # the bench's timer, on CPU
+    streams = bench.Streams(model, model.config, 3, 40)
+    assert len(bench.bench_prefill(streams, 8, 16, 2, graph=True)) == 2
+    assert loads and all(entry == (3, [8, 8, 8], [16, 16, 16], [0, 1, 2]) for entry in loads)
+    loads.clear()
+    bench.bench_prefill(streams, 8, 16, 1, graph=False)
+    assert not loads

@@ -129,18 +129,22 @@ def _time(fn, reps: int) -> list[float]:
 
 
 def bench_prefill(streams: Streams, n: int, depth: int, reps: int, graph: bool) -> list[float]:
-    """One sequence (graph: through the engine's PrefillGraph, as the engine runs a full chunk prefilled alone) or
-    B sequences of n new tokens each after `depth` cached ones (eager forward)."""
+    """B sequences of n new tokens each after `depth` cached ones: through the engine's PrefillGraph (graph: as the
+    engine runs one request's full chunk, or B requests' equal chunks that make its step size) or one eager forward."""
     fb = streams.prefill_batch(n, depth)
-    if graph and streams.batch == 1:
-        from ..engine.cuda_graph import PrefillGraph
+    if graph:
+        from ..engine.cuda_graph import PrefillGraph, capturable
 
-        g = PrefillGraph(streams.model, streams.cache, n, streams.tables.shape[1])
-        tokens, table = fb.input_ids.tolist(), streams.tables[0].tolist()
+        b = streams.batch
+        can_capture = capturable(streams.model)  # elsewhere (CPU tests) its replay runs the forward eagerly
+        g = PrefillGraph(streams.model, streams.cache, n, streams.tables.shape[1], batch=b)
+        flat = fb.input_ids.tolist()
+        tokens = [flat[i * n:(i + 1) * n] for i in range(b)]
+        tables = streams.tables.tolist()
 
         def run_graph():
-            g.load(tokens, depth, table, 0)
-            if g.graph is None:
+            g.load_batch(tokens, [depth] * b, tables, list(range(b)))
+            if g.graph is None and can_capture:
                 g.capture()
             g.replay()
 
@@ -221,7 +225,7 @@ def main(argv=None) -> int:
         streams = Streams(model, config, b, max_len, kv_dtype)
         for d in args.depth:
             for n in args.n_prompt:
-                graphed = not args.no_graph and b == 1
+                graphed = not args.no_graph
                 times = bench_prefill(streams, n, d, args.reps, graphed)
                 tps, sd = _stats(times, n * b)
                 keep(records.make_record("deltaserve", gpu, name, quant, "pp", n, d, b, tps, sd, args.reps,

@@ -227,64 +227,80 @@ class DecodeGraphs:
 
 
 class PrefillGraph:
-    """A captured prefill forward for ONE sequence of exactly `n` new tokens, at any depth.
+    """A captured prefill forward for `batch` sequences (default one) of exactly `n` new tokens each, at any depths.
 
-    On the fast path a prefill reads its depth, block table, KV slots and state slot from device tensors; the host
-    sizes it bakes in (grids, fla's chunk indices) depend on n alone. So one graph serves every n-token chunk of any
-    prompt at any context length: the engine's full prefill chunks (max_num_batched_tokens) of a request prefilled
-    alone, and the benchmark's pp512. The same kernels with the same launch parameters as the eager forward: the same
-    bits (tests/gpu/test_engine_graph_gpu.py). Where capture is impossible (CPU) `replay` runs the same forward
-    eagerly from the static buffers, so the logic is testable without a GPU.
+    On the fast path a prefill reads its depths, block tables, KV slots and state slots from device tensors; the
+    host sizes it bakes in (grids, fla's chunk indices) depend on (batch, n) alone. So one graph serves every such
+    step of any prompts at any context lengths: the engine's full prefill chunks (max_num_batched_tokens) of a
+    request prefilled alone, and the benchmark's pp512 of one or of B prompts. The same kernels with the same launch
+    parameters as the eager forward: the same bits (tests/gpu/test_engine_graph_gpu.py). Where capture is impossible
+    (CPU) `replay` runs the same forward eagerly from the static buffers, so the logic is testable without a GPU.
 
-    Output: the fp32 logits of the last new token, [1, V] (what a sampling step needs; a chunk that does not end the
-    prompt ignores them).
+    Output: the fp32 logits of each sequence's last new token, [batch, V] (what a sampling step needs; a chunk that
+    does not end its prompt ignores them).
     """
 
-    def __init__(self, model, cache: HybridCache, n: int, max_blocks: int):
-        self.model, self.cache, self.n = model, cache, n
+    def __init__(self, model, cache: HybridCache, n: int, max_blocks: int, batch: int = 1):
+        if n < 1 or batch < 1:
+            raise ValueError(f"PrefillGraph: {batch} sequences of {n} tokens (both at least 1)")
+        self.model, self.cache, self.n, self.batch = model, cache, n, batch
         self.block_size = cache.block_size
         dev = next(model.parameters()).device
         i64 = dict(dtype=torch.int64, device=dev)
-        self.input_ids = torch.zeros(n, **i64)
-        self.offsets = torch.arange(n, **i64)  # positions = depth + offsets
-        self.positions = torch.zeros(n, **i64)
-        self.context_lens = torch.zeros(1, **i64)
-        self.slot_mapping = torch.zeros(n, **i64)
-        self.state_slots = torch.zeros(1, **i64)
-        self.block_tables = torch.zeros(1, max_blocks, dtype=torch.int32, device=dev)
+        t = batch * n
+        self.input_ids = torch.zeros(t, **i64)
+        self.offsets = torch.arange(n, **i64).repeat(batch)  # positions = the row's depth + offsets
+        self.rows = torch.arange(batch, **i64).repeat_interleave(n)  # each token's sequence
+        self.positions = torch.zeros(t, **i64)
+        self.context_lens = torch.zeros(batch, **i64)
+        self.slot_mapping = torch.zeros(t, **i64)
+        self.state_slots = torch.zeros(batch, **i64)
+        self.block_tables = torch.zeros(batch, max_blocks, dtype=torch.int32, device=dev)
         self.fb = ForwardBatch(
-            input_ids=self.input_ids, positions=self.positions, cu_seqlens=torch.tensor([0, n], **i64),
-            context_lens=self.context_lens, block_tables=self.block_tables, slot_mapping=self.slot_mapping,
-            state_slots=self.state_slots, logits_indices=torch.tensor([n - 1], **i64),
-            seq_lens_cpu=[n], context_lens_cpu=[0],  # host depth: set by load() for the eager reference path only
-            block_size=self.block_size,
+            input_ids=self.input_ids, positions=self.positions,
+            cu_seqlens=torch.arange(0, t + 1, n, **i64), context_lens=self.context_lens,
+            block_tables=self.block_tables, slot_mapping=self.slot_mapping, state_slots=self.state_slots,
+            logits_indices=torch.arange(n - 1, t, n, **i64),
+            seq_lens_cpu=[n] * batch, context_lens_cpu=[0] * batch,  # host depths: set by load() for the eager
+            block_size=self.block_size,                                # reference path only
         )
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
 
     def load(self, token_ids, depth: int, block_table, state_slot: int) -> None:
-        """The chunk's n token ids (host list or tensor), its depth (tokens already cached), the sequence's block
-        table (covering depth + n tokens) and state slot."""
-        if len(token_ids) != self.n:
-            raise ValueError(f"PrefillGraph for {self.n} tokens loaded with {len(token_ids)}")
-        table = torch.as_tensor(block_table, dtype=torch.int32)
-        if table.numel() > self.block_tables.shape[1]:
-            raise ValueError(f"PrefillGraph: a block table of {table.numel()} blocks exceeds its static "
-                             f"{self.block_tables.shape[1]}")
-        full = torch.full((1, self.block_tables.shape[1]), -1, dtype=torch.int32)
-        full[0, : table.numel()] = table
-        self.input_ids.copy_(torch.as_tensor(token_ids, dtype=torch.int64))
+        """One sequence's chunk (batch 1): its n token ids (host list or tensor), its depth (tokens already
+        cached), the sequence's block table (covering depth + n tokens) and state slot."""
+        self.load_batch([token_ids], [depth], [block_table], [state_slot])
+
+    def load_batch(self, token_ids, depths, block_tables, state_slots) -> None:
+        """The batch's chunks, sequence by sequence: token_ids[b] (n ids each), depths[b], block_tables[b] (covering
+        depths[b] + n tokens), state_slots[b]."""
+        b = self.batch
+        if not (len(token_ids) == len(depths) == len(block_tables) == len(state_slots) == b):
+            raise ValueError(f"PrefillGraph for {b} sequences loaded with {len(token_ids)} / {len(depths)} / "
+                             f"{len(block_tables)} / {len(state_slots)} token lists / depths / tables / slots")
+        full = torch.full((b, self.block_tables.shape[1]), -1, dtype=torch.int32)
+        for i, (ids, table) in enumerate(zip(token_ids, block_tables)):
+            if len(ids) != self.n:
+                raise ValueError(f"PrefillGraph for {self.n} tokens a sequence: sequence {i} loaded with {len(ids)}")
+            table = torch.as_tensor(table, dtype=torch.int32)
+            if table.numel() > full.shape[1]:
+                raise ValueError(f"PrefillGraph: sequence {i}'s block table of {table.numel()} blocks exceeds its "
+                                 f"static {full.shape[1]}")
+            full[i, : table.numel()] = table
+        ids = torch.cat([torch.as_tensor(t, dtype=torch.int64).reshape(-1) for t in token_ids])
+        self.input_ids.copy_(ids)
         self.block_tables.copy_(full)
-        self.context_lens.fill_(depth)
-        self.state_slots.fill_(state_slot)
-        torch.add(self.offsets, self.context_lens, out=self.positions)
-        blk = self.block_tables[0].to(torch.int64)[self.positions // self.block_size]
+        self.context_lens.copy_(torch.as_tensor(list(depths), dtype=torch.int64))
+        self.state_slots.copy_(torch.as_tensor(list(state_slots), dtype=torch.int64))
+        torch.add(self.offsets, self.context_lens[self.rows], out=self.positions)
+        blk = self.block_tables.to(torch.int64)[self.rows, self.positions // self.block_size]
         self.slot_mapping.copy_(blk * self.block_size + self.positions % self.block_size)
-        self.fb.context_lens_cpu = [int(depth)]
+        self.fb.context_lens_cpu = [int(d) for d in depths]
 
     def capture(self, warmup: int = 2, pool=None) -> None:
-        """Capture with the loaded chunk's metadata. The warm-up and capture runs write the chunk's KV (the values
-        the real run writes again) and its sequence's DeltaNet state, which is saved first and restored after."""
+        """Capture with the loaded chunks' metadata. The warm-up and capture runs write the chunks' KV (the values
+        the real run writes again) and their sequences' DeltaNet states, which are saved first and restored after."""
         slot = self.state_slots.clone()
         saved = [(p, p.index_select(0, slot)) for p in (*self.cache.ssm.values(), *self.cache.conv.values())]
 
@@ -295,7 +311,8 @@ class PrefillGraph:
         self.graph, self.logits = warm_and_capture(lambda: self.model(self.fb, self.cache), restore, warmup, pool)
 
     def replay(self) -> torch.Tensor:
-        """The loaded chunk's forward (the graph if captured, else eager): fp32 logits of its last token, [1, V]."""
+        """The loaded chunks' forward (the graph if captured, else eager): fp32 logits of each sequence's last
+        token, [batch, V]."""
         if self.graph is None:
             with torch.no_grad():
                 return self.model(self.fb, self.cache)
@@ -304,28 +321,42 @@ class PrefillGraph:
 
 
 class PrefillGraphs:
-    """The engine's prefill graphs: one `PrefillGraph` per chunk size in `sizes`, captured lazily the first time a
-    single-sequence step of that many new tokens runs (on the real request's metadata: its state is restored after
-    the warm-up). Only where `capturable` (CUDA and the fast path); elsewhere the graphs' forward runs eagerly."""
+    """The engine's prefill graphs: one `PrefillGraph` per (sequences, tokens each) whose step size (their product)
+    is in `sizes`, captured lazily the first time such a step runs: one sequence's full chunk, or B sequences'
+    chunks of n tokens each with B * n in sizes (at most MAX_SEQS; a bounded set: the divisors of each size), on
+    the real requests' metadata (their states are restored after the warm-up). Only where `capturable` (CUDA and
+    the fast path); elsewhere the graphs' forward runs eagerly."""
+
+    MAX_SEQS = 64
 
     def __init__(self, model, cache: HybridCache, sizes, max_blocks: int):
         self.model, self.cache = model, cache
         self.sizes, self.max_blocks = frozenset(sizes), max_blocks
         self.capturable = capturable(model)
-        self.graphs: dict[int, PrefillGraph] = {}
+        self.graphs: dict[tuple[int, int], PrefillGraph] = {}
         self._pool = None
 
     def serves(self, n: int, table: list[int]) -> bool:
-        return n in self.sizes and len(table) <= self.max_blocks
+        return self.serves_batch([n], [table])
+
+    def serves_batch(self, ns: list[int], tables: list[list[int]]) -> bool:
+        """Sequences of ns[b] new tokens with block tables tables[b]: equal counts, their sum a captured size."""
+        return (1 <= len(ns) <= self.MAX_SEQS and len(set(ns)) == 1 and sum(ns) in self.sizes
+                and all(len(t) <= self.max_blocks for t in tables))
 
     def run(self, tokens: list[int], depth: int, table: list[int], slot: int) -> torch.Tensor:
         """One prefill chunk of len(tokens) new tokens after `depth` cached ones. Returns its last token's fp32
         logits [1, V], copied out of the graph's static output."""
-        n = len(tokens)
-        g = self.graphs.get(n)
+        return self.run_batch([tokens], [depth], [table], [slot])
+
+    def run_batch(self, tokens: list, depths: list[int], tables: list[list[int]], slots: list[int]) -> torch.Tensor:
+        """B prefill chunks of n new tokens each (tokens[b] after depths[b] cached ones). Returns each chunk's last
+        token's fp32 logits [B, V], copied out of the graph's static output."""
+        key = (len(tokens), len(tokens[0]))
+        g = self.graphs.get(key)
         if g is None:
-            g = self.graphs[n] = PrefillGraph(self.model, self.cache, n, self.max_blocks)
-        g.load(tokens, depth, table, slot)
+            g = self.graphs[key] = PrefillGraph(self.model, self.cache, key[1], self.max_blocks, batch=key[0])
+        g.load_batch(tokens, depths, tables, slots)
         if self.capturable and g.graph is None:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()

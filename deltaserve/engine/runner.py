@@ -9,7 +9,8 @@ no logits_only request) of at most the largest bucket's sequences runs through t
 other step (prefill, mixed, logits_only, larger batches) runs eagerly. On a device where graphs cannot be captured
 the graph path is used only when `graphs_off_device` is set (tests: it then runs the same padded step eagerly).
 With `prefill_graphs` (engine/cuda_graph.PrefillGraphs), a step that is one sequence's prefill chunk of a captured
-size (the engine's full chunk, max_num_batched_tokens) runs through that size's graph, at any depth.
+size (the engine's full chunk, max_num_batched_tokens), or B sequences' chunks of one length n with B * n that size,
+runs through that (B, n) graph, at any depths.
 """
 
 from __future__ import annotations
@@ -63,12 +64,14 @@ class ModelRunner:
         return g.fits([s.request.block_table for s in out.seqs])
 
     def _prefill_graph_step(self, out: SchedulerOutput) -> bool:
-        """Is this step one sequence's prefill chunk of a size the prefill graphs serve?"""
+        """Is this step prefill chunks the prefill graphs serve: one sequence's chunk of a captured size, or several
+        sequences' chunks of one length that together make a captured size?"""
         g = self.prefill_graphs
-        if g is None or not (g.capturable or self.graphs_off_device) or len(out.seqs) != 1:
+        if g is None or not (g.capturable or self.graphs_off_device) or not out.seqs:
             return False
-        s = out.seqs[0]
-        return s.num_new_tokens > 1 and not s.request.logits_only and g.serves(s.num_new_tokens, s.request.block_table)
+        if any(s.num_new_tokens < 2 or s.request.logits_only for s in out.seqs):
+            return False
+        return g.serves_batch([s.num_new_tokens for s in out.seqs], [s.request.block_table for s in out.seqs])
 
     def build_batch(self, out: SchedulerOutput) -> tuple[ForwardBatch, list[tuple[Request, slice]]]:
         """The ForwardBatch and, per sequence, which rows of the returned logits belong to it."""
@@ -129,17 +132,19 @@ class ModelRunner:
         return RunnerOutput({r.request_id: t for r, t in zip(reqs, ids.tolist())}, {})
 
     def _execute_prefill_graph(self, out: SchedulerOutput) -> RunnerOutput:
-        """One sequence's prefill chunk in its size's graph; samples as the eager path when the chunk ends the
-        prompt (the graph always computes the last token's logits; a middle chunk ignores them)."""
+        """The step's prefill chunks in their (sequences, length) graph; samples as the eager path for each chunk
+        that ends its prompt (the graph always computes every chunk's last-token logits; a middle chunk ignores
+        them)."""
         self.prefill_graph_steps += 1
-        s = out.seqs[0]
-        r = s.request
-        logits = self.prefill_graphs.run(r.token_slice(s.start, s.start + s.num_new_tokens), s.start, r.block_table,
-                                         r.state_slot)
-        if not s.sample:
+        reqs = [s.request for s in out.seqs]
+        logits = self.prefill_graphs.run_batch([r.token_slice(s.start, s.start + s.num_new_tokens)
+                                                for s, r in zip(out.seqs, reqs)], [s.start for s in out.seqs],
+                                               [r.block_table for r in reqs], [r.state_slot for r in reqs])
+        picked = [b for b, s in enumerate(out.seqs) if s.sample]
+        if not picked:
             return RunnerOutput({}, {})
-        ids = sample(logits, self.sampling_tensors([r]))
-        return RunnerOutput({r.request_id: ids.tolist()[0]}, {})
+        ids = sample(logits[picked], self.sampling_tensors([reqs[b] for b in picked]))
+        return RunnerOutput({reqs[b].request_id: t for b, t in zip(picked, ids.tolist())}, {})
 
     def sampling_tensors(self, reqs: list[Request]) -> SamplingTensors:
         def col(values, dtype=torch.float32):
