@@ -367,3 +367,37 @@ def test_route_tiles_mode_and_bad_requests(monkeypatch):
         rt.route_with_tiles(torch.zeros(65, 64, dtype=torch.bfloat16), r, g, 2, True, 8, 8, md.merged_config(None))
     with pytest.raises(ValueError, match="rows per tile must be 8, 16, 32 or 64, found 12"):
         rt.route_with_tiles(x, r, g, 2, True, 8, 12, md.merged_config(None))
+
+
+def test_router_norm_switches_and_bad_requests(monkeypatch):
+    """The router launch's own norm: its switch and token limit (env), and route_normed's refusals before any
+    launch (too many tokens, a width that is no power of two, a residual or norm weight of another shape, norm
+    together with tiles)."""
+    import torch
+
+    from deltaserve.kernels.moe import triton_decode as md
+
+    for name in ("DELTASERVE_ROUTER_NORM", "DELTASERVE_ROUTER_NORM_TOKENS"):
+        monkeypatch.delenv(name, raising=False)
+    assert md.router_norm_mode() == "fused" and md.router_norm_tokens() == md.ROUTER_NORM_DECODE_TOKENS == 4
+    monkeypatch.setenv("DELTASERVE_ROUTER_NORM", "split")
+    assert md.router_norm_mode() == "split"
+    monkeypatch.setenv("DELTASERVE_ROUTER_NORM", "inline")
+    with pytest.raises(ValueError, match="DELTASERVE_ROUTER_NORM"):
+        md.router_norm_mode()
+    monkeypatch.setenv("DELTASERVE_ROUTER_NORM_TOKENS", "16")
+    assert md.router_norm_tokens() == 16
+    monkeypatch.setenv("DELTASERVE_ROUTER_NORM_TOKENS", "17")
+    with pytest.raises(ValueError, match="DELTASERVE_ROUTER_NORM_TOKENS"):
+        md.router_norm_tokens()
+    assert md.route_normed_fits(16, 2048) and not md.route_normed_fits(17, 2048)
+    assert not md.route_normed_fits(1, 96) and not md.route_normed_fits(0, 64)
+    router, gate = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(1, 64, dtype=torch.bfloat16)
+    x, w = torch.zeros(3, 64, dtype=torch.bfloat16), torch.zeros(64, dtype=torch.bfloat16)
+    for args, msg in (((torch.zeros(17, 64, dtype=torch.bfloat16),) * 2 + (w,), "17 tokens of 64 features"),
+                      ((torch.zeros(1, 96, dtype=torch.bfloat16),) * 2 + (torch.zeros(96),), "1 tokens of 96"),
+                      ((x, x[:2], w), "residual \\(2, 64\\)"), ((x, x, w[:32]), "norm weight \\(32,\\)")):
+        with pytest.raises(ValueError, match=msg):
+            md.route_normed(*args, 1e-6, 1.0, router, 2, True, gate)
+    with pytest.raises(ValueError, match="without tiles"):
+        md.moe_route(x, router, 2, True, gate, shared_slot=7, tile_rows=8, norm=(x, w, 1e-6, 1.0, ()))

@@ -91,16 +91,18 @@ class SparseMoeBlock(nn.Module):
     def routes_normed(self, x: torch.Tensor, decode: bool) -> bool:
         """Whether this block on the fast path takes its input norm inside its router launch (forward(norm=)):
         the tensor-core MoE with the shared expert stacked, a router launch without tiles (decode-sized blocks),
-        up to kernels/moe/triton_decode.ROUTER_NORM_MAX_TOKENS tokens, DELTASERVE_ROUTER_NORM=fused. The same bits
-        as the norm kernel then the router (one norm arithmetic), so the choice may follow the token count."""
-        from ..kernels.moe.triton_decode import route_normed_fits, router_norm_mode
+        up to kernels/moe/triton_decode.router_norm_tokens() tokens (4: the batch-1 deployments' steps),
+        DELTASERVE_ROUTER_NORM=fused. The same bits as the norm kernel then the router (one norm arithmetic), so the
+        choice may follow the token count."""
+        from ..kernels.moe.triton_decode import route_normed_fits, router_norm_mode, router_norm_tokens
         from ..kernels.moe.mma_moe import wg_block_tile_rows
 
         mma = fast.mma_moe_weights(self, x)
         if mma is None or not mma.shared_last or self.shared_expert is None or router_norm_mode() != "fused":
             return False
         t = x.shape[0]
-        return route_normed_fits(t, x.shape[1]) and wg_block_tile_rows(mma, t * (self.top_k + 1)) is None
+        return (t <= router_norm_tokens() and route_normed_fits(t, x.shape[1])
+                and wg_block_tile_rows(mma, t * (self.top_k + 1)) is None)
 
     def _forward_normed(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         from ..kernels.moe.mma_moe import moe_block_mma

@@ -564,6 +564,10 @@ def _router_specs(x, router, top_k, shared_gate):
 
 
 ROUTER_NORM_MAX_TOKENS = 16  # route_normed's launches: a scratch row of H a program, T x (E / BE + 1) of them
+# The model takes route_normed up to this many tokens (router_norm_tokens): H200, Qwen3.6-35B-A3B q4, tg64 @ d512
+# (bench/NOTES.md): batch 1 629.6 / 629.7 (split) -> 642.3 / 643.7 tok/s (+2.1%); 8 streams 2,353.6 -> 2,349.6
+# (-0.2%: 8 x 65 programs each making the norm save no more than the one launch), so the batch-1 deployments' sizes
+ROUTER_NORM_DECODE_TOKENS = 4
 
 
 def router_norm_mode() -> str:
@@ -571,6 +575,13 @@ def router_norm_mode() -> str:
     route_normed, one launch fewer a layer) or the norm kernel runs first ("split"). The same bits either way (one
     norm arithmetic: triton_norm.rms_inverse). Env DELTASERVE_ROUTER_NORM."""
     return env_choice("DELTASERVE_ROUTER_NORM", "fused", ("fused", "split"))
+
+
+def router_norm_tokens() -> int:
+    """Up to how many tokens the model's MoE blocks take route_normed (when router_norm_mode() is "fused"):
+    ROUTER_NORM_DECODE_TOKENS, or env DELTASERVE_ROUTER_NORM_TOKENS (1 .. ROUTER_NORM_MAX_TOKENS), for A/B. Never
+    a token's bits."""
+    return env_int("DELTASERVE_ROUTER_NORM_TOKENS", ROUTER_NORM_DECODE_TOKENS, 1, ROUTER_NORM_MAX_TOKENS)
 
 
 def route_normed_fits(t: int, h: int) -> bool:
