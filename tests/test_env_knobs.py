@@ -401,3 +401,18 @@ def test_router_norm_switches_and_bad_requests(monkeypatch):
             md.route_normed(*args, 1e-6, 1.0, router, 2, True, gate)
     with pytest.raises(ValueError, match="without tiles"):
         md.moe_route(x, router, 2, True, gate, shared_slot=7, tile_rows=8, norm=(x, w, 1e-6, 1.0, ()))
+
+
+
+def test_norm_tree_switch(monkeypatch):
+    """Which norm launches sum x^2 by the pairwise tree: add_rms_norm's (the router launch repeats it) by default,
+    every one under DELTASERVE_NORM_TREE=all; an unknown value is refused."""
+    from deltaserve.kernels.triton_norm import norm_tree
+
+    monkeypatch.delenv("DELTASERVE_NORM_TREE", raising=False)
+    assert norm_tree(True) and not norm_tree(False)
+    monkeypatch.setenv("DELTASERVE_NORM_TREE", "all")
+    assert norm_tree(True) and norm_tree(False)
+    monkeypatch.setenv("DELTASERVE_NORM_TREE", "none")
+    with pytest.raises(ValueError, match="DELTASERVE_NORM_TREE"):
+        norm_tree(True)
