@@ -222,10 +222,7 @@ def gemv_row_pair(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, w2_ptr, s2_ptr, b2
     gate's last FMA), and the x tile of a chunk is read once for both."""
     rn64 = rn.to(tl.int64)
     NC: tl.constexpr = K // (CG * GROUP)
-    if BITS == 16:
-        acc = tl.zeros((BN, CG * GROUP), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BN, CG), dtype=tl.float32)
+    acc = _row_acc(BITS, GROUP, BN, CG)
     acc2 = acc
     # both weights' chunks c+1 and c+2 are requested before chunk c is reduced (_first_chunks, _next_chunk)
     nxt1, nxt2 = _first_chunks(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, NC, BITS, GROUP, BN, CG)
@@ -248,6 +245,15 @@ def gemv_row_pair(x_row, xp_row, xs_row, w_ptr, s_ptr, b_ptr, w2_ptr, s2_ptr, b2
 
 
 @triton.jit
+def _row_acc(BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr):
+    """A row's zero accumulator for gemv_row's chunks: [BN, CG * GROUP] per element (dense) or [BN, CG] per group."""
+    if BITS == 16:
+        return tl.zeros((BN, CG * GROUP), dtype=tl.float32)
+    else:
+        return tl.zeros((BN, CG), dtype=tl.float32)
+
+
+@triton.jit
 def gemv_row_chunks(w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, K: tl.constexpr, BITS: tl.constexpr,
                     GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr):
     """gemv_row in two parts for a caller with work between its weight requests and its x (the router launch that
@@ -264,10 +270,7 @@ def gemv_row_from(chunks, x_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, str
     gemv_row_chunks requested: gemv_row_pair's loop for one weight, without a wait (the caller has waited)."""
     rn64 = rn.to(tl.int64)
     NC: tl.constexpr = K // (CG * GROUP)
-    if BITS == 16:
-        acc = tl.zeros((BN, CG * GROUP), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BN, CG), dtype=tl.float32)
+    acc = _row_acc(BITS, GROUP, BN, CG)
     nxt1, nxt2 = chunks
     for c in tl.static_range(NC):
         cur, nxt1, nxt2 = _next_chunk(nxt1, nxt2, w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, NC,
