@@ -377,9 +377,15 @@ def test_router_norm_switches_and_bad_requests(monkeypatch):
 
     from deltaserve.kernels.moe import triton_decode as md
 
-    for name in ("DELTASERVE_ROUTER_NORM", "DELTASERVE_ROUTER_NORM_TOKENS"):
+    for name in ("DELTASERVE_ROUTER_NORM", "DELTASERVE_ROUTER_NORM_TOKENS", "DELTASERVE_ROUTER_NORM_READ"):
         monkeypatch.delenv(name, raising=False)
     assert md.router_norm_mode() == "fused" and md.router_norm_tokens() == md.ROUTER_NORM_DECODE_TOKENS == 4
+    assert md.router_norm_read() == "scratch"
+    monkeypatch.setenv("DELTASERVE_ROUTER_NORM_READ", "tiles")
+    assert md.router_norm_read() == "tiles"
+    monkeypatch.setenv("DELTASERVE_ROUTER_NORM_READ", "smem")
+    with pytest.raises(ValueError, match="DELTASERVE_ROUTER_NORM_READ"):
+        md.router_norm_read()
     monkeypatch.setenv("DELTASERVE_ROUTER_NORM", "split")
     assert md.router_norm_mode() == "split"
     monkeypatch.setenv("DELTASERVE_ROUTER_NORM", "inline")

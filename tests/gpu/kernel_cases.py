@@ -886,7 +886,11 @@ def check_router_norm(mods, device, ts=(1, 3, 16), h=128, e=12, top_k=3, group=3
     """route_normed (the router launch making its input's add_rms_norm itself) == add_rms_norm(prep=(4, 64),
     sums_only=True) then moe_route on its output, bit for bit: y, the residual sum, y's group sums, ids, weights and
     the shared weight, with and without the stacked shared slot (shared_slot = E) and at both norm offsets (HF's 1,
-    MLX's 0), on repeated calls with the last call's outputs poisoned; and y against the fp64 norm."""
+    MLX's 0), on repeated calls with the last call's outputs poisoned, both ways of reading the norm's row for the
+    dot product (DELTASERVE_ROUTER_NORM_READ: a scratch row, or made again at the x loads); and y against fp64."""
+    import os
+    from unittest import mock
+
     from deltaserve.kernels import norm as norm_ref
 
     md, nm = mods["moe"], mods["norm"]
@@ -901,13 +905,14 @@ def check_router_norm(mods, device, ts=(1, 3, 16), h=128, e=12, top_k=3, group=3
                                 shared_slot=slot)
             what = f"router norm T={t} offset={offset} slot={slot}"
             close(y, norm_ref.rms_norm(r.double(), w.double(), 1e-6, offset), 2 * BF16_EPS, what + ": y vs fp64")
-            for rep in range(reps):
-                got, gy, gr, gxs = md.route_normed(x, res, w, 1e-6, offset, kw["router"], top_k, True,
-                                                   kw["shared_gate"], shared_slot=slot)
+            for rep, read in enumerate(("scratch", "tiles") * reps):
+                with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_NORM_READ": read}):
+                    got, gy, gr, gxs = md.route_normed(x, res, w, 1e-6, offset, kw["router"], top_k, True,
+                                                       kw["shared_gate"], shared_slot=slot)
                 for name, a, b in (("y", gy, y), ("r", gr, r), ("xs", gxs, xs), ("ids", got.ids, want.ids),
                                    ("weights", got.weights, want.weights),
                                    ("shared weight", got.shared_weight, want.shared_weight)):
-                    assert torch.equal(a, b), f"{what} call {rep}: {name} differs"
+                    assert torch.equal(a, b), f"{what} call {rep} ({read}): {name} differs"
                 for out in (gy, gr, gxs, *got[:3]):
                     out.fill_(float("nan") if out.is_floating_point() else -7)
                 del got, gy, gr, gxs, out

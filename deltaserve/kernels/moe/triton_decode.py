@@ -64,7 +64,7 @@ def _router_kernel(
     HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr, G_CG: tl.constexpr,
     INLINE: tl.constexpr, TOPK: tl.constexpr = 0, EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True,
     PDL: tl.constexpr = False, BITONIC: tl.constexpr = 0, SHARED_ONLY: tl.constexpr = False,
-    NORM: tl.constexpr = False, XS_GROUP: tl.constexpr = 64,
+    NORM: tl.constexpr = 0, XS_GROUP: tl.constexpr = 64,
 ):
     # grid (T, cdiv(E, BE) + 1): column j < cdiv(E, BE) writes the fp32 logits of experts j*BE .. j*BE+BE-1 of
     # one token, the last column the shared gate's sigmoid (0 without a shared expert: every element of sg is
@@ -75,11 +75,12 @@ def _router_kernel(
     # that wrote x once its first weight chunks are requested (gemv_row's PDL_WAIT), before any store.
     pdl_open(PDL)
     t = tl.program_id(0)
-    if NORM:  # x is the mixer's output: each program makes the token's add_rms_norm itself (_router_normed)
+    if NORM > 0:  # x is the mixer's output: each program makes the token's add_rms_norm itself (_router_normed;
+        # 1: its dot product reads a scratch row of y, 2: makes y again at its x loads)
         _router_normed(x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_ptr, sg_ptr, E, stride_xt,
                        stride_rn, stride_rsn, stride_gn, stride_gsn, magic, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr,
                        scr_ptr, stride_res, norm_n, eps, offset, H, BE, R_BITS, R_GROUP, R_CG, HAS_SHARED, G_BITS,
-                       G_GROUP, G_CG, INLINE, XS_GROUP, PDL)
+                       G_GROUP, G_CG, INLINE, XS_GROUP, PDL, NORM == 2)
     elif SHARED_ONLY:  # grid (T, 1): the shared gate's column alone (the logits come from the rows launch)
         _router_shared_gate(x_ptr + t.to(tl.int64) * stride_xt, gw_ptr, gs_ptr, gb_ptr, sg_ptr, t, stride_gn,
                             stride_gsn, magic, H, BE, HAS_SHARED, G_BITS, G_GROUP, G_CG, INLINE, PDL)
@@ -101,10 +102,12 @@ def _router_normed(x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_
                    stride_res, norm_n, eps, offset, H: tl.constexpr, BE: tl.constexpr, R_BITS: tl.constexpr,
                    R_GROUP: tl.constexpr, R_CG: tl.constexpr, HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr,
                    G_GROUP: tl.constexpr, G_CG: tl.constexpr, INLINE: tl.constexpr, XS_GROUP: tl.constexpr,
-                   PDL_WAIT: tl.constexpr):
+                   PDL_WAIT: tl.constexpr, TILES: tl.constexpr):
     """_router_column for a router launch that makes its input itself: program (t, j) requests its weight rows'
     first chunks, waits (PDL_WAIT: the kernel's PDL wait), then makes token t's add_rms_norm (_router_norm_row:
-    the norm kernel's arithmetic, so the same bits) and reads its column's dot product from that row."""
+    the norm kernel's arithmetic, so the same bits) and reads its column's dot product from that row (a scratch
+    row it stored) or, TILES and a packed weight, makes the row's values again at its x loads from the norm's inputs
+    (no round trip)."""
     t = tl.program_id(0)
     j = tl.program_id(1)
     rows = j * BE + tl.arange(0, BE)
@@ -113,10 +116,11 @@ def _router_normed(x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_
         r_chunks = gemv_row_chunks(rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, H, R_BITS, R_GROUP,
                                  BE, R_CG)
         pdl_wait(PDL_WAIT)
-        y_row = _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, j, stride_xt,
-                                 stride_res, norm_n, eps, offset, H, XS_GROUP)
+        y_row, inv = _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, j, stride_xt,
+                                      stride_res, norm_n, eps, offset, H, XS_GROUP, TILES and R_BITS != 16)
         logits = gemv_row_from(r_chunks, y_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, magic,
-                               H, R_BITS, R_GROUP, BE, R_CG, INLINE)
+                               H, R_BITS, R_GROUP, BE, R_CG, INLINE, res_ptr + t.to(tl.int64) * stride_res, nw_ptr,
+                               inv, offset, TILES and R_BITS != 16)
         tl.store(logit_ptr + t * E + rows, logits, mask=e_mask)
     else:
         one = tl.arange(0, BE)
@@ -124,10 +128,12 @@ def _router_normed(x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_
             g_chunks = gemv_row_chunks(gw_ptr, gs_ptr, gb_ptr, one, one < 1, stride_gn, stride_gsn, H, G_BITS, G_GROUP,
                                      BE, G_CG)
             pdl_wait(PDL_WAIT)
-            g_row = _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, j, stride_xt,
-                                     stride_res, norm_n, eps, offset, H, XS_GROUP)
+            g_row, g_inv = _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, j, stride_xt,
+                                            stride_res, norm_n, eps, offset, H, XS_GROUP,
+                                            TILES and G_BITS != 16)
             sg = gemv_row_from(g_chunks, g_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, stride_gn, stride_gsn, magic, H,
-                               G_BITS, G_GROUP, BE, G_CG, INLINE)
+                               G_BITS, G_GROUP, BE, G_CG, INLINE, res_ptr + t.to(tl.int64) * stride_res, nw_ptr,
+                               g_inv, offset, TILES and G_BITS != 16)
             tl.store(sg_ptr + t + one, tl.sigmoid(sg), mask=one < 1)
         else:
             pdl_wait(PDL_WAIT)
@@ -136,10 +142,11 @@ def _router_normed(x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_
 
 @triton.jit
 def _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, j, stride_xt, stride_res, norm_n, eps,
-                     offset, H: tl.constexpr, XS_GROUP: tl.constexpr):
+                     offset, H: tl.constexpr, XS_GROUP: tl.constexpr, TILES: tl.constexpr):
     """Token t's add_rms_norm as triton_norm's kernel makes it (r = bf16(x + res), y = bf16(r * rms_inverse(r) *
     (offset + w)): the same helper, the same bits) in router program (t, j), which writes y to its own scratch row
-    (scr [T, programs, H]) and returns that row's pointer after a barrier, for its dot product to read raw. Program
+    (scr [T, programs, H]) and returns that row's pointer after a barrier, for its dot product to read raw, and
+    the row's 1 / rms; TILES: no scratch row, x's own row and 1 / rms returned (gemv_row_from NORMED). Program
     (t, 0) also writes the norm's outputs: y [T, H], r [T, H] (the block's residual) and y's group sums [T, H /
     XS_GROUP] (pairwise_sums, as the sums-only norm makes them)."""
     cols = tl.arange(0, H)
@@ -155,10 +162,13 @@ def _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, 
         G: tl.constexpr = H // XS_GROUP
         tl.store(xs_ptr + t64 * G + tl.arange(0, G),
                  pairwise_sums(tl.reshape(y.to(tl.float32), [G, XS_GROUP]), G, XS_GROUP))
-    y_row = scr_ptr + (t64 * tl.num_programs(1) + j) * H
-    tl.store(y_row + cols, y)
-    tl.debug_barrier()  # every thread's part of the row stored before any thread reads it
-    return y_row
+    if TILES:
+        return x_ptr + t64 * stride_xt, inv
+    else:
+        y_row = scr_ptr + (t64 * tl.num_programs(1) + j) * H
+        tl.store(y_row + cols, y)
+        tl.debug_barrier()  # every thread's part of the row stored before any thread reads it
+        return y_row, inv
 
 
 @triton.jit
@@ -460,11 +470,15 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
         ids, wts, k, normalize = topk if topk is not None else (logits, logits, 0, True)
         cnt = arrival_counters(x.device, t) if topk is not None else logits
         grid = (t, triton.cdiv(r.n, be) + 1)
+        norm_mode = 0
         if norm is None:
             norm_args, xin = _NO_NORM(x), x
-        else:  # a scratch row a program for its y (every program makes the token's norm; program (t, 0) writes it)
+        else:  # every program makes the token's norm (program (t, 0) writes it), its y read from a scratch row of
+            # its own (1) or made again at the dot product's x loads (2; a dense weight's column keeps the scratch)
             res, nw, eps, offset, (y, r_out, xs) = norm
-            xin = torch.empty(t, grid[1], h, dtype=x.dtype, device=x.device)
+            norm_mode = 2 if router_norm_read() == "tiles" else 1
+            scratch = norm_mode == 1 or 16 in (r.bits, g.bits)  # tiles read packed weights only
+            xin = torch.empty(t, grid[1] if scratch else 1, h, dtype=x.dtype, device=x.device)
             norm_args = (res, nw, y, r_out, xs, xin, res.stride(0), h, eps, offset)
         _router_kernel[grid](
             x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, ids, wts, cnt,
@@ -472,7 +486,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
             *norm_args, H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=r_cg,
             HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=g_cg,
             INLINE=inline_mode(xin[:, 0] if norm is not None else x, True), TOPK=k, EP=triton.next_power_of_2(r.n),
-            NORMALIZE=normalize, BITONIC=topk_bitonic(), NORM=norm is not None, num_warps=warps, **pdl_args(x),
+            NORMALIZE=normalize, BITONIC=topk_bitonic(), NORM=norm_mode, num_warps=warps, **pdl_args(x),
         )
     return logits, sw
 
@@ -575,6 +589,14 @@ def router_norm_mode() -> str:
     route_normed, one launch fewer a layer) or the norm kernel runs first ("split"). The same bits either way (one
     norm arithmetic: triton_norm.rms_inverse). Env DELTASERVE_ROUTER_NORM."""
     return env_choice("DELTASERVE_ROUTER_NORM", "fused", ("fused", "split"))
+
+
+def router_norm_read() -> str:
+    """How route_normed's programs read the norm's row for their dot product: "scratch" (the default: each stores y
+    to a scratch row of its own and reads it back after a barrier) or "tiles" (each makes y's values again at the
+    dot product's x loads, from the mixer output, the residual and the norm weight: no store, barrier or reload; the
+    same values, the same bits). Prepared, not yet timed on the GPU. Env DELTASERVE_ROUTER_NORM_READ."""
+    return env_choice("DELTASERVE_ROUTER_NORM_READ", "scratch", ("scratch", "tiles"))
 
 
 def router_norm_tokens() -> int:

@@ -265,9 +265,13 @@ def gemv_row_chunks(w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, K: tl
 
 @triton.jit
 def gemv_row_from(chunks, x_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, stride_sn, magic, K: tl.constexpr,
-                  BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr):
+                  BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr,
+                  res_row=None, nw_row=None, inv=0.0, offset=0.0, NORMED: tl.constexpr = False):
     """W[rn, :K] . x as fp32 [BN] for one row of x read raw (INLINE 1 or 2, or a dense weight) from the chunks
-    gemv_row_chunks requested: gemv_row_pair's loop for one weight, without a wait (the caller has waited)."""
+    gemv_row_chunks requested: gemv_row_pair's loop for one weight, without a wait (the caller has waited).
+    NORMED (a packed weight): x is the add-norm of x_row + res_row (norm weight nw_row, 1 / rms inv, offset), made
+    at the chunk's x loads (row_part_inline NORMED): the same values as reading the norm's stored row, the same
+    bits, without the round trip."""
     rn64 = rn.to(tl.int64)
     NC: tl.constexpr = K // (CG * GROUP)
     acc = _row_acc(BITS, GROUP, BN, CG)
@@ -275,7 +279,12 @@ def gemv_row_from(chunks, x_row, w_ptr, s_ptr, b_ptr, rn, n_mask, stride_wn, str
     for c in tl.static_range(NC):
         cur, nxt1, nxt2 = _next_chunk(nxt1, nxt2, w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, NC,
                                       BITS, GROUP, BN, CG)
-        acc = _chunk_dot(acc, cur, magic, x_row, x_row, x_row, c, K, BITS, GROUP, BN, CG, INLINE)
+        if NORMED:  # _chunk_dot's packed step with the x tiles made from the norm's inputs
+            p, s, b = cur
+            acc = acc + row_part_inline(p, p >> 16, s, b, magic, x_row, c, CG, BITS, GROUP, False, res_row, nw_row,
+                                        inv, offset, True)
+        else:
+            acc = _chunk_dot(acc, cur, magic, x_row, x_row, x_row, c, K, BITS, GROUP, BN, CG, INLINE)
     return tl.sum(acc, axis=1)
 
 

@@ -52,27 +52,51 @@ def _x_two(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK: 
 
 
 @triton.jit
+def _x_normed(x_row, res_row, w_row, inv, offset, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr,
+              PACK: tl.constexpr):
+    """fp32 y of code i of every word of chunk c, [CG * GW], made where it is read: y = bf16(r * inv * (offset + w))
+    with r = bf16(x + res), the add-norm's arithmetic on the raw rows x and res (so the values its kernel stores)."""
+    j = c * (CG * GW) + tl.arange(0, CG * GW)
+    act = x_row.dtype.element_ty
+    r = (tl.load(x_row + j * PACK + i).to(tl.float32) + tl.load(res_row + j * PACK + i).to(tl.float32)).to(act)
+    w = tl.load(w_row + j * PACK + i).to(tl.float32)
+    return (r.to(tl.float32) * inv * (offset + w)).to(act).to(tl.float32)
+
+
+@triton.jit
+def _x_two_of(x_row, res_row, w_row, inv, offset, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr,
+              PACK: tl.constexpr, PAIR: tl.constexpr, NORMED: tl.constexpr):
+    """Codes i and i+1's x tiles: read (_x_two) or, NORMED, made from the add-norm's inputs (_x_normed)."""
+    if NORMED:
+        return (_x_normed(x_row, res_row, w_row, inv, offset, c, i, CG, GW, PACK),
+                _x_normed(x_row, res_row, w_row, inv, offset, c, i + 1, CG, GW, PACK))
+    else:
+        return _x_two(x_row, c, i, CG, GW, PACK, PAIR)
+
+
+@triton.jit
 def row_part_inline(p, ph, s, b, magic, x_row, c, CG: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
-                    PAIR: tl.constexpr):
+                    PAIR: tl.constexpr, res_row=None, w_row=None, inv=0.0, offset=0.0, NORMED: tl.constexpr = False):
     """triton_gemv._row_part reading the raw row (no prep launch): per chunk and pair of codes one [CG * GW]
     tile of x pairs (_x_two), broadcast over the BN weight rows, used unscaled (_code_dot_unscaled). The group
     sums come from the same tiles: per word x_0 + x_1 + ... + x_{PACK-1} in that order, then summed over the GW
     words of the group by tl.sum. The products and their order equal the prep path's bit for bit; the group sums
     add the same values in another (fixed) order, equal whenever the fp32 sums are exact (a group's bf16 values
-    spanning < 2^16)."""
+    spanning < 2^16). NORMED: x is the add-norm of the rows x_row + res_row with weight w_row, 1 / rms inv and
+    offset, made at its loads (_x_normed: the same values as the norm's stored row, so the same bits)."""
     PACK: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PACK // 2
     GW: tl.constexpr = GROUP // PACK
     d = tl.zeros(p.shape, dtype=tl.float32)
     xsum = tl.zeros((CG * GW,), dtype=tl.float32)
     for i in tl.static_range(0, HALF, 2):  # codes i, i+1 in the low half-word
-        xa, xb = _x_two(x_row, c, i, CG, GW, PACK, PAIR)
+        xa, xb = _x_two_of(x_row, res_row, w_row, inv, offset, c, i, CG, GW, PACK, PAIR, NORMED)
         xsum += xa
         xsum += xb
         d = _code_dot_unscaled(d, p, xa[None, :], magic, BITS * i, BITS)
         d = _code_dot_unscaled(d, p, xb[None, :], magic, BITS * (i + 1), BITS)
     for i in tl.static_range(0, HALF, 2):  # codes HALF+i, HALF+i+1 from the high half-word (ph = p >> 16)
-        xa, xb = _x_two(x_row, c, HALF + i, CG, GW, PACK, PAIR)
+        xa, xb = _x_two_of(x_row, res_row, w_row, inv, offset, c, HALF + i, CG, GW, PACK, PAIR, NORMED)
         xsum += xa
         xsum += xb
         d = _code_dot_unscaled(d, ph, xa[None, :], magic, BITS * i, BITS)
