@@ -336,20 +336,12 @@ class PrefillGraphs:
         self.graphs: dict[tuple[int, int], PrefillGraph] = {}
         self._pool = None
 
-    def serves(self, n: int, table: list[int]) -> bool:
-        return self.serves_batch([n], [table])
-
-    def serves_batch(self, ns: list[int], tables: list[list[int]]) -> bool:
+    def serves(self, ns: list[int], tables: list[list[int]]) -> bool:
         """Sequences of ns[b] new tokens with block tables tables[b]: equal counts, their sum a captured size."""
         return (1 <= len(ns) <= self.MAX_SEQS and len(set(ns)) == 1 and sum(ns) in self.sizes
                 and all(len(t) <= self.max_blocks for t in tables))
 
-    def run(self, tokens: list[int], depth: int, table: list[int], slot: int) -> torch.Tensor:
-        """One prefill chunk of len(tokens) new tokens after `depth` cached ones. Returns its last token's fp32
-        logits [1, V], copied out of the graph's static output."""
-        return self.run_batch([tokens], [depth], [table], [slot])
-
-    def run_batch(self, tokens: list, depths: list[int], tables: list[list[int]], slots: list[int]) -> torch.Tensor:
+    def run(self, tokens: list, depths: list[int], tables: list[list[int]], slots: list[int]) -> torch.Tensor:
         """B prefill chunks of n new tokens each (tokens[b] after depths[b] cached ones). Returns each chunk's last
         token's fp32 logits [B, V], copied out of the graph's static output."""
         key = (len(tokens), len(tokens[0]))

@@ -71,7 +71,7 @@ class ModelRunner:
             return False
         if any(s.num_new_tokens < 2 or s.request.logits_only for s in out.seqs):
             return False
-        return g.serves_batch([s.num_new_tokens for s in out.seqs], [s.request.block_table for s in out.seqs])
+        return g.serves([s.num_new_tokens for s in out.seqs], [s.request.block_table for s in out.seqs])
 
     def build_batch(self, out: SchedulerOutput) -> tuple[ForwardBatch, list[tuple[Request, slice]]]:
         """The ForwardBatch and, per sequence, which rows of the returned logits belong to it."""
@@ -137,9 +137,9 @@ class ModelRunner:
         them)."""
         self.prefill_graph_steps += 1
         reqs = [s.request for s in out.seqs]
-        logits = self.prefill_graphs.run_batch([r.token_slice(s.start, s.start + s.num_new_tokens)
-                                                for s, r in zip(out.seqs, reqs)], [s.start for s in out.seqs],
-                                               [r.block_table for r in reqs], [r.state_slot for r in reqs])
+        logits = self.prefill_graphs.run([r.token_slice(s.start, s.start + s.num_new_tokens)
+                                          for s, r in zip(out.seqs, reqs)], [s.start for s in out.seqs],
+                                         [r.block_table for r in reqs], [r.state_slot for r in reqs])
         picked = [b for b, s in enumerate(out.seqs) if s.sample]
         if not picked:
             return RunnerOutput({}, {})

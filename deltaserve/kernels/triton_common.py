@@ -61,6 +61,19 @@ def dequant_tile(
 
 
 @triton.jit
+def residual_sum(x, res, act: tl.constexpr):
+    """r = act(x + res) in fp32 (the decoder layer's x + h before its norm), as every add-norm writer rounds it."""
+    return (x.to(tl.float32) + res.to(tl.float32)).to(act)
+
+
+@triton.jit
+def rms_scaled(rf, inv, offset, w, act: tl.constexpr):
+    """y = act(r * inv * (offset + w)) from fp32 r and w: the RMSNorm's output element, one formula for the norm
+    kernel and for the kernels that make the same norm themselves (the MoE router launch), so the same bits."""
+    return (rf * inv * (offset + w)).to(act)
+
+
+@triton.jit
 def mma(a, b, acc, F32: tl.constexpr):
     """acc + a @ b with fp32 accumulation. F32 upcasts the operands first: the Triton 3.6 interpreter gets bf16
     dots wrong, so interpreter runs (F32 = True) compute the same exact products in fp32."""

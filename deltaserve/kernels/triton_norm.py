@@ -18,6 +18,7 @@ import triton.language as tl
 
 from ..utils.env import env_choice
 from .quant.triton_gemv import pairwise_sums, prep_row
+from .triton_common import residual_sum, rms_scaled
 from .triton_pdl import pdl_args, pdl_open, pdl_wait
 
 
@@ -26,8 +27,8 @@ def sum_of_squares(xf, BLOCK: tl.constexpr):
     """sum(xf * xf) of a row xf [BLOCK] fp32 (BLOCK a power of two, padding zeros) by one fixed pairwise tree: pair
     (2i, 2i + 1) as fma(x_2i, x_2i, x_2i+1^2) (the fused product spelled out, so no compiler choice), then
     pairwise_sums' levels within groups of 32 pairs, then over the groups. Every level is a sum over an axis of
-    two, a + b whichever threads hold them, so any kernel holding the row in any layout gets the same bits: the
-    RMSNorm and the router launch that makes the MoE's input norm itself (moe/triton_decode, NORM)."""
+    two, a + b whichever threads hold them, so any kernel holding the row in any layout gets the same bits:
+    add_rms_norm and the router launch that makes the MoE's input norm itself (moe/triton_decode, NORM)."""
     a, b = tl.split(tl.reshape(xf, [BLOCK // 2, 2]))
     s1 = tl.fma(a, a, b * b)
     HALF: tl.constexpr = BLOCK // 2
@@ -42,7 +43,8 @@ def sum_of_squares(xf, BLOCK: tl.constexpr):
 @triton.jit
 def rms_inverse(xf, N, eps, BLOCK: tl.constexpr):
     """1 / sqrt(mean(x^2) + eps) of a row xf [BLOCK] fp32 of N features (N a runtime value in every caller, so the
-    division is the same instruction everywhere): the one formula of every RMSNorm kernel here."""
+    division is the same instruction everywhere), x^2 summed by sum_of_squares: the add-norm's formula in the norm
+    kernel and in the router launch that makes it (moe/triton_decode route_normed)."""
     return 1.0 / tl.sqrt(sum_of_squares(xf, BLOCK) / N + eps)
 
 
@@ -63,7 +65,7 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, stride_x, stride_r, 
     x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
     if HAS_RES:
         r = tl.load(r_ptr + row * stride_r + cols, mask=m, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
+        x = residual_sum(x, r, y_ptr.dtype.element_ty)
         tl.store(ro_ptr + row * stride_ro + cols, x, mask=m)
     xf = x.to(tl.float32)
     if TREE:  # the order another kernel can make (norm_tree)
@@ -72,13 +74,13 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, stride_x, stride_r, 
         inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
     if PREP_BITS > 0 and not PREP_XP:  # the sums alone, from the registers: pairwise_sums' order is prep_row's
-        y = (xf * inv * (offset + w)).to(y_ptr.dtype.element_ty)
+        y = rms_scaled(xf, inv, offset, w, y_ptr.dtype.element_ty)
         tl.store(y_ptr + row * stride_y + cols, y, mask=m)
         G: tl.constexpr = BLOCK // PREP_GROUP
         tl.store(xs_ptr + row * G + tl.arange(0, G),
                  pairwise_sums(tl.reshape(y.to(tl.float32), [G, PREP_GROUP]), G, PREP_GROUP))
     else:
-        tl.store(y_ptr + row * stride_y + cols, (xf * inv * (offset + w)).to(y_ptr.dtype.element_ty), mask=m)
+        tl.store(y_ptr + row * stride_y + cols, rms_scaled(xf, inv, offset, w, y_ptr.dtype.element_ty), mask=m)
         if PREP_BITS > 0:
             tl.debug_barrier()  # the row's stores (every thread's) before its reads
             prep_row(y_ptr + row * stride_y, xp_ptr + row * BLOCK, xs_ptr + row * (BLOCK // PREP_GROUP), BLOCK,

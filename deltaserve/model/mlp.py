@@ -98,7 +98,7 @@ class SparseMoeBlock(nn.Module):
         from ..kernels.moe.mma_moe import wg_block_tile_rows
 
         mma = fast.mma_moe_weights(self, x)
-        if mma is None or not mma.shared_last or self.shared_expert is None or router_norm_mode() != "fused":
+        if mma is None or not mma.shared_last or router_norm_mode() != "fused":  # shared_last: a shared expert
             return False
         t = x.shape[0]
         return (t <= router_norm_tokens() and route_normed_fits(t, x.shape[1])
@@ -110,7 +110,7 @@ class SparseMoeBlock(nn.Module):
 
         mma = fast.mma_moe_weights(self, x)
         routing, y, r, xs = route_normed(x, residual, norm.weight, norm.eps, norm.offset, fast.weight_spec(self.gate),
-                                         self.top_k, self.normalize, self._shared_specs()["shared_gate"],
+                                         self.top_k, self.normalize, fast.weight_spec(self.shared_expert_gate),
                                          shared_slot=mma.num_experts - 1)
         return moe_block_mma(y, routing.ids, routing.weights, routing.shared_weight, mma, residual=r, xs=xs,
                              shared_slotted=True)

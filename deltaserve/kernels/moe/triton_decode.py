@@ -30,7 +30,7 @@ from ...utils.env import env_choice, env_int
 from ..quant.triton_gemv import (MAGIC, chunk_groups, gemv_row, gemv_row_chunks, gemv_row_from, launch_gemv,
                                   pairwise_sums, row_run_config)
 from ..quant.triton_gemv_inline import inline_mode
-from ..triton_common import WeightSpec, dequant_tile
+from ..triton_common import WeightSpec, dequant_tile, residual_sum, rms_scaled
 from ..triton_sync import arrival_counters, last_arrival
 from ..triton_norm import rms_inverse
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -103,41 +103,45 @@ def _router_normed(x_ptr, rw_ptr, rs_ptr, rb_ptr, gw_ptr, gs_ptr, gb_ptr, logit_
                    R_GROUP: tl.constexpr, R_CG: tl.constexpr, HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr,
                    G_GROUP: tl.constexpr, G_CG: tl.constexpr, INLINE: tl.constexpr, XS_GROUP: tl.constexpr,
                    PDL_WAIT: tl.constexpr, TILES: tl.constexpr):
-    """_router_column for a router launch that makes its input itself: program (t, j) requests its weight rows'
-    first chunks, waits (PDL_WAIT: the kernel's PDL wait), then makes token t's add_rms_norm (_router_norm_row:
-    the norm kernel's arithmetic, so the same bits) and reads its column's dot product from that row (a scratch
-    row it stored) or, TILES and a packed weight, makes the row's values again at its x loads from the norm's inputs
-    (no round trip)."""
+    """_router_column for a router launch that makes its input itself: program (t, j) computes its column (the
+    logits of experts j*BE .. j*BE+BE-1, or the shared gate's sigmoid) by _normed_dot from token t's add_rms_norm."""
     t = tl.program_id(0)
     j = tl.program_id(1)
     rows = j * BE + tl.arange(0, BE)
     if j * BE < E:
         e_mask = rows < E
-        r_chunks = gemv_row_chunks(rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, H, R_BITS, R_GROUP,
-                                 BE, R_CG)
-        pdl_wait(PDL_WAIT)
-        y_row, inv = _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, j, stride_xt,
-                                      stride_res, norm_n, eps, offset, H, XS_GROUP, TILES and R_BITS != 16)
-        logits = gemv_row_from(r_chunks, y_row, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, magic,
-                               H, R_BITS, R_GROUP, BE, R_CG, INLINE, res_ptr + t.to(tl.int64) * stride_res, nw_ptr,
-                               inv, offset, TILES and R_BITS != 16)
+        logits = _normed_dot(x_ptr, rw_ptr, rs_ptr, rb_ptr, rows, e_mask, stride_rn, stride_rsn, magic, res_ptr, nw_ptr,
+                             y_ptr, ro_ptr, xs_ptr, scr_ptr, t, j, stride_xt, stride_res, norm_n, eps, offset, H, BE,
+                             R_BITS, R_GROUP, R_CG, INLINE, XS_GROUP, PDL_WAIT, TILES)
         tl.store(logit_ptr + t * E + rows, logits, mask=e_mask)
     else:
         one = tl.arange(0, BE)
         if HAS_SHARED:
-            g_chunks = gemv_row_chunks(gw_ptr, gs_ptr, gb_ptr, one, one < 1, stride_gn, stride_gsn, H, G_BITS, G_GROUP,
-                                     BE, G_CG)
-            pdl_wait(PDL_WAIT)
-            g_row, g_inv = _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, j, stride_xt,
-                                            stride_res, norm_n, eps, offset, H, XS_GROUP,
-                                            TILES and G_BITS != 16)
-            sg = gemv_row_from(g_chunks, g_row, gw_ptr, gs_ptr, gb_ptr, one, one < 1, stride_gn, stride_gsn, magic, H,
-                               G_BITS, G_GROUP, BE, G_CG, INLINE, res_ptr + t.to(tl.int64) * stride_res, nw_ptr,
-                               g_inv, offset, TILES and G_BITS != 16)
+            sg = _normed_dot(x_ptr, gw_ptr, gs_ptr, gb_ptr, one, one < 1, stride_gn, stride_gsn, magic, res_ptr, nw_ptr,
+                             y_ptr, ro_ptr, xs_ptr, scr_ptr, t, j, stride_xt, stride_res, norm_n, eps, offset, H, BE,
+                             G_BITS, G_GROUP, G_CG, INLINE, XS_GROUP, PDL_WAIT, TILES)
             tl.store(sg_ptr + t + one, tl.sigmoid(sg), mask=one < 1)
         else:
             pdl_wait(PDL_WAIT)
             tl.store(sg_ptr + t + one, tl.zeros((BE,), dtype=tl.float32), mask=one < 1)
+
+
+@triton.jit
+def _normed_dot(x_ptr, w_ptr, s_ptr, b_ptr, rows, mask, stride_wn, stride_sn, magic, res_ptr, nw_ptr, y_ptr, ro_ptr,
+                xs_ptr, scr_ptr, t, j, stride_xt, stride_res, norm_n, eps, offset, H: tl.constexpr, BE: tl.constexpr,
+                BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr, INLINE: tl.constexpr,
+                XS_GROUP: tl.constexpr, PDL_WAIT: tl.constexpr, TILES: tl.constexpr):
+    """W[rows] . y as fp32 [BE] for y = token t's add_rms_norm: the weight rows' first chunks requested, the wait
+    (PDL_WAIT: the kernel's PDL wait), the norm made (_router_norm_row: the norm kernel's arithmetic, so the same
+    bits), then the dot product reading y from a scratch row this program stored or, TILES and a packed weight,
+    making y's values again at its x loads from the norm's inputs (no round trip)."""
+    from_tiles: tl.constexpr = TILES and BITS != 16
+    chunks = gemv_row_chunks(w_ptr, s_ptr, b_ptr, rows, mask, stride_wn, stride_sn, H, BITS, GROUP, BE, CG)
+    pdl_wait(PDL_WAIT)
+    y_row, inv = _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, j, stride_xt, stride_res,
+                                  norm_n, eps, offset, H, XS_GROUP, from_tiles)
+    return gemv_row_from(chunks, y_row, w_ptr, s_ptr, b_ptr, rows, mask, stride_wn, stride_sn, magic, H, BITS, GROUP,
+                         BE, CG, INLINE, res_ptr + t.to(tl.int64) * stride_res, nw_ptr, inv, offset, from_tiles)
 
 
 @triton.jit
@@ -151,11 +155,11 @@ def _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, 
     XS_GROUP] (pairwise_sums, as the sums-only norm makes them)."""
     cols = tl.arange(0, H)
     t64 = t.to(tl.int64)
-    x = tl.load(x_ptr + t64 * stride_xt + cols).to(tl.float32)
-    r = (x + tl.load(res_ptr + t64 * stride_res + cols).to(tl.float32)).to(y_ptr.dtype.element_ty)
+    act: tl.constexpr = y_ptr.dtype.element_ty
+    r = residual_sum(tl.load(x_ptr + t64 * stride_xt + cols), tl.load(res_ptr + t64 * stride_res + cols), act)
     rf = r.to(tl.float32)
     inv = rms_inverse(rf, norm_n, eps, H)
-    y = (rf * inv * (offset + tl.load(nw_ptr + cols).to(tl.float32))).to(y_ptr.dtype.element_ty)
+    y = rms_scaled(rf, inv, offset, tl.load(nw_ptr + cols).to(tl.float32), act)
     if j == 0:
         tl.store(y_ptr + t64 * H + cols, y)
         tl.store(ro_ptr + t64 * H + cols, r)
@@ -461,7 +465,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
         _router_kernel[(t, 1)](
             x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, logits, logits, logits,
             r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2), g.scales.stride(-2), MAGIC,
-            *_NO_NORM(x), H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=r_cg, HAS_SHARED=has_shared,
+            *_no_norm_args(x), H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=r_cg, HAS_SHARED=has_shared,
             G_BITS=g.bits, G_GROUP=g.group, G_CG=g_cg, INLINE=inline_mode(x, True), SHARED_ONLY=True, num_warps=warps,
             **pdl_args(x),
         )
@@ -470,28 +474,30 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
         ids, wts, k, normalize = topk if topk is not None else (logits, logits, 0, True)
         cnt = arrival_counters(x.device, t) if topk is not None else logits
         grid = (t, triton.cdiv(r.n, be) + 1)
-        norm_mode = 0
+        norm_mode, read = 0, x  # read: the rows the dot products read raw (their INLINE mode)
         if norm is None:
-            norm_args, xin = _NO_NORM(x), x
+            norm_args = _no_norm_args(x)
         else:  # every program makes the token's norm (program (t, 0) writes it), its y read from a scratch row of
             # its own (1) or made again at the dot product's x loads (2; a dense weight's column keeps the scratch)
             res, nw, eps, offset, (y, r_out, xs) = norm
             norm_mode = 2 if router_norm_read() == "tiles" else 1
-            scratch = norm_mode == 1 or 16 in (r.bits, g.bits)  # tiles read packed weights only
-            xin = torch.empty(t, grid[1] if scratch else 1, h, dtype=x.dtype, device=x.device)
-            norm_args = (res, nw, y, r_out, xs, xin, res.stride(0), h, eps, offset)
+            scr = x  # unused: every column makes y at its loads
+            if norm_mode == 1 or 16 in (r.bits, g.bits):
+                scr = torch.empty(t, grid[1], h, dtype=x.dtype, device=x.device)
+                read = scr[:, 0]
+            norm_args = (res, nw, y, r_out, xs, scr, res.stride(0), h, eps, offset)
         _router_kernel[grid](
             x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, ids, wts, cnt,
             r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2), g.scales.stride(-2), MAGIC,
             *norm_args, H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=r_cg,
             HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=g_cg,
-            INLINE=inline_mode(xin[:, 0] if norm is not None else x, True), TOPK=k, EP=triton.next_power_of_2(r.n),
+            INLINE=inline_mode(read, True), TOPK=k, EP=triton.next_power_of_2(r.n),
             NORMALIZE=normalize, BITONIC=topk_bitonic(), NORM=norm_mode, num_warps=warps, **pdl_args(x),
         )
     return logits, sw
 
 
-def _NO_NORM(x: torch.Tensor) -> tuple:
+def _no_norm_args(x: torch.Tensor) -> tuple:
     """The router launch's norm arguments when it does not make its input's norm (unused: x in every pointer)."""
     return (x, x, x, x, x, x, 0, 1, 0.0, 0.0)
 

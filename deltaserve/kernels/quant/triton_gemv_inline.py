@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..triton_common import residual_sum, rms_scaled
+
 
 @triton.jit
 def _x_tile(x_row, c, i: tl.constexpr, CG: tl.constexpr, GW: tl.constexpr, PACK: tl.constexpr):
@@ -56,11 +58,10 @@ def _x_normed(x_row, res_row, w_row, inv, offset, c, i: tl.constexpr, CG: tl.con
               PACK: tl.constexpr):
     """fp32 y of code i of every word of chunk c, [CG * GW], made where it is read: y = bf16(r * inv * (offset + w))
     with r = bf16(x + res), the add-norm's arithmetic on the raw rows x and res (so the values its kernel stores)."""
-    j = c * (CG * GW) + tl.arange(0, CG * GW)
-    act = x_row.dtype.element_ty
-    r = (tl.load(x_row + j * PACK + i).to(tl.float32) + tl.load(res_row + j * PACK + i).to(tl.float32)).to(act)
-    w = tl.load(w_row + j * PACK + i).to(tl.float32)
-    return (r.to(tl.float32) * inv * (offset + w)).to(act).to(tl.float32)
+    k = (c * (CG * GW) + tl.arange(0, CG * GW)) * PACK + i
+    act: tl.constexpr = x_row.dtype.element_ty
+    r = residual_sum(tl.load(x_row + k), tl.load(res_row + k), act)
+    return rms_scaled(r.to(tl.float32), inv, offset, tl.load(w_row + k).to(tl.float32), act).to(tl.float32)
 
 
 @triton.jit
