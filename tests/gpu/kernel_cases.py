@@ -623,6 +623,12 @@ def check_attention(mods, device, ctx, seqs, hq, hkv, d, bs):
         alone = tp.paged_decode_attention(p["q"][last][b:], p["kc"], p["vc"], p["tables"][b:], lens[b:], scale,
                                           int(lens.max()), merge=merge)
         assert torch.equal(alone[0], om[b]), f"paged decode attention, merge {merge}: a row alone != in the batch"
+    # BD (columns a program) is no arithmetic: the default's BSP with other column widths gives its bits
+    for bd in [c for c in (16, 64) if c < d]:
+        out = poisoned((len(seqs), hq, d), torch.bfloat16, device)
+        ob = tp.paged_decode_attention(p["q"][last], p["kc"], p["vc"], p["tables"], lens, scale, int(lens.max()),
+                                       out=out, merge=(tp.MERGE_BSP, bd))
+        assert torch.equal(ob, od), f"paged decode attention: merge columns {bd} change the bits"
 
 
 # ---------------------------------------------------------------- norms
