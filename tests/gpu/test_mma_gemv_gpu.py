@@ -310,46 +310,6 @@ def test_moe_block_mma_down_early_same_bits(dev, t, monkeypatch):
     assert torch.equal(got[True], got[False]), "down early: the block's output differs"
 
 
-@pytest.mark.parametrize("t", [1, 3])
-def test_moe_block_mma_shared_early_same_bits(dev, t, monkeypatch):
-    """The gated launch's shared-slot programs requesting their first chunks before the PDL wait (shared_slots)
-    give the block's output bit for bit (taken at decode sizes only); and at the kernel, rows whose last slot is
-    routed to another expert after all (the form's fallback) get that expert's rows, into a NaN-poisoned output."""
-    from deltaserve.kernels.moe import mma_moe
-    from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant.triton_gemv import prep_x
-
-    x, res, ids, w, sw, experts, _ = _moe_block(dev, t, seed=7)
-    calls = []
-    real = mma_moe.mma_matmul_experts
-
-    def spy(*args, **kw):
-        calls.append(kw.get("shared_slots", 0))
-        return real(*args, **kw)
-
-    monkeypatch.setattr(mma_moe, "mma_matmul_experts", spy)
-    got = {}
-    for on in (False, True):
-        monkeypatch.setattr(mma_moe, "shared_early", lambda _x, on=on: on)
-        calls.clear()
-        got[on] = mma_moe.moe_block_mma(x, ids, w, sw, experts, residual=res)
-        torch.cuda.synchronize()
-        assert calls[-2] == (9 if on else 0), calls
-    assert torch.equal(got[True], got[False]), "shared early: the block's output differs"
-    num_e = experts.num_experts
-    slots_ids = torch.cat([ids, torch.full_like(ids[:, :1], num_e - 1)], 1)
-    slots_ids[0, -1] = ids[0, 0] ^ 1  # token 0's shared slot routed to another expert: the fallback loads it
-    tiles = mg.mma_expert_tiles(slots_ids, num_e)
-    xs = prep_x(x, 4, 64)[1]
-    want = mg.mma_matmul_experts(x, *experts.gate, slots_ids, 9, xs=xs, tiles=tiles, up=experts.up)
-    out = torch.full_like(want, float("nan"))
-    again = mg.mma_matmul_experts(x, *experts.gate, slots_ids, 9, xs=xs, tiles=tiles, up=experts.up, out=out,
-                                  shared_slots=9)
-    assert torch.equal(again, want), "shared_slots: the gated rows differ (a routed-elsewhere shared slot included)"
-    with pytest.raises(ValueError, match="shared_slots"):
-        mg.mma_matmul_experts(x, *experts.gate, slots_ids, 9, xs=xs, tiles=tiles, shared_slots=9)  # no up=
-
-
 @pytest.mark.parametrize("t,i_s", [(1, 512), (5, 512), (64, 512), (5, 1024)])
 def test_moe_block_mma_vs_fp64(dev, t, i_s):
     import torch.nn.functional as F

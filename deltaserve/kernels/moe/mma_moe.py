@@ -36,7 +36,7 @@ from ..quant.wgmma_experts import (wg_fits, wg_matmul_experts, wg_min_rows, wg_m
                                    wg_tile_rows)
 from ..triton_sync import MIN_COUNTERS
 from .triton_combine import combine_slots
-from .triton_moe_gemv import down_early, shared_early
+from .triton_moe_gemv import down_early
 
 
 class MmaExperts(NamedTuple):
@@ -85,12 +85,6 @@ def _down_early_fits(m: int, k: int) -> bool:
     """Whether down's default launch at m rows and K = k is the register ring that its early form needs."""
     chunks = k // GROUP // default_warps(k)
     return 3 <= default_ahead(m, False, chunks) < chunks
-
-
-def _gated_ring_fits(m: int, k: int) -> bool:
-    """Whether the gated launch's default at m rows and K = k is the register ring (what shared_slots needs)."""
-    chunks = k // GROUP // default_warps(k)
-    return 3 <= default_ahead(m, True, chunks) < chunks
 
 
 def wg_block_tile_rows(experts: MmaExperts, rows: int) -> int | None:
@@ -170,12 +164,7 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
     early = single and experts.gate_up is None and _down_early_fits(ids.numel(), groups * GROUP) \
         and down_early(x, tensor_cores=True)
     if experts.gate_up is None:
-        # the stacked shared expert's rows (the last slot) known before the routing: their first weight chunks
-        # requested before the launch's wait
-        sh = slots if (experts.shared_last and tiles.rows == 1 and _gated_ring_fits(ids.numel(), x.shape[1])
-                       and shared_early(x)) else 0
-        hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up, open_late=early,
-                                 shared_slots=sh)
+        hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up, open_late=early)
     if single:
         return mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1),
                                   combine=(residual, torch.empty_like(x)), glu=glu, early=early)

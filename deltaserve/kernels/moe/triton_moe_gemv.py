@@ -282,13 +282,6 @@ def down_early(x: torch.Tensor, tensor_cores: bool = False) -> bool:
     return (value == "1" or (value == "auto" and tensor_cores)) and pdl_enabled(x)
 
 
-def shared_early(x: torch.Tensor) -> bool:
-    """Whether the tensor-core MoE's gated launch at decode sizes requests the stacked shared expert's first weight
-    chunks before its PDL wait (its rows are known before the routing is). Only with PDL. Same bits either way.
-    Env DELTASERVE_MOE_SHARED_EARLY "0" | "1" (default 0 until timed), for in-model A/B."""
-    return env_choice("DELTASERVE_MOE_SHARED_EARLY", "0", ("0", "1")) == "1" and pdl_enabled(x)
-
-
 def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch,
                     open_late=False):
     t, h = x.shape

@@ -279,13 +279,6 @@ if HAVE_GLUON:
         return words, sb
 
     @gluon.jit
-    def _reload_weight_chunk(w_base, sb_base, c, w_off, sb_off, mask, words, sb, W: gl.constexpr):
-        """Chunk c's words and (s, b) where mask holds; elsewhere the given words and sb (requested earlier)."""
-        words = gl.load(w_base + c * W * 128 + w_off, mask=mask, other=words)
-        sb = gl.load(sb_base + c * W * 32 + sb_off, mask=mask, other=sb)
-        return words, sb
-
-    @gluon.jit
     def _silu_mul(g, u):
         """The MoE's hidden from fp32 copies of bf16 g and u: bf16(bf16(SiLU(g)) * u), SiLU as g / (1 + e^-g) in fp32
         (each step rounded as torch's bf16 ops). One formula for the gated epilogue, the split layout's pair and
@@ -520,7 +513,7 @@ if HAVE_GLUON:
         elif AHEAD > 2:
             acc, _ = _accumulate_ring(acc, acc, w_base, w_base, x_ptr, sb_base, sb_base, xs_ptr, w_off, x_off, x_mask,
                                       sb_off, xs_off, xs_mask, True, zero_w, W, RB, N8, NCH, mma, dot_a, dot_b, AHEAD,
-                                      False, SELF_XS, 0, PDL, False, ((), (), (), ()), True, False)
+                                      False, SELF_XS, 0, PDL, False)
         else:  # AHEAD 1 or 2 below the chunk count (a weight of one or two chunks per warp took the branch above)
             if PDL:
                 words, sb = _load_weight_chunk(w_base, sb_base, 0, w_off, sb_off, True, W, False)  # constant first
@@ -637,8 +630,7 @@ if HAVE_GLUON:
                          xs_off, xs_mask, w_live, zero_w, W: gl.constexpr, RB: gl.constexpr, N8: gl.constexpr,
                          NCH: gl.constexpr, mma: gl.constexpr, dot_a: gl.constexpr, dot_b: gl.constexpr,
                          AHEAD: gl.constexpr, TWO: gl.constexpr, SELF_XS: gl.constexpr = False,
-                         GLU: gl.constexpr = 0, PDL_WAIT: gl.constexpr = False, MASKED: gl.constexpr = True,
-                         pre=None, pre_late=None, PRE: gl.constexpr = False):
+                         GLU: gl.constexpr = 0, PDL_WAIT: gl.constexpr = False, MASKED: gl.constexpr = True):
         """_accumulate / _accumulate_pair (MASKED) with AHEAD (3 .. NCH - 1) chunks in flight, all in registers:
         chunks 0 .. AHEAD - 1 (x, words, scales, each chunk's in turn) are requested first, then chunk c + AHEAD
         before chunk c is computed, so AHEAD = NCH - 1 requests the whole slice up front in chunk order with x
@@ -646,10 +638,7 @@ if HAVE_GLUON:
         barrier waits for the last of them: ncu at T = 1, bench/NOTES.md). The same arithmetic in the same order:
         the same bits as every other AHEAD. PDL_WAIT (one weight; the caller launched with PDL and has not waited
         yet, tests/test_pdl_protocol): the first AHEAD chunks' words and scales (constant data) are requested, then
-        the wait for the previous kernel, then their x. MASKED: the weight loads are predicated on w_live.
-        PRE (the caller has waited): pre = (words, scales, words2, scales2) of the first AHEAD chunks, requested by
-        the caller before its wait where it knew the expert then (_shared_first_chunks); those chunks are loaded here
-        only where pre_late (and w_live) holds, the pre values kept elsewhere: the same values either way."""
+        the wait for the previous kernel, then their x. MASKED: the weight loads are predicated on w_live."""
         wt = ()
         xt = ()
         sbt = ()
@@ -667,18 +656,6 @@ if HAVE_GLUON:
         for c in gl.static_range(NCH + AHEAD):
             if PDL_WAIT and c < AHEAD:
                 pass  # requested above
-            elif PRE and c < AHEAD:  # chunk c: the words and scales requested before the wait, unless pre_late
-                words, sb = _reload_weight_chunk(w_base, sb_base, c, w_off, sb_off, w_live & pre_late, pre[0][c],
-                                                 pre[1][c], W)
-                wt = wt + (words,)
-                xt = xt + (_load_x_chunk(x_ptr, c, x_off, x_mask, W, GLU),)
-                sbt = sbt + (sb,)
-                xst = xst + (_load_xs_chunk(xs_ptr, c, xs_off, xs_mask, W, SELF_XS),)
-                if TWO:
-                    words2, sb2 = _reload_weight_chunk(w2_base, sb2_base, c, w_off, sb_off, w_live & pre_late,
-                                                       pre[2][c], pre[3][c], W)
-                    wt2 = wt2 + (words2,)
-                    sbt2 = sbt2 + (sb2,)
             elif c < NCH:  # request chunk c
                 words, xv, sb, xs = _load_chunk(w_base, x_ptr, sb_base, xs_ptr, c, w_off, x_off, x_mask, sb_off,
                                                 xs_off, xs_mask, w_live, W, MASKED, SELF_XS, GLU)
@@ -699,25 +676,6 @@ if HAVE_GLUON:
         return acc, acc2
 
     @gluon.jit
-    def _shared_first_chunks(w_ptr, sb_ptr, w2_ptr, sb2_ptr, t, rb, NBE, on_shared, XREP: gl.constexpr,
-                             W: gl.constexpr, RB: gl.constexpr, NT: gl.constexpr, G: gl.constexpr, AHEAD: gl.constexpr,
-                             SHARED_E: gl.constexpr):
-        """The first AHEAD chunks' (words, scales, words2, scales2) of expert SHARED_E's row blocks from rb, for
-        _mma_experts_kernel's single-row program t (the offsets its ring uses), predicated on on_shared."""
-        N8: gl.constexpr = 8 * NT
-        WL: gl.constexpr = gl.SliceLayout(5, _words_layout(W, RB))
-        XL: gl.constexpr = _x_layout(W)
-        mma: gl.constexpr = _mma_layout(W)
-        CL: gl.constexpr = gl.SliceLayout(1, mma)
-        xn = gl.arange(0, N8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, XL))))
-        cn = gl.arange(0, N8, layout=gl.SliceLayout(0, CL))
-        w_off, _, sb_off, _ = _offsets(W, RB, N8, WL, XL, _sb_layout(W, RB), CL, G, ((t + xn) // XREP).to(gl.int64),
-                                       ((t + cn) // XREP).to(gl.int64))
-        base = (SHARED_E * NBE + rb) * G
-        return _load_slices(w_ptr + base * 128, sb_ptr + base * 32, w2_ptr + base * 128, sb2_ptr + base * 32, w_off,
-                            sb_off, on_shared, W, AHEAD, True, True)
-
-    @gluon.jit
     def _mma_experts_kernel(x_ptr, xs_ptr, w_ptr, sb_ptr, w2_ptr, sb2_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr,
                             hi_ptr, order_ptr, stride_xm, stride_sm, stride_om, NBE, res_ptr, comb_ptr, cnt_ptr,
                             stride_rm, stride_cm, XREP: gl.constexpr, K: gl.constexpr, W: gl.constexpr,
@@ -726,8 +684,7 @@ if HAVE_GLUON:
                             COMBINE: gl.constexpr = False, SLOTS: gl.constexpr = 1, HAS_RES: gl.constexpr = False,
                             AHEAD: gl.constexpr = 1, LOOP: gl.constexpr = 1, GLU: gl.constexpr = 0,
                             PAIR: gl.constexpr = 0, OPEN_LATE: gl.constexpr = False, EARLY: gl.constexpr = False,
-                            WSTAGE: gl.constexpr = 0, SKIP_EMPTY: gl.constexpr = True,
-                            SHARED_SLOTS: gl.constexpr = 0, SHARED_E: gl.constexpr = 0):
+                            WSTAGE: gl.constexpr = 0, SKIP_EMPTY: gl.constexpr = True):
         """grid (tiles, N / (16 RB LOOP)): the plain kernel's arithmetic on expert tile t, row blocks
         [RB LOOP p, RB LOOP (p + 1)) of its expert: LOOP rounds of RB blocks held in registers together (the x
         columns are loaded once for the RB blocks; LOOP > 1 stages them in shared memory once for every round, so
@@ -760,12 +717,7 @@ if HAVE_GLUON:
         OPEN_LATE: the next launch may start only once every program here has passed its PDL wait (so the routing
         this launch waited for is complete when it starts). EARLY (SINGLE, the register ring, one weight; the
         launch before opened late): the expert id (from L2, ".cg") and the first AHEAD chunks' weights are read
-        before the PDL wait, x after it: the same loads and arithmetic, the same bits.
-        SHARED_SLOTS > 0 (SINGLE, GATED, the register ring): rows t = SHARED_SLOTS * token + slot, whose last slot
-        holds the stacked shared expert SHARED_E in every token (the routing writes it there, but it is known before
-        the routing exists): those programs request their first AHEAD chunks of both weights before the PDL wait
-        (constant data), the others nothing; after the wait a program whose id is not SHARED_E after all loads them
-        as usual. The same values, so the same bits."""
+        before the PDL wait, x after it: the same loads and arithmetic, the same bits."""
         if not OPEN_LATE:
             pdl_open(PDL)
         G: gl.constexpr = K // 64
@@ -784,19 +736,8 @@ if HAVE_GLUON:
         CL: gl.constexpr = gl.SliceLayout(1, mma)  # xs [W, N8]: per group (warp) and column
         OL: gl.constexpr = gl.SliceLayout(0, mma)
 
-        pre = ((), (), (), ())
-        pre_late = True
         if EARLY:  # the ids: complete since this launch started (the one before opened late)
             e = gl.load(tile_e_ptr + t, cache_modifier=".cg")
-        elif SHARED_SLOTS > 0:
-            gl.static_assert(SINGLE and GATED and 2 < AHEAD and AHEAD < NCH and LOOP == 1 and WSTAGE == 0 and GLU == 0,
-                             "the shared slot's early chunks: single rows, the gated register ring")
-            on_shared = (t % SHARED_SLOTS) == SHARED_SLOTS - 1
-            pre = _shared_first_chunks(w_ptr, sb_ptr, w2_ptr, sb2_ptr, t, rb, NBE, on_shared, XREP, W, RB, NT, G,
-                                       AHEAD, SHARED_E)
-            pdl_wait(PDL)  # the ids and x are the previous launches' output
-            e = gl.load(tile_e_ptr + t)
-            pre_late = (e != SHARED_E) | ((t % SHARED_SLOTS) != SHARED_SLOTS - 1)  # a shared-slot row routed elsewhere loads its own
         else:
             pdl_wait(PDL)  # the tile table (or the ids) and x are the previous launches' output
             e = gl.load(tile_e_ptr + t)
@@ -868,8 +809,7 @@ if HAVE_GLUON:
             elif AHEAD > 2:
                 acc, acc2 = _accumulate_ring(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
                                              x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
-                                             dot_b, AHEAD, GATED, SELF_XS, GLU, EARLY and PDL, True, pre, pre_late,
-                                             SHARED_SLOTS > 0)
+                                             dot_b, AHEAD, GATED, SELF_XS, GLU, EARLY and PDL)
             elif GATED:
                 acc, acc2 = _accumulate_pair(acc, acc2, w_base, w2_base, x_ptr, sb_base, sb2_base, xs_ptr, w_off, x_off,
                                              x_mask, sb_off, xs_off, xs_mask, live, zero_w, W, RB, N8, NCH, mma, dot_a,
@@ -1315,7 +1255,7 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
                        tiles: MmaTiles | None = None, up: tuple | None = None, scale: torch.Tensor | None = None,
                        config: tuple[int, int] | None = None, combine: tuple | None = None,
                        glu: bool = False, pair_out: torch.Tensor | None = None, open_late: bool = False,
-                       early: bool = False, shared_slots: int = 0) -> torch.Tensor:
+                       early: bool = False) -> torch.Tensor:
     """Row m of the result = x[m // x_repeat] W[expert_ids[m]]^T on tensor cores, for stacked repacked experts
     (repack_q4_experts) and x [rows, K] bf16; [M, N] in x's dtype. The same rows as
     triton_affine.affine_matmul_experts (an MoE block's gate, up and down), each row an MMA column of its expert's
@@ -1340,11 +1280,8 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     open_late: the next launch in the stream may start only once every program of this one has passed its PDL
     wait (the routing it waited for is then complete). early: with PDL, this launch reads the expert ids and its
     first chunks' weights before its wait; only right after a launch made with open_late that waited for the ids'
-    writer, with single-row tiles, one weight and the register ring (3 <= AHEAD < the chunks).
-    shared_slots: S > 0 when row m's expert is the stacked shared expert (the last, E - 1) wherever m % S == S - 1
-    (a decode block's k + 1 slots): those programs request their first chunks of both weights before the PDL wait;
-    the gated launch (up=) with single-row tiles and the register ring only. A row whose id is not E - 1 after all
-    still gets its own expert. None of these changes bits."""
+    writer, with single-row tiles, one weight and the register ring (3 <= AHEAD < the chunks). Neither changes
+    bits."""
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("mma_matmul_experts: needs a CUDA device and Triton's Gluon; mma_experts_reference is "
                            "its CPU meaning")
@@ -1413,12 +1350,6 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
         raise ValueError(f"mma_matmul_experts: early needs single-row tiles, one weight and the register ring "
                          f"(3 <= AHEAD < {g // warps}), found rows={tiles.rows} AHEAD={ahead} LOOP={loop}"
                          f"{' up=' if up is not None else ''}")
-    if shared_slots and (tiles.rows != 1 or up is None or early or loop != 1 or wstage or glu
-                         or not 3 <= ahead < g // warps or m % shared_slots):
-        raise ValueError(f"mma_matmul_experts: shared_slots needs the gated launch (up=) on single-row tiles with the "
-                         f"register ring (3 <= AHEAD < {g // warps}) and rows in whole tokens of {shared_slots} slots, "
-                         f"found rows={tiles.rows} AHEAD={ahead} LOOP={loop} WSTAGE={wstage} m={m}"
-                         f"{'' if up is not None else ' (no up=)'}{' early' if early else ''}")
     if g % warps or nbe % rb:
         raise ValueError(f"mma_matmul_experts: config W={warps}, RB={rb} does not divide the {g} groups / {nbe} "
                          f"row blocks")
@@ -1459,8 +1390,7 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
             HAS_RES=combine is not None and res is not None, AHEAD=ahead, LOOP=loop, GLU=k if glu else 0,
             PAIR=pairs, num_warps=warps,
             **pdl_args(x), **({"OPEN_LATE": True} if open_late else {}), **({"EARLY": True} if early else {}),
-            **({"WSTAGE": wstage} if wstage else {}), **({} if skip_empty_tiles() else {"SKIP_EMPTY": False}),
-            **({"SHARED_SLOTS": shared_slots, "SHARED_E": num_e - 1} if shared_slots else {}))
+            **({"WSTAGE": wstage} if wstage else {}), **({} if skip_empty_tiles() else {"SKIP_EMPTY": False}))
     return out if combine is None else comb
 
 
