@@ -65,3 +65,14 @@ def test_profile_prefill_runs_the_batch_it_is_given(tmp_path):
     assert report.startswith("# prefill profile: batch 3 x 6 tokens"), report.splitlines()[0]
     for block in ("deltanet mixer", "attention mixer", "moe block"):
         assert f"block: {block}" in report, report
+
+
+def test_graph_profile_names_a_kernel_per_grid():
+    """The graph profile lists a kernel once per launch grid (one GEMV kernel serves several weights), and keeps a
+    trace event without a grid by its name; the suffix never changes the kernel's class."""
+    from deltaserve.bench.profile import _with_grid
+
+    assert _with_grid({"name": "_gemv_kernel", "args": {"grid": [772, 1, 1]}}) == "_gemv_kernel grid [772, 1, 1]"
+    assert _with_grid({"name": "_gemv_kernel", "args": {}}) == "_gemv_kernel"
+    assert _with_grid({"name": "x"}) == "x"
+    assert classify(_with_grid({"name": "_decode_split_kernel", "args": {"grid": [1, 2, 9]}})) == "attention"

@@ -106,7 +106,7 @@ def critical_path(kernels: list[tuple[str, float, float]], steps: int) -> tuple[
 
 
 def profile_decode_graph(model, config: ModelConfig, depth: int, batch: int = 1, block_size: int = 64,
-                         steps: int = 5, top: int = 16) -> str:
+                         steps: int = 5, top: int = 24) -> str:
     """The captured decode graph's replays under the profiler: per kernel its duration as the GPU ran it inside
     the graph (PDL overlap included) and its critical time (critical_path), by class and by kernel. The eager
     profile (profile_decode) times each kernel alone; this one shows what the overlap hides and what it does not."""
@@ -127,7 +127,7 @@ def profile_decode_graph(model, config: ModelConfig, depth: int, batch: int = 1,
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         trace = json.load(open(f.name))
-    kernels = [(e["name"], float(e["ts"]), float(e["dur"])) for e in trace.get("traceEvents", [])
+    kernels = [(_with_grid(e), float(e["ts"]), float(e["dur"])) for e in trace.get("traceEvents", [])
                if e.get("cat") == "kernel" and "dur" in e]
     if not kernels or len(kernels) % steps:
         return (f"# decode graph profile: {len(kernels)} kernel events for {steps} replays (the profiler did not "
@@ -146,8 +146,15 @@ def profile_decode_graph(model, config: ModelConfig, depth: int, batch: int = 1,
         lines.append(f"  {cls:<42} {dur:11.1f} {crit:11.1f}  {count:6.0f}")
     lines.append("  top kernels by critical time (us a step; launches, in-graph us each, critical us each):")
     for name, (count, dur, crit) in sorted(per_kernel.items(), key=lambda kv: -kv[1][2])[:top]:
-        lines.append(f"    {crit:8.1f} us {count:5.0f}x {dur:7.2f} {crit / count:7.2f}  {name[:70]}")
+        lines.append(f"    {crit:8.1f} us {count:5.0f}x {dur:7.2f} {crit / count:7.2f}  {name[:96]}")
     return "\n".join(lines)
+
+
+def _with_grid(event: dict) -> str:
+    """A trace kernel's name with its launch grid when the trace has it ("name grid [x, y, z]"), so one kernel
+    launched for several weights (a GEMV over the in- and the out-projection) is listed once per shape."""
+    grid = event.get("args", {}).get("grid")
+    return f"{event['name']} grid {list(grid)}" if isinstance(grid, (list, tuple)) else event["name"]
 
 
 def profile_prefill(model, config: ModelConfig, n: int, batch: int = 1, block_size: int = 64, top: int = 25) -> str:

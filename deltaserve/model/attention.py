@@ -105,6 +105,7 @@ class GatedAttention(nn.Module):
             o = tp.paged_decode_attention(
                 q, k_cache, v_cache, batch.block_tables, batch.context_lens, self.scale, max_kv, gate=gate, lens_add=1,
                 k_scale=k_scale, v_scale=v_scale, merge=tp.merge_shape(throughput=fast.throughput_deployment(self)),
+                settled=True,  # earlier forwards wrote every position but the new token's (each starts without PDL)
             )
             return fast.linear(self.o_proj, o.view(t, self.hq * d), decode)
         o = tp.paged_prefill_attention(

@@ -592,6 +592,23 @@ def paged_problem(device, ctx, seqs, hq, hkv, d, bs, num_blocks=None):
     )
 
 
+def settled_decode(tp, *args, **kw):
+    """paged_decode_attention's settled form (the K/V of every position but a row's newest requested before the
+    split programs' PDL wait; DELTASERVE_ATTN_KV_EARLY=1 for the call) into a NaN-poisoned output."""
+    import os
+
+    q = args[0]
+    old = os.environ.get("DELTASERVE_ATTN_KV_EARLY")
+    os.environ["DELTASERVE_ATTN_KV_EARLY"] = "1"
+    try:
+        return tp.paged_decode_attention(*args, out=poisoned(q.shape, q.dtype, q.device), settled=True, **kw)
+    finally:
+        if old is None:
+            os.environ.pop("DELTASERVE_ATTN_KV_EARLY", None)
+        else:
+            os.environ["DELTASERVE_ATTN_KV_EARLY"] = old
+
+
 def check_attention(mods, device, ctx, seqs, hq, hkv, d, bs):
     tp = mods["attn"]
     p = paged_problem(device, ctx, seqs, hq, hkv, d, bs)
@@ -623,6 +640,8 @@ def check_attention(mods, device, ctx, seqs, hq, hkv, d, bs):
         alone = tp.paged_decode_attention(p["q"][last][b:], p["kc"], p["vc"], p["tables"][b:], lens[b:], scale,
                                           int(lens.max()), merge=merge)
         assert torch.equal(alone[0], om[b]), f"paged decode attention, merge {merge}: a row alone != in the batch"
+    assert torch.equal(settled_decode(tp, p["q"][last], p["kc"], p["vc"], p["tables"], lens, scale, int(lens.max())),
+                       od), "paged decode attention: the settled form changes the bits"
     # BD (columns a program) is no arithmetic: the default's BSP with other column widths gives its bits
     for bd in [c for c in (16, 64) if c < d]:
         out = poisoned((len(seqs), hq, d), torch.bfloat16, device)

@@ -7,6 +7,10 @@ import importlib
 
 import pytest
 import torch
+import triton
+import triton.language as tl
+
+from deltaserve.kernels.triton_pdl import pdl_open, pdl_wait
 
 import attn_fused_cases as ac
 import kernel_cases as kc
@@ -353,6 +357,55 @@ def test_decode_attention_strided(mods, dev, small):
     split = mods["attn"].SPLIT_TOKENS
     ac.check_decode_strided(mods, dev, [1, 60, split, split + 1, 3 * split + 7, 2000, 32768 if not small else 900],
                             *dims, split, targets=(1, 3, 264))
+
+
+@triton.jit
+def _late_row_writer(src_ptr, dst_ptr, rows_ptr, spins, ROW: tl.constexpr, PDL: tl.constexpr):
+    """Row r of src into row rows[r] of dst after a spin of `spins` dependent steps, in a launch that lets the next
+    one start at once (pdl_open first): a writer the next kernel's prologue overlaps."""
+    pdl_open(PDL)
+    pdl_wait(PDL)
+    r = tl.program_id(0)
+    x = tl.load(src_ptr + r * ROW + tl.arange(0, ROW)).to(tl.float32)
+    t = tl.sum(x, axis=0) * 0.0 + 1.0
+    for _ in range(spins):
+        t = t * 0.9999999 + 1e-7
+    dst = tl.load(rows_ptr + r).to(tl.int64)
+    tl.store(dst_ptr + dst * ROW + tl.arange(0, ROW), (x + (t - t)).to(dst_ptr.dtype.element_ty))  # x, after t
+
+
+def test_decode_attention_settled_reads_the_newest_token_after_its_wait(mods, dev, small, monkeypatch):
+    """Under PDL the settled split programs request a row's older K/V while the kernels before them still run. Here
+    those kernels write each row's newest K and V and q after a long spin (~100 us), opening the next launch at once:
+    the decode must see them (they are read after its wait) and equals the plain decode over the written cache and
+    q, bit for bit, into a poisoned output."""
+    from deltaserve.kernels.triton_pdl import pdl_args, pdl_enabled
+
+    tp = mods["attn"]
+    assert pdl_enabled(torch.empty(1, device=dev)), "this test needs PDL (sm_90, DELTASERVE_PDL unset)"
+    hq, hkv, d, bs = (4, 2, 32, 8) if small else (16, 2, 256, 16)
+    ctx, seqs = [0, 70, 5, 300], [1, 1, 1, 1]
+    p = kc.paged_problem(dev, ctx, seqs, hq, hkv, d, bs)
+    tp.write_kv(p["kc"], p["vc"], p["slots"], p["k"], p["v"])
+    lens = torch.tensor([c + 1 for c in ctx], device=dev, dtype=torch.int32)
+    new_k, new_v = torch.randn_like(p["k"]), torch.randn_like(p["v"])
+    new_q = torch.randn_like(p["q"])
+    kc_w, vc_w = p["kc"].clone(), p["vc"].clone()
+    tp.write_kv(kc_w, vc_w, p["slots"], new_k, new_v)
+    want = tp.paged_decode_attention(new_q, kc_w, vc_w, p["tables"], lens, d**-0.5, int(lens.max()))
+    q = p["q"].clone()
+    slots, rows = p["slots"].to(torch.int32), torch.arange(len(seqs), device=dev, dtype=torch.int32)
+    got = kc.poisoned(q.shape, q.dtype, dev)
+    monkeypatch.setenv("DELTASERVE_ATTN_KV_EARLY", "1")
+    torch.cuda.synchronize()
+    # nothing but the writers and the decode between here and the sync: no torch launch that would serialise them
+    for src, dst, at in ((new_k, p["kc"], slots), (new_v, p["vc"], slots), (new_q, q, rows)):
+        _late_row_writer[(len(seqs),)](src, dst, at, 100_000, ROW=src[0].numel(), **pdl_args(q))
+    tp.paged_decode_attention(q, p["kc"], p["vc"], p["tables"], lens, d**-0.5, int(lens.max()), out=got,
+                              settled=True)
+    torch.cuda.synchronize()
+    assert torch.equal(p["kc"], kc_w) and torch.equal(q, new_q), "the writers did not write"
+    assert torch.equal(got, want), "the settled decode read a row's newest K/V or q before its wait"
 
 
 def test_decode_attention_gate_batch_invariance(mods, dev, small):

@@ -141,6 +141,34 @@ def _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, pos, lim, kvh, rd, st
 
 
 @triton.jit
+def _split_tile_settled(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, pos, lim, L, kvh, rd, stride_cr, stride_ch,
+                        D: tl.constexpr, BS: tl.constexpr, FP8: tl.constexpr, PDL_WAIT: tl.constexpr):
+    """_split_tile's values for a launch made with PDL that has not waited yet, where every position but the row's
+    newest (L - 1) was written before this forward began (the caller's `settled`): the K rows of those positions
+    (and their scales), their block-table entries and the row's length are requested first, then the wait for the
+    kernel that wrote q and the newest token's K/V, then the newest K row (masked in) and the V tile. The same
+    values, so the same tile."""
+    valid = pos < lim
+    rows = _kv_rows(table_row, tl.where(valid, pos, -1), BS)
+    off = rows[:, None] * stride_cr + kvh * stride_ch + rd[None, :]
+    old = pos < tl.minimum(lim, L - 1)
+    k = tl.load(kc_ptr + off, mask=old[:, None], other=0.0)
+    ksc = 0.0
+    vsc = 0.0
+    srow = rows * (stride_cr // D) + kvh
+    if FP8:
+        ksc = tl.load(ks_ptr + srow, mask=old, other=0.0)
+    pdl_wait(PDL_WAIT)
+    new = valid & (pos == L - 1)
+    k = tl.load(kc_ptr + off, mask=new[:, None], other=k)
+    v = tl.load(vc_ptr + off, mask=valid[:, None], other=0.0)
+    if FP8:
+        ksc = tl.load(ks_ptr + srow, mask=new, other=ksc)
+        vsc = tl.load(vs_ptr + srow, mask=valid, other=0.0)
+    return valid, k, v, ksc, vsc
+
+
+@triton.jit
 def _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32: tl.constexpr, FP8: tl.constexpr):
     """One online-softmax step of the split program over a tile (k, v as stored: e4m3 -> q's dtype is exact)."""
     s = mma(q, tl.trans(k.to(q.dtype)), tl.zeros((q.shape[0], k.shape[0]), dtype=tl.float32), F32)
@@ -191,12 +219,24 @@ def _decode_split_kernel(
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
     BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
     FP8: tl.constexpr = False, STRIDED: tl.constexpr = False, PDL: tl.constexpr = False,
+    SETTLED: tl.constexpr = False,
 ):
     # grid (B, Hkv, P): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT), BN per step. P is
     # the row's maximum number of splits (program p runs split p), or, STRIDED, any P: program p runs the splits
     # p, p + P, p + 2P, ... in a loop whose next split's loads Triton can request while this one computes. A split's
     # arithmetic is the same whichever program runs it, so P and STRIDED are launch choices (never a row's bits).
+    # SETTLED (one step a split, not STRIDED): the row's length, block table and K/V rows of every position but the
+    # newest were written before this forward's first launch (which is made without PDL, so they are complete): the
+    # K rows are requested before the PDL wait (_split_tile_settled), q, the newest K row and V after it (sm_90, bf16:
+    # 158 registers, the plain form's 150; with V early too 227).
     pdl_open(PDL)
+    if SETTLED:
+        tl.static_assert(BN == SPLIT and not STRIDED, "the settled form: one tile a split, a program a split")
+        _settled_split(q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr, ks_ptr,
+                       vs_ptr, stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps,
+                       stride_ob, stride_oh, stride_gb, stride_gh, qk_scale, G, GP, D, BS, SPLIT, F32, HAS_GATE,
+                       LENS_ADD, FP8, PDL)
+        return
     pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -224,6 +264,38 @@ def _decode_split_kernel(
                                        stride_cr, stride_ch, qk_scale, GP, D, BS, SPLIT, BN, F32, FP8, False)
         _split_store(acc, m_i, l_i, L, b, sp, heads, g_mask, hd, dd, gm, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
                      stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, D, SPLIT, HAS_GATE)
+
+
+@triton.jit
+def _settled_split(q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr, ks_ptr, vs_ptr,
+                   stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps, stride_ob,
+                   stride_oh, stride_gb, stride_gh, qk_scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                   BS: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr,
+                   LENS_ADD: tl.constexpr, FP8: tl.constexpr, PDL_WAIT: tl.constexpr):
+    """_decode_split_kernel's program for split program_id(2) with its K/V requested before the PDL wait: the same
+    tile (_split_tile_settled), the same step from (-inf, 0, 0) and the same store as the one-step loop of
+    _split_partial, so the same bits."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    L = tl.load(lens_ptr + b) + LENS_ADD
+    if sp * SPLIT >= L:
+        return
+    rd = tl.arange(0, D)
+    start = sp * SPLIT
+    valid, k, v, ksc, vsc = _split_tile_settled(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_ptr + b.to(tl.int64) * stride_tb,
+                                                start + tl.arange(0, SPLIT), tl.minimum(L, start + SPLIT), L, kvh, rd,
+                                                stride_cr, stride_ch, D, BS, FP8, PDL_WAIT)
+    rg = tl.arange(0, GP)
+    g_mask = rg < G
+    heads = kvh * G + rg
+    hd, dd, gm = heads[:, None], rd[None, :], g_mask[:, None]  # [GP, D] tiles
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + hd * stride_qh + dd, mask=gm, other=0.0)
+    m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, tl.full((GP,), float("-inf"), dtype=tl.float32),
+                                tl.zeros((GP,), dtype=tl.float32), tl.zeros((GP, D), dtype=tl.float32), qk_scale,
+                                F32, FP8)
+    _split_store(acc, m_i, l_i, L, b, sp, heads, g_mask, hd, dd, gm, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
+                 stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, D, SPLIT, HAS_GATE)
 
 
 @triton.jit
@@ -308,6 +380,14 @@ DECODE_PROGRAMS = None
 THROUGHPUT_MERGE = (16, 256)
 
 
+def kv_early() -> bool:
+    """Whether a settled decode (paged_decode_attention(settled=True)) requests its K/V before the split programs'
+    PDL wait (never a bit). Env DELTASERVE_ATTN_KV_EARLY "0" | "1" (default 0 until timed), for in-model A/B."""
+    from ...utils.env import env_choice
+
+    return env_choice("DELTASERVE_ATTN_KV_EARLY", "0", ("0", "1")) == "1"
+
+
 def merge_shape(throughput: bool = False) -> tuple[int, int]:
     """The decode merge's (BSP splits a step, BD columns a program) for a deployment. Both set a row's summation
     order (the tree of a step's sums over BSP, the tile's layout), so the shape is fixed per deployment (from its
@@ -334,7 +414,7 @@ def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     kv_lens: torch.Tensor, scale: float, max_kv_len: int, out: torch.Tensor | None = None,
     gate: torch.Tensor | None = None, lens_add: int = 0, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None, merge: tuple[int, int] | None = None,
+    v_scale: torch.Tensor | None = None, merge: tuple[int, int] | None = None, settled: bool = False,
 ) -> torch.Tensor:
     """One new token per sequence: q [B, Hq, D] attends to the first kv_lens[b] cached tokens (context + the new
     token, already written). max_kv_len: a host upper bound on kv_lens (sizes the split grid; a CUDA graph can pass
@@ -342,7 +422,11 @@ def paged_decode_attention(
     returns bf16(bf16(o) * bf16(sigmoid(gate))) then. lens_add: a constant added to every kv_lens[b] in the kernel
     (1 lets the caller pass the context lengths without a `+ 1` launch; max_kv_len bounds the sum). k_scale,
     v_scale: an fp8 cache's scales (kv_fp8.py). merge: the merge's (BSP, BD) (None: (MERGE_BSP, MERGE_BD)), a
-    row's summation order: one per deployment (merge_shape). Returns [B, Hq, D] in q's dtype."""
+    row's summation order: one per deployment (merge_shape). settled: the caller's promise that the lengths, the
+    block tables and every cached position but each row's newest were written before the current forward's first
+    launch (a launch without PDL), so the split programs may request their K rows before their PDL wait (kv_early();
+    the model's decode step; bf16 caches only: sm_90 gives the fp8 program 136 registers that way against 80, one
+    8-warp program an SM; never a bit). Returns [B, Hq, D] in q's dtype."""
     bsz, hq, d = q.shape
     nb, bs, hkv, dc = k_cache.shape
     if dc != d or hq % hkv or block_tables.shape[0] != bsz or kv_lens.numel() != bsz:
@@ -376,7 +460,7 @@ def paged_decode_attention(
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
         BS=bs, SPLIT=SPLIT_TOKENS, BN=bn, F32=dot_f32(),
         HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, STRIDED=strided, num_warps=DECODE_WARPS.get(kind, 4),
-        **pdl_args(out),
+        **pdl_args(out), **({"SETTLED": True} if settled and not fp8 and bn == SPLIT_TOKENS and not strided and kv_early() else {}),
         **({} if stages is None else {"num_stages": stages}),
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
