@@ -327,6 +327,18 @@ def test_wgmma_groups_knob(monkeypatch):
         monkeypatch.delenv(name)
 
 
+def test_attention_kv_early_knob(monkeypatch):
+    from deltaserve.kernels.attention import triton_paged as tp
+
+    monkeypatch.delenv("DELTASERVE_ATTN_KV_EARLY", raising=False)
+    assert tp.kv_early()
+    monkeypatch.setenv("DELTASERVE_ATTN_KV_EARLY", "0")
+    assert not tp.kv_early()
+    monkeypatch.setenv("DELTASERVE_ATTN_KV_EARLY", "yes")
+    with pytest.raises(ValueError, match="DELTASERVE_ATTN_KV_EARLY"):
+        tp.kv_early()
+
+
 def test_attention_merge_knob(monkeypatch):
     from deltaserve.kernels.attention import triton_paged as tp
 

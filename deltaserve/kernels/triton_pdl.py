@@ -7,7 +7,8 @@ The protocol every kernel launched with PDL follows (a kernel that breaks it rac
     pdl_open(PDL)        first thing: lets the NEXT kernel in the stream launch once all of this one's programs
                          have started (they then wait for us in their own pdl_wait)
     ... reads of constant data only (weights, scales), or of state the kernel alone writes (the DeltaNet step's
-        recurrent state, written by that layer's step in earlier forwards only), or of what earlier forwards wrote
+        recurrent state, written by that layer's step in earlier forwards only; the decode conv's window, written
+        by that layer's projection epilogue in earlier forwards only), or of what earlier forwards wrote
         and this one does not (a decode row's cached K/V below its newest position, paged_decode_attention's
         settled form), addressed by the step's metadata (slots, context lengths, block tables: set before the
         forward's first kernel); no stores, no atomics ...

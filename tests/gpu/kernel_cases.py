@@ -794,6 +794,22 @@ def check_gemv_conv(mods, device, bits, group, m, c, extra, k, kw=4, fresh=(1,),
     assert torch.equal(pool[untouched.to(device)], pool0[untouched.to(device)]), "other slots were written"
 
 
+def check_gemv_conv_early(mods, device, bits, group, c, extra, k, kw=4, fresh=(1,)):
+    """check_gemv_conv at one row with the conv's inputs requested before the GEMV's PDL wait
+    (DELTASERVE_CONV_EARLY=1, the one-row form): the same bits as the GEMV then causal_conv, and fp64."""
+    import os
+
+    old = os.environ.get("DELTASERVE_CONV_EARLY")
+    os.environ["DELTASERVE_CONV_EARLY"] = "1"
+    try:
+        check_gemv_conv(mods, device, bits, group, 1, c, extra, k, kw=kw, fresh=fresh)
+    finally:
+        if old is None:
+            os.environ.pop("DELTASERVE_CONV_EARLY", None)
+        else:
+            os.environ["DELTASERVE_CONV_EARLY"] = old
+
+
 def check_gemv_conv_invariance(mods, device, c, extra, k, others=(1, 3, 15), gemv=None):
     """Fused conv GEMV: row 0 (and row o) alone == among o others, output and conv state, bit for bit. gemv: as
     in check_gemv_conv."""

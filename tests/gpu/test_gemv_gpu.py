@@ -250,6 +250,13 @@ def test_gemv_conv(fused_mods, dev, small):
         kc.check_gemv_conv(fused_mods, dev, 4, 64, m=m, c=c, extra=extra, k=k, fresh=(1,))
 
 
+def test_gemv_conv_early(fused_mods, dev, small):
+    """The one-row conv GEMV with the conv's inputs requested before its PDL wait (DELTASERVE_CONV_EARLY=1)."""
+    c, extra, k = (40, 24, 128) if small else (8192, 4160, 2048)
+    kc.check_gemv_conv_early(fused_mods, dev, 4, 64, c=c, extra=extra, k=k, fresh=(1,))
+    kc.check_gemv_conv_early(fused_mods, dev, 4, 64, c=c, extra=extra, k=k, fresh=(0,))
+
+
 def test_gemv_conv_invariance(fused_mods, dev, small):
     kc.check_gemv_conv_invariance(fused_mods, dev, *((16, 8, 128) if small else (8192, 4160, 2048)))
 

@@ -166,32 +166,53 @@ def conv_epilogue(out_ptr, acc, rn, n_mask, m, M, stride_om, cw_ptr, pool_ptr, s
     _conv_kernel; the pool slot's [C, KCONV-1] window shifts by one (oldest dropped, y appended). This program
     owns its features, so no other program touches these channels of the slot. Context 0 (fresh): the old state
     reads as zeros. Features >= C are stored plain. Rows m >= M (padding of the row block) neither store nor
-    update the pool."""
-    act = out_ptr.dtype.element_ty
-    y = tl.sum(acc, axis=1).to(act)
-    live = m < M
+    update the pool. The inputs come from conv_inputs (a caller may request them earlier: see there)."""
+    conv_apply(out_ptr, acc, rn, n_mask, m, M, stride_om, pool_ptr, C,
+               conv_inputs(rn, n_mask, m, M, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk,
+                           stride_ps, stride_pc, stride_pk, KCONV), stride_pk, KCONV)
+
+
+@triton.jit
+def conv_inputs(rn, n_mask, m, M, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps,
+                stride_pc, stride_pk, KCONV: tl.constexpr):
+    """What conv_apply reads for row m's features rn: (the slot's window pointers, the window's KCONV - 1 values
+    (zeros when fresh), the KCONV conv weights in fp32). All of it is constant (the weights), step metadata (slots,
+    context lengths: set before the forward) or the pool slot's channels, which only this conv writes, in earlier
+    forwards: so a GEMV launched with PDL may request it before its wait (triton_pdl's protocol)."""
     mm = tl.minimum(m, M - 1)
     slot = tl.load(slot_ptr + mm).to(tl.int64)
     keep = tl.load(ctx_ptr + mm) != 0
     c_mask = n_mask & (rn < C)
     st = pool_ptr + slot * stride_ps + rn.to(tl.int64) * stride_pc
+    svs = ()
+    for j in tl.static_range(KCONV - 1):
+        svs = svs + (tl.load(st + j * stride_pk, mask=c_mask & keep, other=0.0),)
+    ws = ()
+    for j in tl.static_range(KCONV):
+        ws = ws + (tl.load(cw_ptr + rn * stride_cwc + j * stride_cwk, mask=c_mask, other=0.0).to(tl.float32),)
+    return st, svs, ws
+
+
+@triton.jit
+def conv_apply(out_ptr, acc, rn, n_mask, m, M, stride_om, pool_ptr, C, inputs, stride_pk, KCONV: tl.constexpr):
+    """conv_epilogue's arithmetic and stores on conv_inputs' values."""
+    st, svs, ws = inputs
+    act = out_ptr.dtype.element_ty
+    y = tl.sum(acc, axis=1).to(act)
+    live = m < M
+    c_mask = n_mask & (rn < C)
     conv = tl.zeros(y.shape, dtype=tl.float32)
     for j in tl.static_range(KCONV - 1):
-        sv = tl.load(st + j * stride_pk, mask=c_mask & keep, other=0.0)
-        wj = tl.load(cw_ptr + rn * stride_cwc + j * stride_cwk, mask=c_mask, other=0.0).to(tl.float32)
-        conv += sv.to(tl.float32) * wj
-    wl = tl.load(cw_ptr + rn * stride_cwc + (KCONV - 1) * stride_cwk, mask=c_mask, other=0.0).to(tl.float32)
-    conv += y.to(tl.float32) * wl
+        conv += svs[j].to(tl.float32) * ws[j]
+    conv += y.to(tl.float32) * ws[KCONV - 1]
     conv = conv / (1.0 + tl.exp(-conv))  # SiLU written as torch's (and _conv_kernel's), x / (1 + e^-x)
     res = tl.where(rn < C, conv.to(act), y)
     tl.store(out_ptr + m.to(tl.int64) * stride_om + rn, res, mask=n_mask & live)
-    # shift the window: new[j] = old[j + 1] (zeros when fresh), new[KCONV-2] = y; every read above is done first
+    # shift the window: new[j] = old[j + 1] (zeros when fresh), new[KCONV-2] = y; every read was done first
     upd = c_mask & live
-    for j in tl.static_range(KCONV - 2):
-        nxt = tl.load(st + (j + 1) * stride_pk, mask=c_mask & keep, other=0.0)
-        tl.debug_barrier()
-        tl.store(st + j * stride_pk, nxt, mask=upd)
     tl.debug_barrier()
+    for j in tl.static_range(KCONV - 2):
+        tl.store(st + j * stride_pk, svs[j + 1], mask=upd)
     tl.store(st + (KCONV - 2) * stride_pk, y.to(pool_ptr.dtype.element_ty), mask=upd)
 
 

@@ -31,10 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..gated_delta.triton_decode import DecodeConv, check_decode_conv, conv_epilogue
+from ..gated_delta.triton_decode import DecodeConv, check_decode_conv, conv_apply, conv_epilogue, conv_inputs
 from .triton_gemv_inline import group_sums, inline_mode, row_part_inline
 from ..triton_common import DENSE_BITS, WeightSpec, code_prescale
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
+from ...utils.env import env_choice
 
 MAX_ROWS = 16  # the GEMV regime; larger M belongs to triton_affine.affine_matmul (tensor cores)
 MAGIC = 0x4B000000  # fp32 bits of 2^23: OR a code into its mantissa to read 2^23 + code
@@ -319,14 +320,15 @@ def _gemv_kernel(
     cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk,
     K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
     MB: tl.constexpr, INLINE: tl.constexpr = 0, CONV: tl.constexpr = False, KCONV: tl.constexpr = 4,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, CONV_EARLY: tl.constexpr = False,
 ):
     # grid (cdiv(N, BN), cdiv(M, MB)): _gemv_block for row block program_id(0). PDL (triton_pdl): the first chunk's
-    # weights are requested before waiting for the kernel that wrote x.
+    # weights are requested before waiting for the kernel that wrote x. CONV_EARLY (CONV, MB 1): the conv's inputs
+    # are requested before that wait too (gated_delta.triton_decode.conv_inputs says why that is safe).
     pdl_open(PDL)
     _gemv_block(tl.program_id(0), x_ptr, xp_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn,
                 stride_sn, stride_om, magic, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps,
-                stride_pc, stride_pk, K, BITS, GROUP, BN, CG, MB, INLINE, CONV, KCONV, PDL)
+                stride_pc, stride_pk, K, BITS, GROUP, BN, CG, MB, INLINE, CONV, KCONV, PDL, CONV_EARLY)
 
 
 @triton.jit
@@ -355,6 +357,7 @@ def _gemv_block(
     cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk,
     K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BN: tl.constexpr, CG: tl.constexpr,
     MB: tl.constexpr, INLINE: tl.constexpr, CONV: tl.constexpr, KCONV: tl.constexpr, PDL_WAIT: tl.constexpr,
+    CONV_EARLY: tl.constexpr = False,
 ):
     # weight rows blk * BN .. + BN - 1 against rows m0 .. m0+MB-1 of x (m0 = program_id(1) * MB), each with its own
     # accumulator (a0..a7). Rows past M read row M-1 (valid memory) and are not stored. INLINE: x is read raw
@@ -387,6 +390,11 @@ def _gemv_block(
     NC: tl.constexpr = K // (CG * GROUP)
     # the two-chunk lookahead of gemv_row; with PDL chunks 0..2 are requested before the wait
     nxt1, nxt2 = _first_chunks(w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, NC, BITS, GROUP, BN, CG)
+    EARLY: tl.constexpr = CONV and CONV_EARLY and MB == 1
+    conv_in = 0
+    if EARLY:  # the conv's weights, window and metadata: requested before the wait (conv_inputs)
+        conv_in = conv_inputs(rn, n_mask, m0, M, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk,
+                              stride_ps, stride_pc, stride_pk, KCONV)
     for c in tl.static_range(NC):
         cur, nxt1, nxt2 = _next_chunk(nxt1, nxt2, w_ptr, s_ptr, b_ptr, rn64, n_mask, stride_wn, stride_sn, c, NC,
                                       BITS, GROUP, BN, CG)
@@ -416,7 +424,10 @@ def _gemv_block(
                             GROUP, CG, INLINE)
             a7 = _chunk_row(a7, wv, p, ph, s, b, magic, x_ptr, xp_ptr, xs_ptr, r7, stride_xm, c, K, BITS,
                             GROUP, CG, INLINE)
-    _finish_row(out_ptr, a0, rn, n_mask, m0, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
+    if EARLY:
+        conv_apply(out_ptr, a0, rn, n_mask, m0, M, stride_om, pool_ptr, C, conv_in, stride_pk, KCONV)
+    else:
+        _finish_row(out_ptr, a0, rn, n_mask, m0, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
                     stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, CONV, KCONV)
     if MB > 1:
         _finish_row(out_ptr, a1, rn, n_mask, m0 + 1, M, stride_om, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C,
@@ -613,7 +624,15 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
         K=spec.k, BITS=spec.bits, GROUP=group, BN=bn, CG=cg, MB=mb, INLINE=inline_mode(x2, inline_prep),
         CONV=conv is not None,
         KCONV=kw, num_warps=warps, **pdl_args(x2),
+        **({"CONV_EARLY": True} if conv is not None and mb == 1 and conv_early() else {}),
     )
+
+
+def conv_early() -> bool:
+    """Whether a one-row GEMV with the DeltaNet decode conv in its epilogue requests the conv's inputs (weights,
+    the slot's window, slots and context lengths) before its PDL wait (never a bit). Env DELTASERVE_CONV_EARLY
+    "0" | "1" (default 0 until timed), for in-model A/B."""
+    return env_choice("DELTASERVE_CONV_EARLY", "0", ("0", "1")) == "1"
 
 
 def affine_gemv(
