@@ -339,6 +339,18 @@ def test_attention_kv_early_knob(monkeypatch):
         tp.kv_early()
 
 
+def test_conv_early_knob(monkeypatch):
+    from deltaserve.kernels.quant import triton_gemv as g
+
+    monkeypatch.delenv("DELTASERVE_CONV_EARLY", raising=False)
+    assert g.conv_early()
+    monkeypatch.setenv("DELTASERVE_CONV_EARLY", "0")
+    assert not g.conv_early()
+    monkeypatch.setenv("DELTASERVE_CONV_EARLY", "on")
+    with pytest.raises(ValueError, match="DELTASERVE_CONV_EARLY"):
+        g.conv_early()
+
+
 def test_attention_merge_knob(monkeypatch):
     from deltaserve.kernels.attention import triton_paged as tp
 

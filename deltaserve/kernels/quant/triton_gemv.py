@@ -630,9 +630,10 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
 
 def conv_early() -> bool:
     """Whether a one-row GEMV with the DeltaNet decode conv in its epilogue requests the conv's inputs (weights,
-    the slot's window, slots and context lengths) before its PDL wait (never a bit). Env DELTASERVE_CONV_EARLY
-    "0" | "1" (default 0 until timed), for in-model A/B."""
-    return env_choice("DELTASERVE_CONV_EARLY", "0", ("0", "1")) == "1"
+    the slot's window, slots and context lengths) before its PDL wait (never a bit). H200, tg64 B=1 @ d512
+    (bench/NOTES.md): 663.5 / 663.0 -> 672.8 / 675.4 tok/s. Env DELTASERVE_CONV_EARLY "1" (default) | "0", for
+    in-model A/B."""
+    return env_choice("DELTASERVE_CONV_EARLY", "1", ("0", "1")) == "1"
 
 
 def affine_gemv(
