@@ -8,6 +8,7 @@ Kernel modules are passed in (`mods`) so the interpreter tests can hand over re-
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import os
@@ -99,6 +100,21 @@ def close(actual: torch.Tensor, ref: torch.Tensor, rel: float, what: str) -> Non
     scale = ref.abs().max().item()
     rel = rel * SLACK if rel >= BF16_EPS else rel
     assert err <= rel * scale + 1e-6, f"{what}: max error {err:.3g} > {rel:.3g} x max|ref| {scale:.3g}"
+
+
+@contextlib.contextmanager
+def env_values(**values: str):
+    """The given environment variables set for the block, each put back (or removed) after it."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
 
 
 def poisoned(shape, dtype, device) -> torch.Tensor:
@@ -196,8 +212,6 @@ def check_dense_dequant(mods, device, bits, group, n, k, ms, configs, dense=Fals
     dequant route equals its wide route (on the GPU; within tolerance under the interpreter, whose route runs BK
     64), and a row alone equals the same row among the others. dense: a bf16 weight (bits 16), multiplied as it
     is."""
-    import os
-
     ta = mods["affine"]
     if dense:
         w16 = torch.randn(n, k, device=device).bfloat16()
@@ -212,10 +226,8 @@ def check_dense_dequant(mods, device, bits, group, n, k, ms, configs, dense=Fals
         close(deq, wd, BF16_EPS, f"dequantize bits={bits} g={group}")
     x = torch.randn(max(ms), k, device=device).bfloat16()
     wide_cfg = ta.wide_config(spec)
-    saved = {v: os.environ.get(v) for v in ("DELTASERVE_PREFILL_DENSE", "DELTASERVE_PREFILL_DEQUANT_MIN")}
-    try:
-        os.environ["DELTASERVE_PREFILL_DENSE"] = "dequant"
-        os.environ["DELTASERVE_PREFILL_DEQUANT_MIN"] = "1"  # every M through the dequant route, for the alone check
+    # every M through the dequant route, for the alone check
+    with env_values(DELTASERVE_PREFILL_DENSE="dequant", DELTASERVE_PREFILL_DEQUANT_MIN="1"):
         alone = ta.affine_matmul(x[:1], packed, s, b, bits, group)
         for m in ms:
             what = f"dense path bits={bits} g={group} {n}x{k} M={m}"
@@ -237,12 +249,6 @@ def check_dense_dequant(mods, device, bits, group, n, k, ms, configs, dense=Fals
         assert torch.equal(ta.affine_matmul(view, packed, s, b, bits, group), ta.affine_matmul(x, packed, s, b, bits,
                                                                                                group)), \
             f"dense path bits={bits} {n}x{k}: a strided x != a contiguous one"
-    finally:
-        for v, old in saved.items():
-            if old is None:
-                os.environ.pop(v, None)
-            else:
-                os.environ[v] = old
 
 
 def check_affine_experts(mods, device, bits, group, m, n, k, e, repeat):
@@ -476,28 +482,19 @@ def check_moe_down_early(mods, device, t, h, e, i, top_k, bits, group, shared=Tr
 def check_gdn_state_early(mods, device, b, hk, hv, dk, dv, dv_block="default"):
     """The decode step reading its state before its PDL wait (DELTASERVE_GDN_STATE_EARLY=1, the default) == after
     it (0): outputs and the updated pool bit for bit, rows fresh and resumed; outputs poisoned first."""
-    import os
-
     gd = mods["gdn"]
     kw = {} if dv_block == "default" else dict(dv_block=dv_block)
     inp = gdn_inputs(device, b, hk, hv, dk, dv, b + 3)
     slots = torch.randperm(b + 3)[:b].to(device)
     ctx = torch.tensor([0 if i == 1 else 3 + i for i in range(b)], device=device)
     got = {}
-    old = os.environ.get("DELTASERVE_GDN_STATE_EARLY")
-    try:
-        for early in ("1", "0"):
-            os.environ["DELTASERVE_GDN_STATE_EARLY"] = early
+    for early in ("1", "0"):
+        with env_values(DELTASERVE_GDN_STATE_EARLY=early):
             pool = inp["ssm"].clone()
             out = poisoned((b, hv * dv), torch.bfloat16, device)
             gd.gdn_decode_step(inp["qkv"], inp["z"], inp["a"], inp["b"], inp["a_log"], inp["dt_bias"], inp["norm_w"],
                                pool, slots, ctx, hk, 1e-6, out=out, **kw)
             got[early] = (out, pool)
-    finally:
-        if old is None:
-            os.environ.pop("DELTASERVE_GDN_STATE_EARLY", None)
-        else:
-            os.environ["DELTASERVE_GDN_STATE_EARLY"] = old
     assert torch.equal(got["1"][0], got["0"][0]), "state read before the wait: outputs differ"
     assert torch.equal(got["1"][1], got["0"][1]), "state read before the wait: states differ"
 
@@ -593,20 +590,11 @@ def paged_problem(device, ctx, seqs, hq, hkv, d, bs, num_blocks=None):
 
 
 def settled_decode(tp, *args, **kw):
-    """paged_decode_attention's settled form (the K/V of every position but a row's newest requested before the
+    """paged_decode_attention's settled form (the K rows of every position but a row's newest requested before the
     split programs' PDL wait; DELTASERVE_ATTN_KV_EARLY=1 for the call) into a NaN-poisoned output."""
-    import os
-
     q = args[0]
-    old = os.environ.get("DELTASERVE_ATTN_KV_EARLY")
-    os.environ["DELTASERVE_ATTN_KV_EARLY"] = "1"
-    try:
+    with env_values(DELTASERVE_ATTN_KV_EARLY="1"):
         return tp.paged_decode_attention(*args, out=poisoned(q.shape, q.dtype, q.device), settled=True, **kw)
-    finally:
-        if old is None:
-            os.environ.pop("DELTASERVE_ATTN_KV_EARLY", None)
-        else:
-            os.environ["DELTASERVE_ATTN_KV_EARLY"] = old
 
 
 def check_attention(mods, device, ctx, seqs, hq, hkv, d, bs):
@@ -797,17 +785,8 @@ def check_gemv_conv(mods, device, bits, group, m, c, extra, k, kw=4, fresh=(1,),
 def check_gemv_conv_early(mods, device, bits, group, c, extra, k, kw=4, fresh=(1,)):
     """check_gemv_conv at one row with the conv's inputs requested before the GEMV's PDL wait
     (DELTASERVE_CONV_EARLY=1, the one-row form): the same bits as the GEMV then causal_conv, and fp64."""
-    import os
-
-    old = os.environ.get("DELTASERVE_CONV_EARLY")
-    os.environ["DELTASERVE_CONV_EARLY"] = "1"
-    try:
+    with env_values(DELTASERVE_CONV_EARLY="1"):
         check_gemv_conv(mods, device, bits, group, 1, c, extra, k, kw=kw, fresh=fresh)
-    finally:
-        if old is None:
-            os.environ.pop("DELTASERVE_CONV_EARLY", None)
-        else:
-            os.environ["DELTASERVE_CONV_EARLY"] = old
 
 
 def check_gemv_conv_invariance(mods, device, c, extra, k, others=(1, 3, 15), gemv=None):
