@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...utils.env import env_choice
 from ..triton_common import dot_f32, mma
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 from .triton_kv_fp8 import fp8_scale, store_fp8
@@ -228,16 +229,12 @@ def _decode_split_kernel(
     # SETTLED (one step a split, not STRIDED): the row's length, block table and K/V rows of every position but the
     # newest were written before this forward's first launch (which is made without PDL, so they are complete): the
     # K rows are requested before the PDL wait (_split_tile_settled), q, the newest K row and V after it (sm_90, bf16:
-    # 158 registers, the plain form's 150; with V early too 227).
+    # 155 registers, the plain form's 150; with V early too 227).
     pdl_open(PDL)
-    if SETTLED:
-        tl.static_assert(BN == SPLIT and not STRIDED, "the settled form: one tile a split, a program a split")
-        _settled_split(q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr, ks_ptr,
-                       vs_ptr, stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps,
-                       stride_ob, stride_oh, stride_gb, stride_gh, qk_scale, G, GP, D, BS, SPLIT, F32, HAS_GATE,
-                       LENS_ADD, FP8, PDL)
-        return
-    pdl_wait(PDL)
+    tl.static_assert(not SETTLED or (BN == SPLIT and not STRIDED), "the settled form: one tile a split, a program a "
+                     "split")
+    if not SETTLED:
+        pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     L = tl.load(lens_ptr + b) + LENS_ADD
@@ -249,6 +246,19 @@ def _decode_split_kernel(
     rd = tl.arange(0, D)
     heads = kvh * G + rg
     hd, dd, gm = heads[:, None], rd[None, :], g_mask[:, None]  # [GP, D] tiles
+    if SETTLED:  # the tile (waiting inside, after the K rows' requests), then q; one step from (-inf, 0, 0) and the
+        # store: _split_partial's one-step loop, so the same bits
+        sp = tl.program_id(2)
+        valid, k, v, ksc, vsc = _split_tile_settled(
+            kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_ptr + b.to(tl.int64) * stride_tb, sp * SPLIT + tl.arange(0, SPLIT),
+            tl.minimum(L, sp * SPLIT + SPLIT), L, kvh, rd, stride_cr, stride_ch, D, BS, FP8, PDL)
+        q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + hd * stride_qh + dd, mask=gm, other=0.0)
+        m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, tl.full((GP,), float("-inf"), dtype=tl.float32),
+                                    tl.zeros((GP,), dtype=tl.float32), tl.zeros((GP, D), dtype=tl.float32), qk_scale,
+                                    F32, FP8)
+        _split_store(acc, m_i, l_i, L, b, sp, heads, g_mask, hd, dd, gm, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
+                     stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, D, SPLIT, HAS_GATE)
+        return
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + hd * stride_qh + dd, mask=gm, other=0.0)
     table_row = table_ptr + b.to(tl.int64) * stride_tb
     if STRIDED:
@@ -264,38 +274,6 @@ def _decode_split_kernel(
                                        stride_cr, stride_ch, qk_scale, GP, D, BS, SPLIT, BN, F32, FP8, False)
         _split_store(acc, m_i, l_i, L, b, sp, heads, g_mask, hd, dd, gm, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
                      stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, D, SPLIT, HAS_GATE)
-
-
-@triton.jit
-def _settled_split(q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr, ks_ptr, vs_ptr,
-                   stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps, stride_ob,
-                   stride_oh, stride_gb, stride_gh, qk_scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                   BS: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr,
-                   LENS_ADD: tl.constexpr, FP8: tl.constexpr, PDL_WAIT: tl.constexpr):
-    """_decode_split_kernel's program for split program_id(2) with its K/V requested before the PDL wait: the same
-    tile (_split_tile_settled), the same step from (-inf, 0, 0) and the same store as the one-step loop of
-    _split_partial, so the same bits."""
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    sp = tl.program_id(2)
-    L = tl.load(lens_ptr + b) + LENS_ADD
-    if sp * SPLIT >= L:
-        return
-    rd = tl.arange(0, D)
-    start = sp * SPLIT
-    valid, k, v, ksc, vsc = _split_tile_settled(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_ptr + b.to(tl.int64) * stride_tb,
-                                                start + tl.arange(0, SPLIT), tl.minimum(L, start + SPLIT), L, kvh, rd,
-                                                stride_cr, stride_ch, D, BS, FP8, PDL_WAIT)
-    rg = tl.arange(0, GP)
-    g_mask = rg < G
-    heads = kvh * G + rg
-    hd, dd, gm = heads[:, None], rd[None, :], g_mask[:, None]  # [GP, D] tiles
-    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + hd * stride_qh + dd, mask=gm, other=0.0)
-    m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, tl.full((GP,), float("-inf"), dtype=tl.float32),
-                                tl.zeros((GP,), dtype=tl.float32), tl.zeros((GP, D), dtype=tl.float32), qk_scale,
-                                F32, FP8)
-    _split_store(acc, m_i, l_i, L, b, sp, heads, g_mask, hd, dd, gm, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
-                 stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, D, SPLIT, HAS_GATE)
 
 
 @triton.jit
@@ -385,8 +363,6 @@ def kv_early() -> bool:
     PDL wait (never a bit). H200, tg64 B=1 (bench/NOTES.md): d512 647.8 / 648.0 -> 662.1 / 660.1 tok/s (the split
     kernel's critical time 7.41 -> 5.53 us a layer), d32768 558.0 / 557.5 -> 559.2 / 558.3. Env
     DELTASERVE_ATTN_KV_EARLY "1" (default) | "0", for in-model A/B."""
-    from ...utils.env import env_choice
-
     return env_choice("DELTASERVE_ATTN_KV_EARLY", "1", ("0", "1")) == "1"
 
 
@@ -455,6 +431,7 @@ def paged_decode_attention(
     pl = torch.empty_like(pm)
     gt, (sgb, sgh) = (gate, gate.stride()[:2]) if gate is not None else (out, (0, 0))
     strided = DECODE_PROGRAMS is not None
+    early_kv = settled and not fp8 and bn == SPLIT_TOKENS and not strided and kv_early()  # the settled form's launch
     per_head = min(n_split, max(1, -(-DECODE_PROGRAMS // (bsz * hkv)))) if strided else n_split
     _decode_split_kernel[(bsz, hkv, per_head)](
         q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl, out, gt, k_scale if fp8 else pm,
@@ -462,7 +439,7 @@ def paged_decode_attention(
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
         BS=bs, SPLIT=SPLIT_TOKENS, BN=bn, F32=dot_f32(),
         HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, STRIDED=strided, num_warps=DECODE_WARPS.get(kind, 4),
-        **pdl_args(out), **({"SETTLED": True} if settled and not fp8 and bn == SPLIT_TOKENS and not strided and kv_early() else {}),
+        **pdl_args(out), **({"SETTLED": True} if early_kv else {}),
         **({} if stages is None else {"num_stages": stages}),
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
