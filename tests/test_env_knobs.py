@@ -435,21 +435,12 @@ def test_router_norm_switches_and_bad_requests(monkeypatch):
 
 
 def test_norm_tree_switch(monkeypatch):
-    """Which norm launches sum x^2 by the pairwise tree: add_rms_norm's (the router launch repeats it) always, the
-    plain norms too while the MoE's down launch makes the next input norm (DELTASERVE_NEXT_NORM=down, the default)
-    or under DELTASERVE_NORM_TREE=all; an unknown value of either is refused."""
-    from deltaserve.kernels.triton_norm import norm_in_down, norm_tree
+    """Which norm launches sum x^2 by the pairwise tree: add_rms_norm's (the router launch repeats it) by default,
+    every one under DELTASERVE_NORM_TREE=all; an unknown value is refused."""
+    from deltaserve.kernels.triton_norm import norm_tree
 
     monkeypatch.delenv("DELTASERVE_NORM_TREE", raising=False)
-    monkeypatch.delenv("DELTASERVE_NEXT_NORM", raising=False)
-    assert norm_in_down() and norm_tree(True) and norm_tree(False)
-    monkeypatch.setenv("DELTASERVE_NEXT_NORM", "launch")
-    assert not norm_in_down()
     assert norm_tree(True) and not norm_tree(False)
-    monkeypatch.setenv("DELTASERVE_NEXT_NORM", "kernel")
-    with pytest.raises(ValueError, match="DELTASERVE_NEXT_NORM"):
-        norm_in_down()
-    monkeypatch.setenv("DELTASERVE_NEXT_NORM", "launch")
     monkeypatch.setenv("DELTASERVE_NORM_TREE", "all")
     assert norm_tree(True) and norm_tree(False)
     monkeypatch.setenv("DELTASERVE_NORM_TREE", "none")

@@ -100,18 +100,9 @@ def norm_tree(has_residual: bool) -> bool:
     route_normed, the same bits); rms_norm keeps tl.sum, which no other kernel needs to repeat (the tree's three
     barriers cost it ~0.37 us of critical time a launch on the H200: 1.88 -> 2.25 us at batch 1, bench/NOTES.md).
     Env DELTASERVE_NORM_TREE=residual (default) | all, for the A/B; fixed for a process, so never a row's bits
-    across batch sizes. While norm_in_down() holds, every norm takes the tree: the MoE's down launch makes the next
-    layer's input norm with it, and a row's norm must not depend on which kernel made it."""
+    across batch sizes."""
     mode = env_choice("DELTASERVE_NORM_TREE", "residual", ("residual", "all"))
-    return has_residual or mode == "all" or norm_in_down()
-
-
-def norm_in_down() -> bool:
-    """Whether the tensor-core MoE's down launch makes the next layer's input norm at each token's last combining
-    program (kernels/moe/mma_moe.moe_block_mma(next_norm=), quant/mma_gemv's _norm_at_last_arrival: the rms_norm
-    launch's formulas with the pairwise tree, so the same bits), taking that norm's launch off every decode layer
-    but the first. Env DELTASERVE_NEXT_NORM=down (default) | launch, for in-model A/B; fixed for a process."""
-    return env_choice("DELTASERVE_NEXT_NORM", "down", ("down", "launch")) == "down"
+    return has_residual or mode == "all"
 
 
 PREP_MAX_N = 8192  # the prep runs in the norm's one 4-warp program per row (prep_row's layout and bits)

@@ -310,64 +310,22 @@ def moe_topk_mode() -> str:
 GEMV_PREP_ATTR = "_deltaserve_gemv_prep"  # on a norm's output tensor: ((bits, group), (xp, xs)) its kernel made
 
 
-MADE_NORM_ATTR = "_deltaserve_made_norm"  # on a block's output: (RMSNorm module, format, its y) a kernel made
-
-
-def _norm_prep_format(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None,
-                      decode: bool) -> tuple[int, int] | None:
-    """(bits, group) when norm_for_gemv makes `consumer`'s decode GEMV prep with the norm, None when it runs the
-    plain norm(x)."""
-    if consumer is None or not decode or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
-        return None
-    from ..kernels.quant.triton_gemv import use_inline_prep
-    from ..kernels.triton_norm import prep_supported
-
-    s = weight_spec(consumer)
-    n = norm.weight.numel()
-    if use_inline_prep(s, None) or s.k != n or not prep_supported(n, s.bits, s.group):
-        return None
-    return s.bits, s.group
-
-
 def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, decode: bool) -> torch.Tensor:
     """norm(x) (an RMSNorm module) on the fast path. When the output feeds `consumer`'s decode GEMV through the prep
     path (a packed weight: triton_gemv.use_inline_prep), the norm kernel also writes that GEMV's prep of its rows
     (the prep kernel's code on the same values: the same bits) and the returned tensor carries it (GEMV_PREP_ATTR);
-    `linear` then skips the prep launch. Any other case: plain norm(x). Either way, when the kernel that wrote x
-    made that norm (and prep) of it already (attach_norm: the same bits), that y, and no launch."""
-    fmt = _norm_prep_format(norm, x, consumer, decode)
-    made = getattr(x, MADE_NORM_ATTR, None)
-    if made is not None and made[0] is norm and made[1] == fmt:
-        return made[2]
-    if fmt is None:
+    `linear` then skips the prep launch. Any other case: plain norm(x)."""
+    if consumer is None or not decode or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
         return norm(x)
-    from ..kernels.triton_norm import rms_norm
+    from ..kernels.quant.triton_gemv import use_inline_prep
+    from ..kernels.triton_norm import prep_supported, rms_norm
 
-    y, prep = rms_norm(x, norm.weight, norm.eps, norm.offset, prep=fmt)
-    return attach_prep(y, fmt, prep)
-
-
-def norm_made_ahead(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None,
-                    decode: bool) -> tuple[bool, tuple[int, int] | None]:
-    """(whether the kernel that writes x, the MoE block's down launch, may make norm(x) for norm_for_gemv(norm, x,
-    consumer, decode), the decode GEMV prep format it makes with it or None). On the fast path while
-    kernels/triton_norm.norm_in_down() holds (DELTASERVE_NEXT_NORM, which also puts every plain norm on the
-    pairwise tree: one set of bits whichever kernel makes a norm)."""
-    from ..kernels.triton_norm import norm_in_down
-
-    if not enabled(x) or not norm_in_down():
-        return False, None
-    return True, _norm_prep_format(norm, x, consumer, decode)
-
-
-def attach_norm(out: torch.Tensor, norm: nn.Module, y: torch.Tensor, fmt: tuple[int, int] | None = None,
-                prep: tuple | None = None) -> torch.Tensor:
-    """out carrying y = norm(out), made by out's kernel, with the decode GEMV prep (xp, xs) of format fmt when
-    given (norm_for_gemv returns y instead of a launch)."""
-    if fmt is not None:
-        attach_prep(y, fmt, prep)
-    setattr(out, MADE_NORM_ATTR, (norm, fmt, y))
-    return out
+    s = weight_spec(consumer)
+    n = norm.weight.numel()
+    if use_inline_prep(s, None) or s.k != n or not prep_supported(n, s.bits, s.group):
+        return norm(x)
+    y, prep = rms_norm(x, norm.weight, norm.eps, norm.offset, prep=(s.bits, s.group))
+    return attach_prep(y, (s.bits, s.group), prep)
 
 
 def attach_prep(y: torch.Tensor, fmt: tuple[int, int], prep: tuple) -> torch.Tensor:

@@ -56,18 +56,15 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = weights.linear(f"{prefix}.shared_expert_gate", h, 1)
 
     def forward(self, x: torch.Tensor, decode: bool = False, residual: torch.Tensor | None = None,
-                norm: nn.Module | None = None, next_norm: tuple | None = None) -> torch.Tensor:
+                norm: nn.Module | None = None) -> torch.Tensor:
         """decode: every sequence contributes one token (selects the batch-invariant GEMV kernels on the GPU).
         residual [N, H]: returned as residual + block(x) (on the fast decode path added inside the combine kernel).
         norm (an RMSNorm; fast path, where routes_normed): x is the mixer's output and the block's input is
-        norm(x + residual), made inside the router's launch; the block returns (x + residual) + block(input).
-        next_norm ((an RMSNorm, its decode GEMV prep format or None); fast path): the norm that reads the block's
-        output; where the tensor-core MoE's down launch makes it (moe_block_mma(next_norm=)), the output carries it
-        (fast.attach_norm), so that norm's launch goes (fast.norm_for_gemv returns it)."""
+        norm(x + residual), made inside the router's launch; the block returns (x + residual) + block(input)."""
         if norm is not None:
-            return self._forward_normed(x, residual, norm, next_norm)
+            return self._forward_normed(x, residual, norm)
         if fast.enabled(x):
-            return self._forward_fast(x, decode, residual, next_norm)
+            return self._forward_fast(x, decode, residual)
         if self.experts.__dict__.get(fast.RELEASED_ATTR):
             raise RuntimeError("SparseMoeBlock: the experts were repacked for the tensor-core MoE (DELTASERVE_MOE=mma) "
                                "and their MLX tensors released; this block runs on the GPU fast path only")
@@ -107,8 +104,7 @@ class SparseMoeBlock(nn.Module):
         return (t <= router_norm_tokens() and route_normed_fits(t, x.shape[1])
                 and wg_block_tile_rows(mma, t * (self.top_k + 1)) is None)
 
-    def _forward_normed(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module,
-                        next_norm: tuple | None = None) -> torch.Tensor:
+    def _forward_normed(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         from ..kernels.moe.mma_moe import moe_block_mma
         from ..kernels.moe.triton_decode import route_normed
 
@@ -116,11 +112,10 @@ class SparseMoeBlock(nn.Module):
         routing, y, r, xs = route_normed(x, residual, norm.weight, norm.eps, norm.offset, fast.weight_spec(self.gate),
                                          self.top_k, self.normalize, fast.weight_spec(self.shared_expert_gate),
                                          shared_slot=mma.num_experts - 1)
-        return _with_next_norm(moe_block_mma(y, routing.ids, routing.weights, routing.shared_weight, mma, residual=r,
-                                             xs=xs, shared_slotted=True, next_norm=_norm_args(next_norm)), next_norm)
+        return moe_block_mma(y, routing.ids, routing.weights, routing.shared_weight, mma, residual=r, xs=xs,
+                             shared_slotted=True)
 
-    def _forward_fast(self, x: torch.Tensor, decode: bool, residual: torch.Tensor | None,
-                      next_norm: tuple | None = None) -> torch.Tensor:
+    def _forward_fast(self, x: torch.Tensor, decode: bool, residual: torch.Tensor | None) -> torch.Tensor:
         from ..kernels.moe.triton_decode import moe_decode, moe_route
 
         router = fast.weight_spec(self.gate)
@@ -137,9 +132,8 @@ class SparseMoeBlock(nn.Module):
             # the norm's prep (fast.moe_prep): x's group sums, alone (MOE_SUMS) or with the GEMV's xp
             carried = fast.carried_prep(x, fast.MOE_SUMS) or fast.carried_prep(x, fast.MOE_PREP)
             xs = None if carried is None else carried[1]
-            return _with_next_norm(moe_block_mma(x, routing.ids, routing.weights, routing.shared_weight, mma,
-                                                 residual=residual, xs=xs, shared_slotted=slot is not None,
-                                                 tiles=routing.tiles, next_norm=_norm_args(next_norm)), next_norm)
+            return moe_block_mma(x, routing.ids, routing.weights, routing.shared_weight, mma, residual=residual,
+                                 xs=xs, shared_slotted=slot is not None, tiles=routing.tiles)
         gate, up, down = fast.stacked_specs(self.experts)
         if decode and fast.decode_kernels() == "gemv":
             from ..kernels.moe.triton_moe_gemv import moe_decode_v2
@@ -178,25 +172,3 @@ class SparseMoeBlock(nn.Module):
         if self.shared_expert is not None:
             torch.mul(routing.shared_weight[:, None], self.shared_expert(x), out=part[:, k])
         return combine_slots(part, residual, out=torch.empty_like(x))
-
-
-def _norm_args(next_norm: tuple | None) -> tuple | None:
-    """moe_block_mma's next_norm= of (an RMSNorm module, its GEMV prep format or None): (weight, eps, offset,
-    format), or None."""
-    if next_norm is None:
-        return None
-    norm, fmt = next_norm
-    return norm.weight, norm.eps, norm.offset, fmt
-
-
-def _with_next_norm(result, next_norm: tuple | None) -> torch.Tensor:
-    """The block's output from moe_block_mma: with next_norm asked for, (out, made) where made (None: not made)
-    becomes out's carried norm (fast.attach_norm)."""
-    if next_norm is None:
-        return result
-    out, made = result
-    if made is None:
-        return out
-    norm, fmt = next_norm
-    y, prep = made
-    return fast.attach_norm(out, norm, y, fmt, prep)

@@ -56,44 +56,23 @@ class DecoderLayer(nn.Module):
         from ..kernels.triton_norm import add_rms_norm
 
         decode = batch.max_seqlen == 1
-        h = fast.norm_for_gemv(self.input_layernorm, x, self.input_consumer(), decode)  # + the GEMV's prep
+        mixer, group = (self.self_attn, "qkv_proj") if self.is_attention else (self.linear_attn, "in_proj")
+        h = fast.norm_for_gemv(self.input_layernorm, x, fusion.fused(mixer, group), decode)  # + the GEMV's prep
         if self.is_attention:
             h = self.self_attn(h, batch, cache, rope)
         else:
             h = self.linear_attn(h, batch, cache)
         post = self.post_attention_layernorm
         prep = fast.moe_prep(self.mlp, h)  # the tensor-core MoE reads x's group sums: the norm makes them
-        # the tensor-core MoE's down launch may make the next input norm of its output (no launch of its own)
-        ahead = {} if prep is None else self._next_norm(h, decode)
         if prep is not None and fast.moe_norm_sums_only() and self.mlp.routes_normed(h, decode):
-            return self.mlp(h, decode=decode, residual=x, norm=post, **ahead)  # the norm inside the router's launch
+            return self.mlp(h, decode=decode, residual=x, norm=post)  # the norm inside the router's launch
         if prep is None:
             h, x = add_rms_norm(h, x, post.weight, post.eps, post.offset)  # (norm(x + h), x + h), both [T, H]
         else:
             sums = fast.moe_norm_sums_only()
             h, x, made = add_rms_norm(h, x, post.weight, post.eps, post.offset, prep=prep, sums_only=sums)
             setattr(h, fast.GEMV_PREP_ATTR, (fast.MOE_SUMS if sums else prep, made))
-        return self.mlp(h, decode=decode, residual=x, **ahead)
-
-    def input_consumer(self) -> nn.Module | None:
-        """The module whose GEMV reads this layer's input norm (the mixer's fused input projection)."""
-        mixer, group = (self.self_attn, "qkv_proj") if self.is_attention else (self.linear_attn, "in_proj")
-        return fusion.fused(mixer, group)
-
-    def _next_norm(self, x: torch.Tensor, decode: bool) -> dict:
-        """{"next_norm": (the RMSNorm that reads this layer's output, the GEMV prep format it makes or None)} when
-        the MoE block's down launch may make it (fast.norm_made_ahead: the next layer's input norm, or the model's
-        final norm before the lm_head), else {}. The model sets next_input (a one-element tuple, so no submodule is
-        registered)."""
-        nxt = getattr(self, "next_input", (None,))[0]
-        if isinstance(nxt, DecoderLayer):
-            norm, consumer, dec = nxt.input_layernorm, nxt.input_consumer(), decode
-        elif isinstance(nxt, Qwen3_5ForCausalLM):  # compute_logits' final norm and GEMV
-            norm, consumer, dec = nxt.norm, nxt.lm_head, decode or fast.logits_kernels() == "gemv"
-        else:
-            return {}
-        ok, fmt = fast.norm_made_ahead(norm, x, consumer, dec)
-        return {"next_norm": (norm, fmt)} if ok else {}
+        return self.mlp(h, decode=decode, residual=x)
 
 
 class Qwen3_5ForCausalLM(nn.Module):
@@ -106,8 +85,6 @@ class Qwen3_5ForCausalLM(nn.Module):
         self.embed_tokens = weights.embedding("embed_tokens", config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(i, config, weights, norm_offset) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_offset)
-        for i, layer in enumerate(self.layers):  # who reads each layer's output (DecoderLayer._next_norm)
-            layer.next_input = (self.layers[i + 1] if i + 1 < len(self.layers) else self,)
         self.lm_head = None
         if not config.tie_word_embeddings:
             self.lm_head = weights.linear("lm_head", config.hidden_size, config.vocab_size)

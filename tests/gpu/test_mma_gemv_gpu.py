@@ -415,55 +415,6 @@ def test_mma_experts_combine_at_last_arrival(dev, t, with_res):
                               combine=(res, torch.empty(t, n, dtype=torch.bfloat16, device=dev)))
 
 
-@pytest.mark.parametrize("t", [1, 3, 14])
-@pytest.mark.parametrize("n,offset,fmt", [(2048, 1.0, None), (2048, 1.0, (4, 64)), (64, 0.0, (8, 32)),
-                                          (1536, 1.0, None)])
-def test_mma_experts_next_norm_at_last_arrival(dev, monkeypatch, t, n, offset, fmt):
-    """norm= on the combining down launch: y == the rms_norm launch over the combined rows (its pairwise tree,
-    triton_norm.norm_tree) bit for bit, into a poisoned output, with the combined rows unchanged; with a GEMV prep
-    format, xp and xs == rms_norm(prep=)'s too; N a power of two or not (1536: the padded tree), repeated
-    launches leave every counter at zero; norm= without combine= is refused."""
-    from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.triton_norm import norm_tree, rms_norm
-    from deltaserve.kernels.triton_sync import arrival_counters
-
-    monkeypatch.delenv("DELTASERVE_NEXT_NORM", raising=False)
-    monkeypatch.delenv("DELTASERVE_NORM_TREE", raising=False)
-    assert norm_tree(False), "the plain norm must take the tree while down makes the next norm"
-    e, k, slots, eps = 65, 512, 9, 1e-6
-    (words, sb), _ = _experts(dev, e, n, k)
-    ids = _routes(dev, e, slots, t)
-    hid = torch.randn(t * slots, k, device=dev).bfloat16()
-    scale = torch.rand(t * slots, device=dev)
-    res = torch.randn(t, n, device=dev).bfloat16() * 4
-    w = (torch.randn(n, device=dev) * 0.2).bfloat16()
-    tiles = mg.mma_expert_tiles(ids, e, 1)
-    plain = mg.mma_matmul_experts(hid, words, sb, ids, 1, tiles=tiles, scale=scale,
-                                  combine=(res, torch.empty(t, n, dtype=torch.bfloat16, device=dev)))
-    want, want_prep = rms_norm(plain, w, eps, offset, prep=fmt) if fmt else (rms_norm(plain, w, eps, offset), None)
-    for rep in range(3):
-        y = kc.poisoned((t, n), torch.bfloat16, dev)
-        prep = None
-        if fmt:
-            prep = (*fmt, kc.poisoned((t, n), torch.float32, dev), kc.poisoned((t, n // fmt[1]), torch.float32, dev))
-        got = mg.mma_matmul_experts(hid, words, sb, ids, 1, tiles=tiles, scale=scale,
-                                    combine=(res, kc.poisoned((t, n), torch.bfloat16, dev)),
-                                    norm=(w, eps, offset, y, prep))
-        assert torch.equal(got, plain), f"T={t} N={n} launch {rep}: the combined rows change with norm="
-        assert torch.equal(y, want), (f"T={t} N={n} launch {rep}: the norm at the last arrival != rms_norm, max "
-                                      f"{(y.float() - want.float()).abs().max().item():.3g}")
-        if fmt:
-            assert torch.equal(prep[2], want_prep[0]), f"T={t} N={n} {fmt}: xp != rms_norm(prep=)'s"
-            assert torch.equal(prep[3], want_prep[1]), f"T={t} N={n} {fmt}: xs != rms_norm(prep=)'s"
-    assert int(arrival_counters(dev, 1).abs().sum()) == 0, "counters left non-zero"
-    with pytest.raises(ValueError, match="needs combine="):
-        mg.mma_matmul_experts(hid, words, sb, ids, 1, tiles=tiles, scale=scale, norm=(w, eps, offset, y, None))
-    with pytest.raises(ValueError, match="norm's output"):
-        mg.mma_matmul_experts(hid, words, sb, ids, 1, tiles=tiles, scale=scale,
-                              combine=(res, torch.empty(t, n, dtype=torch.bfloat16, device=dev)),
-                              norm=(w, eps, offset, y[:, : n // 2], None))
-
-
 @pytest.mark.parametrize("t", [1, 3])
 def test_mma_experts_whole_slice_same_bits(dev, t):
     """The experts kernel's whole-slice form (AHEAD >= its chunks: every chunk's weights at once, x by cp.async)

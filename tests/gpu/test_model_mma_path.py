@@ -159,57 +159,6 @@ def test_router_norm_in_use_and_equal_to_the_norm_launch(models, monkeypatch):
         assert torch.equal(a, b), f"{mode}: fused router norm != the norm launch (run {i})"
 
 
-def test_next_norm_in_down_in_use_and_equal_to_the_norm_launch(models, monkeypatch):
-    """DELTASERVE_NEXT_NORM=down (the tensor-core MoE's down launch makes the next layer's input norm and the final
-    norm: fast.attach_norm, norm_for_gemv returning it) == launch with every norm on the tree
-    (DELTASERVE_NORM_TREE=all: the same formulas, launched): decode logits bit for bit, eager and from a graph; and
-    down mode really made the norms (attached at 1 and 3 rows, and fewer rms_norm launches by at least one a
-    layer a step), not in the modes without the combining down launch."""
-    from deltaserve.kernels import triton_norm
-
-    _, gpu, mode = models
-    gen = torch.Generator().manual_seed(21)
-    prompts = [torch.randint(0, 32, (n,), generator=gen).tolist() for n in (9, 26, 5)]
-    made, norms = [], []
-    real_attach, real_norm = fast.attach_norm, triton_norm.rms_norm
-
-    def attach(out, norm, y, *fmt_prep):
-        made.append(out.shape[0])
-        return real_attach(out, norm, y, *fmt_prep)
-
-    def counting_norm(*args, **kwargs):
-        norms.append(1)
-        return real_norm(*args, **kwargs)
-
-    monkeypatch.setattr(fast, "attach_norm", attach)
-    monkeypatch.setattr(triton_norm, "rms_norm", counting_norm)
-    steps, layers = 4, len(gpu.layers)
-    runs, counts = {}, {}
-    for name, env in (("down", {}), ("launch", {"DELTASERVE_NEXT_NORM": "launch", "DELTASERVE_NORM_TREE": "all"})):
-        for key in ("DELTASERVE_NEXT_NORM", "DELTASERVE_NORM_TREE"):
-            monkeypatch.delenv(key, raising=False)
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
-        made.clear()
-        norms.clear()
-        runs[name] = [decode_logits(gpu, p, steps, graph=g) for p in (prompts[:1], prompts) for g in (False, True)]
-        counts[name] = (list(made), len(norms))
-    for key in ("DELTASERVE_NEXT_NORM", "DELTASERVE_NORM_TREE"):
-        monkeypatch.delenv(key, raising=False)
-    probe = torch.zeros(1, gpu.config.hidden_size, dtype=torch.bfloat16, device="cuda")
-    ahead = sum(bool(layer._next_norm(probe, True)) for layer in gpu.layers)  # layers whose next norm down may make
-    rows = counts["down"][0]
-    if mode in ("head", "mma-moe-wgmma"):
-        assert not rows, f"{mode}: norms made at {sorted(set(rows))} rows"
-    else:
-        assert ahead == layers or mode != "mma-moe", f"{mode}: down may make {ahead} of {layers} next norms"
-        assert ahead == 0 or ({1, 3} <= set(rows) and len(rows) >= 2 * steps * ahead), f"{mode}: made at {rows[:8]}"
-        assert counts["down"][1] + 2 * steps * ahead <= counts["launch"][1], f"{mode}: rms_norm calls {counts}"
-    assert not counts["launch"][0], "launch mode attached norms"
-    for i, (a, b) in enumerate(zip(runs["down"], runs["launch"])):
-        assert torch.equal(a, b), f"{mode}: the norm made by down != the norm launch (run {i})"
-
-
 @pytest.fixture(scope="module")
 def prep_model(tmp_path_factory):
     """The default paths on a q4 g64 model whose DeltaNet value heads are one q4 group wide (dv = 64), so the decode

@@ -8,8 +8,7 @@ row's bits never depend on which rows share the launch or which of the two kerne
 
 At decode-sized batches (single-row tiles) the combine runs inside the down launch, at each token's last-arriving
 program (the same arithmetic and bits as the combine launch), and down makes its input's group sums itself: the
-block is router, gate/up, down, as on the CUDA-core path. Down's last arrival per token can also make the next
-layer's input norm of the block's output (next_norm=), so that norm needs no launch.
+block is router, gate/up, down, as on the CUDA-core path.
 
 Why: the CUDA-core decode MoE (triton_moe_gemv.py) spends an FMA per code and row, and at 64 streams the block is
 ~17 ms of a ~40 ms step (bench/NOTES.md); on tensor cores the cost per code does not grow with the rows sharing an
@@ -99,19 +98,14 @@ def wg_block_tile_rows(experts: MmaExperts, rows: int) -> int | None:
 
 def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, shared_weight: torch.Tensor | None,
                   experts: MmaExperts, residual: torch.Tensor | None = None, xs: torch.Tensor | None = None,
-                  tile_rows: int | None = None, shared_slotted: bool = False, tiles=None,
-                  next_norm: tuple | None = None):
+                  tile_rows: int | None = None, shared_slotted: bool = False, tiles=None) -> torch.Tensor:
     """x [T, H] bf16; ids / weights [T, k] (the routing contract: int32 expert ids, fp32 weights); shared_weight
     [T] fp32 (sigmoid of the shared gate) when the block has a shared expert. shared_slotted: ids / weights are
     [T, k + 1] with the stacked shared expert already in the last slot (moe_route(shared_slot=E' - 1): no launches
     to append it). xs: x's group sums (prep_x's, or the norm's prep: the same bits) if the caller has them.
     tile_rows: rows per expert tile (mma_expert_tiles; never a row's bits). tiles: the warpgroup-MMA launches' tiles
     of these ids when the caller has them (moe_route(tile_rows=wg_block_tile_rows(...))). Returns [T, H] bf16
-    (+ residual). next_norm: (weight [H], eps, offset, prep) of the norm the block's output feeds, prep None or the
-    decode GEMV format (bits, group) it also makes (rms_norm(prep=)): returns (out, made), made being (y, None or
-    (xp, xs)), that norm of out (and its prep) made at down's last arrivals (the norm kernel's bits, with its tree:
-    triton_norm.norm_tree) in the forms that combine inside down (decode-sized blocks), else None (the caller runs
-    the norm)."""
+    (+ residual)."""
     if x.device.type != "cuda":
         raise RuntimeError("moe_block_mma: the tensor-core MoE needs a CUDA device (its kernels are Gluon)")
     from ..quant.triton_gemv import prep_x
@@ -145,8 +139,7 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
                                 stages=wg_moe_stages(tiles.rows))
         part = wg_matmul_experts(hid, *experts.down, ids, tiles, 1, scale=weights.reshape(-1),
                                  stages=wg_moe_down_stages(tiles.rows)).view(t, slots, -1)
-        out = _with_shared(part, x, xs, shared_weight, experts, residual)
-        return out if next_norm is None else (out, None)
+        return _with_shared(part, x, xs, shared_weight, experts, residual)
     tiles = mma_expert_tiles(ids, num_e, tile_rows)  # the mma.sync kernel's own (single-row at decode sizes)
     glu = False  # down makes h = SiLU(g) * u from g | u as it loads its input
     if experts.gate_up is not None:
@@ -173,24 +166,11 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
     if experts.gate_up is None:
         hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up, open_late=early)
     if single:
-        comb = torch.empty_like(x)
-        norm = made = None  # the next norm at each token's last combining program, while its counters fit too
-        if next_norm is not None and t * (columns + 1) <= MIN_COUNTERS:
-            weight, eps, offset, fmt = next_norm
-            prep = None
-            if fmt is not None:
-                n = x.shape[1]
-                prep = (*fmt, torch.empty(t, n, dtype=torch.float32, device=x.device),
-                        torch.empty(t, n // fmt[1], dtype=torch.float32, device=x.device))
-            norm = (weight, eps, offset, torch.empty_like(x), prep)
-            made = (norm[3], None if prep is None else prep[2:])
-        out = mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1),
-                                 combine=(residual, comb), glu=glu, early=early, norm=norm)
-        return out if next_norm is None else (out, made)
+        return mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1),
+                                  combine=(residual, torch.empty_like(x)), glu=glu, early=early)
     part = mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1),
                               glu=glu).view(t, slots, -1)
-    out = _with_shared(part, x, xs, shared_weight, experts, residual)
-    return out if next_norm is None else (out, None)
+    return _with_shared(part, x, xs, shared_weight, experts, residual)
 
 
 def _with_shared(part: torch.Tensor, x: torch.Tensor, xs: torch.Tensor, shared_weight: torch.Tensor | None,

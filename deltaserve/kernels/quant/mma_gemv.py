@@ -554,14 +554,11 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _combine_at_last_arrival(part_ptr, res_ptr, comb_ptr, cnt_ptr, t, col, rb, ncols, stride_pm, stride_rm,
-                                 stride_cm, nw_ptr, ny_ptr, nxp_ptr, nxs_ptr, ncnt_ptr, norm_n, stride_nym, eps,
-                                 offset, W: gl.constexpr, RB: gl.constexpr, SLOTS: gl.constexpr,
-                                 HAS_RES: gl.constexpr, NORM_BLOCK: gl.constexpr, PREP_BITS: gl.constexpr,
-                                 PREP_GROUP: gl.constexpr):
+                                 stride_cm, W: gl.constexpr, RB: gl.constexpr, SLOTS: gl.constexpr,
+                                 HAS_RES: gl.constexpr):
         """After this program stored part row t (= SLOTS * token + slot), features [16 rb, 16 rb + 16 RB): the
         last of the token's SLOTS programs of this column combines them (triton_sync.last_arrival's protocol:
-        block barrier, acq_rel atomic at GPU scope, the counter reset by the last; parts re-read with .cg).
-        NORM_BLOCK > 0: then the next layer's input norm of the combined row (_norm_at_last_arrival)."""
+        block barrier, acq_rel atomic at GPU scope, the counter reset by the last; parts re-read with .cg)."""
         tok = t // SLOTS
         cnt = cnt_ptr + tok * ncols + col
         if _arrival(cnt) == SLOTS - 1:
@@ -578,85 +575,6 @@ if HAVE_GLUON:
                 r = gl.load(res_ptr + tok.to(gl.int64) * stride_rm + f)
                 y = (r.to(gl.float32) + y.to(gl.float32)).to(o_ty)
             gl.store(comb_ptr + tok.to(gl.int64) * stride_cm + f, y)
-            if NORM_BLOCK > 0:
-                _norm_at_last_arrival(comb_ptr, nw_ptr, ny_ptr, nxp_ptr, nxs_ptr, ncnt_ptr, tok, ncols, norm_n,
-                                      stride_cm, stride_nym, eps, offset, W, NORM_BLOCK, PREP_BITS, PREP_GROUP)
-
-    @gluon.constexpr_function
-    def _norm_per_thread(block, w):
-        return max(2, min(64, block // (32 * w)))
-
-    @gluon.jit
-    def _pairwise_sums(v, G: gl.constexpr, GROUP: gl.constexpr):
-        """triton_gemv.pairwise_sums in Gluon: [G, GROUP] -> [G] by the same fixed tree of sums over axes of two
-        (a + b whichever threads hold them: the same bits in any layout)."""
-        t = gl.reshape(v, [G] + [2] * (GROUP.bit_length() - 1))
-        for _ in gl.static_range(GROUP.bit_length() - 1):
-            t = gl.sum(t, axis=len(t.shape) - 1)
-        return t
-
-    @gluon.jit
-    def _rms_inverse(xf, n, eps, BLOCK: gl.constexpr):
-        """triton_norm.rms_inverse in Gluon: 1 / sqrt(sum_of_squares(xf) / n + eps), the same pairwise tree (pairs
-        (2i, 2i + 1) as one fma, then groups of 32 pairs, then over the groups) and the same instructions, so the
-        same bits as the norm kernel with its tree (triton_norm.norm_tree). xf [BLOCK] fp32 holds 2+ elements a
-        thread along its axis (tt.split's need), padding zeros."""
-        a, b = gl.split(gl.reshape(xf, [BLOCK // 2, 2]))
-        s1 = gl.fma(a, a, b * b)
-        HALF: gl.constexpr = BLOCK // 2
-        if HALF <= 32:
-            s = _pairwise_sums(gl.reshape(s1, [1, HALF]), 1, HALF)
-        else:
-            G: gl.constexpr = HALF // 32
-            s = _pairwise_sums(gl.reshape(_pairwise_sums(gl.reshape(s1, [G, 32]), G, 32), [1, G]), 1, G)
-        return 1.0 / gl.sqrt(gl.sum(s, axis=0) / n + eps)
-
-    @gluon.jit
-    def _norm_at_last_arrival(comb_ptr, nw_ptr, ny_ptr, nxp_ptr, nxs_ptr, ncnt_ptr, tok, ncols, norm_n, stride_cm,
-                              stride_nym, eps, offset, W: gl.constexpr, BLOCK: gl.constexpr,
-                              PREP_BITS: gl.constexpr, PREP_GROUP: gl.constexpr):
-        """After this program combined its columns of token tok's row into comb: the last of the token's ncols
-        combining programs (triton_sync's protocol on the token's counter at ncnt) reads the whole row back (.cg)
-        and stores the next layer's input norm y = bf16(r * rms_inverse(r) * (offset + w)) into ny: the norm
-        kernel's formulas (triton_norm rms_norm with the tree) on the same bf16 row, so the same bits, and the
-        norm's launch goes. PREP_BITS > 0 (BLOCK = norm_n): also the decode GEMV's prep of y, as the norm kernel
-        writes it (triton_gemv.prep_row): xp [BLOCK] at nxp + row * BLOCK, code i of word j at i * (BLOCK / PACK)
-        + j times the code's power of two (exact), and xs [BLOCK / PREP_GROUP] at nxs + row * that, each group
-        summed by the pairwise tree (in a thread's registers: its 64 features are a group)."""
-        cnt = ncnt_ptr + tok
-        if _arrival(cnt) == ncols - 1:
-            gl.store(cnt, 0)
-            # a thread holds 64 consecutive features where the row allows (one tree group of 32 pairs: the pairs and
-            # the group's levels are its own additions, only the levels over the groups cross lanes), at least 2
-            NL: gl.constexpr = gl.BlockedLayout([_norm_per_thread(BLOCK, W)], [32], [W], [0])
-            f = gl.arange(0, BLOCK, layout=NL)
-            m = f < norm_n
-            row = tok.to(gl.int64)
-            xf = gl.load(comb_ptr + row * stride_cm + f, mask=m, other=0.0, cache_modifier=".cg").to(gl.float32)
-            w = gl.load(nw_ptr + f, mask=m, other=0.0).to(gl.float32)
-            inv = _rms_inverse(xf, norm_n, eps, BLOCK)
-            y = (xf * inv * (offset + w)).to(ny_ptr.dtype.element_ty)
-            gl.store(ny_ptr + row * stride_nym + f, y, mask=m)
-            if PREP_BITS > 0:
-                PACK: gl.constexpr = 32 // PREP_BITS
-                HALF: gl.constexpr = PACK // 2
-                KW: gl.constexpr = BLOCK // PACK
-                yf = y.to(gl.float32)
-                prescale = (((127 - PREP_BITS * (f % PACK % HALF)) << 23)).to(gl.float32, bitcast=True)  # code_prescale
-                PT: gl.constexpr = _norm_per_thread(BLOCK, W)
-                if PT >= PACK:  # [PACK, KW], a thread's features as whole words, its words of each code in a row of
-                    # registers (a register transpose): consecutive in xp, so the stores are vectors
-                    XPL: gl.constexpr = gl.BlockedLayout([PACK, PT // PACK], [1, 32], [1, W], [1, 0])
-                    xp = gl.convert_layout(gl.permute(gl.reshape(yf * prescale, [KW, PACK]), [1, 0]), XPL)
-                    ci = gl.arange(0, PACK, layout=gl.SliceLayout(1, XPL))
-                    wj = gl.arange(0, KW, layout=gl.SliceLayout(0, XPL))
-                    gl.store(nxp_ptr + row * BLOCK + ci[:, None] * KW + wj[None, :], xp)
-                else:
-                    gl.store(nxp_ptr + row * BLOCK + f % PACK * KW + f // PACK, yf * prescale)
-                G: gl.constexpr = BLOCK // PREP_GROUP
-                SL: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
-                xs = gl.convert_layout(_pairwise_sums(gl.reshape(yf, [G, PREP_GROUP]), G, PREP_GROUP), SL)
-                gl.store(nxs_ptr + row * G + gl.arange(0, G, layout=SL), xs)
 
 
     @gluon.jit
@@ -766,10 +684,7 @@ if HAVE_GLUON:
                             COMBINE: gl.constexpr = False, SLOTS: gl.constexpr = 1, HAS_RES: gl.constexpr = False,
                             AHEAD: gl.constexpr = 1, LOOP: gl.constexpr = 1, GLU: gl.constexpr = 0,
                             PAIR: gl.constexpr = 0, OPEN_LATE: gl.constexpr = False, EARLY: gl.constexpr = False,
-                            WSTAGE: gl.constexpr = 0, SKIP_EMPTY: gl.constexpr = True, nw_ptr=None, ny_ptr=None,
-                            ncnt_ptr=None, norm_n=0, stride_nym=0, eps=0.0, offset=0.0, nxp_ptr=None, nxs_ptr=None,
-                            NORM_BLOCK: gl.constexpr = 0, PREP_BITS: gl.constexpr = 0,
-                            PREP_GROUP: gl.constexpr = 64):
+                            WSTAGE: gl.constexpr = 0, SKIP_EMPTY: gl.constexpr = True):
         """grid (tiles, N / (16 RB LOOP)): the plain kernel's arithmetic on expert tile t, row blocks
         [RB LOOP p, RB LOOP (p + 1)) of its expert: LOOP rounds of RB blocks held in registers together (the x
         columns are loaded once for the RB blocks; LOOP > 1 stages them in shared memory once for every round, so
@@ -793,9 +708,6 @@ if HAVE_GLUON:
         SLOTS parts of its row blocks (triton_sync's last arrival, one counter per (token, program column) at
         cnt_ptr) also does triton_combine.combine_slots' arithmetic on them: the slots added 0 .. SLOTS-1 in fp32
         (re-read from L2), rounded to comb's dtype, then + residual (HAS_RES) rounded once, into comb [T, N].
-        NORM_BLOCK > 0 (COMBINE): the last of a token's column programs also makes the next layer's input norm of
-        its comb row into ny (the norm kernel's bits: _norm_at_last_arrival; counters at ncnt_ptr, one a token),
-        with PREP_BITS > 0 the decode GEMV's prep of it too (xp at nxp_ptr, xs at nxs_ptr).
         GLU > 0 (not GATED, LOOP 1, AHEAD < NCH): x rows are (g, u) pairs, u GLU elements after g, and the kernel's
         input is h = bf16(bf16(SiLU(g)) * u), made at load (_load_chunk): the down projection after a gate/up run
         as one plain launch over the stacked [gate; up] weight, with the gated epilogue's bits.
@@ -913,9 +825,7 @@ if HAVE_GLUON:
             _glu_at_last_arrival(out_ptr, comb_ptr, cnt_ptr, t, rb, o_dst, o_row, o_mask, stride_om, stride_cm, PAIR)
         if COMBINE:
             _combine_at_last_arrival(out_ptr, res_ptr, comb_ptr, cnt_ptr, t, gl.program_id(1), rb, gl.num_programs(1),
-                                     stride_om, stride_rm, stride_cm, nw_ptr, ny_ptr, nxp_ptr, nxs_ptr, ncnt_ptr, norm_n,
-                                     stride_nym, eps, offset, W, RB * LOOP, SLOTS, HAS_RES, NORM_BLOCK, PREP_BITS,
-                                     PREP_GROUP)
+                                     stride_om, stride_rm, stride_cm, W, RB * LOOP, SLOTS, HAS_RES)
 
     @gluon.jit
     def _experts_store(acc, acc2, o_ptr, o_mask, scale_ptr, o_dst, col_live, GATED: gl.constexpr,
@@ -1345,7 +1255,7 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
                        tiles: MmaTiles | None = None, up: tuple | None = None, scale: torch.Tensor | None = None,
                        config: tuple[int, int] | None = None, combine: tuple | None = None,
                        glu: bool = False, pair_out: torch.Tensor | None = None, open_late: bool = False,
-                       early: bool = False, norm: tuple | None = None) -> torch.Tensor:
+                       early: bool = False) -> torch.Tensor:
     """Row m of the result = x[m // x_repeat] W[expert_ids[m]]^T on tensor cores, for stacked repacked experts
     (repack_q4_experts) and x [rows, K] bf16; [M, N] in x's dtype. The same rows as
     triton_affine.affine_matmul_experts (an MoE block's gate, up and down), each row an MMA column of its expert's
@@ -1362,11 +1272,6 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     combine: (residual [T, N] or None, comb [T, N]) with scale= and single-row tiles, rows being T tokens x S
     slots: the launch also does triton_combine.combine_slots(out.view(T, S, N), residual, comb) (the same
     arithmetic, the same bits) at each token's last-arriving program, and returns comb; out still holds the parts.
-    norm: (weight [N], eps, offset, y [T, N], prep) with combine=: the last of a token's combining programs also
-    writes y = rms_norm(comb row, weight, eps, offset), triton_norm's formulas with the pairwise tree (norm_tree),
-    the same bits as that launch (the next layer's input norm, made without a launch of its own); prep None or
-    (bits, group, xp [T, N] fp32, xs [T, N / group] fp32): also the decode GEMV's prep of y, as
-    rms_norm(prep=(bits, group)) writes it (N a power of two, triton_norm.prep_supported).
     glu: x is [rows, 2K] of (g, u) pairs (a plain launch over stacked [gate; up] weights) and the rows multiplied
     are h = bf16(bf16(SiLU(g)) * u), the gated launch's output bit for bit (no up=, LOOP 1, AHEAD < the chunks).
     pair_out: bf16 [M, N / 2] for a plain launch over stacked [gate; up] weights (N = 2 I rows per expert): out
@@ -1448,7 +1353,7 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     if g % warps or nbe % rb:
         raise ValueError(f"mma_matmul_experts: config W={warps}, RB={rb} does not divide the {g} groups / {nbe} "
                          f"row blocks")
-    slots, res, comb, counters, norm_args = 1, out, out, out, {}
+    slots, res, comb, counters = 1, out, out, out
     if pair_out is not None:
         from ..triton_sync import arrival_counters
 
@@ -1471,31 +1376,7 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
         slots = m // tokens
         from ..triton_sync import arrival_counters
 
-        ncols = nbe // (rb * loop)
-        counters = arrival_counters(x.device, tokens * (ncols + (1 if norm is not None else 0)))
-        if norm is not None:
-            nw, eps, offset, ny, prep = norm
-            if nw.shape != (n,) or nw.stride(-1) != 1:
-                raise ValueError(f"mma_matmul_experts: norm's weight must be [{n}] contiguous, found "
-                                 f"{tuple(nw.shape)}")
-            if ny.shape != comb.shape or ny.stride(-1) != 1 or ny.dtype != comb.dtype:
-                raise ValueError(f"mma_matmul_experts: norm's output must be {comb.dtype} {tuple(comb.shape)} with "
-                                 f"unit column stride, found {ny.dtype} {tuple(ny.shape)}")
-            norm_args = dict(nw_ptr=nw, ny_ptr=ny, ncnt_ptr=counters[tokens * ncols:], norm_n=n,
-                             stride_nym=ny.stride(0), eps=float(eps), offset=float(offset),
-                             NORM_BLOCK=max(64, 1 << (n - 1).bit_length()))
-            if prep is not None:
-                bits, group, xp, xs_out = prep
-                if bits not in (4, 8) or n & (n - 1) or n < 64 or n % group or group & (group - 1):
-                    raise ValueError(f"mma_matmul_experts: norm's prep: bits {bits} / group {group} for N = {n} "
-                                     f"(bits 4 or 8, N a power of two of 64+, a multiple of the group)")
-                for name, ten, shape in (("xp", xp, (tokens, n)), ("xs", xs_out, (tokens, n // group))):
-                    if ten.dtype != torch.float32 or ten.shape != shape or not ten.is_contiguous():
-                        raise ValueError(f"mma_matmul_experts: norm's prep {name} must be contiguous fp32 {shape}, "
-                                         f"found {ten.dtype} {tuple(ten.shape)}")
-                norm_args.update(nxp_ptr=xp, nxs_ptr=xs_out, PREP_BITS=bits, PREP_GROUP=group)
-    elif norm is not None:
-        raise ValueError("mma_matmul_experts: norm= is made at the combine's last arrival: it needs combine=")
+        counters = arrival_counters(x.device, tokens * (nbe // (rb * loop)))
     if m:
         single = tiles.rows == 1
         table = (tiles.tile_e,) * 3 if single else (tiles.lo, tiles.hi, tiles.order)
@@ -1509,8 +1390,7 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
             HAS_RES=combine is not None and res is not None, AHEAD=ahead, LOOP=loop, GLU=k if glu else 0,
             PAIR=pairs, num_warps=warps,
             **pdl_args(x), **({"OPEN_LATE": True} if open_late else {}), **({"EARLY": True} if early else {}),
-            **({"WSTAGE": wstage} if wstage else {}), **({} if skip_empty_tiles() else {"SKIP_EMPTY": False}),
-            **norm_args)
+            **({"WSTAGE": wstage} if wstage else {}), **({} if skip_empty_tiles() else {"SKIP_EMPTY": False}))
     return out if combine is None else comb
 
 
