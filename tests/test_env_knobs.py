@@ -446,3 +446,17 @@ def test_norm_tree_switch(monkeypatch):
     monkeypatch.setenv("DELTASERVE_NORM_TREE", "none")
     with pytest.raises(ValueError, match="DELTASERVE_NORM_TREE"):
         norm_tree(True)
+
+
+def test_prefill_copies_knob(monkeypatch):
+    """The prefill reads column views in place (the gated norm's z, the attention gate in the prefill kernel) by
+    default; DELTASERVE_PREFILL_COPIES=torch copies them first (for in-model A/B); an unknown value is refused."""
+    from deltaserve.kernels.triton_norm import in_place_rows
+
+    monkeypatch.delenv("DELTASERVE_PREFILL_COPIES", raising=False)
+    assert in_place_rows()
+    monkeypatch.setenv("DELTASERVE_PREFILL_COPIES", "torch")
+    assert not in_place_rows()
+    monkeypatch.setenv("DELTASERVE_PREFILL_COPIES", "copy")
+    with pytest.raises(ValueError, match="DELTASERVE_PREFILL_COPIES"):
+        in_place_rows()

@@ -175,34 +175,51 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 @triton.jit
-def _gated_norm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, R, N, stride_x, stride_z, stride_y, eps,
-                       BR: tl.constexpr, BLOCK: tl.constexpr):
+def _gated_norm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, R, N, H, stride_xt, stride_xh, stride_zt, stride_zh, stride_y,
+                       eps, BR: tl.constexpr, BLOCK: tl.constexpr):
+    # row r of the R = T * H rows is (token r // H, head r % H): x and z are read in place with their own token
+    # and head pitches (a column view of the fused projection's output needs no copy)
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BLOCK)
     m = (rows < R)[:, None] & (cols < N)[None, :]
     r64 = rows.to(tl.int64)[:, None]
+    tok, head = r64 // H, r64 % H
     act = y_ptr.dtype.element_ty
-    x = tl.load(x_ptr + r64 * stride_x + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + tok * stride_xt + head * stride_xh + cols[None, :], mask=m, other=0.0).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
     y = (x * inv[:, None]).to(act).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(act).to(tl.float32)
     y = (w[None, :] * y).to(act).to(tl.float32)
-    z = tl.load(z_ptr + r64 * stride_z + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + tok * stride_zt + head * stride_zh + cols[None, :], mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + r64 * stride_y + cols[None, :], (y * (z / (1.0 + tl.exp(-z)))).to(act), mask=m)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """x, gate [..., dv] -> [..., dv] in x's dtype (= kernels.norm.gated_rms_norm)."""
+    """x, gate [..., dv] -> [..., dv] in x's dtype (= kernels.norm.gated_rms_norm). [T, H, dv] inputs are read in
+    place with any token and head pitches (e.g. z, a column view of the fused in-projection's output), others as
+    rows; y is contiguous."""
     n = weight.numel()
     if gate.shape != x.shape:
         raise ValueError(f"gated_rms_norm: gate {tuple(gate.shape)} != x {tuple(x.shape)}")
-    x2, z2 = _rows(x, n, "gated_rms_norm"), _rows(gate, n, "gated_rms_norm gate")
-    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if out is None else out.view(x2.shape)
-    rows = x2.shape[0]
+    shape = x.shape
+    if x.dim() == 3 and x.shape[-1] == n and x.stride(-1) == 1 and gate.stride(-1) == 1 and in_place_rows():
+        heads, (sxt, sxh), (szt, szh), x2 = x.shape[1], x.stride()[:2], gate.stride()[:2], x
+    else:
+        x2, z2 = _rows(x, n, "gated_rms_norm"), _rows(gate, n, "gated_rms_norm gate")
+        heads, (sxt, sxh), (szt, szh), x, gate = 1, (x2.stride(0), 0), (z2.stride(0), 0), x2, z2
+    rows = x2.numel() // n
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device) if out is None else out.view(rows, n)
     if rows:
         block = triton.next_power_of_2(n)
         br = max(1, 2048 // block)
-        _gated_norm_kernel[(triton.cdiv(rows, br),)](x2, z2, weight, y, rows, n, x2.stride(0), z2.stride(0),
+        _gated_norm_kernel[(triton.cdiv(rows, br),)](x, gate, weight, y, rows, n, heads, sxt, sxh, szt, szh,
                                                      y.stride(0), eps, BR=br, BLOCK=block, num_warps=4)
-    return y.view(x.shape)
+    return y.view(shape)
+
+
+def in_place_rows() -> bool:
+    """Whether the prefill reads column views in place (the gated norm's z, the attention output gate in the
+    prefill kernel's epilogue: paged_prefill_attention(gate=)) instead of torch copying them first (the same values
+    either way). Env DELTASERVE_PREFILL_COPIES=none (default) | torch, for in-model A/B."""
+    return env_choice("DELTASERVE_PREFILL_COPIES", "none", ("none", "torch")) == "none"

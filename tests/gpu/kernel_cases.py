@@ -611,6 +611,17 @@ def check_attention(mods, device, ctx, seqs, hq, hkv, d, bs):
                                    scale, max(seqs), out=out)
     # P is rounded to bf16 before P.V (as flash attention does): a few ulps of the output scale
     close(o, ref, 4 * BF16_EPS, "paged prefill attention")
+    # the output gate in the epilogue, read in place from a column view (as the prefill's q|gate projection holds
+    # it): o rounded, times bf16(sigmoid(gate)), rounded once; the same bits as the gate copied first
+    qg = torch.randn(p["q"].shape[0], hq, 2 * d, device=device).bfloat16()
+    gate = qg[..., d:]
+    og = tp.paged_prefill_attention(p["q"], p["kc"], p["vc"], p["tables"], p["cu"], torch.tensor(ctx, device=device),
+                                    scale, max(seqs), out=poisoned(p["q"].shape, torch.bfloat16, device), gate=gate)
+    want = o.double() * torch.sigmoid(gate.double())
+    close(og, want, 4 * BF16_EPS, "paged prefill attention, gated")
+    assert torch.equal(og, tp.paged_prefill_attention(p["q"], p["kc"], p["vc"], p["tables"], p["cu"],
+                                                      torch.tensor(ctx, device=device), scale, max(seqs),
+                                                      gate=gate.contiguous())), "prefill gate in place != copied"
     last = p["cu"][1:].long() - 1
     lens = torch.tensor([c + n for c, n in zip(ctx, seqs)], device=device, dtype=torch.int32)
     out = poisoned((len(seqs), hq, d), torch.bfloat16, device)
@@ -661,6 +672,16 @@ def check_norms(mods, device, rows, n, dv):
     wg = (1 + 0.1 * torch.randn(dv, device=device)).bfloat16()
     yg = nm.gated_rms_norm(xg, z, wg, 1e-6, out=poisoned(xg.shape, torch.bfloat16, device))
     close(yg, norm_ref.gated_rms_norm(xg, z, wg, 1e-6).double(), 2 * BF16_EPS, "gated_rms_norm")
+    # z as the prefill holds it (a column view of the fused in-projection's output, token pitch > 3 dv) and x with
+    # a head pitch of its own: read in place, the same bits as from contiguous copies; the torch-copy mode too
+    wide = torch.randn(rows, 5 * dv + 7, device=device).bfloat16()
+    zv = wide[:, 2 * dv + 7:].view(rows, 3, dv)
+    xv = torch.randn(rows, 3, 2 * dv, device=device).bfloat16()[..., dv:]
+    ys = nm.gated_rms_norm(xv, zv, wg, 1e-6, out=poisoned(xg.shape, torch.bfloat16, device))
+    assert ys.is_contiguous() and tuple(ys.shape) == (rows, 3, dv)
+    assert torch.equal(ys, nm.gated_rms_norm(xv.contiguous(), zv.contiguous(), wg, 1e-6)), "gated norm in place"
+    with env_values(DELTASERVE_PREFILL_COPIES="torch"):
+        assert torch.equal(ys, nm.gated_rms_norm(xv, zv, wg, 1e-6)), "gated norm: in place != copied"
     # add_rms_norm's prep of its output (a power-of-two width): the full GEMV prep equals prep_x's of y bit for
     # bit, and sums_only writes the same group sums alone (the tensor-core MoE's input norm), made from its
     # registers; every group sum is the pairwise tree of pairwise_sums (fp32 adds of elements 2i and 2i + 1, ...)

@@ -458,9 +458,10 @@ def _prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, table_ptr, cu_ptr, ctx_ptr, o_ptr, ks_ptr, vs_ptr,
     stride_qt, stride_qh, stride_tb, stride_cr, stride_ch, stride_ot, stride_oh, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
-    FP8: tl.constexpr = False,
+    FP8: tl.constexpr = False, gate_ptr=None, stride_gt=0, stride_gh=0, HAS_GATE: tl.constexpr = False,
 ):
-    # grid (B, cdiv(max new tokens, BM), Hq): BM new tokens of one sequence, one query head
+    # grid (B, cdiv(max new tokens, BM), Hq): BM new tokens of one sequence, one query head; HAS_GATE: the output
+    # times sigmoid(gate) (the decode epilogue's _gated, gate [T, Hq, D] read in place)
     b = tl.program_id(0)
     tb = tl.program_id(1)
     h = tl.program_id(2)
@@ -504,6 +505,9 @@ def _prefill_kernel(
         acc = mma(pv.to(v.dtype), v, acc * alpha[:, None], F32)
         m_i = m_new
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    if HAS_GATE:
+        o = _gated(o, gate_ptr + (start + ri).to(tl.int64)[:, None] * stride_gt + h * stride_gh + rd[None, :],
+                   i_mask[:, None], HAS_GATE)
     tl.store(o_ptr + (start + ri).to(tl.int64)[:, None] * stride_ot + h * stride_oh + rd[None, :],
              o.to(o_ptr.dtype.element_ty), mask=i_mask[:, None])
 
@@ -512,11 +516,14 @@ def paged_prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     cu_seqlens: torch.Tensor, context_lens: torch.Tensor, scale: float, max_seqlen: int,
     out: torch.Tensor | None = None, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens q [T, Hq, D] (sequence b's are q[cu_seqlens[b]:cu_seqlens[b+1]]) over
     their sequence's cache (context_lens[b] cached tokens before them; the new K/V already written). max_seqlen: a
-    host bound on the new tokens per sequence. k_scale, v_scale: an fp8 cache's scales (kv_fp8.py). Returns
-    [T, Hq, D] in q's dtype (= reference.paged_attention)."""
+    host bound on the new tokens per sequence. k_scale, v_scale: an fp8 cache's scales (kv_fp8.py). gate [T, Hq, D]
+    (unit stride along D, any other pitches): the output times sigmoid(gate), as paged_decode_attention(gate=)
+    makes it (the output rounded to the gate's dtype, times bf16(sigmoid), rounded once). Returns [T, Hq, D] in q's
+    dtype (= reference.paged_attention, then the gate)."""
     t, hq, d = q.shape
     nb, bs, hkv, dc = k_cache.shape
     bsz = context_lens.numel()
@@ -526,6 +533,9 @@ def paged_prefill_attention(
     if d & (d - 1) or d < 16 or q.stride(-1) != 1 or not k_cache.is_contiguous() or not v_cache.is_contiguous():
         raise ValueError("paged_prefill_attention: head_dim must be a power of two >= 16, tensors contiguous")
     fp8 = check_cache(k_cache, v_cache, k_scale, v_scale, "paged_prefill_attention")
+    if gate is not None and (tuple(gate.shape) != (t, hq, d) or gate.stride(-1) != 1):
+        raise ValueError(f"paged_prefill_attention: gate must be [{t}, {hq}, {d}] with unit stride along D, found "
+                         f"{tuple(gate.shape)}")
     out = torch.empty_like(q) if out is None else out
     if t == 0 or bsz == 0:
         return out
@@ -536,6 +546,8 @@ def paged_prefill_attention(
         q, k_cache, v_cache, block_tables, cu_seqlens, context_lens, out, k_scale if fp8 else out,
         v_scale if fp8 else out, q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, out.stride(0), out.stride(1),
         scale * _LOG2E, G=hq // hkv, D=d, BS=bs, BM=bm, BN=bn, F32=dot_f32(), FP8=fp8,
+        **({} if gate is None else dict(gate_ptr=gate, stride_gt=gate.stride(0), stride_gh=gate.stride(1),
+                                       HAS_GATE=True)),
         num_warps=8 if d > 128 else 4,
     )
     return out
