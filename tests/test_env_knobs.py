@@ -451,12 +451,12 @@ def test_norm_tree_switch(monkeypatch):
 def test_prefill_copies_knob(monkeypatch):
     """The prefill reads column views in place (the gated norm's z, the attention gate in the prefill kernel) by
     default; DELTASERVE_PREFILL_COPIES=torch copies them first (for in-model A/B); an unknown value is refused."""
-    from deltaserve.kernels.triton_norm import in_place_rows
+    from deltaserve.model.fast import prefill_copies
 
     monkeypatch.delenv("DELTASERVE_PREFILL_COPIES", raising=False)
-    assert in_place_rows()
+    assert not prefill_copies()
     monkeypatch.setenv("DELTASERVE_PREFILL_COPIES", "torch")
-    assert not in_place_rows()
+    assert prefill_copies()
     monkeypatch.setenv("DELTASERVE_PREFILL_COPIES", "copy")
     with pytest.raises(ValueError, match="DELTASERVE_PREFILL_COPIES"):
-        in_place_rows()
+        prefill_copies()

@@ -203,12 +203,12 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     if gate.shape != x.shape:
         raise ValueError(f"gated_rms_norm: gate {tuple(gate.shape)} != x {tuple(x.shape)}")
     shape = x.shape
-    if x.dim() == 3 and x.shape[-1] == n and x.stride(-1) == 1 and gate.stride(-1) == 1 and in_place_rows():
-        heads, (sxt, sxh), (szt, szh), x2 = x.shape[1], x.stride()[:2], gate.stride()[:2], x
+    if x.dim() == 3 and x.shape[-1] == n and x.stride(-1) == 1 and gate.stride(-1) == 1:
+        heads, (sxt, sxh), (szt, szh) = x.shape[1], x.stride()[:2], gate.stride()[:2]
     else:
-        x2, z2 = _rows(x, n, "gated_rms_norm"), _rows(gate, n, "gated_rms_norm gate")
-        heads, (sxt, sxh), (szt, szh), x, gate = 1, (x2.stride(0), 0), (z2.stride(0), 0), x2, z2
-    rows = x2.numel() // n
+        x, gate = _rows(x, n, "gated_rms_norm"), _rows(gate, n, "gated_rms_norm gate")
+        heads, (sxt, sxh), (szt, szh) = 1, (x.stride(0), 0), (gate.stride(0), 0)
+    rows = x.numel() // n
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device) if out is None else out.view(rows, n)
     if rows:
         block = triton.next_power_of_2(n)
@@ -216,10 +216,3 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
         _gated_norm_kernel[(triton.cdiv(rows, br),)](x, gate, weight, y, rows, n, heads, sxt, sxh, szt, szh,
                                                      y.stride(0), eps, BR=br, BLOCK=block, num_warps=4)
     return y.view(shape)
-
-
-def in_place_rows() -> bool:
-    """Whether the prefill reads column views in place (the gated norm's z, the attention output gate in the
-    prefill kernel's epilogue: paged_prefill_attention(gate=)) instead of torch copying them first (the same values
-    either way). Env DELTASERVE_PREFILL_COPIES=none (default) | torch, for in-model A/B."""
-    return env_choice("DELTASERVE_PREFILL_COPIES", "none", ("none", "torch")) == "none"

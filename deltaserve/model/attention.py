@@ -86,10 +86,9 @@ class GatedAttention(nn.Module):
         """Decode: fused projection, one kernel for q/k norms + RoPE + KV append, decode attention with the sigmoid
         gate in its epilogue, o_proj (3 launches between the projections). Prefill: the same prep kernel, varlen
         attention with the gate in its epilogue too (the gate read in place: no copy, sigmoid or product by torch;
-        triton_norm.in_place_rows)."""
+        fast.prefill_copies)."""
         from ..kernels.attention import triton_paged as tp
         from ..kernels.attention.triton_qk_prep import qk_norm_rope_write
-        from ..kernels.triton_norm import in_place_rows
 
         t, d = x.shape[0], self.d
         decode = batch.max_seqlen == 1
@@ -110,11 +109,11 @@ class GatedAttention(nn.Module):
                 settled=True,  # earlier forwards wrote every position but the new token's (each starts without PDL)
             )
             return fast.linear(self.o_proj, o.view(t, self.hq * d), decode)
-        in_place = in_place_rows()
+        copies = fast.prefill_copies()
         o = tp.paged_prefill_attention(
             q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens, batch.context_lens, self.scale, batch.max_seqlen,
-            k_scale=k_scale, v_scale=v_scale, gate=gate if in_place else None,
+            k_scale=k_scale, v_scale=v_scale, gate=None if copies else gate,
         ).reshape(t, self.hq * d)
-        if gate is not None and not in_place:
+        if gate is not None and copies:
             o = o * torch.sigmoid(gate.reshape(t, self.hq * d))
         return fast.linear(self.o_proj, o, decode)

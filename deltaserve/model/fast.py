@@ -287,6 +287,14 @@ def decode_copy_bytes(model: nn.Module) -> int:
     return total
 
 
+def prefill_copies() -> bool:
+    """Whether the prefill copies its column views first (torch: the DeltaNet gated norm's z made contiguous, the
+    attention output gate applied by torch's sigmoid and product) instead of the kernels reading them in place
+    (triton_norm.gated_rms_norm's token and head pitches, paged_prefill_attention(gate=)). The norm's bits are the
+    same either way. Env DELTASERVE_PREFILL_COPIES=none (default) | torch, for in-model A/B."""
+    return env_choice("DELTASERVE_PREFILL_COPIES", "none", ("none", "torch")) == "torch"
+
+
 def conv_in_gemv(pool: torch.Tensor, x: torch.Tensor, proj: nn.Module | None = None) -> bool:
     """Run the DeltaNet decode conv in the input projection's GEMV epilogue (one launch fewer per layer)? Needs the
     decode GEMV family (either GEMV has the epilogue: triton_gemv's and mma_gemv's, each equal to its GEMV followed

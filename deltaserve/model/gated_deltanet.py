@@ -123,5 +123,6 @@ class GatedDeltaNet(nn.Module):
             batch.cu_seqlens, ssm_pool, batch.state_slots, batch.context_lens, self.scale,
             cu_seqlens_cpu=batch.cu_seqlens_cpu,  # fla's chunk indices without a device -> host copy per layer
         )
-        y = self.norm(o.to(x.dtype), z.view(t, self.hv, self.dv)).reshape(t, self.value_dim)
+        z = z.view(t, self.hv, self.dv)  # a column view of the projection's output, which the norm reads in place
+        y = self.norm(o.to(x.dtype), z.contiguous() if fast.prefill_copies() else z).reshape(t, self.value_dim)
         return fast.linear(self.out_proj, y)
