@@ -440,6 +440,18 @@ def dense_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None
 
 TILE_BLOCK = 128  # rows per program of the two per-block expert-tile kernels
 TILES_ONE_MAX = 1024  # up to this many rows the tiles come from one program (a sort), past it from three launches
+TILE_COLUMNS = 32  # experts per program of the parallel scan (_tiles_columns_kernel)
+TILE_COLUMN_BLOCKS = 64  # blocks of counts per load of the parallel scan
+
+
+def tiles_scan_mode() -> str:
+    """How the expert tiles of more than TILES_ONE_MAX rows are built (the same four tensors either way):
+    "parallel" (the default: per-block histograms, a scan of the counts per expert column in parallel programs,
+    then each block's rows ranked pairwise, every rank program writing a share of the tile table) or "serial" (the
+    block counts as one-hot sums, one program scanning them and writing the whole table, the ranks as one-hot
+    prefix sums). pp512 on the H200 (bench/NOTES.md): the serial scan was one program of ~12.5 us a layer and the
+    one-hot order ~10 us. Env DELTASERVE_MOE_TILES_SCAN, for in-model A/B."""
+    return env_choice("DELTASERVE_MOE_TILES_SCAN", "parallel", ("parallel", "serial"))
 
 
 @triton.jit
@@ -512,6 +524,93 @@ def _write_tile_table(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, 
 
 
 @triton.jit
+def _tiles_hist_kernel(ids_ptr, counts_ptr, M, EP: tl.constexpr, BLOCK: tl.constexpr):
+    # grid (cdiv(M, BLOCK),): counts[pid, e] = rows of this block routed to expert e (a histogram)
+    pid = tl.program_id(0)
+    r = pid * BLOCK + tl.arange(0, BLOCK)
+    ids = tl.load(ids_ptr + r, mask=r < M, other=0).to(tl.int32)
+    tl.store(counts_ptr + pid * EP + tl.arange(0, EP), tl.histogram(ids, EP, mask=r < M))
+
+
+@triton.jit
+def _tiles_columns_kernel(counts_ptr, offsets_ptr, totals_ptr, NB, E, EP: tl.constexpr, EB: tl.constexpr,
+                          NBC: tl.constexpr):
+    # grid (cdiv(E, EB),): experts pid * EB .. + EB - 1 (below E): offsets[b, e] = the rows of e in blocks < b (the
+    # start of block b's run of e within e's sorted segment) and totals[e] = e's rows, from the counts [NB, EP]
+    # read NBC blocks at a time. Integer sums: the same values in any order.
+    ex = tl.program_id(0) * EB + tl.arange(0, EB)
+    live_e = ex < E
+    rb = tl.arange(0, NBC)
+    run = tl.zeros((EB,), dtype=tl.int32)
+    for b0 in range(0, NB, NBC):
+        live = ((b0 + rb) < NB)[:, None] & live_e[None, :]
+        at = (b0 + rb)[:, None] * EP + ex[None, :]
+        c = tl.load(counts_ptr + at, mask=live, other=0)
+        tl.store(offsets_ptr + at, run[None, :] + tl.cumsum(c, 0) - c, mask=live)
+        run += tl.sum(c, axis=0)
+    tl.store(totals_ptr + ex, run, mask=live_e)
+
+
+@triton.jit
+def _tiles_rank_kernel(ids_ptr, offsets_ptr, totals_ptr, starts_ptr, order_ptr, tile_e_ptr, tile_lo_ptr,
+                       tile_hi_ptr, M, E, MAX_TILES, EP: tl.constexpr, BLOCK: tl.constexpr, R: tl.constexpr,
+                       TB: tl.constexpr):
+    # grid (NB,): block pid's rows to their sorted positions, start[e] + offsets[pid, e] + the rank among this
+    # block's earlier rows of e (stable: blocks ascend, rows ascend within a block); and this program's share of
+    # the tile table (_write_tile_table for experts e = pid (mod NB), the unused tail in strides of NB * TB).
+    # starts_ptr: [NB, EP] scratch, this program's row of the experts' starts (a gather needs them in memory).
+    pid = tl.program_id(0)
+    nb = tl.num_programs(0)
+    ex = tl.arange(0, EP)
+    total = tl.load(totals_ptr + ex, mask=ex < E, other=0)
+    starts = tl.cumsum(total, 0) - total
+    tl.store(starts_ptr + pid * EP + ex, starts)
+    r = pid * BLOCK + tl.arange(0, BLOCK)
+    live = r < M
+    ids = tl.load(ids_ptr + r, mask=live, other=0)
+    rc = pid * BLOCK + tl.arange(0, BLOCK)  # the same rows as columns, for the pairwise rank
+    ids_c = tl.load(ids_ptr + rc, mask=rc < M, other=-1)
+    earlier = (ids_c[None, :] == ids[:, None]) & (rc[None, :] < r[:, None])
+    rank = tl.sum(earlier.to(tl.int32), axis=1)
+    tl.debug_barrier()  # the starts stored by every thread before any reads them back
+    pos = tl.load(starts_ptr + pid * EP + ids, mask=live, other=0) + tl.load(offsets_ptr + pid * EP + ids, mask=live,
+                                                                            other=0)
+    tl.store(order_ptr + pos + rank, r, mask=live)
+    _write_tile_table_share(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, pid, nb, R, TB)
+
+
+@triton.jit
+def _write_tile_table_share(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, part, parts,
+                            R: tl.constexpr, TB: tl.constexpr):
+    # _write_tile_table's entries for the experts e = part (mod parts) and the tail tiles of the TB-blocks
+    # part, part + parts, ... from the aligned start of the tail: `parts` programs together write every entry once
+    per = (total + R - 1) // R
+    cum = tl.cumsum(per, 0)
+    first = cum - per
+    own = (ex % parts) == part
+    per_own = tl.where(own, per, 0)
+    for j in range(0, tl.max(per_own, 0)):
+        mine = j < per_own
+        lo = starts + j * R
+        tl.store(tile_e_ptr + first + j, ex, mask=mine)
+        tl.store(tile_lo_ptr + first + j, lo, mask=mine)
+        tl.store(tile_hi_ptr + first + j, tl.minimum(starts + total, lo + R), mask=mine)
+    last = ex == E - 1
+    st = tl.sum(tl.where(last, starts, 0), axis=0)
+    ct = tl.sum(tl.where(last, total, 0), axis=0)
+    cu = tl.sum(tl.where(last, cum, 0), axis=0)
+    pe = tl.sum(tl.where(last, per, 0), axis=0)
+    used = tl.sum(per, axis=0)
+    for t0 in range(used - used % TB + part * TB, MAX_TILES, parts * TB):
+        t = t0 + tl.arange(0, TB)
+        lo = st + (t - (cu - pe)) * R
+        tail = (t >= used) & (t < MAX_TILES)
+        tl.store(tile_e_ptr + t, tl.full((TB,), -1, tl.int32), mask=tail)
+        tl.store(tile_lo_ptr + t, lo, mask=tail)
+        tl.store(tile_hi_ptr + t, tl.minimum(st + ct, lo + R), mask=tail)
+
+
+@triton.jit
 def _tiles_one_kernel(ids_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, order_ptr, M, E, MAX_TILES, R: tl.constexpr,
                       EP: tl.constexpr, MP: tl.constexpr, TB: tl.constexpr):
     # one program for up to MP rows: the per-expert counts (a histogram), and the stable order as a sort of the
@@ -563,6 +662,16 @@ def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int)
     if 0 < m <= TILES_ONE_MAX:  # decode-sized batches: one launch instead of three (the same tensors)
         _tiles_one_kernel[(1,)](ids, tile_e, lo, hi, order, m, num_experts, max_tiles, R=rows_per_tile, EP=ep,
                                 MP=max(16, triton.next_power_of_2(m)), TB=64, num_warps=8)
+    elif m and tiles_scan_mode() == "parallel":
+        counts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
+        offsets = torch.empty(nb, ep, dtype=torch.int32, device=dev)
+        starts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
+        totals = torch.empty(ep, dtype=torch.int32, device=dev)
+        _tiles_hist_kernel[(nb,)](ids, counts, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=4)
+        _tiles_columns_kernel[(triton.cdiv(num_experts, TILE_COLUMNS),)](
+            counts, offsets, totals, nb, num_experts, EP=ep, EB=TILE_COLUMNS, NBC=TILE_COLUMN_BLOCKS, num_warps=4)
+        _tiles_rank_kernel[(nb,)](ids, offsets, totals, starts, order, tile_e, lo, hi, m, num_experts, max_tiles,
+                                  EP=ep, BLOCK=TILE_BLOCK, R=rows_per_tile, TB=64, num_warps=4)
     elif m:
         counts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
         offsets = torch.empty(nb, ep, dtype=torch.int32, device=dev)
