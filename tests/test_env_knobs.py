@@ -460,3 +460,38 @@ def test_prefill_copies_knob(monkeypatch):
     monkeypatch.setenv("DELTASERVE_PREFILL_COPIES", "copy")
     with pytest.raises(ValueError, match="DELTASERVE_PREFILL_COPIES"):
         prefill_copies()
+
+
+def test_router_rows_and_tiles_scan_switches(monkeypatch):
+    from deltaserve.kernels.moe import gluon_router_rows as grr
+
+    for var in ("DELTASERVE_ROUTER_ROWS_KERNEL", "DELTASERVE_ROUTER_ROWS_SHAPE", "DELTASERVE_MOE_TILES_SCAN"):
+        monkeypatch.delenv(var, raising=False)
+    assert grr.router_rows_kernel() == "gluon" and grr.rows_launch() == (grr.ROWS_BN, grr.ROWS_MB)
+    assert ta.tiles_scan_mode() == "parallel"
+    monkeypatch.setenv("DELTASERVE_ROUTER_ROWS_KERNEL", "triton")
+    assert grr.router_rows_kernel() == "triton"
+    monkeypatch.setenv("DELTASERVE_ROUTER_ROWS_SHAPE", "8,32")
+    assert grr.rows_launch() == (8, 32)
+    for bad in ("8", "3,16", "32,16", "4,128", "a,b"):
+        monkeypatch.setenv("DELTASERVE_ROUTER_ROWS_SHAPE", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_ROUTER_ROWS_SHAPE"):
+            grr.rows_launch()
+    monkeypatch.setenv("DELTASERVE_MOE_TILES_SCAN", "serial")
+    assert ta.tiles_scan_mode() == "serial"
+    monkeypatch.setenv("DELTASERVE_MOE_TILES_SCAN", "sorted")
+    with pytest.raises(ValueError, match="DELTASERVE_MOE_TILES_SCAN"):
+        ta.tiles_scan_mode()
+
+
+def test_gluon_router_rows_serves_only_its_format():
+    """rows_fit: never on the CPU or in the interpreter (Gluon cannot run there), whatever the router."""
+    import torch
+
+    from deltaserve.kernels.moe import gluon_router_rows as grr
+    from deltaserve.kernels.triton_common import WeightSpec
+
+    w = torch.zeros(256, 512, dtype=torch.int32)
+    s = torch.zeros(256, 32, dtype=torch.bfloat16)
+    x = torch.zeros(512, 2048, dtype=torch.bfloat16)
+    assert not grr.rows_fit(x, WeightSpec(w, s, s, 8, 64), 32, 4)  # a CPU tensor

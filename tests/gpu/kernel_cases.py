@@ -12,6 +12,7 @@ import contextlib
 import importlib
 
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -267,12 +268,14 @@ def check_affine_experts(mods, device, bits, group, m, n, k, e, repeat):
 
 
 def check_expert_tiles(mods, device, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32), (130, 256, 16), (576, 257, 8),
-                                            (1024, 257, 8), (1025, 64, 8), (4096, 256, 32), (4608, 257, 8))):
+                                            (1024, 257, 8), (1025, 64, 8), (4096, 256, 32), (4608, 257, 8),
+                                            (9000, 257, 16))):
     """The expert-tile kernels give the torch reference's tensors exactly (a stable sort, so the same order too), for
     (rows, experts, rows per tile) with an expert left without rows, E not a power of two, M not a multiple of the
     kernels' block, on both sides of the one-launch limit (TILES_ONE_MAX = 1024 rows; 576 = 64 tokens x 9 slots
     over 257 experts, the 35B-A3B's decode at 64 streams; 4608 = pp512's 512 tokens x 9 slots, whose 36 blocks of
-    counts the scan reads in chunks of 8 with the last one partial)."""
+    counts the serial scan reads in chunks of 8 with the last one partial; 9000 rows: 71 blocks, more than the
+    parallel scan's 64 a load, and a tile table whose tail the rank programs share). Both scan modes."""
     ta = mods["affine"]
     gen = torch.Generator().manual_seed(3)
     for m, e, r in cases:
@@ -280,9 +283,12 @@ def check_expert_tiles(mods, device, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32
         if m > 100:
             ids[ids == 1] = 2
         ids = ids.to(device)
-        got, ref = ta.expert_tiles(ids, e, r), ta.expert_tiles_reference(ids, e, r)
-        for name, a, b in zip(("tile_e", "tile_lo", "tile_hi", "order"), got, ref):
-            assert torch.equal(a, b), f"expert_tiles {name}: M={m} E={e} R={r}"
+        ref = ta.expert_tiles_reference(ids, e, r)
+        for mode in ("parallel", "serial"):
+            with mock.patch.dict(os.environ, {"DELTASERVE_MOE_TILES_SCAN": mode}):
+                got = ta.expert_tiles(ids, e, r)
+            for name, a, b in zip(("tile_e", "tile_lo", "tile_hi", "order"), got, ref):
+                assert torch.equal(a, b), f"expert_tiles {name}: M={m} E={e} R={r}, {mode} scan"
 
 
 # ---------------------------------------------------------------- MoE decode
@@ -967,30 +973,43 @@ def check_router_norm(mods, device, ts=(1, 3, 16), h=128, e=12, top_k=3, group=3
             raise AssertionError(f"route_normed accepted {bad[1]}")
 
 
-def check_router_rows(mods, device, ts=(1, 13, 40), h=64, e=12, router_bits=8, group=32, blocks=(1, 4)):
+def check_router_rows(mods, device, ts=(1, 13, 40), h=64, e=12, router_bits=8, group=32, blocks=(1, 4),
+                      gluon_shapes=()):
     """The router's logits and shared-gate sigmoid from the multi-row GEMV launch (DELTASERVE_ROUTER_ROWS_MIN: from
     that many tokens on) == the per-token router launch's, bit for bit (the same per-row arithmetic), for T on both
     sides of a row block (8 tokens a program) and with the shared gate, with each program taking `blocks` row
     blocks of experts in turn (DELTASERVE_ROUTER_ROW_BLOCKS; the last program's blocks past E masked); and a dense
-    router keeps the per-token launch (the same result either way)."""
+    router keeps the per-token launch (the same result either way). gluon_shapes: "bn,mb" program shapes of the
+    Gluon rows kernel (moe/gluon_router_rows; the router must be the format it serves, asserted) compared the same
+    way, with its output poisoned first."""
     import os
     from unittest import mock
+
+    from deltaserve.kernels.moe import gluon_router_rows as grr
 
     md = mods["moe"]
     _, kw, _ = moe_problem(device, 1, h, e, 2 * group, 2 * group, 4, group, router_bits=router_bits)
     r, g = md._router_specs(torch.zeros(1, h, device=device).bfloat16(), kw["router"], 3, kw["shared_gate"])
+    be, warps = md.merged_config(None)["router"]
     for t in ts:
         x = torch.randn(t + 3, h, device=device).bfloat16()[2 : 2 + t]  # an offset view: rows at a stride of h
         with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_ROWS_MIN": "0"}):
             want = md._router_logits(x, r, g, True, md.merged_config(None))
             ref = md.moe_route(x, kw["router"], 3, True, kw["shared_gate"], separate_topk=True)
-        for nb in blocks:
-            env = {"DELTASERVE_ROUTER_ROWS_MIN": "1", "DELTASERVE_ROUTER_ROW_BLOCKS": str(nb)}
-            with mock.patch.dict(os.environ, env):
+        variants = [{"DELTASERVE_ROUTER_ROWS_KERNEL": "triton", "DELTASERVE_ROUTER_ROW_BLOCKS": str(nb)} for nb in blocks]
+        variants += [{"DELTASERVE_ROUTER_ROWS_KERNEL": "gluon", "DELTASERVE_ROUTER_ROWS_SHAPE": sh} for sh in gluon_shapes]
+        for env in variants:
+            label = ", ".join(f"{k.split('_')[-1].lower()} {v}" for k, v in env.items())
+            with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_ROWS_MIN": "1", **env}):
+                if "DELTASERVE_ROUTER_ROWS_SHAPE" in env:
+                    assert grr.rows_fit(x, r, md._router_cg(r, be, warps), warps), "the Gluon rows kernel must serve"
+                    poisoned = torch.full((t, r.n), float("nan"), device=device)
+                    grr.router_rows_logits(x, r, poisoned)
+                    assert torch.equal(poisoned, want[0]), f"router rows T={t}, {label}: Gluon logits differ"
                 got = md._router_logits(x, r, g, True, md.merged_config(None))
                 routed = md.moe_route(x, kw["router"], 3, True, kw["shared_gate"], separate_topk=True)
-            assert torch.equal(got[0], want[0]), f"router rows T={t}, {nb} blocks a program: logits differ"
-            assert torch.equal(got[1], want[1]), f"router rows T={t}, {nb} blocks a program: shared gate differs"
+            assert torch.equal(got[0], want[0]), f"router rows T={t}, {label}: logits differ"
+            assert torch.equal(got[1], want[1]), f"router rows T={t}, {label}: shared gate differs"
             assert torch.equal(routed.ids, ref.ids) and torch.equal(routed.weights, ref.weights), f"T={t}: routing"
 
 

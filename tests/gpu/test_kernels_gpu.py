@@ -51,7 +51,7 @@ def test_affine_matmul(mods, dev, small, bits, group):
 def test_expert_tiles(mods, dev):
     kc.check_expert_tiles(mods, dev, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32), (130, 256, 16), (576, 257, 8),
                                             (1024, 257, 8), (1025, 64, 8), (4096, 256, 32), (4608, 257, 8),
-                                            (32768, 256, 64)))
+                                            (9000, 257, 16), (32768, 256, 64), (36864, 257, 16)))
 
 
 def test_affine_matmul_experts(mods, dev, small):
@@ -79,7 +79,8 @@ def test_moe_router_rows(mods, dev, small):
     if small:
         kc.check_router_rows(mods, dev)
     else:  # the 35B-A3B's router: 256 experts of H 2048 at 8 bits g64, pp512's token count
-        kc.check_router_rows(mods, dev, ts=(1, 64, 512, 515), h=2048, e=256, group=64, blocks=(1, 8, 16, 64))
+        kc.check_router_rows(mods, dev, ts=(1, 64, 512, 515), h=2048, e=256, group=64, blocks=(1, 8),
+                             gluon_shapes=("4,16", "8,16", "8,8", "4,8", "16,4", "1,1"))
 
 
 def test_moe_route_tiles(mods, dev, small):

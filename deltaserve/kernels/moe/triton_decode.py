@@ -30,6 +30,7 @@ from ...utils.env import env_choice, env_int
 from ..quant.triton_gemv import (MAGIC, chunk_groups, gemv_row, gemv_row_chunks, gemv_row_from, launch_gemv,
                                   pairwise_sums, row_run_config)
 from ..quant.triton_gemv_inline import inline_mode
+from .gluon_router_rows import router_rows_kernel, router_rows_logits, rows_fit
 from ..triton_common import WeightSpec, dequant_tile, residual_sum, rms_scaled
 from ..triton_sync import arrival_counters, last_arrival
 from ..triton_norm import rms_inverse
@@ -460,8 +461,11 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
         # ROUTER_ROWS tokens, each row gemv_row's arithmetic with the router's BE and CG, so the same bits; the
         # per-token launch re-reads the 0.5 MB router for every token: ~78 us a layer at pp512), then the shared
         # gate's column of the router launch alone
-        launch_gemv(x, r, logits, config=(be, r_cg, warps), inline_prep=True, rows=ROUTER_ROWS,
-                    blocks=router_row_blocks())
+        if router_rows_kernel() == "gluon" and rows_fit(x, r, r_cg, warps):
+            router_rows_logits(x, r, logits)  # the same bits in a Gluon program: no per-token layout moves
+        else:
+            launch_gemv(x, r, logits, config=(be, r_cg, warps), inline_prep=True, rows=ROUTER_ROWS,
+                        blocks=router_row_blocks())
         _router_kernel[(t, 1)](
             x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, logits, logits, logits,
             r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2), g.scales.stride(-2), MAGIC,
