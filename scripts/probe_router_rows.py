@@ -2,7 +2,7 @@
 an 8-bit g64 router): the Triton rows GEMV against the Gluon rows kernel in each program shape, and the expert
 tiles' serial scan against the parallel one. Every variant is checked against its reference first (the logits bit
 for bit against the per-token router launch, the tiles against the torch reference), then timed with CUDA events
-over --reps launches; one JSON line each, a table last.
+in a CUDA graph of --reps launches (and the host's time a launch, eagerly); one JSON line each, a table last.
 
   python scripts/probe_router_rows.py --t 512,4096 --shapes 4,16 8,16 8,8 [--out results.jsonl]
 """
@@ -24,17 +24,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 NUM_E, TOP_K, H, GROUP = 256, 8, 2048, 64
 
 
-def timed(fn, reps: int) -> float:
-    """Mean microseconds a call of fn over reps calls after one warm call."""
+def timed(fn, reps: int) -> tuple[float, float]:
+    """(GPU, host) mean microseconds a call of fn: the GPU's from a CUDA graph of reps calls replayed (launch
+    overhead out of it, as in the model's prefill graphs), the host's from reps eager calls."""
+    import time
+
     fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    host = (time.perf_counter() - t) * 1e6 / reps
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(reps):
-        fn()
+    graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
+    return start.elapsed_time(end) * 1e3 / reps, host
 
 
 def routed_ids(t: int, dev) -> torch.Tensor:
@@ -76,24 +89,25 @@ def main(argv=None) -> int:
 
         variants = [("triton rows (8 tokens x 4 experts)", triton_rows)]
         for shape in args.shapes:
-            def gluon_rows(shape=shape):
-                with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_ROWS_SHAPE": shape}):
-                    grr.router_rows_logits(x, r, out)
-            variants.append((f"gluon rows bn,mb {shape}", gluon_rows))
+            bn_mb = tuple(int(v) for v in shape.split(","))
+            variants.append((f"gluon rows bn,mb {shape}", lambda bn_mb=bn_mb: grr.router_rows_logits(x, r, out,
+                                                                                                  bn_mb)))
         for name, fn in variants:
             out.fill_(float("nan"))
             fn()
             same = bool(torch.equal(out, want))
-            us = timed(fn, args.reps)
-            rows.append({"probe": "router_rows", "t": t, "variant": name, "us": round(us, 2), "bit_equal": same})
+            us, host = timed(fn, args.reps)
+            rows.append({"probe": "router_rows", "t": t, "variant": name, "us": round(us, 2),
+                         "host_us": round(host, 1), "bit_equal": same})
         ids = routed_ids(t, dev)
         ref = ta.expert_tiles_reference(ids, NUM_E + 1, 16)
         for mode in ("serial", "parallel"):
             with mock.patch.dict(os.environ, {"DELTASERVE_MOE_TILES_SCAN": mode}):
                 got = ta.expert_tiles(ids, NUM_E + 1, 16)
                 same = all(torch.equal(a, c) for a, c in zip(got, ref))
-                us = timed(lambda: ta.expert_tiles(ids, NUM_E + 1, 16), args.reps)
-            rows.append({"probe": "expert_tiles", "t": t, "variant": mode, "us": round(us, 2), "bit_equal": same})
+                us, host = timed(lambda: ta.expert_tiles(ids, NUM_E + 1, 16), args.reps)
+            rows.append({"probe": "expert_tiles", "t": t, "variant": mode, "us": round(us, 2),
+                         "host_us": round(host, 1), "bit_equal": same})
     gpu = torch.cuda.get_device_name()
     for row in rows:
         row["gpu"] = gpu
@@ -101,9 +115,10 @@ def main(argv=None) -> int:
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
-    print(f"{'probe':14} {'T':>5} {'variant':38} {'us':>9}  equal")
+    print(f"{'probe':14} {'T':>5} {'variant':38} {'GPU us':>9} {'host us':>8}  equal")
     for row in rows:
-        print(f"{row['probe']:14} {row['t']:5} {row['variant']:38} {row['us']:9.2f}  {row['bit_equal']}")
+        print(f"{row['probe']:14} {row['t']:5} {row['variant']:38} {row['us']:9.2f} {row['host_us']:8.1f}  "
+              f"{row['bit_equal']}")
     return 0 if all(row["bit_equal"] for row in rows) else 1
 
 

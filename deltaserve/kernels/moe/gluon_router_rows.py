@@ -80,15 +80,16 @@ def rows_fit(x: torch.Tensor, r: WeightSpec, cg: int, warps: int) -> bool:
     return fmt and aligned and r.w.stride(-1) == 1 and r.w.data_ptr() % 16 == 0 and r.w.stride(0) % 4 == 0
 
 
-def router_rows_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor) -> None:
-    """out [T, E] fp32 = the router's logits of the T rows of x [T, 2048] bf16 (rows_fit must hold)."""
+def router_rows_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor, shape: tuple[int, int] | None = None) -> None:
+    """out [T, E] fp32 = the router's logits of the T rows of x [T, 2048] bf16 (rows_fit must hold). shape: the
+    program's (BN, MB), default rows_launch()."""
     t = x.shape[0]
     if out.shape != (t, r.n) or out.dtype != torch.float32 or out.stride(-1) != 1:
         raise ValueError(f"router_rows_logits: out must be fp32 [{t}, {r.n}] with contiguous rows, found "
                          f"{out.dtype} {tuple(out.shape)}")
     if not t:
         return
-    bn, mb = rows_launch()
+    bn, mb = shape or rows_launch()
     _router_rows_kernel[(triton.cdiv(r.n, bn), triton.cdiv(t, mb))](
         x, r.w, r.scales, r.biases, out, t, r.n, x.stride(0), r.w.stride(0), r.scales.stride(0), out.stride(0), MAGIC,
         K=K_ROUTER, GROUP=GROUP_ROUTER, BN=bn, MB=mb, num_warps=WARPS, **pdl_args(x))
