@@ -267,6 +267,9 @@ def check_affine_experts(mods, device, bits, group, m, n, k, e, repeat):
     close(y, ref, 4 * BF16_EPS, f"affine experts bits={bits} M={m}x{repeat}")
 
 
+TILES_ONE_MAX_ROWS = 1024  # triton_affine.TILES_ONE_MAX
+
+
 def check_expert_tiles(mods, device, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32), (130, 256, 16), (576, 257, 8),
                                             (1024, 257, 8), (1025, 64, 8), (4096, 256, 32), (4608, 257, 8),
                                             (9000, 257, 16))):
@@ -275,13 +278,17 @@ def check_expert_tiles(mods, device, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32
     kernels' block, on both sides of the one-launch limit (TILES_ONE_MAX = 1024 rows; 576 = 64 tokens x 9 slots
     over 257 experts, the 35B-A3B's decode at 64 streams; 4608 = pp512's 512 tokens x 9 slots, whose 36 blocks of
     counts the serial scan reads in chunks of 8 with the last one partial; 9000 rows: 71 blocks, more than the
-    parallel scan's 64 a load, and a tile table whose tail the rank programs share). Both scan modes."""
+    parallel scan's 64 a load, and a tile table whose tail the rank programs share). Past the one-launch limit also
+    with every 9th row on the last expert (the shared one: more tiles than the rank programs). Both scan modes."""
     ta = mods["affine"]
     gen = torch.Generator().manual_seed(3)
-    for m, e, r in cases:
+    heavy = [(m, e, r, True) for m, e, r in cases if m > TILES_ONE_MAX_ROWS]
+    for m, e, r, shared in [(m, e, r, False) for m, e, r in cases] + heavy:
         ids = torch.randint(0, e, (m,), generator=gen)
         if m > 100:
             ids[ids == 1] = 2
+        if shared:  # every 9th row on the last expert, as the MoE stacks the shared one: one expert of many tiles
+            ids[8::9] = e - 1
         ids = ids.to(device)
         ref = ta.expert_tiles_reference(ids, e, r)
         for mode in ("parallel", "serial"):

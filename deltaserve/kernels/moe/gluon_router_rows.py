@@ -41,7 +41,7 @@ from ..quant.triton_gemv import MAGIC
 from ..triton_common import WeightSpec
 from ..triton_pdl import pdl_args
 
-ROWS_BN = 4  # expert rows a program (rows_launch)
+ROWS_BN = 8  # expert rows a program (rows_launch)
 ROWS_MB = 16  # tokens a program
 WARPS = 4  # the router's row run at H = 2048, 8 bits: 4 warps over the whole K (_router_cg)
 K_ROUTER, BITS_ROUTER, GROUP_ROUTER = 2048, 8, 64  # the one router format this kernel reproduces

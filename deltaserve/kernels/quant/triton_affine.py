@@ -582,15 +582,17 @@ def _tiles_rank_kernel(ids_ptr, offsets_ptr, totals_ptr, starts_ptr, order_ptr, 
 @triton.jit
 def _write_tile_table_share(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, part, parts,
                             R: tl.constexpr, TB: tl.constexpr):
-    # _write_tile_table's entries for the experts e = part (mod parts) and the tail tiles of the TB-blocks
-    # part, part + parts, ... from the aligned start of the tail: `parts` programs together write every entry once
+    # _write_tile_table's entries, tile j of expert e by program (e + j) mod parts, and the tail tiles of the
+    # TB-blocks part, part + parts, ... from the aligned start of the tail: `parts` programs together write every
+    # entry once. By (e + j), an expert's tiles spread over the programs (pp512's shared expert has 32: one
+    # program writing them all was the launch's longest loop), so each loops cdiv(max tiles an expert, parts) times.
     per = (total + R - 1) // R
     cum = tl.cumsum(per, 0)
     first = cum - per
-    own = (ex % parts) == part
-    per_own = tl.where(own, per, 0)
-    for j in range(0, tl.max(per_own, 0)):
-        mine = j < per_own
+    off = (part - ex % parts + parts) % parts  # expert e's first tile index j that this program writes
+    for j0 in range(0, tl.cdiv(tl.max(per, 0), parts)):
+        j = j0 * parts + off
+        mine = j < per
         lo = starts + j * R
         tl.store(tile_e_ptr + first + j, ex, mask=mine)
         tl.store(tile_lo_ptr + first + j, lo, mask=mine)
