@@ -495,32 +495,9 @@ def _tiles_scan_kernel(
 @triton.jit
 def _write_tile_table(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, R: tl.constexpr,
                       TB: tl.constexpr):
-    # the tile table from each expert's sorted start and row count ([EP], experts >= E hold no rows)
-    per = (total + R - 1) // R  # tiles per expert
-    cum = tl.cumsum(per, 0)
-    first = cum - per  # expert e's tiles are first[e] .. cum[e] - 1
-    # each expert writes its own tiles (a loop over the most tiles any expert has, not a search per tile: the
-    # search over [tiles, EP] pairs was ~70 us at 576 rows, bench/NOTES.md)
-    for j in range(0, tl.max(per, 0)):
-        mine = j < per
-        lo = starts + j * R
-        tl.store(tile_e_ptr + first + j, ex, mask=mine)
-        tl.store(tile_lo_ptr + first + j, lo, mask=mine)
-        tl.store(tile_hi_ptr + first + j, tl.minimum(starts + total, lo + R), mask=mine)
-    # the unused tail: expert -1, with the bounds the reference's search gives (those of expert E - 1 extended)
-    last = ex == E - 1
-    st = tl.sum(tl.where(last, starts, 0), axis=0)
-    ct = tl.sum(tl.where(last, total, 0), axis=0)
-    cu = tl.sum(tl.where(last, cum, 0), axis=0)
-    pe = tl.sum(tl.where(last, per, 0), axis=0)
-    used = tl.sum(per, axis=0)
-    for t0 in range(used - used % TB, MAX_TILES, TB):
-        t = t0 + tl.arange(0, TB)
-        lo = st + (t - (cu - pe)) * R
-        tail = (t >= used) & (t < MAX_TILES)
-        tl.store(tile_e_ptr + t, tl.full((TB,), -1, tl.int32), mask=tail)
-        tl.store(tile_lo_ptr + t, lo, mask=tail)
-        tl.store(tile_hi_ptr + t, tl.minimum(st + ct, lo + R), mask=tail)
+    # the tile table from each expert's sorted start and row count ([EP], experts >= E hold no rows), by one
+    # program: _write_tile_table_share's one part of one
+    _write_tile_table_share(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, 0, 1, R, TB)
 
 
 @triton.jit
@@ -582,13 +559,15 @@ def _tiles_rank_kernel(ids_ptr, offsets_ptr, totals_ptr, starts_ptr, order_ptr, 
 @triton.jit
 def _write_tile_table_share(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, part, parts,
                             R: tl.constexpr, TB: tl.constexpr):
-    # _write_tile_table's entries, tile j of expert e by program (e + j) mod parts, and the tail tiles of the
-    # TB-blocks part, part + parts, ... from the aligned start of the tail: `parts` programs together write every
-    # entry once. By (e + j), an expert's tiles spread over the programs (pp512's shared expert has 32: one
-    # program writing them all was the launch's longest loop), so each loops cdiv(max tiles an expert, parts) times.
-    per = (total + R - 1) // R
+    # the tile table's entries written by program `part` of `parts`: tile j of expert e by program (e + j) mod
+    # parts, and the tail tiles of the TB-blocks part, part + parts, ... from the aligned start of the tail, so the
+    # parts together write every entry once. By (e + j), an expert's tiles spread over the programs (pp512's shared
+    # expert has 32: one program writing them all was the rank launch's longest loop), so each loops cdiv(max tiles
+    # an expert, parts) times: a loop over tiles by expert, not a search per tile (the search over [tiles, EP]
+    # pairs was ~70 us at 576 rows, bench/NOTES.md).
+    per = (total + R - 1) // R  # tiles per expert
     cum = tl.cumsum(per, 0)
-    first = cum - per
+    first = cum - per  # expert e's tiles are first[e] .. cum[e] - 1
     off = (part - ex % parts + parts) % parts  # expert e's first tile index j that this program writes
     for j0 in range(0, tl.cdiv(tl.max(per, 0), parts)):
         j = j0 * parts + off
@@ -597,6 +576,7 @@ def _write_tile_table_share(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo
         tl.store(tile_e_ptr + first + j, ex, mask=mine)
         tl.store(tile_lo_ptr + first + j, lo, mask=mine)
         tl.store(tile_hi_ptr + first + j, tl.minimum(starts + total, lo + R), mask=mine)
+    # the unused tail: expert -1, with the bounds the reference's search gives (those of expert E - 1 extended)
     last = ex == E - 1
     st = tl.sum(tl.where(last, starts, 0), axis=0)
     ct = tl.sum(tl.where(last, total, 0), axis=0)
