@@ -1003,8 +1003,10 @@ def check_router_rows(mods, device, ts=(1, 13, 40), h=64, e=12, router_bits=8, g
         with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_ROWS_MIN": "0"}):
             want = md._router_logits(x, r, g, True, md.merged_config(None))
             ref = md.moe_route(x, kw["router"], 3, True, kw["shared_gate"], separate_topk=True)
-        variants = [{"DELTASERVE_ROUTER_ROWS_KERNEL": "triton", "DELTASERVE_ROUTER_ROW_BLOCKS": str(nb)} for nb in blocks]
-        variants += [{"DELTASERVE_ROUTER_ROWS_KERNEL": "gluon", "DELTASERVE_ROUTER_ROWS_SHAPE": sh} for sh in gluon_shapes]
+        variants = [{"DELTASERVE_ROUTER_ROWS_KERNEL": "triton", "DELTASERVE_ROUTER_ROW_BLOCKS": str(nb)}
+                    for nb in blocks]
+        variants += [{"DELTASERVE_ROUTER_ROWS_KERNEL": "gluon", "DELTASERVE_ROUTER_ROWS_SHAPE": sh}
+                     for sh in gluon_shapes]
         for env in variants:
             label = ", ".join(f"{k.split('_')[-1].lower()} {v}" for k, v in env.items())
             with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_ROWS_MIN": "1", **env}):

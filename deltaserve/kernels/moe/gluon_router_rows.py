@@ -41,16 +41,20 @@ from ..quant.triton_gemv import MAGIC
 from ..triton_common import WeightSpec
 from ..triton_pdl import pdl_args
 
-ROWS_BN = 8  # expert rows a program (rows_launch)
-ROWS_MB = 16  # tokens a program
+# Expert rows and tokens a program (rows_launch). H200, the 35B router, CUDA graphs (bench/NOTES.md): at 512 tokens
+# 8 x 16 36.9 us, 4 x 16 42.3, 4 x 8 39.7, 8 x 8 40.1, 4 x 32 70.8 (147 KB of shared memory: one program an SM),
+# 16 x 4 59.1 (spills), the Triton rows GEMV 64.5; at 4,096 tokens 271 / 310 / 302 / 299 / 537 / 457 against 493.
+ROWS_BN = 8
+ROWS_MB = 16
 WARPS = 4  # the router's row run at H = 2048, 8 bits: 4 warps over the whole K (_router_cg)
 K_ROUTER, BITS_ROUTER, GROUP_ROUTER = 2048, 8, 64  # the one router format this kernel reproduces
 
 
 def router_rows_kernel() -> str:
     """Which kernel makes a prefill's router logits from router_rows_min() tokens on: "gluon" (this module; where it
-    fits, rows_fit) or "triton" (`triton_gemv._gemv_kernel`, 8 tokens a program). The same bits. Env
-    DELTASERVE_ROUTER_ROWS_KERNEL, for in-model A/B."""
+    fits, rows_fit) or "triton" (`triton_gemv._gemv_kernel`, 8 tokens a program). The same bits. H200, pp512 B=1
+    in one call (bench/NOTES.md): +4.0% alone, with the parallel tiles 21,681 -> 22,867 tok/s (+5.5%); 8 prompts
+    31,597 -> 33,880. Env DELTASERVE_ROUTER_ROWS_KERNEL, for in-model A/B."""
     return env_choice("DELTASERVE_ROUTER_ROWS_KERNEL", "gluon", ("gluon", "triton"))
 
 
@@ -80,7 +84,8 @@ def rows_fit(x: torch.Tensor, r: WeightSpec, cg: int, warps: int) -> bool:
     return fmt and aligned and r.w.stride(-1) == 1 and r.w.data_ptr() % 16 == 0 and r.w.stride(0) % 4 == 0
 
 
-def router_rows_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor, shape: tuple[int, int] | None = None) -> None:
+def router_rows_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor,
+                       shape: tuple[int, int] | None = None) -> None:
     """out [T, E] fp32 = the router's logits of the T rows of x [T, 2048] bf16 (rows_fit must hold). shape: the
     program's (BN, MB), default rows_launch()."""
     t = x.shape[0]
