@@ -129,6 +129,7 @@ if HAVE_GLUON:
         # grid (cdiv(N, BN), cdiv(M, MB)). Words [BN, K/4] int32 (4 codes a word), 4 a thread along K (WL); x of a
         # token as [K/2] int32 pairs, 8 a thread: exactly the x of its words (XL). Rows past M read row M - 1 and
         # store nothing.
+        pdl_open(PDL)
         W: gl.constexpr = 4
         KW: gl.constexpr = K // 4  # words a row
         CG: gl.constexpr = K // GROUP  # groups a row
@@ -137,7 +138,6 @@ if HAVE_GLUON:
         XL: gl.constexpr = gl.BlockedLayout([8], [32], [W], [0])  # [K/2] pairs: 32 bytes a thread
         SWL: gl.constexpr = gl.SliceLayout(2, gl.BlockedLayout([1, 1, 4], [1, 8, 4], [1, W, 1], [2, 1, 0]))
         FL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [W, 1], [1, 0])  # [MB * BN, CG]: groups on lanes
-        pdl_open(PDL)
         rn = gl.program_id(0) * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL))
         j = gl.arange(0, KW, layout=gl.SliceLayout(0, WL))
         p = gl.load(w_ptr + gl.minimum(rn, N - 1).to(gl.int64)[:, None] * stride_wn + j[None, :])
