@@ -106,6 +106,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
     from ..quant.mma_gemv import pdl_open, pdl_wait
+    from ..quant.wgmma_experts import bf16_pair
 
     @gluon.jit
     def _pairwise(v, AXIS: gl.constexpr, LEVELS: gl.constexpr):
@@ -172,10 +173,8 @@ if HAVE_GLUON:
             lo, hi = gl.split(gl.reshape(pair, [KW, 2]))  # codes (0, 1) and (2, 3) of each word
             lo = gl.convert_layout(lo, gl.SliceLayout(0, WL), assert_trivial=True)
             hi = gl.convert_layout(hi, gl.SliceLayout(0, WL), assert_trivial=True)
-            x0 = (lo << 16).to(gl.float32, bitcast=True)  # bf16 -> fp32: the bits moved to the top (exact)
-            x1 = (lo & -65536).to(gl.float32, bitcast=True)
-            x2 = (hi << 16).to(gl.float32, bitcast=True)
-            x3 = (hi & -65536).to(gl.float32, bitcast=True)
+            x0, x1 = bf16_pair(lo)
+            x2, x3 = bf16_pair(hi)
             xsum = (((zero_x + x0) + x1) + x2) + x3
             d = zero_w + q0 * x0[None, :]
             d = d + q1 * x1[None, :]

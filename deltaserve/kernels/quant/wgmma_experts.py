@@ -183,8 +183,9 @@ if HAVE_GLUON:
         return gl.convert_layout(gl.reshape(q, [64, 64]), dot_a, assert_trivial=True)
 
     @gluon.jit
-    def _wg_sb_pair(v):
-        """(s, b) fp32 from (s, b) bf16 pairs read as int32 (s the low half): exact."""
+    def bf16_pair(v):
+        """(low, high) fp32 of bf16 pairs read as int32 (the lower address in the low half): exact. The kernels'
+        (s, b) pairs, and the Gluon router rows' x (moe/gluon_router_rows)."""
         return (v << 16).to(gl.float32, bitcast=True), (v & -65536).to(gl.float32, bitcast=True)
 
     @gluon.jit
@@ -250,9 +251,9 @@ if HAVE_GLUON:
         else:
             qg, a = warpgroup_mma_wait(0, deps=[qg, a])
             xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
-        a0, a1, a2, a3 = _wg_partial_fma(a0, a1, a2, a3, w, qg, _wg_sb_pair(sbq.slice(0, 64).load(RL)), xsum)
+        a0, a1, a2, a3 = _wg_partial_fma(a0, a1, a2, a3, w, qg, bf16_pair(sbq.slice(0, 64).load(RL)), xsum)
         if GATED:
-            c0, c1, c2, c3 = _wg_partial_fma(c0, c1, c2, c3, w, qu, _wg_sb_pair(sbq.slice(64, 64).load(RL)), xsum)
+            c0, c1, c2, c3 = _wg_partial_fma(c0, c1, c2, c3, w, qu, bf16_pair(sbq.slice(64, 64).load(RL)), xsum)
         return a0, a1, a2, a3, c0, c1, c2, c3
 
     @gluon.jit
