@@ -534,7 +534,7 @@ def _tiles_rank_kernel(ids_ptr, offsets_ptr, totals_ptr, starts_ptr, order_ptr, 
                        TB: tl.constexpr):
     # grid (NB,): block pid's rows to their sorted positions, start[e] + offsets[pid, e] + the rank among this
     # block's earlier rows of e (stable: blocks ascend, rows ascend within a block); and this program's share of
-    # the tile table (_write_tile_table for experts e = pid (mod NB), the unused tail in strides of NB * TB).
+    # the tile table (_write_tile_table_share, part pid of NB).
     # starts_ptr: [NB, EP] scratch, this program's row of the experts' starts (a gather needs them in memory).
     pid = tl.program_id(0)
     nb = tl.num_programs(0)
@@ -545,9 +545,8 @@ def _tiles_rank_kernel(ids_ptr, offsets_ptr, totals_ptr, starts_ptr, order_ptr, 
     r = pid * BLOCK + tl.arange(0, BLOCK)
     live = r < M
     ids = tl.load(ids_ptr + r, mask=live, other=0)
-    rc = pid * BLOCK + tl.arange(0, BLOCK)  # the same rows as columns, for the pairwise rank
-    ids_c = tl.load(ids_ptr + rc, mask=rc < M, other=-1)
-    earlier = (ids_c[None, :] == ids[:, None]) & (rc[None, :] < r[:, None])
+    # rows past M (the last block's) have higher indices than every live row, so they are never "earlier"
+    earlier = (ids[None, :] == ids[:, None]) & (r[None, :] < r[:, None])
     rank = tl.sum(earlier.to(tl.int32), axis=1)
     tl.debug_barrier()  # the starts stored by every thread before any reads them back
     pos = tl.load(starts_ptr + pid * EP + ids, mask=live, other=0) + tl.load(offsets_ptr + pid * EP + ids, mask=live,
@@ -644,24 +643,24 @@ def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int)
     if 0 < m <= TILES_ONE_MAX:  # decode-sized batches: one launch instead of three (the same tensors)
         _tiles_one_kernel[(1,)](ids, tile_e, lo, hi, order, m, num_experts, max_tiles, R=rows_per_tile, EP=ep,
                                 MP=max(16, triton.next_power_of_2(m)), TB=64, num_warps=8)
-    elif m and tiles_scan_mode() == "parallel":
+    elif m:  # three launches over blocks of TILE_BLOCK rows: counts [NB, EP] of each block, then offsets from them
         counts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
         offsets = torch.empty(nb, ep, dtype=torch.int32, device=dev)
-        starts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
-        totals = torch.empty(ep, dtype=torch.int32, device=dev)
-        _tiles_hist_kernel[(nb,)](ids, counts, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=4)
-        _tiles_columns_kernel[(triton.cdiv(num_experts, TILE_COLUMNS),)](
-            counts, offsets, totals, nb, num_experts, EP=ep, EB=TILE_COLUMNS, NBC=TILE_COLUMN_BLOCKS, num_warps=4)
-        _tiles_rank_kernel[(nb,)](ids, offsets, totals, starts, order, tile_e, lo, hi, m, num_experts, max_tiles,
-                                  EP=ep, BLOCK=TILE_BLOCK, R=rows_per_tile, TB=64, num_warps=4)
-    elif m:
-        counts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
-        offsets = torch.empty(nb, ep, dtype=torch.int32, device=dev)
-        warps = 8 if ep >= 256 else 4
-        _tiles_count_kernel[(nb,)](ids, counts, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=warps)
-        _tiles_scan_kernel[(1,)](counts, offsets, tile_e, lo, hi, nb, num_experts, max_tiles, R=rows_per_tile, EP=ep,
-                                 TB=64, NBC=max(1, 4096 // ep), num_warps=warps)
-        _tiles_order_kernel[(nb,)](ids, offsets, order, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=warps)
+        if tiles_scan_mode() == "parallel":
+            starts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
+            totals = torch.empty(ep, dtype=torch.int32, device=dev)
+            _tiles_hist_kernel[(nb,)](ids, counts, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=4)
+            _tiles_columns_kernel[(triton.cdiv(num_experts, TILE_COLUMNS),)](
+                counts, offsets, totals, nb, num_experts, EP=ep, EB=TILE_COLUMNS, NBC=TILE_COLUMN_BLOCKS,
+                num_warps=4)
+            _tiles_rank_kernel[(nb,)](ids, offsets, totals, starts, order, tile_e, lo, hi, m, num_experts,
+                                      max_tiles, EP=ep, BLOCK=TILE_BLOCK, R=rows_per_tile, TB=64, num_warps=4)
+        else:
+            warps = 8 if ep >= 256 else 4
+            _tiles_count_kernel[(nb,)](ids, counts, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=warps)
+            _tiles_scan_kernel[(1,)](counts, offsets, tile_e, lo, hi, nb, num_experts, max_tiles, R=rows_per_tile,
+                                     EP=ep, TB=64, NBC=max(1, 4096 // ep), num_warps=warps)
+            _tiles_order_kernel[(nb,)](ids, offsets, order, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=warps)
     return tile_e, lo, hi, order
 
 
