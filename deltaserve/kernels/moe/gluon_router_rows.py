@@ -34,7 +34,7 @@ import os
 import torch
 import triton
 
-from ...utils.env import env_choice
+from ...utils.env import env_choice, pow2_pair
 from .. import backend
 from ..quant.mma_gemv import HAVE_GLUON
 from ..quant.triton_gemv import MAGIC
@@ -61,16 +61,10 @@ def router_rows_kernel() -> str:
 def rows_launch() -> tuple[int, int]:
     """(BN expert rows, MB tokens) a program: (ROWS_BN, ROWS_MB), or env DELTASERVE_ROUTER_ROWS_SHAPE="bn,mb" (powers
     of two, BN 1-16, MB 1-64; never a bit), for timing."""
-    bn, mb = ROWS_BN, ROWS_MB
     value = os.environ.get("DELTASERVE_ROUTER_ROWS_SHAPE", "").strip()
-    if value:
-        parts = value.split(",")
-        ok = len(parts) == 2 and all(p.isdigit() and int(p) >= 1 and int(p) & (int(p) - 1) == 0 for p in parts)
-        if not ok or int(parts[0]) > 16 or int(parts[1]) > 64:
-            raise ValueError(f"DELTASERVE_ROUTER_ROWS_SHAPE={value!r}: expected 'bn,mb', powers of two, bn <= 16, "
-                             f"mb <= 64")
-        bn, mb = int(parts[0]), int(parts[1])
-    return bn, mb
+    if not value:
+        return ROWS_BN, ROWS_MB
+    return pow2_pair("DELTASERVE_ROUTER_ROWS_SHAPE", value, "bn,mb", (16, 64))
 
 
 def rows_fit(x: torch.Tensor, r: WeightSpec, cg: int, warps: int) -> bool:

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...utils.env import env_choice, env_int
+from ...utils.env import env_choice, env_int, pow2_pair
 from ..quant.triton_gemv import (MAGIC, chunk_groups, gemv_row, gemv_row_chunks, gemv_row_from, launch_gemv,
                                   pairwise_sums, row_run_config)
 from ..quant.triton_gemv_inline import inline_mode
@@ -558,10 +558,7 @@ def router_launch(default: tuple[int, int]) -> tuple[int, int]:
     value = os.environ.get("DELTASERVE_ROUTER_LAUNCH")
     if not value:
         return default
-    parts = value.split(",")
-    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 and int(p) & (int(p) - 1) == 0 for p in parts):
-        raise ValueError(f"DELTASERVE_ROUTER_LAUNCH={value!r}: expected 'be,warps', powers of two")
-    return int(parts[0]), int(parts[1])
+    return pow2_pair("DELTASERVE_ROUTER_LAUNCH", value, "be,warps")
 
 
 def _router_cg(spec: WeightSpec, be: int, warps: int) -> int:
