@@ -267,9 +267,6 @@ def check_affine_experts(mods, device, bits, group, m, n, k, e, repeat):
     close(y, ref, 4 * BF16_EPS, f"affine experts bits={bits} M={m}x{repeat}")
 
 
-TILES_ONE_MAX_ROWS = 1024  # triton_affine.TILES_ONE_MAX
-
-
 def check_expert_tiles(mods, device, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32), (130, 256, 16), (576, 257, 8),
                                             (1024, 257, 8), (1025, 64, 8), (4096, 256, 32), (4608, 257, 8),
                                             (9000, 257, 16))):
@@ -282,7 +279,7 @@ def check_expert_tiles(mods, device, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32
     with every 9th row on the last expert (the shared one: more tiles than the rank programs). Both scan modes."""
     ta = mods["affine"]
     gen = torch.Generator().manual_seed(3)
-    heavy = [(m, e, r, True) for m, e, r in cases if m > TILES_ONE_MAX_ROWS]
+    heavy = [(m, e, r, True) for m, e, r in cases if m > ta.TILES_ONE_MAX]
     for m, e, r, shared in [(m, e, r, False) for m, e, r in cases] + heavy:
         ids = torch.randint(0, e, (m,), generator=gen)
         if m > 100:
@@ -989,9 +986,6 @@ def check_router_rows(mods, device, ts=(1, 13, 40), h=64, e=12, router_bits=8, g
     router keeps the per-token launch (the same result either way). gluon_shapes: "bn,mb" program shapes of the
     Gluon rows kernel (moe/gluon_router_rows; the router must be the format it serves, asserted) compared the same
     way, with its output poisoned first."""
-    import os
-    from unittest import mock
-
     from deltaserve.kernels.moe import gluon_router_rows as grr
 
     md = mods["moe"]
@@ -1012,9 +1006,9 @@ def check_router_rows(mods, device, ts=(1, 13, 40), h=64, e=12, router_bits=8, g
             with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_ROWS_MIN": "1", **env}):
                 if "DELTASERVE_ROUTER_ROWS_SHAPE" in env:
                     assert grr.rows_fit(x, r, md._router_cg(r, be, warps), warps), "the Gluon rows kernel must serve"
-                    poisoned = torch.full((t, r.n), float("nan"), device=device)
-                    grr.router_rows_logits(x, r, poisoned)
-                    assert torch.equal(poisoned, want[0]), f"router rows T={t}, {label}: Gluon logits differ"
+                    direct = poisoned((t, r.n), torch.float32, device)
+                    grr.router_rows_logits(x, r, direct)
+                    assert torch.equal(direct, want[0]), f"router rows T={t}, {label}: Gluon logits differ"
                 got = md._router_logits(x, r, g, True, md.merged_config(None))
                 routed = md.moe_route(x, kw["router"], 3, True, kw["shared_gate"], separate_topk=True)
             assert torch.equal(got[0], want[0]), f"router rows T={t}, {label}: logits differ"
