@@ -4,9 +4,11 @@ and 8 slots, 16-row tiles with 3), then the MoE's gated gate/up and scaled down 
 tokens (8-row tiles, as a 64-stream decode runs them). Each launch first once to compile (and a sync), then once to
 measure, in the same order: the measured launches are the 7th to the 12th of these kernels. --experts-only: the MoE's
 two launches alone, at the model's slots for 8-row tiles (wg_moe_stages) and its groups a step (wg_step_groups, env
-DELTASERVE_MOE_WGMMA_GROUPS): the measured launches are the 3rd and 4th.
+DELTASERVE_MOE_WGMMA_GROUPS): the measured launches are the 3rd and 4th. --prefill T: the MoE's two launches at T
+tokens as the model's prefill runs them (wg_tile_rows' tiles, wg_moe_stages / wg_moe_down_stages' slots), each on
+a routing and input of its own: again the 3rd and 4th.
 
-  python scripts/ncu_wg_kernels.py [--experts-only]
+  python scripts/ncu_wg_kernels.py [--experts-only | --prefill T]
 """
 
 from __future__ import annotations
@@ -54,6 +56,24 @@ def main() -> int:
                      xin[0], *gate, routes[0], tiles, SLOTS, xs=sums[0], up=up, stages=ns)),
                  ("wg experts down T=64 (model slots)", lambda: wx.wg_matmul_experts(
                      hs[0], *down, routes[0], tiles, 1, scale=scale, stages=ns))]
+    if "--prefill" in sys.argv[1:]:
+        t = int(sys.argv[sys.argv.index("--prefill") + 1])
+        routes, xin, sums, hs, scale = probe_inputs(dev, t, 2)
+        bn = wx.wg_tile_rows(t * SLOTS)
+        tl = [mg.mma_expert_tiles(r, NUM_E, bn) for r in routes]
+        ns, nsd = wx.wg_moe_stages(bn), wx.wg_moe_down_stages(bn)
+        calls = [(f"wg experts gated T={t} (model slots)", lambda j: wx.wg_matmul_experts(
+                     xin[j], *gate, routes[j], tl[j], SLOTS, xs=sums[j], up=up, stages=ns)),
+                 (f"wg experts down T={t} (model slots)", lambda j: wx.wg_matmul_experts(
+                     hs[j], *down, routes[j], tl[j], 1, scale=scale, stages=nsd))]
+        for _, fn in calls:  # compile and warm on the first routing, measure on the second
+            fn(0)
+        torch.cuda.synchronize()
+        for name, fn in calls:
+            print(f"measured launch: {name}", flush=True)
+            fn(1)
+        torch.cuda.synchronize()
+        return 0
     for _, fn in calls:  # compile and warm
         fn()
     torch.cuda.synchronize()
