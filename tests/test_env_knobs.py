@@ -301,30 +301,52 @@ def test_wgmma_slots_knob(monkeypatch):
 def test_wgmma_groups_knob(monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
 
-    monkeypatch.delenv("DELTASERVE_MOE_WGMMA_GROUPS", raising=False)
-    monkeypatch.delenv("DELTASERVE_WG_GEMV_GROUPS", raising=False)
-    # the defaults: the MoE's decode-sized (8-row) tiles and every wg_gemv launch in pairs of groups
-    assert wx.wg_step_groups(8, 32, 4) == 2 and wx.wg_step_groups(16, 32, 4) == 1
+    for name in ("DELTASERVE_MOE_WGMMA_GROUPS", "DELTASERVE_MOE_WGMMA_DOWN_GROUPS", "DELTASERVE_WG_GEMV_GROUPS"):
+        monkeypatch.delenv(name, raising=False)
+    # the defaults: the MoE's gated launch at every tile width, its down at decode-sized (8-row) tiles and every
+    # wg_gemv launch in pairs of groups
+    assert wx.wg_step_groups(8, 32, 4) == 2 and wx.wg_step_groups(16, 32, 4) == 2
+    assert wx.wg_step_groups(8, 8, 1, down=True) == 2 and wx.wg_step_groups(16, 8, 1, down=True) == 1
     assert wx.wg_step_groups(64, 32, 4, dense=True) == 2 and wx.wg_step_groups(8, 8, 1, dense=True) == 2
     assert wx.wg_step_groups(8, 12, 4) == 1  # 3 groups a partial sum's run: not in pairs
     assert wx.wg_step_groups(8, 1, 1, dense=True) == 1
-    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_GROUPS", "2")
-    assert wx.wg_step_groups(16, 32, 4) == 2 and wx.wg_step_groups(64, 8, 1) == 2
+    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_GROUPS", "2@8")
+    assert wx.wg_step_groups(8, 32, 4) == 2 and wx.wg_step_groups(16, 32, 4) == 1
+    assert wx.wg_step_groups(16, 8, 1, down=True) == 1  # down reads its own switch only
+    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_DOWN_GROUPS", "2")
+    assert wx.wg_step_groups(16, 8, 1, down=True) == 2 and wx.wg_step_groups(64, 8, 1, down=True) == 2
     monkeypatch.setenv("DELTASERVE_WG_GEMV_GROUPS", "2@16")  # wider tiles: 1
     assert wx.wg_step_groups(16, 32, 4, dense=True) == 2 and wx.wg_step_groups(32, 32, 4, dense=True) == 1
     monkeypatch.setenv("DELTASERVE_MOE_WGMMA_GROUPS", "0")
-    assert wx.wg_step_groups(8, 32, 4) == 1
+    assert wx.wg_step_groups(8, 32, 4) == 1 and wx.wg_step_groups(8, 8, 1, down=True) == 2
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "mod")
     assert wx._step_args(True, None, 2) == {"GS": 2} and wx._step_args(True, None, 1) == {}
     # the same groups in flight in steps of two: 5 slots of one group (4 in flight) = 3 of two
     assert wx._wg_slots(5, 32, 2) == 3 and wx._wg_slots(3, 32, 2) == 2 and wx._wg_slots(5, 32, 1) == 5
     assert wx._wg_slots(5, 2, 2) == 2 and wx._wg_slots(5, 2, 1) == 3  # at most every step in flight
-    for name, dense in (("DELTASERVE_MOE_WGMMA_GROUPS", False), ("DELTASERVE_WG_GEMV_GROUPS", True)):
+    for name, dense, down in (("DELTASERVE_MOE_WGMMA_GROUPS", False, False),
+                              ("DELTASERVE_MOE_WGMMA_DOWN_GROUPS", False, True),
+                              ("DELTASERVE_WG_GEMV_GROUPS", True, False)):
         for bad in ("3", "x", "2@y"):
             monkeypatch.setenv(name, bad)
             with pytest.raises(ValueError, match=name):
-                wx.wg_step_groups(8, 32, 4, dense)
+                wx.wg_step_groups(8, 32, 4, dense, down)
         monkeypatch.delenv(name)
+
+
+def test_wgmma_down_sets_knob(monkeypatch):
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.delenv("DELTASERVE_MOE_WGMMA_DOWN_SETS", raising=False)
+    assert wx.wg_row_sets(8) == 2 and wx.wg_row_sets(16) == 2  # the default: two 64-row sets a program
+    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_DOWN_SETS", "0")
+    assert wx.wg_row_sets(16) == 1
+    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_DOWN_SETS", "2@8")  # decode-sized tiles only
+    assert wx.wg_row_sets(8) == 2 and wx.wg_row_sets(16) == 1
+    for bad in ("3", "x", "2@y"):
+        monkeypatch.setenv("DELTASERVE_MOE_WGMMA_DOWN_SETS", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_MOE_WGMMA_DOWN_SETS"):
+            wx.wg_row_sets(8)
 
 
 def test_attention_kv_early_knob(monkeypatch):

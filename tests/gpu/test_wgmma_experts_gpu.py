@@ -73,10 +73,49 @@ def test_wg_experts_plain_vs_fp64(dev, e, n, k, top_k):
         assert torch.equal(got, mg.mma_matmul_experts(x, words, sb, ids, top_k, xs=xs, tiles=tiles))
 
 
-@pytest.mark.parametrize("t", [3, 300])
+@pytest.mark.parametrize("t", [1, 64, 512])
+def test_wg_row_sets_same_bits(dev, t, monkeypatch):
+    """Two 64-row sets a program (row_sets=2, DELTASERVE_MOE_WGMMA_DOWN_SETS: one copy of x for 128 weight rows)
+    never changes a bit: the scaled down at the 35B-A3B's shapes (every tile width, 2 / 3 / 5 slots, one and two
+    groups a step) equals one set a program, writing every element of a NaN-poisoned output; the plain form (own
+    group sums and given ones) against fp64 too; a weight of 4 row blocks is refused."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant.triton_gemv import prep_x
+
+    e, slots, _, _, (dw, dsb), ids, _, _, scale = _moe_35b_case(dev, t)
+    h = torch.randn(ids.numel(), dw.shape[2] * 64, device=dev).bfloat16()
+    for rows in (8, 16, 32):
+        tiles = mg.mma_expert_tiles(ids, e, rows)
+        for gs in ("1", "2"):
+            monkeypatch.setenv("DELTASERVE_MOE_WGMMA_DOWN_GROUPS", gs)
+            for ns in (2, 3, 5):
+                ref = wx.wg_matmul_experts(h, dw, dsb, ids, tiles, 1, scale=scale, stages=ns, row_sets=1)
+                out = kc.poisoned(tuple(ref.shape), ref.dtype, dev)
+                got = wx.wg_matmul_experts(h, dw, dsb, ids, tiles, 1, scale=scale, stages=ns, out=out, row_sets=2)
+                assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref), \
+                    f"down, t={t}, {rows}-row tiles, {gs} groups a step, {ns} slots"
+    if t != 64:
+        return
+    (words, sb), wd = _experts(dev, 16, 128, 256)
+    x = torch.randn(37, 256, device=dev).bfloat16()
+    pick = torch.stack([torch.randperm(16, device=dev)[:4] for _ in range(37)]).int()
+    ref = torch.stack([x[r // 4].double() @ wd[int(i)].t() for r, i in enumerate(pick.reshape(-1).tolist())])
+    tiles = mg.mma_expert_tiles(pick, 16, 16)
+    for xs in (None, prep_x(x, 4, 64)[1]):
+        out = kc.poisoned((37 * 4, 128), torch.bfloat16, dev)
+        got = wx.wg_matmul_experts(x, words, sb, pick, tiles, 4, xs=xs, out=out, row_sets=2)
+        kc.close(got, ref, 2 * kc.BF16_EPS, f"wg plain, two row sets, own sums {xs is None}")
+        assert torch.equal(got, wx.wg_matmul_experts(x, words, sb, pick, tiles, 4, xs=xs, row_sets=1))
+    with pytest.raises(ValueError, match="row sets"):
+        wx.wg_matmul_experts(x, words[:, :4], sb[:, :4], pick, tiles, 4, row_sets=2)
+
+
+@pytest.mark.parametrize("t", [3, 300, 512])
 def test_moe_block_wgmma_same_bits(dev, t, monkeypatch):
-    """The MoE block with its gate/up and down on the warpgroup-MMA kernel (from one row) equals the block on the
-    mma.sync kernel bit for bit, the stacked shared expert included."""
+    """The MoE block with its gate/up and down on the warpgroup-MMA kernel (from one row; its default launch shapes:
+    8-row tiles to 455 tokens, 16-row from 456) equals the block on the mma.sync kernel bit for bit, the stacked
+    shared expert included."""
     from deltaserve.kernels.moe.mma_moe import moe_block_mma
 
     x, res, ids, w, sw, experts, _ = _moe_block(dev, t)
@@ -249,21 +288,22 @@ def test_wg_register_cap_same_bits(dev, cap, monkeypatch):
 
 @pytest.mark.parametrize("t,slots_mode", [(1, "mod"), (1, "carry"), (64, "carry"), (512, "carry")])
 def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
-    """Two groups a loop step (DELTASERVE_MOE_WGMMA_GROUPS / DELTASERVE_WG_GEMV_GROUPS=2: one cp.async group, wait
-    and barrier per two groups) never changes a bit: the MoE's gate/up and down at the 35B-A3B's shapes (every tile
-    width, 2 and 5 slots, both group orders, computed or carried slots) and wg_gemv (1 to 100 rows, 8- / 32- /
-    64-row tiles, sums given and its own, K of 2 - 32 groups) equal one group a step, writing every element of a
-    NaN-poisoned output."""
+    """Two groups a loop step (DELTASERVE_MOE_WGMMA_GROUPS, _DOWN_GROUPS and DELTASERVE_WG_GEMV_GROUPS=2: one
+    cp.async group, wait and barrier per two groups) never changes a bit: the MoE's gate/up and down at the
+    35B-A3B's shapes (every tile width, 2 and 5 slots, both group orders, computed or carried slots) and wg_gemv
+    (1 to 100 rows, 8- / 32- / 64-row tiles, sums given and its own, K of 2 - 32 groups) equal one group a step,
+    writing every element of a NaN-poisoned output."""
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", slots_mode)
 
     def both(fn, poison):  # (one group a step, two)
-        for name in ("DELTASERVE_MOE_WGMMA_GROUPS", "DELTASERVE_WG_GEMV_GROUPS"):
+        names = ("DELTASERVE_MOE_WGMMA_GROUPS", "DELTASERVE_MOE_WGMMA_DOWN_GROUPS", "DELTASERVE_WG_GEMV_GROUPS")
+        for name in names:
             monkeypatch.setenv(name, "1")
         ref = fn(None)
-        for name in ("DELTASERVE_MOE_WGMMA_GROUPS", "DELTASERVE_WG_GEMV_GROUPS"):
+        for name in names:
             monkeypatch.setenv(name, "2")
         out = kc.poisoned(tuple(ref.shape), ref.dtype, dev) if poison else None
         got = fn(out)

@@ -134,19 +134,39 @@ def wg_slot_carry() -> bool:
     return env_choice("DELTASERVE_WGMMA_SLOTS", "carry", ("mod", "carry")) == "carry"
 
 
-def wg_step_groups(tile_rows: int, groups: int, warps: int, dense: bool = False) -> int:
+def wg_step_groups(tile_rows: int, groups: int, warps: int, dense: bool = False, down: bool = False) -> int:
     """Groups of 64 columns a loop step of the kernel takes for tiles of tile_rows rows of x over `groups` groups
     with the K split `warps` (never a bit: each group's MMAs and FMAs are the same, in the same order; only the
     copies' grouping and the barriers per group change): 1 or 2, where it divides the groups of a K split's run
-    (groups // warps), else 1. Env N (every tile width) or N@ROWS (tiles of at most ROWS rows; 0: 1), for the MoE's
-    launches DELTASERVE_MOE_WGMMA_GROUPS (default 2@8: a decode's 8-row tiles), for wg_gemv (dense=True)
+    (groups // warps), else 1. Env N (every tile width) or N@ROWS (tiles of at most ROWS rows; 0: 1), one per
+    launch: the MoE's gated gate/up DELTASERVE_MOE_WGMMA_GROUPS (default 2), its down (down=True, the plain or
+    scaled launch) DELTASERVE_MOE_WGMMA_DOWN_GROUPS (default 2@8: a decode's 8-row tiles), wg_gemv (dense=True)
     DELTASERVE_WG_GEMV_GROUPS (default 2). sm_90 SASS at 2: the 8-row gated MoE step 166 -> ~145 instructions a
-    group, the 32-row dense step 153 -> ~127, one barrier set per two groups. H200, in one call (bench/NOTES.md):
-    64 streams tg64 @ d512 5,624 / 5,636 (1) -> 5,773 / 5,770 (2 everywhere), 5,732 (2 for 8-row tiles only);
-    pp512 with 64 prompts (16-row MoE tiles) 30,751 -> 30,315 at 2 everywhere, so the MoE's wider tiles keep 1."""
-    name = "DELTASERVE_WG_GEMV_GROUPS" if dense else "DELTASERVE_MOE_WGMMA_GROUPS"
-    gs = env_value_at_rows(name, "2" if dense else "2@8", "N", 1, 2, tile_rows) or 1
+    group, the 32-row dense step 153 -> ~127, one barrier set per two groups. H200 (bench/NOTES.md): 64 streams
+    tg64 @ d512 5,624 / 5,636 (1) -> 5,773 / 5,770 (2 everywhere), 5,732 (2 for 8-row tiles only); at a prefill's
+    16-row tiles (CUDA-graph probe, 512 / 4,096 tokens) the gated launch 175.2 -> 161.6 / 987.0 -> 910.3 us with
+    2, down 113.9 -> 126.6 / 679.8 -> 826.6, hence one switch a launch."""
+    if dense:
+        name, default = "DELTASERVE_WG_GEMV_GROUPS", "2"
+    elif down:
+        name, default = "DELTASERVE_MOE_WGMMA_DOWN_GROUPS", "2@8"
+    else:
+        name, default = "DELTASERVE_MOE_WGMMA_GROUPS", "2"
+    gs = env_value_at_rows(name, default, "N", 1, 2, tile_rows) or 1
     return gs if (groups // warps) % gs == 0 else 1
+
+
+def wg_row_sets(tile_rows: int) -> int:
+    """Row sets of 64 weight rows a program of the kernel's one-weight launches (the MoE's down) takes for tiles of
+    tile_rows rows of x (never a bit: each set's MMAs and FMAs are a program's own, side by side against one copy of
+    x): 1 or 2. At 2 a program reads x once per 128 weight rows instead of 64, and its tile lookup, x copies and
+    barriers serve both sets (sm_90: 116 registers against 79 at 16-row tiles). A prefill's down at 512 tokens
+    (Nsight Compute, bench/NOTES.md) had 16 KB of weights a program beside 16 KB of x, 13,312 programs of 8 groups.
+    H200, CUDA-graph probe: down at 512 tokens 111.1 -> 100.2 us, at 4,096 682.5 -> 599.2, at a 64-stream decode's
+    8-row tiles 58.8 -> 48.3 (two groups a step) / 54.1 -> 45.5 (one); pp512 B=1 with gated GS 2 24,132 / 24,158 ->
+    24,110 / 24,529 tok/s, 8 prompts 34,885 -> 36,211. Env DELTASERVE_MOE_WGMMA_DOWN_SETS=N or N@ROWS (default 2;
+    0: 1), for A/B; weights of N % 128 != 0 take 1."""
+    return env_value_at_rows("DELTASERVE_MOE_WGMMA_DOWN_SETS", "2", "N", 1, 2, tile_rows) or 1
 
 
 def _wg_slots(stages: int, groups: int, gs: int) -> int:
@@ -232,9 +252,10 @@ if HAVE_GLUON:
     @gluon.jit
     def _wg_step(a0, a1, a2, a3, c0, c1, c2, c3, w: gl.constexpr, slot, xs, w_sm, w2_sm, xq_sm, sb_sm, zero_w, zero,
                  ones, dot_a: gl.constexpr, RL: gl.constexpr, XSH: gl.constexpr, SSH1: gl.constexpr,
-                 BN: gl.constexpr, GATED: gl.constexpr, SELF_XS: gl.constexpr):
-        """One group from slot `slot` into partial sum w (gate's a, up's c): its MMAs (gate, up, and the group sums'
-        when SELF_XS) issued together and awaited once, then _wg_group_fma."""
+                 BN: gl.constexpr, GATED: gl.constexpr, SELF_XS: gl.constexpr, PAIRED: gl.constexpr = False):
+        """One group from slot `slot` into partial sum w (gate's a, up's c; PAIRED: the first and second row set's):
+        its MMAs (gate, up, and the group sums' when SELF_XS) issued together and awaited once, then
+        _wg_group_fma."""
         b_sm = xq_sm.index(slot)._reinterpret(gl.bfloat16, [BN, 64], XSH).permute((1, 0))
         sbq = sb_sm.index(slot)._reinterpret(gl.int32, [128], SSH1)
         a = _wg_a_operand(w_sm.index(slot).load(gl.SliceLayout(4, zero_w.type.layout)), zero_w, dot_a)
@@ -245,6 +266,15 @@ if HAVE_GLUON:
             qu = warpgroup_mma(a_up, b_sm, zero, is_async=True)
             qg, qu, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, a, a_up])
             xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
+        elif PAIRED:
+            a_up = _wg_a_operand(w2_sm.index(slot).load(gl.SliceLayout(4, zero_w.type.layout)), zero_w, dot_a)
+            qu = warpgroup_mma(a_up, b_sm, zero, is_async=True)
+            if SELF_XS:
+                qx = warpgroup_mma(ones, b_sm, zero, is_async=True)
+                qg, qu, xsum, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, qx, a, a_up])
+            else:
+                qg, qu, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, a, a_up])
+                xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
         elif SELF_XS:
             qx = warpgroup_mma(ones, b_sm, zero, is_async=True)
             qg, xsum, a = warpgroup_mma_wait(0, deps=[qg, qx, a])
@@ -252,7 +282,7 @@ if HAVE_GLUON:
             qg, a = warpgroup_mma_wait(0, deps=[qg, a])
             xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
         a0, a1, a2, a3 = _wg_partial_fma(a0, a1, a2, a3, w, qg, bf16_pair(sbq.slice(0, 64).load(RL)), xsum)
-        if GATED:
+        if GATED or PAIRED:
             c0, c1, c2, c3 = _wg_partial_fma(c0, c1, c2, c3, w, qu, bf16_pair(sbq.slice(64, 64).load(RL)), xsum)
         return a0, a1, a2, a3, c0, c1, c2, c3
 
@@ -277,7 +307,7 @@ if HAVE_GLUON:
                     PDL_WAIT: gl.constexpr, cw_ptr=None, pool_ptr=None, slot_ptr=None, ctx_ptr=None, C=0, stride_cwc=0,
                     stride_cwk=0, stride_ps=0, stride_pc=0, stride_pk=0, CONV: gl.constexpr = False,
                     KCONV: gl.constexpr = 4, XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False,
-                    GS: gl.constexpr = 1):
+                    GS: gl.constexpr = 1, PAIRED: gl.constexpr = False):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -296,8 +326,14 @@ if HAVE_GLUON:
         divisions by NS a step, ~18 uniform instructions at NS = 3; the same slots, so the same bits).
         GS: groups a step (1 or 2, dividing G // W): a slot holds GS groups, copied as one cp.async group, so the wait,
         fence, barriers and slot bookkeeping come once per GS groups (NS - 1 steps, (NS - 1) GS groups, in flight).
-        Each group's MMAs and FMAs are as at GS = 1, in the same order, so the same bits."""
+        Each group's MMAs and FMAs are as at GS = 1, in the same order, so the same bits.
+        PAIRED (one weight, not GATED): a program owns two row sets of 64, row blocks 8 p .. 8 p + 3 through w_ptr /
+        sbq_ptr and 8 p + 4 .. 8 p + 7 through w2_ptr / sb2q_ptr (the same stack seen from 4 row blocks on), both
+        against the one copy of x in shared memory (grid (tiles, NBE / 8)): x read once per 128 weight rows; each
+        row set's MMAs and FMAs as in a program of its own, so the same bits."""
         G: gl.constexpr = K // 64
+        TWO: gl.constexpr = GATED or PAIRED  # two weights' words and (s, b) a step
+        RSET: gl.constexpr = 8 if PAIRED else 4  # row blocks of 16 a program
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         WL8: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4, 8], [1, 8, 4, 1, 1], [4, 1, 1, 1, 1], [4, 3, 2, 1, 0])
@@ -324,7 +360,7 @@ if HAVE_GLUON:
             lo = gl.load(lo_ptr + t)
             rows = gl.where(e >= 0, gl.load(hi_ptr + t) - lo, 0)
         live = rows > 0
-        blk = (gl.maximum(e, 0).to(gl.int64) * NBE + p * 4) * G  # row block 4 p of the expert, group 0
+        blk = (gl.maximum(e, 0).to(gl.int64) * NBE + p * RSET) * G  # row block RSET p of the expert, group 0
 
         # the words of row block 4 p + r, group g: (blk + r G) 128 + g 128 + lane 4 + j (int32)
         wr = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
@@ -349,7 +385,7 @@ if HAVE_GLUON:
         qm = gl.arange(0, 64, layout=gl.SliceLayout(0, SQL))
         q_off = blk * 16 + gl.zeros([2, 64], gl.int64, layout=SQL) + ((qm // 16) * (G * 16) + (qm % 8) * 2
                                                                       + (qm // 8) % 2)[None, :]
-        sq_base = gl.where((qk == 1)[:, None] & GATED, sb2q_ptr + q_off, sbq_ptr + q_off)
+        sq_base = gl.where((qk == 1)[:, None] & TWO, sb2q_ptr + q_off, sbq_ptr + q_off)
         sq_mask = live & (qk >= 0)[:, None] & (qm >= 0)[None, :]
         cn = gl.arange(0, BN, layout=CL)
         s_tok = _wg_rows(order_ptr, lo, cn, rows, DENSE) // XREP
@@ -365,7 +401,7 @@ if HAVE_GLUON:
         # a step's group i in buffer i of each tuple (its own allocation: no hazard barrier between the copies)
         w_sm = _wg_buffers(gl.int32, [NS, 4, 8, 4, 4], WSH, GS)
         w2_sm = w_sm
-        if GATED:
+        if TWO:
             w2_sm = _wg_buffers(gl.int32, [NS, 4, 8, 4, 4], WSH, GS)
         xq_sm = _wg_buffers(gl.int32, [NS, BN, 32], XSH32, GS)  # read as bf16 [BN, 64]: 128-byte rows
         sb_sm = _wg_buffers(gl.int32, [NS, 2, 64], SSH, GS)
@@ -397,7 +433,7 @@ if HAVE_GLUON:
             for i in gl.static_range(NS - 1):  # steps 0 .. NS - 2 requested
                 g0 = _wg_group(i * GS, W, NCH, PARTIAL_MAJOR)
                 _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, i, w_base + g0 * 128, w2_base + g0 * 128, x_base + g0 * 32,
-                          sq_base + g0 * 16, wmask, xq_mask, sq_mask, GATED, GS, DG)
+                          sq_base + g0 * 16, wmask, xq_mask, sq_mask, TWO, GS, DG)
             slot = 0
             if SLOT_CARRY:
                 slot = t * 0  # step 0's slot (a runtime value, carried through the loops)
@@ -413,7 +449,7 @@ if HAVE_GLUON:
                         ns1 = gl.minimum((st + NS - 1) * GS, G - GS)
                         _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, _wg_refill(slot, st, NS, SLOT_CARRY),
                                     (ns1 % NCH) * W + ns1 // NCH, st + NS - 1 < S, w_base, w2_base, x_base,
-                                    sq_base, wmask, xq_mask, sq_mask, NS, GATED, GS, DG)
+                                    sq_base, wmask, xq_mask, sq_mask, NS, TWO, GS, DG)
                         for i in gl.static_range(GS):
                             c = cs * GS + i
                             step = w * NCH + c
@@ -426,7 +462,7 @@ if HAVE_GLUON:
                             a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
                                 a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, st, NS, SLOT_CARRY), xs,
                                 w_sm[i], w2_sm[i], xq_sm[i], sb_sm[i], zero_w, zero, ones, dot_a, RL, XSH, SSH1, BN,
-                                GATED, SELF_XS)
+                                GATED, SELF_XS, PAIRED)
                         if SLOT_CARRY:
                             slot = gl.where(slot == NS - 1, 0, slot + 1)
             else:
@@ -437,7 +473,7 @@ if HAVE_GLUON:
                         st = o * WS + ws  # the step: groups st GS + i
                         _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, _wg_refill(slot, st, NS, SLOT_CARRY),
                                     gl.minimum((st + NS - 1) * GS, G - GS), st + NS - 1 < S, w_base, w2_base, x_base,
-                                    sq_base, wmask, xq_mask, sq_mask, NS, GATED, GS, DG)
+                                    sq_base, wmask, xq_mask, sq_mask, NS, TWO, GS, DG)
                         for i in gl.static_range(GS):
                             g = st * GS + i
                             w = (ws * GS + i) % W
@@ -449,7 +485,7 @@ if HAVE_GLUON:
                             a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
                                 a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, st, NS, SLOT_CARRY), xs,
                                 w_sm[i], w2_sm[i], xq_sm[i], sb_sm[i], zero_w, zero, ones, dot_a, RL, XSH, SSH1, BN,
-                                GATED, SELF_XS)
+                                GATED, SELF_XS, PAIRED)
                         if SLOT_CARRY:
                             slot = gl.where(slot == NS - 1, 0, slot + 1)
             async_copy.wait_group(0)
@@ -458,7 +494,7 @@ if HAVE_GLUON:
             o_row = gl.arange(0, 64, layout=RL)
             o_dst = _wg_rows(order_ptr, lo, o_n, rows, DENSE).to(gl.int64)
             o_mask = (o_n < rows)[None, :]
-            o_ptr = out_ptr + o_dst[None, :] * stride_om + p * 64 + o_row[:, None]
+            o_ptr = out_ptr + o_dst[None, :] * stride_om + p * (16 * RSET) + o_row[:, None]
             if GATED:
                 y2 = _wg_sum(c0, c1, c2, c3, W)
                 gl.store(o_ptr, _silu_mul(y.to(gl.bfloat16).to(gl.float32), y2.to(gl.bfloat16).to(gl.float32)),
@@ -466,6 +502,9 @@ if HAVE_GLUON:
             elif SCALED:
                 sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
                 gl.store(o_ptr, sc[None, :] * y.to(gl.bfloat16).to(gl.float32), mask=o_mask)
+                if PAIRED:
+                    y2 = _wg_sum(c0, c1, c2, c3, W)
+                    gl.store(o_ptr + 64, sc[None, :] * y2.to(gl.bfloat16).to(gl.float32), mask=o_mask)
             elif CONV:
                 # the DeltaNet decode conv on the tile (mma_gemv's epilogue: its arithmetic, so its bits): features
                 # 64 p + row, tokens lo + i (DENSE; those past M are masked inside); the accumulator layout holds
@@ -475,6 +514,9 @@ if HAVE_GLUON:
                                C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV)
             else:
                 gl.store(o_ptr, y.to(gl.bfloat16).to(o_ptr.dtype.element_ty), mask=o_mask)
+                if PAIRED:
+                    y2 = _wg_sum(c0, c1, c2, c3, W)
+                    gl.store(o_ptr + 64, y2.to(gl.bfloat16).to(o_ptr.dtype.element_ty), mask=o_mask)
 
     @gluon.jit
     def _wg_experts_kernel(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr,
@@ -482,12 +524,13 @@ if HAVE_GLUON:
                            K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, GATED: gl.constexpr,
                            SCALED: gl.constexpr, SELF_XS: gl.constexpr, NS: gl.constexpr = 3,
                            PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False,
-                           XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1):
+                           XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1,
+                           PAIRED: gl.constexpr = False):
         """The experts matmul (wg_matmul_experts): _wg_program over the sorted tile table."""
         pdl_open(PDL)
         _wg_program(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr, hi_ptr,
                     order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP, K, W, BN, GATED, SCALED, SELF_XS, NS,
-                    PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM, SLOT_CARRY=SLOT_CARRY, GS=GS)
+                    PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM, SLOT_CARRY=SLOT_CARRY, GS=GS, PAIRED=PAIRED)
 
     @gluon.jit
     def _wg_gemv_kernel(xq_ptr, xs_ptr, w_ptr, sbq_ptr, out_ptr, stride_xq, stride_sm, stride_om, NBE, M,
@@ -563,14 +606,17 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
                       tiles: MmaTiles, x_repeat: int = 1, xs: torch.Tensor | None = None,
                       up: tuple | None = None, scale: torch.Tensor | None = None, warps: int | None = None,
                       out: torch.Tensor | None = None, stages: int = WG_STAGES,
-                      partial_major: bool | None = None, xs_smem: bool | None = None) -> torch.Tensor:
+                      partial_major: bool | None = None, xs_smem: bool | None = None,
+                      row_sets: int | None = None) -> torch.Tensor:
     """mma_gemv.mma_matmul_experts' result (the same bits) through warpgroup MMAs, for sorted tiles of 8 to 64 rows
     (tiles.rows is the MMA's N): row m = x[m // x_repeat] W[expert_ids[m]]^T for repacked stacked experts (N a
     multiple of 64); up= the gated epilogue (x's group sums xs= required, as the model's norm makes them), scale=
     the scaled one (fp32 out); xs None: the group sums are the kernel's own, MMA(ones, x), as mma.sync's.
     warps: the mma.sync kernel's K split whose bits to give (default_warps(K)); stages: shared-memory slots (2+);
     partial_major: the groups partial sum by partial sum (None: wg_partial_major()); xs_smem: x's given group sums
-    staged in shared memory (None: wg_xs_smem()); none of them changes bits."""
+    staged in shared memory (None: wg_xs_smem()); row_sets: 64-row sets a program of a one-weight launch, 1 or 2
+    (None: wg_row_sets(tiles.rows) where N is a multiple of 128, else 1; 2 given needs it); none of them changes
+    bits."""
     from .mma_gemv import default_warps
 
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
@@ -595,19 +641,32 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
         raise ValueError(f"wg_matmul_experts: W={warps} must be 1, 2 or 4 and divide the {g} groups")
     if stages < 2:
         raise ValueError(f"wg_matmul_experts: {stages} shared-memory slots; at least 2")
-    gs = wg_step_groups(tiles.rows, g, warps)
+    gs = wg_step_groups(tiles.rows, g, warps, down=up is None)
+    if up is not None:
+        sets = 1
+    elif row_sets is None:  # the switch's sets where the weight has them (N a multiple of 128)
+        sets = wg_row_sets(tiles.rows) if nbe % 8 == 0 else 1
+    else:
+        sets = row_sets
+    if sets not in (1, 2) or nbe % (4 * sets) or (up is not None and sets != 1):
+        raise ValueError(f"wg_matmul_experts: {sets} row sets of 64 a program for a weight of {nbe} row blocks of 16 "
+                         f"(1, or 2 with the row blocks a multiple of 8; gated launches 1)")
     stages = _wg_slots(stages, g, gs)  # the prologue requests NS - 1 steps: at most all of them (never a bit)
     self_xs = xs is None
     out = experts_operands(x, words, sb, up, scale, xs, m, out, "wg_matmul_experts")
     if m:
         w2, sb2 = up if up is not None else (words, sb)
+        w2, sb2 = w2.view(torch.int32), sb2.view(torch.int32)
+        if sets == 2:  # the second row set: the same stack seen from 4 row blocks on (128 words and 16 (s, b)
+            # pairs a row block's group; the kernel's own offsets from there)
+            w2, sb2 = w2.view(-1)[4 * g * 128:], sb2.view(-1)[4 * g * 16:]
         xq = x.view(torch.int32)  # bf16 pairs: the kernel copies x 4 bytes at a time, in the fragment order
-        _wg_experts_kernel[(tiles.tile_e.numel(), nbe // 4)](
-            xq, xq if self_xs else xs, words, w2, sb.view(torch.int32), sb2.view(torch.int32), out,
+        _wg_experts_kernel[(tiles.tile_e.numel(), nbe // (4 * sets))](
+            xq, xq if self_xs else xs, words, w2, sb.view(torch.int32), sb2, out,
             scale if scale is not None else out, tiles.tile_e, tiles.lo, tiles.hi, tiles.order, xq.stride(0),
             0 if self_xs else xs.stride(0), out.stride(0), nbe, 0, XREP=x_repeat, K=k, W=warps, BN=tiles.rows,
             GATED=up is not None, SCALED=scale is not None, SELF_XS=self_xs, NS=stages, num_warps=4,
-            **_step_args(self_xs, xs_smem, gs),
+            **_step_args(self_xs, xs_smem, gs), **({"PAIRED": True} if sets == 2 else {}),
             **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
                else {}), **wg_maxnreg(tiles.rows), **pdl_args(x))
     return out
