@@ -303,10 +303,10 @@ def test_wgmma_groups_knob(monkeypatch):
 
     for name in ("DELTASERVE_MOE_WGMMA_GROUPS", "DELTASERVE_MOE_WGMMA_DOWN_GROUPS", "DELTASERVE_WG_GEMV_GROUPS"):
         monkeypatch.delenv(name, raising=False)
-    # the defaults: the MoE's gated launch at every tile width, its down at decode-sized (8-row) tiles and every
-    # wg_gemv launch in pairs of groups
+    # the defaults: the MoE's gated launch at every tile width and every wg_gemv launch in pairs of groups, the
+    # MoE's down one group a step
     assert wx.wg_step_groups(8, 32, 4) == 2 and wx.wg_step_groups(16, 32, 4) == 2
-    assert wx.wg_step_groups(8, 8, 1, down=True) == 2 and wx.wg_step_groups(16, 8, 1, down=True) == 1
+    assert wx.wg_step_groups(8, 8, 1, down=True) == 1 and wx.wg_step_groups(16, 8, 1, down=True) == 1
     assert wx.wg_step_groups(64, 32, 4, dense=True) == 2 and wx.wg_step_groups(8, 8, 1, dense=True) == 2
     assert wx.wg_step_groups(8, 12, 4) == 1  # 3 groups a partial sum's run: not in pairs
     assert wx.wg_step_groups(8, 1, 1, dense=True) == 1
@@ -319,6 +319,8 @@ def test_wgmma_groups_knob(monkeypatch):
     assert wx.wg_step_groups(16, 32, 4, dense=True) == 2 and wx.wg_step_groups(32, 32, 4, dense=True) == 1
     monkeypatch.setenv("DELTASERVE_MOE_WGMMA_GROUPS", "0")
     assert wx.wg_step_groups(8, 32, 4) == 1 and wx.wg_step_groups(8, 8, 1, down=True) == 2
+    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_DOWN_GROUPS", "0")
+    assert wx.wg_step_groups(8, 8, 1, down=True) == 1
     monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "mod")
     assert wx._step_args(True, None, 2) == {"GS": 2} and wx._step_args(True, None, 1) == {}
     # the same groups in flight in steps of two: 5 slots of one group (4 in flight) = 3 of two

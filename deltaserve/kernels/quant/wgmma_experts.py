@@ -140,16 +140,17 @@ def wg_step_groups(tile_rows: int, groups: int, warps: int, dense: bool = False,
     copies' grouping and the barriers per group change): 1 or 2, where it divides the groups of a K split's run
     (groups // warps), else 1. Env N (every tile width) or N@ROWS (tiles of at most ROWS rows; 0: 1), one per
     launch: the MoE's gated gate/up DELTASERVE_MOE_WGMMA_GROUPS (default 2), its down (down=True, the plain or
-    scaled launch) DELTASERVE_MOE_WGMMA_DOWN_GROUPS (default 2@8: a decode's 8-row tiles), wg_gemv (dense=True)
-    DELTASERVE_WG_GEMV_GROUPS (default 2). sm_90 SASS at 2: the 8-row gated MoE step 166 -> ~145 instructions a
+    scaled launch) DELTASERVE_MOE_WGMMA_DOWN_GROUPS (default 1), wg_gemv (dense=True) DELTASERVE_WG_GEMV_GROUPS
+    (default 2). sm_90 SASS at 2: the 8-row gated MoE step 166 -> ~145 instructions a
     group, the 32-row dense step 153 -> ~127, one barrier set per two groups. H200 (bench/NOTES.md): 64 streams
     tg64 @ d512 5,624 / 5,636 (1) -> 5,773 / 5,770 (2 everywhere), 5,732 (2 for 8-row tiles only); at a prefill's
     16-row tiles (CUDA-graph probe, 512 / 4,096 tokens) the gated launch 175.2 -> 161.6 / 987.0 -> 910.3 us with
-    2, down 113.9 -> 126.6 / 679.8 -> 826.6, hence one switch a launch."""
+    2, down 113.9 -> 126.6 / 679.8 -> 826.6, hence one switch a launch; down with two row sets (wg_row_sets) at a
+    64-stream decode's 8-row tiles 48.3 us with 2, 45.5 with 1, and in the model 5,983 / 6,017 tok/s."""
     if dense:
         name, default = "DELTASERVE_WG_GEMV_GROUPS", "2"
     elif down:
-        name, default = "DELTASERVE_MOE_WGMMA_DOWN_GROUPS", "2@8"
+        name, default = "DELTASERVE_MOE_WGMMA_DOWN_GROUPS", ""
     else:
         name, default = "DELTASERVE_MOE_WGMMA_GROUPS", "2"
     gs = env_value_at_rows(name, default, "N", 1, 2, tile_rows) or 1
@@ -164,7 +165,8 @@ def wg_row_sets(tile_rows: int) -> int:
     (Nsight Compute, bench/NOTES.md) had 16 KB of weights a program beside 16 KB of x, 13,312 programs of 8 groups.
     H200, CUDA-graph probe: down at 512 tokens 111.1 -> 100.2 us, at 4,096 682.5 -> 599.2, at a 64-stream decode's
     8-row tiles 58.8 -> 48.3 (two groups a step) / 54.1 -> 45.5 (one); pp512 B=1 with gated GS 2 24,132 / 24,158 ->
-    24,110 / 24,529 tok/s, 8 prompts 34,885 -> 36,211. Env DELTASERVE_MOE_WGMMA_DOWN_SETS=N or N@ROWS (default 2;
+    24,110 / 24,529 tok/s, 8 prompts 34,885 -> 36,211; 64 streams tg64 @ d512 5,854 / 5,854 -> 5,984 / 5,983 (one
+    group a step: 6,018 / 6,017, the default with it, wg_step_groups). Env DELTASERVE_MOE_WGMMA_DOWN_SETS=N or N@ROWS (default 2;
     0: 1), for A/B; weights of N % 128 != 0 take 1."""
     return env_value_at_rows("DELTASERVE_MOE_WGMMA_DOWN_SETS", "2", "N", 1, 2, tile_rows) or 1
 
