@@ -69,8 +69,9 @@ def main(argv=None) -> int:
     ap.add_argument("--t", default="512,4096", help="token counts")
     ap.add_argument("--gated-ns", default="3,4,6", help="the gated launch's slots")
     ap.add_argument("--down-ns", default="3,5,9", help="the down launch's slots")
-    ap.add_argument("--gs", default="1,2", help="groups a loop step (DELTASERVE_MOE_WGMMA_GROUPS)")
+    ap.add_argument("--gs", default="1,2", help="groups a loop step of both launches, or 'default' (each its own)")
     ap.add_argument("--sets", default="1,2", help="down's 64-row sets a program (wg_matmul_experts row_sets)")
+    ap.add_argument("--bn", default="", help="sorted rows of x a tile (default: the model's, wg_tile_rows)")
     ap.add_argument("--out", help="append one JSON line per timing here")
     args = ap.parse_args(argv)
     from probe_moe_t1 import I, NUM_E as num_e, SLOTS as slots, H, expert_stacks, probe_inputs
@@ -85,19 +86,20 @@ def main(argv=None) -> int:
     for t in (int(v) for v in args.t.split(",")):
         routes, xin, sums, hs, scale = probe_inputs(dev, t, args.calls)
         bn = wx.wg_tile_rows(t * slots)
-        tiles = [mg.mma_expert_tiles(r, num_e, bn) for r in routes]
+        ref_tiles = [mg.mma_expert_tiles(r, num_e, bn) for r in routes]
         touched = sum(int(torch.unique(r).numel()) for r in routes) / len(routes)
         gated_bytes = touched * 2 * I * H * (0.5 + 4 / 64)  # words + (s, b) bf16 pairs a group of 64
         down_bytes = touched * H * I * (0.5 + 4 / 64)
-        ref_g = wx.wg_matmul_experts(xin[0], *gate, routes[0], tiles[0], slots, xs=sums[0], up=up,
+        ref_g = wx.wg_matmul_experts(xin[0], *gate, routes[0], ref_tiles[0], slots, xs=sums[0], up=up,
                                      stages=wx.wg_moe_stages(bn))
-        ref_d = wx.wg_matmul_experts(hs[0], *down, routes[0], tiles[0], 1, scale=scale,
+        ref_d = wx.wg_matmul_experts(hs[0], *down, routes[0], ref_tiles[0], 1, scale=scale,
                                      stages=wx.wg_moe_down_stages(bn))
         print(f"T={t}: {bn}-row tiles, {touched:.0f} experts touched, defaults NS {wx.wg_moe_stages(bn)} / "
               f"{wx.wg_moe_down_stages(bn)}", flush=True)
-        for gs in args.gs.split(","):
-            with env_set("DELTASERVE_MOE_WGMMA_GROUPS", f"{gs}@64"), \
-                    env_set("DELTASERVE_MOE_WGMMA_DOWN_GROUPS", f"{gs}@64"):
+        for bn, gs in ((int(b), g) for b in (args.bn or str(bn)).split(",") for g in args.gs.split(",")):
+            tiles = [mg.mma_expert_tiles(r, num_e, bn) for r in routes]
+            pin = None if gs == "default" else f"{gs}@64"  # default: each launch's own (wg_step_groups)
+            with env_set("DELTASERVE_MOE_WGMMA_GROUPS", pin), env_set("DELTASERVE_MOE_WGMMA_DOWN_GROUPS", pin):
                 variants = [("gated", ns, 1, ref_g, gated_bytes) for ns in args.gated_ns.split(",")]
                 variants += [("down", ns, int(rs), ref_d, down_bytes) for rs in args.sets.split(",")
                              for ns in args.down_ns.split(",")]
@@ -120,7 +122,7 @@ def main(argv=None) -> int:
                         err = ""
                     except Exception as e:  # a shape the kernel refuses (e.g. shared memory): say so, go on
                         diff, us, err = -1, float("nan"), f"{type(e).__name__}: {str(e)[:120]}"
-                    rec = {"probe": "prefill_experts", "t": t, "bn": bn, "form": form, "ns": ns, "gs": int(gs),
+                    rec = {"probe": "prefill_experts", "t": t, "bn": bn, "form": form, "ns": ns, "gs": gs,
                            "sets": rs, "us": round(us, 2), "gbs": round(nbytes / us / 1e3, 1) if us == us else None,
                            "differing": diff, "error": err}
                     print(json.dumps(rec), flush=True)
