@@ -32,6 +32,7 @@ from .mma_gemv import GROUP, HAVE_GLUON, MmaTiles, experts_operands
 WG_STAGES = 3  # shared-memory slots per program (NS): two groups in flight
 WG_TILE_ROWS = 16  # sorted rows of x per program (the MMA's N) from WG_WIDE_ROWS rows; 8 below (wg_tile_rows)
 WG_WIDE_ROWS = 4096  # the block's rows from which the programs take WG_TILE_ROWS sorted rows
+WG_WIDEST_ROWS = 16384  # ... and from which they take 32 (wg_tile_rows)
 WG_MIN_ROWS = 512  # the MoE block's rows (tokens x slots) from which it takes this kernel (wg_min_rows)
 
 
@@ -99,9 +100,16 @@ def wg_moe_down_stages(tile_rows: int) -> int:
 
 
 def wg_tile_rows(m: int) -> int:
-    """Sorted rows of x per program for a block of m rows: WG_TILE_ROWS from WG_WIDE_ROWS rows, else 8 (a few rows
-    per expert: H200 probe at 64 tokens, before the tail-tile skip, gated 139.5 us with 8-row tiles against 174.5
-    with 16 and 150.7 on mma.sync; down 94.2 / 108.2 / 110.8). Never a row's bits."""
+    """Sorted rows of x per program for a block of m rows: 32 from WG_WIDEST_ROWS rows, WG_TILE_ROWS from
+    WG_WIDE_ROWS, else 8 (a few rows per expert: H200 probe at 64 tokens, before the tail-tile skip, gated 139.5 us
+    with 8-row tiles against 174.5 with 16 and 150.7 on mma.sync; down 94.2 / 108.2 / 110.8). At the current
+    launch defaults (CUDA-graph probe, bench/NOTES.md), gated / down: 512 tokens (4,608 rows, ~16 a routed expert)
+    8 rows 200.7 / 117.0 us, 16 161.3 / 103.1, 32 185.8 / 108.8; 4,096 tokens (36,864 rows, ~128 an expert) 1,273.6
+    / 765.7, 912.2 / 600.3, 810.2 / 514.9. Never a row's bits. Env DELTASERVE_MOE_WGMMA_ROWS32 (rows from which
+    tiles of 32; 0: never), for A/B."""
+    widest = env_int("DELTASERVE_MOE_WGMMA_ROWS32", WG_WIDEST_ROWS, 0)
+    if widest and m >= widest:
+        return 32
     return WG_TILE_ROWS if m >= WG_WIDE_ROWS else 8
 
 
