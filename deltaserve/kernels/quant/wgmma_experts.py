@@ -32,7 +32,7 @@ from .mma_gemv import GROUP, HAVE_GLUON, MmaTiles, experts_operands
 WG_STAGES = 3  # shared-memory slots per program (NS): two groups in flight
 WG_TILE_ROWS = 16  # sorted rows of x per program (the MMA's N) from WG_WIDE_ROWS rows; 8 below (wg_tile_rows)
 WG_WIDE_ROWS = 4096  # the block's rows from which the programs take WG_TILE_ROWS sorted rows
-WG_WIDEST_ROWS = 16384  # ... and from which they take 32 (wg_tile_rows)
+WG_WIDEST_ROWS = 8192  # ... and from which they take 32 (wg_tile_rows)
 WG_MIN_ROWS = 512  # the MoE block's rows (tokens x slots) from which it takes this kernel (wg_min_rows)
 
 
@@ -105,8 +105,10 @@ def wg_tile_rows(m: int) -> int:
     with 8-row tiles against 174.5 with 16 and 150.7 on mma.sync; down 94.2 / 108.2 / 110.8). At the current
     launch defaults (CUDA-graph probe, bench/NOTES.md), gated / down: 512 tokens (4,608 rows, ~16 a routed expert)
     8 rows 200.7 / 117.0 us, 16 161.3 / 103.1, 32 185.8 / 108.8; 4,096 tokens (36,864 rows, ~128 an expert) 1,273.6
-    / 765.7, 912.2 / 600.3, 810.2 / 514.9. Never a row's bits. Env DELTASERVE_MOE_WGMMA_ROWS32 (rows from which
-    tiles of 32; 0: never), for A/B."""
+    / 765.7, 912.2 / 600.3, 810.2 / 514.9; 16 against 32 rows at 1,024 tokens (9,216 rows) 273.3 / 172.1 against
+    269.4 / 163.4, at 2,048 481.4 / 310.7 against 447.3 / 276.6; in the model 8 prompts of 512 (36,864 rows a
+    forward) 36,259 -> 38,893 tok/s, 64 prompts 34,961 -> 38,087. Never a row's bits. Env
+    DELTASERVE_MOE_WGMMA_ROWS32 (rows from which tiles of 32; 0: never), for A/B."""
     widest = env_int("DELTASERVE_MOE_WGMMA_ROWS32", WG_WIDEST_ROWS, 0)
     if widest and m >= widest:
         return 32
