@@ -151,8 +151,8 @@ def wg_step_groups(tile_rows: int, groups: int, warps: int, dense: bool = False,
     (groups // warps), else 1. Env N (every tile width) or N@ROWS (tiles of at most ROWS rows; 0: 1), one per
     launch: the MoE's gated gate/up DELTASERVE_MOE_WGMMA_GROUPS (default 2), its down (down=True, the plain or
     scaled launch) DELTASERVE_MOE_WGMMA_DOWN_GROUPS (default 1), wg_gemv (dense=True) DELTASERVE_WG_GEMV_GROUPS
-    (default 2). sm_90 SASS at 2: the 8-row gated MoE step 166 -> ~145 instructions a
-    group, the 32-row dense step 153 -> ~127, one barrier set per two groups. H200 (bench/NOTES.md): 64 streams
+    (default 2). sm_90 SASS at 2: the 8-row gated MoE step 166 -> ~145 instructions a group, the 32-row dense
+    step 153 -> ~127, one barrier set per two groups. H200 (bench/NOTES.md): 64 streams
     tg64 @ d512 5,624 / 5,636 (1) -> 5,773 / 5,770 (2 everywhere), 5,732 (2 for 8-row tiles only); at a prefill's
     16-row tiles (CUDA-graph probe, 512 / 4,096 tokens) the gated launch 175.2 -> 161.6 / 987.0 -> 910.3 us with
     2, down 113.9 -> 126.6 / 679.8 -> 826.6, hence one switch a launch; down with two row sets (wg_row_sets) at a
@@ -176,8 +176,8 @@ def wg_row_sets(tile_rows: int) -> int:
     H200, CUDA-graph probe: down at 512 tokens 111.1 -> 100.2 us, at 4,096 682.5 -> 599.2, at a 64-stream decode's
     8-row tiles 58.8 -> 48.3 (two groups a step) / 54.1 -> 45.5 (one); pp512 B=1 with gated GS 2 24,132 / 24,158 ->
     24,110 / 24,529 tok/s, 8 prompts 34,885 -> 36,211; 64 streams tg64 @ d512 5,854 / 5,854 -> 5,984 / 5,983 (one
-    group a step: 6,018 / 6,017, the default with it, wg_step_groups). Env DELTASERVE_MOE_WGMMA_DOWN_SETS=N or N@ROWS (default 2;
-    0: 1), for A/B; weights of N % 128 != 0 take 1."""
+    group a step: 6,018 / 6,017, the default with it, wg_step_groups). Env DELTASERVE_MOE_WGMMA_DOWN_SETS=N or
+    N@ROWS (default 2; 0: 1), for A/B; weights of N % 128 != 0 take 1."""
     return env_value_at_rows("DELTASERVE_MOE_WGMMA_DOWN_SETS", "2", "N", 1, 2, tile_rows) or 1
 
 
@@ -273,15 +273,10 @@ if HAVE_GLUON:
         a = _wg_a_operand(w_sm.index(slot).load(gl.SliceLayout(4, zero_w.type.layout)), zero_w, dot_a)
         qg = warpgroup_mma(a, b_sm, zero, is_async=True)
         qu = qg
-        if GATED:
+        if GATED or PAIRED:  # the second weight (up, or the second row set) against the same x
             a_up = _wg_a_operand(w2_sm.index(slot).load(gl.SliceLayout(4, zero_w.type.layout)), zero_w, dot_a)
             qu = warpgroup_mma(a_up, b_sm, zero, is_async=True)
-            qg, qu, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, a, a_up])
-            xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
-        elif PAIRED:
-            a_up = _wg_a_operand(w2_sm.index(slot).load(gl.SliceLayout(4, zero_w.type.layout)), zero_w, dot_a)
-            qu = warpgroup_mma(a_up, b_sm, zero, is_async=True)
-            if SELF_XS:
+            if SELF_XS:  # (PAIRED only: the gated launch takes x's sums)
                 qx = warpgroup_mma(ones, b_sm, zero, is_async=True)
                 qg, qu, xsum, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, qx, a, a_up])
             else:
@@ -374,7 +369,7 @@ if HAVE_GLUON:
         live = rows > 0
         blk = (gl.maximum(e, 0).to(gl.int64) * NBE + p * RSET) * G  # row block RSET p of the expert, group 0
 
-        # the words of row block 4 p + r, group g: (blk + r G) 128 + g 128 + lane 4 + j (int32)
+        # the words of row block RSET p + r, group g: (blk + r G) 128 + g 128 + lane 4 + j (int32)
         wr = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
         wrr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
         wc = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, WL))))
