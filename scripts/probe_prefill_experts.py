@@ -44,17 +44,11 @@ def env_set(name: str, value: str | None):
 
 
 def graph_us(calls) -> float:
-    """Mean microseconds a launch of a CUDA graph holding the given launches in turn (captured after one eager run
-    of each, replayed once to warm, then timed)."""
-    for fn in calls:
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
+    """Mean microseconds a launch of a CUDA graph holding the given launches in turn (bench.graph_capture's: after
+    eager and side-stream warm-ups and one replay), from one timed replay."""
+    from deltaserve.bench.graph_capture import capture_calls
+
+    graph = capture_calls(calls)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     graph.replay()
