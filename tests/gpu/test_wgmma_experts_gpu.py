@@ -111,10 +111,10 @@ def test_wg_row_sets_same_bits(dev, t, monkeypatch):
         wx.wg_matmul_experts(x, words[:, :4], sb[:, :4], pick, tiles, 4, row_sets=2)
 
 
-@pytest.mark.parametrize("t", [3, 300, 512])
+@pytest.mark.parametrize("t", [3, 300, 512, 1024])
 def test_moe_block_wgmma_same_bits(dev, t, monkeypatch):
     """The MoE block with its gate/up and down on the warpgroup-MMA kernel (from one row; its default launch shapes:
-    8-row tiles to 455 tokens, 16-row from 456) equals the block on the mma.sync kernel bit for bit, the stacked
+    8-row tiles to 455 tokens, 16-row from 456, 32-row from 911) equals the block on the mma.sync kernel bit for bit, the stacked
     shared expert included."""
     from deltaserve.kernels.moe.mma_moe import moe_block_mma
 
