@@ -109,6 +109,8 @@ def test_wg_row_sets_same_bits(dev, t, monkeypatch):
         assert torch.equal(got, wx.wg_matmul_experts(x, words, sb, pick, tiles, 4, xs=xs, row_sets=1))
     with pytest.raises(ValueError, match="row sets"):
         wx.wg_matmul_experts(x, words[:, :4], sb[:, :4], pick, tiles, 4, row_sets=2)
+    with pytest.raises(ValueError, match="gated launches 1"):  # gate/up has its two weights already
+        wx.wg_matmul_experts(x, words, sb, pick, tiles, 4, xs=prep_x(x, 4, 64)[1], up=(words, sb), row_sets=2)
 
 
 @pytest.mark.parametrize("t", [3, 300, 512, 1024])

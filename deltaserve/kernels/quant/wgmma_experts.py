@@ -649,12 +649,9 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
     if stages < 2:
         raise ValueError(f"wg_matmul_experts: {stages} shared-memory slots; at least 2")
     gs = wg_step_groups(tiles.rows, g, warps, down=up is None)
-    if up is not None:
-        sets = 1
-    elif row_sets is None:  # the switch's sets where the weight has them (N a multiple of 128)
-        sets = wg_row_sets(tiles.rows) if nbe % 8 == 0 else 1
-    else:
-        sets = row_sets
+    sets = row_sets
+    if sets is None:  # the switch's sets for a one-weight launch whose weight has them (N a multiple of 128)
+        sets = 1 if up is not None or nbe % 8 else wg_row_sets(tiles.rows)
     if sets not in (1, 2) or nbe % (4 * sets) or (up is not None and sets != 1):
         raise ValueError(f"wg_matmul_experts: {sets} row sets of 64 a program for a weight of {nbe} row blocks of 16 "
                          f"(1, or 2 with the row blocks a multiple of 8; gated launches 1)")
