@@ -44,7 +44,7 @@ bench_tg() {
 # line and any error; the whole output in $OUT/pp.log
 bench_pp() {
   local label=$1 b=$2; shift 2
-  env "$@" timeout 120 python3 -m deltaserve bench --preset qwen3.6-35b-a3b --quant q4 -p 512 -n 0 -d 0 -b "$b" -r 3 \
+  env "$@" timeout "${PP_TIMEOUT:-120}" python3 -m deltaserve bench --preset qwen3.6-35b-a3b --quant q4 -p 512 -n 0 -d 0 -b "$b" -r 3 \
     --no-record > "$OUT/pp.log" 2>&1
   echo "== $label B=$b ($((SECONDS-t0)) s): $(grep -E '^\| deltaserve.*pp' "$OUT/pp.log" | sort -u | cut -c50-110)"
   grep -E "Error|error" "$OUT/pp.log" | tail -3

@@ -7,7 +7,7 @@ each on a routing and input of its own (the 403 MB of experts do not stay in the
 counts the weight bytes of the experts that the routing touches, once. One JSON line each, a table last.
 
   python scripts/probe_prefill_experts.py --t 512,4096 --gated-ns 3,4,6 --down-ns 3,5,9 --gs 1,2 --sets 1,2 \
-      [--out f.jsonl]
+      [--env fold:DELTASERVE_WGMMA_FOLD=1 ...] [--out f.jsonl]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -43,6 +43,18 @@ def env_set(name: str, value: str | None):
             os.environ[name] = old
 
 
+def env_variants(specs: list[str]) -> list[tuple[str, list[tuple[str, str]]]]:
+    """--env's LABEL:NAME=V[,NAME=V] specs as (label, [(name, value)]); none given: the environment as it is."""
+    out = []
+    for spec in specs:
+        label, colon, pairs = spec.partition(":")
+        knobs = [tuple(p.split("=", 1)) for p in pairs.split(",") if p]
+        if not colon or not label or any(len(k) != 2 or not k[0].startswith("DELTASERVE_") for k in knobs):
+            raise SystemExit(f"--env: LABEL:DELTASERVE_NAME=V[,DELTASERVE_NAME=V], found {spec!r}")
+        out.append((label, knobs))
+    return out or [("as set", [])]
+
+
 def graph_us(calls) -> float:
     """Mean microseconds a launch of a CUDA graph holding the given launches in turn (bench.graph_capture's: after
     eager and side-stream warm-ups and one replay), from one timed replay."""
@@ -61,11 +73,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--t", default="512,4096", help="token counts")
-    ap.add_argument("--gated-ns", default="3,4,6", help="the gated launch's slots")
-    ap.add_argument("--down-ns", default="3,5,9", help="the down launch's slots")
+    ap.add_argument("--gated-ns", default="3,4,6", help="the gated launch's slots ('': no gated launch)")
+    ap.add_argument("--down-ns", default="3,5,9", help="the down launch's slots ('': no down launch)")
     ap.add_argument("--gs", default="1,2", help="groups a loop step of both launches, or 'default' (each its own)")
     ap.add_argument("--sets", default="1,2", help="down's 64-row sets a program (wg_matmul_experts row_sets)")
     ap.add_argument("--bn", default="", help="sorted rows of x a tile (default: the model's, wg_tile_rows)")
+    ap.add_argument("--env", action="append", default=[],
+                    help="LABEL:NAME=V[,NAME=V]: one more variant of launch knobs, e.g. fold:DELTASERVE_WGMMA_FOLD=1 "
+                         "(repeatable; without any, the environment as it is)")
     ap.add_argument("--out", help="append one JSON line per timing here")
     args = ap.parse_args(argv)
     from probe_moe_t1 import I, NUM_E as num_e, SLOTS as slots, H, expert_stacks, probe_inputs
@@ -90,13 +105,18 @@ def main(argv=None) -> int:
                                      stages=wx.wg_moe_down_stages(bn))
         print(f"T={t}: {bn}-row tiles, {touched:.0f} experts touched, defaults NS {wx.wg_moe_stages(bn)} / "
               f"{wx.wg_moe_down_stages(bn)}", flush=True)
-        for bn, gs in ((int(b), g) for b in (args.bn or str(bn)).split(",") for g in args.gs.split(",")):
+        shapes = [(int(b), g, e) for b in (args.bn or str(bn)).split(",") for g in args.gs.split(",")
+                  for e in env_variants(args.env)]
+        for bn, gs, (label, knobs) in shapes:
             tiles = [mg.mma_expert_tiles(r, num_e, bn) for r in routes]
             pin = None if gs == "default" else f"{gs}@64"  # default: each launch's own (wg_step_groups)
-            with env_set("DELTASERVE_MOE_WGMMA_GROUPS", pin), env_set("DELTASERVE_MOE_WGMMA_DOWN_GROUPS", pin):
-                variants = [("gated", ns, 1, ref_g, gated_bytes) for ns in args.gated_ns.split(",")]
+            with ExitStack() as knob_env:
+                for name, value in [("DELTASERVE_MOE_WGMMA_GROUPS", pin), ("DELTASERVE_MOE_WGMMA_DOWN_GROUPS", pin),
+                                    *knobs]:
+                    knob_env.enter_context(env_set(name, value))
+                variants = [("gated", ns, 1, ref_g, gated_bytes) for ns in args.gated_ns.split(",") if ns]
                 variants += [("down", ns, int(rs), ref_d, down_bytes) for rs in args.sets.split(",")
-                             for ns in args.down_ns.split(",")]
+                             for ns in args.down_ns.split(",") if ns]
                 for form, ns, rs, ref, nbytes in variants:
                     ns = int(ns)
                     if form == "gated":
@@ -117,17 +137,17 @@ def main(argv=None) -> int:
                     except Exception as e:  # a shape the kernel refuses (e.g. shared memory): say so, go on
                         diff, us, err = -1, float("nan"), f"{type(e).__name__}: {str(e)[:120]}"
                     rec = {"probe": "prefill_experts", "t": t, "bn": bn, "form": form, "ns": ns, "gs": gs,
-                           "sets": rs, "us": round(us, 2), "gbs": round(nbytes / us / 1e3, 1) if us == us else None,
-                           "differing": diff, "error": err}
+                           "sets": rs, "env": label, "us": round(us, 2),
+                           "gbs": round(nbytes / us / 1e3, 1) if us == us else None, "differing": diff, "error": err}
                     print(json.dumps(rec), flush=True)
                     table.append(rec)
                     if args.out:
                         with open(args.out, "a") as f:
                             f.write(json.dumps(rec) + "\n")
-    print("\n| T | form | NS | GS | sets | us | GB/s | elements differing from the default |\n"
-          "|---|---|---|---|---|---|---|---|")
+    print("\n| T | form | knobs | NS | GS | sets | us | GB/s | elements differing from the default |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     for r in table:
-        print(f"| {r['t']} | {r['form']} | {r['ns']} | {r['gs']} | {r['sets']} | {r['us']} | {r['gbs']} | "
+        print(f"| {r['t']} | {r['form']} | {r['env']} | {r['ns']} | {r['gs']} | {r['sets']} | {r['us']} | {r['gbs']} | "
               f"{r['differing'] if not r['error'] else r['error']} |")
     return int(any(r["differing"] != 0 for r in table))
 

@@ -188,10 +188,28 @@ def test_wgmma_register_cap_knob(monkeypatch):
     assert wx.wg_maxnreg(8) == wx.wg_maxnreg(64) == {"maxnreg": 128}
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "128@8")
     assert (wx.wg_maxnreg(8), wx.wg_maxnreg(16)) == ({"maxnreg": 128}, {})
-    for bad in ("many", "128@", "8"):
+    monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "96@8, 128@16")  # the first cap that applies
+    assert [wx.wg_maxnreg(r) for r in (8, 16, 32)] == [{"maxnreg": 96}, {"maxnreg": 128}, {}]
+    monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "128@16,96@8")
+    assert wx.wg_maxnreg(8) == {"maxnreg": 128}
+    for bad in ("many", "128@", "8", "96@8,x"):
         monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", bad)
         with pytest.raises(ValueError, match="DELTASERVE_WGMMA_MAXNREG"):
-            wx.wg_maxnreg(8)
+            wx.wg_maxnreg(32)
+
+
+def test_wgmma_fold_knob(monkeypatch):
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.delenv("DELTASERVE_WGMMA_FOLD", raising=False)
+    default = wx.wg_fold_pair()
+    for value, want in (("1", True), ("0", False)):
+        monkeypatch.setenv("DELTASERVE_WGMMA_FOLD", value)
+        assert wx.wg_fold_pair() is want
+    monkeypatch.setenv("DELTASERVE_WGMMA_FOLD", "yes")
+    with pytest.raises(ValueError, match="DELTASERVE_WGMMA_FOLD"):
+        wx.wg_fold_pair()
+    assert isinstance(default, bool)
 
 
 def test_mma_gemv_row_split_knobs(monkeypatch):

@@ -41,12 +41,13 @@ def test_wg_experts_same_bits_as_mma(dev, t):
     for rows in (8, 16, 32):
         tiles = mg.mma_expert_tiles(ids, e, rows)
         for ns in (2, 3, 5):
-            for pm in (False, True):  # the groups in K order, or partial sum by partial sum
+            # the groups in K order, or partial sum by partial sum (in order, or 0, 2 folded first, then 1, 3)
+            for pm, fold in ((False, False), (True, False), (True, True)):
                 out = torch.full_like(ref_g, float("nan"))
                 got = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb), out=out, stages=ns,
-                                           partial_major=pm)
+                                           partial_major=pm, fold=fold)
                 assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref_g), \
-                    f"gated, {rows}-row tiles, {ns} slots, partial-major {pm}"
+                    f"gated, {rows}-row tiles, {ns} slots, partial-major {pm}, fold {fold}"
             out = torch.full_like(ref_d, float("nan"))
             got = wx.wg_matmul_experts(ref_g, dw, dsb, ids, tiles, 1, scale=scale, out=out, stages=ns)
             assert torch.equal(got, ref_d), f"down, {rows}-row tiles, {ns} slots"
@@ -176,11 +177,11 @@ def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k, monkeypatch):
             ref = torch.cat([mg.mma_gemv(x[r : min(r + 64, m)], words, sb,
                                          xs=None if xs is None else xs[r : min(r + 64, m)]) for r in range(0, m, 64)])
             for rows in (8, 16, 32, 64):
-                for ns in (2, 3) if rows == 16 else (3,):
+                for ns, fold in ((2, False), (3, False), (3, True)) if rows == 16 else ((3, False), (3, True)):
                     out = kc.poisoned((m, n), torch.bfloat16, dev)
-                    got = wx.wg_gemv(x[:m], words, sb, xs=xs, out=out, tile_rows=rows, stages=ns)
+                    got = wx.wg_gemv(x[:m], words, sb, xs=xs, out=out, tile_rows=rows, stages=ns, fold=fold)
                     assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref), \
-                        f"m={m} own sums {xs is None} {rows}-row tiles {ns} slots"
+                        f"m={m} own sums {xs is None} {rows}-row tiles {ns} slots fold {fold}"
             out = kc.poisoned((m, n), torch.float32, dev)
             assert torch.equal(wx.wg_gemv(x[:m], words, sb, xs=xs, out=out), ref.float()), f"fp32 out, m={m}"
 
@@ -263,29 +264,35 @@ def test_wg_xs_smem_same_bits(dev, t, slots_mode, monkeypatch):
                     f"wg_gemv N={n} K={k} m={m} {rows}-row tiles, slots {slots_mode}"
 
 
-@pytest.mark.parametrize("cap", ["128", "128@8"])
-def test_wg_register_cap_same_bits(dev, cap, monkeypatch):
-    """DELTASERVE_WGMMA_MAXNREG (a register cap for the launches, spilling what does not fit) never changes a bit:
-    the MoE's gate/up and down at a 64-stream decode's 64 tokens (8-row tiles) and wg_gemv at 64 rows, capped ==
-    uncapped."""
+@pytest.mark.parametrize("cap,fold", [("128", "0"), ("128@8", "0"), ("96@8,128@16", "1")])
+def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
+    """DELTASERVE_WGMMA_MAXNREG (a register cap for the launches, spilling what does not fit), with or without
+    DELTASERVE_WGMMA_FOLD, never changes a bit: the MoE's gate/up and down at a 64-stream decode's 64 tokens (8- and
+    16-row tiles) and wg_gemv at 64 rows (8- and 32-row tiles), capped (and folded) == neither."""
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, 64)
-    tiles = mg.mma_expert_tiles(ids, e, 8)
     p, s, b, _ = kc.affine_weight((12352, 2048), 4, 64, dev)
     words, sb = mg.repack_q4(p, s, b)
 
     def run():
-        g = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb))
-        return g, wx.wg_matmul_experts(g, dw, dsb, ids, tiles, 1, scale=scale), wx.wg_gemv(x, words, sb, xs=xs,
-                                                                                            tile_rows=32)
+        out = []
+        for rows, dense_rows in ((8, 8), (16, 32)):
+            tiles = mg.mma_expert_tiles(ids, e, rows)
+            g = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb))
+            out += [g, wx.wg_matmul_experts(g, dw, dsb, ids, tiles, 1, scale=scale),
+                    wx.wg_gemv(x, words, sb, xs=xs, tile_rows=dense_rows)]
+        return out
 
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "0")  # no cap
+    monkeypatch.setenv("DELTASERVE_WGMMA_FOLD", "0")
     base = run()
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", cap)
-    for what, a, b in zip(("gated", "down", "wg_gemv"), run(), base):
-        assert torch.equal(a, b), f"{what} with the register cap {cap}"
+    monkeypatch.setenv("DELTASERVE_WGMMA_FOLD", fold)
+    whats = [f"{w} ({r}-row tiles)" for r in (8, 16) for w in ("gated", "down", "wg_gemv")]
+    for what, a, b in zip(whats, run(), base):
+        assert torch.equal(a, b), f"{what} with the register cap {cap}, fold {fold}"
 
 
 @pytest.mark.parametrize("t,slots_mode", [(1, "mod"), (1, "carry"), (64, "carry"), (512, "carry")])

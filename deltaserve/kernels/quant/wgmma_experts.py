@@ -51,7 +51,11 @@ def wg_min_rows() -> int:
 def env_value_at_rows(name: str, default: str, what: str, low: int, high: int, tile_rows: int) -> int | None:
     """An env knob of the form N (every tile width) or N@ROWS (tiles of at most ROWS rows of x only): N for tiles of
     tile_rows rows, None where it does not apply (unset, empty or 0, or wider tiles). Errors name the variable."""
-    value = os.environ.get(name, default).strip()
+    return _value_at_rows(name, os.environ.get(name, default).strip(), what, low, high, tile_rows)
+
+
+def _value_at_rows(name: str, value: str, what: str, low: int, high: int, tile_rows: int) -> int | None:
+    """env_value_at_rows of one value of the variable `name`."""
     if value in ("", "0"):
         return None
     n, at, rows = value.partition("@")
@@ -70,9 +74,14 @@ def wg_maxnreg(tile_rows: int) -> dict:
     most ROWS rows only; 0: none). Default 128@8: the 8-row gated form (a 64-stream decode's MoE) at 141 registers
     runs 3 programs an SM, at 128 (48 bytes of stack) 4. H200 (bench/NOTES.md): 64 streams 5,103 -> 5,131 tok/s
     alone, 5,097 -> 5,170 with the K = 4096 row split; every launch capped (the 16- and 32-row forms spill 104-136
-    bytes) 4,921, and pp512 20,847 -> 20,252."""
-    cap = env_value_at_rows("DELTASERVE_WGMMA_MAXNREG", "128@8", "CAP", 24, 255, tile_rows)
-    return {} if cap is None else {"maxnreg": cap}
+    bytes) 4,921, and pp512 20,847 -> 20,252. Several caps, comma-separated (e.g. 96@8,128@16): the first that
+    applies to the tile width."""
+    name = "DELTASERVE_WGMMA_MAXNREG"
+    for value in os.environ.get(name, "128@8").split(","):
+        cap = _value_at_rows(name, value.strip(), "CAP", 24, 255, tile_rows)
+        if cap is not None:
+            return {"maxnreg": cap}
+    return {}
 
 
 def wg_moe_stages(tile_rows: int) -> int:
@@ -123,6 +132,14 @@ def wg_partial_major() -> bool:
     tok/s, 8 prompts 27,776 -> 28,843; the GPU tests compare both orders with the mma.sync kernel bit for bit. Env
     DELTASERVE_WGMMA_ORDER=partial|group, for A/B."""
     return env_choice("DELTASERVE_WGMMA_ORDER", "partial", ("group", "partial")) == "partial"
+
+
+def wg_fold_pair() -> bool:
+    """Whether a partial-major program of the kernel with W = 4 takes its partial sums in the order 0, 2, 1, 3 and
+    adds 0 and 2 as soon as both are complete (the first add of _wg_sum's (a0 + a2) + (a1 + a3)), so it holds three
+    partial sums a weight instead of four. Each partial sum adds the same groups in the same order and the final
+    sum is the same adds, so never a bit. Env DELTASERVE_WGMMA_FOLD=1 | 0, for A/B."""
+    return env_choice("DELTASERVE_WGMMA_FOLD", "0", ("0", "1")) == "1"
 
 
 def wg_xs_smem() -> bool:
@@ -243,10 +260,24 @@ if HAVE_GLUON:
         return a0, a1, a2, a3
 
     @gluon.constexpr_function
-    def _wg_group(step, W, NCH, PARTIAL_MAJOR):
-        """The group a prologue step requests: the step itself, or partial sum by partial sum (step w NCH + c is
-        group c W + w)."""
-        return (step % NCH) * W + step // NCH if PARTIAL_MAJOR else step
+    def _wg_rev(i, W):
+        """The partial sum that a partial-major program takes i-th: i with its log2(W) bits reversed (W = 4: 0, 2, 1,
+        3), so that the first two (0 and 2) are the pair that _wg_sum adds first and fold into one (_wg_fold)."""
+        return ((i & 1) << 1) | (i >> 1) if W == 4 else i
+
+    @gluon.constexpr_function
+    def _wg_group(step, W, NCH, PARTIAL_MAJOR, FOLD):
+        """The group a prologue step requests: the step itself, or partial sum by partial sum (step i NCH + c is
+        group c W + i, or with FOLD c W + _wg_rev(i, W))."""
+        return (step % NCH) * W + (_wg_rev(step // NCH, W) if FOLD else step // NCH) if PARTIAL_MAJOR else step
+
+    @gluon.jit
+    def _wg_step_group(step, W: gl.constexpr, NCH: gl.constexpr, FOLD: gl.constexpr):
+        """_wg_group of a partial-major step known at run time."""
+        i = step // NCH
+        if FOLD:
+            i = ((i & 1) << 1) | (i >> 1)  # _wg_rev at W = 4
+        return (step % NCH) * W + i
 
     @gluon.jit
     def _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, slot, nx, more, w_base, w2_base, x_base, sq_base, wmask, xq_mask,
@@ -314,7 +345,7 @@ if HAVE_GLUON:
                     PDL_WAIT: gl.constexpr, cw_ptr=None, pool_ptr=None, slot_ptr=None, ctx_ptr=None, C=0, stride_cwc=0,
                     stride_cwk=0, stride_ps=0, stride_pc=0, stride_pk=0, CONV: gl.constexpr = False,
                     KCONV: gl.constexpr = 4, XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False,
-                    GS: gl.constexpr = 1, PAIRED: gl.constexpr = False):
+                    GS: gl.constexpr = 1, PAIRED: gl.constexpr = False, FOLD_PAIR: gl.constexpr = False):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -339,6 +370,7 @@ if HAVE_GLUON:
         against the one copy of x in shared memory (grid (tiles, NBE / 8)): x read once per 128 weight rows; each
         row set's MMAs and FMAs as in a program of its own, so the same bits."""
         G: gl.constexpr = K // 64
+        FOLD: gl.constexpr = PARTIAL_MAJOR and W == 4 and FOLD_PAIR  # partial sums 0 and 2 first, then added
         TWO: gl.constexpr = GATED or PAIRED  # two weights' words and (s, b) a step
         RSET: gl.constexpr = 8 if PAIRED else 4  # row blocks of 16 a program
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
@@ -438,7 +470,7 @@ if HAVE_GLUON:
             DG: gl.constexpr = W if PARTIAL_MAJOR else 1
             S: gl.constexpr = G // GS  # steps
             for i in gl.static_range(NS - 1):  # steps 0 .. NS - 2 requested
-                g0 = _wg_group(i * GS, W, NCH, PARTIAL_MAJOR)
+                g0 = _wg_group(i * GS, W, NCH, PARTIAL_MAJOR, FOLD)
                 _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, i, w_base + g0 * 128, w2_base + g0 * 128, x_base + g0 * 32,
                           sq_base + g0 * 16, wmask, xq_mask, sq_mask, TWO, GS, DG)
             slot = 0
@@ -448,30 +480,38 @@ if HAVE_GLUON:
             if not SELF_XS and not XS_SMEM:
                 xs_n = gl.load(xs_base, mask=xs_mask, other=0.0)
             if PARTIAL_MAJOR:
-                # partial sum w's groups w, w + W, ... in turn (group step w NCH + c is group c W + w): each partial
-                # sum adds its groups in the same order, so the same bits, with one partial sum updated at a time
-                for w in gl.static_range(W):
+                # partial sum w's groups w, w + W, ... in turn, the partial sums in _wg_rev's order (group step
+                # i NCH + c is group c W + _wg_rev(i)): each partial sum adds its groups in the same order, so the
+                # same bits, with one partial sum updated at a time; at W = 4 partial sums 0 and 2 come first and
+                # are added once both are complete, as _wg_sum adds them (FOLD), so three are held, not four
+                for pi in gl.static_range(W):
+                    w = _wg_rev(pi, W if FOLD else 1)
                     for cs in range(NCH // GS):
-                        st = w * (NCH // GS) + cs  # the step; its groups are group steps st GS + i
+                        st = pi * (NCH // GS) + cs  # the step; its groups are group steps st GS + i
                         ns1 = gl.minimum((st + NS - 1) * GS, G - GS)
                         _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, _wg_refill(slot, st, NS, SLOT_CARRY),
-                                    (ns1 % NCH) * W + ns1 // NCH, st + NS - 1 < S, w_base, w2_base, x_base,
+                                    _wg_step_group(ns1, W, NCH, FOLD), st + NS - 1 < S, w_base, w2_base, x_base,
                                     sq_base, wmask, xq_mask, sq_mask, NS, TWO, GS, DG)
                         for i in gl.static_range(GS):
                             c = cs * GS + i
-                            step = w * NCH + c
+                            step = pi * NCH + c
                             xs = xs_n
                             if XS_SMEM and not SELF_XS:
                                 xs = xs_sm.index(c * W + w).load(CL)
                             elif not SELF_XS:
                                 s1 = gl.minimum(step + 1, G - 1)
-                                xs_n = gl.load(xs_base + (s1 % NCH) * W + s1 // NCH, mask=xs_mask, other=0.0)
+                                xs_n = gl.load(xs_base + _wg_step_group(s1, W, NCH, FOLD), mask=xs_mask, other=0.0)
                             a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
                                 a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, st, NS, SLOT_CARRY), xs,
                                 w_sm[i], w2_sm[i], xq_sm[i], sb_sm[i], zero_w, zero, ones, dot_a, RL, XSH, SSH1, BN,
                                 GATED, SELF_XS, PAIRED)
                         if SLOT_CARRY:
                             slot = gl.where(slot == NS - 1, 0, slot + 1)
+                    if FOLD and pi == 1:  # partial sums 0 and 2 complete: _wg_sum's first add, done now
+                        a0 = _wg_here(a0 + a2)
+                        c0 = _wg_here(c0 + c2)
+                        a2 = zero
+                        c2 = zero
             else:
                 # group g into partial sum g % W, in K order: WS steps an iteration (a chunk of W groups, or of GS)
                 WS: gl.constexpr = _wg_max(W // GS, 1)
@@ -496,21 +536,21 @@ if HAVE_GLUON:
                         if SLOT_CARRY:
                             slot = gl.where(slot == NS - 1, 0, slot + 1)
             async_copy.wait_group(0)
-            y = _wg_sum(a0, a1, a2, a3, W)
+            y = _wg_sum(a0, a1, a2, a3, W, FOLD)
             o_n = gl.arange(0, BN, layout=CL)
             o_row = gl.arange(0, 64, layout=RL)
             o_dst = _wg_rows(order_ptr, lo, o_n, rows, DENSE).to(gl.int64)
             o_mask = (o_n < rows)[None, :]
             o_ptr = out_ptr + o_dst[None, :] * stride_om + p * (16 * RSET) + o_row[:, None]
             if GATED:
-                y2 = _wg_sum(c0, c1, c2, c3, W)
+                y2 = _wg_sum(c0, c1, c2, c3, W, FOLD)
                 gl.store(o_ptr, _silu_mul(y.to(gl.bfloat16).to(gl.float32), y2.to(gl.bfloat16).to(gl.float32)),
                          mask=o_mask)
             elif SCALED:
                 sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
                 gl.store(o_ptr, sc[None, :] * y.to(gl.bfloat16).to(gl.float32), mask=o_mask)
                 if PAIRED:
-                    y2 = _wg_sum(c0, c1, c2, c3, W)
+                    y2 = _wg_sum(c0, c1, c2, c3, W, FOLD)
                     gl.store(o_ptr + 64, sc[None, :] * y2.to(gl.bfloat16).to(gl.float32), mask=o_mask)
             elif CONV:
                 # the DeltaNet decode conv on the tile (mma_gemv's epilogue: its arithmetic, so its bits): features
@@ -522,7 +562,7 @@ if HAVE_GLUON:
             else:
                 gl.store(o_ptr, y.to(gl.bfloat16).to(o_ptr.dtype.element_ty), mask=o_mask)
                 if PAIRED:
-                    y2 = _wg_sum(c0, c1, c2, c3, W)
+                    y2 = _wg_sum(c0, c1, c2, c3, W, FOLD)
                     gl.store(o_ptr + 64, y2.to(gl.bfloat16).to(o_ptr.dtype.element_ty), mask=o_mask)
 
     @gluon.jit
@@ -532,12 +572,13 @@ if HAVE_GLUON:
                            SCALED: gl.constexpr, SELF_XS: gl.constexpr, NS: gl.constexpr = 3,
                            PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False,
                            XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1,
-                           PAIRED: gl.constexpr = False):
+                           PAIRED: gl.constexpr = False, FOLD_PAIR: gl.constexpr = False):
         """The experts matmul (wg_matmul_experts): _wg_program over the sorted tile table."""
         pdl_open(PDL)
         _wg_program(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr, hi_ptr,
                     order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP, K, W, BN, GATED, SCALED, SELF_XS, NS,
-                    PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM, SLOT_CARRY=SLOT_CARRY, GS=GS, PAIRED=PAIRED)
+                    PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM, SLOT_CARRY=SLOT_CARRY, GS=GS, PAIRED=PAIRED,
+                    FOLD_PAIR=FOLD_PAIR)
 
     @gluon.jit
     def _wg_gemv_kernel(xq_ptr, xs_ptr, w_ptr, sbq_ptr, out_ptr, stride_xq, stride_sm, stride_om, NBE, M,
@@ -545,7 +586,7 @@ if HAVE_GLUON:
                         stride_pk, K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, SELF_XS: gl.constexpr,
                         NS: gl.constexpr = 3, PARTIAL_MAJOR: gl.constexpr = False, CONV: gl.constexpr = False,
                         KCONV: gl.constexpr = 4, PDL: gl.constexpr = False, XS_SMEM: gl.constexpr = False,
-                        SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1):
+                        SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1, FOLD_PAIR: gl.constexpr = False):
         """The dense GEMV (wg_gemv): _wg_program with one weight and no table (DENSE); a kernel of its own name, so
         that profiles count it with the linears. CONV: mma_gemv's DeltaNet decode conv epilogue (the pool arguments
         unused otherwise)."""
@@ -553,7 +594,7 @@ if HAVE_GLUON:
         _wg_program(xq_ptr, xs_ptr, w_ptr, w_ptr, sbq_ptr, sbq_ptr, out_ptr, out_ptr, xq_ptr, xq_ptr, xq_ptr, xq_ptr,
                     stride_xq, stride_sm, stride_om, NBE, M, 1, K, W, BN, False, False, SELF_XS, NS, PARTIAL_MAJOR,
                     True, PDL, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
-                    stride_pk, CONV, KCONV, XS_SMEM, SLOT_CARRY, GS)
+                    stride_pk, CONV, KCONV, XS_SMEM, SLOT_CARRY, GS, FOLD_PAIR=FOLD_PAIR)
 
     @gluon.jit
     def _wg_rows(order_ptr, lo, i, rows, DENSE: gl.constexpr):
@@ -598,13 +639,23 @@ if HAVE_GLUON:
         return max(a, b)
 
     @gluon.jit
-    def _wg_sum(a0, a1, a2, a3, W: gl.constexpr):
+    def _wg_here(v):
+        """v (fp32) computed where this stands: a copy through an asm with side effects, which the compilers do not
+        move, so the adds feeding it are not sunk to v's last use (LLVM sank the fold's adds past the loops that
+        follow, holding four partial sums again; sm_90 SASS: the copies coalesce away)."""
+        return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=gl.float32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _wg_sum(a0, a1, a2, a3, W: gl.constexpr, FOLD: gl.constexpr = False):
         """The W partial sums added as the mma.sync kernel's cross-warp reduction adds them (its sm_90 SASS: the
-        butterfly over the warps' values at lane distance 2, then 1; the GPU probe: every element equal)."""
+        butterfly over the warps' values at lane distance 2, then 1; the GPU probe: every element equal). FOLD:
+        a0 holds a0 + a2 already (a2 unread; adding its zero could flip a -0.0)."""
         if W == 1:
             return a0
         elif W == 2:
             return a0 + a1
+        elif FOLD:
+            return a0 + (a1 + a3)
         else:
             return (a0 + a2) + (a1 + a3)
 
@@ -614,7 +665,7 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
                       up: tuple | None = None, scale: torch.Tensor | None = None, warps: int | None = None,
                       out: torch.Tensor | None = None, stages: int = WG_STAGES,
                       partial_major: bool | None = None, xs_smem: bool | None = None,
-                      row_sets: int | None = None) -> torch.Tensor:
+                      row_sets: int | None = None, fold: bool | None = None) -> torch.Tensor:
     """mma_gemv.mma_matmul_experts' result (the same bits) through warpgroup MMAs, for sorted tiles of 8 to 64 rows
     (tiles.rows is the MMA's N): row m = x[m // x_repeat] W[expert_ids[m]]^T for repacked stacked experts (N a
     multiple of 64); up= the gated epilogue (x's group sums xs= required, as the model's norm makes them), scale=
@@ -622,8 +673,8 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
     warps: the mma.sync kernel's K split whose bits to give (default_warps(K)); stages: shared-memory slots (2+);
     partial_major: the groups partial sum by partial sum (None: wg_partial_major()); xs_smem: x's given group sums
     staged in shared memory (None: wg_xs_smem()); row_sets: 64-row sets a program of a one-weight launch, 1 or 2
-    (None: wg_row_sets(tiles.rows) where N is a multiple of 128, else 1; 2 given needs it); none of them changes
-    bits."""
+    (None: wg_row_sets(tiles.rows) where N is a multiple of 128, else 1; 2 given needs it); fold: partial sums 0 and
+    2 added as soon as both are complete (None: wg_fold_pair()); none of them changes bits."""
     from .mma_gemv import default_warps
 
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
@@ -671,9 +722,16 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
             0 if self_xs else xs.stride(0), out.stride(0), nbe, 0, XREP=x_repeat, K=k, W=warps, BN=tiles.rows,
             GATED=up is not None, SCALED=scale is not None, SELF_XS=self_xs, NS=stages, num_warps=4,
             **_step_args(self_xs, xs_smem, gs), **({"PAIRED": True} if sets == 2 else {}),
-            **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
-               else {}), **wg_maxnreg(tiles.rows), **pdl_args(x))
+            **_order_args(warps, partial_major, fold), **wg_maxnreg(tiles.rows), **pdl_args(x))
     return out
+
+
+def _order_args(warps: int, partial_major: bool | None, fold: bool | None) -> dict:
+    """The launch arguments of the groups' order: PARTIAL_MAJOR (partial_major, None: wg_partial_major()) where K is
+    split, and FOLD_PAIR (fold, None: wg_fold_pair()) where that split is 4 partial sums taken partial-major."""
+    major = warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
+    folded = major and warps == 4 and (wg_fold_pair() if fold is None else fold)
+    return {**({"PARTIAL_MAJOR": True} if major else {}), **({"FOLD_PAIR": True} if folded else {})}
 
 
 def _step_args(self_xs: bool, xs_smem: bool | None, gs: int) -> dict:
@@ -700,7 +758,7 @@ def wg_dense_fits(words: torch.Tensor) -> bool:
 def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Tensor | None = None,
             out: torch.Tensor | None = None, tile_rows: int = WG_DENSE_TILE_ROWS, stages: int = WG_STAGES,
             partial_major: bool | None = None, conv: tuple | None = None,
-            xs_smem: bool | None = None) -> torch.Tensor:
+            xs_smem: bool | None = None, fold: bool | None = None) -> torch.Tensor:
     """mma_gemv.mma_gemv's result (the same bits: its K split W = default_warps(K), its group sums xs or, when None,
     the kernel's own MMA(ones, x)) for x [M, K] bf16 and a repack_q4 weight, through warpgroup MMAs: a program owns 64
     weight rows against tile_rows (8 - 64) rows of x, so x is read once per 64 weight rows instead of once per 16 or
@@ -708,7 +766,7 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
     widened), [M, N]. Any M (x's rows are MMA columns: a row's bits never depend on M or its neighbours).
     conv: mma_gemv's conv= (a DecodeConv or the same tuple; bf16 out): the DeltaNet decode conv in the epilogue,
     mma_gemv's arithmetic, meant to equal this GEMV followed by causal_conv bit for bit. xs_smem: xs staged in
-    shared memory (None: wg_xs_smem(); never a bit)."""
+    shared memory (None: wg_xs_smem(); never a bit); fold: as wg_matmul_experts' (never a bit)."""
     from .mma_gemv import decode_conv_args, default_warps
 
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
@@ -745,6 +803,5 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
             xq, xq if self_xs else xs, words, sb.view(torch.int32), out, xq.stride(0), 0 if self_xs else xs.stride(0),
             out.stride(0), nb, m, *conv_args, K=k, W=warps, BN=tile_rows, SELF_XS=self_xs, NS=stages,
             CONV=conv is not None, KCONV=kconv, num_warps=4, **_step_args(self_xs, xs_smem, gs),
-            **({"PARTIAL_MAJOR": True} if warps > 1 and (wg_partial_major() if partial_major is None else partial_major)
-               else {}), **wg_maxnreg(tile_rows), **pdl_args(x))
+            **_order_args(warps, partial_major, fold), **wg_maxnreg(tile_rows), **pdl_args(x))
     return out
