@@ -262,7 +262,7 @@ if HAVE_GLUON:
     @gluon.constexpr_function
     def _wg_rev(i, W):
         """The partial sum that a partial-major program takes i-th: i with its log2(W) bits reversed (W = 4: 0, 2, 1,
-        3), so that the first two (0 and 2) are the pair that _wg_sum adds first and fold into one (_wg_fold)."""
+        3), so that the first two (0 and 2) are the pair that _wg_sum adds first and fold into one (FOLD)."""
         return ((i & 1) << 1) | (i >> 1) if W == 4 else i
 
     @gluon.constexpr_function
@@ -274,10 +274,10 @@ if HAVE_GLUON:
     @gluon.jit
     def _wg_step_group(step, W: gl.constexpr, NCH: gl.constexpr, FOLD: gl.constexpr):
         """_wg_group of a partial-major step known at run time."""
-        i = step // NCH
         if FOLD:
-            i = ((i & 1) << 1) | (i >> 1)  # _wg_rev at W = 4
-        return (step % NCH) * W + i
+            i = step // NCH
+            return (step % NCH) * W + (((i & 1) << 1) | (i >> 1))  # _wg_rev at W = 4
+        return (step % NCH) * W + step // NCH
 
     @gluon.jit
     def _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, slot, nx, more, w_base, w2_base, x_base, sq_base, wmask, xq_mask,
