@@ -181,7 +181,8 @@ def test_wgmma_register_cap_knob(monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     monkeypatch.delenv("DELTASERVE_WGMMA_MAXNREG", raising=False)
-    assert (wx.wg_maxnreg(8), wx.wg_maxnreg(16)) == ({"maxnreg": 128}, {})  # the default: 8-row tiles only
+    # the default: 96 for 8-row tiles, 128 for 16-row ones, none wider
+    assert [wx.wg_maxnreg(r) for r in (8, 16, 32)] == [{"maxnreg": 96}, {"maxnreg": 128}, {}]
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "0")
     assert wx.wg_maxnreg(8) == {}
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "128")
@@ -202,14 +203,13 @@ def test_wgmma_fold_knob(monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     monkeypatch.delenv("DELTASERVE_WGMMA_FOLD", raising=False)
-    default = wx.wg_fold_pair()
+    assert wx.wg_fold_pair() is True  # the default
     for value, want in (("1", True), ("0", False)):
         monkeypatch.setenv("DELTASERVE_WGMMA_FOLD", value)
         assert wx.wg_fold_pair() is want
     monkeypatch.setenv("DELTASERVE_WGMMA_FOLD", "yes")
     with pytest.raises(ValueError, match="DELTASERVE_WGMMA_FOLD"):
         wx.wg_fold_pair()
-    assert isinstance(default, bool)
 
 
 def test_mma_gemv_row_split_knobs(monkeypatch):

@@ -71,13 +71,17 @@ def _value_at_rows(name: str, value: str, what: str, low: int, high: int, tile_r
 def wg_maxnreg(tile_rows: int) -> dict:
     """The kernel's register cap as a launch option for tiles of tile_rows rows of x (never a bit: it only decides
     what ptxas keeps in registers), or {}: env DELTASERVE_WGMMA_MAXNREG=CAP (every launch) or CAP@ROWS (tiles of at
-    most ROWS rows only; 0: none). Default 128@8: the 8-row gated form (a 64-stream decode's MoE) at 141 registers
-    runs 3 programs an SM, at 128 (48 bytes of stack) 4. H200 (bench/NOTES.md): 64 streams 5,103 -> 5,131 tok/s
-    alone, 5,097 -> 5,170 with the K = 4096 row split; every launch capped (the 16- and 32-row forms spill 104-136
-    bytes) 4,921, and pp512 20,847 -> 20,252. Several caps, comma-separated (e.g. 96@8,128@16): the first that
-    applies to the tile width."""
+    most ROWS rows only; 0: none); several, comma-separated: the first that applies to the tile width. Default
+    96@8,128@16, with the partial sums folded (wg_fold_pair; sm_90 without stack): the 8-row forms (a 64-stream
+    decode) at 96 registers, 5 programs an SM of the gated one (116 uncapped), the 16-row forms (a prefill of up to
+    ~900 tokens) at 128, 4 of the gated one (163 uncapped; 24 bytes of stack outside its loops). H200 (bench/
+    NOTES.md): the gated launch at 512 tokens (graph probe) 163.6 -> 147.3 us with the fold, 159.1 with the cap
+    alone; pp512 B=1 24,059 / 24,458 -> 24,548 / 24,883 tok/s, 8 prompts 38,811 -> 39,195; 64 streams 6,097 /
+    6,099 -> 6,114 / 6,114 (128@8: 6,110). Before the fold: 128@8 alone (the 8-row gated form at 141 registers, 3
+    -> 4 programs an SM) 64 streams 5,103 -> 5,131; every launch capped (the 16- and 32-row forms spill 104-136
+    bytes) 4,921, and pp512 20,847 -> 20,252."""
     name = "DELTASERVE_WGMMA_MAXNREG"
-    for value in os.environ.get(name, "128@8").split(","):
+    for value in os.environ.get(name, "96@8,128@16").split(","):
         cap = _value_at_rows(name, value.strip(), "CAP", 24, 255, tile_rows)
         if cap is not None:
             return {"maxnreg": cap}
@@ -138,8 +142,12 @@ def wg_fold_pair() -> bool:
     """Whether a partial-major program of the kernel with W = 4 takes its partial sums in the order 0, 2, 1, 3 and
     adds 0 and 2 as soon as both are complete (the first add of _wg_sum's (a0 + a2) + (a1 + a3)), so it holds three
     partial sums a weight instead of four. Each partial sum adds the same groups in the same order and the final
-    sum is the same adds, so never a bit. Env DELTASERVE_WGMMA_FOLD=1 | 0, for A/B."""
-    return env_choice("DELTASERVE_WGMMA_FOLD", "0", ("0", "1")) == "1"
+    sum is the same adds, so never a bit (GPU tests: fold == mma.sync). sm_90: the gated form at 8 / 16 / 32-row
+    tiles 124 / 167 / 255 (+16 bytes of stack) -> 116 / 163 / 252 registers, wg_gemv at 32-row tiles 164 -> 125; what
+    it buys is the register caps it lets through without spills in the loops (wg_maxnreg). H200, graph probe: the
+    gated launch at 512 tokens 163.6 -> 160.3 us alone, 147.3 with the 128 cap; at 4,096 (32-row tiles) 807.3 ->
+    797.4. Env DELTASERVE_WGMMA_FOLD=1 (the default) | 0, for A/B."""
+    return env_choice("DELTASERVE_WGMMA_FOLD", "1", ("0", "1")) == "1"
 
 
 def wg_xs_smem() -> bool:
