@@ -199,6 +199,18 @@ def test_wgmma_register_cap_knob(monkeypatch):
             wx.wg_maxnreg(32)
 
 
+def test_wgmma_split_wait_knob(monkeypatch):
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.delenv("DELTASERVE_WGMMA_SPLIT_WAIT", raising=False)
+    assert wx.wg_split_wait() is False  # the default
+    monkeypatch.setenv("DELTASERVE_WGMMA_SPLIT_WAIT", "1")
+    assert wx.wg_split_wait() is True
+    monkeypatch.setenv("DELTASERVE_WGMMA_SPLIT_WAIT", "2")
+    with pytest.raises(ValueError, match="DELTASERVE_WGMMA_SPLIT_WAIT"):
+        wx.wg_split_wait()
+
+
 def test_wgmma_fold_knob(monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
 

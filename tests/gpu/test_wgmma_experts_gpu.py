@@ -27,7 +27,7 @@ def _moe_35b_case(dev, t):
 
 
 @pytest.mark.parametrize("t", [1, 7, 64, 512])
-def test_wg_experts_same_bits_as_mma(dev, t):
+def test_wg_experts_same_bits_as_mma(dev, t, monkeypatch):
     """Gate/up (SiLU * up, the norm's group sums) and the scaled down (its own group sums) at the 35B-A3B's shapes
     (256 routed experts + the shared one stacked last, top-8, H 2048, I 512): every tile width, slot count and group
     order gives the mma.sync kernel's result bit for bit, and writes every element of a NaN-poisoned output."""
@@ -41,13 +41,15 @@ def test_wg_experts_same_bits_as_mma(dev, t):
     for rows in (8, 16, 32):
         tiles = mg.mma_expert_tiles(ids, e, rows)
         for ns in (2, 3, 5):
-            # the groups in K order, or partial sum by partial sum (in order, or 0, 2 folded first, then 1, 3)
-            for pm, fold in ((False, False), (True, False), (True, True)):
+            # the groups in K order, or partial sum by partial sum (in order, or 0, 2 folded first, then 1, 3);
+            # one wait for gate's and up's MMAs, or gate's FMAs between two (split)
+            for pm, fold, split in ((False, False, "0"), (True, False, "0"), (True, True, "0"), (True, True, "1")):
+                monkeypatch.setenv("DELTASERVE_WGMMA_SPLIT_WAIT", split)
                 out = torch.full_like(ref_g, float("nan"))
                 got = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb), out=out, stages=ns,
                                            partial_major=pm, fold=fold)
                 assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref_g), \
-                    f"gated, {rows}-row tiles, {ns} slots, partial-major {pm}, fold {fold}"
+                    f"gated, {rows}-row tiles, {ns} slots, partial-major {pm}, fold {fold}, split wait {split}"
             out = torch.full_like(ref_d, float("nan"))
             got = wx.wg_matmul_experts(ref_g, dw, dsb, ids, tiles, 1, scale=scale, out=out, stages=ns)
             assert torch.equal(got, ref_d), f"down, {rows}-row tiles, {ns} slots"

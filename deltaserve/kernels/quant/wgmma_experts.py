@@ -150,6 +150,13 @@ def wg_fold_pair() -> bool:
     return env_choice("DELTASERVE_WGMMA_FOLD", "1", ("0", "1")) == "1"
 
 
+def wg_split_wait() -> bool:
+    """Whether the gated launch's step waits for gate's MMAs alone first and makes gate's FMAs while up's MMAs run,
+    then waits for up's (instead of one wait for both): the same FMAs in the same order, so never a bit. Env
+    DELTASERVE_WGMMA_SPLIT_WAIT=1 | 0 (the default), for A/B."""
+    return env_choice("DELTASERVE_WGMMA_SPLIT_WAIT", "0", ("0", "1")) == "1"
+
+
 def wg_xs_smem() -> bool:
     """Whether the kernel's launches with x's group sums given stage a tile's sums of every group in shared memory
     once (with the first group's copies) instead of loading them from global memory each step (BN / 4 loads a
@@ -303,7 +310,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _wg_step(a0, a1, a2, a3, c0, c1, c2, c3, w: gl.constexpr, slot, xs, w_sm, w2_sm, xq_sm, sb_sm, zero_w, zero,
                  ones, dot_a: gl.constexpr, RL: gl.constexpr, XSH: gl.constexpr, SSH1: gl.constexpr,
-                 BN: gl.constexpr, GATED: gl.constexpr, SELF_XS: gl.constexpr, PAIRED: gl.constexpr = False):
+                 BN: gl.constexpr, GATED: gl.constexpr, SELF_XS: gl.constexpr, PAIRED: gl.constexpr = False,
+                 SPLIT_WAIT: gl.constexpr = False):
         """One group from slot `slot` into partial sum w (gate's a, up's c; PAIRED: the first and second row set's):
         its MMAs (gate, up, and the group sums' when SELF_XS) issued together and awaited once, then
         _wg_group_fma."""
@@ -318,6 +326,13 @@ if HAVE_GLUON:
             if SELF_XS:  # (PAIRED only: the gated launch takes x's sums)
                 qx = warpgroup_mma(ones, b_sm, zero, is_async=True)
                 qg, qu, xsum, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, qx, a, a_up])
+            elif SPLIT_WAIT:  # the first weight's FMAs while the second's MMAs run (the same FMAs, in order)
+                qg, a = warpgroup_mma_wait(1, deps=[qg, a])
+                xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
+                a0, a1, a2, a3 = _wg_partial_fma(a0, a1, a2, a3, w, qg, bf16_pair(sbq.slice(0, 64).load(RL)), xsum)
+                qu, a_up = warpgroup_mma_wait(0, deps=[qu, a_up])
+                c0, c1, c2, c3 = _wg_partial_fma(c0, c1, c2, c3, w, qu, bf16_pair(sbq.slice(64, 64).load(RL)), xsum)
+                return a0, a1, a2, a3, c0, c1, c2, c3
             else:
                 qg, qu, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, a, a_up])
                 xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
@@ -353,7 +368,8 @@ if HAVE_GLUON:
                     PDL_WAIT: gl.constexpr, cw_ptr=None, pool_ptr=None, slot_ptr=None, ctx_ptr=None, C=0, stride_cwc=0,
                     stride_cwk=0, stride_ps=0, stride_pc=0, stride_pk=0, CONV: gl.constexpr = False,
                     KCONV: gl.constexpr = 4, XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False,
-                    GS: gl.constexpr = 1, PAIRED: gl.constexpr = False, FOLD_PAIR: gl.constexpr = False):
+                    GS: gl.constexpr = 1, PAIRED: gl.constexpr = False, FOLD_PAIR: gl.constexpr = False,
+                    SPLIT_WAIT: gl.constexpr = False):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -512,7 +528,7 @@ if HAVE_GLUON:
                             a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
                                 a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, st, NS, SLOT_CARRY), xs,
                                 w_sm[i], w2_sm[i], xq_sm[i], sb_sm[i], zero_w, zero, ones, dot_a, RL, XSH, SSH1, BN,
-                                GATED, SELF_XS, PAIRED)
+                                GATED, SELF_XS, PAIRED, SPLIT_WAIT)
                         if SLOT_CARRY:
                             slot = gl.where(slot == NS - 1, 0, slot + 1)
                     if FOLD and pi == 1:  # partial sums 0 and 2 complete: _wg_sum's first add, done now
@@ -540,7 +556,7 @@ if HAVE_GLUON:
                             a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
                                 a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, st, NS, SLOT_CARRY), xs,
                                 w_sm[i], w2_sm[i], xq_sm[i], sb_sm[i], zero_w, zero, ones, dot_a, RL, XSH, SSH1, BN,
-                                GATED, SELF_XS, PAIRED)
+                                GATED, SELF_XS, PAIRED, SPLIT_WAIT)
                         if SLOT_CARRY:
                             slot = gl.where(slot == NS - 1, 0, slot + 1)
             async_copy.wait_group(0)
@@ -580,13 +596,14 @@ if HAVE_GLUON:
                            SCALED: gl.constexpr, SELF_XS: gl.constexpr, NS: gl.constexpr = 3,
                            PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False,
                            XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1,
-                           PAIRED: gl.constexpr = False, FOLD_PAIR: gl.constexpr = False):
+                           PAIRED: gl.constexpr = False, FOLD_PAIR: gl.constexpr = False,
+                           SPLIT_WAIT: gl.constexpr = False):
         """The experts matmul (wg_matmul_experts): _wg_program over the sorted tile table."""
         pdl_open(PDL)
         _wg_program(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr, hi_ptr,
                     order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP, K, W, BN, GATED, SCALED, SELF_XS, NS,
                     PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM, SLOT_CARRY=SLOT_CARRY, GS=GS, PAIRED=PAIRED,
-                    FOLD_PAIR=FOLD_PAIR)
+                    FOLD_PAIR=FOLD_PAIR, SPLIT_WAIT=SPLIT_WAIT)
 
     @gluon.jit
     def _wg_gemv_kernel(xq_ptr, xs_ptr, w_ptr, sbq_ptr, out_ptr, stride_xq, stride_sm, stride_om, NBE, M,
@@ -730,7 +747,9 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
             0 if self_xs else xs.stride(0), out.stride(0), nbe, 0, XREP=x_repeat, K=k, W=warps, BN=tiles.rows,
             GATED=up is not None, SCALED=scale is not None, SELF_XS=self_xs, NS=stages, num_warps=4,
             **_step_args(self_xs, xs_smem, gs), **({"PAIRED": True} if sets == 2 else {}),
-            **_order_args(warps, partial_major, fold), **wg_maxnreg(tiles.rows), **pdl_args(x))
+            **_order_args(warps, partial_major, fold),
+            **({"SPLIT_WAIT": True} if up is not None and wg_split_wait() else {}), **wg_maxnreg(tiles.rows),
+            **pdl_args(x))
     return out
 
 
