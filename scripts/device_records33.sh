@@ -13,6 +13,6 @@ timeout 50 python3 scripts/probe_prefill_experts.py --t 512,4096 --gs default --
 TESTS_NAMED=1 gpu_tests 60 "tests/gpu/test_wgmma_experts_gpu.py::test_wg_experts_same_bits_as_mma[512]"
 echo "== records at ${DELTASERVE_COMMIT:-?}"
 bench_records 170 125
-TESTS_NAMED=1 gpu_tests 80 tests/gpu/test_model_mma_path.py tests/gpu/test_engine_graph_gpu.py
+TESTS_NAMED=1 gpu_tests 60 tests/gpu/test_model_mma_path.py tests/gpu/test_engine_graph_gpu.py
 logs_into_one
 echo "done ($((SECONDS-t0)) s)"
