@@ -9,6 +9,7 @@ python3 -c "import fla" || { echo "fla missing: stop"; exit 1; }
 # predicted ~-3% for the gated launch at 512 tokens (the MMA latency of each step's second weight hidden)
 timeout 50 python3 scripts/probe_prefill_experts.py --t 512,4096 --gs default --gated-ns 3 --down-ns "" \
   --env base:DELTASERVE_WGMMA_SPLIT_WAIT=0 --env split:DELTASERVE_WGMMA_SPLIT_WAIT=1 \
+  --env cap168@32:DELTASERVE_WGMMA_MAXNREG=96@8,128@16,168@32 \
   --out "$OUT/probe.jsonl" > "$OUT/probe.log" 2>&1; echo "probe rc $? ($((SECONDS-t0)) s)"; grep -E "^\|" "$OUT/probe.log"
 TESTS_NAMED=1 gpu_tests 60 "tests/gpu/test_wgmma_experts_gpu.py::test_wg_experts_same_bits_as_mma[512]"
 echo "== records at ${DELTASERVE_COMMIT:-?}"
