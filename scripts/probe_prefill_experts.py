@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -48,7 +49,7 @@ def env_variants(specs: list[str]) -> list[tuple[str, list[tuple[str, str]]]]:
     out = []
     for spec in specs:
         label, colon, pairs = spec.partition(":")
-        knobs = [tuple(p.split("=", 1)) for p in pairs.split(",") if p]
+        knobs = [tuple(p.split("=", 1)) for p in re.split(r",(?=DELTASERVE_)", pairs) if p]  # values may hold commas
         if not colon or not label or any(len(k) != 2 or not k[0].startswith("DELTASERVE_") for k in knobs):
             raise SystemExit(f"--env: LABEL:DELTASERVE_NAME=V[,DELTASERVE_NAME=V], found {spec!r}")
         out.append((label, knobs))
