@@ -392,7 +392,10 @@ if HAVE_GLUON:
         PAIRED (one weight, not GATED): a program owns two row sets of 64, row blocks 8 p .. 8 p + 3 through w_ptr /
         sbq_ptr and 8 p + 4 .. 8 p + 7 through w2_ptr / sb2q_ptr (the same stack seen from 4 row blocks on), both
         against the one copy of x in shared memory (grid (tiles, NBE / 8)): x read once per 128 weight rows; each
-        row set's MMAs and FMAs as in a program of its own, so the same bits."""
+        row set's MMAs and FMAs as in a program of its own, so the same bits.
+        FOLD_PAIR (PARTIAL_MAJOR, W = 4): the partial sums taken 0, 2, 1, 3 and 0 + 2 added once both are complete
+        (_wg_sum's first add, made early), so three are held instead of four (wg_fold_pair). SPLIT_WAIT (GATED): gate's
+        FMAs between a wait for gate's MMAs and one for up's (wg_split_wait). Neither changes a bit."""
         G: gl.constexpr = K // 64
         FOLD: gl.constexpr = PARTIAL_MAJOR and W == 4 and FOLD_PAIR  # partial sums 0 and 2 first, then added
         TWO: gl.constexpr = GATED or PAIRED  # two weights' words and (s, b) a step
