@@ -315,6 +315,7 @@ if HAVE_GLUON:
         """One group from slot `slot` into partial sum w (gate's a, up's c; PAIRED: the first and second row set's):
         its MMAs (gate, up, and the group sums' when SELF_XS) issued together and awaited once, then
         _wg_group_fma."""
+        SPLIT: gl.constexpr = SPLIT_WAIT and (GATED or PAIRED) and not SELF_XS  # two waits (wg_split_wait)
         b_sm = xq_sm.index(slot)._reinterpret(gl.bfloat16, [BN, 64], XSH).permute((1, 0))
         sbq = sb_sm.index(slot)._reinterpret(gl.int32, [128], SSH1)
         a = _wg_a_operand(w_sm.index(slot).load(gl.SliceLayout(4, zero_w.type.layout)), zero_w, dot_a)
@@ -326,13 +327,11 @@ if HAVE_GLUON:
             if SELF_XS:  # (PAIRED only: the gated launch takes x's sums)
                 qx = warpgroup_mma(ones, b_sm, zero, is_async=True)
                 qg, qu, xsum, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, qx, a, a_up])
-            elif SPLIT_WAIT:  # the first weight's FMAs while the second's MMAs run (the same FMAs, in order)
+            elif SPLIT:  # the first weight's FMAs while the second's MMAs run (the same FMAs, in order)
                 qg, a = warpgroup_mma_wait(1, deps=[qg, a])
                 xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
                 a0, a1, a2, a3 = _wg_partial_fma(a0, a1, a2, a3, w, qg, bf16_pair(sbq.slice(0, 64).load(RL)), xsum)
                 qu, a_up = warpgroup_mma_wait(0, deps=[qu, a_up])
-                c0, c1, c2, c3 = _wg_partial_fma(c0, c1, c2, c3, w, qu, bf16_pair(sbq.slice(64, 64).load(RL)), xsum)
-                return a0, a1, a2, a3, c0, c1, c2, c3
             else:
                 qg, qu, a, a_up = warpgroup_mma_wait(0, deps=[qg, qu, a, a_up])
                 xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
@@ -342,7 +341,8 @@ if HAVE_GLUON:
         else:
             qg, a = warpgroup_mma_wait(0, deps=[qg, a])
             xsum = gl.broadcast(gl.expand_dims(xs, 0), zero)[0]
-        a0, a1, a2, a3 = _wg_partial_fma(a0, a1, a2, a3, w, qg, bf16_pair(sbq.slice(0, 64).load(RL)), xsum)
+        if not SPLIT:  # (the split wait made the first weight's FMAs between its two waits)
+            a0, a1, a2, a3 = _wg_partial_fma(a0, a1, a2, a3, w, qg, bf16_pair(sbq.slice(0, 64).load(RL)), xsum)
         if GATED or PAIRED:
             c0, c1, c2, c3 = _wg_partial_fma(c0, c1, c2, c3, w, qu, bf16_pair(sbq.slice(64, 64).load(RL)), xsum)
         return a0, a1, a2, a3, c0, c1, c2, c3
