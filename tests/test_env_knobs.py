@@ -199,29 +199,21 @@ def test_wgmma_register_cap_knob(monkeypatch):
             wx.wg_maxnreg(32)
 
 
-def test_wgmma_split_wait_knob(monkeypatch):
+@pytest.mark.parametrize("switch,var,default", [("wg_fold_pair", "DELTASERVE_WGMMA_FOLD", True),
+                                                 ("wg_split_wait", "DELTASERVE_WGMMA_SPLIT_WAIT", False)])
+def test_wgmma_on_off_switches(monkeypatch, switch, var, default):
     from deltaserve.kernels.quant import wgmma_experts as wx
 
-    monkeypatch.delenv("DELTASERVE_WGMMA_SPLIT_WAIT", raising=False)
-    assert wx.wg_split_wait() is False  # the default
-    monkeypatch.setenv("DELTASERVE_WGMMA_SPLIT_WAIT", "1")
-    assert wx.wg_split_wait() is True
-    monkeypatch.setenv("DELTASERVE_WGMMA_SPLIT_WAIT", "2")
-    with pytest.raises(ValueError, match="DELTASERVE_WGMMA_SPLIT_WAIT"):
-        wx.wg_split_wait()
-
-
-def test_wgmma_fold_knob(monkeypatch):
-    from deltaserve.kernels.quant import wgmma_experts as wx
-
-    monkeypatch.delenv("DELTASERVE_WGMMA_FOLD", raising=False)
-    assert wx.wg_fold_pair() is True  # the default
+    fn = getattr(wx, switch)
+    monkeypatch.delenv(var, raising=False)
+    assert fn() is default
     for value, want in (("1", True), ("0", False)):
-        monkeypatch.setenv("DELTASERVE_WGMMA_FOLD", value)
-        assert wx.wg_fold_pair() is want
-    monkeypatch.setenv("DELTASERVE_WGMMA_FOLD", "yes")
-    with pytest.raises(ValueError, match="DELTASERVE_WGMMA_FOLD"):
-        wx.wg_fold_pair()
+        monkeypatch.setenv(var, value)
+        assert fn() is want
+    for bad in ("yes", "2"):
+        monkeypatch.setenv(var, bad)
+        with pytest.raises(ValueError, match=var):
+            fn()
 
 
 def test_mma_gemv_row_split_knobs(monkeypatch):
