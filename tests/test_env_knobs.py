@@ -181,8 +181,8 @@ def test_wgmma_register_cap_knob(monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     monkeypatch.delenv("DELTASERVE_WGMMA_MAXNREG", raising=False)
-    # the default: 96 for 8-row tiles, 128 for 16-row ones, none wider
-    assert [wx.wg_maxnreg(r) for r in (8, 16, 32)] == [{"maxnreg": 96}, {"maxnreg": 128}, {}]
+    # the default: 96 for 8-row tiles, 128 for 16-row ones, 168 for 32-row ones, none wider
+    assert [wx.wg_maxnreg(r) for r in (8, 16, 32, 64)] == [{"maxnreg": 96}, {"maxnreg": 128}, {"maxnreg": 168}, {}]
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "0")
     assert wx.wg_maxnreg(8) == {}
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "128")

@@ -266,11 +266,11 @@ def test_wg_xs_smem_same_bits(dev, t, slots_mode, monkeypatch):
                     f"wg_gemv N={n} K={k} m={m} {rows}-row tiles, slots {slots_mode}"
 
 
-@pytest.mark.parametrize("cap,fold", [("128", "0"), ("128@8", "0"), ("96@8,128@16", "1")])
+@pytest.mark.parametrize("cap,fold", [("128", "0"), ("128@8", "0"), ("96@8,128@16,168@32", "1")])
 def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
     """DELTASERVE_WGMMA_MAXNREG (a register cap for the launches, spilling what does not fit), with or without
-    DELTASERVE_WGMMA_FOLD, never changes a bit: the MoE's gate/up and down at a 64-stream decode's 64 tokens (8- and
-    16-row tiles) and wg_gemv at 64 rows (8- and 32-row tiles), capped (and folded) == neither."""
+    DELTASERVE_WGMMA_FOLD, never changes a bit: the MoE's gate/up and down at a 64-stream decode's 64 tokens (8-,
+    16- and 32-row tiles) and wg_gemv at 64 rows (8- and 32-row tiles), capped (and folded) == neither."""
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
 
@@ -280,7 +280,7 @@ def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
 
     def run():
         out = []
-        for rows, dense_rows in ((8, 8), (16, 32)):
+        for rows, dense_rows in ((8, 8), (16, 32), (32, 32)):
             tiles = mg.mma_expert_tiles(ids, e, rows)
             g = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb))
             out += [g, wx.wg_matmul_experts(g, dw, dsb, ids, tiles, 1, scale=scale),
@@ -292,7 +292,7 @@ def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
     base = run()
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", cap)
     monkeypatch.setenv("DELTASERVE_WGMMA_FOLD", fold)
-    whats = [f"{w} ({r}-row tiles)" for r in (8, 16) for w in ("gated", "down", "wg_gemv")]
+    whats = [f"{w} ({r}-row tiles)" for r in (8, 16, 32) for w in ("gated", "down", "wg_gemv")]
     for what, a, b in zip(whats, run(), base):
         assert torch.equal(a, b), f"{what} with the register cap {cap}, fold {fold}"
 

@@ -68,20 +68,25 @@ def _value_at_rows(name: str, value: str, what: str, low: int, high: int, tile_r
     return n_v if tile_rows <= rows_n else None
 
 
+WG_MAXNREG_DEFAULT = "96@8,128@16,168@32"
+
+
 def wg_maxnreg(tile_rows: int) -> dict:
     """The kernel's register cap as a launch option for tiles of tile_rows rows of x (never a bit: it only decides
     what ptxas keeps in registers), or {}: env DELTASERVE_WGMMA_MAXNREG=CAP (every launch) or CAP@ROWS (tiles of at
     most ROWS rows only; 0: none); several, comma-separated: the first that applies to the tile width. Default
-    96@8,128@16, with the partial sums folded (wg_fold_pair; sm_90 without stack): the 8-row forms (a 64-stream
-    decode) at 96 registers, 5 programs an SM of the gated one (116 uncapped), the 16-row forms (a prefill of up to
-    ~900 tokens) at 128, 4 of the gated one (163 uncapped; 24 bytes of stack outside its loops). H200 (bench/
-    NOTES.md): the gated launch at 512 tokens (graph probe) 163.6 -> 147.3 us with the fold, 159.1 with the cap
-    alone; pp512 B=1 24,059 / 24,458 -> 24,548 / 24,883 tok/s, 8 prompts 38,811 -> 39,195; 64 streams 6,097 /
-    6,099 -> 6,114 / 6,114 (128@8: 6,110). Before the fold: 128@8 alone (the 8-row gated form at 141 registers, 3
-    -> 4 programs an SM) 64 streams 5,103 -> 5,131; every launch capped (the 16- and 32-row forms spill 104-136
-    bytes) 4,921, and pp512 20,847 -> 20,252."""
+    96@8,128@16,168@32, with the partial sums folded (wg_fold_pair; sm_90 without stack): the 8-row forms (a
+    64-stream decode) at 96 registers, 5 programs an SM of the gated one (116 uncapped), the 16-row forms (a prefill
+    of up to ~900 tokens) at 128, 4 of the gated one (163 uncapped; 24 bytes of stack outside its loops), the
+    32-row forms (prefills of thousands of tokens) at 168, 3 of the gated one instead of 2 (252 uncapped; 152 bytes
+    of stack). H200 (bench/NOTES.md): the gated launch at 512 tokens (graph probe) 163.6 -> 147.3 us with the fold,
+    159.1 with the cap alone; pp512 B=1 24,059 / 24,458 -> 24,548 / 24,883 tok/s, 8 prompts 38,811 -> 39,195; 64
+    streams 6,097 / 6,099 -> 6,114 / 6,114 (128@8: 6,110). 168@32: the gated launch at 4,096 tokens 795.9 -> 750.1
+    us, 8 prompts 39,223 / 39,295 -> 39,766 / 39,926 (+1.5%), 64 prompts 38,349 -> 38,231 (-0.3%). Before the fold:
+    128@8 alone (the 8-row gated form at 141 registers, 3 -> 4 programs an SM) 64 streams 5,103 -> 5,131; every
+    launch capped (the 16- and 32-row forms spill 104-136 bytes) 4,921, and pp512 20,847 -> 20,252."""
     name = "DELTASERVE_WGMMA_MAXNREG"
-    for value in os.environ.get(name, "96@8,128@16").split(","):
+    for value in os.environ.get(name, WG_MAXNREG_DEFAULT).split(","):
         cap = _value_at_rows(name, value.strip(), "CAP", 24, 255, tile_rows)
         if cap is not None:
             return {"maxnreg": cap}
