@@ -5,10 +5,13 @@ Every form is first checked bit for bit against mma_gemv on fresh random weights
 given (bf16 and fp32 out) and the kernel's own; then timed as a CUDA graph of calls cycling weight copies past the
 L2 (sweep_common.time_graph), one line each, a table last.
 
-  python scripts/probe_wg_gemv.py [--ms 16,32,64] [--bn 8,16,32,64] [--ns 3,4] [--xs load,smem] [--out FILE]
+  python scripts/probe_wg_gemv.py [--ms 16,32,64] [--bn 8,16,32,64] [--ns 3,4] [--xs load,smem] [--ks 1,2,4]
+                                 [--shapes 0,1,2,3] [--out FILE]
 
 --xs: where wg_gemv reads the norm's group sums from, global memory each step (load) or the tile's sums staged in
 shared memory once (smem, wgmma_experts.wg_xs_smem); each form checked against mma_gemv like the others.
+--ks: programs a row block's K is split over (wg_gemv(ksplit=)); those a weight's K split cannot take are skipped
+(the K = 4096 out projection, shape 3, takes 2, 4 and 8).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-SHAPES = ((12352, 2048, "DeltaNet in_proj"), (9216, 2048, "attention qkv"), (248320, 2048, "lm_head"))
+SHAPES = ((12352, 2048, "DeltaNet in_proj"), (9216, 2048, "attention qkv"), (248320, 2048, "lm_head"),
+          (2048, 4096, "out projection"))
 L2_BYTES = 256 << 20
 
 
@@ -39,6 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--split", action="store_true", help="the K = 4096 out projection's row split too")
     ap.add_argument("--shapes", default="0,1,2", help="indices into SHAPES")
     ap.add_argument("--xs", default="load", help="load and/or smem: wg_gemv's group sums (xs_smem)")
+    ap.add_argument("--ks", default="1", help="wg_gemv's K split over programs (ksplit), a comma list")
     args = ap.parse_args(argv)
     from kernel_cases import affine_weight
     from sweep_common import time_graph
@@ -76,23 +81,30 @@ def main(argv=None) -> int:
             for bn in (int(v) for v in args.bn.split(",")):
                 if bn > 2 * m and bn > 8:
                     continue
-                for ns, mode in ((int(v), mode) for v in args.ns.split(",") for mode in args.xs.split(",")):
+                warps = mg.default_warps(k)
+                for ns, mode, ks in ((int(v), mode, int(ks)) for v in args.ns.split(",")
+                                     for mode in args.xs.split(",") for ks in args.ks.split(",")):
+                    if warps % ks or warps // ks > 4:
+                        continue
                     sm = {"load": False, "smem": True}[mode]
                     got = wx.wg_gemv(x, words, sb, xs=xs, out=torch.full_like(ref, float("nan")), tile_rows=bn,
-                                     stages=ns, xs_smem=sm)
-                    own = wx.wg_gemv(x, words, sb, out=torch.full_like(ref, float("nan")), tile_rows=bn, stages=ns)
+                                     stages=ns, xs_smem=sm, ksplit=ks)
+                    own = wx.wg_gemv(x, words, sb, out=torch.full_like(ref, float("nan")), tile_rows=bn, stages=ns,
+                                     ksplit=ks)
                     g32 = wx.wg_gemv(x, words, sb, xs=xs, out=torch.full_like(ref32, float("nan")), tile_rows=bn,
-                                     stages=ns, xs_smem=sm)
+                                     stages=ns, xs_smem=sm, ksplit=ks)
                     same = torch.equal(got, ref) and torch.equal(own, ref_own) and torch.equal(g32, ref32)
                     if not same:
                         bad += 1
-                        print(f"  DIFFER {name} m={m} bn={bn} ns={ns} xs {mode}: given {(got != ref).sum().item()}, "
+                        print(f"  DIFFER {name} m={m} bn={bn} ns={ns} xs {mode} ks {ks}: given "
+                              f"{(got != ref).sum().item()}, "
                               f"own {(own != ref_own).sum().item()}, fp32 {(g32 != ref32).sum().item()} of "
                               f"{ref.numel()}")
-                    t, _ = time_graph([lambda w=w, bn=bn, ns=ns, sm=sm: wx.wg_gemv(x, *w, xs=xs, tile_rows=bn,
-                                                                                   stages=ns, xs_smem=sm)
-                                       for w in stacks], dev, args.replays)
-                    rows.append(("wg_gemv" + (" xs smem" if sm else ""), bn, ns, t, same))
+                    t, _ = time_graph([lambda w=w, bn=bn, ns=ns, sm=sm, ks=ks: wx.wg_gemv(
+                        x, *w, xs=xs, tile_rows=bn, stages=ns, xs_smem=sm, ksplit=ks) for w in stacks], dev,
+                        args.replays)
+                    rows.append(("wg_gemv" + (" xs smem" if sm else "") + (f" ks {ks}" if ks > 1 else ""), bn, ns,
+                                 t, same))
             for kind, bn, ns, t, same in rows:
                 emit({"probe": "wg_gemv", "shape": f"{n}x{k}", "name": name, "m": m, "kernel": kind, "bn": bn,
                       "ns": ns, "us": round(t, 2), "same_bits": same, "gpu": torch.cuda.get_device_name(dev),

@@ -177,16 +177,35 @@ def test_wg_gemv_dispatch_knobs(monkeypatch):
         mg.wg_gemv_stages()
 
 
+def test_wg_gemv_ksplit_knob(monkeypatch):
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.delenv("DELTASERVE_WG_GEMV_KSPLIT", raising=False)
+    # the default: the 4-warp K split in one program, the 8-warp one (K = 4096) over eight; never more than the warps
+    assert [wx.wg_gemv_ksplit(w) for w in (1, 2, 4, 8)] == [1, 1, 1, 8]
+    monkeypatch.setenv("DELTASERVE_WG_GEMV_KSPLIT", "4,8")
+    assert [wx.wg_gemv_ksplit(w) for w in (1, 2, 4, 8)] == [1, 2, 4, 8]
+    assert [wx.wg_gemv_ksplit(w, 15520) for w in (4, 8)] == [1, 2]  # the lm_head's many row blocks: no further
+    monkeypatch.setenv("DELTASERVE_WG_GEMV_KSPLIT", "1,0")  # the K = 4096 weights stay on mma_gemv
+    assert wx.wg_gemv_ksplit(8) == 0 and wx.wg_gemv_ksplit(4) == 1
+    for bad in ("4", "2,3", "x,4", "4,1", "16,4", "0,4", "0,0"):
+        monkeypatch.setenv("DELTASERVE_WG_GEMV_KSPLIT", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_WG_GEMV_KSPLIT"):
+            wx.wg_gemv_ksplit(8)
+
+
 def test_wgmma_register_cap_knob(monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     monkeypatch.delenv("DELTASERVE_WGMMA_MAXNREG", raising=False)
     # the default: 96 for 8-row tiles, 128 for 16-row ones, 168 for 32-row ones, none wider
     assert [wx.wg_maxnreg(r) for r in (8, 16, 32, 64)] == [{"maxnreg": 96}, {"maxnreg": 128}, {"maxnreg": 168}, {}]
+    # wg_gemv's: none past 16 rows (its 32-row form keeps 125 registers)
+    assert [wx.wg_maxnreg(r, dense=True) for r in (8, 16, 32)] == [{"maxnreg": 96}, {"maxnreg": 128}, {}]
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "0")
     assert wx.wg_maxnreg(8) == {}
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "128")
-    assert wx.wg_maxnreg(8) == wx.wg_maxnreg(64) == {"maxnreg": 128}
+    assert wx.wg_maxnreg(8) == wx.wg_maxnreg(64) == wx.wg_maxnreg(32, dense=True) == {"maxnreg": 128}
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "128@8")
     assert (wx.wg_maxnreg(8), wx.wg_maxnreg(16)) == ({"maxnreg": 128}, {})
     monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "96@8, 128@16")  # the first cap that applies

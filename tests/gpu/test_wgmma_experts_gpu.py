@@ -188,13 +188,52 @@ def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k, monkeypatch):
             assert torch.equal(wx.wg_gemv(x[:m], words, sb, xs=xs, out=out), ref.float()), f"fp32 out, m={m}"
 
 
+@pytest.mark.parametrize("n,k", [(12352, 2048), (2048, 4096), (128, 1024)])
+def test_wg_gemv_ksplit_same_bits(dev, n, k, monkeypatch):
+    """wg_gemv with a row block's K split over 1 - 8 programs (the last arrival adding their sums through the fp32
+    scratch) gives mma_gemv's result bit for bit: the 4-warp K split (the in_proj) over 1 / 2 / 4 programs, the
+    8-warp one (the out projections, K = 4096) over 2 / 4 / 8; 1 to 100 rows, 16- and 32-row tiles, the group sums
+    given or its own, one and two groups a step, a NaN-poisoned output; the arrival counters left at zero; and the
+    splits it cannot make refused."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant.triton_gemv import prep_x
+    from deltaserve.kernels.triton_sync import arrival_counters
+
+    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "0")  # the references: mma_gemv's own kernel at every size
+    p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
+    words, sb = mg.repack_q4(p, s, b)
+    warps = mg.default_warps(k)
+    x = torch.randn(100, k, device=dev).bfloat16()
+    xs_all = prep_x(x, 4, 64)[1]
+    kc.close(wx.wg_gemv(x, words, sb, out=kc.poisoned((100, n), torch.bfloat16, dev), ksplit=warps // 2),
+             x.double() @ wd.t(), 2 * kc.BF16_EPS, f"wg_gemv N={n} K={k} split {warps // 2} vs fp64")
+    for m in (1, 17, 64, 100):
+        for xs in (None, xs_all[:m]):
+            ref = torch.cat([mg.mma_gemv(x[r : min(r + 64, m)], words, sb,
+                                         xs=None if xs is None else xs[r : min(r + 64, m)]) for r in range(0, m, 64)])
+            for ks in (1, 2, 4) if warps == 4 else (2, 4, 8):
+                for rows in (16, 32):
+                    for gs in ("1", "2"):
+                        monkeypatch.setenv("DELTASERVE_WG_GEMV_GROUPS", gs)
+                        out = kc.poisoned((m, n), torch.bfloat16, dev)
+                        got = wx.wg_gemv(x[:m], words, sb, xs=xs, out=out, tile_rows=rows, ksplit=ks)
+                        assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref), \
+                            f"N={n} K={k} m={m} own sums {xs is None} split {ks} {rows}-row tiles {gs} groups a step"
+    assert not arrival_counters(dev, 1).any(), "a split left an arrival counter set"
+    for bad in ((3, 5, 16) if warps == 4 else (1, 3, 16)):
+        with pytest.raises(ValueError, match="ksplit"):
+            wx.wg_gemv(x, words, sb, ksplit=bad)
+
+
 @pytest.mark.parametrize("conv_mode", ["launch", "epilogue"])
 @pytest.mark.parametrize("m", [16, 64])
 def test_mma_gemv_through_wg_gemv(dev, m, conv_mode, monkeypatch):
     """mma_gemv from DELTASERVE_MMA_GEMV_WG_ROWS rows runs as wg_gemv (the conv as its own launch, or in wg_gemv's
     epilogue: DELTASERVE_WG_GEMV_CONV): the conv check of kernel_cases (== the GEMV then causal_conv, the other slots
     untouched, against fp64), and the same outputs and conv pool as the mma.sync forms, plain and with the DeltaNet
-    in_proj's conv; weights it cannot take (N % 64, K = 4096) keep mma.sync."""
+    in_proj's conv (the in_proj's K also split over two programs, its conv at their last arrival; the K = 4096 out
+    projections' over wg_gemv_ksplit's default eight, and over four); weights it cannot take (N % 64) keep mma.sync."""
     from deltaserve.kernels.gated_delta import triton_decode as td
     from deltaserve.kernels.quant import mma_gemv as mg
     from test_mma_gemv_gpu import _mma_gemv_of
@@ -209,12 +248,17 @@ def test_mma_gemv_through_wg_gemv(dev, m, conv_mode, monkeypatch):
         cw, pool, slots, ctx = kc.conv_problem(dev, m, c, 4, 3 * m + 2, (1,))
         pool = pool.nan_to_num()
         outs = {}
-        for rows in ("1", "0"):  # through wg_gemv, and mma.sync with the conv in its epilogue
+        # through wg_gemv (the default splits, and the 4-warp one over two programs), and mma.sync with the conv in
+        # its epilogue
+        for rows, split in (("1", "1,8"), ("1", "2,4"), ("0", "1,8")):
             monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", rows)
+            monkeypatch.setenv("DELTASERVE_WG_GEMV_KSPLIT", split)
             pl = pool.clone()
-            outs[rows] = (mg.mma_gemv(x, words, sb), mg.mma_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c)), pl)
-        for what, a, b in zip(("plain", "conv", "conv pool"), outs["1"], outs["0"]):
-            assert torch.equal(a, b), f"{what}, N={n} K={k}, {m} rows"
+            outs[rows, split] = (mg.mma_gemv(x, words, sb), mg.mma_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c)),
+                                 pl)
+        for via in (("1", "1,8"), ("1", "2,4")):
+            for what, a, b in zip(("plain", "conv", "conv pool"), outs[via], outs["0", "1,8"]):
+                assert torch.equal(a, b), f"{what}, N={n} K={k}, {m} rows, splits {via[1]}"
 
 
 @pytest.mark.parametrize("slots_mode", ["mod", "carry"])

@@ -935,7 +935,8 @@ WG_GEMV_ROWS = 17  # rows of x from which mma_gemv runs as wg_gemv (wg_gemv_rows
 
 def wg_gemv_rows() -> int:
     """From how many rows of x (per launch of at most MAX_ROWS) mma_gemv runs as wgmma_experts.wg_gemv: the same
-    bits (GPU tests), for weights of N % 64 == 0 and K < 4096 on sm_90 (the others keep this kernel). H200 probe
+    bits (GPU tests), for weights of N % 64 == 0 and K <= 4096 on sm_90 (K = 4096, the out projections, with its K
+    split over programs: wgmma_experts.wg_gemv_ksplit; the others keep this kernel). H200 probe
     (graph timings, weights past the L2, bench/NOTES.md): the DeltaNet in_proj 12352 x 2048 at 16 / 32 / 64 rows
     11.5 / 20.8 / 35.3 us here against 14.1 / 15.1 / 25.7 there, the lm_head 157 / 352 / 535 against 149 / 237 / 472;
     in the model, 64 streams tg64 @ d512 4,915 -> 5,100 tok/s. So from 17 rows (the 32- and 64-row graph buckets).

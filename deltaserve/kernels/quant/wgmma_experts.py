@@ -68,10 +68,11 @@ def _value_at_rows(name: str, value: str, what: str, low: int, high: int, tile_r
     return n_v if tile_rows <= rows_n else None
 
 
-WG_MAXNREG_DEFAULT = "96@8,128@16,168@32"
+WG_MAXNREG_DEFAULT = "96@8,128@16,168@32"  # the experts launches'
+WG_GEMV_MAXNREG_DEFAULT = "96@8,128@16"  # wg_gemv's (at 168 its 32-row form takes 150 registers, not 125)
 
 
-def wg_maxnreg(tile_rows: int) -> dict:
+def wg_maxnreg(tile_rows: int, dense: bool = False) -> dict:
     """The kernel's register cap as a launch option for tiles of tile_rows rows of x (never a bit: it only decides
     what ptxas keeps in registers), or {}: env DELTASERVE_WGMMA_MAXNREG=CAP (every launch) or CAP@ROWS (tiles of at
     most ROWS rows only; 0: none); several, comma-separated: the first that applies to the tile width. Default
@@ -84,9 +85,11 @@ def wg_maxnreg(tile_rows: int) -> dict:
     streams 6,097 / 6,099 -> 6,114 / 6,114 (128@8: 6,110). 168@32: the gated launch at 4,096 tokens 795.9 -> 750.1
     us, 8 prompts 39,223 / 39,295 -> 39,766 / 39,926 (+1.5%), 64 prompts 38,349 -> 38,231 (-0.3%). Before the fold:
     128@8 alone (the 8-row gated form at 141 registers, 3 -> 4 programs an SM) 64 streams 5,103 -> 5,131; every
-    launch capped (the 16- and 32-row forms spill 104-136 bytes) 4,921, and pp512 20,847 -> 20,252."""
+    launch capped (the 16- and 32-row forms spill 104-136 bytes) 4,921, and pp512 20,847 -> 20,252.
+    dense (wg_gemv's launches): default 96@8,128@16 (sm_90: its 32-row form, a 64-stream decode's, 125 registers
+    uncapped, 4 programs an SM, and 150 under a 168 cap); the env sets both."""
     name = "DELTASERVE_WGMMA_MAXNREG"
-    for value in os.environ.get(name, WG_MAXNREG_DEFAULT).split(","):
+    for value in os.environ.get(name, WG_GEMV_MAXNREG_DEFAULT if dense else WG_MAXNREG_DEFAULT).split(","):
         cap = _value_at_rows(name, value.strip(), "CAP", 24, 255, tile_rows)
         if cap is not None:
             return {"maxnreg": cap}
@@ -239,7 +242,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
                                                                   warpgroup_mma_wait)
 
-    from .mma_gemv import _DEQUANT_ASM, _conv_epilogue, _silu_mul, pdl_open, pdl_wait
+    from .mma_gemv import _DEQUANT_ASM, _arrival, _conv_epilogue, _silu_mul, pdl_open, pdl_wait
 
     @gluon.jit
     def _wg_a_operand(words, zero_w, dot_a: gl.constexpr):
@@ -374,7 +377,8 @@ if HAVE_GLUON:
                     stride_cwk=0, stride_ps=0, stride_pc=0, stride_pk=0, CONV: gl.constexpr = False,
                     KCONV: gl.constexpr = 4, XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False,
                     GS: gl.constexpr = 1, PAIRED: gl.constexpr = False, FOLD_PAIR: gl.constexpr = False,
-                    SPLIT_WAIT: gl.constexpr = False):
+                    SPLIT_WAIT: gl.constexpr = False, KS: gl.constexpr = 1, part_ptr=None, cnt_ptr=None,
+                    stride_part=0):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -400,8 +404,15 @@ if HAVE_GLUON:
         row set's MMAs and FMAs as in a program of its own, so the same bits.
         FOLD_PAIR (PARTIAL_MAJOR, W = 4): the partial sums taken 0, 2, 1, 3 and 0 + 2 added once both are complete
         (_wg_sum's first add, made early), so three are held instead of four (wg_fold_pair). SPLIT_WAIT (GATED): gate's
-        FMAs between a wait for gate's MMAs and one for up's (wg_split_wait). Neither changes a bit."""
-        G: gl.constexpr = K // 64
+        FMAs between a wait for gate's MMAs and one for up's (wg_split_wait). Neither changes a bit.
+        KS (DENSE): the K split over KS programs (grid (tiles, NBE / 4, KS)): program j takes the groups j, j + KS,
+        j + 2 KS, ... (the mma.sync kernel's partial sums w = j (mod KS), K's W = KS * W here), sums them as a
+        program of W partial sums over those groups (_wg_sum: the butterfly's higher levels), stores that fp32 to
+        part_ptr [KS, M, N] (split stride stride_part) and arrives at tile t, row set p's counter (cnt_ptr, zero
+        outside a launch); the last of the KS adds the KS sums by the butterfly's lower levels (_wg_tree) and makes
+        the epilogue. The same adds of the same values, so the same bits."""
+        GW: gl.constexpr = K // 64  # the weight's groups (its layout)
+        G: gl.constexpr = GW // KS  # the groups this program adds
         FOLD: gl.constexpr = PARTIAL_MAJOR and W == 4 and FOLD_PAIR  # partial sums 0 and 2 first, then added
         TWO: gl.constexpr = GATED or PAIRED  # two weights' words and (s, b) a step
         RSET: gl.constexpr = 8 if PAIRED else 4  # row blocks of 16 a program
@@ -431,14 +442,14 @@ if HAVE_GLUON:
             lo = gl.load(lo_ptr + t)
             rows = gl.where(e >= 0, gl.load(hi_ptr + t) - lo, 0)
         live = rows > 0
-        blk = (gl.maximum(e, 0).to(gl.int64) * NBE + p * RSET) * G  # row block RSET p of the expert, group 0
+        blk = (gl.maximum(e, 0).to(gl.int64) * NBE + p * RSET) * GW  # row block RSET p of the expert, group 0
 
         # the words of row block RSET p + r, group g: (blk + r G) 128 + g 128 + lane 4 + j (int32)
         wr = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
         wrr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
         wc = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, WL))))
         wj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, WL))))
-        w_off = (wr[:, None, None, None] * (G * 128) + wrr[None, :, None, None] * 16 + wc[None, None, :, None] * 4
+        w_off = (wr[:, None, None, None] * (GW * 128) + wrr[None, :, None, None] * 16 + wc[None, None, :, None] * 4
                  + wj[None, None, None, :])
         w_base = w_ptr + blk * 128 + w_off
         w2_base = w2_ptr + blk * 128 + w_off
@@ -454,13 +465,20 @@ if HAVE_GLUON:
         # (blk + r G) 16 + g 16 + 2 rr + i1
         qk = gl.arange(0, 2, layout=gl.SliceLayout(1, SQL))
         qm = gl.arange(0, 64, layout=gl.SliceLayout(0, SQL))
-        q_off = blk * 16 + gl.zeros([2, 64], gl.int64, layout=SQL) + ((qm // 16) * (G * 16) + (qm % 8) * 2
+        q_off = blk * 16 + gl.zeros([2, 64], gl.int64, layout=SQL) + ((qm // 16) * (GW * 16) + (qm % 8) * 2
                                                                       + (qm // 8) % 2)[None, :]
         sq_base = gl.where((qk == 1)[:, None] & TWO, sb2q_ptr + q_off, sbq_ptr + q_off)
         sq_mask = live & (qk >= 0)[:, None] & (qm >= 0)[None, :]
+        ks = 0
+        if KS > 1:  # this program's first group, j; its groups KS apart (every group offset below times KS)
+            gl.static_assert(DENSE, "the K split over programs is the dense GEMV's")
+            ks = gl.program_id(2)
+            w_base += ks * 128
+            x_base += ks * 32
+            sq_base += ks * 16
         cn = gl.arange(0, BN, layout=CL)
         s_tok = _wg_rows(order_ptr, lo, cn, rows, DENSE) // XREP
-        xs_base = xs_ptr + s_tok.to(gl.int64) * stride_sm
+        xs_base = xs_ptr + s_tok.to(gl.int64) * stride_sm + ks
         xs_mask = cn < rows
         GP: gl.constexpr = _wg_pow2(G)  # the sums' groups padded to a power of two (the masked tail never read)
         TG: gl.constexpr = _wg_min(GP, 32)
@@ -494,7 +512,7 @@ if HAVE_GLUON:
                 gg = gl.arange(0, GP, layout=gl.SliceLayout(1, XGL))
                 gn = gl.arange(0, BN, layout=gl.SliceLayout(0, XGL))
                 g_tok = _wg_rows(order_ptr, lo, gn, rows, DENSE) // XREP
-                g_src = xs_ptr + (g_tok.to(gl.int64) * stride_sm)[None, :] + gg[:, None]
+                g_src = xs_ptr + (g_tok.to(gl.int64) * stride_sm)[None, :] + (gg * KS + ks)[:, None]
                 async_copy.async_copy_global_to_shared(xs_sm._reinterpret(gl.float32, [GP, BN], SSH), g_src,
                                                        mask=(gg < G)[:, None] & (gn < rows)[None, :])
             # a step's groups: GS consecutive steps of the group order below, group g and g + DG (DG = W partial sum
@@ -502,9 +520,9 @@ if HAVE_GLUON:
             DG: gl.constexpr = W if PARTIAL_MAJOR else 1
             S: gl.constexpr = G // GS  # steps
             for i in gl.static_range(NS - 1):  # steps 0 .. NS - 2 requested
-                g0 = _wg_group(i * GS, W, NCH, PARTIAL_MAJOR, FOLD)
+                g0 = _wg_group(i * GS, W, NCH, PARTIAL_MAJOR, FOLD) * KS
                 _wg_issue(w_sm, w2_sm, xq_sm, sb_sm, i, w_base + g0 * 128, w2_base + g0 * 128, x_base + g0 * 32,
-                          sq_base + g0 * 16, wmask, xq_mask, sq_mask, TWO, GS, DG)
+                          sq_base + g0 * 16, wmask, xq_mask, sq_mask, TWO, GS, DG * KS)
             slot = 0
             if SLOT_CARRY:
                 slot = t * 0  # step 0's slot (a runtime value, carried through the loops)
@@ -522,8 +540,8 @@ if HAVE_GLUON:
                         st = pi * (NCH // GS) + cs  # the step; its groups are group steps st GS + i
                         ns1 = gl.minimum((st + NS - 1) * GS, G - GS)
                         _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, _wg_refill(slot, st, NS, SLOT_CARRY),
-                                    _wg_step_group(ns1, W, NCH, FOLD), st + NS - 1 < S, w_base, w2_base, x_base,
-                                    sq_base, wmask, xq_mask, sq_mask, NS, TWO, GS, DG)
+                                    _wg_step_group(ns1, W, NCH, FOLD) * KS, st + NS - 1 < S, w_base, w2_base,
+                                    x_base, sq_base, wmask, xq_mask, sq_mask, NS, TWO, GS, DG * KS)
                         for i in gl.static_range(GS):
                             c = cs * GS + i
                             step = pi * NCH + c
@@ -532,7 +550,8 @@ if HAVE_GLUON:
                                 xs = xs_sm.index(c * W + w).load(CL)
                             elif not SELF_XS:
                                 s1 = gl.minimum(step + 1, G - 1)
-                                xs_n = gl.load(xs_base + _wg_step_group(s1, W, NCH, FOLD), mask=xs_mask, other=0.0)
+                                xs_n = gl.load(xs_base + _wg_step_group(s1, W, NCH, FOLD) * KS, mask=xs_mask,
+                                               other=0.0)
                             a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
                                 a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, st, NS, SLOT_CARRY), xs,
                                 w_sm[i], w2_sm[i], xq_sm[i], sb_sm[i], zero_w, zero, ones, dot_a, RL, XSH, SSH1, BN,
@@ -551,8 +570,8 @@ if HAVE_GLUON:
                     for ws in gl.static_range(WS):
                         st = o * WS + ws  # the step: groups st GS + i
                         _wg_advance(w_sm, w2_sm, xq_sm, sb_sm, _wg_refill(slot, st, NS, SLOT_CARRY),
-                                    gl.minimum((st + NS - 1) * GS, G - GS), st + NS - 1 < S, w_base, w2_base, x_base,
-                                    sq_base, wmask, xq_mask, sq_mask, NS, TWO, GS, DG)
+                                    gl.minimum((st + NS - 1) * GS, G - GS) * KS, st + NS - 1 < S, w_base, w2_base,
+                                    x_base, sq_base, wmask, xq_mask, sq_mask, NS, TWO, GS, DG * KS)
                         for i in gl.static_range(GS):
                             g = st * GS + i
                             w = (ws * GS + i) % W
@@ -560,7 +579,7 @@ if HAVE_GLUON:
                             if XS_SMEM and not SELF_XS:
                                 xs = xs_sm.index(g).load(CL)
                             elif not SELF_XS:
-                                xs_n = gl.load(xs_base + gl.minimum(g + 1, G - 1), mask=xs_mask, other=0.0)
+                                xs_n = gl.load(xs_base + gl.minimum(g + 1, G - 1) * KS, mask=xs_mask, other=0.0)
                             a0, a1, a2, a3, c0, c1, c2, c3 = _wg_step(
                                 a0, a1, a2, a3, c0, c1, c2, c3, w, _wg_cur(slot, st, NS, SLOT_CARRY), xs,
                                 w_sm[i], w2_sm[i], xq_sm[i], sb_sm[i], zero_w, zero, ones, dot_a, RL, XSH, SSH1, BN,
@@ -574,28 +593,38 @@ if HAVE_GLUON:
             o_dst = _wg_rows(order_ptr, lo, o_n, rows, DENSE).to(gl.int64)
             o_mask = (o_n < rows)[None, :]
             o_ptr = out_ptr + o_dst[None, :] * stride_om + p * (16 * RSET) + o_row[:, None]
-            if GATED:
-                y2 = _wg_sum(c0, c1, c2, c3, W, FOLD)
-                gl.store(o_ptr, _silu_mul(y.to(gl.bfloat16).to(gl.float32), y2.to(gl.bfloat16).to(gl.float32)),
-                         mask=o_mask)
-            elif SCALED:
-                sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
-                gl.store(o_ptr, sc[None, :] * y.to(gl.bfloat16).to(gl.float32), mask=o_mask)
-                if PAIRED:
+            last = True
+            if KS > 1:  # this program's sum stored; the last of the KS adds them (the epilogue below is its alone)
+                pt_ptr = part_ptr + o_dst[None, :] * (NBE * 16) + p * 64 + o_row[:, None]
+                gl.store(pt_ptr + ks * stride_part, y, mask=o_mask)
+                cnt = cnt_ptr + t * (NBE // 4) + p
+                last = _arrival(cnt) == KS - 1
+                if last:
+                    gl.store(cnt, 0)
+                    y = _wg_tree(y, ks, pt_ptr, stride_part, o_mask, KS)
+            if last:
+                if GATED:
                     y2 = _wg_sum(c0, c1, c2, c3, W, FOLD)
-                    gl.store(o_ptr + 64, sc[None, :] * y2.to(gl.bfloat16).to(gl.float32), mask=o_mask)
-            elif CONV:
-                # the DeltaNet decode conv on the tile (mma_gemv's epilogue: its arithmetic, so its bits): features
-                # 64 p + row, tokens lo + i (DENSE; those past M are masked inside); the accumulator layout holds
-                # each element once
-                gl.static_assert(DENSE, "the conv epilogue is the dense GEMV's")
-                _conv_epilogue(y, out_ptr, stride_om, p * 64 + o_row, lo + o_n, M, cw_ptr, pool_ptr, slot_ptr, ctx_ptr,
-                               C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV)
-            else:
-                gl.store(o_ptr, y.to(gl.bfloat16).to(o_ptr.dtype.element_ty), mask=o_mask)
-                if PAIRED:
-                    y2 = _wg_sum(c0, c1, c2, c3, W, FOLD)
-                    gl.store(o_ptr + 64, y2.to(gl.bfloat16).to(o_ptr.dtype.element_ty), mask=o_mask)
+                    gl.store(o_ptr, _silu_mul(y.to(gl.bfloat16).to(gl.float32), y2.to(gl.bfloat16).to(gl.float32)),
+                             mask=o_mask)
+                elif SCALED:
+                    sc = gl.load(scale_ptr + o_dst, mask=o_n < rows, other=0.0)
+                    gl.store(o_ptr, sc[None, :] * y.to(gl.bfloat16).to(gl.float32), mask=o_mask)
+                    if PAIRED:
+                        y2 = _wg_sum(c0, c1, c2, c3, W, FOLD)
+                        gl.store(o_ptr + 64, sc[None, :] * y2.to(gl.bfloat16).to(gl.float32), mask=o_mask)
+                elif CONV:
+                    # the DeltaNet decode conv on the tile (mma_gemv's epilogue: its arithmetic, so its bits): features
+                    # 64 p + row, tokens lo + i (DENSE; those past M are masked inside); the accumulator layout holds
+                    # each element once
+                    gl.static_assert(DENSE, "the conv epilogue is the dense GEMV's")
+                    _conv_epilogue(y, out_ptr, stride_om, p * 64 + o_row, lo + o_n, M, cw_ptr, pool_ptr, slot_ptr,
+                                   ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc, stride_pk, KCONV)
+                else:
+                    gl.store(o_ptr, y.to(gl.bfloat16).to(o_ptr.dtype.element_ty), mask=o_mask)
+                    if PAIRED:
+                        y2 = _wg_sum(c0, c1, c2, c3, W, FOLD)
+                        gl.store(o_ptr + 64, y2.to(gl.bfloat16).to(o_ptr.dtype.element_ty), mask=o_mask)
 
     @gluon.jit
     def _wg_experts_kernel(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr,
@@ -619,15 +648,17 @@ if HAVE_GLUON:
                         stride_pk, K: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, SELF_XS: gl.constexpr,
                         NS: gl.constexpr = 3, PARTIAL_MAJOR: gl.constexpr = False, CONV: gl.constexpr = False,
                         KCONV: gl.constexpr = 4, PDL: gl.constexpr = False, XS_SMEM: gl.constexpr = False,
-                        SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1, FOLD_PAIR: gl.constexpr = False):
+                        SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1, FOLD_PAIR: gl.constexpr = False,
+                        KS: gl.constexpr = 1, part_ptr=None, cnt_ptr=None, stride_part=0):
         """The dense GEMV (wg_gemv): _wg_program with one weight and no table (DENSE); a kernel of its own name, so
         that profiles count it with the linears. CONV: mma_gemv's DeltaNet decode conv epilogue (the pool arguments
-        unused otherwise)."""
+        unused otherwise). KS: K split over KS programs (part_ptr, cnt_ptr, stride_part: _wg_program's)."""
         pdl_open(PDL)
         _wg_program(xq_ptr, xs_ptr, w_ptr, w_ptr, sbq_ptr, sbq_ptr, out_ptr, out_ptr, xq_ptr, xq_ptr, xq_ptr, xq_ptr,
                     stride_xq, stride_sm, stride_om, NBE, M, 1, K, W, BN, False, False, SELF_XS, NS, PARTIAL_MAJOR,
                     True, PDL, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps, stride_pc,
-                    stride_pk, CONV, KCONV, XS_SMEM, SLOT_CARRY, GS, FOLD_PAIR=FOLD_PAIR)
+                    stride_pk, CONV, KCONV, XS_SMEM, SLOT_CARRY, GS, FOLD_PAIR=FOLD_PAIR, KS=KS, part_ptr=part_ptr,
+                    cnt_ptr=cnt_ptr, stride_part=stride_part)
 
     @gluon.jit
     def _wg_rows(order_ptr, lo, i, rows, DENSE: gl.constexpr):
@@ -691,6 +722,32 @@ if HAVE_GLUON:
             return a0 + (a1 + a3)
         else:
             return (a0 + a2) + (a1 + a3)
+
+    @gluon.jit
+    def _wg_part(own, ks, i: gl.constexpr, pt_ptr, stride_part, o_mask):
+        """Split i's sum of the tile: this program's own (ks == i) from its registers, another's re-read from L2
+        (.cg: never a stale line of this SM's L1), after the last arrival's acquire."""
+        other = gl.load(pt_ptr + i * stride_part, mask=o_mask & (ks != i), other=0.0, cache_modifier=".cg")
+        return gl.where(ks == i, own, other)
+
+    @gluon.jit
+    def _wg_tree(own, ks, pt_ptr, stride_part, o_mask, KS: gl.constexpr):
+        """The KS splits' sums added by the butterfly's lower levels, as the mma.sync kernel's cross-warp reduction
+        adds its warps' values at lane distances KS / 2, ..., 1 (its higher levels each split's _wg_sum made):
+        KS 2: s0 + s1; 4: (s0 + s2) + (s1 + s3); 8: ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))."""
+        s0 = _wg_part(own, ks, 0, pt_ptr, stride_part, o_mask)
+        s1 = _wg_part(own, ks, 1, pt_ptr, stride_part, o_mask)
+        if KS == 2:
+            return s0 + s1
+        s2 = _wg_part(own, ks, 2, pt_ptr, stride_part, o_mask)
+        s3 = _wg_part(own, ks, 3, pt_ptr, stride_part, o_mask)
+        if KS == 4:
+            return (s0 + s2) + (s1 + s3)
+        s4 = _wg_part(own, ks, 4, pt_ptr, stride_part, o_mask)
+        s5 = _wg_part(own, ks, 5, pt_ptr, stride_part, o_mask)
+        s6 = _wg_part(own, ks, 6, pt_ptr, stride_part, o_mask)
+        s7 = _wg_part(own, ks, 7, pt_ptr, stride_part, o_mask)
+        return ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))
 
 
 def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, expert_ids: torch.Tensor,
@@ -784,16 +841,51 @@ WG_DENSE_TILE_ROWS = 16  # rows of x per wg_gemv program (the MMA's N; never a r
 
 def wg_dense_fits(words: torch.Tensor) -> bool:
     """Whether a repacked dense weight (words [N/16, K/64, 128]) suits wg_gemv: N a multiple of 64 (four row blocks
-    a program) and the mma_gemv K split whose bits it gives at most 4 warps (K < 4096)."""
+    a program); the mma_gemv K split whose bits it gives (4 warps from K = 1024, 8 from K = 4096) is at most 4
+    partial sums a program with wg_gemv_ksplit's programs a row block (8 takes two or more)."""
     from .mma_gemv import default_warps
 
-    return HAVE_GLUON and words.dim() == 3 and words.shape[0] % 4 == 0 and default_warps(words.shape[1] * GROUP) <= 4
+    if not (HAVE_GLUON and words.dim() == 3 and words.shape[0] % 4 == 0):
+        return False
+    warps = default_warps(words.shape[1] * GROUP)
+    ks = wg_gemv_ksplit(warps)
+    return ks > 0 and warps // ks <= 4
+
+
+WG_GEMV_KSPLIT = "1,8"  # programs a row block for the K splits of 4 (K 1024 - 2048) and 8 (K = 4096) warps
+WG_GEMV_KSPLIT_MAX_BLOCKS = 4096  # row blocks of 16 from which a weight is split no further than it must be
+
+
+def wg_gemv_ksplit(warps: int, row_blocks: int = 0) -> int:
+    """Programs over which wg_gemv splits a row block's K for a weight whose mma_gemv K split is `warps` (never a
+    bit: program j adds the partial sums j, j + KS, ... as the mma.sync kernel's warps do, the last arrival adds
+    the KS sums in its butterfly's order): 1, 2, 4 or 8, at most `warps`, and at least warps / 4 (a program holds
+    up to four partial sums). Env DELTASERVE_WG_GEMV_KSPLIT=A,B: A for 4 warps (and fewer, capped at their
+    count), B for 8 (the 2048 x 4096 out projections; 0: those stay on mma_gemv, wg_dense_fits); default 1,8.
+    H200 (graph probe, bench/NOTES.md): the out projection at 64 / 32 rows on mma.sync 16.5 / 11.3 us, here over
+    2 / 4 / 8 programs 18.6 / 14.9 / 13.8 and 13.8 / 9.9 / 7.8; the in_proj at 64 rows 24.3 (1), 21.8 (2), 24.7 (4),
+    at 32 rows 15.9 / 16.9 / 17.5; in the model, 64 streams tg64 @ d512 6,126 / 6,118 (1,0) -> 6,173 (1,4), 6,180
+    (1,8), 6,110 (2,4: the in_proj's split loses there).
+    Weights of row_blocks >= 4096 (the lm_head: thousands of programs already, and a scratch of M x 248,320 fp32
+    a split) take the fewest programs their K split allows."""
+    name = "DELTASERVE_WG_GEMV_KSPLIT"
+    value = os.environ.get(name, WG_GEMV_KSPLIT)
+    try:
+        four, eight = (int(v) for v in value.split(","))
+    except ValueError:
+        raise ValueError(f"{name} must be two split counts A,B (for 4 and 8 warps), found {value!r}") from None
+    if four not in (1, 2, 4, 8) or eight not in (0, 2, 4, 8):
+        raise ValueError(f"{name}: split counts 1, 2, 4 or 8 for 4 warps, and 2, 4 or 8 for 8 (4 partial sums a "
+                         f"program at most; 0: mma_gemv), found {value!r}")
+    if row_blocks >= WG_GEMV_KSPLIT_MAX_BLOCKS:
+        return max(warps // 4, 1)
+    return min(eight if warps >= 8 else four, warps)
 
 
 def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Tensor | None = None,
             out: torch.Tensor | None = None, tile_rows: int = WG_DENSE_TILE_ROWS, stages: int = WG_STAGES,
             partial_major: bool | None = None, conv: tuple | None = None,
-            xs_smem: bool | None = None, fold: bool | None = None) -> torch.Tensor:
+            xs_smem: bool | None = None, fold: bool | None = None, ksplit: int | None = None) -> torch.Tensor:
     """mma_gemv.mma_gemv's result (the same bits: its K split W = default_warps(K), its group sums xs or, when None,
     the kernel's own MMA(ones, x)) for x [M, K] bf16 and a repack_q4 weight, through warpgroup MMAs: a program owns 64
     weight rows against tile_rows (8 - 64) rows of x, so x is read once per 64 weight rows instead of once per 16 or
@@ -801,13 +893,16 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
     widened), [M, N]. Any M (x's rows are MMA columns: a row's bits never depend on M or its neighbours).
     conv: mma_gemv's conv= (a DecodeConv or the same tuple; bf16 out): the DeltaNet decode conv in the epilogue,
     mma_gemv's arithmetic, meant to equal this GEMV followed by causal_conv bit for bit. xs_smem: xs staged in
-    shared memory (None: wg_xs_smem(); never a bit); fold: as wg_matmul_experts' (never a bit)."""
+    shared memory (None: wg_xs_smem(); never a bit); fold: as wg_matmul_experts' (never a bit). ksplit: programs
+    a row block's K is split over (None: wg_gemv_ksplit(); never a bit), their sums added at the last arrival
+    through an fp32 scratch [ksplit, M, N]."""
+    from ..triton_sync import arrival_counters
     from .mma_gemv import decode_conv_args, default_warps
 
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("wg_gemv: needs a CUDA device (sm_90) and Triton's Gluon")
     if not wg_dense_fits(words):
-        raise ValueError(f"wg_gemv: a repacked weight [N/16, K/64, 128] with N % 64 == 0 and K < 4096, found "
+        raise ValueError(f"wg_gemv: a repacked weight [N/16, K/64, 128] with N % 64 == 0 and K <= 4096, found "
                          f"{tuple(words.shape)}")
     nb, g = words.shape[:2]
     n, k = nb * 16, g * GROUP
@@ -826,17 +921,27 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
         raise ValueError(f"wg_gemv: out must be bf16 or fp32 [{m}, {n}] with unit column stride, found {out.dtype} "
                          f"{tuple(out.shape)} strides {out.stride()}")
     warps = default_warps(k)
-    gs = wg_step_groups(tile_rows, g, warps, dense=True)
-    stages = _wg_slots(stages, g, gs)
+    ks = wg_gemv_ksplit(warps, nb) if ksplit is None else ksplit
+    if ks not in (1, 2, 4, 8) or warps % ks or warps // ks > 4:  # (wg_dense_fits refused an env split of 0)
+        raise ValueError(f"wg_gemv: K = {k} is split over {warps} warps' partial sums, 1 - 4 a program: ksplit "
+                         f"must divide {warps} and be at least {max(warps // 4, 1)}, found {ksplit}")
+    warps, g_split = warps // ks, g // ks  # a program's partial sums and groups
+    gs = wg_step_groups(tile_rows, g_split, warps, dense=True)
+    stages = _wg_slots(stages, g_split, gs)
     if conv is not None and out.dtype != torch.bfloat16:
         raise ValueError(f"wg_gemv: conv= writes bf16 activations, out is {out.dtype}")
     kconv, conv_args = decode_conv_args(conv, m, n, x.dtype, x)
     if m:
         xq = x.view(torch.int32)
         self_xs = xs is None
-        _wg_gemv_kernel[(-(-m // tile_rows), nb // 4)](
+        tiles = -(-m // tile_rows)
+        split = {}
+        if ks > 1:  # the splits' sums and, per (tile, row set), the arrival counter (zero outside a launch)
+            split = {"KS": ks, "part_ptr": torch.empty(ks, m, n, dtype=torch.float32, device=x.device),
+                     "cnt_ptr": arrival_counters(x.device, tiles * (nb // 4)), "stride_part": m * n}
+        _wg_gemv_kernel[(tiles, nb // 4, ks)](
             xq, xq if self_xs else xs, words, sb.view(torch.int32), out, xq.stride(0), 0 if self_xs else xs.stride(0),
             out.stride(0), nb, m, *conv_args, K=k, W=warps, BN=tile_rows, SELF_XS=self_xs, NS=stages,
             CONV=conv is not None, KCONV=kconv, num_warps=4, **_step_args(self_xs, xs_smem, gs),
-            **_order_args(warps, partial_major, fold), **wg_maxnreg(tile_rows), **pdl_args(x))
+            **_order_args(warps, partial_major, fold), **wg_maxnreg(tile_rows, dense=True), **pdl_args(x), **split)
     return out
