@@ -6,7 +6,7 @@
 # Usage (H200 machine, repo root; carry .whl, .tcache.tgz): DELTASERVE_COMMIT=<sha> bash scripts/device_records34.sh
 source "$(dirname "$0")/device_env.sh"
 python3 -c "import fla" || { echo "fla missing: stop"; exit 1; }
-TESTS_NAMED=1 gpu_tests 150 tests/gpu/test_wgmma_experts_gpu.py -k "ksplit_same_bits[128 or through_wg_gemv or 168"
+TESTS_NAMED=1 gpu_tests 150 tests/gpu/test_wgmma_experts_gpu.py -k "ksplit and 1024 or through_wg_gemv or 168"
 echo "== records at ${DELTASERVE_COMMIT:-?}"
 bench_records 170 125
 logs_into_one
