@@ -159,14 +159,18 @@ def test_wg_gemv_dispatch_knobs(monkeypatch):
     its slots; bad values name the variable."""
     from deltaserve.kernels.quant import mma_gemv as mg
 
-    for var in ("DELTASERVE_MMA_GEMV_WG_ROWS", "DELTASERVE_MMA_GEMV_WG_BN", "DELTASERVE_MMA_GEMV_WG_NS"):
+    for var in ("DELTASERVE_MMA_GEMV_WG_ROWS", "DELTASERVE_MMA_GEMV_WG_ROWS_K4096", "DELTASERVE_MMA_GEMV_WG_BN",
+                "DELTASERVE_MMA_GEMV_WG_NS"):
         monkeypatch.delenv(var, raising=False)
     assert mg.wg_gemv_rows() == mg.WG_GEMV_ROWS == 17
     assert (mg.wg_gemv_tile_rows(32, 772), mg.wg_gemv_tile_rows(64, 772), mg.wg_gemv_tile_rows(32, 15520),
             mg.wg_gemv_tile_rows(64, 15520)) == (16, 32, 32, 64)  # the lm_head past 32 rows: 64
     assert mg.wg_gemv_stages() == 3
-    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "0")
-    assert mg.wg_gemv_rows() > 1 << 40
+    assert mg.wg_gemv_tile_rows(8, 128) == 8
+    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS_K4096", "1")  # the K = 4096 weights alone from 1 row
+    assert (mg.wg_gemv_rows(2048), mg.wg_gemv_rows(4096)) == (17, 1)
+    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "0")  # never, for every weight
+    assert mg.wg_gemv_rows() > 1 << 40 and mg.wg_gemv_rows(4096) > 1 << 40
     monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_BN", "64")
     assert mg.wg_gemv_tile_rows(17, 772) == 64
     monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_BN", "12")

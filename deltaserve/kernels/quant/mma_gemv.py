@@ -933,17 +933,21 @@ def split_maxnreg() -> dict:
 WG_GEMV_ROWS = 17  # rows of x from which mma_gemv runs as wg_gemv (wg_gemv_rows)
 
 
-def wg_gemv_rows() -> int:
+def wg_gemv_rows(k: int = 0) -> int:
     """From how many rows of x (per launch of at most MAX_ROWS) mma_gemv runs as wgmma_experts.wg_gemv: the same
     bits (GPU tests), for weights of N % 64 == 0 and K <= 4096 on sm_90 (K = 4096, the out projections, with its K
     split over programs: wgmma_experts.wg_gemv_ksplit; the others keep this kernel). H200 probe
     (graph timings, weights past the L2, bench/NOTES.md): the DeltaNet in_proj 12352 x 2048 at 16 / 32 / 64 rows
     11.5 / 20.8 / 35.3 us here against 14.1 / 15.1 / 25.7 there, the lm_head 157 / 352 / 535 against 149 / 237 / 472;
     in the model, 64 streams tg64 @ d512 4,915 -> 5,100 tok/s. So from 17 rows (the 32- and 64-row graph buckets).
-    Env DELTASERVE_MMA_GEMV_WG_ROWS (0: never)."""
+    Env DELTASERVE_MMA_GEMV_WG_ROWS (0: never, for every weight); for a weight of K >= 4096 (k, the out
+    projections, their K split over programs) DELTASERVE_MMA_GEMV_WG_ROWS_K4096 (default: the same)."""
     from ...utils.env import env_int
 
-    return env_int("DELTASERVE_MMA_GEMV_WG_ROWS", WG_GEMV_ROWS, 0) or 1 << 62
+    rows = env_int("DELTASERVE_MMA_GEMV_WG_ROWS", WG_GEMV_ROWS, 0)
+    if rows and k >= 4096:
+        rows = env_int("DELTASERVE_MMA_GEMV_WG_ROWS_K4096", rows, 0)
+    return rows or 1 << 62
 
 
 def wg_gemv_tile_rows(m: int, nb: int) -> int:
@@ -956,7 +960,7 @@ def wg_gemv_tile_rows(m: int, nb: int) -> int:
         return int(env_choice("DELTASERVE_MMA_GEMV_WG_BN", "16", ("8", "16", "32", "64")))
     if nb >= RING_MAX_BLOCKS:
         return 64 if m > 32 else 32
-    return 32 if m > 32 else 16
+    return 32 if m > 32 else 16 if m > 8 else 8  # (8 rows and fewer: K = 4096 weights under _K4096 rows only)
 
 
 def wg_gemv_stages() -> int:
@@ -1049,7 +1053,7 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
                             or out.stride(-1) != 1 or (conv is not None and out.dtype != torch.bfloat16)):
         raise ValueError(f"mma_gemv: out must be bf16 (or fp32 without conv=) [{m}, {n}] with unit column stride, "
                          f"found {out.dtype} {tuple(out.shape)} strides {out.stride()}")
-    if config is None and m >= wg_gemv_rows() and _hopper(x2.device):
+    if config is None and m >= wg_gemv_rows(k) and _hopper(x2.device):
         from .wgmma_experts import wg_dense_fits, wg_gemv
 
         if wg_dense_fits(words):
