@@ -167,6 +167,7 @@ def test_wg_gemv_dispatch_knobs(monkeypatch):
             mg.wg_gemv_tile_rows(64, 15520)) == (16, 32, 32, 64)  # the lm_head past 32 rows: 64
     assert mg.wg_gemv_stages() == 3
     assert mg.wg_gemv_tile_rows(8, 128) == 8
+    assert mg.wg_gemv_rows(4096) == mg.WG_GEMV_ROWS_K4096 == 9  # the out projections from 9 rows
     monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS_K4096", "1")  # the K = 4096 weights alone from 1 row
     assert (mg.wg_gemv_rows(2048), mg.wg_gemv_rows(4096)) == (17, 1)
     monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "0")  # never, for every weight

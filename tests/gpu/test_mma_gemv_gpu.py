@@ -482,6 +482,7 @@ def test_mma_gemv_row_split_same_bits(dev, split, cap, monkeypatch):
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
+    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "0")  # the mma.sync kernel's row split (not wg_gemv's K split)
     p, s, b, _ = kc.affine_weight((2048, 4096), 4, 64, dev)
     words, sb = mg.repack_q4(p, s, b)
     x = torch.randn(64, 4096, device=dev).bfloat16()

@@ -931,6 +931,7 @@ def split_maxnreg() -> dict:
 
 
 WG_GEMV_ROWS = 17  # rows of x from which mma_gemv runs as wg_gemv (wg_gemv_rows)
+WG_GEMV_ROWS_K4096 = 9  # the same for weights of K = 4096 (the out projections, their K split over 8 programs)
 
 
 def wg_gemv_rows(k: int = 0) -> int:
@@ -941,12 +942,14 @@ def wg_gemv_rows(k: int = 0) -> int:
     11.5 / 20.8 / 35.3 us here against 14.1 / 15.1 / 25.7 there, the lm_head 157 / 352 / 535 against 149 / 237 / 472;
     in the model, 64 streams tg64 @ d512 4,915 -> 5,100 tok/s. So from 17 rows (the 32- and 64-row graph buckets).
     Env DELTASERVE_MMA_GEMV_WG_ROWS (0: never, for every weight); for a weight of K >= 4096 (k, the out
-    projections, their K split over programs) DELTASERVE_MMA_GEMV_WG_ROWS_K4096 (default: the same)."""
+    projections, their K split over programs) DELTASERVE_MMA_GEMV_WG_ROWS_K4096, default 9: the 2048 x 4096 out
+    projection at 8 / 16 / 32 / 64 rows 6.33 / 10.31 / 11.33 / 16.54 us here, 6.62 / 7.85 / 7.76 / 13.78 there
+    over eight programs (8 streams tg64 @ d512 2,368 / 2,374 -> 2,377 / 2,376 from 1 row: nothing to gain at 8)."""
     from ...utils.env import env_int
 
     rows = env_int("DELTASERVE_MMA_GEMV_WG_ROWS", WG_GEMV_ROWS, 0)
     if rows and k >= 4096:
-        rows = env_int("DELTASERVE_MMA_GEMV_WG_ROWS_K4096", rows, 0)
+        rows = env_int("DELTASERVE_MMA_GEMV_WG_ROWS_K4096", WG_GEMV_ROWS_K4096, 0)
     return rows or 1 << 62
 
 
@@ -960,7 +963,7 @@ def wg_gemv_tile_rows(m: int, nb: int) -> int:
         return int(env_choice("DELTASERVE_MMA_GEMV_WG_BN", "16", ("8", "16", "32", "64")))
     if nb >= RING_MAX_BLOCKS:
         return 64 if m > 32 else 32
-    return 32 if m > 32 else 16 if m > 8 else 8  # (8 rows and fewer: K = 4096 weights under _K4096 rows only)
+    return 32 if m > 32 else 16 if m > 8 else 8  # (8 rows and fewer: only under a lower _K4096 threshold)
 
 
 def wg_gemv_stages() -> int:
