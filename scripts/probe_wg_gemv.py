@@ -84,7 +84,7 @@ def main(argv=None) -> int:
                 warps = mg.default_warps(k)
                 for ns, mode, ks in ((int(v), mode, int(ks)) for v in args.ns.split(",")
                                      for mode in args.xs.split(",") for ks in args.ks.split(",")):
-                    if warps % ks or warps // ks > 4:
+                    if not wx.wg_ksplit_fits(warps, ks):
                         continue
                     sm = {"load": False, "smem": True}[mode]
                     got = wx.wg_gemv(x, words, sb, xs=xs, out=torch.full_like(ref, float("nan")), tile_rows=bn,

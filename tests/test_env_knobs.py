@@ -191,6 +191,9 @@ def test_wg_gemv_ksplit_knob(monkeypatch):
     monkeypatch.setenv("DELTASERVE_WG_GEMV_KSPLIT", "4,8")
     assert [wx.wg_gemv_ksplit(w) for w in (1, 2, 4, 8)] == [1, 2, 4, 8]
     assert [wx.wg_gemv_ksplit(w, 15520) for w in (4, 8)] == [1, 2]  # the lm_head's many row blocks: no further
+    # what a split can be: dividing the warps' partial sums, at most four a program
+    assert [ks for ks in (0, 1, 2, 3, 4, 8, 16) if wx.wg_ksplit_fits(8, ks)] == [2, 4, 8]
+    assert [ks for ks in (0, 1, 2, 3, 4, 8) if wx.wg_ksplit_fits(4, ks)] == [1, 2, 4]
     monkeypatch.setenv("DELTASERVE_WG_GEMV_KSPLIT", "1,0")  # the K = 4096 weights stay on mma_gemv
     assert wx.wg_gemv_ksplit(8) == 0 and wx.wg_gemv_ksplit(4) == 1
     for bad in ("4", "2,3", "x,4", "4,1", "16,4", "0,4", "0,0"):

@@ -848,8 +848,13 @@ def wg_dense_fits(words: torch.Tensor) -> bool:
     if not (HAVE_GLUON and words.dim() == 3 and words.shape[0] % 4 == 0):
         return False
     warps = default_warps(words.shape[1] * GROUP)
-    ks = wg_gemv_ksplit(warps)
-    return ks > 0 and warps // ks <= 4
+    return wg_ksplit_fits(warps, wg_gemv_ksplit(warps))
+
+
+def wg_ksplit_fits(warps: int, ks: int) -> bool:
+    """Whether wg_gemv can split a K of `warps` mma.sync partial sums over ks programs: 1, 2, 4 or 8 dividing them,
+    at most four a program."""
+    return ks in (1, 2, 4, 8) and warps % ks == 0 and warps // ks <= 4
 
 
 WG_GEMV_KSPLIT = "1,8"  # programs a row block for the K splits of 4 (K 1024 - 2048) and 8 (K = 4096) warps
@@ -922,7 +927,7 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
                          f"{tuple(out.shape)} strides {out.stride()}")
     warps = default_warps(k)
     ks = wg_gemv_ksplit(warps, nb) if ksplit is None else ksplit
-    if ks not in (1, 2, 4, 8) or warps % ks or warps // ks > 4:  # (wg_dense_fits refused an env split of 0)
+    if not wg_ksplit_fits(warps, ks):  # (wg_dense_fits refused an env split of 0)
         raise ValueError(f"wg_gemv: K = {k} is split over {warps} warps' partial sums, 1 - 4 a program: ksplit "
                          f"must divide {warps} and be at least {max(warps // 4, 1)}, found {ksplit}")
     warps, g_split = warps // ks, g // ks  # a program's partial sums and groups
