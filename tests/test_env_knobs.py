@@ -564,6 +564,30 @@ def test_router_rows_and_tiles_scan_switches(monkeypatch):
         ta.tiles_scan_mode()
 
 
+def test_prefill_router_switch_and_fit(monkeypatch):
+    """DELTASERVE_PREFILL_ROUTER: "mma" by default, "rows" for A/B, anything else refused by name; the tensor-core
+    router serves affine routers of 4 / 8 bits in groups of a multiple of 16 on bf16 rows, nothing else."""
+    import torch
+
+    from deltaserve.kernels.moe import triton_router_mma as rm
+    from deltaserve.kernels.triton_common import WeightSpec
+
+    monkeypatch.delenv("DELTASERVE_PREFILL_ROUTER", raising=False)
+    assert rm.prefill_router_mode() == "mma"
+    monkeypatch.setenv("DELTASERVE_PREFILL_ROUTER", "rows")
+    assert rm.prefill_router_mode() == "rows"
+    monkeypatch.setenv("DELTASERVE_PREFILL_ROUTER", "gluon")
+    with pytest.raises(ValueError, match="DELTASERVE_PREFILL_ROUTER"):
+        rm.prefill_router_mode()
+    x = torch.zeros(3, 2048, dtype=torch.bfloat16)
+    s = torch.zeros(256, 32, dtype=torch.bfloat16)
+    assert rm.router_mma_fits(x, WeightSpec(torch.zeros(256, 512, dtype=torch.int32), s, s, 8, 64))
+    assert rm.router_mma_fits(x, WeightSpec(torch.zeros(256, 256, dtype=torch.int32), s, s, 4, 64))
+    assert not rm.router_mma_fits(x.float(), WeightSpec(torch.zeros(256, 512, dtype=torch.int32), s, s, 8, 64))
+    assert not rm.router_mma_fits(x, WeightSpec(torch.zeros(256, 2048, dtype=torch.bfloat16), None, None, 16, 1))
+    assert not rm.router_mma_fits(x[:, :1024], WeightSpec(torch.zeros(256, 512, dtype=torch.int32), s, s, 8, 64))
+
+
 def test_gluon_router_rows_serves_only_its_format():
     """rows_fit: never on the CPU or in the interpreter (Gluon cannot run there), whatever the router."""
     import torch

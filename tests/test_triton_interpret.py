@@ -88,6 +88,10 @@ def _cases():
                                                                 bits=4, group=32, normalize=False, router_bits=16),
         "moe_router_ties": lambda m: kc.check_moe_ties(m, CPU),
         "moe_router_rows": lambda m: kc.check_router_rows(m, CPU, ts=(1, 13)),
+        "moe_router_mma_q8": lambda m: kc.check_router_mma(m, CPU),
+        "moe_router_mma_q4_g32": lambda m: kc.check_router_mma(m, CPU, ts=(1, 65), h=64, e=24, bits=4, group=32),
+        "moe_route_prefill_mma": lambda m: kc.check_route_prefill_mma(m, CPU, ts=(1, 40), h=64, e=12, top_k=3,
+                                                                      group=32),
         "moe_down_early": lambda m: kc.check_moe_down_early(m, CPU, 2, 64, 8, 32, 3, 4, 32),
         "moe_router_last_arrival": lambda m: kc.check_router_last_arrival(m, CPU, select="bitonic"),
         "moe_router_last_arrival_best": lambda m: kc.check_router_last_arrival(m, CPU, ts=(1, 7), select="best"),  # the default

@@ -94,11 +94,14 @@ class SparseMoeBlock(nn.Module):
         up to kernels/moe/triton_decode.router_norm_tokens() tokens (4: the batch-1 deployments' steps),
         DELTASERVE_ROUTER_NORM=fused. The same bits as the norm kernel then the router (one norm arithmetic), so the
         choice may follow the token count."""
-        from ..kernels.moe.triton_decode import route_normed_fits, router_norm_mode, router_norm_tokens
         from ..kernels.moe.mma_moe import wg_block_tile_rows
+        from ..kernels.moe.triton_decode import (prefill_routes_mma, route_normed_fits, router_norm_mode,
+                                                 router_norm_tokens)
 
         mma = fast.mma_moe_weights(self, x)
         if mma is None or not mma.shared_last or router_norm_mode() != "fused":  # shared_last: a shared expert
+            return False
+        if not decode and prefill_routes_mma(x, fast.weight_spec(self.gate)):  # a prefill's router: its own
             return False
         t = x.shape[0]
         return (t <= router_norm_tokens() and route_normed_fits(t, x.shape[1])
@@ -121,14 +124,15 @@ class SparseMoeBlock(nn.Module):
         router = fast.weight_spec(self.gate)
         shared = self._shared_specs()
         mma = fast.mma_moe_weights(self, x)
-        if mma is not None:  # every token count, decode or prefill: one kernel family, one set of bits
+        if mma is not None:  # every token count, decode or prefill: one experts family (a prefill's router: its own)
             from ..kernels.moe.mma_moe import moe_block_mma, wg_block_tile_rows
 
             slot = mma.num_experts - 1 if mma.shared_last else None  # the shared expert: routed slot k
             # the warpgroup-MMA launches' tiles from the router (at decode sizes, in its launch: the same tiles)
             tile_rows = None if slot is None else wg_block_tile_rows(mma, x.shape[0] * (self.top_k + 1))
             routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"),
-                                separate_topk=fast.moe_topk_mode() == "split", shared_slot=slot, tile_rows=tile_rows)
+                                separate_topk=fast.moe_topk_mode() == "split", shared_slot=slot, tile_rows=tile_rows,
+                                prefill=not decode)
             # the norm's prep (fast.moe_prep): x's group sums, alone (MOE_SUMS) or with the GEMV's xp
             carried = fast.carried_prep(x, fast.MOE_SUMS) or fast.carried_prep(x, fast.MOE_PREP)
             xs = None if carried is None else carried[1]

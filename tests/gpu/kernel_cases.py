@@ -1074,3 +1074,78 @@ def check_gemv_inline_unaligned(mods, device, n, k, m=3):
     got = g.affine_gemv(view, p, s, b, 4, 64, inline_prep=True)
     want = g.affine_gemv(dense, p, s, b, 4, 64, inline_prep=True)
     assert torch.equal(got, want), "unaligned x rows (single loads) != aligned rows (paired loads)"
+
+
+def check_router_mma(mods, device, ts=(1, 13, 70), h=128, e=40, bits=8, group=64):
+    """The prefill router on tensor cores (moe/triton_router_mma) against the fp64 product x . (s q + b) at fp32
+    rounding, into a poisoned output; a token's logits bit for bit the same whatever the chunk around it: the
+    first rows of T = 1 / 13 / 70 against the whole block, the block reversed, and rows read at a stride (an
+    offset view). Bad inputs refused by name."""
+    from deltaserve.kernels.moe import triton_router_mma as rm
+    from deltaserve.kernels.triton_common import WeightSpec
+
+    p, s, b, wd = affine_weight((e, h), bits, group, device)
+    r = WeightSpec(p, s, b, bits, group)
+    n = max(ts)
+    base = torch.randn(n + 3, h, device=device).bfloat16()
+    xs = base[2 : 2 + n]  # rows at a stride of h, two rows in
+    whole = poisoned((n, e), torch.float32, device)
+    rm.router_mma_logits(xs, r, whole)
+    close(whole, xs.double() @ wd.t(), 1e-5, f"router mma T={n}")
+    flipped = rm.router_mma_logits(xs.flip(0).contiguous(), r)
+    assert torch.equal(flipped.flip(0), whole), "router mma: a token's logits moved with its place in the chunk"
+    for t in ts:
+        got = rm.router_mma_logits(xs[:t].contiguous(), r)
+        assert torch.equal(got, whole[:t]), f"router mma: T={t} != the first {t} rows of T={n}"
+    for bad, what in ((dict(out=torch.empty(n, e, device=device)[:, :1]), "out must be fp32"),
+                      (dict(x=xs.float()), "needs bf16 rows")):
+        try:
+            rm.router_mma_logits(bad.get("x", xs), r, bad.get("out"))
+        except ValueError as exc:
+            assert what in str(exc), str(exc)
+        else:
+            raise AssertionError(f"router_mma_logits accepted {what}")
+
+
+def check_route_prefill_mma(mods, device, ts=(1, 3, 64, 515), h=2048, e=256, top_k=8, group=64):
+    """moe_route(prefill=True) on an 8-bit router: the routing of triton_router_mma's logits at every T (ids ==
+    route_topk's of those logits, ties to the lower id, weights to fp32 rounding), the shared slot and weight as
+    the decode path's (the same shared-gate column), the tiles (asked for at T <= 64, where a decode takes them
+    from its router launch) == mma_expert_tiles of those ids; each token's routing the same in every chunk."""
+    from deltaserve.kernels.moe import triton_router_mma as rm
+    from deltaserve.kernels.quant.mma_gemv import mma_expert_tiles
+
+    md = mods["moe"]
+    _, kw, _ = moe_problem(device, 1, h, e, 64, 64, 4, group, router_bits=8)
+    r, _ = md._router_specs(torch.zeros(1, h, device=device).bfloat16(), kw["router"], top_k, kw["shared_gate"])
+    xs = torch.randn(max(ts), h, device=device).bfloat16()
+    first = None
+    with env_values(DELTASERVE_PREFILL_ROUTER="mma"):
+        for t in ts:
+            x = xs[:t]
+            rows = 8 if t <= 64 else None
+            got = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], shared_slot=e, tile_rows=rows,
+                               prefill=True)
+            dec = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], shared_slot=e, separate_topk=True)
+            logits = rm.router_mma_logits(x, r)
+            rw, rid = route_topk(logits.double().cpu(), top_k, True)
+            order = rid.sort(-1)
+            what = f"prefill route T={t}"
+            assert torch.equal(got.ids[:, :top_k].long().cpu(), order.values), f"{what}: ids"
+            close(got.weights[:, :top_k].cpu(), rw.gather(1, order.indices), 1e-6, f"{what}: weights")
+            assert (got.ids[:, top_k] == e).all() and torch.equal(got.weights[:, top_k], dec.weights[:, top_k])
+            assert torch.equal(got.shared_weight, dec.shared_weight), f"{what}: shared weight"
+            if rows is not None:
+                want = mma_expert_tiles(got.ids, e + 1, rows)
+                for name, a, b in zip(("tile_e", "tile_lo", "tile_hi", "order"), got.tiles[:4], want[:4]):
+                    assert torch.equal(a, b), f"{what}: {name}"
+            if first is None:
+                first = got
+            assert torch.equal(got.ids[:1], first.ids[:1]) and torch.equal(got.weights[:1], first.weights[:1])
+        try:
+            md.moe_route(xs[:2], kw["router"], top_k, True, kw["shared_gate"], prefill=True,
+                         norm=(xs[:2], xs[0], 1e-6, 1.0, ()))
+        except ValueError as exc:
+            assert "norm" in str(exc), str(exc)
+        else:
+            raise AssertionError("moe_route(prefill=True, norm=...) accepted")

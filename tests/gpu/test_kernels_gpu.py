@@ -83,6 +83,22 @@ def test_moe_router_rows(mods, dev, small):
                              gluon_shapes=("4,16", "8,16", "8,8", "4,8", "16,4", "1,1"))
 
 
+def test_moe_router_mma(mods, dev, small):
+    if small:
+        kc.check_router_mma(mods, dev)
+        kc.check_router_mma(mods, dev, ts=(1, 65), h=64, e=24, bits=4, group=32)
+    else:  # the 35B-A3B's router at a decode row, a short chunk, pp512 and 8 prompts' worth of tokens
+        kc.check_router_mma(mods, dev, ts=(1, 57, 512), h=2048, e=256, bits=8, group=64)
+        kc.check_router_mma(mods, dev, ts=(1, 4096), h=2048, e=256, bits=8, group=64)
+
+
+def test_moe_route_prefill_on_the_mma_router(mods, dev):
+    """moe_route(prefill=True) at the 35B router: the logits of triton_router_mma at every chunk size (T = 1, 3,
+    64 with the tiles asked for, 515), the routing of those logits by the split top-k (ids, weights, tiles ==
+    the top-k and tiles of the same logits through the decode path's launches), and prefill=False unchanged."""
+    kc.check_route_prefill_mma(mods, dev)
+
+
 def test_moe_route_tiles(mods, dev, small):
     if small:
         kc.check_route_tiles(mods, dev, ts=(1, 31, 33, 64))

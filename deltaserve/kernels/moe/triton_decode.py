@@ -31,6 +31,7 @@ from ..quant.triton_gemv import (MAGIC, chunk_groups, gemv_row, gemv_row_chunks,
                                   pairwise_sums, row_run_config)
 from ..quant.triton_gemv_inline import inline_mode
 from .gluon_router_rows import router_rows_kernel, router_rows_logits, rows_fit
+from .triton_router_mma import prefill_router_mode, router_mma_fits, router_mma_logits
 from ..triton_common import WeightSpec, dequant_tile, residual_sum, rms_scaled
 from ..triton_sync import arrival_counters, last_arrival
 from ..triton_norm import rms_inverse
@@ -415,6 +416,13 @@ def router_row_blocks() -> int:
     return value
 
 
+def prefill_routes_mma(x: torch.Tensor, r: WeightSpec) -> bool:
+    """Whether a prefill chunk x's router logits come from the tensor-core router (triton_router_mma): its mode
+    "mma" and a router it serves. The choice is per weight and mode, never per T, so every chunk of a prompt gets
+    the same arithmetic (chunked == whole)."""
+    return prefill_router_mode() == "mma" and router_mma_fits(x, r)
+
+
 def router_rows_min() -> int:
     """From how many tokens the router's logits come from the multi-row GEMV (_router_logits; the same bits as the
     per-token launch, so the choice may follow T). Env DELTASERVE_ROUTER_ROWS_MIN (0: never), for in-model A/B."""
@@ -441,7 +449,8 @@ def _topk_kernel(logit_ptr, ids_ptr, wts_ptr, sw_ptr, E, EP: tl.constexpr, TOPK:
 
 
 def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
-                   topk: tuple | None = None, norm: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   topk: tuple | None = None, norm: tuple | None = None,
+                   mma: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 logits [T, E], shared gate sigmoid [T]) in one launch of (T, cdiv(E, BE) + 1) programs. The x row
     is read raw (inline prep), so no prep launch; one program per BE experts keeps every SM busy even at T = 1
     (E = 256, BE = 4: 65 programs of 8 KB of an 8-bit router each). topk = (ids [T, k], weights [T, k], k,
@@ -450,18 +459,24 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
     the token's add_rms_norm(x, residual) first (the norm kernel's bits), program (t, 0) writing y, r = x + residual
     and y's group sums [T, H / 64] into the three given tensors; the logits are of y (route_normed).
     From router_rows_min() tokens on (a packed router, no topk): two launches instead, the logits from the multi-row
-    GEMV (ROUTER_ROWS tokens a program) and the shared gate's column alone, with the same bits."""
+    GEMV (ROUTER_ROWS tokens a program) and the shared gate's column alone, with the same bits.
+    mma (a prefill chunk, prefill_routes_mma): the logits from the tensor-core router at any T (its own bits), the
+    shared gate's column alone as above."""
     t, h = x.shape
     be, warps = config["router"]
     logits = torch.empty(t, r.n, dtype=torch.float32, device=x.device)
     sw = torch.empty(t, dtype=torch.float32, device=x.device)
     r_cg, g_cg = _router_cg(r, be, warps), _router_cg(g, be, warps)
-    if t and topk is None and r.bits != 16 and t >= router_rows_min() and norm is None:
+    if mma and (topk is not None or norm is not None):
+        raise ValueError("_router_logits: the tensor-core router takes no top-k or norm in its launch")
+    if t and (mma or (topk is None and r.bits != 16 and t >= router_rows_min() and norm is None)):
         # many tokens: the logits from the multi-row GEMV (triton_gemv._gemv_kernel: a weight chunk loaded once for
         # ROUTER_ROWS tokens, each row gemv_row's arithmetic with the router's BE and CG, so the same bits; the
         # per-token launch re-reads the 0.5 MB router for every token: ~78 us a layer at pp512), then the shared
         # gate's column of the router launch alone
-        if router_rows_kernel() == "gluon" and rows_fit(x, r, r_cg, warps):
+        if mma:
+            router_mma_logits(x, r, logits)  # a prefill's arithmetic: tensor-core MMAs, the same at every T
+        elif router_rows_kernel() == "gluon" and rows_fit(x, r, r_cg, warps):
             router_rows_logits(x, r, logits)  # the same bits in a Gluon program: no per-token layout moves
         else:
             launch_gemv(x, r, logits, config=(be, r_cg, warps), inline_prep=True, rows=ROUTER_ROWS,
@@ -643,7 +658,7 @@ def route_normed(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Ten
 
 def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, shared_gate=None,
               config=None, separate_topk: bool = False, shared_slot: int | None = None,
-              tile_rows: int | None = None, norm: tuple | None = None) -> MoeRouting:
+              tile_rows: int | None = None, norm: tuple | None = None, prefill: bool = False) -> MoeRouting:
     """Router logits (fp32) + the routing contract, in one launch (the top-k at each token's last-arriving router
     program); separate_topk: the top-k in a launch of its own (the two-launch path, for timing). x [T, H];
     router [E, H] (WeightSpec or dense tensor); shared_gate [1, H] or None. shared_slot (with a shared gate): ids
@@ -651,10 +666,15 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
     separate top-k launch (taken then whatever separate_topk says: the same bits). tile_rows (with shared_slot):
     the routing's tiles too (MoeRouting.tiles: mma_expert_tiles(ids, shared_slot + 1, tile_rows)'s tensors), for up
     to ROUTE_TILES_MAX_TOKENS tokens from the router's one launch (triton_route_tiles; route_tiles_mode), else
-    from the tiles' own launch. norm: the router launch makes its input's norm first (route_normed)."""
+    from the tiles' own launch. norm: the router launch makes its input's norm first (route_normed).
+    prefill: x is a prefill chunk's rows; where prefill_routes_mma, its logits come from the tensor-core router
+    (triton_router_mma: a prefill's own arithmetic at every chunk size), then the top-k and tiles launches."""
     config = merged_config(config)
     r, g = _router_specs(x, router, top_k, shared_gate)
     t = x.shape[0]
+    mma_logits = prefill and prefill_routes_mma(x, r)
+    if mma_logits and norm is not None:
+        raise ValueError("moe_route: a prefill on the tensor-core router makes no norm in its launch (route_normed)")
     if shared_slot is not None and shared_gate is None:
         raise ValueError("moe_route: shared_slot needs the shared expert's gate")
     if tile_rows is not None:
@@ -664,17 +684,18 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
             raise ValueError("moe_route: tile_rows needs shared_slot (the tiles are over the stacked experts)")
         from . import triton_route_tiles as rt
 
-        if rt.route_tiles_mode() == "fused" and rt.route_tiles_fit(t, shared_slot + 1):
+        if not mma_logits and rt.route_tiles_mode() == "fused" and rt.route_tiles_fit(t, shared_slot + 1):
             return MoeRouting(*rt.route_with_tiles(x, r, g, top_k, normalize, shared_slot, tile_rows, config))
         from ..quant.mma_gemv import mma_expert_tiles
 
-        routing = moe_route(x, router, top_k, normalize, shared_gate, config, separate_topk, shared_slot)
+        routing = moe_route(x, router, top_k, normalize, shared_gate, config, separate_topk, shared_slot,
+                            prefill=prefill)
         return routing._replace(tiles=mma_expert_tiles(routing.ids, shared_slot + 1, tile_rows))
     slots = top_k + int(shared_slot is not None)
     ids = torch.empty(t, slots, dtype=torch.int32, device=x.device)
     wts = torch.empty(t, slots, dtype=torch.float32, device=x.device)
-    if separate_topk or shared_slot is not None:
-        logits, sw = _router_logits(x, r, g, shared_gate is not None, config, norm=norm)
+    if separate_topk or shared_slot is not None or mma_logits:
+        logits, sw = _router_logits(x, r, g, shared_gate is not None, config, norm=norm, mma=mma_logits)
         if t:
             _topk_kernel[(t,)](logits, ids, wts, sw, r.n, EP=triton.next_power_of_2(r.n), TOPK=top_k,
                                NORMALIZE=normalize, SHARED_ID=-1 if shared_slot is None else shared_slot,

@@ -1,0 +1,103 @@
+"""A prefill chunk's router logits on tensor cores: one arithmetic for every chunk size.
+
+Why: the prefill router had to give the per-token decode router's bits (a chunk below router_rows_min() tokens
+took that launch), so it repeated a CUDA-core FMA order (gluon_router_rows: 37 us a layer at 512 tokens, ~270 at
+4,096, for 0.27 / 2.1 GFLOP; bench/NOTES.md). A prefill's other kernels are its own family already (the dense
+projections' tiled matmul is not the decode GEMV's arithmetic), so the prefill router only has to agree with
+itself across chunk sizes: chunked == whole. This kernel serves every prefill chunk, from one token up.
+
+The arithmetic, per (token t, expert e), for an affine router (codes q, scale s and bias b per group of G):
+  d_g  = MMA(x[t, g], q[e, g])     bf16 x, the codes exact in bf16 (at most 8 bits), fp32 accumulation: G / 16
+                                   chained k16 steps of the tensor core, from zero
+  xs_g = MMA(x[t, g], ones)        the group's sum of x, the same way
+  logit = (...((0 + (s_0 d_0 + b_0 xs_0)) + (s_1 d_1 + b_1 xs_1)) + ...)   the groups in order, in fp32
+which is x . (s q + b) re-associated (the reference's fp32 dequantised product). The tile shape (BT tokens x BE
+experts, 4 warps) is fixed, never chosen by T, and an MMA's output element depends on its row and column alone,
+so a token's logits never depend on the other tokens of the chunk or on where in the tile it sits.
+"""
+
+from __future__ import annotations
+
+
+import torch
+import triton
+import triton.language as tl
+
+from ...utils.env import env_choice
+from ..triton_common import WeightSpec, dot_f32, mma
+from ..triton_pdl import pdl_args, pdl_open, pdl_wait
+
+BT = 64  # tokens a program (the MMA's M)
+BE = 32  # experts a program (the MMA's N)
+WARPS = 4
+STAGES = 3  # the K loop's software pipeline (never a bit)
+PREFILL_ROUTER_MODES = ("mma", "rows")
+
+
+def prefill_router_mode() -> str:
+    """Which kernels make a prefill chunk's router logits on the tensor-core MoE: "mma" (this module, every chunk
+    size, where router_mma_fits) or "rows" (the decode router's arithmetic: the per-token launch below
+    router_rows_min() tokens, the multi-row kernels from there). Env DELTASERVE_PREFILL_ROUTER, for in-model A/B."""
+    return env_choice("DELTASERVE_PREFILL_ROUTER", "mma", PREFILL_ROUTER_MODES)
+
+
+def router_mma_fits(x: torch.Tensor, r: WeightSpec) -> bool:
+    """Whether this kernel serves router r for rows x: an affine router of 4 or 8 bits whose groups are whole MMA
+    steps (16 | G, G | K), bf16 rows with unit column stride."""
+    return (r.bits in (4, 8) and r.group % 16 == 0 and r.k % r.group == 0 and x.dtype == torch.bfloat16
+            and x.dim() == 2 and x.shape[1] == r.k and x.stride(-1) == 1)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _router_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, T, E, stride_xt, stride_wn, stride_sn, stride_ot,
+                       K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BT: tl.constexpr,
+                       BE: tl.constexpr, STAGES: tl.constexpr, F32: tl.constexpr, PDL: tl.constexpr = False):
+    # grid (cdiv(T, BT), cdiv(E, BE)): program (i, j) writes logits [i BT .. i BT + BT, j BE .. j BE + BE] fp32.
+    # x [T, K] bf16 rows; w [E, K / PACK] int32 words, code k of a row at bits (k % PACK) * BITS of word k // PACK;
+    # s, b [E, K / GROUP]. Rows past T and experts past E read zeros and are not stored.
+    pdl_open(PDL)
+    PACK: tl.constexpr = 32 // BITS
+    rt = tl.program_id(0) * BT + tl.arange(0, BT)
+    re = tl.program_id(1) * BE + tl.arange(0, BE)
+    t_mask = rt < T
+    e_mask = re < E
+    rk = tl.arange(0, GROUP)
+    rw = tl.arange(0, GROUP // PACK)
+    shifts = tl.arange(0, PACK) * BITS
+    x_rows = x_ptr + rt.to(tl.int64)[:, None] * stride_xt
+    w_rows = w_ptr + re[:, None] * stride_wn
+    ones = tl.full((GROUP, BE), 1.0, tl.float32).to(tl.bfloat16)
+    acc = tl.zeros((BT, BE), dtype=tl.float32)
+    pdl_wait(PDL)  # x is the previous kernel's output
+    for g in tl.range(0, K // GROUP, num_stages=STAGES):
+        xg = tl.load(x_rows + g * GROUP + rk[None, :], mask=t_mask[:, None], other=0.0)  # [BT, GROUP] bf16
+        words = tl.load(w_rows + g * (GROUP // PACK) + rw[None, :], mask=e_mask[:, None], other=0)  # [BE, G/PACK]
+        q = (words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)  # [BE, G/PACK, PACK]: code PACK j + i
+        qg = tl.reshape(q, (BE, GROUP)).to(tl.float32).to(tl.bfloat16)  # exact: at most 8 bits
+        zero = tl.zeros((BT, BE), dtype=tl.float32)
+        d = mma(xg, tl.trans(qg), zero, F32)  # [BT, BE] fp32, from zero
+        xs = mma(xg, ones, zero, F32)  # [BT, BE]: the group's sum of x in every column
+        s = tl.load(s_ptr + re * stride_sn + g, mask=e_mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + re * stride_sn + g, mask=e_mask, other=0.0).to(tl.float32)
+        acc = acc + (d * s[None, :] + xs * b[None, :])
+    out = out_ptr + rt.to(tl.int64)[:, None] * stride_ot + re[None, :]
+    tl.store(out, acc, mask=t_mask[:, None] & e_mask[None, :])
+
+
+def router_mma_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 logits [T, E] of the T rows of x [T, K] bf16 for the affine router r (router_mma_fits must hold)."""
+    if not router_mma_fits(x, r):
+        raise ValueError(f"router_mma_logits: needs bf16 rows [T, {r.k}] with unit column stride and an affine "
+                         f"router of 4 or 8 bits in groups of a multiple of 16; found x {x.dtype} "
+                         f"{tuple(x.shape)} strides {x.stride()}, router {r.bits} bits, group {r.group}")
+    t = x.shape[0]
+    if out is None:
+        out = torch.empty(t, r.n, dtype=torch.float32, device=x.device)
+    elif out.dtype != torch.float32 or tuple(out.shape) != (t, r.n) or out.stride(-1) != 1:
+        raise ValueError(f"router_mma_logits: out must be fp32 [{t}, {r.n}] with unit column stride, found "
+                         f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
+    if t:
+        _router_mma_kernel[(triton.cdiv(t, BT), triton.cdiv(r.n, BE))](
+            x, r.w, r.scales, r.biases, out, t, r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), out.stride(0),
+            K=r.k, BITS=r.bits, GROUP=r.group, BT=BT, BE=BE, STAGES=STAGES, F32=dot_f32(), num_warps=WARPS, **pdl_args(x))
+    return out
