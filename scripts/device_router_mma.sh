@@ -20,5 +20,9 @@ bench_pp "rows" 8 DELTASERVE_PREFILL_ROUTER=rows
 bench_pp "mma" 8
 bench_pp "rows" 8 DELTASERVE_PREFILL_ROUTER=rows
 bench_pp "mma" 8
+# the 64-stream in_proj / q|k|v at 64-row tiles over 4 programs (one partial sum a program, each weight dequantised
+# once): the probe only, for the next call's A/B
+timeout 80 python3 scripts/probe_wg_gemv.py --ms 64 --bn 32,64 --ns 3 --xs smem --ks 1,2,4 --shapes 0,1 \
+  --out "$OUT/probe_wg.jsonl" > "$OUT/probe_wg.log" 2>&1; tail -12 "$OUT/probe_wg.log"
 logs_into_one
 echo "done ($((SECONDS-t0)) s)"
