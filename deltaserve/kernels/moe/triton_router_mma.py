@@ -31,6 +31,7 @@ BT = 64  # tokens a program (the MMA's M)
 BE = 32  # experts a program (the MMA's N)
 WARPS = 4
 STAGES = 3  # the K loop's software pipeline (never a bit)
+GU = 1  # groups a loop step (never a bit)
 PREFILL_ROUTER_MODES = ("mma", "rows")
 
 
@@ -41,6 +42,12 @@ def prefill_router_mode() -> str:
     return env_choice("DELTASERVE_PREFILL_ROUTER", "mma", PREFILL_ROUTER_MODES)
 
 
+def router_gu(r: WeightSpec) -> int:
+    """Groups a loop step for router r: GU, or fewer where GU does not divide its groups (never a bit)."""
+    groups = r.k // r.group
+    return next(n for n in (GU, 2, 1) if n <= GU and groups % n == 0)
+
+
 def router_mma_fits(x: torch.Tensor, r: WeightSpec) -> bool:
     """Whether this kernel serves router r for rows x: an affine router of 4 or 8 bits whose groups are whole MMA
     steps (16 | G, G | K), bf16 rows with unit column stride."""
@@ -48,38 +55,61 @@ def router_mma_fits(x: torch.Tensor, r: WeightSpec) -> bool:
             and x.dim() == 2 and x.shape[1] == r.k and x.stride(-1) == 1)
 
 
+@triton.jit
+def _group_dots(x_rows, w_rows, g, t_mask, e_mask, ones, BITS: tl.constexpr, GROUP: tl.constexpr,
+                BT: tl.constexpr, BE: tl.constexpr, F32: tl.constexpr):
+    """(d, xs) of group g, each [BT, BE] fp32 from zero: the MMA of x's group with the codes, and with ones."""
+    PACK: tl.constexpr = 32 // BITS
+    xg = tl.load(x_rows + g * GROUP + tl.arange(0, GROUP)[None, :], mask=t_mask[:, None], other=0.0)  # [BT, G] bf16
+    words = tl.load(w_rows + g * (GROUP // PACK) + tl.arange(0, GROUP // PACK)[None, :], mask=e_mask[:, None],
+                    other=0)  # [BE, G / PACK]
+    q = (words[:, :, None] >> (tl.arange(0, PACK) * BITS)[None, None, :]) & ((1 << BITS) - 1)  # code PACK j + i
+    qg = tl.reshape(q, (BE, GROUP)).to(tl.float32).to(tl.bfloat16)  # exact: at most 8 bits
+    zero = tl.zeros((BT, BE), dtype=tl.float32)
+    return mma(xg, tl.trans(qg), zero, F32), mma(xg, ones, zero, F32)
+
+
+@triton.jit
+def _group_term(d, xs, s_ptr, b_ptr, re, e_mask, stride_sn, g):
+    """s_g d + b_g xs [BT, BE] fp32 for the experts re of group g."""
+    s = tl.load(s_ptr + re * stride_sn + g, mask=e_mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + re * stride_sn + g, mask=e_mask, other=0.0).to(tl.float32)
+    return d * s[None, :] + xs * b[None, :]
+
+
 @triton.jit(do_not_specialize=["T"])
 def _router_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, T, E, stride_xt, stride_wn, stride_sn, stride_ot,
                        K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BT: tl.constexpr,
-                       BE: tl.constexpr, STAGES: tl.constexpr, F32: tl.constexpr, PDL: tl.constexpr = False):
+                       BE: tl.constexpr, GU: tl.constexpr, STAGES: tl.constexpr, F32: tl.constexpr,
+                       PDL: tl.constexpr = False):
     # grid (cdiv(T, BT), cdiv(E, BE)): program (i, j) writes logits [i BT .. i BT + BT, j BE .. j BE + BE] fp32.
     # x [T, K] bf16 rows; w [E, K / PACK] int32 words, code k of a row at bits (k % PACK) * BITS of word k // PACK;
-    # s, b [E, K / GROUP]. Rows past T and experts past E read zeros and are not stored.
+    # s, b [E, K / GROUP]. Rows past T and experts past E read zeros and are not stored. GU (1, 2 or 4, dividing
+    # the groups): groups a loop step, their MMAs issued before any of their terms is added (never a bit: the
+    # terms are added one group at a time, in order).
     pdl_open(PDL)
-    PACK: tl.constexpr = 32 // BITS
     rt = tl.program_id(0) * BT + tl.arange(0, BT)
     re = tl.program_id(1) * BE + tl.arange(0, BE)
     t_mask = rt < T
     e_mask = re < E
-    rk = tl.arange(0, GROUP)
-    rw = tl.arange(0, GROUP // PACK)
-    shifts = tl.arange(0, PACK) * BITS
     x_rows = x_ptr + rt.to(tl.int64)[:, None] * stride_xt
     w_rows = w_ptr + re[:, None] * stride_wn
     ones = tl.full((GROUP, BE), 1.0, tl.float32).to(tl.bfloat16)
     acc = tl.zeros((BT, BE), dtype=tl.float32)
     pdl_wait(PDL)  # x is the previous kernel's output
-    for g in tl.range(0, K // GROUP, num_stages=STAGES):
-        xg = tl.load(x_rows + g * GROUP + rk[None, :], mask=t_mask[:, None], other=0.0)  # [BT, GROUP] bf16
-        words = tl.load(w_rows + g * (GROUP // PACK) + rw[None, :], mask=e_mask[:, None], other=0)  # [BE, G/PACK]
-        q = (words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)  # [BE, G/PACK, PACK]: code PACK j + i
-        qg = tl.reshape(q, (BE, GROUP)).to(tl.float32).to(tl.bfloat16)  # exact: at most 8 bits
-        zero = tl.zeros((BT, BE), dtype=tl.float32)
-        d = mma(xg, tl.trans(qg), zero, F32)  # [BT, BE] fp32, from zero
-        xs = mma(xg, ones, zero, F32)  # [BT, BE]: the group's sum of x in every column
-        s = tl.load(s_ptr + re * stride_sn + g, mask=e_mask, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + re * stride_sn + g, mask=e_mask, other=0.0).to(tl.float32)
-        acc = acc + (d * s[None, :] + xs * b[None, :])
+    for g in tl.range(0, K // GROUP, GU, num_stages=STAGES):
+        d0, x0 = _group_dots(x_rows, w_rows, g, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32)
+        if GU >= 2:
+            d1, x1 = _group_dots(x_rows, w_rows, g + 1, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32)
+        if GU >= 4:
+            d2, x2 = _group_dots(x_rows, w_rows, g + 2, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32)
+            d3, x3 = _group_dots(x_rows, w_rows, g + 3, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32)
+        acc = acc + _group_term(d0, x0, s_ptr, b_ptr, re, e_mask, stride_sn, g)
+        if GU >= 2:
+            acc = acc + _group_term(d1, x1, s_ptr, b_ptr, re, e_mask, stride_sn, g + 1)
+        if GU >= 4:
+            acc = acc + _group_term(d2, x2, s_ptr, b_ptr, re, e_mask, stride_sn, g + 2)
+            acc = acc + _group_term(d3, x3, s_ptr, b_ptr, re, e_mask, stride_sn, g + 3)
     out = out_ptr + rt.to(tl.int64)[:, None] * stride_ot + re[None, :]
     tl.store(out, acc, mask=t_mask[:, None] & e_mask[None, :])
 
@@ -99,5 +129,5 @@ def router_mma_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor | None =
     if t:
         _router_mma_kernel[(triton.cdiv(t, BT), triton.cdiv(r.n, BE))](
             x, r.w, r.scales, r.biases, out, t, r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), out.stride(0),
-            K=r.k, BITS=r.bits, GROUP=r.group, BT=BT, BE=BE, STAGES=STAGES, F32=dot_f32(), num_warps=WARPS, **pdl_args(x))
+            K=r.k, BITS=r.bits, GROUP=r.group, BT=BT, BE=BE, GU=router_gu(r), STAGES=STAGES, F32=dot_f32(), num_warps=WARPS, **pdl_args(x))
     return out
