@@ -10,7 +10,7 @@ python3 -c "import fla" || { echo "fla missing: stop"; exit 1; }
 for mode in rows mma; do
   DELTASERVE_PREFILL_ROUTER=$mode timeout 100 python3 -m deltaserve bench --preset qwen3.6-35b-a3b --quant q4 -p 512 \
     -n 0 -d 0 -b 1 -r 3 --no-record --profile-prefill > "$OUT/prefill_$mode.log" 2>&1
-  echo "== $mode ($((SECONDS-t0)) s)"; grep -A22 "# prefill profile" "$OUT/prefill_$mode.log" | cut -c1-130
+  echo "== $mode ($((SECONDS-t0)) s)"; grep -A34 "# prefill profile" "$OUT/prefill_$mode.log" | grep -v "^  block\|host-blocking" | cut -c1-120
 done
 timeout 80 python3 scripts/probe_router_rows.py --t 512 --shapes 8,16 --mma 64,32 64,32,2 32,32 32,64 16,64 \
   --out "$OUT/probe.jsonl" > "$OUT/probe.log" 2>&1; tail -8 "$OUT/probe.log"
