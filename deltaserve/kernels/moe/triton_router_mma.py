@@ -42,6 +42,13 @@ def prefill_router_mode() -> str:
     return env_choice("DELTASERVE_PREFILL_ROUTER", "mma", PREFILL_ROUTER_MODES)
 
 
+def router_mma_pdl() -> bool:
+    """Whether the launch takes programmatic dependent launch (triton_pdl; never a bit: it moves when programs
+    start, not what they compute). Env DELTASERVE_ROUTER_MMA_PDL=0 launches it plainly, so neither it nor its
+    successor starts before its predecessor is done, for A/B."""
+    return os.environ.get("DELTASERVE_ROUTER_MMA_PDL", "1") != "0"
+
+
 def router_gu(r: WeightSpec) -> int:
     """Groups a loop step for router r: GU, or fewer where GU does not divide its groups (never a bit)."""
     groups = r.k // r.group
@@ -129,5 +136,6 @@ def router_mma_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor | None =
     if t:
         _router_mma_kernel[(triton.cdiv(t, BT), triton.cdiv(r.n, BE))](
             x, r.w, r.scales, r.biases, out, t, r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), out.stride(0),
-            K=r.k, BITS=r.bits, GROUP=r.group, BT=BT, BE=BE, GU=router_gu(r), STAGES=STAGES, F32=dot_f32(), num_warps=WARPS, **pdl_args(x))
+            K=r.k, BITS=r.bits, GROUP=r.group, BT=BT, BE=BE, GU=router_gu(r), STAGES=STAGES, F32=dot_f32(),
+            num_warps=WARPS, **(pdl_args(x) if router_mma_pdl() else {}))
     return out
