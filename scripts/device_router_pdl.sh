@@ -3,7 +3,7 @@
 # B=1 by nothing (4 pairs: 24,653 -> 24,320 mean) while 8 and 64 prompts gain +9.6% / +7.3%. Hypothesis: with PDL
 # its 64 programs open the next launches at once, whose waiting programs then fill the idle SMs (the rows kernel's
 # 1,024 programs kept them out). If so, the router launched plainly (DELTASERVE_ROUTER_MMA_PDL=0) recovers the
-# ~0.9 ms (+4%), and with PDL off everywhere (DELTASERVE_PDL=0) mma beats rows by ~4%. ~200 s.
+# ~0.9 ms (+4%). ~100 s.
 # Usage (H200 machine, repo root; carry .whl, .tcache.tgz): bash scripts/device_router_pdl.sh
 source "$(dirname "$0")/device_env.sh"
 python3 -c "import fla" || { echo "fla missing: stop"; exit 1; }
@@ -12,7 +12,5 @@ for rep in 1 2; do
   bench_pp "mma" 1
   bench_pp "mma, its PDL off" 1 DELTASERVE_ROUTER_MMA_PDL=0
 done
-bench_pp "rows, PDL off" 1 DELTASERVE_PREFILL_ROUTER=rows DELTASERVE_PDL=0
-bench_pp "mma, PDL off" 1 DELTASERVE_PDL=0
 rm -f "$OUT/bench.log"
 echo "done ($((SECONDS-t0)) s)"

@@ -18,6 +18,7 @@ so a token's logits never depend on the other tokens of the chunk or on where in
 
 from __future__ import annotations
 
+import os
 
 import torch
 import triton
