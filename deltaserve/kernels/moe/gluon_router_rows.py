@@ -51,8 +51,10 @@ K_ROUTER, BITS_ROUTER, GROUP_ROUTER = 2048, 8, 64  # the one router format this 
 
 
 def router_rows_kernel() -> str:
-    """Which kernel makes a prefill's router logits from router_rows_min() tokens on: "gluon" (this module; where it
-    fits, rows_fit) or "triton" (`triton_gemv._gemv_kernel`, 8 tokens a program). The same bits. H200, pp512 B=1
+    """Which kernel makes a prefill's router logits from router_rows_min() tokens on, where the prefill takes the
+    decode router's arithmetic (DELTASERVE_PREFILL_ROUTER=rows, or a router triton_router_mma does not serve):
+    "gluon" (this module; where it fits, rows_fit) or "triton" (`triton_gemv._gemv_kernel`, 8 tokens a program).
+    The same bits. H200, pp512 B=1
     in one call (bench/NOTES.md): +4.0% alone, with the parallel tiles 21,681 -> 22,867 tok/s (+5.5%); 8 prompts
     31,597 -> 33,880. Env DELTASERVE_ROUTER_ROWS_KERNEL, for in-model A/B."""
     return env_choice("DELTASERVE_ROUTER_ROWS_KERNEL", "gluon", ("gluon", "triton"))
