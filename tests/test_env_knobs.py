@@ -10,6 +10,17 @@ from deltaserve.model import fast
 from deltaserve.utils.env import env_int
 
 
+def check_switch(monkeypatch, name: str, read, default: str, other: str, bad: str) -> None:
+    """A choice switch: `default` unset, `other` when set to it, and `bad` refused by an error naming the variable."""
+    monkeypatch.delenv(name, raising=False)
+    assert read() == default
+    monkeypatch.setenv(name, other)
+    assert read() == other
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(ValueError, match=name):
+        read()
+
+
 def test_env_int_default_range_and_errors(monkeypatch):
     monkeypatch.delenv("DELTASERVE_TEST_KNOB", raising=False)
     assert env_int("DELTASERVE_TEST_KNOB", 7) == 7
@@ -453,13 +464,7 @@ def test_route_tiles_mode_and_bad_requests(monkeypatch):
     from deltaserve.kernels.moe import triton_route_tiles as rt
     from deltaserve.kernels.triton_common import WeightSpec
 
-    monkeypatch.delenv("DELTASERVE_MOE_ROUTE_TILES", raising=False)
-    assert rt.route_tiles_mode() == "fused"
-    monkeypatch.setenv("DELTASERVE_MOE_ROUTE_TILES", "split")
-    assert rt.route_tiles_mode() == "split"
-    monkeypatch.setenv("DELTASERVE_MOE_ROUTE_TILES", "sorted")
-    with pytest.raises(ValueError, match="DELTASERVE_MOE_ROUTE_TILES"):
-        rt.route_tiles_mode()
+    check_switch(monkeypatch, "DELTASERVE_MOE_ROUTE_TILES", rt.route_tiles_mode, "fused", "split", "sorted")
     assert rt.route_tiles_fit(64, 257) and not rt.route_tiles_fit(65, 257) and not rt.route_tiles_fit(0, 257)
     router = torch.zeros(8, 64, dtype=torch.bfloat16)
     gate = torch.zeros(1, 64, dtype=torch.bfloat16)
@@ -572,13 +577,7 @@ def test_prefill_router_switch_and_fit(monkeypatch):
     from deltaserve.kernels.moe import triton_router_mma as rm
     from deltaserve.kernels.triton_common import WeightSpec
 
-    monkeypatch.delenv("DELTASERVE_PREFILL_ROUTER", raising=False)
-    assert rm.prefill_router_mode() == "mma"
-    monkeypatch.setenv("DELTASERVE_PREFILL_ROUTER", "rows")
-    assert rm.prefill_router_mode() == "rows"
-    monkeypatch.setenv("DELTASERVE_PREFILL_ROUTER", "gluon")
-    with pytest.raises(ValueError, match="DELTASERVE_PREFILL_ROUTER"):
-        rm.prefill_router_mode()
+    check_switch(monkeypatch, "DELTASERVE_PREFILL_ROUTER", rm.prefill_router_mode, "mma", "rows", "gluon")
     x = torch.zeros(3, 2048, dtype=torch.bfloat16)
     s = torch.zeros(256, 32, dtype=torch.bfloat16)
     assert rm.router_mma_fits(x, WeightSpec(torch.zeros(256, 512, dtype=torch.int32), s, s, 8, 64))
