@@ -93,7 +93,8 @@ class SparseMoeBlock(nn.Module):
         the tensor-core MoE with the shared expert stacked, a router launch without tiles (decode-sized blocks),
         up to kernels/moe/triton_decode.router_norm_tokens() tokens (4: the batch-1 deployments' steps),
         DELTASERVE_ROUTER_NORM=fused. The same bits as the norm kernel then the router (one norm arithmetic), so the
-        choice may follow the token count."""
+        choice may follow the token count. Never for a prefill whose router logits come from the tensor-core router
+        (triton_decode.prefill_routes_mma): its launch makes no norm."""
         from ..kernels.moe.mma_moe import wg_block_tile_rows
         from ..kernels.moe.triton_decode import (prefill_routes_mma, route_normed_fits, router_norm_mode,
                                                  router_norm_tokens)
