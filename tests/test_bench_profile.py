@@ -76,3 +76,34 @@ def test_graph_profile_names_a_kernel_per_grid():
     assert _with_grid({"name": "_gemv_kernel", "args": {}}) == "_gemv_kernel"
     assert _with_grid({"name": "x"}) == "x"
     assert classify(_with_grid({"name": "_decode_split_kernel", "args": {"grid": [1, 2, 9]}})) == "attention"
+
+
+def test_graph_report_spans_and_ranks_by_critical_time():
+    """The graph profiles' report (decode and prefill share it): the replay's span, the classes and kernels by
+    critical time, and a clear line when the trace does not hold the graph's kernels one by one."""
+    from deltaserve.bench.profile import _graph_report
+
+    step = [("_router_mma_kernel", 0.0, 20.0), ("_topk_kernel", 15.0, 8.0), ("_wg_experts_kernel", 23.0, 100.0)]
+    report = _graph_report(step + [(n, t + 500.0, d) for n, t, d in step], 2, "# prefill graph profile (x)",
+                           "a prefill", 5)
+    lines = report.splitlines()
+    assert lines[0] == "# prefill graph profile (x): span 123.0 us, 3 kernels a prefill", lines[0]
+    ranked = [ln.split()[-1] for ln in lines if ln.startswith("    ")]
+    assert ranked == ["_wg_experts_kernel", "_router_mma_kernel", "_topk_kernel"], ranked
+    assert "moe" in lines[2]  # every one of them is the MoE's
+    uneven = _graph_report(step, 2, "# prefill graph profile (x)", "a prefill", 5)
+    assert uneven.startswith("# prefill graph profile (x): 3 kernel events for 2 replays"), uneven
+
+
+def test_prefill_graph_profile_says_when_it_cannot_capture(tmp_path):
+    """Off CUDA (the reference model on the CPU) `bench --profile-prefill-graph` says so instead of failing."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from model_helpers import make_hf_model, ours_from_checkpoint
+
+    from deltaserve.bench.profile import profile_prefill_graph
+
+    model = ours_from_checkpoint(make_hf_model(True, seed=0, vocab_size=32), tmp_path / "ckpt")
+    assert profile_prefill_graph(model, model.config, 6).startswith("# prefill graph profile: the model cannot")

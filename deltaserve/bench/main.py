@@ -54,6 +54,9 @@ def parse_args(argv):
     p.add_argument("--profile-prefill", action="store_true",
                    help="profile one prefill of the first -b prompts of the first -p length (host vs GPU time, "
                    "syncs, top kernels and ops)")
+    p.add_argument("--profile-prefill-graph", action="store_true",
+                   help="profile the captured prefill graph of the first -b prompts of the first -p length: each "
+                   "kernel's in-graph and critical time")
     p.add_argument("--results", default="bench/results", help="directory for the JSON-line records")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--device", default="cuda")
@@ -260,6 +263,11 @@ def main(argv=None) -> int:
         from .profile import profile_prefill
 
         print(profile_prefill(model, config, args.n_prompt[0], batch=args.batch[0]))
+    if args.profile_prefill_graph:
+        from .profile import profile_prefill_graph
+
+        deployment(args.batch[0])  # the profiled prompts' deployment
+        print(profile_prefill_graph(model, config, args.n_prompt[0], batch=args.batch[0]))
     if not args.no_record:
         print(f"# {len(recs)} records appended under {args.results}")
     from ..model.fast import decode_copy_bytes

@@ -110,9 +110,6 @@ def profile_decode_graph(model, config: ModelConfig, depth: int, batch: int = 1,
     """The captured decode graph's replays under the profiler: per kernel its duration as the GPU ran it inside
     the graph (PDL overlap included) and its critical time (critical_path), by class and by kernel. The eager
     profile (profile_decode) times each kernel alone; this one shows what the overlap hides and what it does not."""
-    import json
-    import tempfile
-
     from torch.profiler import ProfilerActivity, profile
 
     dg = _decode_step(model, depth, batch, block_size)
@@ -124,14 +121,58 @@ def profile_decode_graph(model, config: ModelConfig, depth: int, batch: int = 1,
         for _ in range(steps):
             dg.replay()
         torch.cuda.synchronize()
+    header = f"# decode graph profile (batch {batch}, depth {depth}, {steps} replays)"
+    return _graph_report(_trace_kernels(prof), steps, header, "a step", top)
+
+
+def profile_prefill_graph(model, config: ModelConfig, n: int, batch: int = 1, block_size: int = 64,
+                          replays: int = 3, top: int = 24) -> str:
+    """The captured prefill graph (engine/cuda_graph.PrefillGraph: `batch` fresh n-token prompts, as `deltaserve
+    bench` times them) replayed under the profiler: per kernel its in-graph duration and critical time, as the
+    decode graph's profile. Where the eager prefill profile's kernel times do not add up to the graph's rate, this
+    says which kernels the graph's overlap (PDL) hides and which it does not. CUDA only."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..engine.cuda_graph import PrefillGraph, capturable
+
+    if not capturable(model):
+        return "# prefill graph profile: the model cannot be captured here (CUDA and the fast path only)"
+    blocks = -(-(n + 8) // block_size)
+    cache = model.make_cache(batch * blocks, block_size, batch, torch.bfloat16)
+    tables = torch.arange(batch * blocks, dtype=torch.int32).view(batch, -1).tolist()
+    ids = torch.randint(0, config.vocab_size, (batch, n), generator=torch.Generator().manual_seed(n)).tolist()
+    g = PrefillGraph(model, cache, n, blocks, batch=batch)
+    g.load_batch(ids, [0] * batch, tables, list(range(batch)))
+    g.capture()
+    for _ in range(2):
+        g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            g.replay()
+        torch.cuda.synchronize()
+    header = f"# prefill graph profile (batch {batch} x {n} tokens, {replays} replays)"
+    return _graph_report(_trace_kernels(prof), replays, header, "a prefill", top)
+
+
+def _trace_kernels(prof) -> list[tuple[str, float, float]]:
+    """(name with grid, start us, duration us) of every kernel event of a finished torch profiler run."""
+    import json
+    import tempfile
+
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         trace = json.load(open(f.name))
-    kernels = [(_with_grid(e), float(e["ts"]), float(e["dur"])) for e in trace.get("traceEvents", [])
-               if e.get("cat") == "kernel" and "dur" in e]
+    return [(_with_grid(e), float(e["ts"]), float(e["dur"])) for e in trace.get("traceEvents", [])
+            if e.get("cat") == "kernel" and "dur" in e]
+
+
+def _graph_report(kernels: list[tuple[str, float, float]], steps: int, header: str, unit: str, top: int) -> str:
+    """A graph profile's report: the span of one of `steps` replays, then by class and by kernel the in-graph and
+    critical time (critical_path), each `unit` ("a step", "a prefill")."""
     if not kernels or len(kernels) % steps:
-        return (f"# decode graph profile: {len(kernels)} kernel events for {steps} replays (the profiler did not "
-                f"record the graph's kernels one by one)")
+        return (f"{header}: {len(kernels)} kernel events for {steps} replays (the profiler did not record the "
+                f"graph's kernels one by one)")
     span, per_kernel = critical_path(kernels, steps)
     by_class: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for name, (count, dur, crit) in per_kernel.items():
@@ -139,12 +180,11 @@ def profile_decode_graph(model, config: ModelConfig, depth: int, batch: int = 1,
         c[0] += count
         c[1] += count * dur
         c[2] += crit
-    lines = [f"# decode graph profile (batch {batch}, depth {depth}, {steps} replays): step span {span:.1f} us, "
-             f"{sum(v[0] for v in per_kernel.values()):.0f} kernels a step",
+    lines = [f"{header}: span {span:.1f} us, {sum(v[0] for v in per_kernel.values()):.0f} kernels {unit}",
              f"  {'class':<42} {'in-graph us':>11} {'critical us':>11}  launches"]
     for cls, (count, dur, crit) in sorted(by_class.items(), key=lambda kv: -kv[1][2]):
         lines.append(f"  {cls:<42} {dur:11.1f} {crit:11.1f}  {count:6.0f}")
-    lines.append("  top kernels by critical time (us a step; launches, in-graph us each, critical us each):")
+    lines.append(f"  top kernels by critical time (us {unit}; launches, in-graph us each, critical us each):")
     for name, (count, dur, crit) in sorted(per_kernel.items(), key=lambda kv: -kv[1][2])[:top]:
         lines.append(f"    {crit:8.1f} us {count:5.0f}x {dur:7.2f} {crit / count:7.2f}  {name[:96]}")
     return "\n".join(lines)
