@@ -587,6 +587,34 @@ def test_prefill_router_switch_and_fit(monkeypatch):
     assert not rm.router_mma_fits(x[:, :1024], WeightSpec(torch.zeros(256, 512, dtype=torch.int32), s, s, 8, 64))
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_router_codes_copy_switch(monkeypatch, bits):
+    """DELTASERVE_ROUTER_MMA_CODES: "words" by default (no copy), "bf16" a cached bf16 copy of a packed router's
+    codes, each code k of a row from bits (k % PACK) * BITS of word k // PACK, counted by decode_copy_bytes."""
+    import torch
+
+    from deltaserve.kernels.moe import triton_router_mma as rm
+    from deltaserve.model import fast
+    from deltaserve.quant.affine import AffineLinear, AffineSpec
+
+    check_switch(monkeypatch, "DELTASERVE_ROUTER_MMA_CODES", rm.router_mma_codes, "words", "bf16", "fp8")
+    gate = AffineLinear(64, 6, AffineSpec(bits, 32))
+    words = torch.randint(-2**31, 2**31 - 1, gate.weight.shape, dtype=torch.int64,
+                          generator=torch.Generator().manual_seed(bits))
+    gate.weight.copy_(words.to(torch.int32).view(torch.uint32))
+    monkeypatch.setenv("DELTASERVE_ROUTER_MMA_CODES", "words")
+    assert fast.router_codes(gate) is None and fast.decode_copy_bytes(gate) == 0
+    monkeypatch.setenv("DELTASERVE_ROUTER_MMA_CODES", "bf16")
+    codes = fast.router_codes(gate)
+    pack = 32 // bits
+    w = gate.weight.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    want = torch.tensor([[(int(w[e, k // pack]) >> (k % pack * bits)) & (2**bits - 1) for k in range(64)]
+                         for e in range(6)], dtype=torch.bfloat16)
+    assert codes.dtype == torch.bfloat16 and torch.equal(codes, want)
+    assert fast.router_codes(gate) is codes  # made once
+    assert fast.decode_copy_bytes(gate) == codes.numel() * 2
+
+
 def test_gluon_router_rows_serves_only_its_format():
     """rows_fit: never on the CPU or in the interpreter (Gluon cannot run there), whatever the router."""
     import torch

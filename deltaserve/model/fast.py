@@ -185,6 +185,26 @@ def mma_weights(module: nn.Module, x: torch.Tensor):
     return cached or None
 
 
+ROUTER_CODES_ATTR = "_fast_router_codes"  # module.__dict__ key: the router's codes as bf16, or () where none
+
+
+def router_codes(module: nn.Module) -> torch.Tensor | None:
+    """The MoE router `module`'s codes as bf16 [E, K] for the tensor-core prefill router where its codes are read
+    from a copy (kernels/moe/triton_router_mma.router_mma_codes() == "bf16"; the same bits as unpacking the words),
+    else None. Built on first use and cached on the module (weights never move after loading); counted by
+    decode_copy_bytes."""
+    from ..kernels.moe.triton_router_mma import router_codes_bf16, router_mma_codes
+
+    if router_mma_codes() != "bf16" or not hasattr(module, "scales"):
+        return None
+    cached = module.__dict__.get(ROUTER_CODES_ATTR)
+    if cached is None:
+        s = weight_spec(module)
+        cached = router_codes_bf16(s) if s.bits in (4, 8) and s.w.dim() == 2 else ()
+        module.__dict__[ROUTER_CODES_ATTR] = cached
+    return cached if isinstance(cached, torch.Tensor) else None
+
+
 def moe_kernels() -> str:
     """Which kernels serve an MoE block on the GPU: "cuda" (the CUDA-core decode kernels for decode steps and
     short prefills, the grouped wgmma matmul for longer prefills, on the MLX q4 layout) or "mma" (one tensor-core
@@ -277,10 +297,11 @@ def _tensors(obj):
 
 def decode_copy_bytes(model: nn.Module) -> int:
     """Bytes held by the tensor-core kernels' repacked weights built so far: the GEMV copies (fused projections
-    included) and the MoE experts (which replace their MLX tensors instead of copying them)."""
+    included), the MoE experts (which replace their MLX tensors instead of copying them) and the routers' bf16
+    codes (router_codes)."""
     seen, total = set(), 0
     for obj in all_modules(model):
-        for t in _tensors(obj.__dict__.get(MMA_ATTR) or ()):
+        for t in (*_tensors(obj.__dict__.get(MMA_ATTR) or ()), *_tensors(obj.__dict__.get(ROUTER_CODES_ATTR, ()))):
             if t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()

@@ -133,7 +133,7 @@ class SparseMoeBlock(nn.Module):
             tile_rows = None if slot is None else wg_block_tile_rows(mma, x.shape[0] * (self.top_k + 1))
             routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"),
                                 separate_topk=fast.moe_topk_mode() == "split", shared_slot=slot, tile_rows=tile_rows,
-                                prefill=not decode)
+                                prefill=not decode, router_codes=None if decode else fast.router_codes(self.gate))
             # the norm's prep (fast.moe_prep): x's group sums, alone (MOE_SUMS) or with the GEMV's xp
             carried = fast.carried_prep(x, fast.MOE_SUMS) or fast.carried_prep(x, fast.MOE_PREP)
             xs = None if carried is None else carried[1]

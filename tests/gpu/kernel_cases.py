@@ -1101,6 +1101,18 @@ def check_router_mma(mods, device, ts=(1, 13, 70), h=128, e=40, bits=8, group=64
         with mock.patch.object(rm, "GU", 2):
             assert rm.router_gu(r) == 2
             assert torch.equal(rm.router_mma_logits(xs, r), whole), "router mma: two groups a step changed a bit"
+    codes = rm.router_codes_bf16(r)  # the codes read from their bf16 copy: the same MMA operands
+    q = torch.round((wd - b.double().repeat_interleave(group, 1)) / s.double().repeat_interleave(group, 1))
+    assert torch.equal(codes.double(), q), "router_codes_bf16: not the weight's codes"
+    via = poisoned((n, e), torch.float32, device)
+    rm.router_mma_logits(xs, r, via, codes=codes)
+    assert torch.equal(via, whole), "router mma: the bf16 codes changed a bit"
+    try:
+        rm.router_mma_logits(xs, r, codes=codes.float())
+    except ValueError as exc:
+        assert "codes must be bf16" in str(exc), str(exc)
+    else:
+        raise AssertionError("router_mma_logits accepted fp32 codes")
     for bad, what in ((dict(out=torch.empty(n, e, device=device)[:, :1]), "out must be fp32"),
                       (dict(x=xs.float()), "needs bf16 rows")):
         try:
@@ -1115,7 +1127,8 @@ def check_route_prefill_mma(mods, device, ts=(1, 3, 64, 515), h=2048, e=256, top
     """moe_route(prefill=True) on an 8-bit router: the routing of triton_router_mma's logits at every T (ids ==
     route_topk's of those logits, ties to the lower id, weights to fp32 rounding), the shared slot and weight as
     the decode path's (the same shared-gate column), the tiles (asked for at T <= 64, where a decode takes them
-    from its router launch) == mma_expert_tiles of those ids; each token's routing the same in every chunk."""
+    from its router launch) == mma_expert_tiles of those ids; each token's routing the same in every chunk; the
+    router's codes given as bf16 (router_codes=) the same routing."""
     from deltaserve.kernels.moe import triton_router_mma as rm
     from deltaserve.kernels.quant.mma_gemv import mma_expert_tiles
 
@@ -1145,6 +1158,9 @@ def check_route_prefill_mma(mods, device, ts=(1, 3, 64, 515), h=2048, e=256, top
                     assert torch.equal(a, b), f"{what}: {name}"
             if first is None:
                 first = got
+                via = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], shared_slot=e, tile_rows=rows,
+                                   prefill=True, router_codes=rm.router_codes_bf16(r))  # the codes' bf16 copy
+                assert torch.equal(via.ids, got.ids) and torch.equal(via.weights, got.weights), f"{what}: codes"
             assert torch.equal(got.ids[:1], first.ids[:1]) and torch.equal(got.weights[:1], first.weights[:1])
         try:
             md.moe_route(xs[:2], kw["router"], top_k, True, kw["shared_gate"], prefill=True,

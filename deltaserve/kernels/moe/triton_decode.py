@@ -450,7 +450,7 @@ def _topk_kernel(logit_ptr, ids_ptr, wts_ptr, sw_ptr, E, EP: tl.constexpr, TOPK:
 
 def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
                    topk: tuple | None = None, norm: tuple | None = None,
-                   mma: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   mma: bool = False, codes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 logits [T, E], shared gate sigmoid [T]) in one launch of (T, cdiv(E, BE) + 1) programs. The x row
     is read raw (inline prep), so no prep launch; one program per BE experts keeps every SM busy even at T = 1
     (E = 256, BE = 4: 65 programs of 8 KB of an 8-bit router each). topk = (ids [T, k], weights [T, k], k,
@@ -461,7 +461,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
     From router_rows_min() tokens on (a packed router, no topk): two launches instead, the logits from the multi-row
     GEMV (ROUTER_ROWS tokens a program) and the shared gate's column alone, with the same bits.
     mma (a prefill chunk, prefill_routes_mma): the logits from the tensor-core router at any T (its own bits), the
-    shared gate's column alone as above."""
+    shared gate's column alone as above; codes: the router's bf16 codes for it (router_mma_logits(codes=))."""
     t, h = x.shape
     be, warps = config["router"]
     logits = torch.empty(t, r.n, dtype=torch.float32, device=x.device)
@@ -475,7 +475,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
         # per-token launch re-reads the 0.5 MB router for every token: ~78 us a layer at pp512), then the shared
         # gate's column of the router launch alone
         if mma:
-            router_mma_logits(x, r, logits)  # a prefill's arithmetic: tensor-core MMAs, the same at every T
+            router_mma_logits(x, r, logits, codes=codes)  # a prefill's arithmetic: tensor-core MMAs, the same at any T
         elif router_rows_kernel() == "gluon" and rows_fit(x, r, r_cg, warps):
             router_rows_logits(x, r, logits)  # the same bits in a Gluon program: no per-token layout moves
         else:
@@ -658,7 +658,8 @@ def route_normed(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Ten
 
 def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, shared_gate=None,
               config=None, separate_topk: bool = False, shared_slot: int | None = None,
-              tile_rows: int | None = None, norm: tuple | None = None, prefill: bool = False) -> MoeRouting:
+              tile_rows: int | None = None, norm: tuple | None = None, prefill: bool = False,
+              router_codes: torch.Tensor | None = None) -> MoeRouting:
     """Router logits (fp32) + the routing contract, in one launch (the top-k at each token's last-arriving router
     program); separate_topk: the top-k in a launch of its own (the two-launch path, for timing). x [T, H];
     router [E, H] (WeightSpec or dense tensor); shared_gate [1, H] or None. shared_slot (with a shared gate): ids
@@ -668,7 +669,8 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
     to ROUTE_TILES_MAX_TOKENS tokens from the router's one launch (triton_route_tiles; route_tiles_mode), else
     from the tiles' own launch. norm: the router launch makes its input's norm first (route_normed).
     prefill: x is a prefill chunk's rows; where prefill_routes_mma, its logits come from the tensor-core router
-    (triton_router_mma: a prefill's own arithmetic at every chunk size), then the top-k and tiles launches."""
+    (triton_router_mma: a prefill's own arithmetic at every chunk size), then the top-k and tiles launches;
+    router_codes: the router's codes as bf16 for that kernel (the same bits; fast.router_codes)."""
     config = merged_config(config)
     r, g = _router_specs(x, router, top_k, shared_gate)
     t = x.shape[0]
@@ -689,13 +691,14 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
         from ..quant.mma_gemv import mma_expert_tiles
 
         routing = moe_route(x, router, top_k, normalize, shared_gate, config, separate_topk, shared_slot,
-                            prefill=prefill)
+                            prefill=prefill, router_codes=router_codes)
         return routing._replace(tiles=mma_expert_tiles(routing.ids, shared_slot + 1, tile_rows))
     slots = top_k + int(shared_slot is not None)
     ids = torch.empty(t, slots, dtype=torch.int32, device=x.device)
     wts = torch.empty(t, slots, dtype=torch.float32, device=x.device)
     if separate_topk or shared_slot is not None or mma_logits:
-        logits, sw = _router_logits(x, r, g, shared_gate is not None, config, norm=norm, mma=mma_logits)
+        logits, sw = _router_logits(x, r, g, shared_gate is not None, config, norm=norm, mma=mma_logits,
+                                    codes=router_codes if mma_logits else None)
         if t:
             _topk_kernel[(t,)](logits, ids, wts, sw, r.n, EP=triton.next_power_of_2(r.n), TOPK=top_k,
                                NORMALIZE=normalize, SHARED_ID=-1 if shared_slot is None else shared_slot,

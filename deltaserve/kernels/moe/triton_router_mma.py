@@ -50,6 +50,24 @@ def router_mma_pdl() -> bool:
     return os.environ.get("DELTASERVE_ROUTER_MMA_PDL", "1") != "0"
 
 
+def router_mma_codes() -> str:
+    """Where the kernel reads the router's codes: "words" (the packed weight, unpacked in the loop: the default) or
+    "bf16" (a bf16 copy [E, K] made once, router_codes_bf16: 1 MiB a 35B-A3B router, copied into shared memory as
+    the MMA's operand with no unpacking in the loop; the same values, so the same bits). Env
+    DELTASERVE_ROUTER_MMA_CODES, for A/B."""
+    return env_choice("DELTASERVE_ROUTER_MMA_CODES", "words", ("words", "bf16"))
+
+
+def router_codes_bf16(r: WeightSpec) -> torch.Tensor:
+    """The codes q of the packed affine router r as bf16 [E, K] (exact: at most 8 bits), code k of a row from bits
+    (k % PACK) * BITS of word k // PACK, as the kernel unpacks them."""
+    pack = 32 // r.bits
+    words = r.w.view(torch.int32)
+    shifts = torch.arange(pack, device=words.device, dtype=torch.int32) * r.bits
+    q = (words[..., None] >> shifts) & ((1 << r.bits) - 1)  # [E, K / PACK, PACK]
+    return q.reshape(r.n, r.k).to(torch.bfloat16)
+
+
 def router_gu(r: WeightSpec) -> int:
     """Groups a loop step for router r: GU, or fewer where GU does not divide its groups (never a bit)."""
     groups = r.k // r.group
@@ -64,15 +82,19 @@ def router_mma_fits(x: torch.Tensor, r: WeightSpec) -> bool:
 
 
 @triton.jit
-def _group_dots(x_rows, w_rows, g, t_mask, e_mask, ones, BITS: tl.constexpr, GROUP: tl.constexpr,
-                BT: tl.constexpr, BE: tl.constexpr, F32: tl.constexpr):
-    """(d, xs) of group g, each [BT, BE] fp32 from zero: the MMA of x's group with the codes, and with ones."""
-    PACK: tl.constexpr = 32 // BITS
+def _group_dots(x_rows, w_rows, c_rows, g, t_mask, e_mask, ones, BITS: tl.constexpr, GROUP: tl.constexpr,
+                BT: tl.constexpr, BE: tl.constexpr, F32: tl.constexpr, CODES: tl.constexpr):
+    """(d, xs) of group g, each [BT, BE] fp32 from zero: the MMA of x's group with the codes, and with ones. The
+    codes from the packed words (unpacked here) or, CODES, from their bf16 copy (the same values)."""
     xg = tl.load(x_rows + g * GROUP + tl.arange(0, GROUP)[None, :], mask=t_mask[:, None], other=0.0)  # [BT, G] bf16
-    words = tl.load(w_rows + g * (GROUP // PACK) + tl.arange(0, GROUP // PACK)[None, :], mask=e_mask[:, None],
-                    other=0)  # [BE, G / PACK]
-    q = (words[:, :, None] >> (tl.arange(0, PACK) * BITS)[None, None, :]) & ((1 << BITS) - 1)  # code PACK j + i
-    qg = tl.reshape(q, (BE, GROUP)).to(tl.float32).to(tl.bfloat16)  # exact: at most 8 bits
+    if CODES:
+        qg = tl.load(c_rows + g * GROUP + tl.arange(0, GROUP)[None, :], mask=e_mask[:, None], other=0.0)  # [BE, G]
+    else:
+        PACK: tl.constexpr = 32 // BITS
+        words = tl.load(w_rows + g * (GROUP // PACK) + tl.arange(0, GROUP // PACK)[None, :], mask=e_mask[:, None],
+                        other=0)  # [BE, G / PACK]
+        q = (words[:, :, None] >> (tl.arange(0, PACK) * BITS)[None, None, :]) & ((1 << BITS) - 1)  # code PACK j + i
+        qg = tl.reshape(q, (BE, GROUP)).to(tl.float32).to(tl.bfloat16)  # exact: at most 8 bits
     zero = tl.zeros((BT, BE), dtype=tl.float32)
     return mma(xg, tl.trans(qg), zero, F32), mma(xg, ones, zero, F32)
 
@@ -86,15 +108,16 @@ def _group_term(d, xs, s_ptr, b_ptr, re, e_mask, stride_sn, g):
 
 
 @triton.jit(do_not_specialize=["T"])
-def _router_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, T, E, stride_xt, stride_wn, stride_sn, stride_ot,
-                       K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BT: tl.constexpr,
-                       BE: tl.constexpr, GU: tl.constexpr, STAGES: tl.constexpr, F32: tl.constexpr,
-                       PDL: tl.constexpr = False):
+def _router_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, c_ptr, out_ptr, T, E, stride_xt, stride_wn, stride_sn,
+                       stride_cn, stride_ot, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
+                       BT: tl.constexpr, BE: tl.constexpr, GU: tl.constexpr, STAGES: tl.constexpr,
+                       F32: tl.constexpr, CODES: tl.constexpr = False, PDL: tl.constexpr = False):
     # grid (cdiv(T, BT), cdiv(E, BE)): program (i, j) writes logits [i BT .. i BT + BT, j BE .. j BE + BE] fp32.
     # x [T, K] bf16 rows; w [E, K / PACK] int32 words, code k of a row at bits (k % PACK) * BITS of word k // PACK;
     # s, b [E, K / GROUP]. Rows past T and experts past E read zeros and are not stored. GU (1, 2 or 4, dividing
     # the groups): groups a loop step, their MMAs issued before any of their terms is added (never a bit: the
-    # terms are added one group at a time, in order).
+    # terms are added one group at a time, in order). CODES: the codes read from c [E, K] bf16 (the same values as
+    # the words' codes, so never a bit), w unused.
     pdl_open(PDL)
     rt = tl.program_id(0) * BT + tl.arange(0, BT)
     re = tl.program_id(1) * BE + tl.arange(0, BE)
@@ -102,16 +125,20 @@ def _router_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, T, E, stride_xt, str
     e_mask = re < E
     x_rows = x_ptr + rt.to(tl.int64)[:, None] * stride_xt
     w_rows = w_ptr + re[:, None] * stride_wn
+    c_rows = c_ptr + re[:, None] * stride_cn
     ones = tl.full((GROUP, BE), 1.0, tl.float32).to(tl.bfloat16)
     acc = tl.zeros((BT, BE), dtype=tl.float32)
     pdl_wait(PDL)  # x is the previous kernel's output
     for g in tl.range(0, K // GROUP, GU, num_stages=STAGES):
-        d0, x0 = _group_dots(x_rows, w_rows, g, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32)
+        d0, x0 = _group_dots(x_rows, w_rows, c_rows, g, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32, CODES)
         if GU >= 2:
-            d1, x1 = _group_dots(x_rows, w_rows, g + 1, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32)
+            d1, x1 = _group_dots(x_rows, w_rows, c_rows, g + 1, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32,
+                                 CODES)
         if GU >= 4:
-            d2, x2 = _group_dots(x_rows, w_rows, g + 2, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32)
-            d3, x3 = _group_dots(x_rows, w_rows, g + 3, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32)
+            d2, x2 = _group_dots(x_rows, w_rows, c_rows, g + 2, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32,
+                                 CODES)
+            d3, x3 = _group_dots(x_rows, w_rows, c_rows, g + 3, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32,
+                                 CODES)
         acc = acc + _group_term(d0, x0, s_ptr, b_ptr, re, e_mask, stride_sn, g)
         if GU >= 2:
             acc = acc + _group_term(d1, x1, s_ptr, b_ptr, re, e_mask, stride_sn, g + 1)
@@ -122,8 +149,10 @@ def _router_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, T, E, stride_xt, str
     tl.store(out, acc, mask=t_mask[:, None] & e_mask[None, :])
 
 
-def router_mma_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor | None = None) -> torch.Tensor:
-    """fp32 logits [T, E] of the T rows of x [T, K] bf16 for the affine router r (router_mma_fits must hold)."""
+def router_mma_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor | None = None,
+                      codes: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 logits [T, E] of the T rows of x [T, K] bf16 for the affine router r (router_mma_fits must hold).
+    codes: r's codes as bf16 [E, K] (router_codes_bf16(r)), read instead of unpacking the words (the same bits)."""
     if not router_mma_fits(x, r):
         raise ValueError(f"router_mma_logits: needs bf16 rows [T, {r.k}] with unit column stride and an affine "
                          f"router of 4 or 8 bits in groups of a multiple of 16; found x {x.dtype} "
@@ -134,9 +163,14 @@ def router_mma_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor | None =
     elif out.dtype != torch.float32 or tuple(out.shape) != (t, r.n) or out.stride(-1) != 1:
         raise ValueError(f"router_mma_logits: out must be fp32 [{t}, {r.n}] with unit column stride, found "
                          f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
+    if codes is not None and (codes.dtype != torch.bfloat16 or tuple(codes.shape) != (r.n, r.k)
+                              or codes.stride(-1) != 1):
+        raise ValueError(f"router_mma_logits: codes must be bf16 [{r.n}, {r.k}] with unit column stride, found "
+                         f"{codes.dtype} {tuple(codes.shape)} strides {codes.stride()}")
     if t:
+        c = r.w if codes is None else codes
         _router_mma_kernel[(triton.cdiv(t, BT), triton.cdiv(r.n, BE))](
-            x, r.w, r.scales, r.biases, out, t, r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), out.stride(0),
-            K=r.k, BITS=r.bits, GROUP=r.group, BT=BT, BE=BE, GU=router_gu(r), STAGES=STAGES, F32=dot_f32(),
-            num_warps=WARPS, **(pdl_args(x) if router_mma_pdl() else {}))
+            x, r.w, r.scales, r.biases, c, out, t, r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), c.stride(0),
+            out.stride(0), K=r.k, BITS=r.bits, GROUP=r.group, BT=BT, BE=BE, GU=router_gu(r), STAGES=STAGES,
+            F32=dot_f32(), CODES=codes is not None, num_warps=WARPS, **(pdl_args(x) if router_mma_pdl() else {}))
     return out
