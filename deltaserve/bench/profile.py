@@ -110,19 +110,10 @@ def profile_decode_graph(model, config: ModelConfig, depth: int, batch: int = 1,
     """The captured decode graph's replays under the profiler: per kernel its duration as the GPU ran it inside
     the graph (PDL overlap included) and its critical time (critical_path), by class and by kernel. The eager
     profile (profile_decode) times each kernel alone; this one shows what the overlap hides and what it does not."""
-    from torch.profiler import ProfilerActivity, profile
-
     dg = _decode_step(model, depth, batch, block_size)
     dg.capture()
-    for _ in range(3):
-        dg.replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            dg.replay()
-        torch.cuda.synchronize()
     header = f"# decode graph profile (batch {batch}, depth {depth}, {steps} replays)"
-    return _graph_report(_trace_kernels(prof), steps, header, "a step", top)
+    return _graph_report(_replayed_kernels(dg.replay, 3, steps), steps, header, "a step", top)
 
 
 def profile_prefill_graph(model, config: ModelConfig, n: int, batch: int = 1, block_size: int = 64,
@@ -131,8 +122,6 @@ def profile_prefill_graph(model, config: ModelConfig, n: int, batch: int = 1, bl
     bench` times them) replayed under the profiler: per kernel its in-graph duration and critical time, as the
     decode graph's profile. Where the eager prefill profile's kernel times do not add up to the graph's rate, this
     says which kernels the graph's overlap (PDL) hides and which it does not. CUDA only."""
-    from torch.profiler import ProfilerActivity, profile
-
     from ..engine.cuda_graph import PrefillGraph, capturable
 
     if not capturable(model):
@@ -144,22 +133,25 @@ def profile_prefill_graph(model, config: ModelConfig, n: int, batch: int = 1, bl
     g = PrefillGraph(model, cache, n, blocks, batch=batch)
     g.load_batch(ids, [0] * batch, tables, list(range(batch)))
     g.capture()
-    for _ in range(2):
-        g.replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            g.replay()
-        torch.cuda.synchronize()
     header = f"# prefill graph profile (batch {batch} x {n} tokens, {replays} replays)"
-    return _graph_report(_trace_kernels(prof), replays, header, "a prefill", top)
+    return _graph_report(_replayed_kernels(g.replay, 2, replays), replays, header, "a prefill", top)
 
 
-def _trace_kernels(prof) -> list[tuple[str, float, float]]:
-    """(name with grid, start us, duration us) of every kernel event of a finished torch profiler run."""
+def _replayed_kernels(replay, warm: int, replays: int) -> list[tuple[str, float, float]]:
+    """(name with grid, start us, duration us) of every kernel of `replays` calls of replay() (a captured graph's)
+    under the profiler, after `warm` calls outside it."""
     import json
     import tempfile
 
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warm):
+        replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            replay()
+        torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         trace = json.load(open(f.name))
