@@ -12,6 +12,7 @@ for mode in rows mma; do
     -n 0 -d 0 -b 1 -r 3 --no-record --profile-prefill > "$OUT/prefill_$mode.log" 2>&1
   echo "== $mode ($((SECONDS-t0)) s)"; grep -A34 "# prefill profile" "$OUT/prefill_$mode.log" | grep -v "^  block\|host-blocking" | cut -c1-120
 done
+# (its "64,32,2" shape, two groups a loop step, was refuted here and the switch removed afterwards)
 timeout 80 python3 scripts/probe_router_rows.py --t 512 --shapes 8,16 --mma 64,32 64,32,2 32,32 32,64 16,64 \
   --out "$OUT/probe.jsonl" > "$OUT/probe.log" 2>&1; tail -8 "$OUT/probe.log"
 bench_pp "rows" 1 DELTASERVE_PREFILL_ROUTER=rows

@@ -64,8 +64,8 @@ def main(argv=None) -> int:
     ap.add_argument("--t", default="512,4096")
     ap.add_argument("--shapes", nargs="*", default=["4,16", "8,16", "8,8"])
     ap.add_argument("--mma", nargs="*", default=["64,32", "64,64", "128,32", "64,16"],
-                    help="tokens,experts[,groups a step][,bf16] a program of the tensor-core router (its BT, BE, "
-                    "GU; bf16: the codes read from their bf16 copy)")
+                    help="tokens,experts[,bf16] a program of the tensor-core router (its BT, BE; bf16: the codes "
+                    "read from their bf16 copy)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
@@ -110,10 +110,10 @@ def main(argv=None) -> int:
         exact = x.double() @ wd.t()
         for shape in args.mma:
             codes = rm.router_codes_bf16(r) if shape.endswith(",bf16") else None  # the codes' bf16 copy
-            bt, be_, gu = (*(int(v) for v in shape.removesuffix(",bf16").split(",")), 1)[:3]
+            bt, be_ = (int(v) for v in shape.removesuffix(",bf16").split(","))
 
-            def mma_fn(bt=bt, be_=be_, gu=gu, codes=codes):
-                with mock.patch.multiple(rm, BT=bt, BE=be_, GU=gu):
+            def mma_fn(bt=bt, be_=be_, codes=codes):
+                with mock.patch.multiple(rm, BT=bt, BE=be_):
                     rm.router_mma_logits(x, r, out, codes=codes)
 
             out.fill_(float("nan"))

@@ -32,7 +32,6 @@ BT = 64  # tokens a program (the MMA's M)
 BE = 32  # experts a program (the MMA's N)
 WARPS = 4
 STAGES = 3  # the K loop's software pipeline (never a bit)
-GU = 1  # groups a loop step (never a bit)
 PREFILL_ROUTER_MODES = ("mma", "rows")
 
 
@@ -66,12 +65,6 @@ def router_codes_bf16(r: WeightSpec) -> torch.Tensor:
     shifts = torch.arange(pack, device=words.device, dtype=torch.int32) * r.bits
     q = (words[..., None] >> shifts) & ((1 << r.bits) - 1)  # [E, K / PACK, PACK]
     return q.reshape(r.n, r.k).to(torch.bfloat16)
-
-
-def router_gu(r: WeightSpec) -> int:
-    """Groups a loop step for router r: GU, or fewer where GU does not divide its groups (never a bit)."""
-    groups = r.k // r.group
-    return next(n for n in (GU, 2, 1) if n <= GU and groups % n == 0)
 
 
 def router_mma_fits(x: torch.Tensor, r: WeightSpec) -> bool:
@@ -110,14 +103,12 @@ def _group_term(d, xs, s_ptr, b_ptr, re, e_mask, stride_sn, g):
 @triton.jit(do_not_specialize=["T"])
 def _router_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, c_ptr, out_ptr, T, E, stride_xt, stride_wn, stride_sn,
                        stride_cn, stride_ot, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
-                       BT: tl.constexpr, BE: tl.constexpr, GU: tl.constexpr, STAGES: tl.constexpr,
-                       F32: tl.constexpr, CODES: tl.constexpr = False, PDL: tl.constexpr = False):
+                       BT: tl.constexpr, BE: tl.constexpr, STAGES: tl.constexpr, F32: tl.constexpr,
+                       CODES: tl.constexpr = False, PDL: tl.constexpr = False):
     # grid (cdiv(T, BT), cdiv(E, BE)): program (i, j) writes logits [i BT .. i BT + BT, j BE .. j BE + BE] fp32.
     # x [T, K] bf16 rows; w [E, K / PACK] int32 words, code k of a row at bits (k % PACK) * BITS of word k // PACK;
-    # s, b [E, K / GROUP]. Rows past T and experts past E read zeros and are not stored. GU (1, 2 or 4, dividing
-    # the groups): groups a loop step, their MMAs issued before any of their terms is added (never a bit: the
-    # terms are added one group at a time, in order). CODES: the codes read from c [E, K] bf16 (the same values as
-    # the words' codes, so never a bit), w unused.
+    # s, b [E, K / GROUP]. Rows past T and experts past E read zeros and are not stored. CODES: the codes read from
+    # c [E, K] bf16 (the same values as the words' codes, so never a bit), w unused.
     pdl_open(PDL)
     rt = tl.program_id(0) * BT + tl.arange(0, BT)
     re = tl.program_id(1) * BE + tl.arange(0, BE)
@@ -129,22 +120,9 @@ def _router_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, c_ptr, out_ptr, T, E, stride_
     ones = tl.full((GROUP, BE), 1.0, tl.float32).to(tl.bfloat16)
     acc = tl.zeros((BT, BE), dtype=tl.float32)
     pdl_wait(PDL)  # x is the previous kernel's output
-    for g in tl.range(0, K // GROUP, GU, num_stages=STAGES):
-        d0, x0 = _group_dots(x_rows, w_rows, c_rows, g, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32, CODES)
-        if GU >= 2:
-            d1, x1 = _group_dots(x_rows, w_rows, c_rows, g + 1, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32,
-                                 CODES)
-        if GU >= 4:
-            d2, x2 = _group_dots(x_rows, w_rows, c_rows, g + 2, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32,
-                                 CODES)
-            d3, x3 = _group_dots(x_rows, w_rows, c_rows, g + 3, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32,
-                                 CODES)
-        acc = acc + _group_term(d0, x0, s_ptr, b_ptr, re, e_mask, stride_sn, g)
-        if GU >= 2:
-            acc = acc + _group_term(d1, x1, s_ptr, b_ptr, re, e_mask, stride_sn, g + 1)
-        if GU >= 4:
-            acc = acc + _group_term(d2, x2, s_ptr, b_ptr, re, e_mask, stride_sn, g + 2)
-            acc = acc + _group_term(d3, x3, s_ptr, b_ptr, re, e_mask, stride_sn, g + 3)
+    for g in tl.range(0, K // GROUP, num_stages=STAGES):
+        d, xs = _group_dots(x_rows, w_rows, c_rows, g, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32, CODES)
+        acc = acc + _group_term(d, xs, s_ptr, b_ptr, re, e_mask, stride_sn, g)
     out = out_ptr + rt.to(tl.int64)[:, None] * stride_ot + re[None, :]
     tl.store(out, acc, mask=t_mask[:, None] & e_mask[None, :])
 
@@ -171,6 +149,6 @@ def router_mma_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor | None =
         c = r.w if codes is None else codes
         _router_mma_kernel[(triton.cdiv(t, BT), triton.cdiv(r.n, BE))](
             x, r.w, r.scales, r.biases, c, out, t, r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), c.stride(0),
-            out.stride(0), K=r.k, BITS=r.bits, GROUP=r.group, BT=BT, BE=BE, GU=router_gu(r), STAGES=STAGES,
+            out.stride(0), K=r.k, BITS=r.bits, GROUP=r.group, BT=BT, BE=BE, STAGES=STAGES,
             F32=dot_f32(), CODES=codes is not None, num_warps=WARPS, **(pdl_args(x) if router_mma_pdl() else {}))
     return out
