@@ -58,13 +58,12 @@ def router_mma_codes() -> str:
 
 
 def router_codes_bf16(r: WeightSpec) -> torch.Tensor:
-    """The codes q of the packed affine router r as bf16 [E, K] (exact: at most 8 bits), code k of a row from bits
-    (k % PACK) * BITS of word k // PACK, as the kernel unpacks them."""
-    pack = 32 // r.bits
-    words = r.w.view(torch.int32)
-    shifts = torch.arange(pack, device=words.device, dtype=torch.int32) * r.bits
-    q = (words[..., None] >> shifts) & ((1 << r.bits) - 1)  # [E, K / PACK, PACK]
-    return q.reshape(r.n, r.k).to(torch.bfloat16)
+    """The codes q of the packed affine router r as bf16 [E, K] (exact: at most 8 bits): the MLX layout's
+    (quant.affine.unpack_bits), code k of a row at bits (k % PACK) * BITS of word k // PACK for 4 and 8 bits, as
+    the kernel unpacks them."""
+    from ..quant.affine import unpack_bits
+
+    return unpack_bits(r.w, r.bits).to(torch.bfloat16)
 
 
 def router_mma_fits(x: torch.Tensor, r: WeightSpec) -> bool:
