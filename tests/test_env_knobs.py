@@ -587,6 +587,15 @@ def test_prefill_router_switch_and_fit(monkeypatch):
     assert not rm.router_mma_fits(x[:, :1024], WeightSpec(torch.zeros(256, 512, dtype=torch.int32), s, s, 8, 64))
 
 
+def test_router_mma_pdl_switch(monkeypatch):
+    """DELTASERVE_ROUTER_MMA_PDL: "early" by default, "end" / "off" for A/B, the old "0" refused by name."""
+    from deltaserve.kernels.moe import triton_router_mma as rm
+
+    check_switch(monkeypatch, "DELTASERVE_ROUTER_MMA_PDL", rm.router_mma_pdl, "early", "end", "0")
+    monkeypatch.setenv("DELTASERVE_ROUTER_MMA_PDL", "off")
+    assert rm.router_mma_pdl() == "off"
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_router_codes_copy_switch(monkeypatch, bits):
     """DELTASERVE_ROUTER_MMA_CODES: "words" by default (no copy), "bf16" a cached bf16 copy of a packed router's

@@ -1103,6 +1103,13 @@ def check_router_mma(mods, device, ts=(1, 13, 70), h=128, e=40, bits=8, group=64
     via = poisoned((n, e), torch.float32, device)
     rm.router_mma_logits(xs, r, via, codes=codes)
     assert torch.equal(via, whole), "router mma: the bf16 codes changed a bit"
+    for mode in rm.ROUTER_MMA_PDL_MODES:  # where the launch opens its successor (PDL): never a bit
+        with env_values(DELTASERVE_ROUTER_MMA_PDL=mode):
+            fresh = xs.clone()  # written by the launch just before, as the model's norm writes x
+            got = poisoned((n, e), torch.float32, device)
+            rm.router_mma_logits(fresh, r, got)
+            after = torch.empty_like(got).copy_(got)  # the successor reads what the router wrote
+        assert torch.equal(after, whole), f"router mma: PDL {mode} changed a bit"
     try:
         rm.router_mma_logits(xs, r, codes=codes.float())
     except ValueError as exc:

@@ -18,8 +18,6 @@ so a token's logits never depend on the other tokens of the chunk or on where in
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -42,11 +40,16 @@ def prefill_router_mode() -> str:
     return env_choice("DELTASERVE_PREFILL_ROUTER", "mma", PREFILL_ROUTER_MODES)
 
 
-def router_mma_pdl() -> bool:
-    """Whether the launch takes programmatic dependent launch (triton_pdl; never a bit: it moves when programs
-    start, not what they compute). Env DELTASERVE_ROUTER_MMA_PDL=0 launches it plainly, so neither it nor its
-    successor starts before its predecessor is done, for A/B."""
-    return os.environ.get("DELTASERVE_ROUTER_MMA_PDL", "1") != "0"
+ROUTER_MMA_PDL_MODES = ("early", "end", "off")
+
+
+def router_mma_pdl() -> str:
+    """How the launch takes programmatic dependent launch (triton_pdl; never a bit: it moves when programs start,
+    not what they compute): "early" opens the next launch first thing (the protocol's usual form), "end" waits
+    as usual but opens only after its K loop (the next launch starts as this one's programs finish), "off"
+    launches it plainly (neither it nor its successor starts before its predecessor is done). Env
+    DELTASERVE_ROUTER_MMA_PDL, for A/B."""
+    return env_choice("DELTASERVE_ROUTER_MMA_PDL", "early", ROUTER_MMA_PDL_MODES)
 
 
 def router_mma_codes() -> str:
@@ -103,12 +106,14 @@ def _group_term(d, xs, s_ptr, b_ptr, re, e_mask, stride_sn, g):
 def _router_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, c_ptr, out_ptr, T, E, stride_xt, stride_wn, stride_sn,
                        stride_cn, stride_ot, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
                        BT: tl.constexpr, BE: tl.constexpr, STAGES: tl.constexpr, F32: tl.constexpr,
-                       CODES: tl.constexpr = False, PDL: tl.constexpr = False):
+                       CODES: tl.constexpr = False, PDL: tl.constexpr = False, OPEN_LATE: tl.constexpr = False):
     # grid (cdiv(T, BT), cdiv(E, BE)): program (i, j) writes logits [i BT .. i BT + BT, j BE .. j BE + BE] fp32.
     # x [T, K] bf16 rows; w [E, K / PACK] int32 words, code k of a row at bits (k % PACK) * BITS of word k // PACK;
     # s, b [E, K / GROUP]. Rows past T and experts past E read zeros and are not stored. CODES: the codes read from
-    # c [E, K] bf16 (the same values as the words' codes, so never a bit), w unused.
-    pdl_open(PDL)
+    # c [E, K] bf16 (the same values as the words' codes, so never a bit), w unused. OPEN_LATE: the next launch
+    # opens after the K loop (router_mma_pdl "end"), so its programs start as these finish.
+    if not OPEN_LATE:
+        pdl_open(PDL)
     rt = tl.program_id(0) * BT + tl.arange(0, BT)
     re = tl.program_id(1) * BE + tl.arange(0, BE)
     t_mask = rt < T
@@ -122,6 +127,8 @@ def _router_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, c_ptr, out_ptr, T, E, stride_
     for g in tl.range(0, K // GROUP, num_stages=STAGES):
         d, xs = _group_dots(x_rows, w_rows, c_rows, g, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32, CODES)
         acc = acc + _group_term(d, xs, s_ptr, b_ptr, re, e_mask, stride_sn, g)
+    if OPEN_LATE:
+        pdl_open(PDL)
     out = out_ptr + rt.to(tl.int64)[:, None] * stride_ot + re[None, :]
     tl.store(out, acc, mask=t_mask[:, None] & e_mask[None, :])
 
@@ -146,8 +153,12 @@ def router_mma_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor | None =
                          f"{codes.dtype} {tuple(codes.shape)} strides {codes.stride()}")
     if t:
         c = r.w if codes is None else codes
+        pdl = router_mma_pdl()
+        launch = {} if pdl == "off" else pdl_args(x)
+        if launch and pdl == "end":
+            launch["OPEN_LATE"] = True
         _router_mma_kernel[(triton.cdiv(t, BT), triton.cdiv(r.n, BE))](
             x, r.w, r.scales, r.biases, c, out, t, r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), c.stride(0),
             out.stride(0), K=r.k, BITS=r.bits, GROUP=r.group, BT=BT, BE=BE, STAGES=STAGES,
-            F32=dot_f32(), CODES=codes is not None, num_warps=WARPS, **(pdl_args(x) if router_mma_pdl() else {}))
+            F32=dot_f32(), CODES=codes is not None, num_warps=WARPS, **launch)
     return out
