@@ -21,7 +21,7 @@ for rep in 1 2; do
 done
 for mode in end off; do
   DELTASERVE_ROUTER_MMA_CODES=bf16 DELTASERVE_ROUTER_MMA_PDL=$mode timeout 100 python3 -m deltaserve bench \
-    --preset qwen3.6-35b-a3b --quant q4 -p 512 -n 0 -d 0 -b 1 -r 1 --no-record --profile-prefill-graph \
+    --preset qwen3.6-35b-a3b --quant q4 -p 512 -n 0 -d 0 -b 1 -r 1 --no-record --profile-prefill-graph --profile-top 80 \
     > "$OUT/prefill_graph_$mode.log" 2>&1
   echo "== bf16 $mode ($((SECONDS-t0)) s)"; grep -A12 "# prefill graph profile" "$OUT/prefill_graph_$mode.log" | cut -c1-120
   grep -E "_router_mma_kernel|_topk_kernel" "$OUT/prefill_graph_$mode.log" | cut -c1-120
@@ -31,7 +31,7 @@ bench_pp "bf16 end" 8 DELTASERVE_ROUTER_MMA_CODES=bf16 DELTASERVE_ROUTER_MMA_PDL
 bench_pp "bf16 off" 8 DELTASERVE_ROUTER_MMA_CODES=bf16 DELTASERVE_ROUTER_MMA_PDL=off
 M="--preset qwen3.6-35b-a3b --quant q4 --no-record"
 DELTASERVE_MOE_ROUTE_TILES=split timeout 120 python3 -m deltaserve bench $M -p 16 -n 32 -d 512 -b 64 -r 2 \
-  --profile-graph > "$OUT/graph64_split.log" 2>&1
+  --profile-graph --profile-top 40 > "$OUT/graph64_split.log" 2>&1
 echo "== graph profile B=64, routing split ($((SECONDS-t0)) s)"; grep -A36 "decode graph profile" "$OUT/graph64_split.log" | cut -c1-130
 rm -f "$OUT/bench.log"
 echo "done ($((SECONDS-t0)) s)"

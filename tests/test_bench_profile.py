@@ -16,6 +16,16 @@ def test_unknown_kernels_are_other():
     assert classify("_wg_gemv_kernel").startswith("linear")  # the dense decode GEMV on warpgroup MMAs
 
 
+def test_prefill_kernels_have_their_classes():
+    """The prefill's dense projections (dequantise, then the tiled matmul) are linear, fla's l2norm and w/u
+    recompute are the DeltaNet prefill, and the attention's q/k prep is attention, not a GEMV's prep."""
+    for name in ("_dense_mm_tma_kernel", "_dense_mm_kernel", "_dequant_kernel"):
+        assert classify(name).startswith("linear"), name
+    assert classify("l2norm_fwd_kernel") == classify("recompute_w_u_fwd_kernel") == "deltanet prefill"
+    assert classify("_qk_prep_kernel") == "attention"
+    assert classify("_prep_kernel").startswith("linear")
+
+
 def test_critical_path_attributes_overlap_to_the_kernel_that_ends_later():
     from deltaserve.bench.profile import critical_path
 

@@ -57,6 +57,8 @@ def parse_args(argv):
     p.add_argument("--profile-prefill-graph", action="store_true",
                    help="profile the captured prefill graph of the first -b prompts of the first -p length: each "
                    "kernel's in-graph and critical time")
+    p.add_argument("--profile-top", type=int, default=24,
+                   help="kernels listed by the graph profiles (--profile-graph, --profile-prefill-graph)")
     p.add_argument("--results", default="bench/results", help="directory for the JSON-line records")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--device", default="cuda")
@@ -258,7 +260,7 @@ def main(argv=None) -> int:
     if args.profile_graph:
         from .profile import profile_decode_graph
 
-        print(profile_decode_graph(model, config, max(args.depth[0], 1), batch=args.batch[0]))
+        print(profile_decode_graph(model, config, max(args.depth[0], 1), batch=args.batch[0], top=args.profile_top))
     if args.profile_prefill:
         from .profile import profile_prefill
 
@@ -267,7 +269,7 @@ def main(argv=None) -> int:
         from .profile import profile_prefill_graph
 
         deployment(args.batch[0])  # the profiled prompts' deployment
-        print(profile_prefill_graph(model, config, args.n_prompt[0], batch=args.batch[0]))
+        print(profile_prefill_graph(model, config, args.n_prompt[0], batch=args.batch[0], top=args.profile_top))
     if not args.no_record:
         print(f"# {len(recs)} records appended under {args.results}")
     from ..model.fast import decode_copy_bytes

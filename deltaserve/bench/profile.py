@@ -13,8 +13,9 @@ from ..model import ModelConfig
 CLASSES = (
     ("router", "moe"), ("_topk", "moe"), ("gate_up", "moe"), ("down_combine", "moe"), ("_down_kernel", "moe"),
     ("_combine", "moe"), ("mma_experts", "moe"), ("_wg_experts", "moe"), ("_tiles_", "moe"),
-    ("affine_mm", "linear (affine/dense matmul)"), ("_gemv", "linear (affine/dense matmul)"),
-    ("_prep", "linear (affine/dense matmul)"),
+    ("qk_prep", "attention"), ("affine_mm", "linear (affine/dense matmul)"), ("_gemv", "linear (affine/dense matmul)"),
+    ("_dense_mm", "linear (affine/dense matmul)"), ("_dequant", "linear (affine/dense matmul)"),
+    ("_prep", "linear (affine/dense matmul)"), ("l2norm", "deltanet prefill"), ("recompute_w_u", "deltanet prefill"),
     ("conv", "deltanet conv"), ("decode_kernel", "deltanet step"), ("gdn_step", "deltanet step"), ("gates", "deltanet step"),
     ("chunk", "deltanet prefill"),
     ("write_kv", "attention"), ("decode_split", "attention"), ("decode_merge", "attention"), ("prefill", "attention"),
