@@ -588,17 +588,17 @@ def test_prefill_router_switch_and_fit(monkeypatch):
 
 
 def test_router_mma_pdl_switch(monkeypatch):
-    """DELTASERVE_ROUTER_MMA_PDL: "early" by default, "end" / "off" for A/B, the old "0" refused by name."""
+    """DELTASERVE_ROUTER_MMA_PDL: "off" by default, "end" / "early" for A/B, the old "0" refused by name."""
     from deltaserve.kernels.moe import triton_router_mma as rm
 
-    check_switch(monkeypatch, "DELTASERVE_ROUTER_MMA_PDL", rm.router_mma_pdl, "early", "end", "0")
-    monkeypatch.setenv("DELTASERVE_ROUTER_MMA_PDL", "off")
-    assert rm.router_mma_pdl() == "off"
+    check_switch(monkeypatch, "DELTASERVE_ROUTER_MMA_PDL", rm.router_mma_pdl, "off", "end", "0")
+    monkeypatch.setenv("DELTASERVE_ROUTER_MMA_PDL", "early")
+    assert rm.router_mma_pdl() == "early"
 
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_router_codes_copy_switch(monkeypatch, bits):
-    """DELTASERVE_ROUTER_MMA_CODES: "words" by default (no copy), "bf16" a cached bf16 copy of a packed router's
+    """DELTASERVE_ROUTER_MMA_CODES: "bf16" by default, a cached bf16 copy of a packed router's
     codes, each code k of a row from bits (k % PACK) * BITS of word k // PACK, counted by decode_copy_bytes."""
     import torch
 
@@ -606,7 +606,7 @@ def test_router_codes_copy_switch(monkeypatch, bits):
     from deltaserve.model import fast
     from deltaserve.quant.affine import AffineLinear, AffineSpec
 
-    check_switch(monkeypatch, "DELTASERVE_ROUTER_MMA_CODES", rm.router_mma_codes, "words", "bf16", "fp8")
+    check_switch(monkeypatch, "DELTASERVE_ROUTER_MMA_CODES", rm.router_mma_codes, "bf16", "words", "fp8")
     gate = AffineLinear(64, 6, AffineSpec(bits, 32))
     words = torch.randint(-2**31, 2**31 - 1, gate.weight.shape, dtype=torch.int64,
                           generator=torch.Generator().manual_seed(bits))

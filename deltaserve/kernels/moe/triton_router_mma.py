@@ -40,24 +40,28 @@ def prefill_router_mode() -> str:
     return env_choice("DELTASERVE_PREFILL_ROUTER", "mma", PREFILL_ROUTER_MODES)
 
 
-ROUTER_MMA_PDL_MODES = ("early", "end", "off")
+ROUTER_MMA_PDL_MODES = ("off", "end", "early")
 
 
 def router_mma_pdl() -> str:
     """How the launch takes programmatic dependent launch (triton_pdl; never a bit: it moves when programs start,
-    not what they compute): "early" opens the next launch first thing (the protocol's usual form), "end" waits
-    as usual but opens only after its K loop (the next launch starts as this one's programs finish), "off"
-    launches it plainly (neither it nor its successor starts before its predecessor is done). Env
-    DELTASERVE_ROUTER_MMA_PDL, for A/B."""
-    return env_choice("DELTASERVE_ROUTER_MMA_PDL", "early", ROUTER_MMA_PDL_MODES)
+    not what they compute): "off" launches it plainly (neither it nor its successor starts before its predecessor
+    is done; the default), "end" waits as usual but opens the next launch only after its K loop, "early" opens it
+    first thing (the protocol's usual form). H200, 35B-A3B q4 pp512 B=1 in its prefill graph (bench/NOTES.md): the
+    router's critical time a layer off 17.8 us, end 41.6, early 53.9 (20.2 alone in the probe, 13.9 with the bf16
+    codes): a launch of 64 programs that each run the whole K loop is slowed by starting under PDL, not only by its
+    successors starting early. pp512 B=1 with the bf16 codes: early 24,279 / 25,435, off 25,304 / 26,666; 8 prompts
+    (512 programs) the same each way. Env DELTASERVE_ROUTER_MMA_PDL, for A/B."""
+    return env_choice("DELTASERVE_ROUTER_MMA_PDL", "off", ROUTER_MMA_PDL_MODES)
 
 
 def router_mma_codes() -> str:
-    """Where the kernel reads the router's codes: "words" (the packed weight, unpacked in the loop: the default) or
-    "bf16" (a bf16 copy [E, K] made once, router_codes_bf16: 1 MiB a 35B-A3B router, copied into shared memory as
-    the MMA's operand with no unpacking in the loop; the same values, so the same bits). Env
-    DELTASERVE_ROUTER_MMA_CODES, for A/B."""
-    return env_choice("DELTASERVE_ROUTER_MMA_CODES", "words", ("words", "bf16"))
+    """Where the kernel reads the router's codes: "bf16" (a bf16 copy [E, K] made once, router_codes_bf16: 1 MiB a
+    35B-A3B router, 40 MiB for the model, copied into shared memory as the MMA's operand with no unpacking in the
+    loop; the default) or "words" (the packed weight, unpacked in the loop). The same values, so the same bits.
+    H200 probe at the 35B router: 512 tokens 20.2 -> 13.9 us, 4,096 54.9 -> 42.3; 8 prompts 43,353 / 43,237 ->
+    43,983 / 43,881 (+1.5%). Env DELTASERVE_ROUTER_MMA_CODES, for A/B."""
+    return env_choice("DELTASERVE_ROUTER_MMA_CODES", "bf16", ("bf16", "words"))
 
 
 def router_codes_bf16(r: WeightSpec) -> torch.Tensor:
