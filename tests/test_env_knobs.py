@@ -635,3 +635,27 @@ def test_gluon_router_rows_serves_only_its_format():
     s = torch.zeros(256, 32, dtype=torch.bfloat16)
     x = torch.zeros(512, 2048, dtype=torch.bfloat16)
     assert not grr.rows_fit(x, WeightSpec(w, s, s, 8, 64), 32, 4)  # a CPU tensor
+
+
+def test_conv_prefill_tile_and_initial_states_switches(monkeypatch):
+    """DELTASERVE_CONV_PREFILL_TILE: 16 x 64 unset, "bt,bc" powers of two within 128 / 256, anything else refused by
+    name; DELTASERVE_GDN_INITIAL_STATES: "triton" unset, "torch" for A/B."""
+    import torch
+
+    from deltaserve.kernels.gated_delta import triton_decode as td
+
+    monkeypatch.delenv("DELTASERVE_CONV_PREFILL_TILE", raising=False)
+    assert td.conv_prefill_tile() == (16, 64)
+    monkeypatch.setenv("DELTASERVE_CONV_PREFILL_TILE", "64,128")
+    assert td.conv_prefill_tile() == (64, 128)
+    for bad in ("48,64", "256,64", "64", "64,512"):
+        monkeypatch.setenv("DELTASERVE_CONV_PREFILL_TILE", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_CONV_PREFILL_TILE"):
+            td.conv_prefill_tile()
+    monkeypatch.setenv("DELTASERVE_GDN_INITIAL_STATES", "numpy")
+    with pytest.raises(ValueError, match="DELTASERVE_GDN_INITIAL_STATES"):
+        td.initial_states(torch.zeros(2, 1, 2, 2), torch.zeros(1, dtype=torch.int32), torch.zeros(1))
+    monkeypatch.setenv("DELTASERVE_GDN_INITIAL_STATES", "torch")  # off the GPU the torch form serves as well
+    pool = torch.arange(16.0).view(2, 2, 2, 2)
+    got = td.initial_states(pool, torch.tensor([1, 0], dtype=torch.int32), torch.tensor([4, 0]))
+    assert torch.equal(got[0], pool[1]) and not got[1].any()

@@ -20,13 +20,14 @@ conv-state update would race with their reads. Prefill uses `causal_conv` too, t
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ...utils.env import env_choice
+from ...utils.env import env_choice, pow2_pair
 from ..triton_common import code_prescale
 from ..triton_sync import arrival_counters, last_arrival
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -104,6 +105,19 @@ def conv_section_block(s1: int, s2: int, widest: int = 64) -> int:
     return bc if bc >= CONV_SECTION_MIN_BLOCK else 0
 
 
+CONV_PREFILL_TILE = (16, 64)  # (tokens, channels) a program of the prefill conv
+
+
+def conv_prefill_tile() -> tuple[int, int]:
+    """(BT tokens, BC channels) a program of the prefill conv (a chunk of more than one token a sequence). Each
+    output is the same fp32 chain over the taps j = 0 .. K-1 whatever the tile, so the tile is never a bit.
+    H200, 35B-A3B pp512 B=1 prefill graph (bench/NOTES.md): 16 x 64 took 16.65 us a layer for ~17 MB moved (~4 us
+    at the copy bandwidth). Env DELTASERVE_CONV_PREFILL_TILE="bt,bc" (powers of two, bt <= 128, bc <= 256), for
+    in-model A/B; bc is lowered where the q / k sections need it (conv_section_block)."""
+    value = os.environ.get("DELTASERVE_CONV_PREFILL_TILE", "").strip()
+    return pow2_pair("DELTASERVE_CONV_PREFILL_TILE", value, "bt,bc", (128, 256)) if value else CONV_PREFILL_TILE
+
+
 def causal_conv(
     x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, cu_seqlens: torch.Tensor,
     state_slots: torch.Tensor, context_lens: torch.Tensor, max_seqlen: int, out: torch.Tensor | None = None,
@@ -126,7 +140,8 @@ def causal_conv(
         raise ValueError(f"causal_conv: kernel width {kw} outside 2..16 (Qwen3.5 uses 4)")
     if x.stride(-1) != 1:
         raise ValueError("causal_conv: x must be contiguous along channels")
-    bc = 256 if max_seqlen == 1 else 64
+    bt_prefill, bc_prefill = conv_prefill_tile() if max_seqlen > 1 else (0, 0)
+    bc = 256 if max_seqlen == 1 else bc_prefill
     if sections is not None:
         s1, s2 = sections
         bc = conv_section_block(s1, s2, bc)
@@ -140,7 +155,7 @@ def causal_conv(
         y = torch.empty_like(x) if out is None else out
     b = state_slots.numel()
     if b and t:
-        bt = 16 if max_seqlen > 1 else 4  # decode: one token per sequence
+        bt = bt_prefill if max_seqlen > 1 else 4  # decode: one token per sequence
         kwp = triton.next_power_of_2(kw - 1)
         bt = max(bt, kwp)
         grid = (b, triton.cdiv(max(max_seqlen, 1), bt), triton.cdiv(c, bc))
@@ -548,6 +563,40 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: to
     return g, beta
 
 
+@triton.jit
+def _initial_states_kernel(pool_ptr, slot_ptr, ctx_ptr, out_ptr, N, stride_ps, BLOCK: tl.constexpr):
+    # grid (B, cdiv(N, BLOCK)): out[b] = pool[slot[b]] where context_lens[b] != 0, else zeros; N = Hv dk dv elements
+    # a state (each pool slot contiguous), copied as they are
+    b = tl.program_id(0)
+    r = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = r < N
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    keep = tl.load(ctx_ptr + b) != 0
+    h = tl.load(pool_ptr + slot * stride_ps + r, mask=mask & keep, other=0.0)
+    tl.store(out_ptr + b.to(tl.int64) * N + r, h, mask=mask)
+
+
+INITIAL_STATES_BLOCK = 4096  # state elements a program (a 35B-A3B state is 32 x 128 x 128: 128 programs)
+
+
+def initial_states(ssm_pool: torch.Tensor, state_slots: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+    """The prefill's initial states [B, Hv, dk, dv]: ssm_pool[state_slots[b]] where context_lens[b] != 0, else zeros
+    (a fresh sequence, whatever its slot holds). One launch where the pool's slots are contiguous (the cache's
+    layout), instead of torch's index_select, comparison, scalar fill and where (four launches, ~11 us a DeltaNet
+    layer of a 512-token prefill on the H200: bench/NOTES.md). Env DELTASERVE_GDN_INITIAL_STATES=triton|torch, for
+    A/B: the same values either way (a copy or a zero)."""
+    n = state_slots.numel()
+    if env_choice("DELTASERVE_GDN_INITIAL_STATES", "triton", ("triton", "torch")) == "torch" or not (
+            ssm_pool.is_contiguous() and n):
+        h0 = ssm_pool.index_select(0, state_slots.to(torch.int64))
+        return torch.where((context_lens != 0).view(n, 1, 1, 1), h0, torch.zeros((), dtype=h0.dtype, device=h0.device))
+    per = ssm_pool[0].numel()
+    out = torch.empty((n, *ssm_pool.shape[1:]), dtype=ssm_pool.dtype, device=ssm_pool.device)
+    _initial_states_kernel[(n, triton.cdiv(per, INITIAL_STATES_BLOCK))](
+        ssm_pool, state_slots, context_lens, out, per, ssm_pool.stride(0), BLOCK=INITIAL_STATES_BLOCK, num_warps=4)
+    return out
+
+
 def gdn_prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     cu_seqlens: torch.Tensor, ssm_pool: torch.Tensor, state_slots: torch.Tensor, context_lens: torch.Tensor,
@@ -570,8 +619,7 @@ def gdn_prefill(
         raise ValueError(f"gdn_prefill: {n} state slots, {cu_seqlens.numel()} cu_seqlens, "
                          f"{context_lens.numel()} context lengths")
     slots = state_slots.to(torch.int64)
-    h0 = ssm_pool.index_select(0, slots)
-    h0 = torch.where((context_lens != 0).view(n, 1, 1, 1), h0, torch.zeros((), dtype=h0.dtype, device=h0.device))
+    h0 = initial_states(ssm_pool, state_slots, context_lens)
     o, final = chunk_gated_delta_rule(
         q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0), scale=scale,
         initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
