@@ -637,21 +637,13 @@ def test_gluon_router_rows_serves_only_its_format():
     assert not grr.rows_fit(x, WeightSpec(w, s, s, 8, 64), 32, 4)  # a CPU tensor
 
 
-def test_conv_prefill_tile_and_initial_states_switches(monkeypatch):
-    """DELTASERVE_CONV_PREFILL_TILE: 16 x 64 unset, "bt,bc" powers of two within 128 / 256, anything else refused by
-    name; DELTASERVE_GDN_INITIAL_STATES: "triton" unset, "torch" for A/B."""
+def test_initial_states_switch(monkeypatch):
+    """DELTASERVE_GDN_INITIAL_STATES: "triton" unset, "torch" for A/B (the same values), anything else refused by
+    name."""
     import torch
 
     from deltaserve.kernels.gated_delta import triton_decode as td
 
-    monkeypatch.delenv("DELTASERVE_CONV_PREFILL_TILE", raising=False)
-    assert td.conv_prefill_tile() == (16, 64)
-    monkeypatch.setenv("DELTASERVE_CONV_PREFILL_TILE", "64,128")
-    assert td.conv_prefill_tile() == (64, 128)
-    for bad in ("48,64", "256,64", "64", "64,512"):
-        monkeypatch.setenv("DELTASERVE_CONV_PREFILL_TILE", bad)
-        with pytest.raises(ValueError, match="DELTASERVE_CONV_PREFILL_TILE"):
-            td.conv_prefill_tile()
     monkeypatch.setenv("DELTASERVE_GDN_INITIAL_STATES", "numpy")
     with pytest.raises(ValueError, match="DELTASERVE_GDN_INITIAL_STATES"):
         td.initial_states(torch.zeros(2, 1, 2, 2), torch.zeros(1, dtype=torch.int32), torch.zeros(1))

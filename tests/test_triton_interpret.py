@@ -101,8 +101,6 @@ def _cases():
         "moe_router_norm": lambda m: kc.check_router_norm(m, CPU, ts=(1, 3)),
         "conv_varlen": lambda m: kc.check_conv(m, CPU, c=48, kw=4, seqs=[5, 1, 2, 19], ctx=[3, 0, 7, 0]),
         "conv_sections": lambda m: kc.check_conv_sections(m, CPU, 64, 64, 128, 4, seqs=[5, 1, 19], ctx=[3, 0, 0]),
-        "conv_prefill_tiles": lambda m: kc.check_conv_prefill_tiles(m, CPU, 32, 32, 64, 4, seqs=[5, 1, 40],
-                                                                    ctx=[3, 0, 0], tiles=((32, 32), (64, 8))),
         "gdn_initial_states": lambda m: kc.check_initial_states(m, CPU),
         "conv_sections_narrow": lambda m: kc.check_conv_sections(m, CPU, 16, 16, 40, 4, seqs=[3, 17], ctx=[0, 2]),
         "gdn_decode": lambda m: kc.check_gdn_decode(m, CPU, b=3, hk=2, hv=4, dk=16, dv=32, fresh_rows=(1,)),

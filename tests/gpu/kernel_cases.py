@@ -416,31 +416,6 @@ def check_conv_sections(mods, device, s1, s2, s3, kw, seqs, ctx, num_slots=8):
     assert torch.equal(pool, pool2), "sectioned conv: conv states differ"
 
 
-def check_conv_prefill_tiles(mods, device, s1, s2, s3, kw, seqs, ctx, tiles, num_slots=8):
-    """The prefill conv at every (BT, BC) of `tiles` (DELTASERVE_CONV_PREFILL_TILE) == at the default tile, bit for
-    bit, plain and in sections, and the same conv states: the tile is never a bit."""
-    gd = mods["gdn"]
-    c = s1 + s2 + s3
-    slots = torch.tensor(torch.randperm(num_slots)[: len(seqs)].tolist(), device=device)
-    t = sum(seqs)
-    x = torch.randn(t, c + 24, device=device).bfloat16()[:, 7 : 7 + c]
-    w = (torch.randn(c, kw, device=device) * 0.5).bfloat16()
-    pool = torch.randn(num_slots, c, kw - 1, device=device).bfloat16()
-    cu = torch.tensor([0] + torch.tensor(seqs).cumsum(0).tolist(), device=device, dtype=torch.int32)
-    ctx_t = torch.tensor(ctx, device=device)
-    base_pool = pool.clone()
-    y = gd.causal_conv(x, w, base_pool, cu, slots, ctx_t, max(seqs))
-    base_parts = gd.causal_conv(x, w, pool.clone(), cu, slots, ctx_t, max(seqs), sections=(s1, s2))
-    for bt, bc in tiles:
-        with env_values(DELTASERVE_CONV_PREFILL_TILE=f"{bt},{bc}"):
-            p1, p2 = pool.clone(), pool.clone()
-            got = gd.causal_conv(x, w, p1, cu, slots, ctx_t, max(seqs), out=poisoned((t, c), torch.bfloat16, device))
-            parts = gd.causal_conv(x, w, p2, cu, slots, ctx_t, max(seqs), sections=(s1, s2))
-        assert torch.equal(got, y), f"conv tile {bt} x {bc}: y != the default tile's"
-        assert all(torch.equal(a, b) for a, b in zip(parts, base_parts)), f"conv tile {bt} x {bc}: sections differ"
-        assert torch.equal(p1, base_pool) and torch.equal(p2, base_pool), f"conv tile {bt} x {bc}: states differ"
-
-
 def check_initial_states(mods, device, hv=4, dk=16, dv=32, num_slots=6, ctx=(3, 0, 9, 0, 1)):
     """gdn_prefill's initial states (triton_decode.initial_states): the slot's state where the context is nonzero,
     zeros where it is fresh (its slot poisoned), the same as torch's index_select and where, into fresh memory."""

@@ -124,12 +124,6 @@ def test_causal_conv_sections(mods, dev, small):
     kc.check_conv_sections(mods, dev, s1, s1, s3, 4, seqs=[1, 5, 300, 2, 64], ctx=[0, 9, 0, 1, 100])
 
 
-def test_conv_prefill_tiles(mods, dev, small):
-    s1, s3 = (16, 40) if small else (2048, 4096)
-    kc.check_conv_prefill_tiles(mods, dev, s1, s1, s3, 4, seqs=[1, 5, 300, 2, 64], ctx=[0, 9, 0, 1, 100],
-                                tiles=((32, 64), (64, 64), (32, 128), (64, 128), (128, 64), (16, 256)))
-
-
 def test_gdn_initial_states(mods, dev, small):
     kc.check_initial_states(mods, dev) if small else kc.check_initial_states(mods, dev, hv=32, dk=128, dv=128,
                                                                              num_slots=9, ctx=(0, 512, 7, 0))

@@ -20,14 +20,13 @@ conv-state update would race with their reads. Prefill uses `causal_conv` too, t
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ...utils.env import env_choice, pow2_pair
+from ...utils.env import env_choice
 from ..triton_common import code_prescale
 from ..triton_sync import arrival_counters, last_arrival
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -105,19 +104,6 @@ def conv_section_block(s1: int, s2: int, widest: int = 64) -> int:
     return bc if bc >= CONV_SECTION_MIN_BLOCK else 0
 
 
-CONV_PREFILL_TILE = (16, 64)  # (tokens, channels) a program of the prefill conv
-
-
-def conv_prefill_tile() -> tuple[int, int]:
-    """(BT tokens, BC channels) a program of the prefill conv (a chunk of more than one token a sequence). Each
-    output is the same fp32 chain over the taps j = 0 .. K-1 whatever the tile, so the tile is never a bit.
-    H200, 35B-A3B pp512 B=1 prefill graph (bench/NOTES.md): 16 x 64 took 16.65 us a layer for ~17 MB moved (~4 us
-    at the copy bandwidth). Env DELTASERVE_CONV_PREFILL_TILE="bt,bc" (powers of two, bt <= 128, bc <= 256), for
-    in-model A/B; bc is lowered where the q / k sections need it (conv_section_block)."""
-    value = os.environ.get("DELTASERVE_CONV_PREFILL_TILE", "").strip()
-    return pow2_pair("DELTASERVE_CONV_PREFILL_TILE", value, "bt,bc", (128, 256)) if value else CONV_PREFILL_TILE
-
-
 def causal_conv(
     x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, cu_seqlens: torch.Tensor,
     state_slots: torch.Tensor, context_lens: torch.Tensor, max_seqlen: int, out: torch.Tensor | None = None,
@@ -140,8 +126,7 @@ def causal_conv(
         raise ValueError(f"causal_conv: kernel width {kw} outside 2..16 (Qwen3.5 uses 4)")
     if x.stride(-1) != 1:
         raise ValueError("causal_conv: x must be contiguous along channels")
-    bt_prefill, bc_prefill = conv_prefill_tile() if max_seqlen > 1 else (0, 0)
-    bc = 256 if max_seqlen == 1 else bc_prefill
+    bc = 256 if max_seqlen == 1 else 64
     if sections is not None:
         s1, s2 = sections
         bc = conv_section_block(s1, s2, bc)
@@ -155,7 +140,8 @@ def causal_conv(
         y = torch.empty_like(x) if out is None else out
     b = state_slots.numel()
     if b and t:
-        bt = bt_prefill if max_seqlen > 1 else 4  # decode: one token per sequence
+        bt = 16 if max_seqlen > 1 else 4  # decode: one token per sequence (16 x 64 prefill tiles: larger ones
+        # were slower on the H200, 13.2 against 15.2-27.3 us at 512 tokens; bench/NOTES.md)
         kwp = triton.next_power_of_2(kw - 1)
         bt = max(bt, kwp)
         grid = (b, triton.cdiv(max(max_seqlen, 1), bt), triton.cdiv(c, bc))
