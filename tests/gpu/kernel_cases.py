@@ -428,9 +428,10 @@ def check_initial_states(mods, device, hv=4, dk=16, dv=32, num_slots=6, ctx=(3, 
             pool[slots[b]] = float("nan")
     want = torch.stack([pool[int(s)] if cl else torch.zeros(hv, dk, dv, device=device) for s, cl in zip(slots, ctx)])
     for mode in ("triton", "torch"):
-        with env_values(DELTASERVE_GDN_INITIAL_STATES=mode):
-            got = gd.initial_states(pool, slots.to(torch.int32), ctx_t)
-        assert got.shape == want.shape and torch.equal(got, want), f"initial states ({mode})"
+        for dtype in (torch.int32, torch.int64):  # the cache's slots, and gdn_prefill's int64 copy of them
+            with env_values(DELTASERVE_GDN_INITIAL_STATES=mode):
+                got = gd.initial_states(pool, slots.to(dtype), ctx_t)
+            assert got.shape == want.shape and torch.equal(got, want), f"initial states ({mode}, {dtype})"
 
 
 def gdn_inputs(device, b, hk, hv, dk, dv, num_slots):

@@ -605,7 +605,7 @@ def gdn_prefill(
         raise ValueError(f"gdn_prefill: {n} state slots, {cu_seqlens.numel()} cu_seqlens, "
                          f"{context_lens.numel()} context lengths")
     slots = state_slots.to(torch.int64)
-    h0 = initial_states(ssm_pool, state_slots, context_lens)
+    h0 = initial_states(ssm_pool, slots, context_lens)  # the int64 slots the write-back below takes as well
     o, final = chunk_gated_delta_rule(
         q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0), scale=scale,
         initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
