@@ -2,8 +2,9 @@
 staged in shared memory per K step, kernels/quant/triton_affine._affine_mm_wide_kernel) against dequantising the
 whole weight to bf16 once (`dequantize`) and a plain bf16 tensor-core matmul over it (`dense_mm`), per tile
 configuration, with cuBLAS on the same bf16 weight as the reference speed. Each output is checked against fp64 and
-against the wide kernel's bits (the same products chained in the same K order should give them). Timing: a CUDA
-graph over weight copies past the L2 (sweep_common.time_graph).
+against the wide kernel's bits (the same products chained in the same K order should give them). Also the
+dequantising warpgroup-MMA matmul (kernels/quant/wgmma_dense.py) per launch shape (--fused). Timing: a CUDA graph
+over weight copies past the L2 (sweep_common.time_graph).
 
   python scripts/probe_dense_prefill.py [--ms 512,4096] [--out FILE]
 """
@@ -21,6 +22,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from sweep_common import RecordSink, rel_err, time_graph  # noqa: E402
 
 SHAPES = ((12352, 2048), (9216, 2048), (2048, 4096))
+FUSED = "128,4,1,1;128,3,1,0;128,6,1,1;64,4,1,1;64,6,2,1;128,4,2,1;256,3,1,1;256,4,1,1"
 CONFIGS = ((128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4),
            (128, 64, 64, 4, 4), (128, 128, 128, 8, 3), (256, 128, 64, 8, 3), (64, 256, 64, 8, 4))
 
@@ -33,11 +35,15 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", help="dense_mm tiles 'BM,BN,BK,W,S[,TMA];...' instead of CONFIGS")
     ap.add_argument("--dequant-tiles", default="", help="dequantize tiles 'BN,BK,W;...' to time beside the default")
     ap.add_argument("--shapes", help="N:K,N:K instead of SHAPES")
+    ap.add_argument("--fused", default=FUSED, help="wg_dense_mm launches 'BT,NS,RS,LAG;...' ('' none)")
+    ap.add_argument("--skip-tiles", action="store_true", help="no dense_mm tile sweep (the default tile only)")
     args = ap.parse_args(argv)
     import torch.nn.functional as F
     from kernel_cases import affine_weight
 
+    from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import triton_affine as ta
+    from deltaserve.kernels.quant import wgmma_dense as wdm
     from deltaserve.kernels.triton_common import WeightSpec
 
     dev = torch.device("cuda")
@@ -56,6 +62,7 @@ def main(argv=None) -> int:
             p, s, b, wd = affine_weight((n, k), 4, 64, dev)
             weights.append((WeightSpec(p, s, b, 4, 64), wd))
         deq = [ta.dequantize(spec) for spec, _ in weights]
+        natural = [mg.repack_q4(spec.w, spec.scales, spec.biases, order="natural") for spec, _ in weights]
         for m in (int(v) for v in args.ms.split(",")):
             x = torch.randn(m, k, device=dev).bfloat16()
             ref = x.double() @ weights[0][1].double().T
@@ -89,7 +96,17 @@ def main(argv=None) -> int:
                 if not torch.equal(ta.dequantize(weights[0][0], tile=tile), ta.dequantize(weights[0][0])):
                     sink.emit(dict(shape=shape, label="dequantize bn{} bk{} w{}".format(*tile),
                                    error="values differ from the default tile's"))
-            for cfg in configs:
+            for launch in [tuple(int(v) for v in c.split(",")) for c in args.fused.split(";") if c]:
+                bt, ns, rs, lag = launch
+
+                def got_f(launch=launch):
+                    outs[0].fill_(float("nan"))
+                    return wdm.wg_dense_mm(x, *natural[0], out=outs[0], tile_rows=bt, stages=ns, row_sets=rs, lag=lag)
+                emit(f"wg_dense_mm bt{bt} ns{ns} rs{rs} lag{lag}",
+                     [lambda j=j, launch=launch: wdm.wg_dense_mm(x, *natural[j], out=outs[j], tile_rows=launch[0],
+                                                                 stages=launch[1], row_sets=launch[2],
+                                                                 lag=launch[3]) for j in range(copies)], got_f)
+            for cfg in ([] if args.skip_tiles else configs):
                 label = "dense_mm bm{} bn{} bk{} w{} s{}".format(*cfg) + (" tma" if cfg[5:] and cfg[5] else "")
 
                 def got(cfg=cfg):
@@ -102,7 +119,7 @@ def main(argv=None) -> int:
                  [lambda j=j: ta.dense_mm(x, ta.dequantize(weights[j][0], out=scratch), outs[j])
                   for j in range(copies)])
             emit("cuBLAS bf16 (dequantised weight)", [lambda j=j: F.linear(x, deq[j]) for j in range(copies)])
-        weights = deq = None  # the copies freed before the next shape (the lambdas above are done with them)
+        weights = deq = natural = None  # the copies freed before the next shape (the lambdas above are done with them)
     return sink.finish()
 
 

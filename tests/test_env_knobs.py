@@ -46,8 +46,12 @@ def test_dense_prefill_route_switches(monkeypatch):
     assert ta.dense_path(1) == "dequant"
     monkeypatch.setenv("DELTASERVE_PREFILL_DENSE", "wide")
     assert ta.dense_path(4096) == "wide"
+    monkeypatch.setenv("DELTASERVE_PREFILL_DENSE", "fused")
+    monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_MIN", "256")
+    assert ta.dense_path(256) == "fused" and ta.dense_path(255) == "wide"
     monkeypatch.setenv("DELTASERVE_PREFILL_DENSE", "cublas")
-    with pytest.raises(ValueError, match="DELTASERVE_PREFILL_DENSE must be 'dequant' or 'wide', found 'cublas'"):
+    with pytest.raises(ValueError, match="DELTASERVE_PREFILL_DENSE must be 'dequant', 'wide' or 'fused', found "
+                                         "'cublas'"):
         ta.dense_path(512)
     monkeypatch.delenv("DELTASERVE_PREFILL_DENSE")
     monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_MIN", "0")

@@ -18,19 +18,26 @@ def _weight(n, k, seed=0):
     return q, words, s, b
 
 
-def test_repack_round_trip():
+@pytest.mark.parametrize("order", ["fragment", "natural"])
+def test_repack_round_trip(order):
     q, w, s, b = _weight(48, 256)
-    words, sb = mg.repack_q4(w, s, b)
+    words, sb = mg.repack_q4(w, s, b, order=order)
     assert words.shape == (3, 4, 128) and words.dtype == torch.int32 and sb.shape == (3, 4, 8, 2, 2)
-    q2, s2, b2 = mg.unpack_q4(words, sb)
+    q2, s2, b2 = mg.unpack_q4(words, sb, order=order)
     assert torch.equal(q2, q) and torch.equal(s2, s) and torch.equal(b2, b)
+    with pytest.raises(ValueError, match="order must be 'fragment' or 'natural', found 'mlx'"):
+        mg.repack_q4(w, s, b, order="mlx")
+    with pytest.raises(ValueError, match="order must be 'fragment' or 'natural', found 'mlx'"):
+        mg.unpack_q4(words, sb, order="mlx")
 
 
-def test_fragment_order():
+@pytest.mark.parametrize("order", ["fragment", "natural"])
+def test_fragment_order(order):
     """Word (rb, g, lane = 4 rr + c, j), nibble 4 (i1 + 2 i2) + 16 l holds row 16 rb + rr + 8 i1, column
-    64 g + 16 c + 4 j + 2 i2 + l: checked element by element against the MLX codes."""
+    64 g + 16 c + 4 j + 2 i2 + l ("fragment"), or 64 g + 16 j + 8 i2 + 2 c + l ("natural": the MMA's order kk is the
+    column): checked element by element against the MLX codes."""
     q, w, s, b = _weight(32, 128, seed=1)
-    words, _ = mg.repack_q4(w, s, b)
+    words, _ = mg.repack_q4(w, s, b, order=order)
     wd = words.to(torch.int64) & 0xFFFFFFFF
     for rb in range(2):
         for g in range(2):
@@ -42,7 +49,9 @@ def test_fragment_order():
                         for i2 in range(2):
                             for lo in range(2):
                                 code = (word >> (4 * (i1 + 2 * i2) + 16 * lo)) & 15
-                                assert code == int(q[16 * rb + rr + 8 * i1, 64 * g + 16 * c + 4 * j + 2 * i2 + lo])
+                                col = (16 * c + 4 * j + 2 * i2 + lo if order == "fragment"
+                                       else 16 * j + 8 * i2 + 2 * c + lo)
+                                assert code == int(q[16 * rb + rr + 8 * i1, 64 * g + col])
 
 
 def test_reference_matches_dense():

@@ -185,6 +185,31 @@ def mma_weights(module: nn.Module, x: torch.Tensor):
     return cached or None
 
 
+DENSE_ATTR = "_fast_dense_natural"  # module.__dict__ key of its natural-order repacked (words, sb) copy, or ()
+
+
+def prefill_dense_weights(module: nn.Module, x: torch.Tensor):
+    """(words, sb) of `module`'s weight repacked in the natural order (mma_gemv.repack_q4(order="natural")) when the
+    prefill's m rows of x take the dequantising warpgroup-MMA matmul (triton_affine.dense_path(m) == "fused"; a q4
+    g64 2-D weight with N % 64 == 0 on CUDA, x bf16 with a row stride of 8s), else None. Built on first use and
+    cached on the module (weights never move after loading); counted by decode_copy_bytes."""
+    from ..kernels.quant.triton_affine import dense_path
+
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if not x.is_cuda or x.dtype != torch.bfloat16 or not hasattr(module, "scales") or dense_path(m) != "fused":
+        return None
+    cached = module.__dict__.get(DENSE_ATTR)
+    if cached is None:
+        from ..kernels.quant import mma_gemv
+        from ..kernels.quant.wgmma_dense import dense_fits
+
+        s = weight_spec(module)
+        eligible = s.w.dim() == 2 and dense_fits(s.n, s.k, s.bits, s.group)
+        cached = mma_gemv.repack_q4(s.w, s.scales, s.biases, order="natural") if eligible else ()
+        module.__dict__[DENSE_ATTR] = cached
+    return cached or None
+
+
 ROUTER_CODES_ATTR = "_fast_router_codes"  # module.__dict__ key: the router's codes as bf16, or () where none
 
 
@@ -297,11 +322,12 @@ def _tensors(obj):
 
 def decode_copy_bytes(model: nn.Module) -> int:
     """Bytes held by the tensor-core kernels' repacked weights built so far: the GEMV copies (fused projections
-    included), the MoE experts (which replace their MLX tensors instead of copying them) and the routers' bf16
-    codes (router_codes)."""
+    included), the MoE experts (which replace their MLX tensors instead of copying them), the routers' bf16
+    codes (router_codes) and the prefill's natural-order copies (prefill_dense_weights)."""
     seen, total = set(), 0
     for obj in all_modules(model):
-        for t in (*_tensors(obj.__dict__.get(MMA_ATTR) or ()), *_tensors(obj.__dict__.get(ROUTER_CODES_ATTR, ()))):
+        for t in (*_tensors(obj.__dict__.get(MMA_ATTR) or ()), *_tensors(obj.__dict__.get(ROUTER_CODES_ATTR, ())),
+                  *_tensors(obj.__dict__.get(DENSE_ATTR) or ())):
             if t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
@@ -463,6 +489,13 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
         return out.view(*x.shape[:-1], s.n)
     if conv is not None:
         raise ValueError("fast.linear: conv= needs the decode GEMV (decode=True, DELTASERVE_DECODE_KERNELS=gemv)")
+    dense = None if decode else prefill_dense_weights(module, x)
+    if dense is not None:
+        x2 = x.reshape(-1, s.k)
+        if x2.stride(-1) == 1 and x2.stride(0) % 8 == 0:
+            from ..kernels.quant.wgmma_dense import wg_dense_mm
+
+            return wg_dense_mm(x2, *dense).view(*x.shape[:-1], s.n)
     from ..kernels.quant.triton_affine import affine_matmul
 
     return affine_matmul(x, s.w, scales, biases, s.bits, s.group)

@@ -61,9 +61,14 @@ except ImportError:  # pragma: no cover  (an older Triton)
     HAVE_GLUON = False
 
 
-def repack_q4(w: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def repack_q4(w: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
+              order: str = "fragment") -> tuple[torch.Tensor, torch.Tensor]:
     """MLX q4 g64 weight (w uint32 [N, K/8], scales/biases [N, K/64]) -> (words int32 [N/16, K/64, 128],
-    sb [N/16, K/64, 8, 2, 2]) in the layout of the module docstring. Runs on w's device."""
+    sb [N/16, K/64, 8, 2, 2]) in the layout of the module docstring. Runs on w's device.
+    order "natural": the same words and lanes, but word (rb, g, lane 4 rr + c, j) holds column
+    64 g + 16 j + 8 i2 + 2 c + l at bit 4 (i1 + 2 i2) + 16 l, so the MMA's order kk is the column itself: each k16
+    step of a group is 16 consecutive columns (the dequantising prefill matmul, wgmma_dense, whose bits are those
+    of a plain bf16 matmul over the dequantised weight, chained over consecutive k16 steps)."""
     if w.dim() != 2 or w.dtype not in (torch.uint32, torch.int32):
         raise ValueError(f"repack_q4: expected packed words uint32 [N, K/8], found {w.dtype} {tuple(w.shape)}")
     n, kw = w.shape
@@ -76,19 +81,25 @@ def repack_q4(w: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor) -> tu
                          f"{tuple(scales.shape)} / {tuple(biases.shape)}")
     dev = w.device
     shifts = torch.arange(8, device=dev, dtype=torch.int32) * 4
-    q = ((w.view(torch.int32)[..., None] >> shifts) & 15).reshape(n // 16, 2, 8, g, 4, 4, 2, 2)  # rb i1 rr g c j i2 l
-    q = q.permute(0, 3, 2, 4, 5, 1, 6, 7).to(torch.int64)  # rb g rr c j i1 i2 l
+    q = (w.view(torch.int32)[..., None] >> shifts) & 15
+    if order == "fragment":  # columns 16 c + 4 j + 2 i2 + l: rb i1 rr g c j i2 l
+        q = q.reshape(n // 16, 2, 8, g, 4, 4, 2, 2).permute(0, 3, 2, 4, 5, 1, 6, 7)  # rb g rr c j i1 i2 l
+    elif order == "natural":  # columns 16 j + 8 i2 + 2 c + l: rb i1 rr g j i2 c l
+        q = q.reshape(n // 16, 2, 8, g, 4, 2, 4, 2).permute(0, 3, 2, 6, 4, 1, 5, 7)  # rb g rr c j i1 i2 l
+    else:
+        raise ValueError(f"repack_q4: order must be 'fragment' or 'natural', found {order!r}")
     i1 = torch.arange(2, device=dev)[:, None, None]
     i2 = torch.arange(2, device=dev)[None, :, None]
     lo = torch.arange(2, device=dev)[None, None, :]
-    words = (q << (4 * (i1 + 2 * i2) + 16 * lo)).sum(dim=(-3, -2, -1))  # < 2^32: disjoint nibbles
+    words = (q.to(torch.int64) << (4 * (i1 + 2 * i2) + 16 * lo)).sum(dim=(-3, -2, -1))  # < 2^32: disjoint nibbles
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).reshape(n // 16, g, 128)
     sb = torch.stack([scales, biases], dim=-1).reshape(n // 16, 2, 8, g, 2).permute(0, 3, 2, 1, 4)
     return words.contiguous(), sb.contiguous()
 
 
-def unpack_q4(words: torch.Tensor, sb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Inverse of repack_q4: (codes int64 [N, K], scales [N, K/64], biases [N, K/64])."""
+def unpack_q4(words: torch.Tensor, sb: torch.Tensor,
+              order: str = "fragment") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of repack_q4 (of the same order): (codes int64 [N, K], scales [N, K/64], biases [N, K/64])."""
     nb, g, _ = words.shape
     dev = words.device
     wd = words.to(torch.int64).reshape(nb, g, 8, 4, 4) & 0xFFFFFFFF  # rb g rr c j
@@ -96,7 +107,12 @@ def unpack_q4(words: torch.Tensor, sb: torch.Tensor) -> tuple[torch.Tensor, torc
     i2 = torch.arange(2, device=dev)[None, :, None]
     lo = torch.arange(2, device=dev)[None, None, :]
     q = (wd[..., None, None, None] >> (4 * (i1 + 2 * i2) + 16 * lo)) & 15  # rb g rr c j i1 i2 l
-    q = q.permute(0, 5, 2, 1, 3, 4, 6, 7).reshape(nb * 16, g * 64)  # rb i1 rr | g c j i2 l
+    if order == "natural":
+        q = q.permute(0, 5, 2, 1, 4, 6, 3, 7).reshape(nb * 16, g * 64)  # rb i1 rr | g j i2 c l
+    elif order != "fragment":
+        raise ValueError(f"unpack_q4: order must be 'fragment' or 'natural', found {order!r}")
+    else:
+        q = q.permute(0, 5, 2, 1, 3, 4, 6, 7).reshape(nb * 16, g * 64)  # rb i1 rr | g c j i2 l
     sbt = sb.permute(0, 3, 2, 1, 4).reshape(nb * 16, g, 2)  # rb i1 rr, g, (s, b)
     return q, sbt[..., 0], sbt[..., 1]
 

@@ -277,20 +277,25 @@ def dequantize(spec: WeightSpec, out: torch.Tensor | None = None, dtype=torch.bf
 
 DENSE_BK = 64  # dense_mm's K step (every dense_config); weights whose K it does not divide stay on the wide kernel
 DEQUANT_MIN_ROWS = 256  # from this many rows the dense prefill projections dequantise the weight once (dense_path)
+PREFILL_DENSE_DEFAULT = "dequant"  # dense_path's mode from DEQUANT_MIN_ROWS rows
 
 
 def dense_path(m: int) -> str:
-    """How affine_matmul multiplies m rows by a 2-D weight: "dequant" (the weight dequantised once to x's dtype by
-    `dequantize`, then `dense_mm`) or "wide" (the wide kernel, dequantising each weight tile for every 128 rows).
+    """How a prefill multiplies m rows by a 2-D weight: "dequant" (the weight dequantised once to x's dtype by
+    `dequantize`, then `dense_mm`), "fused" (the model's q4 g64 projections with a natural-order repack,
+    model/fast.prefill_dense_weights: wgmma_dense.wg_dense_mm, which dequantises in registers; affine_matmul, which
+    has no repack, takes "dequant" for it) or "wide" (the wide kernel, dequantising each weight tile for every 128
+    rows). All three give the same bits.
     Both chain the same bf16 products k16 step by k16 step in K order on the tensor cores, so a row gets the same
     bits either way (GPU test, every prefill shape and several M). H200, the 35B-A3B's projections at 512 rows
     (scripts/probe_dense_prefill.py, bench/NOTES.md): 12352 x 2048 wide 106.4 us, dequantise 21.7 + multiply 49
     (70.4 together); 9216 x 2048 97.3 -> 63.3; 2048 x 4096 55.9 -> 34-38; at 4096 rows 810 -> 370. Below
     DEQUANT_MIN_ROWS rows the dequantisation of the whole weight costs more than it saves. Env
     DELTASERVE_PREFILL_DENSE ("dequant" or "wide") and DELTASERVE_PREFILL_DEQUANT_MIN (rows), for in-model A/B."""
-    if env_choice("DELTASERVE_PREFILL_DENSE", "dequant", ("dequant", "wide")) == "wide":
+    mode = env_choice("DELTASERVE_PREFILL_DENSE", PREFILL_DENSE_DEFAULT, ("dequant", "wide", "fused"))
+    if mode == "wide":
         return "wide"
-    return "dequant" if m >= env_int("DELTASERVE_PREFILL_DEQUANT_MIN", DEQUANT_MIN_ROWS, 1) else "wide"
+    return mode if m >= env_int("DELTASERVE_PREFILL_DEQUANT_MIN", DEQUANT_MIN_ROWS, 1) else "wide"
 
 
 def dense_config(m: int) -> tuple[int, int, int, int, int, bool]:
@@ -422,7 +427,7 @@ def affine_matmul(
     if out is None:
         out = torch.empty(m, spec.n, dtype=x.dtype, device=x.device)
     if m:
-        if config is None and spec.k % DENSE_BK == 0 and dense_path(m) == "dequant":
+        if config is None and spec.k % DENSE_BK == 0 and dense_path(m) in ("dequant", "fused"):
             w = spec.w.to(x2.dtype).contiguous() if spec.bits == DENSE_BITS else dequantize(spec, dtype=x2.dtype)
             dense_mm(x2, w, out)
         elif config is None or len(config) == 6:
