@@ -4,7 +4,8 @@
 # in_proj) then dense_mm (46 us). First the bits (GPU tests: == dequantize + dense_mm at the 35B-A3B's shapes for
 # every launch shape, poisoned outputs; the tiny q4 model's prefill logits fused == dequant), then the probe per
 # launch shape at 512 / 4,096 rows (predicted: in_proj 66 -> ~40 us at 512), then pp512 B=1 and 8 prompts each way
-# (predicted B=1 +5%, 8 prompts +4%), then the prefill graph's profile under fused. ~480 s.
+# (predicted B=1 +5%, 8 prompts +4%), then the prefill graph's profile under fused. ~350 s. Second form (v2):
+# x by TMA, the bf16x2-fma dequantisation where exact, a group's MMAs awaited before the next is dequantised.
 # Usage (H200 machine, repo root; carry .whl, .tcache.tgz): bash scripts/device_dense_fused.sh
 source "$(dirname "$0")/device_env.sh"
 python3 -c "import fla" || { echo "fla missing: stop"; exit 1; }

@@ -22,7 +22,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from sweep_common import RecordSink, rel_err, time_graph  # noqa: E402
 
 SHAPES = ((12352, 2048), (9216, 2048), (2048, 4096))
-FUSED = "128,4,1,1;128,3,1,0;128,6,1,1;64,4,1,1;64,6,2,1;128,4,2,1;256,3,1,1;256,4,1,1"
+FUSED = "128,3,1,1;128,4,1,1;128,3,1,0;128,6,1,1;64,4,1,1;64,4,2,1;128,4,2,1;256,3,1,1"
 CONFIGS = ((128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4),
            (128, 64, 64, 4, 4), (128, 128, 128, 8, 3), (256, 128, 64, 8, 3), (64, 256, 64, 8, 4))
 
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", help="dense_mm tiles 'BM,BN,BK,W,S[,TMA];...' instead of CONFIGS")
     ap.add_argument("--dequant-tiles", default="", help="dequantize tiles 'BN,BK,W;...' to time beside the default")
     ap.add_argument("--shapes", help="N:K,N:K instead of SHAPES")
-    ap.add_argument("--fused", default=FUSED, help="wg_dense_mm launches 'BT,NS,RS,LAG;...' ('' none)")
+    ap.add_argument("--fused", default=FUSED, help="wg_dense_mm launches 'BT,NS,RS,BF16_FMA;...' ('' none)")
     ap.add_argument("--skip-tiles", action="store_true", help="no dense_mm tile sweep (the default tile only)")
     args = ap.parse_args(argv)
     import torch.nn.functional as F
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         copies = max(1, min(8, (256 << 20) // (n * k // 2)))
         weights = []
         for _ in range(copies):
-            p, s, b, wd = affine_weight((n, k), 4, 64, dev)
+            p, s, b, wd = affine_weight((n, k), 4, 64, dev, bounded=True)  # a quantiser's (s, b): bf16 fma exact
             weights.append((WeightSpec(p, s, b, 4, 64), wd))
         deq = [ta.dequantize(spec) for spec, _ in weights]
         natural = [mg.repack_q4(spec.w, spec.scales, spec.biases, order="natural") for spec, _ in weights]
@@ -97,15 +97,19 @@ def main(argv=None) -> int:
                     sink.emit(dict(shape=shape, label="dequantize bn{} bk{} w{}".format(*tile),
                                    error="values differ from the default tile's"))
             for launch in [tuple(int(v) for v in c.split(",")) for c in args.fused.split(";") if c]:
-                bt, ns, rs, lag = launch
+                bt, ns, rs, fma = launch
+                if fma and not wdm.bf16_fma_exact(natural[0][1]):
+                    sink.emit(dict(shape=shape, label=f"wg_dense_mm {launch}", error="bf16 fma not exact here"))
+                    continue
 
                 def got_f(launch=launch):
                     outs[0].fill_(float("nan"))
-                    return wdm.wg_dense_mm(x, *natural[0], out=outs[0], tile_rows=bt, stages=ns, row_sets=rs, lag=lag)
-                emit(f"wg_dense_mm bt{bt} ns{ns} rs{rs} lag{lag}",
-                     [lambda j=j, launch=launch: wdm.wg_dense_mm(x, *natural[j], out=outs[j], tile_rows=launch[0],
-                                                                 stages=launch[1], row_sets=launch[2],
-                                                                 lag=launch[3]) for j in range(copies)], got_f)
+                    return wdm.wg_dense_mm(x, *natural[0], out=outs[0], bf16_fma=bool(launch[3]),
+                                           tile_rows=launch[0], stages=launch[1], row_sets=launch[2])
+                emit(f"wg_dense_mm bt{bt} ns{ns} rs{rs} fma{fma}",
+                     [lambda j=j, launch=launch: wdm.wg_dense_mm(x, *natural[j], out=outs[j], bf16_fma=bool(launch[3]),
+                                                                 tile_rows=launch[0], stages=launch[1],
+                                                                 row_sets=launch[2]) for j in range(copies)], got_f)
             for cfg in ([] if args.skip_tiles else configs):
                 label = "dense_mm bm{} bn{} bk{} w{} s{}".format(*cfg) + (" tma" if cfg[5:] and cfg[5] else "")
 

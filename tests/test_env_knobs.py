@@ -49,6 +49,9 @@ def test_dense_prefill_route_switches(monkeypatch):
     monkeypatch.setenv("DELTASERVE_PREFILL_DENSE", "fused")
     monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_MIN", "256")
     assert ta.dense_path(256) == "fused" and ta.dense_path(255) == "wide"
+    monkeypatch.setenv("DELTASERVE_PREFILL_FUSED_MAX", "2048")
+    assert ta.dense_path(2048) == "fused" and ta.dense_path(2049) == "dequant"
+    monkeypatch.delenv("DELTASERVE_PREFILL_FUSED_MAX")
     monkeypatch.setenv("DELTASERVE_PREFILL_DENSE", "cublas")
     with pytest.raises(ValueError, match="DELTASERVE_PREFILL_DENSE must be 'dequant', 'wide' or 'fused', found "
                                          "'cublas'"):

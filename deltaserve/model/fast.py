@@ -189,7 +189,8 @@ DENSE_ATTR = "_fast_dense_natural"  # module.__dict__ key of its natural-order r
 
 
 def prefill_dense_weights(module: nn.Module, x: torch.Tensor):
-    """(words, sb) of `module`'s weight repacked in the natural order (mma_gemv.repack_q4(order="natural")) when the
+    """(words, sb, bf16_fma) of `module`'s weight repacked in the natural order (mma_gemv.repack_q4(order="natural"))
+    and whether its values allow the bf16x2-fma dequantisation (wgmma_dense.bf16_fma_exact), when the
     prefill's m rows of x take the dequantising warpgroup-MMA matmul (triton_affine.dense_path(m) == "fused"; a q4
     g64 2-D weight with N % 64 == 0 on CUDA, x bf16 with a row stride of 8s), else None. Built on first use and
     cached on the module (weights never move after loading); counted by decode_copy_bytes."""
@@ -205,7 +206,12 @@ def prefill_dense_weights(module: nn.Module, x: torch.Tensor):
 
         s = weight_spec(module)
         eligible = s.w.dim() == 2 and dense_fits(s.n, s.k, s.bits, s.group)
-        cached = mma_gemv.repack_q4(s.w, s.scales, s.biases, order="natural") if eligible else ()
+        cached = ()
+        if eligible:
+            from ..kernels.quant.wgmma_dense import bf16_fma_exact
+
+            words, sb = mma_gemv.repack_q4(s.w, s.scales, s.biases, order="natural")
+            cached = (words, sb, bf16_fma_exact(sb))
         module.__dict__[DENSE_ATTR] = cached
     return cached or None
 
@@ -492,10 +498,11 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
     dense = None if decode else prefill_dense_weights(module, x)
     if dense is not None:
         x2 = x.reshape(-1, s.k)
-        if x2.stride(-1) == 1 and x2.stride(0) % 8 == 0:
+        if x2.stride(-1) == 1 and x2.stride(0) % 8 == 0 and x2.data_ptr() % 16 == 0:  # TMA's alignment
             from ..kernels.quant.wgmma_dense import wg_dense_mm
 
-            return wg_dense_mm(x2, *dense).view(*x.shape[:-1], s.n)
+            words, sb, bf16_fma = dense
+            return wg_dense_mm(x2, words, sb, bf16_fma=bf16_fma).view(*x.shape[:-1], s.n)
     from ..kernels.quant.triton_affine import affine_matmul
 
     return affine_matmul(x, s.w, scales, biases, s.bits, s.group)

@@ -83,12 +83,17 @@ def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
     return (q << (torch.arange(per, device=q.device) * bits)).sum(-1).to(torch.uint32)
 
 
-def affine_weight(shape, bits: int, group: int, device, gen=None):
-    """Random packed weight: (packed, scales, biases, dense fp64 W = s*q + b)."""
+def affine_weight(shape, bits: int, group: int, device, gen=None, bounded: bool = False):
+    """Random packed weight: (packed, scales, biases, dense fp64 W = s*q + b). bounded: scales and biases within a
+    factor of 3 of their typical size (as a quantiser's are), so every s*q + b is exact in fp32
+    (wgmma_dense.bf16_fma_exact)."""
     *lead, n = shape
     q = torch.randint(0, 2**bits, tuple(shape), device=device)
-    s = (torch.rand(*lead, n // group, device=device) * 0.04 / 2 ** (bits - 4)).bfloat16()
-    b = (-torch.rand(*lead, n // group, device=device) * 0.05).bfloat16()
+    u_s, u_b = (torch.rand(*lead, n // group, device=device) for _ in range(2))
+    if bounded:
+        u_s, u_b = 0.5 + u_s, 0.5 + u_b
+    s = (u_s * 0.04 / 2 ** (bits - 4)).bfloat16()
+    b = (-u_b * 0.05).bfloat16()
     w = q.double().reshape(*lead, n // group, group) * s.double()[..., None] + b.double()[..., None]
     return pack(q, bits), s, b, w.reshape(shape)
 

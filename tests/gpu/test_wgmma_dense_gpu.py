@@ -14,7 +14,9 @@ from conftest import INTERPRET
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(INTERPRET, reason="Gluon kernels do not run in the interpreter")]
 
 SHAPES = [(12352, 2048), (9216, 2048), (2048, 4096), (192, 128)]  # in_proj, q|k|v, out projections; a small odd one
-LAUNCHES = [(128, 4, 1, 1), (128, 3, 1, 0), (64, 4, 1, 1), (256, 3, 1, 1), (128, 4, 2, 1), (64, 6, 2, 1)]
+# (rows of x a program, slots, row sets, the bf16x2 fma dequantisation)
+LAUNCHES = [(128, 3, 1, True), (128, 3, 1, False), (128, 4, 1, True), (64, 4, 1, True), (256, 3, 1, True),
+            (128, 4, 2, True), (64, 3, 2, False)]
 
 
 def _case(dev, n, k, m, seed):
@@ -23,7 +25,7 @@ def _case(dev, n, k, m, seed):
     from deltaserve.kernels.triton_common import WeightSpec
 
     g = torch.Generator(device=dev).manual_seed(seed)
-    packed, s, b, wd = kc.affine_weight((n, k), 4, 64, dev, gen=g)
+    packed, s, b, wd = kc.affine_weight((n, k), 4, 64, dev, gen=g, bounded=True)
     spec = WeightSpec(packed, s, b, 4, 64)
     words, sb = mg.repack_q4(packed, s, b, order="natural")
     x = torch.randn(m, k, device=dev, generator=g).bfloat16()
@@ -32,25 +34,46 @@ def _case(dev, n, k, m, seed):
 
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_wg_dense_mm_same_bits(dev, n, k):
-    """Every launch shape (rows of x a program, slots, row sets, MMAs in flight) gives dense_mm's result over the
-    dequantised weight bit for bit at M = 1, 65, 256, 300, 512 and 1,029 (tiles cut short, a second row set past
-    the weight's rows), writes every element of a NaN-poisoned output, and stays within bf16 of fp64."""
+    """Every launch shape (rows of x a program, slots, row sets, the fp32 or bf16x2-fma dequantisation) gives
+    dense_mm's result over the dequantised weight bit for bit at M = 1, 65, 256, 300, 512 and 1,029 (tiles cut
+    short, a second row set past the weight's rows), writes every element of a NaN-poisoned output, and stays
+    within bf16 of fp64."""
     from deltaserve.kernels.quant import wgmma_dense as wd_mod
 
     spec, words, sb, x, wd, ta = _case(dev, n, k, 1029, n + k)
+    assert wd_mod.bf16_fma_exact(sb), "the bounded weight's values are exact in fp32"
     deq = ta.dequantize(spec)
     for m in (1, 65, 256, 300, 512, 1029):
         want = ta.dense_mm(x[:m], deq, torch.empty(m, n, dtype=torch.bfloat16, device=dev))
         kc.close(want, x[:m].double() @ wd.t(), 4 * kc.BF16_EPS, f"dense_mm {n}x{k} M={m}")
-        for bt, ns, rs, lag in LAUNCHES:
-            got = wd_mod.wg_dense_mm(x[:m], words, sb, out=kc.poisoned((m, n), torch.bfloat16, dev), tile_rows=bt,
-                                     stages=ns, row_sets=rs, lag=lag)
-            what = f"wg_dense_mm {n}x{k} M={m} (BT {bt}, NS {ns}, RS {rs}, LAG {lag})"
+        for bt, ns, rs, fma in LAUNCHES:
+            got = wd_mod.wg_dense_mm(x[:m], words, sb, out=kc.poisoned((m, n), torch.bfloat16, dev), bf16_fma=fma,
+                                     tile_rows=bt, stages=ns, row_sets=rs)
+            what = f"wg_dense_mm {n}x{k} M={m} (BT {bt}, NS {ns}, RS {rs}, bf16 fma {fma})"
             assert not torch.isnan(got).any(), what + ": NaN left"
             diff = (got != want).sum().item()
             assert diff == 0, f"{what}: {diff} of {got.numel()} elements differ from dequantize + dense_mm"
-    alone = wd_mod.wg_dense_mm(x[:1], words, sb)
-    assert torch.equal(wd_mod.wg_dense_mm(x, words, sb)[:1], alone), "a row among 1,028 others != alone"
+    alone = wd_mod.wg_dense_mm(x[:1], words, sb, bf16_fma=True)
+    assert torch.equal(wd_mod.wg_dense_mm(x, words, sb, bf16_fma=True)[:1], alone), "a row among 1,028 others"
+
+
+def test_bf16_fma_exact_detects_a_double_rounding(dev):
+    """bf16_fma_exact refuses a weight with one group whose values need more than fp32's 24 bits (a bias 2^-40 of
+    its scale's size), and the exact fp32 dequantisation still gives dense_mm's bits on it."""
+    from deltaserve.kernels.quant import wgmma_dense as wd_mod
+
+    spec, words, sb, x, _, ta = _case(dev, 192, 128, 64, 5)
+    sb = sb.clone()
+    sb[3, 1, 2, 1, 1] = -(sb[3, 1, 2, 1, 0].float() * 2.0**-40).bfloat16()
+    assert not wd_mod.bf16_fma_exact(sb)
+    from deltaserve.kernels.quant import mma_gemv as mg
+
+    q, s, b = mg.unpack_q4(words, sb, order="natural")
+    from deltaserve.kernels.triton_common import WeightSpec
+
+    spec2 = WeightSpec(spec.w, s.contiguous(), b.contiguous(), 4, 64)
+    want = ta.dense_mm(x, ta.dequantize(spec2), torch.empty(64, 192, dtype=torch.bfloat16, device=dev))
+    assert torch.equal(wd_mod.wg_dense_mm(x, words, sb, bf16_fma=False), want)
 
 
 def test_wg_dense_mm_input_checks(dev):

@@ -278,6 +278,7 @@ def dequantize(spec: WeightSpec, out: torch.Tensor | None = None, dtype=torch.bf
 DENSE_BK = 64  # dense_mm's K step (every dense_config); weights whose K it does not divide stay on the wide kernel
 DEQUANT_MIN_ROWS = 256  # from this many rows the dense prefill projections dequantise the weight once (dense_path)
 PREFILL_DENSE_DEFAULT = "dequant"  # dense_path's mode from DEQUANT_MIN_ROWS rows
+FUSED_MAX_ROWS = 1 << 20  # up to this many rows "fused" (above it "dequant")
 
 
 def dense_path(m: int) -> str:
@@ -293,9 +294,11 @@ def dense_path(m: int) -> str:
     DEQUANT_MIN_ROWS rows the dequantisation of the whole weight costs more than it saves. Env
     DELTASERVE_PREFILL_DENSE ("dequant" or "wide") and DELTASERVE_PREFILL_DEQUANT_MIN (rows), for in-model A/B."""
     mode = env_choice("DELTASERVE_PREFILL_DENSE", PREFILL_DENSE_DEFAULT, ("dequant", "wide", "fused"))
-    if mode == "wide":
+    if mode == "wide" or m < env_int("DELTASERVE_PREFILL_DEQUANT_MIN", DEQUANT_MIN_ROWS, 1):
         return "wide"
-    return mode if m >= env_int("DELTASERVE_PREFILL_DEQUANT_MIN", DEQUANT_MIN_ROWS, 1) else "wide"
+    if mode == "fused" and m > env_int("DELTASERVE_PREFILL_FUSED_MAX", FUSED_MAX_ROWS, 1):
+        return "dequant"
+    return mode
 
 
 def dense_config(m: int) -> tuple[int, int, int, int, int, bool]:
