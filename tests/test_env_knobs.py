@@ -38,10 +38,15 @@ def test_env_int_default_range_and_errors(monkeypatch):
 
 
 def test_dense_prefill_route_switches(monkeypatch):
-    for var in ("DELTASERVE_PREFILL_DENSE", "DELTASERVE_PREFILL_DEQUANT_MIN", "DELTASERVE_DENSE_LOADS"):
+    for var in ("DELTASERVE_PREFILL_DENSE", "DELTASERVE_PREFILL_DEQUANT_MIN", "DELTASERVE_DENSE_LOADS",
+                "DELTASERVE_PREFILL_FUSED_MAX"):
         monkeypatch.delenv(var, raising=False)
-    # the default: the dequant route from DEQUANT_MIN_ROWS rows (bench/NOTES.md), the wide kernel below
-    assert ta.dense_path(ta.DEQUANT_MIN_ROWS) == "dequant" and ta.dense_path(ta.DEQUANT_MIN_ROWS - 1) == "wide"
+    # the default (bench/NOTES.md): the fused kernel from DEQUANT_MIN_ROWS to FUSED_MAX_ROWS rows, the dequant route
+    # above, the wide kernel below
+    assert ta.dense_path(ta.DEQUANT_MIN_ROWS) == "fused" and ta.dense_path(ta.DEQUANT_MIN_ROWS - 1) == "wide"
+    assert ta.dense_path(ta.FUSED_MAX_ROWS) == "fused" and ta.dense_path(ta.FUSED_MAX_ROWS + 1) == "dequant"
+    monkeypatch.setenv("DELTASERVE_PREFILL_DENSE", "dequant")
+    assert ta.dense_path(ta.DEQUANT_MIN_ROWS) == "dequant"
     monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_MIN", "1")
     assert ta.dense_path(1) == "dequant"
     monkeypatch.setenv("DELTASERVE_PREFILL_DENSE", "wide")
@@ -658,3 +663,16 @@ def test_initial_states_switch(monkeypatch):
     pool = torch.arange(16.0).view(2, 2, 2, 2)
     got = td.initial_states(pool, torch.tensor([1, 0], dtype=torch.int32), torch.tensor([4, 0]))
     assert torch.equal(got[0], pool[1]) and not got[1].any()
+
+
+def test_fused_dense_needs_enough_programs(monkeypatch):
+    """wgmma_dense.enough_programs: the out projection (N 2048) at 512 rows makes 128 programs (too few), the
+    in_proj (N 12352) 772; the env knob moves the bound."""
+    from deltaserve.kernels.quant import wgmma_dense as wd
+
+    monkeypatch.delenv("DELTASERVE_WG_DENSE_MIN_PROGRAMS", raising=False)
+    monkeypatch.delenv("DELTASERVE_WG_DENSE_ROWS", raising=False)
+    assert not wd.enough_programs(512, 2048) and wd.enough_programs(512, 12352) and wd.enough_programs(512, 9216)
+    assert not wd.enough_programs(1024, 2048) and wd.enough_programs(1025, 2048)  # 256 programs, then 288
+    monkeypatch.setenv("DELTASERVE_WG_DENSE_MIN_PROGRAMS", "100")
+    assert wd.enough_programs(512, 2048)

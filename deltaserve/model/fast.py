@@ -191,13 +191,17 @@ DENSE_ATTR = "_fast_dense_natural"  # module.__dict__ key of its natural-order r
 def prefill_dense_weights(module: nn.Module, x: torch.Tensor):
     """(words, sb, bf16_fma) of `module`'s weight repacked in the natural order (mma_gemv.repack_q4(order="natural"))
     and whether its values allow the bf16x2-fma dequantisation (wgmma_dense.bf16_fma_exact), when the
-    prefill's m rows of x take the dequantising warpgroup-MMA matmul (triton_affine.dense_path(m) == "fused"; a q4
-    g64 2-D weight with N % 64 == 0 on CUDA, x bf16 with a row stride of 8s), else None. Built on first use and
+    prefill's m rows of x take the dequantising warpgroup-MMA matmul (triton_affine.dense_path(m) == "fused" and
+    wgmma_dense.enough_programs; a q4 g64 2-D weight with N % 64 == 0 on CUDA, x bf16), else None. Built on first use and
     cached on the module (weights never move after loading); counted by decode_copy_bytes."""
     from ..kernels.quant.triton_affine import dense_path
 
     m = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if not x.is_cuda or x.dtype != torch.bfloat16 or not hasattr(module, "scales") or dense_path(m) != "fused":
+        return None
+    from ..kernels.quant.wgmma_dense import enough_programs
+
+    if not enough_programs(m, weight_spec(module).n):  # too few programs to fill the GPU: dequantise + multiply
         return None
     cached = module.__dict__.get(DENSE_ATTR)
     if cached is None:

@@ -277,8 +277,8 @@ def dequantize(spec: WeightSpec, out: torch.Tensor | None = None, dtype=torch.bf
 
 DENSE_BK = 64  # dense_mm's K step (every dense_config); weights whose K it does not divide stay on the wide kernel
 DEQUANT_MIN_ROWS = 256  # from this many rows the dense prefill projections dequantise the weight once (dense_path)
-PREFILL_DENSE_DEFAULT = "dequant"  # dense_path's mode from DEQUANT_MIN_ROWS rows
-FUSED_MAX_ROWS = 1 << 20  # up to this many rows "fused" (above it "dequant")
+PREFILL_DENSE_DEFAULT = "fused"  # dense_path's mode from DEQUANT_MIN_ROWS rows
+FUSED_MAX_ROWS = 1024  # up to this many rows "fused" (above it "dequant": dense_path)
 
 
 def dense_path(m: int) -> str:
@@ -286,13 +286,16 @@ def dense_path(m: int) -> str:
     `dequantize`, then `dense_mm`), "fused" (the model's q4 g64 projections with a natural-order repack,
     model/fast.prefill_dense_weights: wgmma_dense.wg_dense_mm, which dequantises in registers; affine_matmul, which
     has no repack, takes "dequant" for it) or "wide" (the wide kernel, dequantising each weight tile for every 128
-    rows). All three give the same bits.
-    Both chain the same bf16 products k16 step by k16 step in K order on the tensor cores, so a row gets the same
-    bits either way (GPU test, every prefill shape and several M). H200, the 35B-A3B's projections at 512 rows
-    (scripts/probe_dense_prefill.py, bench/NOTES.md): 12352 x 2048 wide 106.4 us, dequantise 21.7 + multiply 49
-    (70.4 together); 9216 x 2048 97.3 -> 63.3; 2048 x 4096 55.9 -> 34-38; at 4096 rows 810 -> 370. Below
-    DEQUANT_MIN_ROWS rows the dequantisation of the whole weight costs more than it saves. Env
-    DELTASERVE_PREFILL_DENSE ("dequant" or "wide") and DELTASERVE_PREFILL_DEQUANT_MIN (rows), for in-model A/B."""
+    rows). All three give the same bits: each chains the same bf16 products (dequant_tile's weight values) k16 step
+    by k16 step in K order on the tensor cores (GPU tests, every prefill shape and several M).
+    H200, the 35B-A3B's projections (scripts/probe_dense_prefill.py, bench/NOTES.md): at 512 rows 12352 x 2048
+    wide 106.4 us, dequantise 21.7 + multiply 49 (66.6 together), fused 51.5; 9216 x 2048 97.3, 55.6, 43.2;
+    2048 x 4096 52.1, 25.9, 33.1 (128 programs: model/fast.prefill_dense_weights sends launches of too few programs
+    to "dequant"); at 4096 rows 12352 x 2048 807 / 307 / 417 (fused is bound by its dequantisation there, each
+    weight once per 128 rows), hence "fused" only up to FUSED_MAX_ROWS rows, "dequant" above. Below DEQUANT_MIN_ROWS
+    rows the dequantisation of the whole weight costs more than it saves: "wide". Env DELTASERVE_PREFILL_DENSE
+    ("fused", "dequant" or "wide"), DELTASERVE_PREFILL_DEQUANT_MIN and DELTASERVE_PREFILL_FUSED_MAX (rows), for
+    in-model A/B."""
     mode = env_choice("DELTASERVE_PREFILL_DENSE", PREFILL_DENSE_DEFAULT, ("dequant", "wide", "fused"))
     if mode == "wide" or m < env_int("DELTASERVE_PREFILL_DEQUANT_MIN", DEQUANT_MIN_ROWS, 1):
         return "wide"

@@ -31,6 +31,17 @@ DENSE_STAGES = 3  # shared-memory slots of a program's ring
 DENSE_ROW_SETS = 1  # sets of 64 weight rows a program
 
 
+FUSED_MIN_PROGRAMS = 264  # two a streaming multiprocessor of the H200 (132)
+
+
+def enough_programs(m: int, n: int) -> bool:
+    """Whether m rows against an N-row weight make at least FUSED_MIN_PROGRAMS programs of the default launch
+    (rows of x a program, 64 weight rows): below that the GPU is not filled (H200, 512 rows: the 2048 x 4096 out
+    projection's 128 programs 33.1 us against dequantise + multiply's 25.9; the in_proj's 772 51.5 against 66.6).
+    Env DELTASERVE_WG_DENSE_MIN_PROGRAMS, for A/B."""
+    return -(-m // dense_tile_rows(m)) * (n // 64) >= env_int("DELTASERVE_WG_DENSE_MIN_PROGRAMS", FUSED_MIN_PROGRAMS, 1)
+
+
 def dense_fits(n: int, k: int, bits: int, group: int) -> bool:
     """Whether a dense weight [N, K] can take this kernel: q4 g64 with N a multiple of 64 (a program's 64 rows) and
     Gluon present (sm_90 at run time)."""
