@@ -12,6 +12,7 @@ over weight copies past the L2 (sweep_common.time_graph).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -22,7 +23,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from sweep_common import RecordSink, rel_err, time_graph  # noqa: E402
 
 SHAPES = ((12352, 2048), (9216, 2048), (2048, 4096))
-FUSED = "128,3,1,1;128,4,1,1;128,3,1,0;128,6,1,1;64,4,1,1;64,4,2,1;128,4,2,1;256,3,1,1"
+FUSED = "128,3,1,1;128,3,1,1,128;128,4,1,1;128,3,1,0;64,4,2,1;128,4,2,1;256,3,1,1"
 CONFIGS = ((128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4),
            (128, 64, 64, 4, 4), (128, 128, 128, 8, 3), (256, 128, 64, 8, 3), (64, 256, 64, 8, 4))
 
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", help="dense_mm tiles 'BM,BN,BK,W,S[,TMA];...' instead of CONFIGS")
     ap.add_argument("--dequant-tiles", default="", help="dequantize tiles 'BN,BK,W;...' to time beside the default")
     ap.add_argument("--shapes", help="N:K,N:K instead of SHAPES")
-    ap.add_argument("--fused", default=FUSED, help="wg_dense_mm launches 'BT,NS,RS,BF16_FMA;...' ('' none)")
+    ap.add_argument("--fused", default=FUSED, help="wg_dense_mm launches 'BT,NS,RS,BF16_FMA[,MAXNREG];...' ('' none)")
     ap.add_argument("--skip-tiles", action="store_true", help="no dense_mm tile sweep (the default tile only)")
     args = ap.parse_args(argv)
     import torch.nn.functional as F
@@ -97,7 +98,8 @@ def main(argv=None) -> int:
                     sink.emit(dict(shape=shape, label="dequantize bn{} bk{} w{}".format(*tile),
                                    error="values differ from the default tile's"))
             for launch in [tuple(int(v) for v in c.split(",")) for c in args.fused.split(";") if c]:
-                bt, ns, rs, fma = launch
+                bt, ns, rs, fma, *cap = launch
+                os.environ["DELTASERVE_WG_DENSE_MAXNREG"] = str(cap[0] if cap else 0)  # (a launch option)
                 if fma and not wdm.bf16_fma_exact(natural[0][1]):
                     sink.emit(dict(shape=shape, label=f"wg_dense_mm {launch}", error="bf16 fma not exact here"))
                     continue
@@ -106,10 +108,11 @@ def main(argv=None) -> int:
                     outs[0].fill_(float("nan"))
                     return wdm.wg_dense_mm(x, *natural[0], out=outs[0], bf16_fma=bool(launch[3]),
                                            tile_rows=launch[0], stages=launch[1], row_sets=launch[2])
-                emit(f"wg_dense_mm bt{bt} ns{ns} rs{rs} fma{fma}",
+                emit(f"wg_dense_mm bt{bt} ns{ns} rs{rs} fma{fma}" + (f" cap{cap[0]}" if cap else ""),
                      [lambda j=j, launch=launch: wdm.wg_dense_mm(x, *natural[j], out=outs[j], bf16_fma=bool(launch[3]),
                                                                  tile_rows=launch[0], stages=launch[1],
                                                                  row_sets=launch[2]) for j in range(copies)], got_f)
+            os.environ.pop("DELTASERVE_WG_DENSE_MAXNREG", None)
             for cfg in ([] if args.skip_tiles else configs):
                 label = "dense_mm bm{} bn{} bk{} w{} s{}".format(*cfg) + (" tma" if cfg[5:] and cfg[5] else "")
 

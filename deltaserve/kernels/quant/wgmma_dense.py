@@ -265,6 +265,14 @@ def dense_tile_rows(m: int) -> int:
     return env_int("DELTASERVE_WG_DENSE_ROWS", DENSE_TILE_ROWS, 64)
 
 
+def dense_maxnreg() -> dict:
+    """The kernel's register cap as a launch option (never a bit: it only decides what ptxas keeps in registers),
+    or {} (the default: 138 registers at 128-row tiles, 3 programs an SM; at 128 4 fit, with 14 spill stores in
+    sm_90's SASS). Env DELTASERVE_WG_DENSE_MAXNREG=CAP, for A/B."""
+    cap = env_int("DELTASERVE_WG_DENSE_MAXNREG", 0, 0)
+    return {"maxnreg": cap} if cap else {}
+
+
 def wg_dense_mm(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | None = None,
                 bf16_fma: bool = False, tile_rows: int | None = None, stages: int | None = None,
                 row_sets: int | None = None) -> torch.Tensor:
@@ -306,5 +314,5 @@ def wg_dense_mm(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: tor
         x_desc = TensorDescriptor.from_tensor(x, [bt, 64], layout)
         _wg_dense_mm_kernel[(-(-m // bt), -(-nb // (4 * rs)))](
             x_desc, words, sb.view(torch.int32), out, out.stride(0), m, nb, K=k, BT=bt, NS=ns, RS=rs,
-            BF16_FMA=bool(bf16_fma), num_warps=4, **pdl_args(x))
+            BF16_FMA=bool(bf16_fma), num_warps=4, **dense_maxnreg(), **pdl_args(x))
     return out
