@@ -6,6 +6,7 @@
 # matmul capped at 128 registers: 4 programs an SM), then the records at this tree. Predicted: pp512 B=1 +2.7%
 # (in_proj -14 us, q|k|v -11 us a layer in the call-2 graph profile; the out projections stay on dequant), 8 and 64
 # prompts and every decode unchanged (4,096-row chunks keep dequant). ~560 s.
+# Run once at e895148; the attention tile knob it A/Bs was removed after (its smaller tiles change bits).
 # Usage (H200 machine, repo root; carry .whl, .tcache.tgz): DELTASERVE_COMMIT=<sha> bash scripts/device_records37.sh
 source "$(dirname "$0")/device_env.sh"
 python3 -c "import fla" || { echo "fla missing: stop"; exit 1; }

@@ -676,18 +676,3 @@ def test_fused_dense_needs_enough_programs(monkeypatch):
     assert not wd.enough_programs(1024, 2048) and wd.enough_programs(1025, 2048)  # 256 programs, then 288
     monkeypatch.setenv("DELTASERVE_WG_DENSE_MIN_PROGRAMS", "100")
     assert wd.enough_programs(512, 2048)
-
-
-def test_prefill_attention_tile_knob(monkeypatch):
-    from deltaserve.kernels.attention import triton_paged as tp
-
-    monkeypatch.delenv("DELTASERVE_PREFILL_ATTN_TILE", raising=False)
-    assert tp.prefill_tile(256) == (64, 8) and tp.prefill_tile(128) == (64, 4)
-    monkeypatch.setenv("DELTASERVE_PREFILL_ATTN_TILE", "32,4")
-    assert tp.prefill_tile(256) == (32, 4)
-    monkeypatch.setenv("DELTASERVE_PREFILL_ATTN_TILE", "48,4")
-    with pytest.raises(ValueError, match="DELTASERVE_PREFILL_ATTN_TILE: BM 16 / 32 / 64 / 128"):
-        tp.prefill_tile(256)
-    monkeypatch.setenv("DELTASERVE_PREFILL_ATTN_TILE", "wide")
-    with pytest.raises(ValueError, match="must be BM,WARPS"):
-        tp.prefill_tile(256)

@@ -539,7 +539,7 @@ def paged_prefill_attention(
     out = torch.empty_like(q) if out is None else out
     if t == 0 or bsz == 0:
         return out
-    bm, warps = prefill_tile(d)
+    bm = 64 if d <= 128 else 64
     bn = 64 if d <= 128 else 32
     grid = (bsz, triton.cdiv(max(max_seqlen, 1), bm), hq)
     _prefill_kernel[grid](
@@ -548,23 +548,6 @@ def paged_prefill_attention(
         scale * _LOG2E, G=hq // hkv, D=d, BS=bs, BM=bm, BN=bn, F32=dot_f32(), FP8=fp8,
         **({} if gate is None else dict(gate_ptr=gate, stride_gt=gate.stride(0), stride_gh=gate.stride(1),
                                        HAS_GATE=True)),
-        num_warps=warps,
+        num_warps=8 if d > 128 else 4,
     )
     return out
-
-
-def prefill_tile(d: int) -> tuple[int, int]:
-    """(BM, num_warps) of the prefill attention: new tokens a program and its warps. Never a bit: a query row's
-    chain is its key blocks of BN in order, and the blocks past its own position that a taller tile adds are wholly
-    masked (p = 0, alpha = 1: acc and l unchanged). Default 64 rows, 8 warps at head_dim > 128 (4 below); env
-    DELTASERVE_PREFILL_ATTN_TILE=BM,WARPS, for A/B (H200, pp512: 16 heads x 8 tiles = 128 programs at 512 tokens)."""
-    value = os.environ.get("DELTASERVE_PREFILL_ATTN_TILE", "")
-    if not value:
-        return 64, 8 if d > 128 else 4
-    try:
-        bm, warps = (int(v) for v in value.split(","))
-    except ValueError:
-        raise ValueError(f"DELTASERVE_PREFILL_ATTN_TILE must be BM,WARPS (integers), found {value!r}") from None
-    if bm not in (16, 32, 64, 128) or warps not in (1, 2, 4, 8):
-        raise ValueError(f"DELTASERVE_PREFILL_ATTN_TILE: BM 16 / 32 / 64 / 128 and WARPS 1 / 2 / 4 / 8, found {value!r}")
-    return bm, warps
