@@ -15,6 +15,13 @@ consecutive columns, so the weight is repacked in the "natural" order (mma_gemv.
 each thread's 128-bit load of a row block's group is its A fragments of the group's four k16 steps.
 
 Batch invariance: a row of x is an MMA column; nothing mixes columns, so a row's bits never depend on M.
+
+H200 (scripts/probe_dense_prefill.py, CUDA graph past the L2, bench/NOTES.md), at 512 rows against dequantise +
+multiply: 12352 x 2048 51.5 us / 66.6, 9216 x 2048 43.2 / 55.6, 2048 x 4096 33.1 / 25.9 (128 programs: too few,
+enough_programs); the fp32 dequantisation instead of the bf16x2 fma 58.4 / 49.6 / 38.1. At 4,096 rows it is bound by
+its dequantisation (each weight once per 128 rows of x): 417 / 307 us for the in_proj, hence dense_path's
+FUSED_MAX_ROWS. An MMA left in flight over the next group's dequantisation gave wrong bits in a first form: the A
+operand's registers were reused while the MMA still read them, so a group's MMAs are awaited first.
 """
 
 from __future__ import annotations
