@@ -74,32 +74,20 @@ if HAVE_GLUON:
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
     from .mma_gemv import pdl_open, pdl_wait
-    from .wgmma_experts import _wg_a_operand, bf16_pair
+    from .wgmma_experts import _wg_a_operand, bf16_pair, wg_words_offsets
 
     # 8 codes of one word -> four bf16x2 registers of dequantised weights, in _DEQUANT_ASM's fragment order (pair k
     # = the nibbles at bits 4 k and 16 + 4 k, of row i1 = k % 2): 128 + q made as _DEQUANT_ASM does, q = that - 128
     # (exact), then one bf16x2 fma with the row's (s, s) and (b, b): q s + b rounded once to bf16. $4 is the word,
     # $12 / $20 rows i1 = 0's (s, s) / (b, b), $28 / $36 row i1 = 1's (the pack of 8 hands each input 8 times).
-    _DENSE_DEQUANT_ASM = gl.constexpr("""{
-    .reg .b32 t, u, one, m128;
-    mov.b32 one, 0x3f803f80;
-    mov.b32 m128, 0xc300c300;
-    lop3.b32 t, $4, 0x000f000f, 0x43004300, 0xea;
-    fma.rn.bf16x2 t, t, one, m128;
-    fma.rn.bf16x2 $0, t, $12, $20;
-    shr.b32 u, $4, 4;
-    lop3.b32 t, u, 0x000f000f, 0x43004300, 0xea;
-    fma.rn.bf16x2 t, t, one, m128;
-    fma.rn.bf16x2 $1, t, $28, $36;
-    shr.b32 u, $4, 8;
-    lop3.b32 t, u, 0x000f000f, 0x43004300, 0xea;
-    fma.rn.bf16x2 t, t, one, m128;
-    fma.rn.bf16x2 $2, t, $12, $20;
-    shr.b32 u, $4, 12;
-    lop3.b32 t, u, 0x000f000f, 0x43004300, 0xea;
-    fma.rn.bf16x2 t, t, one, m128;
-    fma.rn.bf16x2 $3, t, $28, $36;
-    }""")
+    _DENSE_DEQUANT_ASM = gl.constexpr(
+        "{\n.reg .b32 t, u, one, m128;\nmov.b32 one, 0x3f803f80;\nmov.b32 m128, 0xc300c300;\n"
+        + "".join((f"shr.b32 u, $4, {4 * k};\n" if k else "mov.b32 u, $4;\n")
+                  + "lop3.b32 t, u, 0x000f000f, 0x43004300, 0xea;\n"  # 128 + q, the pair's two codes
+                  + "fma.rn.bf16x2 t, t, one, m128;\n"  # q, exactly
+                  + f"fma.rn.bf16x2 ${k}, t, {'$28, $36' if k % 2 else '$12, $20'};\n"  # q s + b, one rounding
+                  for k in range(4))
+        + "}")
 
     @gluon.jit
     def _pair2(p, HIGH: gl.constexpr):
@@ -182,12 +170,7 @@ if HAVE_GLUON:
         rows = gl.minimum(M - lo, BT)
         blk = p * (4 * RS) * GW  # row block 4 RS p, group 0
         live2 = p * (4 * RS) + 4 < NB  # the second set's row blocks exist (RS = 2)
-        wr = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
-        wrr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
-        wc = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, WL))))
-        wj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, WL))))
-        w_off = (wr[:, None, None, None] * (GW * 128) + wrr[None, :, None, None] * 16 + wc[None, None, :, None] * 4
-                 + wj[None, None, None, :])
+        w_off = wg_words_offsets(WL, GW)
         w_base = w_ptr + blk * 128 + w_off
         wmask = w_off >= 0
         wmask2 = wmask & live2

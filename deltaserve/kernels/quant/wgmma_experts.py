@@ -245,6 +245,18 @@ if HAVE_GLUON:
     from .mma_gemv import _DEQUANT_ASM, _arrival, _conv_epilogue, _silu_mul, pdl_open, pdl_wait
 
     @gluon.jit
+    def wg_words_offsets(WL: gl.constexpr, GW: gl.constexpr):
+        """A group's words of four row blocks [4 r, 8 rr, 4 c, 4 j] as int32 offsets from row block 0's group 0 in a
+        repacked weight of GW groups a row block (r GW 128 + lane 4 + j, lane = 4 rr + c): one 16-byte copy a
+        thread. The experts kernel's and the dequantising dense matmul's (wgmma_dense)."""
+        wr = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
+        wrr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
+        wc = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, WL))))
+        wj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, WL))))
+        return (wr[:, None, None, None] * (GW * 128) + wrr[None, :, None, None] * 16 + wc[None, None, :, None] * 4
+                + wj[None, None, None, :])
+
+    @gluon.jit
     def _wg_a_operand(words, zero_w, dot_a: gl.constexpr):
         """A group's words [4 warps, 8 rr, 4 c, 4 j] -> the A operand [64 rows, 64 kk] (128 + q as bf16) in
         registers: row 16 r + 8 i1 + rr, column kk = 16 j + 8 i2 + 2 c + l (mma_gemv._chunk_acc's order)."""
@@ -445,12 +457,7 @@ if HAVE_GLUON:
         blk = (gl.maximum(e, 0).to(gl.int64) * NBE + p * RSET) * GW  # row block RSET p of the expert, group 0
 
         # the words of row block RSET p + r, group g: (blk + r G) 128 + g 128 + lane 4 + j (int32)
-        wr = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
-        wrr = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, WL))))
-        wc = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, WL))))
-        wj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, WL))))
-        w_off = (wr[:, None, None, None] * (GW * 128) + wrr[None, :, None, None] * 16 + wc[None, None, :, None] * 4
-                 + wj[None, None, None, :])
+        w_off = wg_words_offsets(WL, GW)
         w_base = w_ptr + blk * 128 + w_off
         w2_base = w2_ptr + blk * 128 + w_off
         wmask = (w_off >= 0) & live
