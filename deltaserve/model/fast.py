@@ -185,7 +185,7 @@ def mma_weights(module: nn.Module, x: torch.Tensor):
     return cached or None
 
 
-DENSE_ATTR = "_fast_dense_natural"  # module.__dict__ key of its natural-order repacked (words, sb) copy, or ()
+DENSE_ATTR = "_fast_dense_natural"  # module.__dict__ key: (words, sb, bf16_fma) of its natural-order repack, or ()
 
 
 def prefill_dense_weights(module: nn.Module, x: torch.Tensor):
@@ -194,26 +194,20 @@ def prefill_dense_weights(module: nn.Module, x: torch.Tensor):
     prefill's m rows of x take the dequantising warpgroup-MMA matmul (triton_affine.dense_path(m) == "fused" and
     wgmma_dense.enough_programs; a q4 g64 2-D weight with N % 64 == 0 on CUDA, x bf16), else None. Built on first use and
     cached on the module (weights never move after loading); counted by decode_copy_bytes."""
+    from ..kernels.quant import mma_gemv
     from ..kernels.quant.triton_affine import dense_path
+    from ..kernels.quant.wgmma_dense import bf16_fma_exact, dense_fits, enough_programs
 
     m = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if not x.is_cuda or x.dtype != torch.bfloat16 or not hasattr(module, "scales") or dense_path(m) != "fused":
         return None
-    from ..kernels.quant.wgmma_dense import enough_programs
-
-    if not enough_programs(m, weight_spec(module).n):  # too few programs to fill the GPU: dequantise + multiply
+    s = weight_spec(module)
+    if not enough_programs(m, s.n):  # too few programs to fill the GPU: dequantise + multiply
         return None
     cached = module.__dict__.get(DENSE_ATTR)
     if cached is None:
-        from ..kernels.quant import mma_gemv
-        from ..kernels.quant.wgmma_dense import dense_fits
-
-        s = weight_spec(module)
-        eligible = s.w.dim() == 2 and dense_fits(s.n, s.k, s.bits, s.group)
         cached = ()
-        if eligible:
-            from ..kernels.quant.wgmma_dense import bf16_fma_exact
-
+        if s.w.dim() == 2 and dense_fits(s.n, s.k, s.bits, s.group):
             words, sb = mma_gemv.repack_q4(s.w, s.scales, s.biases, order="natural")
             cached = (words, sb, bf16_fma_exact(sb))
         module.__dict__[DENSE_ATTR] = cached
@@ -501,8 +495,10 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
         raise ValueError("fast.linear: conv= needs the decode GEMV (decode=True, DELTASERVE_DECODE_KERNELS=gemv)")
     dense = None if decode else prefill_dense_weights(module, x)
     if dense is not None:
+        from ..kernels.quant.triton_affine import tma_ok
+
         x2 = x.reshape(-1, s.k)
-        if x2.stride(-1) == 1 and x2.stride(0) % 8 == 0 and x2.data_ptr() % 16 == 0:  # TMA's alignment
+        if tma_ok(x2):  # x's rows are fetched by TMA
             from ..kernels.quant.wgmma_dense import wg_dense_mm
 
             words, sb, bf16_fma = dense

@@ -107,12 +107,12 @@ def unpack_q4(words: torch.Tensor, sb: torch.Tensor,
     i2 = torch.arange(2, device=dev)[None, :, None]
     lo = torch.arange(2, device=dev)[None, None, :]
     q = (wd[..., None, None, None] >> (4 * (i1 + 2 * i2) + 16 * lo)) & 15  # rb g rr c j i1 i2 l
-    if order == "natural":
-        q = q.permute(0, 5, 2, 1, 4, 6, 3, 7).reshape(nb * 16, g * 64)  # rb i1 rr | g j i2 c l
-    elif order != "fragment":
-        raise ValueError(f"unpack_q4: order must be 'fragment' or 'natural', found {order!r}")
-    else:
+    if order == "fragment":
         q = q.permute(0, 5, 2, 1, 3, 4, 6, 7).reshape(nb * 16, g * 64)  # rb i1 rr | g c j i2 l
+    elif order == "natural":
+        q = q.permute(0, 5, 2, 1, 4, 6, 3, 7).reshape(nb * 16, g * 64)  # rb i1 rr | g j i2 c l
+    else:
+        raise ValueError(f"unpack_q4: order must be 'fragment' or 'natural', found {order!r}")
     sbt = sb.permute(0, 3, 2, 1, 4).reshape(nb * 16, g, 2)  # rb i1 rr, g, (s, b)
     return q, sbt[..., 0], sbt[..., 1]
 

@@ -319,8 +319,9 @@ def dense_config(m: int) -> tuple[int, int, int, int, int, bool]:
     return 128, 64, DENSE_BK, 4, 4, tma
 
 
-def _tma_ok(t: torch.Tensor) -> bool:
-    """Whether a 2-D tensor can back a TMA descriptor: unit column stride, 16-byte aligned base and row stride."""
+def tma_ok(t: torch.Tensor) -> bool:
+    """Whether a 2-D tensor can back a TMA descriptor: on CUDA, unit column stride, 16-byte aligned base and row
+    stride (dense_mm's tiles, wgmma_dense's x)."""
     row_bytes = t.stride(0) * t.element_size()
     return t.is_cuda and t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and row_bytes % 16 == 0
 
@@ -328,7 +329,7 @@ def _tma_ok(t: torch.Tensor) -> bool:
 def dense_mm(x2: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config=None) -> torch.Tensor:
     """out [M, N] = x2 [M, K] w [N, K]^T, both in x2's dtype (the dequantised weight of `dequantize`). config:
     (BM, BN, BK, num_warps, num_stages[, TMA]) instead of dense_config's; TMA true: the tiles fetched by tensor
-    descriptors (_dense_mm_tma_kernel) where both operands allow it (_tma_ok; not under the interpreter), else
+    descriptors (_dense_mm_tma_kernel) where both operands allow it (tma_ok; not under the interpreter), else
     by cp.async (_dense_mm_kernel): the same bits either way."""
     m, k = x2.shape
     n = w.shape[0]
@@ -338,7 +339,7 @@ def dense_mm(x2: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config=None) 
     bm, bn, bk, warps, stages, *tma = config or dense_config(m)
     if k % bk:
         raise ValueError(f"dense_mm: BK {bk} must divide K {k}")
-    if m and tma and tma[0] and not dot_f32() and _tma_ok(x2) and _tma_ok(w):
+    if m and tma and tma[0] and not dot_f32() and tma_ok(x2) and tma_ok(w):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         _dense_mm_tma_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](

@@ -32,6 +32,7 @@ from ...utils.env import env_int
 from .. import backend
 from ..triton_pdl import pdl_args
 from .mma_gemv import GROUP, HAVE_GLUON
+from .triton_affine import tma_ok
 
 DENSE_TILE_ROWS = 128  # rows of x a program (the MMA's N)
 DENSE_STAGES = 3  # shared-memory slots of a program's ring
@@ -46,7 +47,7 @@ def enough_programs(m: int, n: int) -> bool:
     (rows of x a program, 64 weight rows): below that the GPU is not filled (H200, 512 rows: the 2048 x 4096 out
     projection's 128 programs 33.1 us against dequantise + multiply's 25.9; the in_proj's 772 51.5 against 66.6).
     Env DELTASERVE_WG_DENSE_MIN_PROGRAMS, for A/B."""
-    return -(-m // dense_tile_rows(m)) * (n // 64) >= env_int("DELTASERVE_WG_DENSE_MIN_PROGRAMS", FUSED_MIN_PROGRAMS, 1)
+    return -(-m // dense_tile_rows()) * (n // 64) >= env_int("DELTASERVE_WG_DENSE_MIN_PROGRAMS", FUSED_MIN_PROGRAMS, 1)
 
 
 def dense_fits(n: int, k: int, bits: int, group: int) -> bool:
@@ -133,7 +134,8 @@ if HAVE_GLUON:
         """Group g's copies into slot `slot`: x's [BT, 64] bf16 by TMA (rows past M read as 0) onto the slot's
         barrier, if `more`; the words of each row set (the second's under wmask2) and the (s, b) pairs by cp.async,
         one group (always: past the last group they copy it again into a slot nobody reads, with loop-invariant
-        masks, and the wait counts stay alike)."""
+        masks, and the wait counts stay alike). BF16_FMA reads its pairs by plain loads instead, so their copy here
+        is unused there (measured with it; its removal is for a device call that can check it)."""
         mbarrier.expect(bars.index(slot), BT * 64 * 2, pred=more)
         tma.async_copy_global_to_shared(x_desc, [lo, g * 64], bars.index(slot), x_sm.index(slot), pred=more)
         async_copy.async_copy_global_to_shared(w_sm.index(slot * RS), w_src, mask=wmask)
@@ -147,9 +149,9 @@ if HAVE_GLUON:
                             NS: gl.constexpr, RS: gl.constexpr, BF16_FMA: gl.constexpr, PDL: gl.constexpr = False):
         """grid (cdiv(M, BT), cdiv(NB, 4 RS)): rows [t BT, t BT + BT) of x against row blocks 4 RS p .. of the
         weight (64 RS rows; a second set past NB reads and writes nothing). out [M, N] = x W^T in out's dtype.
-        Each group's x (by TMA), words and (s, b) (by cp.async) go through NS shared-memory slots, NS - 1 groups
-        requested ahead; a group's MMAs are awaited before the next group is dequantised (the A operand's
-        registers are read by the MMA asynchronously)."""
+        Each group's x (by TMA), words and (s, b) (by cp.async; BF16_FMA reads the pairs by plain loads one group
+        ahead) go through NS shared-memory slots, NS - 1 groups requested ahead; a group's MMAs are awaited before
+        the next group is dequantised (the A operand's registers are read by the MMA asynchronously)."""
         pdl_open(PDL)
         GW: gl.constexpr = K // 64  # groups
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
@@ -250,7 +252,7 @@ if HAVE_GLUON:
             gl.store(o_ptr + 64, acc2.to(out_ptr.dtype.element_ty), mask=o_mask & live2)
 
 
-def dense_tile_rows(m: int) -> int:
+def dense_tile_rows() -> int:
     """Rows of x a program (never a bit). Env DELTASERVE_WG_DENSE_ROWS (64, 128 or 256), for sweeps."""
     return env_int("DELTASERVE_WG_DENSE_ROWS", DENSE_TILE_ROWS, 64)
 
@@ -281,8 +283,7 @@ def wg_dense_mm(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: tor
     if tuple(sb.shape) != (nb, g, 8, 2, 2) or not sb.is_contiguous() or sb.element_size() != 2:
         raise ValueError(f"wg_dense_mm: sb must be 16-bit [{nb}, {g}, 8, 2, 2] contiguous, found {sb.dtype} "
                          f"{tuple(sb.shape)}")
-    if (x.dim() != 2 or x.shape[1] != k or x.stride(-1) != 1 or x.dtype != torch.bfloat16 or x.stride(0) % 8
-            or x.data_ptr() % 16):
+    if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.bfloat16 or not tma_ok(x):
         raise ValueError(f"wg_dense_mm: x must be bf16 [rows, {k}] with unit column stride, a row stride of 8s and "
                          f"a 16-byte aligned base (TMA), found {x.dtype} {tuple(x.shape)} strides {x.stride()}")
     m = x.shape[0]
@@ -291,7 +292,7 @@ def wg_dense_mm(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: tor
     elif out.dtype != torch.bfloat16 or tuple(out.shape) != (m, n) or out.stride(-1) != 1:
         raise ValueError(f"wg_dense_mm: out must be bf16 [{m}, {n}] with unit column stride, found {out.dtype} "
                          f"{tuple(out.shape)} strides {out.stride()}")
-    bt = tile_rows or dense_tile_rows(m)
+    bt = tile_rows or dense_tile_rows()
     rs = row_sets or DENSE_ROW_SETS
     ns = stages or DENSE_STAGES
     if bt not in (64, 128, 256) or rs not in (1, 2) or ns < 2:
