@@ -141,3 +141,48 @@ def test_model_prefill_fused_equals_dequant(q4_model, monkeypatch):
     assert built, "no projection took the fused kernel"
     assert fast.decode_copy_bytes(q4_model) >= sum(t.numel() * t.element_size() for m in built
                                                    for t in m.__dict__[fast.DENSE_ATTR][:2])
+
+
+def _drop_bf16_copies(model):
+    from deltaserve.model import fast
+
+    for m in fast.all_modules(model):
+        m.__dict__.pop(fast.BF16_ATTR, None)
+
+
+def test_model_prefill_bf16_copies_equal_dequant(q4_model, monkeypatch):
+    """The prefill's bf16 weight copies (fast.prefill_bf16_weight: dequantised once, then the same dense_mm) give
+    the per-launch dequantisation's logits bit for bit, whole and in chunks of 64, from one row; they are built
+    only for weights the fused kernel never serves, counted by decode_copy_bytes and held within the budget (a
+    budget under one weight's copy builds none, and its logits are the same)."""
+    from test_model_fast_path import run_all_logits
+
+    from deltaserve.model import fast
+
+    import gc
+
+    monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_MIN", "1")
+    prompt = [(5 * i + 1) % 32 for i in range(300)]
+    _drop_bf16_copies(q4_model)
+    gc.collect()
+    base = fast._bf16_held["bytes"]  # other models' copies in this process
+    runs = {}
+    for mib in ("0", "1024"):
+        _drop_bf16_copies(q4_model)
+        monkeypatch.setenv("DELTASERVE_PREFILL_BF16_MIB", mib)
+        runs[mib] = [run_all_logits(q4_model, prompt, "cuda", torch.bfloat16, chunk) for chunk in (None, 64)]
+        copies = [m.__dict__[fast.BF16_ATTR] for m in fast.all_modules(q4_model)
+                  if isinstance(m.__dict__.get(fast.BF16_ATTR), torch.Tensor)]
+        if mib == "0":
+            assert not copies, "a zero budget built copies"
+        else:
+            assert copies, "no prefill projection took a bf16 copy"
+            assert all(c.dtype == torch.bfloat16 and c.dim() == 2 for c in copies)
+            held = sum(c.numel() * 2 for c in copies)
+            assert fast.decode_copy_bytes(q4_model) >= held
+            assert fast._bf16_held["bytes"] == base + held
+    for chunk, want, got in zip((None, 64), runs["0"], runs["1024"]):
+        assert torch.equal(got, want), f"chunk {chunk}: bf16 copies != dequant ({(got != want).sum().item()} logits)"
+    _drop_bf16_copies(q4_model)
+    gc.collect()
+    assert fast._bf16_held["bytes"] == base, "freed copies still counted against the budget"
