@@ -3,7 +3,7 @@ view of its first 8192 channels, written as the q / k / v sections 2048 / 2048 /
 sequence of T tokens, timed in a CUDA graph of --reps launches (the model's prefill graphs run it so); and
 gdn_prefill's initial-states gather both ways (DELTASERVE_GDN_INITIAL_STATES triton / torch, checked equal first).
 At d66546d this probe also ran the conv at other (BT, BC) tiles, all slower than 16 x 64 (bench/NOTES.md), and that
-switch was removed. One JSON line each, a table last.
+switch was removed. The weight runs as [C, K] and as the model's taps-major view (a [K, C] copy), checked equal. One JSON line each, a table last.
 
   python scripts/probe_prefill_conv.py --t 512,4096 [--out results.jsonl]
 """
@@ -46,9 +46,13 @@ def main(argv=None) -> int:
         cu = torch.tensor([0, t], device=dev, dtype=torch.int32)
         slots = torch.tensor([2], device=dev, dtype=torch.int32)
         ctx = torch.tensor([0], device=dev)
-        us, host = timed(lambda: td.causal_conv(x, w, pool, cu, slots, ctx, t, sections=(KEY, KEY)), args.reps)
-        rows.append(dict(probe="prefill_conv", t=t, variant="tile 16,64", us=round(us, 2), host_us=round(host, 1),
-                         gpu=gpu))  # timing only: the GPU tests check the conv
+        want = None
+        for name, wv in (("w [C,K]", w), ("w taps-major", w.t().contiguous().t())):  # the model's prefill: the second
+            got = torch.cat(td.causal_conv(x, wv, pool.clone(), cu, slots, ctx, t, sections=(KEY, KEY)), dim=1)
+            want = got if want is None else want
+            us, host = timed(lambda: td.causal_conv(x, wv, pool, cu, slots, ctx, t, sections=(KEY, KEY)), args.reps)
+            rows.append(dict(probe="prefill_conv", t=t, variant=f"tile 16,64 {name}", us=round(us, 2),
+                             host_us=round(host, 1), bit_equal=torch.equal(got, want), gpu=gpu))
     ssm = torch.randn(8, 32, 128, 128, device=dev)
     slots = torch.tensor([5], device=dev, dtype=torch.int32)
     for ctx_len in (0, 100):

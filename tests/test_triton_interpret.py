@@ -102,6 +102,9 @@ def _cases():
         "conv_varlen": lambda m: kc.check_conv(m, CPU, c=48, kw=4, seqs=[5, 1, 2, 19], ctx=[3, 0, 7, 0]),
         "conv_sections": lambda m: kc.check_conv_sections(m, CPU, 64, 64, 128, 4, seqs=[5, 1, 19], ctx=[3, 0, 0]),
         "gdn_initial_states": lambda m: kc.check_initial_states(m, CPU),
+        # chunk edges inside and on the 16-token blocks; the weight both ways (the prefill's taps-major view)
+        "conv_chunks": lambda m: [kc.check_conv_chunks(m, CPU, 48, 4, 70, (1, 16, 19, 35), taps_major=tm)
+                                  for tm in (False, True)],
         "conv_sections_narrow": lambda m: kc.check_conv_sections(m, CPU, 16, 16, 40, 4, seqs=[3, 17], ctx=[0, 2]),
         "gdn_decode": lambda m: kc.check_gdn_decode(m, CPU, b=3, hk=2, hv=4, dk=16, dv=32, fresh_rows=(1,)),
         "gdn_decode_one_program_per_head": lambda m: kc.check_gdn_decode(m, CPU, b=3, hk=2, hv=4, dk=16, dv=32,

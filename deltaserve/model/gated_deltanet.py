@@ -78,6 +78,16 @@ class GatedDeltaNet(nn.Module):
         parts = (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
         return tuple(fast.linear(m, x, decode) for m in parts)
 
+    def _conv_taps_major(self) -> torch.Tensor:
+        """conv1d.weight as [C, K] over a [K, C] copy made once (64 KB a 35B-A3B layer): the prefill conv's per-tap
+        weight loads are then contiguous over its channels (16-byte loads, not one 2-byte load a channel and tap).
+        The same values, so never a bit. Cached on the module (weights never move after loading)."""
+        cached = self.__dict__.get("_conv_taps")
+        if cached is None:
+            cached = self.conv1d.weight[:, 0, :].t().contiguous().t()
+            self.__dict__["_conv_taps"] = cached
+        return cached
+
     def _conv_sections_fit(self) -> bool:
         """Whether the prefill conv can write q, k, v as three contiguous tensors (causal_conv(sections=)): the key
         width a multiple of a channel block it runs (triton_decode.conv_section_block; 64 for every Qwen3.5 size)."""
@@ -103,7 +113,7 @@ class GatedDeltaNet(nn.Module):
             # prefill: q, k and v as three contiguous tensors (fla-core would copy column views to make them so)
             sections = None if decode or not self._conv_sections_fit() else (self.key_dim, self.key_dim)
             mixed = td.causal_conv(
-                qkv, conv_w, conv_pool, batch.cu_seqlens, batch.state_slots, batch.context_lens, batch.max_seqlen,
+                qkv, conv_w if decode else self._conv_taps_major(), conv_pool, batch.cu_seqlens, batch.state_slots, batch.context_lens, batch.max_seqlen,
                 sections=sections,
             )
         if batch.max_seqlen == 1:

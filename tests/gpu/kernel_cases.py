@@ -400,6 +400,31 @@ def check_conv(mods, device, c, kw, seqs, ctx, num_slots=8):
         assert torch.equal(pool[slots[b]].double(), rs), f"conv state of seq {b}"
 
 
+def check_conv_chunks(mods, device, c, kw, t, cuts, taps_major=False):
+    """causal_conv of one sequence in chunks [0, cuts[0]), [cuts[0], cuts[1]), ... (each resumed from the state the
+    last left) == the whole sequence at once, bit for bit, and the same final state: a token's output does not depend
+    on whether its inputs come from its own block, an earlier block or the conv state. taps_major: the weight as a
+    [C, K] view of a [K, C] tensor (the model's prefill layout)."""
+    gd = mods["gdn"]
+    x = torch.randn(t, c + 8, device=device).bfloat16()[:, 3 : 3 + c]  # a column view
+    w = (torch.randn(c, kw, device=device) * 0.5).bfloat16()
+    if taps_major:
+        w = w.t().contiguous().t()
+    slot = torch.tensor([1], device=device)
+    whole_pool = torch.full((3, c, kw - 1), float("nan"), device=device).bfloat16()
+    want = gd.causal_conv(x, w, whole_pool, torch.tensor([0, t], device=device, dtype=torch.int32), slot,
+                          torch.tensor([0], device=device), t)
+    pool = torch.full((3, c, kw - 1), float("nan"), device=device).bfloat16()
+    got = []
+    for lo, hi in zip([0, *cuts], [*cuts, t]):
+        cu = torch.tensor([0, hi - lo], device=device, dtype=torch.int32)
+        got.append(gd.causal_conv(x[lo:hi], w, pool, cu, slot, torch.tensor([lo], device=device), hi - lo))
+    got = torch.cat(got)
+    diff = (got != want).sum().item()
+    assert diff == 0, f"conv in chunks at {cuts}: {diff} of {got.numel()} outputs differ from the whole sequence"
+    assert torch.equal(pool[1], whole_pool[1]), f"conv in chunks at {cuts}: final state differs"
+
+
 def check_conv_sections(mods, device, s1, s2, s3, kw, seqs, ctx, num_slots=8):
     """causal_conv(sections=(s1, s2)) == causal_conv's column slices, bit for bit, and the same conv states: q, k, v
     written as three contiguous tensors for the DeltaNet prefill."""

@@ -119,6 +119,12 @@ def test_causal_conv(mods, dev, small):
                   ctx=[0, 9, 0, 1, 100])
 
 
+def test_causal_conv_chunks(mods, dev, small):
+    c = 48 if small else 8192
+    for taps_major in (False, True):
+        kc.check_conv_chunks(mods, dev, c, 4, 300, (1, 17, 40, 131, 299), taps_major=taps_major)
+
+
 def test_causal_conv_sections(mods, dev, small):
     s1, s3 = (16, 40) if small else (2048, 4096)
     kc.check_conv_sections(mods, dev, s1, s1, s3, 4, seqs=[1, 5, 300, 2, 64], ctx=[0, 9, 0, 1, 100])

@@ -58,15 +58,23 @@ def _conv_kernel(
     i_mask = ri < n
     st = state_ptr + slot * stride_ss + rc[None, :] * stride_sc
     acc = tl.zeros((BT, BC), dtype=tl.float32)
-    for j in tl.static_range(KW):
-        src = ri - (KW - 1) + j  # [BT]
-        from_x = src >= 0
-        xv = tl.load(x_ptr + (start + src).to(tl.int64)[:, None] * stride_xt + rc[None, :],
-                     mask=(i_mask & from_x)[:, None] & c_mask[None, :], other=0.0)
-        sv = tl.load(st + (src + KW - 1)[:, None] * stride_sk,
-                     mask=(i_mask & (src < 0) & keep)[:, None] & c_mask[None, :], other=0.0)
-        wj = tl.load(w_ptr + rc * stride_wc + j * stride_wk, mask=c_mask, other=0.0).to(tl.float32)
-        acc += tl.where(from_x[:, None], xv.to(tl.float32), sv.to(tl.float32)) * wj[None, :]
+    if tb == 0:  # the block whose first KW-1 inputs may come from the state
+        for j in tl.static_range(KW):
+            src = ri - (KW - 1) + j  # [BT]
+            from_x = src >= 0
+            xv = tl.load(x_ptr + (start + src).to(tl.int64)[:, None] * stride_xt + rc[None, :],
+                         mask=(i_mask & from_x)[:, None] & c_mask[None, :], other=0.0)
+            sv = tl.load(st + (src + KW - 1)[:, None] * stride_sk,
+                         mask=(i_mask & (src < 0) & keep)[:, None] & c_mask[None, :], other=0.0)
+            wj = tl.load(w_ptr + rc * stride_wc + j * stride_wk, mask=c_mask, other=0.0).to(tl.float32)
+            acc += tl.where(from_x[:, None], xv.to(tl.float32), sv.to(tl.float32)) * wj[None, :]
+    else:  # every input from x (BT >= KW-1): the same products added in the same order, without the state's loads
+        row0 = x_ptr + (start + tb * BT - (KW - 1)).to(tl.int64) * stride_xt
+        for j in tl.static_range(KW):
+            xv = tl.load(row0 + (j + tl.arange(0, BT))[:, None] * stride_xt + rc[None, :],
+                         mask=i_mask[:, None] & c_mask[None, :], other=0.0)
+            wj = tl.load(w_ptr + rc * stride_wc + j * stride_wk, mask=c_mask, other=0.0).to(tl.float32)
+            acc += xv.to(tl.float32) * wj[None, :]
     y = acc / (1.0 + tl.exp(-acc))  # SiLU written as torch's, x / (1 + e^-x)
     if SECTIONS:
         c0 = tl.program_id(2) * BC
