@@ -11,13 +11,12 @@ Weight modules are read by duck typing (the model may not import `quant`): a mod
 from __future__ import annotations
 
 import os
-import weakref
 
 import torch
 from torch import nn
 
 from ..kernels import backend
-from ..utils.env import env_choice, env_int
+from ..utils.env import env_choice
 
 
 def enabled(x: torch.Tensor) -> bool:
@@ -215,50 +214,6 @@ def prefill_dense_weights(module: nn.Module, x: torch.Tensor):
     return cached or None
 
 
-BF16_ATTR = "_fast_prefill_bf16"  # module.__dict__ key: its weight dequantised to bf16 once, or ()
-BF16_BUDGET_MIB = 1024  # the process's bf16 copies (prefill_bf16_weight) stay within this many MiB
-_bf16_held = {"bytes": 0}  # bytes of bf16 copies alive in this process (each returns its share when freed)
-
-
-def _release_bf16(nbytes: int) -> None:
-    _bf16_held["bytes"] -= nbytes
-
-
-def prefill_bf16_weight(module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    """`module`'s q4 g64 2-D weight dequantised once to bf16 (triton_affine.dequantize's values, so a prefill
-    multiplying by it gives dequantise + dense_mm's bits exactly), for the prefill launches of m rows of x that take
-    dequantise + multiply (triton_affine.dense_path(m) "dequant" or "fused"), where the weight is one the
-    dequantising warpgroup-MMA matmul never serves because its launches would not fill the GPU at any row count that
-    kernel takes (not wgmma_dense.enough_programs(FUSED_MAX_ROWS, N): the 35B-A3B's 2048 x 4096 output projections,
-    16 MiB each, 640 MiB for the model). Such launches then skip the per-launch dequantisation (H200, 512 rows:
-    8.9 us of 25.6). Built on first use, within the process's budget of DELTASERVE_PREFILL_BF16_MIB MiB
-    (default BF16_BUDGET_MIB; 0: none, for A/B: weights past the budget dequantise per launch as before); cached
-    on the module and counted by decode_copy_bytes. Else None."""
-    from ..kernels.quant.triton_affine import FUSED_MAX_ROWS, dense_path
-    from ..kernels.quant.wgmma_dense import enough_programs
-
-    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if not x.is_cuda or x.dtype != torch.bfloat16 or not hasattr(module, "scales"):
-        return None
-    if dense_path(m) not in ("dequant", "fused"):
-        return None
-    cached = module.__dict__.get(BF16_ATTR)
-    if cached is None:
-        cached = ()
-        s = weight_spec(module)
-        budget = env_int("DELTASERVE_PREFILL_BF16_MIB", BF16_BUDGET_MIB, 0) << 20
-        nbytes = s.n * s.k * 2
-        if (s.w.dim() == 2 and s.bits == 4 and s.group == 64 and not enough_programs(FUSED_MAX_ROWS, s.n)
-                and _bf16_held["bytes"] + nbytes <= budget):
-            from ..kernels.quant.triton_affine import dequantize
-
-            cached = dequantize(s, dtype=torch.bfloat16)
-            _bf16_held["bytes"] += nbytes
-            weakref.finalize(cached, _release_bf16, nbytes)
-        module.__dict__[BF16_ATTR] = cached
-    return cached if isinstance(cached, torch.Tensor) else None
-
-
 ROUTER_CODES_ATTR = "_fast_router_codes"  # module.__dict__ key: the router's codes as bf16, or () where none
 
 
@@ -372,13 +327,11 @@ def _tensors(obj):
 def decode_copy_bytes(model: nn.Module) -> int:
     """Bytes held by the tensor-core kernels' repacked weights built so far: the GEMV copies (fused projections
     included), the MoE experts (which replace their MLX tensors instead of copying them), the routers' bf16
-    codes (router_codes), the prefill's natural-order copies (prefill_dense_weights) and its bf16 copies
-    (prefill_bf16_weight)."""
+    codes (router_codes) and the prefill's natural-order copies (prefill_dense_weights)."""
     seen, total = set(), 0
     for obj in all_modules(model):
         for t in (*_tensors(obj.__dict__.get(MMA_ATTR) or ()), *_tensors(obj.__dict__.get(ROUTER_CODES_ATTR, ())),
-                  *_tensors(obj.__dict__.get(DENSE_ATTR) or ()),
-                  *_tensors(obj.__dict__.get(BF16_ATTR, ()))):
+                  *_tensors(obj.__dict__.get(DENSE_ATTR) or ())):
             if t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
@@ -550,9 +503,6 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
 
             words, sb, bf16_fma = dense
             return wg_dense_mm(x2, words, sb, bf16_fma=bf16_fma).view(*x.shape[:-1], s.n)
-    from ..kernels.quant.triton_affine import affine_matmul, dense_matmul
+    from ..kernels.quant.triton_affine import affine_matmul
 
-    w16 = None if decode or dense is not None else prefill_bf16_weight(module, x)
-    if w16 is not None:  # dequantised once: the same multiply as affine_matmul's after its dequantisation
-        return dense_matmul(x, w16)
     return affine_matmul(x, s.w, scales, biases, s.bits, s.group)
