@@ -130,19 +130,18 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dense_issue(x_desc, w_sm, x_sm, sb_sm, bars, slot, lo, g, w_src, sq_src, wmask, wmask2, sqmask, more,
-                     RS: gl.constexpr, GW: gl.constexpr, BT: gl.constexpr, BF16_FMA: gl.constexpr):
+                     RS: gl.constexpr, GW: gl.constexpr, BT: gl.constexpr):
         """Group g's copies into slot `slot`: x's [BT, 64] bf16 by TMA (rows past M read as 0) onto the slot's
-        barrier, if `more`; the words of each row set (the second's under wmask2) and, for the fp32
-        dequantisation, the (s, b) pairs by cp.async, one group (always: past the last group they copy it again
-        into a slot nobody reads, with loop-invariant masks, and the wait counts stay alike). BF16_FMA reads its
-        pairs by plain loads instead (one group ahead), so it copies none."""
+        barrier, if `more`; the words of each row set (the second's under wmask2) and the (s, b) pairs by cp.async,
+        one group (always: past the last group they copy it again into a slot nobody reads, with loop-invariant
+        masks, and the wait counts stay alike). BF16_FMA reads its pairs by plain loads instead, so their copy here
+        is unused there (measured with it; its removal is for a device call that can check it)."""
         mbarrier.expect(bars.index(slot), BT * 64 * 2, pred=more)
         tma.async_copy_global_to_shared(x_desc, [lo, g * 64], bars.index(slot), x_sm.index(slot), pred=more)
         async_copy.async_copy_global_to_shared(w_sm.index(slot * RS), w_src, mask=wmask)
         if RS == 2:
             async_copy.async_copy_global_to_shared(w_sm.index(slot * RS + 1), w_src + 4 * GW * 128, mask=wmask2)
-        if not BF16_FMA:
-            async_copy.async_copy_global_to_shared(sb_sm.index(slot), sq_src, mask=sqmask)
+        async_copy.async_copy_global_to_shared(sb_sm.index(slot), sq_src, mask=sqmask)
         async_copy.commit_group()
 
     @gluon.jit
@@ -151,7 +150,7 @@ if HAVE_GLUON:
         """grid (cdiv(M, BT), cdiv(NB, 4 RS)): rows [t BT, t BT + BT) of x against row blocks 4 RS p .. of the
         weight (64 RS rows; a second set past NB reads and writes nothing). out [M, N] = x W^T in out's dtype.
         Each group's x (by TMA), words and (s, b) (by cp.async; BF16_FMA reads the pairs by plain loads one group
-        ahead and stages none) go through NS shared-memory slots, NS - 1 groups requested ahead; a group's MMAs are awaited before
+        ahead) go through NS shared-memory slots, NS - 1 groups requested ahead; a group's MMAs are awaited before
         the next group is dequantised (the A operand's registers are read by the MMA asynchronously)."""
         pdl_open(PDL)
         GW: gl.constexpr = K // 64  # groups
@@ -205,8 +204,7 @@ if HAVE_GLUON:
 
         w_sm = gl.allocate_shared_memory(gl.int32, [NS * RS, 4, 8, 4, 4], WSH)
         x_sm = gl.allocate_shared_memory(gl.bfloat16, [NS, BT, 64], XSH)
-        SB_SLOTS: gl.constexpr = 1 if BF16_FMA else NS  # BF16_FMA stages no (s, b) pairs: one unread slot
-        sb_sm = gl.allocate_shared_memory(gl.int32, [SB_SLOTS, 2, 64], SSH)
+        sb_sm = gl.allocate_shared_memory(gl.int32, [NS, 2, 64], SSH)
         bars = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NS):
             mbarrier.init(bars.index(i), count=1)
@@ -218,7 +216,7 @@ if HAVE_GLUON:
         pdl_wait(PDL)  # x is the previous launch's output
         for i in gl.static_range(NS - 1):
             _dense_issue(x_desc, w_sm, x_sm, sb_sm, bars, i, lo, i, w_base + i * 128, sq_base + i * 16, wmask,
-                         wmask2, sqmask, i < GW, RS, GW, BT, BF16_FMA)
+                         wmask2, sqmask, i < GW, RS, GW, BT)
         for g in range(GW):
             slot = g % NS
             async_copy.wait_group(NS - 2)  # this group's words and (s, b) (this thread's copies)
@@ -226,9 +224,9 @@ if HAVE_GLUON:
             gl.thread_barrier()  # everyone's copies; every warp done with the slot refilled next (its MMAs awaited)
             nx = gl.minimum(g + NS - 1, GW - 1)
             _dense_issue(x_desc, w_sm, x_sm, sb_sm, bars, (g + NS - 1) % NS, lo, nx, w_base + nx * 128,
-                         sq_base + nx * 16, wmask, wmask2, sqmask, g + NS - 1 < GW, RS, GW, BT, BF16_FMA)
+                         sq_base + nx * 16, wmask, wmask2, sqmask, g + NS - 1 < GW, RS, GW, BT)
             b_sm = x_sm.index(slot).permute((1, 0))
-            sbq = sb_sm.index(slot % SB_SLOTS)._reinterpret(gl.int32, [128], SSH1)
+            sbq = sb_sm.index(slot)._reinterpret(gl.int32, [128], SSH1)
             a = _dense_a(w_sm, sbq.slice(0, 64), p0, p1, slot * RS, zero_w, dot_a, RL, BF16_FMA)
             acc = warpgroup_mma(a, b_sm, acc, is_async=True)
             if BF16_FMA:  # the next group's (s, b) pairs
