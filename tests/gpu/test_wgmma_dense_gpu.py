@@ -141,3 +141,75 @@ def test_model_prefill_fused_equals_dequant(q4_model, monkeypatch):
     assert built, "no projection took the fused kernel"
     assert fast.decode_copy_bytes(q4_model) >= sum(t.numel() * t.element_size() for m in built
                                                    for t in m.__dict__[fast.DENSE_ATTR][:2])
+
+
+def _count_ahead(monkeypatch):
+    """Wrap fast.dequant_ahead (the layers call it through the module) to count the weights it really sent to the
+    side stream."""
+    from deltaserve.model import fast
+
+    used = []
+    real = fast.dequant_ahead
+
+    def counting(module, x):
+        got = real(module, x)
+        if got is not None:
+            used.append(module)
+        return got
+
+    monkeypatch.setattr(fast, "dequant_ahead", counting)
+    return used
+
+
+def test_model_prefill_dequant_ahead_equals_in_line(q4_model, monkeypatch):
+    """A prefill's logits at every position (whole, and in chunks of 64) with the out projections dequantised on the
+    side stream (DELTASERVE_PREFILL_DEQUANT_AHEAD=side) == dequantised in line, bit for bit, every projection on
+    dequantise-then-multiply from one row; the side stream really served the out projections."""
+    from test_model_fast_path import run_all_logits
+
+    monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_MIN", "1")
+    monkeypatch.setenv("DELTASERVE_PREFILL_DENSE", "dequant")
+    prompt = [(5 * i + 1) % 32 for i in range(300)]
+    runs = {}
+    used = _count_ahead(monkeypatch)
+    for mode in ("off", "side"):
+        monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_AHEAD", mode)
+        runs[mode] = [run_all_logits(q4_model, prompt, "cuda", torch.bfloat16, chunk) for chunk in (None, 64)]
+        assert bool(used) == (mode == "side"), f"{mode}: {len(used)} weights dequantised ahead"
+    for chunk, want, got in zip((None, 64), runs["off"], runs["side"]):
+        assert torch.equal(got, want), f"chunk {chunk}: ahead != in line ({(got != want).sum().item()} logits)"
+    forwards = 1 + -(-len(prompt) // 64)  # whole, then the chunks
+    layers = q4_model.config.num_hidden_layers
+    assert len(used) == forwards * layers, f"{len(used)} out projections ahead, expected one a layer a forward"
+
+
+def test_prefill_graph_with_dequant_ahead_equals_eager(q4_model, monkeypatch):
+    """A captured PrefillGraph whose out projections are dequantised on the side stream (the fork and join inside
+    the capture) == the eager forward with them in line: the same logits and caches, bit for bit, over three
+    64-token chunks."""
+    from deltaserve.engine.cuda_graph import PrefillGraph
+    from deltaserve.model import ForwardBatch
+
+    monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_MIN", "1")
+    monkeypatch.setenv("DELTASERVE_PREFILL_DENSE", "dequant")
+    used = _count_ahead(monkeypatch)
+    n, bs = 64, 16
+    prompt = torch.randint(0, 32, (3 * n,), generator=torch.Generator().manual_seed(9)).tolist()
+    table = list(range(3 * n // bs))
+    caches = [q4_model.make_cache(16, bs, 2, torch.bfloat16) for _ in range(2)]
+    g = PrefillGraph(q4_model, caches[0], n, max_blocks=16)
+    with torch.no_grad():
+        for c in range(3):
+            chunk, depth = prompt[c * n:(c + 1) * n], c * n
+            monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_AHEAD", "side")
+            g.load(chunk, depth, table, 1)
+            if g.graph is None:
+                g.capture()
+                assert used, "the capture dequantised nothing ahead"
+            got = g.replay().clone()
+            monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_AHEAD", "off")
+            want = q4_model(ForwardBatch.build([chunk], [depth], [table], [1], bs, device="cuda"), caches[1])
+            assert torch.equal(got, want), f"chunk {c}: logits"
+            for name in ("k", "v", "ssm", "conv"):
+                for layer, pool in getattr(caches[0], name).items():
+                    assert torch.equal(pool, getattr(caches[1], name)[layer]), f"chunk {c}: {name}[{layer}]"
