@@ -4,7 +4,6 @@ error naming the variable for anything else (no Triton launch: these are host-si
 from __future__ import annotations
 
 import pytest
-import torch
 
 from deltaserve.kernels.quant import triton_affine as ta
 from deltaserve.model import fast
@@ -558,22 +557,6 @@ def test_prefill_copies_knob(monkeypatch):
     monkeypatch.setenv("DELTASERVE_PREFILL_COPIES", "copy")
     with pytest.raises(ValueError, match="DELTASERVE_PREFILL_COPIES"):
         prefill_copies()
-
-
-def test_prefill_dequant_ahead_knob(monkeypatch):
-    """A prefill's out projections are dequantised ahead on a side stream by default; "off" keeps them in line; an
-    unknown value is refused. Off the GPU nothing is dequantised ahead (None: linear runs as without it)."""
-    from deltaserve.model.fast import dequant_ahead, dequant_ahead_mode
-
-    monkeypatch.delenv("DELTASERVE_PREFILL_DEQUANT_AHEAD", raising=False)
-    assert dequant_ahead_mode() == "side"
-    monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_AHEAD", "off")
-    assert dequant_ahead_mode() == "off"
-    monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_AHEAD", "stream")
-    with pytest.raises(ValueError, match="DELTASERVE_PREFILL_DEQUANT_AHEAD"):
-        dequant_ahead_mode()
-    monkeypatch.delenv("DELTASERVE_PREFILL_DEQUANT_AHEAD")
-    assert dequant_ahead(torch.nn.Linear(64, 64), torch.zeros(512, 64, dtype=torch.bfloat16)) is None
 
 
 def test_router_rows_and_tiles_scan_switches(monkeypatch):

@@ -45,8 +45,6 @@ class GatedAttention(nn.Module):
         t = x.shape[0]
         decode = batch.max_seqlen == 1
         qg, k, v = self._project(x, decode)
-        # prefill: o_proj's weight dequantised on a side stream beside the q/k prep and the attention
-        ahead = None if decode else fast.dequant_ahead(self.o_proj, x)
         if self.gated:
             qg = qg.view(t, self.hq, 2 * self.d)
             q, gate = qg[..., : self.d], qg[..., self.d :].reshape(t, self.hq * self.d)
@@ -95,8 +93,6 @@ class GatedAttention(nn.Module):
         t, d = x.shape[0], self.d
         decode = batch.max_seqlen == 1
         qg, k, v = self._project(x, decode)
-        # prefill: o_proj's weight dequantised on a side stream beside the q/k prep and the attention
-        ahead = None if decode else fast.dequant_ahead(self.o_proj, x)
         qg = qg.view(t, self.hq, (2 if self.gated else 1) * d)
         k_cache, v_cache, k_scale, v_scale = cache.kv(self.layer)
         q = qk_norm_rope_write(
@@ -120,4 +116,4 @@ class GatedAttention(nn.Module):
         ).reshape(t, self.hq * d)
         if gate is not None and copies:
             o = o * torch.sigmoid(gate.reshape(t, self.hq * d))
-        return fast.linear(self.o_proj, o, decode, ahead=ahead)
+        return fast.linear(self.o_proj, o, decode)

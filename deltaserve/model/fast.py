@@ -214,66 +214,6 @@ def prefill_dense_weights(module: nn.Module, x: torch.Tensor):
     return cached or None
 
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> the stream weights are dequantised ahead on
-
-
-def dequant_ahead_mode() -> str:
-    """Whether a prefill's out projections are dequantised ahead, on a side stream ("side", the default) or by
-    their own launch, in line ("off"). Env DELTASERVE_PREFILL_DEQUANT_AHEAD, for in-model A/B."""
-    return env_choice("DELTASERVE_PREFILL_DEQUANT_AHEAD", "side", ("side", "off"))
-
-
-class DequantAhead:
-    """A weight being dequantised on a side stream for one projection launch: `w` [N, K] in x's dtype (allocated
-    on the forward's stream before the fork, so it is freed there only after `take`'s join), `event` recorded on
-    the side stream after the dequantisation, `rows` the launch it was made for."""
-
-    __slots__ = ("module", "w", "event", "rows", "taken")
-
-    def __init__(self, module: nn.Module, w: torch.Tensor, event: torch.cuda.Event, rows: int):
-        self.module, self.w, self.event, self.rows, self.taken = module, w, event, rows, False
-
-    def take(self) -> torch.Tensor:
-        """The dequantised weight, the forward's stream joined to the side stream first (once)."""
-        if not self.taken:
-            torch.cuda.current_stream(self.w.device).wait_event(self.event)
-            self.taken = True
-        return self.w
-
-
-def dequant_ahead(module: nn.Module, x: torch.Tensor) -> DequantAhead | None:
-    """Start dequantising `module`'s weight on a side stream, where `linear` would dequantise it in line for a
-    prefill launch of x's rows (x: any tensor with the projection input's rows, dtype and device, e.g. the layer's
-    input): triton_affine.dense_path gives "dequant" or "fused" and the fused kernel does not take the weight
-    (prefill_dense_weights is None: the 35B-A3B's out projections at 512 rows). The dequantisation reads only the
-    weight, so it may run beside the kernels between the fork and `linear(ahead=)`, which joins it: the launches
-    between (the conv, fla's chunked rule, the attention) leave SMs idle. The same kernel writes the same values,
-    and the same dense_mm multiplies them: the same bits as in line. None where nothing is dequantised in line,
-    off the GPU, in "off" mode, or with no rows."""
-    from ..kernels.quant.triton_affine import DENSE_BK, dense_path, dequantize
-
-    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (not m or not x.is_cuda or not enabled(x) or not hasattr(module, "scales") or dequant_ahead_mode() == "off"
-            or dense_path(m) not in ("dequant", "fused")):
-        return None
-    s = weight_spec(module)
-    if s.bits == 16 or s.w.dim() != 2 or s.k % DENSE_BK or prefill_dense_weights(module, x) is not None:
-        return None
-    main = torch.cuda.current_stream(x.device)
-    side = _SIDE_STREAMS.get(x.device.index)
-    if side is None:
-        if torch.cuda.is_current_stream_capturing():  # no stream is created inside a capture: in line this time
-            return None
-        side = _SIDE_STREAMS[x.device.index] = torch.cuda.Stream(x.device)
-    w = torch.empty(s.n, s.k, dtype=x.dtype, device=x.device)
-    side.wait_stream(main)  # w's memory free on the forward's stream; inside a capture, the side stream joins it
-    with torch.cuda.stream(side):
-        dequantize(s, out=w, dtype=x.dtype)
-    event = torch.cuda.Event()
-    event.record(side)
-    return DequantAhead(module, w, event, m)
-
-
 ROUTER_CODES_ATTR = "_fast_router_codes"  # module.__dict__ key: the router's codes as bf16, or () where none
 
 
@@ -500,7 +440,7 @@ def logits_kernels() -> str:
 
 
 def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple | None = None,
-           fp32_out: bool = False, ahead: DequantAhead | None = None) -> torch.Tensor:
+           fp32_out: bool = False) -> torch.Tensor:
     """module(x), through the batch-invariant Triton kernels on the fast path.
 
     decode: the rows are one token per sequence. Decode steps of any batch size take a GEMV kernel in fixed blocks
@@ -508,17 +448,7 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
     else the CUDA-core one; prefill takes the tiled matmul.
     conv: (weight [C, K], pool [S, C, K-1], state_slots [B], context_lens [B], C) runs the DeltaNet decode conv in
     the GEMV's epilogue (kernels/gated_delta/triton_decode.DecodeConv): decode GEMV only (`conv_in_gemv`).
-    fp32_out: the tensor-core GEMV stores fp32 (its bf16 results widened); any other path returns x's dtype.
-    ahead: `dequant_ahead(module, ...)`'s weight for these rows, joined and multiplied by dense_mm (the in-line
-    path's multiply); always joined, so a fork is never left open (a capture could not end)."""
-    if ahead is not None:
-        if ahead.module is not module:
-            raise ValueError("fast.linear: ahead= was dequantised for another module")
-        w16 = ahead.take()
-        if not decode and conv is None and x.numel() // x.shape[-1] == ahead.rows:
-            from ..kernels.quant.triton_affine import dense_matmul
-
-            return dense_matmul(x, w16)
+    fp32_out: the tensor-core GEMV stores fp32 (its bf16 results widened); any other path returns x's dtype."""
     if not enabled(x) or not hasattr(module, "weight"):
         if conv is not None:
             raise ValueError("fast.linear: conv= needs the fast path's decode GEMV")

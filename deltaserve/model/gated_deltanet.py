@@ -104,15 +104,12 @@ class GatedDeltaNet(nn.Module):
         conv_pool, ssm_pool = cache.conv[self.layer], cache.ssm[self.layer]
         conv_w = self.conv1d.weight[:, 0, :]
         proj = fusion.fused(self, "in_proj")
-        ahead = None
         if decode and proj is not None and fast.conv_in_gemv(conv_pool, x, proj):
             # one launch: the fused projection with the conv (+ SiLU, state shift) on its first conv_dim features
             conv = (conv_w, conv_pool, batch.state_slots, batch.context_lens, conv_w.shape[0])
             mixed, z, b, a = fast.linear(proj, x, decode, conv=conv).split(proj.sizes, dim=-1)
         else:
             qkv, z, b, a = self._project(x, decode)
-            # prefill: the out projection's weight dequantised on a side stream beside the conv and fla's rule
-            ahead = None if decode else fast.dequant_ahead(self.out_proj, x)
             # prefill: q, k and v as three contiguous tensors (fla-core would copy column views to make them so)
             sections = None if decode or not self._conv_sections_fit() else (self.key_dim, self.key_dim)
             mixed = td.causal_conv(
@@ -138,4 +135,4 @@ class GatedDeltaNet(nn.Module):
         )
         z = z.view(t, self.hv, self.dv)  # a column view of the projection's output, which the norm reads in place
         y = self.norm(o.to(x.dtype), z.contiguous() if fast.prefill_copies() else z).reshape(t, self.value_dim)
-        return fast.linear(self.out_proj, y, ahead=ahead)
+        return fast.linear(self.out_proj, y)
