@@ -113,8 +113,8 @@ class GatedDeltaNet(nn.Module):
             # prefill: q, k and v as three contiguous tensors (fla-core would copy column views to make them so)
             sections = None if decode or not self._conv_sections_fit() else (self.key_dim, self.key_dim)
             mixed = td.causal_conv(
-                qkv, conv_w if decode else self._conv_taps_major(), conv_pool, batch.cu_seqlens, batch.state_slots, batch.context_lens, batch.max_seqlen,
-                sections=sections,
+                qkv, conv_w if decode else self._conv_taps_major(), conv_pool, batch.cu_seqlens, batch.state_slots,
+                batch.context_lens, batch.max_seqlen, sections=sections,
             )
         if batch.max_seqlen == 1:
             fmt = fast.gdn_step_prep(self.out_proj, x, self.dv, self.hv)  # the out projection's prep, made here
