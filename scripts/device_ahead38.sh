@@ -17,10 +17,7 @@ for rep in 1 2; do
   bench_pp "ahead off" 1 DELTASERVE_PREFILL_DEQUANT_AHEAD=off
   bench_pp "ahead side" 1
 done
-timeout 100 python3 -m deltaserve bench --preset qwen3.6-35b-a3b --quant q4 -p 512 \
-  -n 0 -d 0 -b 1 -r 1 --no-record --profile-prefill-graph --profile-top 16 > "$OUT/prefill_graph.log" 2>&1
-echo "== profile ($((SECONDS-t0)) s)"; grep -A30 "# prefill graph profile" "$OUT/prefill_graph.log" | cut -c1-130
-grep "peak GPU" "$OUT/prefill_graph.log"
+prefill_profile 16
 PP_TIMEOUT=150 bench_pp "ahead off" 8 DELTASERVE_PREFILL_DEQUANT_AHEAD=off
 PP_TIMEOUT=150 bench_pp "ahead side" 8
 logs_into_one

@@ -50,6 +50,17 @@ bench_pp() {
   grep -E "Error|error" "$OUT/pp.log" | tail -3
 }
 
+# prefill_profile TOP ENV...: the prefill graph's profile (bench --profile-prefill-graph, pp512 @ d0, B=1) under the
+# given environment: its class table and TOP kernels, and the peak memory line; the whole output in
+# $OUT/prefill_graph.log
+prefill_profile() {
+  local top=$1; shift
+  env "$@" timeout 100 python3 -m deltaserve bench --preset qwen3.6-35b-a3b --quant q4 -p 512 -n 0 -d 0 -b 1 -r 1 \
+    --no-record --profile-prefill-graph --profile-top "$top" > "$OUT/prefill_graph.log" 2>&1
+  echo "== profile ($((SECONDS-t0)) s)"; grep -A30 "# prefill graph profile" "$OUT/prefill_graph.log" | cut -c1-130
+  grep "peak GPU" "$OUT/prefill_graph.log"
+}
+
 # bench_records [LIMIT_MULTI [LIMIT_B1]]: the records of a device call at this tree ($DELTASERVE_COMMIT): tg128 and
 # pp512 @ d512 at 64 and 8 streams (-r 3), then batch 1 at every depth (-r 5), each under its own limit (default
 # 150 / 110 s), appended under $OUT; their table rows, the whole output in $OUT/bench_b64.log / bench_b1.log

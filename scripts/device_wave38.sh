@@ -13,10 +13,7 @@ for rep in 1 2; do
   bench_pp "copies off" 1 DELTASERVE_PREFILL_BF16_MIB=0
   bench_pp "copies on" 1
 done
-timeout 100 python3 -m deltaserve bench --preset qwen3.6-35b-a3b --quant q4 -p 512 \
-  -n 0 -d 0 -b 1 -r 1 --no-record --profile-prefill-graph --profile-top 16 > "$OUT/prefill_graph.log" 2>&1
-echo "== profile ($((SECONDS-t0)) s)"; grep -A30 "# prefill graph profile" "$OUT/prefill_graph.log" | cut -c1-130
-grep "peak GPU" "$OUT/prefill_graph.log"
+prefill_profile 16
 timeout 60 python3 scripts/probe_prefill_conv.py --t 512,4096 --out "$OUT/probe_conv.jsonl" > "$OUT/probe_conv.log" 2>&1
 tail -8 "$OUT/probe_conv.log"
 timeout 90 python3 scripts/probe_dense_prefill.py --ms 512 --skip-tiles --fused "128,3,1,1;128,3,1,0" \
