@@ -454,14 +454,52 @@ def paged_decode_attention(
 
 
 @triton.jit
+def _prefill_scores(q, kc_ptr, ks_ptr, table_row, n0, end, q_pos, kvh, rd, stride_cr, stride_ch, qk_scale,
+                    BS: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, F32: tl.constexpr, FP8: tl.constexpr):
+    """Keys n0 .. n0 + BN of a prefill tile: their scaled, causally masked scores s [BM, BN] (fp32, -inf where
+    masked), the V rows' offsets and the keys' validity (for _prefill_accumulate)."""
+    pos = n0 + tl.arange(0, BN)
+    valid = pos < end
+    rows = _kv_rows(table_row, tl.where(valid, pos, -1), BS)
+    kv_off = rows[:, None] * stride_cr + kvh * stride_ch + rd[None, :]
+    k, ksc = _load_rows(kc_ptr, ks_ptr, kv_off, rows * (stride_cr // D) + kvh, valid, q.dtype, FP8)
+    s = mma(q, tl.trans(k), tl.zeros((q.shape[0], BN), dtype=tl.float32), F32)
+    if FP8:
+        s = s * ksc[None, :]
+    s = s * qk_scale
+    s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
+    return s, kv_off, rows, valid
+
+
+@triton.jit
+def _prefill_accumulate(s, vc_ptr, vs_ptr, kv_off, rows, valid, kvh, m_i, l_i, acc, stride_cr,
+                        act: tl.constexpr, D: tl.constexpr, F32: tl.constexpr, FP8: tl.constexpr):
+    """One key block's online-softmax step: (m, l, acc) updated by scores s and the block's V rows."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded query rows see no key at all
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v, vsc = _load_rows(vc_ptr, vs_ptr, kv_off, rows * (stride_cr // D) + kvh, valid, act, FP8)
+    pv = p
+    if FP8:
+        pv = p * vsc[None, :]
+    acc = mma(pv.to(v.dtype), v, acc * alpha[:, None], F32)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, table_ptr, cu_ptr, ctx_ptr, o_ptr, ks_ptr, vs_ptr,
     stride_qt, stride_qh, stride_tb, stride_cr, stride_ch, stride_ot, stride_oh, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
     FP8: tl.constexpr = False, gate_ptr=None, stride_gt=0, stride_gh=0, HAS_GATE: tl.constexpr = False,
+    PAIR: tl.constexpr = False,
 ):
     # grid (B, cdiv(max new tokens, BM), Hq): BM new tokens of one sequence, one query head; HAS_GATE: the output
-    # times sigmoid(gate) (the decode epilogue's _gated, gate [T, Hq, D] read in place)
+    # times sigmoid(gate) (the decode epilogue's _gated, gate [T, Hq, D] read in place). PAIR: the key blocks of BN
+    # taken two a loop step (both blocks' scores requested before the first block's softmax), each block's
+    # online-softmax step as alone and in the same order, so the same bits; a tail of one or two blocks alone.
     b = tl.program_id(0)
     tb = tl.program_id(1)
     h = tl.program_id(2)
@@ -482,28 +520,23 @@ def _prefill_kernel(
     l_i = tl.zeros((BM,), dtype=tl.float32)
     acc = tl.zeros((BM, D), dtype=tl.float32)
     end = ctx + tl.minimum((tb + 1) * BM, n)  # keys beyond the tile's last query are all masked
-    for n0 in tl.range(0, end, BN):
-        pos = n0 + tl.arange(0, BN)
-        valid = pos < end
-        rows = _kv_rows(table_row, tl.where(valid, pos, -1), BS)
-        kv_off = rows[:, None] * stride_cr + kvh * stride_ch + rd[None, :]
-        k, ksc = _load_rows(kc_ptr, ks_ptr, kv_off, rows * (stride_cr // D) + kvh, valid, q.dtype, FP8)
-        s = mma(q, tl.trans(k), tl.zeros((BM, BN), dtype=tl.float32), F32)
-        if FP8:
-            s = s * ksc[None, :]
-        s = s * qk_scale
-        s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded query rows see no key at all
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v, vsc = _load_rows(vc_ptr, vs_ptr, kv_off, rows * (stride_cr // D) + kvh, valid, q.dtype, FP8)
-        pv = p
-        if FP8:
-            pv = p * vsc[None, :]
-        acc = mma(pv.to(v.dtype), v, acc * alpha[:, None], F32)
-        m_i = m_new
+    tail = 0
+    if PAIR:
+        tail = (end // (2 * BN)) * (2 * BN)  # the blocks before it in pairs
+        for n0 in tl.range(0, tail, 2 * BN):
+            s1, off1, rows1, valid1 = _prefill_scores(q, kc_ptr, ks_ptr, table_row, n0, end, q_pos, kvh, rd,
+                                                      stride_cr, stride_ch, qk_scale, BS, BN, D, F32, FP8)
+            s2, off2, rows2, valid2 = _prefill_scores(q, kc_ptr, ks_ptr, table_row, n0 + BN, end, q_pos, kvh, rd,
+                                                      stride_cr, stride_ch, qk_scale, BS, BN, D, F32, FP8)
+            m_i, l_i, acc = _prefill_accumulate(s1, vc_ptr, vs_ptr, off1, rows1, valid1, kvh, m_i, l_i, acc,
+                                                stride_cr, q.dtype, D, F32, FP8)
+            m_i, l_i, acc = _prefill_accumulate(s2, vc_ptr, vs_ptr, off2, rows2, valid2, kvh, m_i, l_i, acc,
+                                                stride_cr, q.dtype, D, F32, FP8)
+    for n0 in tl.range(tail, end, BN):
+        s, kv_off, rows, valid = _prefill_scores(q, kc_ptr, ks_ptr, table_row, n0, end, q_pos, kvh, rd, stride_cr,
+                                                 stride_ch, qk_scale, BS, BN, D, F32, FP8)
+        m_i, l_i, acc = _prefill_accumulate(s, vc_ptr, vs_ptr, kv_off, rows, valid, kvh, m_i, l_i, acc, stride_cr,
+                                            q.dtype, D, F32, FP8)
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if HAS_GATE:
         o = _gated(o, gate_ptr + (start + ri).to(tl.int64)[:, None] * stride_gt + h * stride_gh + rd[None, :],
@@ -512,18 +545,40 @@ def _prefill_kernel(
              o.to(o_ptr.dtype.element_ty), mask=i_mask[:, None])
 
 
+PREFILL_LAUNCH = None  # (num_warps, num_stages or None, pair) of the prefill kernel; None: prefill_launch's default
+
+
+def prefill_launch(d: int) -> tuple[int, int | None, bool]:
+    """The prefill attention kernel's (num_warps, num_stages (None: Triton's), PAIR) for head_dim d: none of them
+    changes a row's arithmetic (each key block's online-softmax step is the same ops in the same order; GPU test:
+    every launch equals the default bit for bit). Default (8 warps past D 128, else 4; Triton's stages; one block a
+    step). Env DELTASERVE_PREFILL_ATTN=W,S,P (S 0: Triton's; P 0 / 1), for probes and in-model A/B."""
+    value = os.environ.get("DELTASERVE_PREFILL_ATTN", "").strip()
+    if not value:
+        return PREFILL_LAUNCH or (8 if d > 128 else 4, None, False)
+    try:
+        w, st, pair = (int(v) for v in value.split(","))
+    except ValueError:
+        raise ValueError(f"DELTASERVE_PREFILL_ATTN must be W,S,P (integers), found {value!r}") from None
+    if w not in (1, 2, 4, 8, 16) or st < 0 or pair not in (0, 1):
+        raise ValueError(f"DELTASERVE_PREFILL_ATTN: warps 1 - 16 (a power of two), stages >= 0 and P 0 or 1, found "
+                         f"{value!r}")
+    return w, st or None, bool(pair)
+
+
 def paged_prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     cu_seqlens: torch.Tensor, context_lens: torch.Tensor, scale: float, max_seqlen: int,
     out: torch.Tensor | None = None, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-    gate: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None, launch: tuple | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens q [T, Hq, D] (sequence b's are q[cu_seqlens[b]:cu_seqlens[b+1]]) over
     their sequence's cache (context_lens[b] cached tokens before them; the new K/V already written). max_seqlen: a
     host bound on the new tokens per sequence. k_scale, v_scale: an fp8 cache's scales (kv_fp8.py). gate [T, Hq, D]
     (unit stride along D, any other pitches): the output times sigmoid(gate), as paged_decode_attention(gate=)
     makes it (the output rounded to the gate's dtype, times bf16(sigmoid), rounded once). Returns [T, Hq, D] in q's
-    dtype (= reference.paged_attention, then the gate)."""
+    dtype (= reference.paged_attention, then the gate). launch: (num_warps, num_stages, pair) instead of
+    prefill_launch(D)'s (never a bit)."""
     t, hq, d = q.shape
     nb, bs, hkv, dc = k_cache.shape
     bsz = context_lens.numel()
@@ -542,12 +597,13 @@ def paged_prefill_attention(
     bm = 64 if d <= 128 else 64
     bn = 64 if d <= 128 else 32
     grid = (bsz, triton.cdiv(max(max_seqlen, 1), bm), hq)
+    warps, stages, pair = launch or prefill_launch(d)
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, cu_seqlens, context_lens, out, k_scale if fp8 else out,
         v_scale if fp8 else out, q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, out.stride(0), out.stride(1),
         scale * _LOG2E, G=hq // hkv, D=d, BS=bs, BM=bm, BN=bn, F32=dot_f32(), FP8=fp8,
         **({} if gate is None else dict(gate_ptr=gate, stride_gt=gate.stride(0), stride_gh=gate.stride(1),
                                        HAS_GATE=True)),
-        num_warps=8 if d > 128 else 4,
+        **({"PAIR": True} if pair else {}), **({} if stages is None else {"num_stages": stages}), num_warps=warps,
     )
     return out
