@@ -467,6 +467,27 @@ def test_attention_merge_knob(monkeypatch):
             tp.merge_shape()
 
 
+def test_prefill_attention_launch(monkeypatch):
+    """The prefill attention's launch: 4 warps to D 128; past it 8 warps, and 5 pipeline stages only where the device
+    has the shared memory for their three K/V buffers (Triton's stages elsewhere: the interpreter, smaller GPUs);
+    the env's W,S,P for A/B, refused unless well formed."""
+    from deltaserve.kernels.attention import triton_paged as tp
+
+    monkeypatch.delenv("DELTASERVE_PREFILL_ATTN", raising=False)
+    monkeypatch.setattr(tp, "_block_smem", lambda device=None: 227 * 1024)  # an H100 / H200
+    assert tp.prefill_launch(256) == (8, 5, False) and tp.prefill_launch(128) == (4, None, False)
+    monkeypatch.setattr(tp, "_block_smem", lambda device=None: 99 * 1024)  # an RTX 4090
+    assert tp.prefill_launch(256) == (8, None, False)
+    monkeypatch.setattr(tp, "PREFILL_LAUNCH", (4, 2, True))
+    assert tp.prefill_launch(256) == (4, 2, True)
+    monkeypatch.setenv("DELTASERVE_PREFILL_ATTN", "8,0,1")
+    assert tp.prefill_launch(256) == (8, None, True)
+    for bad in ("8,5", "3,5,0", "8,-1,0", "8,5,2", "a,b,c"):
+        monkeypatch.setenv("DELTASERVE_PREFILL_ATTN", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_PREFILL_ATTN"):
+            tp.prefill_launch(256)
+
+
 def test_route_tiles_mode_and_bad_requests(monkeypatch):
     """The fused routing's switch and its refusals, before any launch: an unknown mode, tiles without the shared
     slot, more tokens than the bitmap's two words, a tile width the experts kernel does not take."""

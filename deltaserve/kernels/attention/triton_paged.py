@@ -546,16 +546,37 @@ def _prefill_kernel(
 
 
 PREFILL_LAUNCH = None  # (num_warps, num_stages or None, pair) of the prefill kernel; None: prefill_launch's default
+# past D 128, the pipeline stages of the prefill loop's loads where the GPU has the shared memory for them: Triton's
+# default 3 stages give 2 K/V buffers (the block-table lookup takes a stage), so each step waits for the block it just
+# requested; 5 give 3 buffers (131 KB at D 256, bf16), the copy two blocks ahead. H200 probe (512 new tokens, us a
+# layer, bits equal): ctx 0 48.55 -> 40.55, ctx 512 84.45 -> 68.61, ctx 4096 343.27 -> 264.17; in the model pp512
+# B=1 d0 26,851 -> 27,346, d512 26,195 -> 27,539, d4096 24,230 -> 24,625 tok/s (bench/NOTES.md).
+PREFILL_STAGES_WIDE = 5
+PREFILL_STAGES_SMEM = 160 * 1024  # shared memory a block may opt into that PREFILL_STAGES_WIDE needs (with headroom)
 
 
-def prefill_launch(d: int) -> tuple[int, int | None, bool]:
+def _block_smem(device: torch.device | None = None) -> int:
+    """Shared memory a block may opt into on a CUDA device (None: the current one; 0 off CUDA: the interpreter)."""
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
+        return 0
+    props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
+    return int(getattr(props, "shared_memory_per_block_optin", 0))
+
+
+def prefill_launch(d: int, device: torch.device | None = None) -> tuple[int, int | None, bool]:
     """The prefill attention kernel's (num_warps, num_stages (None: Triton's), PAIR) for head_dim d: none of them
     changes a row's arithmetic (each key block's online-softmax step is the same ops in the same order; GPU test:
-    every launch equals the default bit for bit). Default (8 warps past D 128, else 4; Triton's stages; one block a
-    step). Env DELTASERVE_PREFILL_ATTN=W,S,P (S 0: Triton's; P 0 / 1), for probes and in-model A/B."""
+    every launch equals the default bit for bit). Default: past D 128, 8 warps and PREFILL_STAGES_WIDE stages where
+    the device has PREFILL_STAGES_SMEM of shared memory a block (Triton's stages elsewhere); else 4 warps and
+    Triton's stages; one block a step (two a step, PAIR, measured slower: 47.98 -> 63.2 us at ctx 0). Env
+    DELTASERVE_PREFILL_ATTN=W,S,P (S 0: Triton's; P 0 / 1), for probes and in-model A/B."""
     value = os.environ.get("DELTASERVE_PREFILL_ATTN", "").strip()
     if not value:
-        return PREFILL_LAUNCH or (8 if d > 128 else 4, None, False)
+        if PREFILL_LAUNCH:
+            return PREFILL_LAUNCH
+        if d <= 128:
+            return 4, None, False
+        return 8, (PREFILL_STAGES_WIDE if _block_smem(device) >= PREFILL_STAGES_SMEM else None), False
     try:
         w, st, pair = (int(v) for v in value.split(","))
     except ValueError:
@@ -597,7 +618,7 @@ def paged_prefill_attention(
     bm = 64 if d <= 128 else 64
     bn = 64 if d <= 128 else 32
     grid = (bsz, triton.cdiv(max(max_seqlen, 1), bm), hq)
-    warps, stages, pair = launch or prefill_launch(d)
+    warps, stages, pair = launch or prefill_launch(d, q.device)
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, cu_seqlens, context_lens, out, k_scale if fp8 else out,
         v_scale if fp8 else out, q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, out.stride(0), out.stride(1),
