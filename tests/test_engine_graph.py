@@ -306,6 +306,12 @@ def test_prefill_graph_load_derives_positions_and_slots(model):
         g.load([1, 2, 3], 0, [0], 0)
     with pytest.raises(ValueError, match="exceeds its static 4"):
         g.load(list(range(20)), 0, [0, 1, 2, 3, 4], 0)
+    with pytest.raises(ValueError, match="3 blocks does not cover its depth 29 \\+ 20 tokens"):
+        g.load(list(range(20)), 29, [5, 2, 7], 0)  # token 48 would need a fourth block
+    g.load(list(range(20, 40)), 0, [3, 1], 0)  # a second load replaces every field of the first
+    assert g.input_ids.tolist() == list(range(20, 40)) and g.positions.tolist() == list(range(20))
+    assert g.slot_mapping.tolist() == [3 * BS + p for p in range(16)] + [1 * BS + p - 16 for p in range(16, 20)]
+    assert g.block_tables.tolist() == [[3, 1, -1, -1]] and g.context_lens.tolist() == [0]
     two = PrefillGraph(model, cache, 6, max_blocks=3, batch=2)  # sequences at depths 14 and 0
     two.load_batch([list(range(6)), list(range(10, 16))], [14, 0], [[3, 4], [6]], [1, 0])
     assert two.positions.tolist() == list(range(14, 20)) + list(range(6))

@@ -16,6 +16,7 @@ padding and bucketing logic is testable without a GPU.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..model import ForwardBatch, HybridCache, fast
@@ -248,14 +249,19 @@ class PrefillGraph:
         dev = next(model.parameters()).device
         i64 = dict(dtype=torch.int64, device=dev)
         t = batch * n
-        self.input_ids = torch.zeros(t, **i64)
-        self.offsets = torch.arange(n, **i64).repeat(batch)  # positions = the row's depth + offsets
-        self.rows = torch.arange(batch, **i64).repeat_interleave(n)  # each token's sequence
-        self.positions = torch.zeros(t, **i64)
-        self.context_lens = torch.zeros(batch, **i64)
-        self.slot_mapping = torch.zeros(t, **i64)
-        self.state_slots = torch.zeros(batch, **i64)
+        # the per-load metadata, staged on the host and copied in two asynchronous copies (one int64 row of ids |
+        # positions | KV slots | depths | state slots, and the int32 block tables), from pinned buffers on CUDA; the
+        # device buffers the forward reads are views of one row, at fixed addresses (what the graph captured)
+        pin = dev.type == "cuda"
+        self._host64 = torch.zeros(3 * t + 2 * batch, dtype=torch.int64, pin_memory=pin)
+        self._host_tables = torch.zeros(batch, max_blocks, dtype=torch.int32, pin_memory=pin)
+        self._dev64 = torch.zeros(3 * t + 2 * batch, **i64)
+        self.input_ids, self.positions, self.slot_mapping = (self._dev64[i * t:(i + 1) * t] for i in range(3))
+        self.context_lens = self._dev64[3 * t:3 * t + batch]
+        self.state_slots = self._dev64[3 * t + batch:]
         self.block_tables = torch.zeros(batch, max_blocks, dtype=torch.int32, device=dev)
+        self._copied = torch.cuda.Event() if pin else None  # the last load's copies done: its host rows are free
+        self._offsets = np.arange(n, dtype=np.int64)
         self.fb = ForwardBatch(
             input_ids=self.input_ids, positions=self.positions,
             cu_seqlens=torch.arange(0, t + 1, n, **i64), context_lens=self.context_lens,
@@ -279,23 +285,35 @@ class PrefillGraph:
         if not (len(token_ids) == len(depths) == len(block_tables) == len(state_slots) == b):
             raise ValueError(f"PrefillGraph for {b} sequences loaded with {len(token_ids)} / {len(depths)} / "
                              f"{len(block_tables)} / {len(state_slots)} token lists / depths / tables / slots")
-        full = torch.full((b, self.block_tables.shape[1]), -1, dtype=torch.int32)
-        for i, (ids, table) in enumerate(zip(token_ids, block_tables)):
-            if len(ids) != self.n:
-                raise ValueError(f"PrefillGraph for {self.n} tokens a sequence: sequence {i} loaded with {len(ids)}")
-            table = torch.as_tensor(table, dtype=torch.int32)
-            if table.numel() > full.shape[1]:
-                raise ValueError(f"PrefillGraph: sequence {i}'s block table of {table.numel()} blocks exceeds its "
-                                 f"static {full.shape[1]}")
-            full[i, : table.numel()] = table
-        ids = torch.cat([torch.as_tensor(t, dtype=torch.int64).reshape(-1) for t in token_ids])
-        self.input_ids.copy_(ids)
-        self.block_tables.copy_(full)
-        self.context_lens.copy_(torch.as_tensor(list(depths), dtype=torch.int64))
-        self.state_slots.copy_(torch.as_tensor(list(state_slots), dtype=torch.int64))
-        torch.add(self.offsets, self.context_lens[self.rows], out=self.positions)
-        blk = self.block_tables.to(torch.int64)[self.rows, self.positions // self.block_size]
-        self.slot_mapping.copy_(blk * self.block_size + self.positions % self.block_size)
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous load's copies have read the host rows
+        t, n = b * self.n, self.n
+        host = self._host64.numpy()
+        tables = self._host_tables.numpy()
+        tables.fill(-1)
+        for i, (ids, table, depth) in enumerate(zip(token_ids, block_tables, depths)):
+            ids = np.asarray(ids.tolist() if isinstance(ids, torch.Tensor) else ids, dtype=np.int64).reshape(-1)
+            table = np.asarray(table.tolist() if isinstance(table, torch.Tensor) else table, dtype=np.int64)
+            if ids.size != n:
+                raise ValueError(f"PrefillGraph for {n} tokens a sequence: sequence {i} loaded with {ids.size}")
+            if table.size > tables.shape[1]:
+                raise ValueError(f"PrefillGraph: sequence {i}'s block table of {table.size} blocks exceeds its "
+                                 f"static {tables.shape[1]}")
+            depth = int(depth)
+            if depth < 0 or -(-(depth + n) // self.block_size) > table.size:
+                raise ValueError(f"PrefillGraph: sequence {i}'s block table of {table.size} blocks does not cover "
+                                 f"its depth {depth} + {n} tokens (blocks of {self.block_size})")
+            tables[i, : table.size] = table
+            pos = depth + self._offsets
+            host[i * n:(i + 1) * n] = ids
+            host[t + i * n:t + (i + 1) * n] = pos
+            host[2 * t + i * n:2 * t + (i + 1) * n] = table[pos // self.block_size] * self.block_size + pos % self.block_size
+            host[3 * t + i] = depth
+            host[3 * t + b + i] = int(state_slots[i])
+        self._dev64.copy_(self._host64, non_blocking=True)
+        self.block_tables.copy_(self._host_tables, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
         self.fb.context_lens_cpu = [int(d) for d in depths]
 
     def capture(self, warmup: int = 2, pool=None) -> None:
