@@ -4,7 +4,8 @@ load form (the engine's PrefillGraph.load_batch, and the form before it: host te
 memory, positions and slots derived by ~10 small device ops), the median over --reps of: load alone (synchronised),
 replay alone (synchronised), load + replay (the bench's unit), the replay's CPU launch call, and the GPU time between
 events recorded before and after the replay. Both forms load the same metadata: the probe checks the device buffers
-and the logits are equal first.
+are equal first, and the logits at depth 0 (past it each replay has advanced the sequence's DeltaNet state, which
+the next one reads, so logits of successive replays differ whatever the load).
 
 Usage (H200, repo root): python3 scripts/probe_prefill_host.py [--n 512] [--depths 0,512] [--reps 20] [--out F]
 """
@@ -18,7 +19,7 @@ import time
 
 import torch
 
-from deltaserve.bench.main import BLOCK_SIZE, Streams
+from deltaserve.bench.main import Streams
 from deltaserve.bench.random_model import build_random_model
 from deltaserve.engine.cuda_graph import PrefillGraph
 from deltaserve.model import ModelConfig
@@ -84,14 +85,21 @@ def main() -> None:
             if g.graph is None:
                 g.capture()
             bufs[name].append(g.replay().clone())
-        same = all(torch.equal(a, b) for a, b in zip(bufs["staged"], bufs["plain"]))
-        print(f"depth {depth}: staged and plain loads' buffers and logits equal: {same}", flush=True)
-        for name, load in loads.items():
+        same = all(torch.equal(a, b) for a, b in zip(bufs["staged"][:-1], bufs["plain"][:-1]))
+        logits = torch.equal(bufs["staged"][-1], bufs["plain"][-1])
+        print(f"depth {depth}: staged and plain loads' buffers equal: {same}; logits equal: {logits}"
+              f"{'' if depth == 0 else ' (not comparable past depth 0: the state advanced)'}", flush=True)
+        for name in ("staged", "plain", "staged"):  # staged twice: the drift between the first and the last
+            load = loads[name]
             for _ in range(3):
                 load(); g.replay()
             t_load = median_us(load, args.reps)
             t_replay = median_us(g.replay, args.reps)
             t_both = median_us(lambda: (load(), g.replay()), args.reps)
+            # the same unit with a synchronize between (the copies done before the graph's launch), and the replay
+            # right after an idle gap as long as the load's (is it the gap or the pending copy that costs?)
+            t_both_sync = median_us(lambda: (load(), torch.cuda.synchronize(), g.replay()), args.reps)
+            t_idle = median_us(lambda: (time.sleep(t_load * 1e-6), g.replay()), args.reps)
             launch, gpu = [], []
             for _ in range(args.reps):
                 load()
@@ -105,15 +113,18 @@ def main() -> None:
                 torch.cuda.synchronize()
                 gpu.append(e0.elapsed_time(e1) * 1e3)
             row = dict(depth=depth, load=name, n=args.n, load_us=t_load, replay_us=t_replay, both_us=t_both,
+                       both_sync_us=t_both_sync, idle_replay_us=t_idle,
                        launch_us=statistics.median(launch), gpu_us=statistics.median(gpu), same=same,
                        tok_s=args.n / t_both * 1e6)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print(f"| depth | load | load us | replay us | load+replay us | launch call us | replay GPU us | tok/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| depth | load | load us | replay us | load+replay us | load, sync, replay us | sleep, replay us | "
+          "launch call us | replay GPU us | tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['depth']} | {r['load']} | {r['load_us']:.1f} | {r['replay_us']:.1f} | {r['both_us']:.1f} | "
-              f"{r['launch_us']:.1f} | {r['gpu_us']:.1f} | {r['tok_s']:,.0f} |")
+              f"{r['both_sync_us']:.1f} | {r['idle_replay_us']:.1f} | {r['launch_us']:.1f} | {r['gpu_us']:.1f} | "
+              f"{r['tok_s']:,.0f} |")
     if args.out:
         with open(args.out, "a") as f:
             for r in rows:
