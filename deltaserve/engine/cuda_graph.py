@@ -256,10 +256,13 @@ class PrefillGraph:
         self._host64 = torch.zeros(3 * t + 2 * batch, dtype=torch.int64, pin_memory=pin)
         self._host_tables = torch.zeros(batch, max_blocks, dtype=torch.int32, pin_memory=pin)
         self._dev64 = torch.zeros(3 * t + 2 * batch, **i64)
-        self.input_ids, self.positions, self.slot_mapping = (self._dev64[i * t:(i + 1) * t] for i in range(3))
-        self.context_lens = self._dev64[3 * t:3 * t + batch]
-        self.state_slots = self._dev64[3 * t + batch:]
+        self.input_ids, self.positions, self.slot_mapping, self.context_lens, self.state_slots = \
+            self._fields(self._dev64)
         self.block_tables = torch.zeros(batch, max_blocks, dtype=torch.int32, device=dev)
+        # the host staging's numpy views, the same fields (ids, positions, KV slots as [batch, n])
+        ids, pos, slots, depths, states = self._fields(self._host64.numpy())
+        self._staged = (ids.reshape(batch, n), pos.reshape(batch, n), slots.reshape(batch, n), depths, states)
+        self._staged_tables = self._host_tables.numpy()
         self._copied = torch.cuda.Event() if pin else None  # the last load's copies done: its host rows are free
         self._offsets = np.arange(n, dtype=np.int64)
         self.fb = ForwardBatch(
@@ -272,6 +275,12 @@ class PrefillGraph:
         )
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
+
+    def _fields(self, row):
+        """The metadata row's fields, views of a device row or of its host staging (one layout for both): token ids,
+        positions, KV slots ([batch * n] each, sequence-major), depths and state slots ([batch] each)."""
+        t, b = self.batch * self.n, self.batch
+        return row[:t], row[t:2 * t], row[2 * t:3 * t], row[3 * t:3 * t + b], row[3 * t + b:]
 
     def load(self, token_ids, depth: int, block_table, state_slot: int) -> None:
         """One sequence's chunk (batch 1): its n token ids (host list or tensor), its depth (tokens already
@@ -287,9 +296,9 @@ class PrefillGraph:
                              f"{len(block_tables)} / {len(state_slots)} token lists / depths / tables / slots")
         if self._copied is not None:
             self._copied.synchronize()  # the previous load's copies have read the host rows
-        t, n = b * self.n, self.n
-        host = self._host64.numpy()
-        tables = self._host_tables.numpy()
+        n, bs = self.n, self.block_size
+        h_ids, h_pos, h_slots, h_depths, h_states = self._staged
+        tables = self._staged_tables
         tables.fill(-1)
         for i, (ids, table, depth) in enumerate(zip(token_ids, block_tables, depths)):
             ids = np.asarray(ids.tolist() if isinstance(ids, torch.Tensor) else ids, dtype=np.int64).reshape(-1)
@@ -300,16 +309,13 @@ class PrefillGraph:
                 raise ValueError(f"PrefillGraph: sequence {i}'s block table of {table.size} blocks exceeds its "
                                  f"static {tables.shape[1]}")
             depth = int(depth)
-            if depth < 0 or -(-(depth + n) // self.block_size) > table.size:
+            if depth < 0 or -(-(depth + n) // bs) > table.size:
                 raise ValueError(f"PrefillGraph: sequence {i}'s block table of {table.size} blocks does not cover "
-                                 f"its depth {depth} + {n} tokens (blocks of {self.block_size})")
+                                 f"its depth {depth} + {n} tokens (blocks of {bs})")
             tables[i, : table.size] = table
             pos = depth + self._offsets
-            host[i * n:(i + 1) * n] = ids
-            host[t + i * n:t + (i + 1) * n] = pos
-            host[2 * t + i * n:2 * t + (i + 1) * n] = table[pos // self.block_size] * self.block_size + pos % self.block_size
-            host[3 * t + i] = depth
-            host[3 * t + b + i] = int(state_slots[i])
+            h_ids[i], h_pos[i], h_slots[i] = ids, pos, table[pos // bs] * bs + pos % bs
+            h_depths[i], h_states[i] = depth, int(state_slots[i])
         self._dev64.copy_(self._host64, non_blocking=True)
         self.block_tables.copy_(self._host_tables, non_blocking=True)
         if self._copied is not None:
