@@ -25,6 +25,7 @@ Optional attention output gate (Qwen3.5 gated attention), applied in the epilogu
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -555,12 +556,20 @@ PREFILL_STAGES_WIDE = 5
 PREFILL_STAGES_SMEM = 160 * 1024  # shared memory a block may opt into that PREFILL_STAGES_WIDE needs (with headroom)
 
 
+@functools.lru_cache(maxsize=None)
+def _smem_optin(index: int) -> int:
+    return int(getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0))
+
+
 def _block_smem(device: torch.device | None = None) -> int:
-    """Shared memory a block may opt into on a CUDA device (None: the current one; 0 off CUDA: the interpreter)."""
-    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
+    """Shared memory a block may opt into on a CUDA device (None: the current one; 0 off CUDA: the interpreter),
+    read once per device (prefill_launch asks at every launch)."""
+    if not torch.cuda.is_available():
         return 0
-    props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
-    return int(getattr(props, "shared_memory_per_block_optin", 0))
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda":
+        return 0
+    return _smem_optin(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def prefill_launch(d: int, device: torch.device | None = None) -> tuple[int, int | None, bool]:
