@@ -51,14 +51,21 @@ def _rope_angles(pos_ptr, invf_ptr, t, stride_pa, stride_pt, HALF: tl.constexpr,
     the same id). Axis of frequency j as in rope.rope_cos_sin: interleaved H if j % 3 == 1 and j < 3*SEC1, W if
     j % 3 == 2 and j < 3*SEC2; contiguous H for SEC0 <= j < SEC0 + SEC1, W beyond; T otherwise."""
     j = tl.arange(0, HP)
-    jm = j < HALF
+    ang = _angles_at(j, j < HALF, pos_ptr, invf_ptr, t, stride_pa, stride_pt, SEC0, SEC1, SEC2, INTERLEAVED)
+    return tl.cos(ang), tl.sin(ang)
+
+
+@triton.jit
+def _angles_at(j, jm, pos_ptr, invf_ptr, t, stride_pa, stride_pt, SEC0: tl.constexpr, SEC1: tl.constexpr,
+               SEC2: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Token t's rotary angles (fp32) at frequencies j (0 where not jm): the id of frequency j's axis (_rope_angles'
+    choice) times inv_freq[j]. Elementwise, so every layout of j gets the same values."""
     if INTERLEAVED:
         axis = tl.where((j % 3 == 1) & (j < 3 * SEC1), 1, tl.where((j % 3 == 2) & (j < 3 * SEC2), 2, 0))
     else:
         axis = tl.where(j >= SEC0 + SEC1, 2, tl.where(j >= SEC0, 1, 0))
     pos = tl.load(pos_ptr + axis.to(tl.int64) * stride_pa + t.to(tl.int64) * stride_pt, mask=jm, other=0)
-    ang = pos.to(tl.float32) * tl.load(invf_ptr + j, mask=jm, other=0.0)
-    return tl.cos(ang), tl.sin(ang)
+    return pos.to(tl.float32) * tl.load(invf_ptr + j, mask=jm, other=0.0)
 
 
 @triton.jit
@@ -139,14 +146,8 @@ def rope_cols(pos_ptr, invf_ptr, t, stride_pa, stride_pt, HALF: tl.constexpr, BD
     (j, j + HALF) shares it; _rope_angles' axis choice and angle, elementwise, so the same values), 1 and 0 past
     the rotary part."""
     rd = tl.arange(0, BD)
-    j = rd % HALF
     jm = rd < 2 * HALF
-    if INTERLEAVED:
-        axis = tl.where((j % 3 == 1) & (j < 3 * SEC1), 1, tl.where((j % 3 == 2) & (j < 3 * SEC2), 2, 0))
-    else:
-        axis = tl.where(j >= SEC0 + SEC1, 2, tl.where(j >= SEC0, 1, 0))
-    pos = tl.load(pos_ptr + axis.to(tl.int64) * stride_pa + t.to(tl.int64) * stride_pt, mask=jm, other=0)
-    ang = pos.to(tl.float32) * tl.load(invf_ptr + j, mask=jm, other=0.0)
+    ang = _angles_at(rd % HALF, jm, pos_ptr, invf_ptr, t, stride_pa, stride_pt, SEC0, SEC1, SEC2, INTERLEAVED)
     return tl.where(jm, tl.cos(ang), 1.0), tl.where(jm, tl.sin(ang), 0.0)
 
 
