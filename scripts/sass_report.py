@@ -145,6 +145,7 @@ def run_attn(compiled: dict) -> list[str]:
     caches, under each ATTN_KNOBS shape, then the model's settled forms (_attn_settled_forms): registers, shared
     memory and instructions per variant. compiled: install()'s table."""
     from deltaserve.kernels.attention import triton_paged as tp
+    from deltaserve.kernels.attention.triton_qk_prep import no_prep_args
     from deltaserve.kernels.attention.kv_fp8 import FP8
 
     hq, hkv, d, bs, depth = 16, 2, 256, 64, 32768
@@ -165,7 +166,7 @@ def run_attn(compiled: dict) -> list[str]:
                 q.stride(0), q.stride(1), tables.stride(0), hkv * d, d, 1, 1, 1, 1, 1, 0, 0, 1.0, G=hq // hkv, GP=16,
                 D=d, BS=bs, SPLIT=tp.SPLIT_TOKENS, BN=tp.DECODE_BN or 32, F32=False, HAS_GATE=False, LENS_ADD=0,
                 FP8=dt == FP8, STRIDED=tp.DECODE_PROGRAMS is not None, num_warps=tp.DECODE_WARPS.get(kind, 4),
-                grid=(1, hkv, blocks), **_no_prep(q),
+                grid=(1, hkv, blocks), **no_prep_args(q),
                 **({} if tp.DECODE_STAGES.get(kind) is None else {"num_stages": tp.DECODE_STAGES[kind]}),
                 warmup=True)
             ins = instructions(k)
@@ -177,12 +178,6 @@ def run_attn(compiled: dict) -> list[str]:
     for k, v in saved.items():
         setattr(tp, k, v)
     return lines + _attn_settled_forms(compiled)
-
-
-def _no_prep(t: torch.Tensor) -> dict:
-    """The split kernel's prep arguments when it makes no prep (PREP off: unread)."""
-    return dict(kr_ptr=t, vr_ptr=t, qw_ptr=t, kw_ptr=t, pos_ptr=t, invf_ptr=t, slot_ptr=t, stride_kb=0, stride_kh=0,
-                stride_vb=0, stride_vh=0, stride_pa=0, stride_pt=0, eps=0.0, offset=0.0)
 
 
 def _attn_settled_forms(compiled: dict) -> list[str]:

@@ -37,7 +37,7 @@ from ..triton_common import dot_f32, mma
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 from .triton_kv_fp8 import fp8_scale, store_fp8
 from .kv_fp8 import check_cache
-from .triton_qk_prep import DecodeQKPrep, decode_prep_args, norm_rope_rows, rope_cols
+from .triton_qk_prep import DecodeQKPrep, decode_prep_args, no_prep_args, norm_rope_rows, rope_cols
 
 # decode: tokens per split, fixed so the merge order of a row never depends on the batch. 64: at 512 tokens the
 # split programs' chains are half as long (5.9 vs 9.8 us a layer on the H200), at 32K the merge's extra work costs
@@ -511,12 +511,12 @@ def paged_decode_attention(
     pl = torch.empty_like(pm)
     gt, (sgb, sgh) = (gate, gate.stride()[:2]) if gate is not None else (out, (0, 0))
     strided = DECODE_PROGRAMS is not None
-    early_kv = settled and not fp8 and bn == SPLIT_TOKENS and not strided and kv_early()  # the settled form's launch
+    settled_form = settled and not fp8 and bn == SPLIT_TOKENS and not strided  # the launch the settled form needs
+    early_kv = settled_form and kv_early()
     extra = {"SETTLED": True} if early_kv else {}
-    prep_args = dict(kr_ptr=pm, vr_ptr=pm, qw_ptr=pm, kw_ptr=pm, pos_ptr=pm, invf_ptr=pm, slot_ptr=pm, stride_kb=0,
-                     stride_kh=0, stride_vb=0, stride_vh=0, stride_pa=0, stride_pt=0, eps=0.0, offset=0.0)
+    prep_args = no_prep_args(pm)
     if prep is not None:
-        if not (settled and not fp8 and bn == SPLIT_TOKENS and not strided):
+        if not settled_form:
             raise ValueError("paged_decode_attention: prep needs the settled form (settled=True, a bf16 cache, one "
                              f"tile a split, no strided programs); found settled={settled}, fp8={fp8}, tile {bn} of "
                              f"split {SPLIT_TOKENS}, strided={strided}")

@@ -357,6 +357,13 @@ class DecodeQKPrep(NamedTuple):
     mrope_interleaved: bool = True
 
 
+def no_prep_args(t: torch.Tensor) -> dict:
+    """The decode split kernel's prep arguments when it makes no prep (PREP off: t stands in for every pointer,
+    unread)."""
+    return dict(kr_ptr=t, vr_ptr=t, qw_ptr=t, kw_ptr=t, pos_ptr=t, invf_ptr=t, slot_ptr=t, stride_kb=0, stride_kh=0,
+                stride_vb=0, stride_vh=0, stride_pa=0, stride_pt=0, eps=0.0, offset=0.0)
+
+
 def decode_prep_args(q: torch.Tensor, prep: DecodeQKPrep, k_cache: torch.Tensor, v_cache: torch.Tensor) -> dict:
     """The decode split kernel's prep arguments (PREP) for raw q [B, Hq, D] and `prep`, checked as
     qk_norm_rope_write checks them (shapes, strides, positions, sections); bf16 caches only."""
