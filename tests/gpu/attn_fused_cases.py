@@ -304,7 +304,7 @@ def check_attention_decode_fused(mods, device, lens, hq, hkv, d, rd, bs):
 # ---------------------------------------------------------------- the decode attention making its own q / k prep
 
 
-def decode_prep_problem(mods, device, lens, hq, hkv, d, rd, bs, kind="text", pad_row=None):
+def decode_prep_problem(device, lens, hq, hkv, d, rd, bs, kind="text", pad_row=None):
     """Rows of kv length `lens` decoding one token each: the caches hold every position but each row's newest, whose
     slots are NaN (a launch that fails to write one leaves NaN there); the raw q|gate, k and v rows of the
     projection; row `pad_row` is padding (slot -1: its newest cache row keeps random values, as a graph's padding
@@ -344,7 +344,7 @@ def check_decode_prep(mods, device, lens, hq, hkv, d, rd, bs, kind="text", pad_r
     rows form (qk_norm_rope_write(rows_form=True)) then the settled decode, bit for bit: the output (poisoned) and
     both caches (the newest slots NaN before either runs); a padding row among them."""
     qp, tp = mods["qkprep"], mods["attn"]
-    p = decode_prep_problem(mods, device, lens, hq, hkv, d, rd, bs, kind, pad_row)
+    p = decode_prep_problem(device, lens, hq, hkv, d, rd, bs, kind, pad_row)
     kc_u, vc_u = p["kc"].clone(), p["vc"].clone()
     q_u = qp.qk_norm_rope_write(p["q"], p["k"], p["v"], p["qw"], p["kw"], EPS, 1.0, p["pos"], p["invf"], kc_u, vc_u,
                                 p["prep_slots"], mrope_section=p["sec"], mrope_interleaved=True, rows_form=True)
@@ -360,7 +360,7 @@ def check_decode_prep(mods, device, lens, hq, hkv, d, rd, bs, kind="text", pad_r
 
 def check_decode_prep_invariance(mods, device, lens, others, hq, hkv, d, rd, bs):
     """Row 0 of the prepped decode alone == row 0 among the next `others` rows (fresh caches each time)."""
-    p = decode_prep_problem(mods, device, lens, hq, hkv, d, rd, bs, "mrope3")
+    p = decode_prep_problem(device, lens, hq, hkv, d, rd, bs, "mrope3")
     kc0, vc0 = p["kc"].clone(), p["vc"].clone()
     alone = _prepped(mods, p, slice(0, 1), kc0.clone(), vc0.clone())[0]
     for n in others:
@@ -368,32 +368,31 @@ def check_decode_prep_invariance(mods, device, lens, others, hq, hkv, d, rd, bs)
         assert torch.equal(got, alone), f"decode prep: row 0 changed among {n} others"
 
 
+def _refused(call, what: str, msg: str) -> None:
+    """call() raises a ValueError whose text names `msg`; `what` names the case when it does not raise."""
+    try:
+        call()
+    except ValueError as exc:
+        assert msg in str(exc), str(exc)
+    else:
+        raise AssertionError(f"no error for {what}")
+
+
 def check_decode_prep_errors(mods, device):
     """prep outside the settled bf16 form, and the rows form into fp8 caches, are refused by name."""
     import kv_fp8_cases as fc
 
-    tp = mods["attn"]
-    p = decode_prep_problem(mods, device, [5, 9], 4, 2, 32, 16, 8)
-    prep = mods["qkprep"].DecodeQKPrep(p["k"], p["v"], p["qw"], p["kw"], EPS, 1.0, p["pos"], p["invf"],
-                                       p["prep_slots"])
-    for kw, msg in ((dict(settled=False), "settled form"),
-                    (dict(settled=True, k_scale="fp8"), "settled form")):
-        kc, vc, ks, vs = p["kc"], p["vc"], None, None
-        if kw.get("k_scale") == "fp8":
-            (kc, ks), (vc, vs) = fc.fp8_cache_like(p["kc"].nan_to_num()), fc.fp8_cache_like(p["vc"].nan_to_num())
-        try:
-            tp.paged_decode_attention(p["q"], kc, vc, p["tables"], p["ctx"], 0.1, p["bound"], lens_add=1,
-                                      settled=kw["settled"], prep=prep, k_scale=ks, v_scale=vs)
-        except ValueError as exc:
-            assert msg in str(exc), str(exc)
-        else:
-            raise AssertionError(f"decode prep: no error for {kw}")
-        if ks is not None:
-            try:
-                mods["qkprep"].qk_norm_rope_write(p["q"], p["k"], p["v"], p["qw"], p["kw"], EPS, 1.0, p["pos"],
-                                                  p["invf"], kc, vc, p["prep_slots"], k_scale=ks, v_scale=vs,
-                                                  rows_form=True)
-            except ValueError as exc:
-                assert "rows_form" in str(exc), str(exc)
-            else:
-                raise AssertionError("qk prep: no error for the rows form into fp8 caches")
+    tp, qp = mods["attn"], mods["qkprep"]
+    p = decode_prep_problem(device, [5, 9], 4, 2, 32, 16, 8)
+    prep = qp.DecodeQKPrep(p["k"], p["v"], p["qw"], p["kw"], EPS, 1.0, p["pos"], p["invf"], p["prep_slots"])
+
+    def decode(kc, vc, settled, ks=None, vs=None):
+        return lambda: tp.paged_decode_attention(p["q"], kc, vc, p["tables"], p["ctx"], 0.1, p["bound"], lens_add=1,
+                                                 settled=settled, prep=prep, k_scale=ks, v_scale=vs)
+
+    _refused(decode(p["kc"], p["vc"], False), "decode prep without settled", "settled form")
+    (kc8, ks), (vc8, vs) = fc.fp8_cache_like(p["kc"].nan_to_num()), fc.fp8_cache_like(p["vc"].nan_to_num())
+    _refused(decode(kc8, vc8, True, ks, vs), "decode prep into fp8 caches", "settled form")
+    _refused(lambda: qp.qk_norm_rope_write(p["q"], p["k"], p["v"], p["qw"], p["kw"], EPS, 1.0, p["pos"], p["invf"],
+                                           kc8, vc8, p["prep_slots"], k_scale=ks, v_scale=vs, rows_form=True),
+             "the qk prep's rows form into fp8 caches", "rows_form")

@@ -462,7 +462,7 @@ def test_decode_attention_prep_reads_the_projection_after_its_wait(mods, dev, sm
     tp, qp = mods["attn"], mods["qkprep"]
     assert pdl_enabled(torch.empty(1, device=dev)), "this test needs PDL (sm_90, DELTASERVE_PDL unset)"
     a = _attn_dims(small)
-    p = ac.decode_prep_problem(mods, dev, [1, 71, 6, 301], a["hq"], a["hkv"], a["d"], a["rd"], 8 if small else 16)
+    p = ac.decode_prep_problem(dev, [1, 71, 6, 301], a["hq"], a["hkv"], a["d"], a["rd"], 8 if small else 16)
     q, k, v = p["q"].contiguous(), p["k"].contiguous(), p["v"].contiguous()
     new = [torch.randn_like(t) for t in (q, k, v)]
     kc0, vc0 = p["kc"].clone(), p["vc"].clone()
