@@ -16,7 +16,8 @@ part=${1:-a}
 if [ "$part" = a ]; then
   TESTS_NAMED=1 gpu_tests 170 tests/gpu/test_kernels_gpu.py tests/gpu/test_model_fast_path.py \
     -k "decode_attention_prep or attention_prep_in_the_decode or qk_norm_rope_write or settled"
-  for mode in launch split rows split launch; do
+  # MODES: the order of the A/B (a cold Triton cache makes the first one slow: BENCH_TIMEOUT=200 then)
+  for mode in ${MODES:-launch split rows split launch}; do
     bench_tg "prep $mode d512" 1 64 DELTASERVE_ATTN_PREP=$mode
   done
 else
