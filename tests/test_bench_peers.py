@@ -42,6 +42,22 @@ def test_llama_bench_json_and_jsonl_become_our_records():
         assert "fa 1" in tg["notes"] and "0123abc" in tg["notes"]
 
 
+def test_roofline_ceiling_is_the_measured_copy_bandwidth_of_that_gpu():
+    from deltaserve.bench import roofline
+
+    assert roofline.copy_ceiling("NVIDIA H200") == 4.29e12
+    assert roofline.copy_ceiling("NVIDIA H100 80GB HBM3") == 3.00e12
+    assert roofline.copy_ceiling("NVIDIA H100 PCIe") is None  # another H100: its bandwidth was never measured
+    assert roofline.copy_ceiling("NVIDIA A100-SXM4-80GB") is None and roofline.copy_ceiling("cpu") is None
+    assert roofline.roofline(1e-3, 2e9, None) == (2000.0, None)
+    (h200,) = peers.llama_bench_records([TG], model="qwen3.6-35b-a3b")
+    (h100,) = peers.llama_bench_records([dict(TG, gpu_info="NVIDIA H100 80GB HBM3")], model="qwen3.6-35b-a3b")
+    assert h100["gbps"] == h200["gbps"]  # the bytes a step moves do not depend on the GPU; the ceiling does
+    assert h100["roofline_pct"] == pytest.approx(h200["roofline_pct"] * 4.29 / 3.00, rel=1e-3)
+    (other,) = peers.llama_bench_records([dict(TG, gpu_info="NVIDIA L4")], model="qwen3.6-35b-a3b")
+    assert other["gbps"] is None and other["roofline_pct"] is None
+
+
 def test_llama_bench_other_models_combined_tests_and_overrides():
     pg = dict(PP, n_gen=128, model_filename="/x/other.gguf", model_type="qwen35 9B Q8_0")
     (rec,) = peers.llama_bench_records([pg])
@@ -72,7 +88,7 @@ def test_real_llama_bench_line_from_a_cpu_build():
     assert (rec["test"], rec["n"], rec["depth"], rec["quant"], rec["gpu"]) == ("tg", 16, 32, "q8_0", "AMD EPYC")
     assert rec["tok_s"] == pytest.approx((23644.6 + 22612.9) / 2) and rec["reps"] == 2
     assert "unknown (build 0) llama-cpp-python 0.3.36 sdist, CPU" in rec["notes"]
-    assert rec["gbps"] is None  # the roofline ceiling is the H200's; not applied to other devices
+    assert rec["gbps"] is None  # no measured copy bandwidth for this device: no roofline
 
 
 def test_llama_bench_bad_input_is_named():

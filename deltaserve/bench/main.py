@@ -243,7 +243,8 @@ def main(argv=None) -> int:
                 times = bench_decode(streams, n, d, args.reps, not args.no_graph)
                 tps, sd = _stats(times, n * b)
                 step_bytes = roofline.decode_step_bytes(config, fmt, b, d + n // 2, kv_cache_bytes=kv_bytes)
-                gbps, pct = roofline.roofline(b / tps if tps else float("inf"), step_bytes)
+                gbps, pct = roofline.roofline(b / tps if tps else float("inf"), step_bytes,
+                                              roofline.copy_ceiling(gpu))
                 keep(records.make_record("deltaserve", gpu, name, quant, "tg", n, d, b, tps, sd, args.reps,
                                          gbps, pct, notes=note + ("; eager" if args.no_graph else "; cuda graph")
                                          + gemv_note))

@@ -92,8 +92,8 @@ def llama_bench_records(entries: list[dict], model: str | None = None, quant: st
         if test == "pg":
             notes += f"; pp{p}+tg{g} in one timing"
         gbps = pct = None
-        if test == "tg" and tok_s > 0 and "H200" in gpu:  # the ceiling is the H200's measured copy bandwidth
-            gbps, pct = _peer_roofline(name, q, 1, d + n // 2, 1.0 / tok_s)
+        if test == "tg" and tok_s > 0 and roofline.copy_ceiling(gpu):  # a GPU whose copy bandwidth we measured
+            gbps, pct = _peer_roofline(name, q, 1, d + n // 2, 1.0 / tok_s, gpu)
         rec = records.make_record("llama.cpp", gpu, name, q, test, n, d, 1, tok_s, float(e.get("stddev_ts", 0.0)),
                                   len(samples) or 1, gbps, pct, notes, commit)
         if str(e.get("test_time", ""))[:4].isdigit():
@@ -102,7 +102,7 @@ def llama_bench_records(entries: list[dict], model: str | None = None, quant: st
     return out
 
 
-def _peer_roofline(model: str, quant: str, batch: int, depth: int, step_s: float):
+def _peer_roofline(model: str, quant: str, batch: int, depth: int, step_s: float, gpu: str):
     """(GB/s, % of roofline) of a decode step when the model is one of our presets and the format is known."""
     from ..model.config import ModelConfig
     from ..synthetic.presets import PRESETS
@@ -111,7 +111,7 @@ def _peer_roofline(model: str, quant: str, batch: int, depth: int, step_s: float
         return None, None
     config = ModelConfig.from_dict(PRESETS[model].config)
     fmt = roofline.WeightFormat(quant, *PEER_FORMATS[quant])
-    return roofline.roofline(step_s, roofline.decode_step_bytes(config, fmt, batch, depth))
+    return roofline.roofline(step_s, roofline.decode_step_bytes(config, fmt, batch, depth), roofline.copy_ceiling(gpu))
 
 
 # ---- transformers ------------------------------------------------------------------------------------------------
@@ -151,8 +151,8 @@ def _record(gpu, args, test, n, depth, batch, times, notes) -> dict:
     tok_s = statistics.median(rates)
     sd = statistics.stdev(rates) if len(rates) > 1 else 0.0
     gbps = pct = None
-    if test == "tg" and args.dtype == "bf16" and "H200" in gpu:
-        gbps, pct = _peer_roofline(args.preset, "bf16", batch, depth + n // 2, batch / tok_s)
+    if test == "tg" and args.dtype == "bf16" and roofline.copy_ceiling(gpu):
+        gbps, pct = _peer_roofline(args.preset, "bf16", batch, depth + n // 2, batch / tok_s, gpu)
     rec = records.make_record("transformers", gpu, args.preset, args.dtype, test, n, depth, batch, tok_s, sd,
                               args.reps, gbps, pct, notes)
     print(records.format_table([rec]).splitlines()[-1], flush=True)

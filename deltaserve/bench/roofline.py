@@ -11,8 +11,18 @@ from dataclasses import dataclass
 
 from ..model.config import ModelConfig
 
-# Measured device-to-device copy bandwidth on the H200 (bytes read + written), shared/GPU_NOTES.md.
-H200_COPY_BYTES_PER_S = 4.29e12
+# Measured device-to-device copy bandwidth (bytes read + written) of each GPU we have timed on, by a substring of
+# torch.cuda.get_device_name(): the roofline's ceiling. H200: 4 GiB bf16 buffer, shared/GPU_NOTES.md. H100 80GB HBM3:
+# a 2 GiB uint8 copy, median of 20 after 3 warm-ups, 1.431 ms (2026-12-05, bench/NOTES.md). A GPU not listed gets
+# no % of roofline (a datasheet figure is not a measured ceiling).
+COPY_BYTES_PER_S = {"H200": 4.29e12, "H100 80GB HBM3": 3.00e12}
+H200_COPY_BYTES_PER_S = COPY_BYTES_PER_S["H200"]
+
+
+def copy_ceiling(gpu: str) -> float | None:
+    """The measured copy bandwidth of the named GPU (bytes/s), or None where we have not measured one."""
+    hits = [bw for key, bw in COPY_BYTES_PER_S.items() if key in gpu]
+    return hits[0] if len(hits) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -76,7 +86,8 @@ def decode_step_bytes(cfg: ModelConfig, fmt: WeightFormat, batch: int, depth: in
     return total
 
 
-def roofline(step_seconds: float, step_bytes: float, ceiling: float = H200_COPY_BYTES_PER_S) -> tuple[float, float]:
-    """(achieved GB/s, % of the copy-bandwidth ceiling)."""
+def roofline(step_seconds: float, step_bytes: float,
+             ceiling: float | None = H200_COPY_BYTES_PER_S) -> tuple[float, float | None]:
+    """(achieved GB/s, % of the copy-bandwidth ceiling; None without a ceiling)."""
     bps = step_bytes / step_seconds
-    return bps / 1e9, 100.0 * bps / ceiling
+    return bps / 1e9, None if ceiling is None else 100.0 * bps / ceiling
