@@ -140,12 +140,10 @@ ATTN_KNOBS = (  # (label, {triton_paged knob: value}): the decode split program'
 )
 
 
-def run_attn(compiled: dict) -> list[str]:
+def run_attn() -> list[str]:
     """The decode split kernel at the 35B-A3B's attention shape (Hq 16, Hkv 2, D 256, 32K context), bf16 and fp8
-    caches, under each ATTN_KNOBS shape, then the model's settled forms (_attn_settled_forms): registers, shared
-    memory and instructions per variant. compiled: install()'s table."""
+    caches, under each ATTN_KNOBS shape: registers, shared memory and instructions per variant."""
     from deltaserve.kernels.attention import triton_paged as tp
-    from deltaserve.kernels.attention.triton_qk_prep import no_prep_args
     from deltaserve.kernels.attention.kv_fp8 import FP8
 
     hq, hkv, d, bs, depth = 16, 2, 256, 64, 32768
@@ -166,7 +164,7 @@ def run_attn(compiled: dict) -> list[str]:
                 q.stride(0), q.stride(1), tables.stride(0), hkv * d, d, 1, 1, 1, 1, 1, 0, 0, 1.0, G=hq // hkv, GP=16,
                 D=d, BS=bs, SPLIT=tp.SPLIT_TOKENS, BN=tp.DECODE_BN or 32, F32=False, HAS_GATE=False, LENS_ADD=0,
                 FP8=dt == FP8, STRIDED=tp.DECODE_PROGRAMS is not None, num_warps=tp.DECODE_WARPS.get(kind, 4),
-                grid=(1, hkv, blocks), **no_prep_args(q),
+                grid=(1, hkv, blocks),
                 **({} if tp.DECODE_STAGES.get(kind) is None else {"num_stages": tp.DECODE_STAGES[kind]}),
                 warmup=True)
             ins = instructions(k)
@@ -177,50 +175,7 @@ def run_attn(compiled: dict) -> list[str]:
                          + f"  smem {k.metadata.shared} B  {mma}  spill stores {spills}")
     for k, v in saved.items():
         setattr(tp, k, v)
-    return lines + _attn_settled_forms(compiled)
-
-
-def _attn_settled_forms(compiled: dict) -> list[str]:
-    """The model's decode attention at batch 1 (the 35B-A3B's attention shape, 32K context, bf16 cache) through
-    paged_decode_attention: the settled form after the q/k prep launch, and the form that makes q and the newest
-    K/V itself (prep=, DELTASERVE_ATTN_PREP=split)."""
-    from deltaserve.kernels.attention import triton_paged as tp
-    from deltaserve.kernels.attention.triton_qk_prep import DecodeQKPrep
-
-    hq, hkv, d, bs, depth, rd = 16, 2, 256, 64, 32768, 64
-    blocks = depth // bs
-    qg = torch.zeros(1, hq, 2 * d, dtype=torch.bfloat16)
-    kc = torch.zeros(blocks, bs, hkv, d, dtype=torch.bfloat16)
-    tables = torch.zeros(1, blocks, dtype=torch.int32)
-    ctx = torch.full((1,), depth - 1, dtype=torch.int64)
-    kv = torch.zeros(1, hkv, d, dtype=torch.bfloat16)
-    w = torch.zeros(d, dtype=torch.bfloat16)
-    prep = DecodeQKPrep(kv, kv, w, w, 1e-6, 1.0, torch.zeros(3, 1, dtype=torch.int64),
-                        torch.zeros(rd // 2, dtype=torch.float32), torch.zeros(1, dtype=torch.int64), (11, 11, 10),
-                        True)
-    lines = []
-    dot_f32, tp.dot_f32 = tp.dot_f32, lambda: False  # bf16 MMAs, as on the GPU (install() makes this look CPU-run)
-    try:
-        for label, form in (("settled", None), ("settled+prep", prep)):
-            before = set(compiled)
-            tp.paged_decode_attention(qg[..., :d], kc, kc, tables, ctx, 0.0625, depth, gate=qg[..., d:], lens_add=1,
-                                      settled=True, prep=form)
-            lines += _new_split_lines(compiled, before, label)
-    finally:
-        tp.dot_f32 = dot_f32
     return lines
-
-
-def _new_split_lines(compiled: dict, before: set, label: str) -> list[str]:
-    """summary() lines of the decode split kernels compiled since `before` (registers, instructions, shared memory,
-    spill stores)."""
-    lines = []
-    for name in [n for n in compiled if n not in before and n.startswith("_decode_split_kernel")]:
-        ins = instructions(compiled[name])
-        lines.append(summary(f"split bf16 {label}", compiled[name]).split("  PDL")[0]
-                     + f"  smem {compiled[name].metadata.shared} B  spill stores {sum('STL' in ln for ln in ins)}")
-    return lines
-
 
 
 def main(argv=None) -> int:
@@ -239,7 +194,7 @@ def main(argv=None) -> int:
                 if name not in before:
                     lines.append(summary(name, compiled[name]))
     if args.only in ("attn", "all"):
-        lines += run_attn(compiled)
+        lines += run_attn()
     print(f"sm_90, PDL {'on' if args.pdl else 'off'}; GEMV variants in the order {GEMV_SHAPES} (N, K)")
     print("\n".join(lines))
     if args.dump:

@@ -442,19 +442,6 @@ def test_attention_kv_early_knob(monkeypatch):
         tp.kv_early()
 
 
-def test_attention_prep_knob(monkeypatch):
-    from deltaserve.kernels.attention import triton_paged as tp
-
-    monkeypatch.delenv("DELTASERVE_ATTN_PREP", raising=False)
-    assert tp.decode_prep_mode() == "launch"
-    for mode in ("launch", "rows", "split"):
-        monkeypatch.setenv("DELTASERVE_ATTN_PREP", mode)
-        assert tp.decode_prep_mode() == mode
-    monkeypatch.setenv("DELTASERVE_ATTN_PREP", "fused")
-    with pytest.raises(ValueError, match="DELTASERVE_ATTN_PREP"):
-        tp.decode_prep_mode()
-
-
 def test_conv_early_knob(monkeypatch):
     from deltaserve.kernels.quant import triton_gemv as g
 

@@ -80,30 +80,6 @@ def _child(ckpt: str) -> None:
     for others, got in ((1, fast[:, 0]), (3, decode(True, [0, 1, 2, 3])[:, 0])):
         assert torch.equal(got, alone), f"row 0 decoded among {others} others differs"
 
-    # the decode attention making q and the new K/V itself (DELTASERVE_ATTN_PREP=split) == the prep launch's rows
-    # form then the settled decode, bit for bit over two steps (the second reads the K/V the first wrote)
-    from deltaserve.kernels.attention import triton_paged
-
-    plain_decode, prepped = triton_paged.paged_decode_attention, []
-
-    def spy(*args, prep=None, **kw):  # records which decode launches made their own prep
-        prepped.append(prep is not None)
-        return plain_decode(*args, prep=prep, **kw)
-
-    try:
-        os.environ["DELTASERVE_ATTN_PREP"] = "rows"
-        rows_form = decode(True, [0, 1])
-        os.environ["DELTASERVE_ATTN_PREP"] = "split"
-        triton_paged.paged_decode_attention = spy
-        split_form = decode(True, [0, 1])
-    finally:
-        os.environ.pop("DELTASERVE_ATTN_PREP")
-        triton_paged.paged_decode_attention = plain_decode
-    assert prepped and all(prepped), f"DELTASERVE_ATTN_PREP=split: decode launches with prep {prepped}"
-    assert torch.equal(split_form, rows_form), "DELTASERVE_ATTN_PREP=split decode differs from rows"
-    rel_rows = ((ref - rows_form).abs().max() / ref.abs().max()).item()
-    assert rel_rows < 0.02, f"the prep's rows form: decode logits differ from the reference by {rel_rows:.3g}"
-
     # the fp8 K/V cache (kernels/attention/kv_fp8.py): the fused q/k prep writing it, prefill and decode attention
     # reading it, against the reference path with the same cache format (one step: interpreter time)
     fp8 = torch.float8_e4m3fn

@@ -173,16 +173,6 @@ def _attn_fused_cases():
             m, CPU, _around_split(m, 1, 40 - _split(m), 0, 1, 4), 4, 2, 32, 16, 8),
         "decode_gate_batch_invariance": lambda m: ac.check_decode_gate_invariance(
             m, CPU, [200, 1, 128, 129, 300, 50], (1, 3, 5), 4, 2, 32, 8),
-        "qk_prep_rows_form": lambda m: [ac.check_qk_prep(m, CPU, 5, kind=kind, rows_form=True, **dims)
-                                        for kind in ("text", "mrope3")],
-        # the prepped decode: lengths around the split size (the newest in the first, last and a middle split),
-        # a padding row; text and mRoPE positions
-        "decode_prep_vs_prep_launch": lambda m: [ac.check_decode_prep(
-            m, CPU, _around_split(m, 1, -28, 0, 1, 44), 4, 2, 32, 16, 8, kind=kind, pad_row=pad)
-            for kind, pad in (("text", 2), ("mrope3", None))],
-        "decode_prep_batch_invariance": lambda m: ac.check_decode_prep_invariance(
-            m, CPU, [130, 1, 64, 65, 20], (1, 4), 4, 2, 32, 16, 8),
-        "decode_prep_errors": lambda m: ac.check_decode_prep_errors(m, CPU),
     })
     return cases
 

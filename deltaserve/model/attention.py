@@ -84,39 +84,29 @@ class GatedAttention(nn.Module):
 
     def _forward_fast(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
         """Decode: fused projection, one kernel for q/k norms + RoPE + KV append, decode attention with the sigmoid
-        gate in its epilogue, o_proj (3 launches between the projections; 2 with DELTASERVE_ATTN_PREP=split, where
-        the decode attention's split programs make q and the new K/V themselves: triton_paged.decode_prep_mode).
-        Prefill: the same prep kernel, varlen attention with the gate in its epilogue too (the gate read in place: no
-        copy, sigmoid or product by torch; fast.prefill_copies)."""
+        gate in its epilogue, o_proj (3 launches between the projections). Prefill: the same prep kernel, varlen
+        attention with the gate in its epilogue too (the gate read in place: no copy, sigmoid or product by torch;
+        fast.prefill_copies)."""
         from ..kernels.attention import triton_paged as tp
-        from ..kernels.attention.triton_qk_prep import DecodeQKPrep, qk_norm_rope_write
+        from ..kernels.attention.triton_qk_prep import qk_norm_rope_write
 
         t, d = x.shape[0], self.d
         decode = batch.max_seqlen == 1
         qg, k, v = self._project(x, decode)
         qg = qg.view(t, self.hq, (2 if self.gated else 1) * d)
         k_cache, v_cache, k_scale, v_scale = cache.kv(self.layer)
-        one_each = decode and batch.num_tokens == batch.num_seqs  # one token per sequence
-        prep_mode = tp.decode_prep_mode() if one_each and k_scale is None else "launch"
-        prep = DecodeQKPrep(k.view(t, self.hkv, d), v.view(t, self.hkv, d), self.q_norm.weight, self.k_norm.weight,
-                            self.q_norm.eps, self.q_norm.offset, batch.positions, self._inv_freq(x.device),
-                            batch.slot_mapping, self.mrope_section, self.mrope_interleaved)
-        if prep_mode == "split":  # the decode's split programs make q and the new K/V themselves
-            q = qg[..., :d]
-        else:
-            q = qk_norm_rope_write(
-                qg[..., :d], prep.k, prep.v, prep.q_norm_w, prep.k_norm_w, prep.eps, prep.offset, prep.positions,
-                prep.inv_freq, k_cache, v_cache, prep.slot_mapping, self.mrope_section, self.mrope_interleaved,
-                k_scale=k_scale, v_scale=v_scale, rows_form=prep_mode == "rows",
-            )
+        q = qk_norm_rope_write(
+            qg[..., :d], k.view(t, self.hkv, d), v.view(t, self.hkv, d), self.q_norm.weight, self.k_norm.weight,
+            self.q_norm.eps, self.q_norm.offset, batch.positions, self._inv_freq(x.device), k_cache, v_cache,
+            batch.slot_mapping, self.mrope_section, self.mrope_interleaved, k_scale=k_scale, v_scale=v_scale,
+        )
         gate = qg[..., d:] if self.gated else None
-        if one_each:
+        if decode and batch.num_tokens == batch.num_seqs:  # one token per sequence
             max_kv = batch.block_tables.shape[1] * batch.block_size
             o = tp.paged_decode_attention(
                 q, k_cache, v_cache, batch.block_tables, batch.context_lens, self.scale, max_kv, gate=gate, lens_add=1,
                 k_scale=k_scale, v_scale=v_scale, merge=tp.merge_shape(throughput=fast.throughput_deployment(self)),
                 settled=True,  # earlier forwards wrote every position but the new token's (each starts without PDL)
-                prep=prep if prep_mode == "split" else None,
             )
             return fast.linear(self.o_proj, o.view(t, self.hq * d), decode)
         copies = fast.prefill_copies()

@@ -13,7 +13,7 @@ import torch
 
 from deltaserve.kernels.attention import reference as attn_ref
 from deltaserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
-from kernel_cases import BF16_EPS, INTERPRETED, close, paged_problem, poisoned, settled_decode
+from kernel_cases import BF16_EPS, INTERPRETED, close, paged_problem, poisoned
 
 THETA = 10_000_000.0
 EPS = 1e-6
@@ -67,10 +67,10 @@ def qk_problem(device, t, hq, hkv, d, rd, kind="text", offset=1.0, bs=4, pad_row
     )
 
 
-def run_qk_prep(mods, p, out=None, cos_sin=None, rows_form=False):
+def run_qk_prep(mods, p, out=None, cos_sin=None):
     return mods["qkprep"].qk_norm_rope_write(
         p["q"], p["k"], p["v"], p["qw"], p["kw"], EPS, p["offset"], p["pos"], p["invf"], p["kc"], p["vc"],
-        p["slots"], mrope_section=p["sec"], mrope_interleaved=True, out=out, cos_sin=cos_sin, rows_form=rows_form)
+        p["slots"], mrope_section=p["sec"], mrope_interleaved=True, out=out, cos_sin=cos_sin)
 
 
 def _norm_rope_fp64(x, w, offset, cos, sin):
@@ -80,14 +80,12 @@ def _norm_rope_fp64(x, w, offset, cos, sin):
     return apply_rope(n, cos.double(), sin.double())
 
 
-def check_qk_prep(mods, device, t, hq, hkv, d, rd, kind="text", offset=1.0, table=False, rows_form=False):
-    """table: the kernel reads rope_cos_sin's tables instead of computing cos/sin from the positions. rows_form: the
-    launch's rows form (norm_rope_rows, the decode split programs' arithmetic)."""
+def check_qk_prep(mods, device, t, hq, hkv, d, rd, kind="text", offset=1.0, table=False):
+    """table: the kernel reads rope_cos_sin's tables instead of computing cos/sin from the positions."""
     p = qk_problem(device, t, hq, hkv, d, rd, kind, offset)
     kc0, vc0 = p["kc"].clone(), p["vc"].clone()
     cos, sin = rope_cos_sin(p["pos"], rd, THETA, p["sec"], True)  # the model's cos/sin, fp32
-    q = run_qk_prep(mods, p, out=poisoned((t, hq, d), torch.bfloat16, device), cos_sin=(cos, sin) if table else None,
-                    rows_form=rows_form)
+    q = run_qk_prep(mods, p, out=poisoned((t, hq, d), torch.bfloat16, device), cos_sin=(cos, sin) if table else None)
     close(q, _norm_rope_fp64(p["q"], p["qw"], p["offset"], cos, sin), 2 * BF16_EPS, f"qk prep q ({kind})")
     live = p["slots"] >= 0
     slots = p["slots"][live]
@@ -299,100 +297,3 @@ def check_attention_decode_fused(mods, device, lens, hq, hkv, d, rd, bs):
     assert bf16_ulps(p["kc"], kc_u).max().item() <= 1 and torch.equal(p["vc"], vc_u), "fused layer: caches differ"
     # q/k one bf16 step apart at most move the softmax slightly: a few steps of the output's scale
     close(o_f.reshape(b, hq * d), o_u.double(), 4 * BF16_EPS, "fused layer decode vs unfused")
-
-
-# ---------------------------------------------------------------- the decode attention making its own q / k prep
-
-
-def decode_prep_problem(device, lens, hq, hkv, d, rd, bs, kind="text", pad_row=None):
-    """Rows of kv length `lens` decoding one token each: the caches hold every position but each row's newest, whose
-    slots are NaN (a launch that fails to write one leaves NaN there); the raw q|gate, k and v rows of the
-    projection; row `pad_row` is padding (slot -1: its newest cache row keeps random values, as a graph's padding
-    row reads whatever is there)."""
-    b, ctx = len(lens), [n - 1 for n in lens]
-    p = paged_problem(device, ctx, [1] * b, hq, hkv, d, bs)
-    slots = p["slots"].clone()
-    live = torch.ones(b, dtype=torch.bool, device=device)
-    if pad_row is not None:
-        slots[pad_row] = -1
-        live[pad_row] = False
-    p["kc"].view(-1, hkv, d)[p["slots"][live]] = float("nan")
-    p["vc"].view(-1, hkv, d)[p["slots"][live]] = float("nan")
-    qg = torch.randn(b, hq, 2 * d, device=device).bfloat16()
-    w = (0.2 * torch.randn(2, d, device=device)).bfloat16()
-    return dict(p, qg=qg, q=qg[..., :d], gate=qg[..., d:], k=(3 * torch.randn(b, hkv, d, device=device)).bfloat16(),
-                qw=w[0], kw=w[1],
-                pos=qk_positions(kind, b, device), invf=rope_inv_freq(rd, THETA, device), sec=_sections(rd // 2),
-                prep_slots=slots, ctx=torch.tensor(ctx, device=device), bound=max(lens))
-
-
-def _prepped(mods, p, rows=slice(None), kc=None, vc=None):
-    """paged_decode_attention(prep=) of rows `rows` of problem p into a poisoned output (the caches given, or p's)."""
-    qp, tp = mods["qkprep"], mods["attn"]
-    pos = p["pos"][..., rows]
-    prep = qp.DecodeQKPrep(p["k"][rows], p["v"][rows], p["qw"], p["kw"], EPS, 1.0, pos, p["invf"],
-                           p["prep_slots"][rows], p["sec"], True)
-    q = p["q"][rows]
-    return tp.paged_decode_attention(q, p["kc"] if kc is None else kc, p["vc"] if vc is None else vc,
-                                     p["tables"][rows], p["ctx"][rows], p["q"].shape[-1] ** -0.5, p["bound"],
-                                     out=poisoned(q.shape, q.dtype, q.device), gate=p["gate"][rows], lens_add=1,
-                                     settled=True, prep=prep)
-
-
-def check_decode_prep(mods, device, lens, hq, hkv, d, rd, bs, kind="text", pad_row=None):
-    """The settled decode making q and the newest K/V itself (paged_decode_attention(prep=)) == the prep launch's
-    rows form (qk_norm_rope_write(rows_form=True)) then the settled decode, bit for bit: the output (poisoned) and
-    both caches (the newest slots NaN before either runs); a padding row among them."""
-    qp, tp = mods["qkprep"], mods["attn"]
-    p = decode_prep_problem(device, lens, hq, hkv, d, rd, bs, kind, pad_row)
-    kc_u, vc_u = p["kc"].clone(), p["vc"].clone()
-    q_u = qp.qk_norm_rope_write(p["q"], p["k"], p["v"], p["qw"], p["kw"], EPS, 1.0, p["pos"], p["invf"], kc_u, vc_u,
-                                p["prep_slots"], mrope_section=p["sec"], mrope_interleaved=True, rows_form=True)
-    o_u = settled_decode(tp, q_u, kc_u, vc_u, p["tables"], p["ctx"], d**-0.5, p["bound"], gate=p["gate"],
-                         lens_add=1)
-    o_f = _prepped(mods, p)
-    assert not torch.isnan(o_u).any(), "decode prep case: the unfused output has NaN (the problem is wrong)"
-    assert torch.equal(p["kc"], kc_u), "decode prep: the K cache differs from the prep launch's"
-    assert torch.equal(p["vc"], vc_u), "decode prep: the V cache differs from the prep launch's"
-    assert torch.equal(o_f, o_u), "decode prep: the output differs from the prep launch then the settled decode"
-    return o_f
-
-
-def check_decode_prep_invariance(mods, device, lens, others, hq, hkv, d, rd, bs):
-    """Row 0 of the prepped decode alone == row 0 among the next `others` rows (fresh caches each time)."""
-    p = decode_prep_problem(device, lens, hq, hkv, d, rd, bs, "mrope3")
-    kc0, vc0 = p["kc"].clone(), p["vc"].clone()
-    alone = _prepped(mods, p, slice(0, 1), kc0.clone(), vc0.clone())[0]
-    for n in others:
-        got = _prepped(mods, p, slice(0, n + 1), kc0.clone(), vc0.clone())[0]
-        assert torch.equal(got, alone), f"decode prep: row 0 changed among {n} others"
-
-
-def _refused(call, what: str, msg: str) -> None:
-    """call() raises a ValueError whose text names `msg`; `what` names the case when it does not raise."""
-    try:
-        call()
-    except ValueError as exc:
-        assert msg in str(exc), str(exc)
-    else:
-        raise AssertionError(f"no error for {what}")
-
-
-def check_decode_prep_errors(mods, device):
-    """prep outside the settled bf16 form, and the rows form into fp8 caches, are refused by name."""
-    import kv_fp8_cases as fc
-
-    tp, qp = mods["attn"], mods["qkprep"]
-    p = decode_prep_problem(device, [5, 9], 4, 2, 32, 16, 8)
-    prep = qp.DecodeQKPrep(p["k"], p["v"], p["qw"], p["kw"], EPS, 1.0, p["pos"], p["invf"], p["prep_slots"])
-
-    def decode(kc, vc, settled, ks=None, vs=None):
-        return lambda: tp.paged_decode_attention(p["q"], kc, vc, p["tables"], p["ctx"], 0.1, p["bound"], lens_add=1,
-                                                 settled=settled, prep=prep, k_scale=ks, v_scale=vs)
-
-    _refused(decode(p["kc"], p["vc"], False), "decode prep without settled", "settled form")
-    (kc8, ks), (vc8, vs) = fc.fp8_cache_like(p["kc"].nan_to_num()), fc.fp8_cache_like(p["vc"].nan_to_num())
-    _refused(decode(kc8, vc8, True, ks, vs), "decode prep into fp8 caches", "settled form")
-    _refused(lambda: qp.qk_norm_rope_write(p["q"], p["k"], p["v"], p["qw"], p["kw"], EPS, 1.0, p["pos"], p["invf"],
-                                           kc8, vc8, p["prep_slots"], k_scale=ks, v_scale=vs, rows_form=True),
-             "the qk prep's rows form into fp8 caches", "rows_form")

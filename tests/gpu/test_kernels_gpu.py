@@ -436,51 +436,6 @@ def test_decode_attention_settled_reads_the_newest_token_after_its_wait(mods, de
     assert torch.equal(got, want), "the settled decode read a row's newest K/V or q before its wait"
 
 
-def test_decode_attention_prep_same_bits(mods, dev, small):
-    """paged_decode_attention(prep=) (the split programs make q and the newest K/V: DELTASERVE_ATTN_PREP=split) ==
-    qk_norm_rope_write's rows form then the settled decode, bit for bit (outputs and caches, a padding row among
-    them); the rows form against fp64 and the unfused sequence; a row alone == in a batch; refusals."""
-    a = _attn_dims(small)
-    bs = 8 if small else 16
-    split = mods["attn"].SPLIT_TOKENS
-    lens = [1, split - 1, split, split + 1, 513, 2000] + ([] if small else [32768])
-    for kind, pad in (("text", 1), ("mrope3", None), ("mrope_text", 3)):
-        ac.check_decode_prep(mods, dev, lens, a["hq"], a["hkv"], a["d"], a["rd"], bs, kind=kind, pad_row=pad)
-        for t in (1, 7, 64):
-            ac.check_qk_prep(mods, dev, t, kind=kind, rows_form=True, **a)
-    ac.check_decode_prep_invariance(mods, dev, [513, 1, 64, 65, 2000] + [100] * 60, OTHERS, a["hq"], a["hkv"],
-                                    a["d"], a["rd"], bs)
-    ac.check_decode_prep_errors(mods, dev)
-
-
-def test_decode_attention_prep_reads_the_projection_after_its_wait(mods, dev, small, monkeypatch):
-    """Under PDL the prepped split programs request a row's older K rows while the kernels before them still run;
-    here those kernels write the raw q, k and v rows after a long spin (~100 us), opening the next launch at once:
-    the prepped decode must read them after its wait and equal the same launch on the written rows, bit for bit."""
-    from deltaserve.kernels.triton_pdl import pdl_args, pdl_enabled
-
-    tp, qp = mods["attn"], mods["qkprep"]
-    assert pdl_enabled(torch.empty(1, device=dev)), "this test needs PDL (sm_90, DELTASERVE_PDL unset)"
-    a = _attn_dims(small)
-    p = ac.decode_prep_problem(dev, [1, 71, 6, 301], a["hq"], a["hkv"], a["d"], a["rd"], 8 if small else 16)
-    q, k, v = p["q"].contiguous(), p["k"].contiguous(), p["v"].contiguous()
-    new = [torch.randn_like(t) for t in (q, k, v)]
-    kc0, vc0 = p["kc"].clone(), p["vc"].clone()
-    want = ac._prepped(mods, dict(p, q=new[0], k=new[1], v=new[2]), kc=kc0.clone(), vc=vc0.clone())
-    prep = qp.DecodeQKPrep(k, v, p["qw"], p["kw"], ac.EPS, 1.0, p["pos"], p["invf"], p["prep_slots"], p["sec"], True)
-    got = kc.poisoned(q.shape, q.dtype, dev)
-    rows = torch.arange(q.shape[0], device=dev, dtype=torch.int32)
-    torch.cuda.synchronize()
-    # nothing but the writers and the decode between here and the sync: no torch launch that would serialise them
-    for src, dst in zip(new, (q, k, v)):
-        _late_row_writer[(q.shape[0],)](src, dst, rows, 100_000, ROW=src[0].numel(), **pdl_args(q))
-    tp.paged_decode_attention(q, p["kc"], p["vc"], p["tables"], p["ctx"], a["d"] ** -0.5, p["bound"], out=got,
-                              gate=p["gate"], lens_add=1, settled=True, prep=prep)
-    torch.cuda.synchronize()
-    assert all(torch.equal(t, n) for t, n in zip((q, k, v), new)), "the writers did not write"
-    assert torch.equal(got, want), "the prepped decode read the raw q / k / v rows before its wait"
-
-
 def test_decode_attention_gate_batch_invariance(mods, dev, small):
     dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
     lens = torch.randint(1, 600 if small else 5000, (64,)).tolist()

@@ -162,24 +162,3 @@ def test_pdl_equals_serial_launches(models, monkeypatch):
     serial = decode_logits(gpu, prompts, 5, graph=True)
     assert torch.equal(with_pdl, serial)
     assert torch.equal(with_pdl_eager, serial)
-
-
-def test_attention_prep_in_the_decode_launch(models, monkeypatch):
-    """DELTASERVE_ATTN_PREP=split (the decode attention's split programs make q and the new K/V themselves) gives the
-    bits of "rows" (the prep launch's rows form, then the settled decode), eager and in a graph; with it the graph ==
-    eager and a row alone == in a batch hold, and the decode stays near "launch" (the default arithmetic)."""
-    _, gpu = models
-    gen = torch.Generator().manual_seed(12)
-    prompts = [torch.randint(0, 32, (n,), generator=gen).tolist() for n in (9, 33, 70)]
-    monkeypatch.setenv("DELTASERVE_ATTN_PREP", "launch")
-    plain = decode_logits(gpu, prompts, 5, graph=False)
-    monkeypatch.setenv("DELTASERVE_ATTN_PREP", "rows")
-    rows = decode_logits(gpu, prompts, 5, graph=True)
-    monkeypatch.setenv("DELTASERVE_ATTN_PREP", "split")
-    split_graph = decode_logits(gpu, prompts, 5, graph=True)
-    split_eager = decode_logits(gpu, prompts, 5, graph=False)
-    assert torch.equal(split_graph, rows), "ATTN_PREP=split (graph) != rows"
-    assert torch.equal(split_eager, rows), "ATTN_PREP=split (eager) != rows"
-    rel = ((split_eager - plain).abs().max() / plain.abs().max()).item()
-    assert rel < 0.02, f"ATTN_PREP=split decode logits differ from the default by {rel:.3g} (relative)"
-    check_batch_invariance(gpu)

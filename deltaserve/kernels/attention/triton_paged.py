@@ -37,7 +37,6 @@ from ..triton_common import dot_f32, mma
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 from .triton_kv_fp8 import fp8_scale, store_fp8
 from .kv_fp8 import check_cache
-from .triton_qk_prep import DecodeQKPrep, decode_prep_args, no_prep_args, norm_rope_rows, rope_cols
 
 # decode: tokens per split, fixed so the merge order of a row never depends on the batch. 64: at 512 tokens the
 # split programs' chains are half as long (5.9 vs 9.8 us a layer on the H200), at 32K the merge's extra work costs
@@ -172,39 +171,6 @@ def _split_tile_settled(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, pos, lim, L, 
 
 
 @triton.jit
-def _split_tile_prepped(kc_ptr, vc_ptr, table_row, pos, lim, L, kvh, rd, stride_cr, stride_ch, k_row, v_row, kw_ptr,
-                        cos, sin, slot, eps, offset, D: tl.constexpr, BS: tl.constexpr, HALF: tl.constexpr,
-                        PDL_WAIT: tl.constexpr):
-    """_split_tile_settled's tile (bf16 caches) for a launch that makes the newest token's K/V itself (PREP, in place
-    of the q/k prep launch): the K rows of every position but the row's newest requested before the wait; after it
-    the program that holds the newest position writes that token's K (norm_rope_rows of its raw projection row
-    k_row: the prep kernel's rows form, so its bits) and V (the raw row v_row) to the cache at `slot`, where the
-    prep launch would have, then (a block barrier between: the CTA's own stores are visible to its loads) every
-    program reads the newest K row and the V tile from the cache as the settled form does (the newest rows from
-    L2, .cg: written by this program's other threads). A padding row (slot < 0) writes nothing, as the prep launch.
-    Merging the made row into the tile in registers instead put the whole K tile through a layout conversion
-    (sm_90: +32 KB of shared memory). Returns (valid, k, v)."""
-    valid = pos < lim
-    rows = _kv_rows(table_row, tl.where(valid, pos, -1), BS)
-    off = rows[:, None] * stride_cr + kvh * stride_ch + rd[None, :]
-    old = pos < tl.minimum(lim, L - 1)
-    k = tl.load(kc_ptr + off, mask=old[:, None], other=0.0)
-    pdl_wait(PDL_WAIT)
-    holds = (slot >= 0) & (lim == L)  # this split holds the newest position (a split past L returned before)
-    one = tl.zeros([1], dtype=tl.int64)
-    kn = norm_rope_rows(k_row + one, holds & (one == 0), kw_ptr, cos, sin, eps, offset, D, D, HALF)  # [1, D]
-    vn = tl.load(v_row + one[:, None] + rd[None, :], mask=holds)
-    dst = slot * stride_cr + kvh * stride_ch + one[:, None] + rd[None, :]
-    tl.store(kc_ptr + dst, kn.to(kc_ptr.dtype.element_ty), mask=holds)
-    tl.store(vc_ptr + dst, vn.to(vc_ptr.dtype.element_ty), mask=holds)
-    tl.debug_barrier()
-    new = valid & (pos == L - 1)
-    k = tl.load(kc_ptr + off, mask=new[:, None], other=k, cache_modifier=".cg")
-    v = tl.load(vc_ptr + off, mask=valid[:, None], other=0.0, cache_modifier=".cg")
-    return valid, k, v
-
-
-@triton.jit
 def _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32: tl.constexpr, FP8: tl.constexpr):
     """One online-softmax step of the split program over a tile (k, v as stored: e4m3 -> q's dtype is exact)."""
     s = mma(q, tl.trans(k.to(q.dtype)), tl.zeros((q.shape[0], k.shape[0]), dtype=tl.float32), F32)
@@ -252,13 +218,10 @@ def _decode_split_kernel(
     q_ptr, kc_ptr, vc_ptr, table_ptr, lens_ptr, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr, ks_ptr, vs_ptr,
     stride_qb, stride_qh, stride_tb, stride_cr, stride_ch, stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
     stride_gb, stride_gh, qk_scale,
-    kr_ptr, vr_ptr, qw_ptr, kw_ptr, pos_ptr, invf_ptr, slot_ptr, stride_kb, stride_kh, stride_vb, stride_vh,
-    stride_pa, stride_pt, eps, offset,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
     BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
     FP8: tl.constexpr = False, STRIDED: tl.constexpr = False, PDL: tl.constexpr = False,
-    SETTLED: tl.constexpr = False, PREP: tl.constexpr = False, HALF: tl.constexpr = 1, SEC0: tl.constexpr = 1,
-    SEC1: tl.constexpr = 0, SEC2: tl.constexpr = 0, INTERLEAVED: tl.constexpr = True,
+    SETTLED: tl.constexpr = False,
 ):
     # grid (B, Hkv, P): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT), BN per step. P is
     # the row's maximum number of splits (program p runs split p), or, STRIDED, any P: program p runs the splits
@@ -268,14 +231,9 @@ def _decode_split_kernel(
     # newest were written before this forward's first launch (which is made without PDL, so they are complete): the
     # K rows are requested before the PDL wait (_split_tile_settled), q, the newest K row and V after it (sm_90, bf16:
     # 155 registers, the plain form's 150; with V early too 227).
-    # PREP (SETTLED, bf16 caches; decode_prep_args): q_ptr holds the raw q rows of the q|gate projection and the
-    # launch makes what the q/k prep launch would (qk_norm_rope_write's rows form, the same bits): every program its
-    # heads' q (norm_rope_rows), the program holding a row's newest position that token's K and V into its tile and
-    # the cache (_split_tile_prepped). The rotary angles come from the step's positions before the wait.
     pdl_open(PDL)
     tl.static_assert(not SETTLED or (BN == SPLIT and not STRIDED), "the settled form: one tile a split, a program a "
                      "split")
-    tl.static_assert(not PREP or (SETTLED and not FP8), "the prepped form: settled, bf16 caches")
     if not SETTLED:
         pdl_wait(PDL)
     b = tl.program_id(0)
@@ -292,25 +250,10 @@ def _decode_split_kernel(
     if SETTLED:  # the tile (waiting inside, after the K rows' requests), then q; one step from (-inf, 0, 0) and the
         # store: _split_partial's one-step loop, so the same bits
         sp = tl.program_id(2)
-        if PREP:
-            cos, sin = rope_cols(pos_ptr, invf_ptr, b, stride_pa, stride_pt, HALF, D, SEC0, SEC1, SEC2, INTERLEAVED)
-            slot = tl.load(slot_ptr + b).to(tl.int64)
-            b64 = b.to(tl.int64)
-            valid, k, v = _split_tile_prepped(
-                kc_ptr, vc_ptr, table_ptr + b64 * stride_tb, sp * SPLIT + tl.arange(0, SPLIT),
-                tl.minimum(L, sp * SPLIT + SPLIT), L, kvh, rd, stride_cr, stride_ch,
-                kr_ptr + b64 * stride_kb + kvh * stride_kh, vr_ptr + b64 * stride_vb + kvh * stride_vh, kw_ptr, cos,
-                sin, slot, eps, offset, D, BS, HALF, PDL)
-            ksc = 0.0
-            vsc = 0.0
-            q = norm_rope_rows(q_ptr + b64 * stride_qb + heads * stride_qh, g_mask, qw_ptr, cos, sin, eps, offset, D,
-                               D, HALF)
-        else:
-            valid, k, v, ksc, vsc = _split_tile_settled(
-                kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_ptr + b.to(tl.int64) * stride_tb,
-                sp * SPLIT + tl.arange(0, SPLIT), tl.minimum(L, sp * SPLIT + SPLIT), L, kvh, rd, stride_cr, stride_ch,
-                D, BS, FP8, PDL)
-            q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + hd * stride_qh + dd, mask=gm, other=0.0)
+        valid, k, v, ksc, vsc = _split_tile_settled(
+            kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_ptr + b.to(tl.int64) * stride_tb, sp * SPLIT + tl.arange(0, SPLIT),
+            tl.minimum(L, sp * SPLIT + SPLIT), L, kvh, rd, stride_cr, stride_ch, D, BS, FP8, PDL)
+        q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + hd * stride_qh + dd, mask=gm, other=0.0)
         m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, tl.full((GP,), float("-inf"), dtype=tl.float32),
                                     tl.zeros((GP,), dtype=tl.float32), tl.zeros((GP, D), dtype=tl.float32), qk_scale,
                                     F32, FP8)
@@ -404,12 +347,6 @@ DECODE_BN = 64
 # B=1, same call) d32768 520.8 -> 527.1 tok/s, d512 586.3 -> 586.6. bf16 at 8 warps is slower (33.1 -> 35.5 us at 32K).
 DECODE_WARPS = {"bf16": 4, "fp8": 8}
 DECODE_STAGES = {"bf16": 1, "fp8": 1}
-# The register cap of the split programs that make their own q / k prep (paged_decode_attention(prep=); None:
-# none). sm_90 (scripts/sass_report.py --only attn, the 35B-A3B's shape): the settled form 158 registers, 2,080
-# instructions; with the prep 195 / 3,072 uncapped, two programs an SM where the settled form has three (a 32K
-# decode's 1,026 programs run in 2.6 waves at three: the V tile requested early lost 12% there at 227 registers,
-# bench/NOTES.md), 168 / 3,168 at this cap. Never a bit.
-PREP_MAXNREG = 168
 # split programs per launch to aim for (None: one per split). With a target, each (row, KV head) gets
 # P = clamp(target / (B * Hkv), 1, splits) programs that loop over its splits (no arithmetic changes).
 DECODE_PROGRAMS = None
@@ -428,16 +365,6 @@ def kv_early() -> bool:
     kernel's critical time 7.41 -> 5.53 us a layer), d32768 558.0 / 557.5 -> 559.2 / 558.3. Env
     DELTASERVE_ATTN_KV_EARLY "1" (default) | "0", for in-model A/B."""
     return env_choice("DELTASERVE_ATTN_KV_EARLY", "1", ("0", "1")) == "1"
-
-
-def decode_prep_mode() -> str:
-    """Where a decode step makes q's and the new token's K norm and RoPE and appends K/V to the cache: "launch"
-    (the default: qk_norm_rope_write's own launch, then the settled decode), "rows" (that launch in its rows form,
-    norm_rope_rows' arithmetic: the bits of "split", its tree's cost alone) or "split" (inside the settled decode's
-    split programs, paged_decode_attention(prep=): one launch fewer a layer, the bits of "rows"; bf16 caches).
-    Not yet measured on the GPU (bench/NOTES.md): "launch" stays the default until an in-model A/B says otherwise.
-    Env DELTASERVE_ATTN_PREP; fixed for a process (the two arithmetics differ in the last bit of a norm)."""
-    return env_choice("DELTASERVE_ATTN_PREP", "launch", ("launch", "rows", "split"))
 
 
 def merge_shape(throughput: bool = False) -> tuple[int, int]:
@@ -467,7 +394,6 @@ def paged_decode_attention(
     kv_lens: torch.Tensor, scale: float, max_kv_len: int, out: torch.Tensor | None = None,
     gate: torch.Tensor | None = None, lens_add: int = 0, k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None, merge: tuple[int, int] | None = None, settled: bool = False,
-    prep: DecodeQKPrep | None = None,
 ) -> torch.Tensor:
     """One new token per sequence: q [B, Hq, D] attends to the first kv_lens[b] cached tokens (context + the new
     token, already written). max_kv_len: a host upper bound on kv_lens (sizes the split grid; a CUDA graph can pass
@@ -479,12 +405,7 @@ def paged_decode_attention(
     block tables and every cached position but each row's newest were written before the current forward's first
     launch (a launch without PDL), so the split programs may request their K rows before their PDL wait (kv_early();
     the model's decode step; bf16 caches only: sm_90 gives the fp8 program 136 registers that way against 80, one
-    8-warp program an SM; never a bit). prep (settled, bf16 caches; attention.triton_qk_prep.DecodeQKPrep): q is
-    the raw q rows [B, Hq, D] (any batch / head strides) and the launch does what qk_norm_rope_write(rows_form=True)
-    would before it: q's norm and RoPE in every split program, the newest token's K (normed, rotated) and V into
-    the tile of the program holding it and into the caches at prep.slot_mapping (negative: padding, not written),
-    one launch fewer a layer; the same bits as that launch then the settled decode. Returns [B, Hq, D] in q's
-    dtype."""
+    8-warp program an SM; never a bit). Returns [B, Hq, D] in q's dtype."""
     bsz, hq, d = q.shape
     nb, bs, hkv, dc = k_cache.shape
     if dc != d or hq % hkv or block_tables.shape[0] != bsz or kv_lens.numel() != bsz:
@@ -496,7 +417,7 @@ def paged_decode_attention(
         raise ValueError(f"paged_decode_attention: gate {tuple(gate.shape)} must be [{bsz}, {hq}, {d}], "
                          "contiguous along D")
     fp8 = check_cache(k_cache, v_cache, k_scale, v_scale, "paged_decode_attention")
-    out = torch.empty(bsz, hq, d, dtype=q.dtype, device=q.device) if out is None else out
+    out = torch.empty_like(q) if out is None else out
     if bsz == 0:
         return out
     g = hq // hkv
@@ -511,17 +432,7 @@ def paged_decode_attention(
     pl = torch.empty_like(pm)
     gt, (sgb, sgh) = (gate, gate.stride()[:2]) if gate is not None else (out, (0, 0))
     strided = DECODE_PROGRAMS is not None
-    settled_form = settled and not fp8 and bn == SPLIT_TOKENS and not strided  # the launch the settled form needs
-    early_kv = settled_form and kv_early()
-    extra = {"SETTLED": True} if early_kv else {}
-    prep_args = no_prep_args(pm)
-    if prep is not None:
-        if not settled_form:
-            raise ValueError("paged_decode_attention: prep needs the settled form (settled=True, a bf16 cache, one "
-                             f"tile a split, no strided programs); found settled={settled}, fp8={fp8}, tile {bn} of "
-                             f"split {SPLIT_TOKENS}, strided={strided}")
-        prep_args = decode_prep_args(q, prep, k_cache, v_cache)
-        extra = {"SETTLED": True}  # the prepped form requests the K rows early whatever kv_early says
+    early_kv = settled and not fp8 and bn == SPLIT_TOKENS and not strided and kv_early()  # the settled form's launch
     per_head = min(n_split, max(1, -(-DECODE_PROGRAMS // (bsz * hkv)))) if strided else n_split
     _decode_split_kernel[(bsz, hkv, per_head)](
         q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl, out, gt, k_scale if fp8 else pm,
@@ -529,8 +440,8 @@ def paged_decode_attention(
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
         BS=bs, SPLIT=SPLIT_TOKENS, BN=bn, F32=dot_f32(),
         HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, STRIDED=strided, num_warps=DECODE_WARPS.get(kind, 4),
-        **pdl_args(out), **extra, **prep_args, **({} if stages is None else {"num_stages": stages}),
-        **({"maxnreg": PREP_MAXNREG} if prep is not None and PREP_MAXNREG else {}),
+        **pdl_args(out), **({"SETTLED": True} if early_kv else {}),
+        **({} if stages is None else {"num_stages": stages}),
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
         bsp, bd = merge or (MERGE_BSP, MERGE_BD)

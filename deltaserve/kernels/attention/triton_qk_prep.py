@@ -21,13 +21,10 @@ sum of squares' reduction tree may differ from triton_norm.rms_norm's.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
-from ..quant.triton_gemv import pairwise_sums
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 from .kv_fp8 import check_cache
 from .triton_kv_fp8 import fp8_scale, store_fp8
@@ -51,21 +48,14 @@ def _rope_angles(pos_ptr, invf_ptr, t, stride_pa, stride_pt, HALF: tl.constexpr,
     the same id). Axis of frequency j as in rope.rope_cos_sin: interleaved H if j % 3 == 1 and j < 3*SEC1, W if
     j % 3 == 2 and j < 3*SEC2; contiguous H for SEC0 <= j < SEC0 + SEC1, W beyond; T otherwise."""
     j = tl.arange(0, HP)
-    ang = _angles_at(j, j < HALF, pos_ptr, invf_ptr, t, stride_pa, stride_pt, SEC0, SEC1, SEC2, INTERLEAVED)
-    return tl.cos(ang), tl.sin(ang)
-
-
-@triton.jit
-def _angles_at(j, jm, pos_ptr, invf_ptr, t, stride_pa, stride_pt, SEC0: tl.constexpr, SEC1: tl.constexpr,
-               SEC2: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """Token t's rotary angles (fp32) at frequencies j (0 where not jm): the id of frequency j's axis (_rope_angles'
-    choice) times inv_freq[j]. Elementwise, so every layout of j gets the same values."""
+    jm = j < HALF
     if INTERLEAVED:
         axis = tl.where((j % 3 == 1) & (j < 3 * SEC1), 1, tl.where((j % 3 == 2) & (j < 3 * SEC2), 2, 0))
     else:
         axis = tl.where(j >= SEC0 + SEC1, 2, tl.where(j >= SEC0, 1, 0))
     pos = tl.load(pos_ptr + axis.to(tl.int64) * stride_pa + t.to(tl.int64) * stride_pt, mask=jm, other=0)
-    return pos.to(tl.float32) * tl.load(invf_ptr + j, mask=jm, other=0.0)
+    ang = pos.to(tl.float32) * tl.load(invf_ptr + j, mask=jm, other=0.0)
+    return tl.cos(ang), tl.sin(ang)
 
 
 @triton.jit
@@ -121,64 +111,6 @@ def _norm_rope_store_fp8(src_ptr, w_ptr, dst_ptr, scale_ptr, cos, sin, eps, offs
 
 
 @triton.jit
-def rows_inv_rms(xf, eps, D: tl.constexpr, BD: tl.constexpr):
-    """1 / rms of each row of xf [R, BD] (fp32, zeros past D): x^2 summed per row by one fixed pairwise tree (pairs
-    (2i, 2i + 1) as fma(x_2i, x_2i, x_2i+1^2), then pairwise_sums' levels within groups of 32 pairs, then over the
-    groups; triton_norm.sum_of_squares' tree, row by row). Every level is a sum over an axis of two, so a row's
-    bits do not depend on R, on the other rows or on the layout that holds them: the prep kernel's rows form (one
-    row a program) and the decode split programs that make their q / k rows themselves (triton_paged, PREP) agree."""
-    R: tl.constexpr = xf.shape[0]
-    HB: tl.constexpr = BD // 2
-    a, b = tl.split(tl.reshape(xf, [R, HB, 2]))
-    s1 = tl.fma(a, a, b * b)  # [R, HB]
-    if HB <= 32:
-        s = pairwise_sums(s1, R, HB)
-    else:
-        G: tl.constexpr = HB // 32
-        s = pairwise_sums(tl.reshape(pairwise_sums(tl.reshape(s1, [R * G, 32]), R * G, 32), [R, G]), R, G)
-    return 1.0 / tl.sqrt(s / D + eps)
-
-
-@triton.jit
-def rope_cols(pos_ptr, invf_ptr, t, stride_pa, stride_pt, HALF: tl.constexpr, BD: tl.constexpr, SEC0: tl.constexpr,
-              SEC1: tl.constexpr, SEC2: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """cos, sin [BD] (fp32) of token t at each column d of a head row: frequency d % HALF for d < 2 HALF (the pair
-    (j, j + HALF) shares it; _rope_angles' axis choice and angle, elementwise, so the same values), 1 and 0 past
-    the rotary part."""
-    rd = tl.arange(0, BD)
-    jm = rd < 2 * HALF
-    ang = _angles_at(rd % HALF, jm, pos_ptr, invf_ptr, t, stride_pa, stride_pt, SEC0, SEC1, SEC2, INTERLEAVED)
-    return tl.where(jm, tl.cos(ang), 1.0), tl.where(jm, tl.sin(ang), 0.0)
-
-
-@triton.jit
-def norm_rope_rows(rows_ptr, row_mask, w_ptr, cos, sin, eps, offset, D: tl.constexpr, BD: tl.constexpr,
-                   HALF: tl.constexpr):
-    """RoPE(rms_norm(row)) of head rows at rows_ptr [R] (pointers to each row's column 0; rows where row_mask is
-    false read as zeros) in their dtype, [R, BD]: n = act(x * inv * (offset + w)) (inv by rows_inv_rms), then
-    out[d] = act(fma(n[d], cos, -(n[d + HALF] * sin))) for d < HALF, act(fma(n[d], cos, n[d - HALF] * sin)) for
-    HALF <= d < 2 HALF (the partner's n made from its own load: elementwise, the same value), n[d] past them. The
-    products and sums spelled out (no contraction left to the compiler), so every kernel that calls this makes the
-    same bits: the prep kernel's rows form and the decode split programs' (triton_paged, PREP)."""
-    rd = tl.arange(0, BD)
-    cm = rd < D
-    pc = tl.where(rd < HALF, rd + HALF, tl.where(rd < 2 * HALF, rd - HALF, rd))  # the rotary partner's column
-    m = row_mask[:, None] & cm[None, :]
-    act = rows_ptr.dtype.element_ty
-    x = tl.load(rows_ptr[:, None] + rd[None, :], mask=m, other=0.0).to(tl.float32)
-    xp = tl.load(rows_ptr[:, None] + pc[None, :], mask=m, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + rd, mask=cm, other=0.0).to(tl.float32)
-    wp = tl.load(w_ptr + pc, mask=cm, other=0.0).to(tl.float32)
-    inv = rows_inv_rms(x, eps, D, BD)[:, None]
-    n = (x * inv * (offset + w)[None, :]).to(act).to(tl.float32)
-    npart = (xp * inv * (offset + wp)[None, :]).to(act).to(tl.float32)
-    c = cos[None, :]
-    ps = npart * sin[None, :]
-    r = tl.where((rd < HALF)[None, :], tl.fma(n, c, -ps), tl.fma(n, c, ps))
-    return tl.where((rd < 2 * HALF)[None, :], r, n).to(act)
-
-
-@triton.jit
 def _qk_prep_kernel(
     q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, invf_ptr, cos_ptr, sin_ptr, qo_ptr, kc_ptr, vc_ptr, slot_ptr,
     ks_ptr, vs_ptr,
@@ -186,43 +118,15 @@ def _qk_prep_kernel(
     stride_ct, stride_st, stride_cs, stride_ch, eps, offset,
     HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, HALF: tl.constexpr, HP: tl.constexpr,
     SEC0: tl.constexpr, SEC1: tl.constexpr, SEC2: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE: tl.constexpr,
-    FP8: tl.constexpr = False, PDL: tl.constexpr = False, ROWS: tl.constexpr = False,
+    FP8: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     # grid (T, HQ + HKV); caches viewed as [num_blocks * block_size, HKV, D]; FP8: e4m3 caches with their scales
-    # ks/vs viewed as [num_blocks * block_size, HKV] (kv_fp8.py). ROWS (bf16 caches): each row by norm_rope_rows,
-    # the arithmetic the decode split programs make their q and newest k with (triton_paged, PREP)
+    # ks/vs viewed as [num_blocks * block_size, HKV] (kv_fp8.py)
     pdl_open(PDL)
     pdl_wait(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     t64 = t.to(tl.int64)
-    if ROWS:
-        tl.static_assert(not FP8, "the rows form writes bf16 caches")
-        rd = tl.arange(0, BD)
-        if TABLE:
-            jr = rd % HALF
-            cr = tl.load(cos_ptr + t64 * stride_ct + jr, mask=rd < 2 * HALF, other=1.0)
-            sr = tl.load(sin_ptr + t64 * stride_st + jr, mask=rd < 2 * HALF, other=0.0)
-        else:
-            cr, sr = rope_cols(pos_ptr, invf_ptr, t, stride_pa, stride_pt, HALF, BD, SEC0, SEC1, SEC2, INTERLEAVED)
-        one = tl.zeros([1], dtype=tl.int64)  # a row block of one row
-        if h < HQ:
-            y = norm_rope_rows(q_ptr + t64 * stride_qt + h * stride_qh + one, one == 0, qw_ptr, cr, sr, eps, offset,
-                               D, BD, HALF)
-            tl.store(qo_ptr + t64 * stride_ot + h * stride_oh + one[:, None] + rd[None, :], y,
-                     mask=(rd < D)[None, :])
-        else:
-            kvh = h - HQ
-            slot = tl.load(slot_ptr + t).to(tl.int64)
-            if slot >= 0:  # a negative slot is a padding token
-                dst = slot * stride_cs + kvh * stride_ch
-                y = norm_rope_rows(k_ptr + t64 * stride_kt + kvh * stride_kh + one, one == 0, kw_ptr, cr, sr, eps,
-                                   offset, D, BD, HALF)
-                tl.store(kc_ptr + dst + one[:, None] + rd[None, :], y.to(kc_ptr.dtype.element_ty),
-                         mask=(rd < D)[None, :])
-                v = tl.load(v_ptr + t64 * stride_vt + kvh * stride_vh + rd, mask=rd < D)
-                tl.store(vc_ptr + dst + rd, v.to(vc_ptr.dtype.element_ty), mask=rd < D)
-        return
     if TABLE:  # rope_cos_sin's [T, rotary_dim] tables (both halves equal): read the first half
         j = tl.arange(0, HP)
         cos = tl.load(cos_ptr + t64 * stride_ct + j, mask=j < HALF, other=0.0)
@@ -296,7 +200,7 @@ def qk_norm_rope_write(
     offset: float, positions: torch.Tensor, inv_freq: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     slot_mapping: torch.Tensor, mrope_section: tuple[int, ...] | None = None, mrope_interleaved: bool = True,
     out: torch.Tensor | None = None, cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, rows_form: bool = False,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D] (any token/head strides: e.g. qg.view(T, Hq, 2D)[..., :D] of the q|gate projection), k, v
     [T, Hkv, D]; norm weights [D]; positions [T] or [3, T] integer; inv_freq [rotary_dim/2] fp32
@@ -305,11 +209,7 @@ def qk_norm_rope_write(
     normed, rotated q as a contiguous [T, Hq, D] (into `out` when given). cos_sin: optionally rope_cos_sin's fp32
     tables [T, rotary_dim] to use instead of the in-kernel cos/sin (positions are then only validated).
     fp8 caches (kv_fp8.py) take k_scale, v_scale [num_blocks, block_size, Hkv] fp32: each written row is the
-    bf16 row quantised by kv_fp8.quantize_rows.
-    rows_form (bf16 caches): every row by norm_rope_rows (a pairwise tree for the sums of squares, the rotation's
-    products spelled out), the arithmetic of the decode split programs that make q and the newest K themselves
-    (triton_paged.paged_decode_attention(prep=)): with it this launch then the settled decode give their bits. Not
-    the default: its tree costs barriers the tl.sum form does not (triton_norm.norm_tree)."""
+    bf16 row quantised by kv_fp8.quantize_rows."""
     t, hq, d = q.shape
     hkv, half = k_cache.shape[2], inv_freq.numel()
     _check(q, k, v, q_norm_w, k_norm_w, inv_freq, k_cache, v_cache, slot_mapping)
@@ -324,8 +224,6 @@ def qk_norm_rope_write(
         raise ValueError(f"qk_norm_rope_write: cos_sin must be fp32 [{t}, {2 * half}] tables, contiguous along "
                          "the rotary axis")
     fp8 = check_cache(k_cache, v_cache, k_scale, v_scale, "qk_norm_rope_write")
-    if rows_form and fp8:
-        raise ValueError("qk_norm_rope_write: rows_form writes bf16 caches, not fp8 ones")
     if t:
         _qk_prep_kernel[(t, hq + hkv)](
             q, k, v, q_norm_w, k_norm_w, positions, inv_freq, cos, sin, out, k_cache, v_cache, slot_mapping,
@@ -334,48 +232,5 @@ def qk_norm_rope_write(
             HQ=hq, D=d, BD=triton.next_power_of_2(d), HALF=half, HP=triton.next_power_of_2(half),
             SEC0=sec[0], SEC1=sec[1], SEC2=sec[2], INTERLEAVED=bool(mrope_interleaved),
             TABLE=cos_sin is not None, FP8=fp8, num_warps=4, **pdl_args(out),
-            **({"ROWS": True} if rows_form else {}),
         )
     return out
-
-
-class DecodeQKPrep(NamedTuple):
-    """What a decode attention launch needs to make q and the newest token's K/V itself (paged_decode_attention(
-    prep=)): qk_norm_rope_write's arguments but q and the caches (k, v [B, Hkv, D] raw projection rows, the norm
-    weights, eps, offset, positions [B] or [3, B], inv_freq, slot_mapping [B], the mRoPE sections)."""
-
-    k: torch.Tensor
-    v: torch.Tensor
-    q_norm_w: torch.Tensor
-    k_norm_w: torch.Tensor
-    eps: float
-    offset: float
-    positions: torch.Tensor
-    inv_freq: torch.Tensor
-    slot_mapping: torch.Tensor
-    mrope_section: tuple[int, ...] | None = None
-    mrope_interleaved: bool = True
-
-
-def no_prep_args(t: torch.Tensor) -> dict:
-    """The decode split kernel's prep arguments when it makes no prep (PREP off: t stands in for every pointer,
-    unread)."""
-    return dict(kr_ptr=t, vr_ptr=t, qw_ptr=t, kw_ptr=t, pos_ptr=t, invf_ptr=t, slot_ptr=t, stride_kb=0, stride_kh=0,
-                stride_vb=0, stride_vh=0, stride_pa=0, stride_pt=0, eps=0.0, offset=0.0)
-
-
-def decode_prep_args(q: torch.Tensor, prep: DecodeQKPrep, k_cache: torch.Tensor, v_cache: torch.Tensor) -> dict:
-    """The decode split kernel's prep arguments (PREP) for raw q [B, Hq, D] and `prep`, checked as
-    qk_norm_rope_write checks them (shapes, strides, positions, sections); bf16 caches only."""
-    t, _, d = q.shape
-    _check(q, prep.k, prep.v, prep.q_norm_w, prep.k_norm_w, prep.inv_freq, k_cache, v_cache, prep.slot_mapping)
-    if k_cache.dtype not in (torch.bfloat16, torch.float16, torch.float32) or k_cache.dtype != q.dtype:
-        raise ValueError(f"decode prep: the caches must hold q's dtype {q.dtype} (no fp8), found {k_cache.dtype}")
-    stride_pa, stride_pt = _position_strides(prep.positions, t)
-    half = prep.inv_freq.numel()
-    sec = _sections(prep.positions, half, prep.mrope_section, prep.mrope_interleaved)
-    return dict(kr_ptr=prep.k, vr_ptr=prep.v, qw_ptr=prep.q_norm_w, kw_ptr=prep.k_norm_w, pos_ptr=prep.positions,
-                invf_ptr=prep.inv_freq, slot_ptr=prep.slot_mapping, stride_kb=prep.k.stride(0),
-                stride_kh=prep.k.stride(1), stride_vb=prep.v.stride(0), stride_vh=prep.v.stride(1),
-                stride_pa=stride_pa, stride_pt=stride_pt, eps=float(prep.eps), offset=float(prep.offset), PREP=True,
-                HALF=half, SEC0=sec[0], SEC1=sec[1], SEC2=sec[2], INTERLEAVED=bool(prep.mrope_interleaved))
