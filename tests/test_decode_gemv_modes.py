@@ -54,6 +54,31 @@ def test_gdn_step_prep_switch(monkeypatch):
         fast.gdn_step_prep(mixer.out_proj, x, mixer.dv, mixer.hv)
 
 
+def test_attn_merge_prep_switch(monkeypatch):
+    """DELTASERVE_ATTN_MERGE_PREP names its values; on the CPU (no fast path) the merge never preps."""
+    from deltaserve.model.attention import GatedAttention
+
+    model = tiny_model(moe=True)
+    attn = next(m for m in model.modules() if isinstance(m, GatedAttention))
+    x = torch.zeros(1, model.config.hidden_size)
+    for mode in ("merge", "launch"):
+        monkeypatch.setenv("DELTASERVE_ATTN_MERGE_PREP", mode)
+        assert fast.attn_merge_prep(attn.o_proj, x, attn.hq, attn.d) is None
+    monkeypatch.setenv("DELTASERVE_ATTN_MERGE_PREP", "split")
+    with pytest.raises(ValueError, match="DELTASERVE_ATTN_MERGE_PREP must be 'merge' or 'launch', found 'split'"):
+        fast.attn_merge_prep(attn.o_proj, x, attn.hq, attn.d)
+
+
+def test_merge_prep_formats():
+    """The merge preps whole groups of a head: bits 4 or 8, a power-of-two group of 8 or more dividing head_dim."""
+    from deltaserve.kernels.attention.triton_paged import merge_prep_supported
+
+    assert merge_prep_supported(256, 4, 64) and merge_prep_supported(256, 8, 128) and merge_prep_supported(64, 4, 64)
+    assert not merge_prep_supported(32, 4, 64)  # a group wider than a head
+    assert not merge_prep_supported(256, 3, 64) and not merge_prep_supported(256, 4, 48)
+    assert not merge_prep_supported(256, 4, 4)
+
+
 def test_deployment_size_picks_the_mode():
     """A deployment's capacity, never its live batch, picks the GEMV: head for 1-3 streams, mma from 4."""
     assert [fast.decode_gemv_for_streams(n) for n in (1, 2, 3, 4, 8, 64)] == ["head"] * 3 + ["mma"] * 3

@@ -169,6 +169,9 @@ def _attn_fused_cases():
                                                             _split(m)),
         "decode_merge_steps": lambda m: ac.check_decode_merge_steps(m, CPU, [1, 1100, 256, 700], 4, 2, 32, 8,
                                                                     _split(m), 2, 16),
+        "decode_merge_prep": lambda m: ac.check_decode_merge_prep(
+            m, CPU, [1, _split(m), 5 * _split(m) + 3, _split(m) + 1, 20], 4, 2, 32, 8, _split(m), [(4, 32), (8, 16)],
+            merges=(None, (2, 16))),
         "attention_decode_fused_vs_unfused": lambda m: ac.check_attention_decode_fused(
             m, CPU, _around_split(m, 1, 40 - _split(m), 0, 1, 4), 4, 2, 32, 16, 8),
         "decode_gate_batch_invariance": lambda m: ac.check_decode_gate_invariance(

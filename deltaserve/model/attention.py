@@ -103,11 +103,16 @@ class GatedAttention(nn.Module):
         gate = qg[..., d:] if self.gated else None
         if decode and batch.num_tokens == batch.num_seqs:  # one token per sequence
             max_kv = batch.block_tables.shape[1] * batch.block_size
+            fmt = fast.attn_merge_prep(self.o_proj, x, self.hq, d)  # the out projection's prep, made by the merge
             o = tp.paged_decode_attention(
                 q, k_cache, v_cache, batch.block_tables, batch.context_lens, self.scale, max_kv, gate=gate, lens_add=1,
                 k_scale=k_scale, v_scale=v_scale, merge=tp.merge_shape(throughput=fast.throughput_deployment(self)),
                 settled=True,  # earlier forwards wrote every position but the new token's (each starts without PDL)
+                prep=fmt,
             )
+            if fmt is not None:
+                o, made = o
+                return fast.linear(self.o_proj, fast.attach_prep(o.view(t, self.hq * d), fmt, made), decode)
             return fast.linear(self.o_proj, o.view(t, self.hq * d), decode)
         copies = fast.prefill_copies()
         o = tp.paged_prefill_attention(

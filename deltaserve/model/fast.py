@@ -412,6 +412,26 @@ def gdn_step_prep(consumer: nn.Module, x: torch.Tensor, dv: int, hv: int) -> tup
     return s.bits, s.group
 
 
+def attn_merge_prep(consumer: nn.Module, x: torch.Tensor, hq: int, d: int) -> tuple[int, int] | None:
+    """(bits, group) when the decode attention's merge launch should write its output projection's prep
+    (paged_decode_attention(prep=): each merge block preps its columns, prep_row's arithmetic, so the GEMV gets the
+    prep launch's bits without that launch), else None: the fast path's CUDA-core decode GEMV for this weight (the
+    tensor-core GEMV reads group sums only, and makes its own), a packed weight of K = hq * d whose format the merge
+    can prep, and env DELTASERVE_ATTN_MERGE_PREP=merge | launch (the default: the prep launch before the GEMV)."""
+    mode = env_choice("DELTASERVE_ATTN_MERGE_PREP", "launch", ("merge", "launch"))
+    if mode == "launch" or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
+        return None
+    if mma_weights(consumer, x) is not None:
+        return None
+    from ..kernels.attention.triton_paged import merge_prep_supported
+    from ..kernels.quant.triton_gemv import use_inline_prep
+
+    s = weight_spec(consumer)
+    if s.k != hq * d or use_inline_prep(s, None) or not merge_prep_supported(d, s.bits, s.group):
+        return None
+    return s.bits, s.group
+
+
 def carried_prep(x: torch.Tensor, fmt: tuple[int, int]) -> tuple | None:
     """The prep (xp, xs) x carries (norm_for_gemv, moe_prep) if it was made for the weight format fmt = (bits,
     group), else None."""

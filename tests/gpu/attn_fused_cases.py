@@ -232,6 +232,58 @@ def check_decode_merge_steps(mods, device, lens, hq, hkv, d, bs, split, bsp, bd)
         tp.MERGE_BSP, tp.MERGE_BD = saved
 
 
+def check_decode_merge_prep(mods, device, lens, hq, hkv, d, bs, split, fmts, merges=(None,)):
+    """The merge writing the out projection's GEMV prep (paged_decode_attention(prep=(bits, group))): the output
+    equals the unprepped launch's bit for bit, and (xp, xs) equal prep_x of that output bit for bit, every element
+    written (NaN-poisoned buffers), for rows finished by their split program and merged rows, at each merge shape
+    and with a host bound <= the split size (no merge launch: prep_x); a row's prep alone == among the others."""
+    from deltaserve.kernels.quant.triton_gemv import prep_x
+
+    tp = mods["attn"]
+    ctx = [n - 1 for n in lens]
+    b = len(lens)
+    p = paged_problem(device, ctx, [1] * b, hq, hkv, d, bs)
+    tp.write_kv(p["kc"], p["vc"], p["slots"], p["k"], p["v"])
+    qg = torch.randn(b, hq, 2 * d, device=device).bfloat16()
+    q, gate = qg[..., :d], qg[..., d:]
+    ctx_t = torch.tensor(ctx, device=device, dtype=torch.int32)
+
+    def run(rows, bound, merge, fmt):
+        out = poisoned((rows, hq, d), torch.bfloat16, device)
+        bufs = None if fmt is None else (poisoned((rows, hq * d), torch.float32, device),
+                                         poisoned((rows, hq * d // fmt[1]), torch.float32, device))
+        return tp.paged_decode_attention(q[:rows], p["kc"], p["vc"], p["tables"][:rows], ctx_t[:rows], d**-0.5,
+                                         bound, out=out, gate=gate[:rows], lens_add=1, merge=merge, prep=fmt,
+                                         prep_out=bufs)
+
+    for merge in merges:
+        plain = run(b, max(lens), merge, None)
+        for fmt in fmts:
+            got, (xp, xs) = run(b, max(lens), merge, fmt)
+            assert torch.equal(got, plain), f"merge prep {fmt} {merge}: the output changed"
+            want_xp, want_xs = prep_x(plain.view(b, hq * d), *fmt)
+            assert torch.equal(xp, want_xp), f"merge prep {fmt} {merge}: xp != prep_x (NaN: unwritten)"
+            assert torch.equal(xs, want_xs), f"merge prep {fmt} {merge}: xs != prep_x (NaN: unwritten)"
+            _, (xp1, xs1) = run(1, lens[0], merge, fmt)
+            assert torch.equal(xp1[0], xp[0]) and torch.equal(xs1[0], xs[0]), \
+                f"merge prep {fmt} {merge}: row 0's prep alone != among {b - 1} others"
+    short = [i for i, n in enumerate(lens) if n <= split]
+    if short:  # a host bound <= the split size: no merge launch, the prep launch makes the same bits
+        rows = short[-1] + 1
+        if max(lens[:rows]) <= split:
+            for fmt in fmts:
+                got, (xp, xs) = run(rows, split, None, fmt)
+                want_xp, want_xs = prep_x(got.view(rows, hq * d), *fmt)
+                assert torch.equal(xp, want_xp) and torch.equal(xs, want_xs), f"prep {fmt} without a merge launch"
+    for bad in ((4, d * 2), (5, 16), (4, 12)):
+        try:
+            run(b, max(lens), None, bad)
+        except ValueError as e:
+            assert "prep" in str(e), e
+        else:
+            raise AssertionError(f"paged_decode_attention accepted prep {bad} at head_dim {d}")
+
+
 def check_decode_strided(mods, device, lens, hq, hkv, d, bs, split, targets=(1, 3, 1000)):
     """Split programs looping over a row's splits (DECODE_PROGRAMS: P programs per (row, KV head), program p runs
     splits p, p + P, ...) compute every split as one program per split does: the same bits over bf16 and fp8

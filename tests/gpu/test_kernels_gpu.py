@@ -380,6 +380,16 @@ def test_decode_attention_gate(mods, dev, small):
                                 16 if small else 64)
 
 
+def test_decode_attention_merge_prep(mods, dev, small):
+    """The merge writing the out projection's GEMV prep: output and (xp, xs) == the plain launch then prep_x, bit
+    for bit, poisoned buffers, single-split and merged rows (32K at the 35B shapes), both merge shapes in use."""
+    dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
+    split = mods["attn"].SPLIT_TOKENS
+    fmts = [(4, 32), (8, 16)] if small else [(4, 64), (8, 64), (4, 128)]
+    lens = [1, 100, split, split + 1, 3 * split + 7, 2000] + ([] if small else [32768])
+    ac.check_decode_merge_prep(mods, dev, lens, *dims, split, fmts, merges=(None, mods["attn"].THROUGHPUT_MERGE))
+
+
 def test_decode_attention_strided(mods, dev, small):
     dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
     split = mods["attn"].SPLIT_TOKENS

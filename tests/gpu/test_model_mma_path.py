@@ -194,6 +194,45 @@ def test_gdn_step_prep_in_use_and_equal_to_the_prep_launch(prep_model, monkeypat
     assert torch.equal(step.argmax(-1), launch.argmax(-1)), "step prep changes the greedy tokens"
 
 
+@pytest.fixture(scope="module")
+def merge_prep_model(tmp_path_factory):
+    """The default paths on a q4 g64 model whose attention heads are one q4 group wide (head_dim 64), so the decode
+    attention's merge writes its out projection's prep (fast.attn_merge_prep, DELTASERVE_ATTN_MERGE_PREP=merge)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    src = tmp_path_factory.mktemp("bf16_hd64")
+    rope = dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25, mrope_section=[3, 3, 2],
+                mrope_interleaved=True)
+    hf = make_hf_model(True, seed=2, vocab_size=32, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                       head_dim=64, rope_parameters=rope)
+    ours_from_checkpoint(hf, src)
+    q4 = quantize_checkpoint(src, tmp_path_factory.mktemp("q4_hd64"), 4, 64, progress=False)
+    return load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
+
+
+def test_attn_merge_prep_equals_the_prep_launch(merge_prep_model, monkeypatch):
+    """With the merge's prep the decode logits are the prep launch's bit for bit (prep_row's arithmetic on the same
+    values), eager and replayed, over a merged row (a 70-token prompt) and single-split rows; it is in use at the
+    attention layer and off under launch; batch invariance and graph == eager hold with it."""
+    from deltaserve.model.attention import GatedAttention
+
+    layers = [m for m in merge_prep_model.modules() if isinstance(m, GatedAttention)]
+    x = torch.zeros(1, merge_prep_model.config.hidden_size, dtype=torch.bfloat16, device="cuda")
+    gen = torch.Generator().manual_seed(12)
+    prompts = [torch.randint(0, 32, (n,), generator=gen).tolist() for n in (70, 9, 33)]
+    runs = {}
+    for mode in ("merge", "launch"):
+        monkeypatch.setenv("DELTASERVE_ATTN_MERGE_PREP", mode)
+        want = (4, 64) if mode == "merge" else None
+        assert layers and all(fast.attn_merge_prep(m.o_proj, x, m.hq, m.d) == want for m in layers), mode
+        runs[mode] = [decode_logits(merge_prep_model, prompts, 4, graph=g) for g in (False, True)]
+    assert torch.isfinite(runs["merge"][0]).all()
+    assert torch.equal(runs["merge"][0], runs["launch"][0]) and torch.equal(runs["merge"][1], runs["launch"][1])
+    monkeypatch.setenv("DELTASERVE_ATTN_MERGE_PREP", "merge")
+    check_batch_invariance(merge_prep_model)
+    check_graph_equals_eager(merge_prep_model)
+
+
 @pytest.mark.parametrize("shape", ["split", "head"])
 def test_gdn_step_prep_batch_invariance_and_graphs(prep_model, monkeypatch, shape):
     """dv = 64: the step in blocks of 32 state columns (split, two programs a head) or a head per program

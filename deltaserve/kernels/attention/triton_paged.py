@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 
 from ...utils.env import env_choice
-from ..triton_common import dot_f32, mma
+from ..quant.triton_gemv import pairwise_sums, prep_x
+from ..triton_common import code_prescale, dot_f32, mma
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 from .triton_kv_fp8 import fp8_scale, store_fp8
 from .kv_fp8 import check_cache
@@ -295,21 +296,48 @@ def _split_store(acc, m_i, l_i, L, b, sp, heads, g_mask, hd, dd, gm, po_ptr, pm_
 
 
 @triton.jit
-def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stride_pb, stride_ph, stride_ps,
-                         stride_ob, stride_oh, stride_gb, stride_gh, D: tl.constexpr, BD: tl.constexpr,
-                         SPLIT: tl.constexpr, BSP: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
-                         PDL: tl.constexpr = False):
+def _prep_columns(x, xp_row, xs_row, c0, BD: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr,
+                  GROUP: tl.constexpr):
+    """The decode GEMV's prep (quant.triton_gemv.prep_row's layout and arithmetic) of columns [c0, c0 + BD) of a
+    row of K features, x their stored values (the activation dtype): xp[i * K/PACK + j] = x[j * PACK + i] *
+    2^-(BITS * (i % PACK/2)) and xs[g] = pairwise_sums of group g. c0 and BD are multiples of GROUP, so this
+    block owns whole groups and every sum is prep_row's tree over the same values: the same bits as the prep
+    launch."""
+    PACK: tl.constexpr = 32 // BITS
+    KW: tl.constexpr = K // PACK
+    NG: tl.constexpr = BD // GROUP
+    xf = x.to(tl.float32)
+    c = c0 + tl.arange(0, BD)
+    i = c % PACK
+    tl.store(xp_row + i * KW + c // PACK, xf * code_prescale(i, BITS))
+    tl.store(xs_row + c0 // GROUP + tl.arange(0, NG), pairwise_sums(tl.reshape(xf, (NG, GROUP)), NG, GROUP))
+
+
+@triton.jit
+def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, xp_ptr, xs_ptr, stride_pb, stride_ph,
+                         stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, stride_xp, stride_xs,
+                         D: tl.constexpr, BD: tl.constexpr, SPLIT: tl.constexpr, BSP: tl.constexpr,
+                         HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr, HQ: tl.constexpr = 1,
+                         PREP_BITS: tl.constexpr = 0, GROUP: tl.constexpr = 64, PDL: tl.constexpr = False):
     # grid (B, Hq, D / BD): columns [j*BD, (j+1)*BD) of one row, merged over its splits in ONE pass, BSP splits
     # per step in ascending split order with a running maximum (acc and l rescaled when it grows). The order
     # depends on the row's length only: never on the batch, nor on the column block (every block computes the
     # same m and l the same way). One pass and D blocks: at 32k tokens a row has 256 splits, and the two-pass
     # merge of whole rows (16 programs at B = 1, 32 dependent steps each) was latency-bound.
+    # PREP_BITS > 0: the block also writes the out projection's decode GEMV prep of its columns (_prep_columns;
+    # row b of xp / xs at pitches stride_xp / stride_xs, K = HQ * D, the output's rows contiguous), also for a
+    # single-split row, whose output its split program wrote before this launch's wait.
     pdl_open(PDL)
     pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     L = tl.load(lens_ptr + b) + LENS_ADD
     if L <= SPLIT:  # single split: the split program wrote this row's output
+        if PREP_BITS > 0:
+            rd = tl.program_id(2) * BD + tl.arange(0, BD)
+            o = tl.load(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + rd)
+            _prep_columns(o, xp_ptr + b.to(tl.int64) * stride_xp, xs_ptr + b.to(tl.int64) * stride_xs,
+                          h * D + tl.program_id(2) * BD, BD, HQ * D, PREP_BITS, GROUP)
         return
     n_split = tl.cdiv(L, SPLIT)
     rd = tl.program_id(2) * BD + tl.arange(0, BD)
@@ -332,7 +360,11 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, stri
         acc = acc * alpha + tl.sum(w[:, None] * part, axis=0)
         m_run = m_new
     o = _gated(acc / l_run, gate_ptr + b.to(tl.int64) * stride_gb + h * stride_gh + rd, rd < D, HAS_GATE)
-    tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + rd, o.to(o_ptr.dtype.element_ty))
+    o = o.to(o_ptr.dtype.element_ty)
+    tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + rd, o)
+    if PREP_BITS > 0:
+        _prep_columns(o, xp_ptr + b.to(tl.int64) * stride_xp, xs_ptr + b.to(tl.int64) * stride_xs,
+                      h * D + tl.program_id(2) * BD, BD, HQ * D, PREP_BITS, GROUP)
 
 
 MERGE_BD = 32  # merge columns per program (no arithmetic): D = 256 gives 8 programs per (row, head)
@@ -394,7 +426,8 @@ def paged_decode_attention(
     kv_lens: torch.Tensor, scale: float, max_kv_len: int, out: torch.Tensor | None = None,
     gate: torch.Tensor | None = None, lens_add: int = 0, k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None, merge: tuple[int, int] | None = None, settled: bool = False,
-) -> torch.Tensor:
+    prep: tuple[int, int] | None = None, prep_out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """One new token per sequence: q [B, Hq, D] attends to the first kv_lens[b] cached tokens (context + the new
     token, already written). max_kv_len: a host upper bound on kv_lens (sizes the split grid; a CUDA graph can pass
     the model's maximum). gate: None or [B, Hq, D] (any batch/head strides, e.g. qg.view(B, Hq, 2D)[..., D:]),
@@ -405,7 +438,12 @@ def paged_decode_attention(
     block tables and every cached position but each row's newest were written before the current forward's first
     launch (a launch without PDL), so the split programs may request their K rows before their PDL wait (kv_early();
     the model's decode step; bf16 caches only: sm_90 gives the fp8 program 136 registers that way against 80, one
-    8-warp program an SM; never a bit). Returns [B, Hq, D] in q's dtype."""
+    8-warp program an SM; never a bit). prep: (bits, group) of the output projection's packed weight: the merge
+    launch also writes that decode GEMV's prep of the output rows (quant.triton_gemv.prep_x's format and bits: xp
+    [B, Hq * D], xs [B, Hq * D / group], fp32) at a column block of max(BD, group), so the GEMV needs no prep launch
+    (merge_prep_supported says which formats); with a host bound <= SPLIT_TOKENS (no merge launch) prep_x makes it.
+    prep_out: the (xp, xs) buffers to write (None: new ones). Returns [B, Hq, D] in q's dtype, with prep (that,
+    (xp, xs))."""
     bsz, hq, d = q.shape
     nb, bs, hkv, dc = k_cache.shape
     if dc != d or hq % hkv or block_tables.shape[0] != bsz or kv_lens.numel() != bsz:
@@ -417,9 +455,23 @@ def paged_decode_attention(
         raise ValueError(f"paged_decode_attention: gate {tuple(gate.shape)} must be [{bsz}, {hq}, {d}], "
                          "contiguous along D")
     fp8 = check_cache(k_cache, v_cache, k_scale, v_scale, "paged_decode_attention")
-    out = torch.empty_like(q) if out is None else out
+    if out is None:  # the prep's rows need a contiguous output
+        out = torch.empty_like(q) if prep is None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if prep is not None:
+        if not merge_prep_supported(d, *prep):
+            raise ValueError(f"paged_decode_attention: prep {prep} needs bits 4 or 8 and a power-of-two group "
+                             f"dividing head_dim {d}")
+        if tuple(out.shape) != (bsz, hq, d) or not out.is_contiguous():
+            raise ValueError(f"paged_decode_attention: prep needs a contiguous out [{bsz}, {hq}, {d}], found "
+                             f"{tuple(out.shape)} strides {out.stride()}")
+        xp, xs = prep_out or (torch.empty(bsz, hq * d, dtype=torch.float32, device=q.device),
+                              torch.empty(bsz, hq * d // prep[1], dtype=torch.float32, device=q.device))
+        for t, width, name in ((xp, hq * d, "xp"), (xs, hq * d // prep[1], "xs")):
+            if t.dtype != torch.float32 or tuple(t.shape) != (bsz, width) or not t.is_contiguous():
+                raise ValueError(f"paged_decode_attention: prep_out {name} must be contiguous fp32 [{bsz}, {width}] "
+                                 f"(the GEMV's layout), found {t.dtype} {tuple(t.shape)} strides {t.stride()}")
     if bsz == 0:
-        return out
+        return out if prep is None else (out, (xp, xs))
     g = hq // hkv
     bn = DECODE_BN or (64 if d <= 128 else 32)
     if SPLIT_TOKENS % bn:
@@ -445,13 +497,31 @@ def paged_decode_attention(
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
         bsp, bd = merge or (MERGE_BSP, MERGE_BD)
-        bd = min(d, bd)
+        bd = min(d, bd if prep is None else max(bd, prep[1]))  # a block of whole groups to prep (BD: no bit)
+        xpt, xst = (xp, xs) if prep is not None else (pm, pm)
         _decode_merge_kernel[(bsz, hq, d // bd)](
-            po, pm, pl, kv_lens, out, gt, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0), out.stride(1),
-            sgb, sgh, D=d, BD=bd, SPLIT=SPLIT_TOKENS, BSP=bsp, HAS_GATE=gate is not None, LENS_ADD=lens_add,
-            num_warps=4, **pdl_args(out),
+            po, pm, pl, kv_lens, out, gt, xpt, xst, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0),
+            out.stride(1), sgb, sgh, xpt.stride(0), xst.stride(0), D=d, BD=bd, SPLIT=SPLIT_TOKENS, BSP=bsp,
+            HAS_GATE=gate is not None, LENS_ADD=lens_add, num_warps=4, **pdl_args(out),
+            **({} if prep is None else {"HQ": hq, "PREP_BITS": prep[0], "GROUP": prep[1]}),
         )
-    return out
+    elif prep is not None:  # every row finished by its split program: the prep launch (the same code, bits)
+        made = prep_x(out.view(bsz, hq * d), *prep)
+        if prep_out is None:
+            xp, xs = made
+        else:
+            xp.copy_(made[0])
+            xs.copy_(made[1])
+    return out if prep is None else (out, (xp, xs))
+
+
+def merge_prep_supported(d: int, bits: int, group: int) -> bool:
+    """Can paged_decode_attention(prep=(bits, group)) write the output projection's prep: bits 4 or 8 (the packed
+    formats' prep) and a power-of-two group dividing the head size (a merge block owns whole groups of a head)."""
+    return bits in (4, 8) and group & (group - 1) == 0 and PACK_MIN <= group <= d and d % group == 0
+
+
+PACK_MIN = 8  # the smallest group the prep's word layout allows (a 4-bit word's 8 codes)
 
 
 @triton.jit
