@@ -41,32 +41,33 @@ def test_default_is_head(monkeypatch):
     assert fast.decode_gemv() == "head"
 
 
-def test_gdn_step_prep_switch(monkeypatch):
-    """DELTASERVE_GDN_PREP names its values; on the CPU (no fast path) the step never preps."""
-    model = tiny_model(moe=True)
+def _gdn_prep(model, x):
     mixer = next(m for m in model.modules() if hasattr(m, "out_proj") and hasattr(m, "dv"))
-    x = torch.zeros(1, model.config.hidden_size)
-    for mode in ("step", "launch"):
-        monkeypatch.setenv("DELTASERVE_GDN_PREP", mode)
-        assert fast.gdn_step_prep(mixer.out_proj, x, mixer.dv, mixer.hv) is None
-    monkeypatch.setenv("DELTASERVE_GDN_PREP", "kernel")
-    with pytest.raises(ValueError, match="DELTASERVE_GDN_PREP must be 'step' or 'launch', found 'kernel'"):
-        fast.gdn_step_prep(mixer.out_proj, x, mixer.dv, mixer.hv)
+    return fast.gdn_step_prep(mixer.out_proj, x, mixer.dv, mixer.hv)
 
 
-def test_attn_merge_prep_switch(monkeypatch):
-    """DELTASERVE_ATTN_MERGE_PREP names its values; on the CPU (no fast path) the merge never preps."""
+def _merge_prep(model, x):
     from deltaserve.model.attention import GatedAttention
 
-    model = tiny_model(moe=True)
     attn = next(m for m in model.modules() if isinstance(m, GatedAttention))
+    return fast.attn_merge_prep(attn.o_proj, x, attn.hq, attn.d)
+
+
+@pytest.mark.parametrize("knob, modes, bad, prep", [
+    ("DELTASERVE_GDN_PREP", ("step", "launch"), "kernel", _gdn_prep),
+    ("DELTASERVE_ATTN_MERGE_PREP", ("merge", "launch"), "split", _merge_prep),
+])
+def test_prep_switches(monkeypatch, knob, modes, bad, prep):
+    """The switches of the kernels that write their out projection's prep (the DeltaNet step, the attention merge)
+    name their values; on the CPU (no fast path) neither preps."""
+    model = tiny_model(moe=True)
     x = torch.zeros(1, model.config.hidden_size)
-    for mode in ("merge", "launch"):
-        monkeypatch.setenv("DELTASERVE_ATTN_MERGE_PREP", mode)
-        assert fast.attn_merge_prep(attn.o_proj, x, attn.hq, attn.d) is None
-    monkeypatch.setenv("DELTASERVE_ATTN_MERGE_PREP", "split")
-    with pytest.raises(ValueError, match="DELTASERVE_ATTN_MERGE_PREP must be 'merge' or 'launch', found 'split'"):
-        fast.attn_merge_prep(attn.o_proj, x, attn.hq, attn.d)
+    for mode in modes:
+        monkeypatch.setenv(knob, mode)
+        assert prep(model, x) is None
+    monkeypatch.setenv(knob, bad)
+    with pytest.raises(ValueError, match=f"{knob} must be '{modes[0]}' or '{modes[1]}', found '{bad}'"):
+        prep(model, x)
 
 
 def test_merge_prep_formats():

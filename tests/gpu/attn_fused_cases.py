@@ -165,16 +165,22 @@ def check_qk_prep_invariance(mods, device, others, hq, hkv, d, rd):
 # ---------------------------------------------------------------- gated decode attention
 
 
+def gated_decode_problem(tp, device, lens, hq, hkv, d, bs):
+    """One decode row per kv length in `lens` over a written paged cache: (problem, context lengths, q, gate), q
+    and the gate the two halves of one [B, Hq, 2D] projection (strided views, as the model passes them)."""
+    ctx = [n - 1 for n in lens]
+    p = paged_problem(device, ctx, [1] * len(lens), hq, hkv, d, bs)
+    tp.write_kv(p["kc"], p["vc"], p["slots"], p["k"], p["v"])
+    qg = torch.randn(len(lens), hq, 2 * d, device=device).bfloat16()
+    return p, ctx, qg[..., :d], qg[..., d:]
+
+
 def check_decode_gate(mods, device, lens, hq, hkv, d, bs, split):
     """Gated decode over rows of kv length `lens` (some <= the split size, finished by their split program; some
     longer, merged): vs fp64, vs the unfused kernel-then-torch gate, and the same bits for any host bound."""
     tp = mods["attn"]
-    ctx = [n - 1 for n in lens]
     b = len(lens)
-    p = paged_problem(device, ctx, [1] * b, hq, hkv, d, bs)
-    tp.write_kv(p["kc"], p["vc"], p["slots"], p["k"], p["v"])
-    qg = torch.randn(b, hq, 2 * d, device=device).bfloat16()
-    q, gate = qg[..., :d], qg[..., d:]
+    p, ctx, q, gate = gated_decode_problem(tp, device, lens, hq, hkv, d, bs)
     kv = torch.tensor(lens, device=device, dtype=torch.int32)
     scale = d**-0.5
     o = tp.paged_decode_attention(q, p["kc"], p["vc"], p["tables"], kv, scale, max(lens),
@@ -240,12 +246,8 @@ def check_decode_merge_prep(mods, device, lens, hq, hkv, d, bs, split, fmts, mer
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
     tp = mods["attn"]
-    ctx = [n - 1 for n in lens]
     b = len(lens)
-    p = paged_problem(device, ctx, [1] * b, hq, hkv, d, bs)
-    tp.write_kv(p["kc"], p["vc"], p["slots"], p["k"], p["v"])
-    qg = torch.randn(b, hq, 2 * d, device=device).bfloat16()
-    q, gate = qg[..., :d], qg[..., d:]
+    p, ctx, q, gate = gated_decode_problem(tp, device, lens, hq, hkv, d, bs)
     ctx_t = torch.tensor(ctx, device=device, dtype=torch.int32)
 
     def run(rows, bound, merge, fmt):
