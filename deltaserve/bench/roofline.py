@@ -16,7 +16,6 @@ from ..model.config import ModelConfig
 # a 2 GiB uint8 copy, median of 20 after 3 warm-ups, 1.431 ms (2026-12-05, bench/NOTES.md). A GPU not listed gets
 # no % of roofline (a datasheet figure is not a measured ceiling).
 COPY_BYTES_PER_S = {"H200": 4.29e12, "H100 80GB HBM3": 3.00e12}
-H200_COPY_BYTES_PER_S = COPY_BYTES_PER_S["H200"]
 
 
 def copy_ceiling(gpu: str) -> float | None:
@@ -86,8 +85,7 @@ def decode_step_bytes(cfg: ModelConfig, fmt: WeightFormat, batch: int, depth: in
     return total
 
 
-def roofline(step_seconds: float, step_bytes: float,
-             ceiling: float | None = H200_COPY_BYTES_PER_S) -> tuple[float, float | None]:
-    """(achieved GB/s, % of the copy-bandwidth ceiling; None without a ceiling)."""
+def roofline(step_seconds: float, step_bytes: float, ceiling: float | None) -> tuple[float, float | None]:
+    """(achieved GB/s, % of the copy-bandwidth ceiling (copy_ceiling of the GPU); None without a ceiling)."""
     bps = step_bytes / step_seconds
     return bps / 1e9, None if ceiling is None else 100.0 * bps / ceiling

@@ -417,7 +417,8 @@ def attn_merge_prep(consumer: nn.Module, x: torch.Tensor, hq: int, d: int) -> tu
     (paged_decode_attention(prep=): each merge block preps its columns, prep_row's arithmetic, so the GEMV gets the
     prep launch's bits without that launch), else None: the fast path's CUDA-core decode GEMV for this weight (the
     tensor-core GEMV reads group sums only, and makes its own), a packed weight of K = hq * d whose format the merge
-    can prep, and env DELTASERVE_ATTN_MERGE_PREP=merge | launch (the default: the prep launch before the GEMV)."""
+    can prep, and env DELTASERVE_ATTN_MERGE_PREP=merge (the default) | launch (the prep launch before the GEMV;
+    the same bits)."""
     mode = env_choice("DELTASERVE_ATTN_MERGE_PREP", "merge", ("merge", "launch"))
     if mode == "launch" or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
         return None

@@ -455,8 +455,7 @@ def paged_decode_attention(
         raise ValueError(f"paged_decode_attention: gate {tuple(gate.shape)} must be [{bsz}, {hq}, {d}], "
                          "contiguous along D")
     fp8 = check_cache(k_cache, v_cache, k_scale, v_scale, "paged_decode_attention")
-    if out is None:  # the prep's rows need a contiguous output
-        out = torch.empty_like(q) if prep is None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(bsz, hq, d, dtype=q.dtype, device=q.device) if out is None else out
     if prep is not None:
         if not merge_prep_supported(d, *prep):
             raise ValueError(f"paged_decode_attention: prep {prep} needs bits 4 or 8 and a power-of-two group "
@@ -515,13 +514,13 @@ def paged_decode_attention(
     return out if prep is None else (out, (xp, xs))
 
 
+PREP_GROUP_MIN = 8  # the smallest group the prep's word layout allows (a 4-bit word's 8 codes)
+
+
 def merge_prep_supported(d: int, bits: int, group: int) -> bool:
     """Can paged_decode_attention(prep=(bits, group)) write the output projection's prep: bits 4 or 8 (the packed
     formats' prep) and a power-of-two group dividing the head size (a merge block owns whole groups of a head)."""
-    return bits in (4, 8) and group & (group - 1) == 0 and PACK_MIN <= group <= d and d % group == 0
-
-
-PACK_MIN = 8  # the smallest group the prep's word layout allows (a 4-bit word's 8 codes)
+    return bits in (4, 8) and group & (group - 1) == 0 and PREP_GROUP_MIN <= group <= d and d % group == 0
 
 
 @triton.jit
