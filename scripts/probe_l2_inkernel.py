@@ -1,0 +1,146 @@
+"""Does a latency-bound kernel warm the L2 for a later GEMV by prefetch instructions of its own (no launch of their
+own, no side stream)? The decode step's kernels at batch 1 read DRAM at 15-60% of its bandwidth (bench/NOTES.md);
+the weights of the dense GEMVs do not depend on the step's values, so a kernel one or two launches earlier could
+request them into the L2 while it runs. Wave 29 measured the ceiling (the in_proj GEMV 9.26 us cold, 7.17 L2-hot)
+and that bulk prefetches (`cp.async.bulk.prefetch.L2`) from a kernel of their own did not leave the bytes where
+the GEMV hits. This probe asks the per-thread forms.
+
+A CUDA graph of 8 rounds: a carrier kernel (P programs spinning ~S us on a dependent FMA chain, issuing, at its
+start, per-thread prefetches over weight copy i: words, scales and biases) then the model's one-row GEMV
+(triton_gemv.affine_gemv, the prep path as in the model) over copy i; 8 copies of the 35B-A3B's in_proj (12352 x
+2048 q4 g64, ~14 MB each) are past the L2. Per-kernel durations from the profiler (median over the replays).
+
+Modes: none, pf (prefetch.global.L2), pf_last (prefetch.global.L2::evict_last), touch (ld.global.cg, summed into
+the carrier's result after its spin), and hot (no prefetch, the GEMV reading copy 0 every round: the ceiling).
+
+  python scripts/probe_l2_inkernel.py [--spin-us 8,3] [--programs 132] [--shape 12352:2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+
+LINE = 128  # bytes a prefetch instruction covers (one L2 line)
+
+
+@triton.jit
+def _issue(addr, ok, MODE: tl.constexpr):
+    """One per-thread L2 request per element where ok: MODE 1 prefetch.global.L2, 2 with ::evict_last, 3 a
+    ld.global.cg whose value is returned (0 elsewhere)."""
+    if MODE == 1:
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
+    elif MODE == 2:
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u32 p, $2, 0; mov.u32 $0, 0; @p ld.global.cg.u32 $0, [$1]; }",
+            "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _region(base, nbytes, pid, P, acc, MODE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    """Program pid's share of [base, base + nbytes): lines (it * P + pid) * BLOCK + lane, it < ITERS."""
+    lane = tl.arange(0, BLOCK)
+    for it in tl.static_range(ITERS):
+        line = ((it * P + pid) * BLOCK + lane).to(tl.int64)
+        ok = (line * 128 < nbytes).to(tl.int32)
+        acc += _issue(base + line * 128, ok, MODE)
+    return acc
+
+
+@triton.jit
+def _carrier_kernel(out_ptr, a0, n0, a1, n1, a2, n2, spin, MODE: tl.constexpr, BLOCK: tl.constexpr,
+                    I0: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr):
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    acc = tl.zeros((BLOCK,), dtype=tl.int32)
+    if MODE > 0:
+        acc = _region(a0, n0, pid, P, acc, MODE, BLOCK, I0)
+        acc = _region(a1, n1, pid, P, acc, MODE, BLOCK, I1)
+        acc = _region(a2, n2, pid, P, acc, MODE, BLOCK, I2)
+    v = tl.full((BLOCK,), 1.0, tl.float32) + pid
+    for _ in range(spin):
+        v = v * 1.0000001 + 0.5
+    tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), v + acc.to(tl.float32))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spin-us", default="8,3")
+    ap.add_argument("--programs", default="132")
+    ap.add_argument("--shape", default="12352:2048")
+    ap.add_argument("--replays", type=int, default=20)
+    args = ap.parse_args(argv)
+    from deltaserve.bench.profile import _replayed_kernels
+    from deltaserve.kernels.quant.triton_gemv import affine_gemv, prep_x
+
+    dev = torch.device("cuda")
+    n, k = (int(v) for v in args.shape.split(":"))
+    copies = 8
+    torch.manual_seed(0)
+    ws = [torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device=dev) for _ in range(copies)]
+    ss = [(torch.rand(n, k // 64, device=dev) * 0.01).to(torch.bfloat16) for _ in range(copies)]
+    bs = [(torch.rand(n, k // 64, device=dev) * 0.01 - 0.005).to(torch.bfloat16) for _ in range(copies)]
+    x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+    prep = prep_x(x, 4, 64)
+    outs = [torch.empty(1, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+    ref = affine_gemv(x, ws[0], ss[0], bs[0], 4, 64, prep=prep).float()
+    block = 128
+    sink = torch.empty(1024 * block, device=dev)
+
+    def iters(t, p):
+        return max(1, -(-t.numel() * t.element_size() // (LINE * block * p)))
+
+    def spin_count(us: float, p: int) -> int:  # calibrate the spin: one FMA ~ 4 cycles at ~1.7 GHz
+        return max(1, int(us * 1e3 * 1.7 / 4))
+
+    rows = []
+    for p in (int(v) for v in args.programs.split(",")):
+        for spin_us in (float(v) for v in args.spin_us.split(",")):
+            spin = spin_count(spin_us, p)
+            for mode_name, mode in (("none", 0), ("hot", 0), ("pf", 1), ("pf_last", 2), ("touch", 3)):
+                def step(mode=mode, mode_name=mode_name):
+                    for i in range(copies):
+                        c = 0 if mode_name == "hot" else i
+                        w, s, b = ws[c], ss[c], bs[c]
+                        _carrier_kernel[(p,)](sink, w, w.numel() * 4, s, s.numel() * 2, b, b.numel() * 2, spin,
+                                              MODE=mode, BLOCK=block, I0=iters(w, p), I1=iters(s, p),
+                                              I2=iters(b, p), num_warps=4)
+                        affine_gemv(x, w, s, b, 4, 64, out=outs[i], prep=prep)
+                step()
+                torch.cuda.synchronize()
+                bad = [i for i in range(copies) if mode_name == "hot" and not torch.equal(outs[i].float(), ref)]
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    step()
+                kern = _replayed_kernels(g.replay, 3, args.replays)
+                carrier = [d for nm, _, d in kern if "carrier" in nm]
+                gemv = [d for nm, _, d in kern if "gemv" in nm and "carrier" not in nm]
+                ends = sorted((st + d, nm) for nm, st, d in kern)
+                span = (max(st + d for _, st, d in kern) - min(st for _, st, _ in kern)) / args.replays / copies
+                row = (p, spin_us, mode_name, statistics.median(carrier), statistics.median(gemv), span, bad)
+                rows.append(row)
+                print(f"P {p:4d} spin {spin_us:4.1f} us {mode_name:8s} carrier {row[3]:7.2f} us  gemv {row[4]:6.2f} us"
+                      f"  round {span:7.2f} us{'  BAD' if bad else ''}", flush=True)
+                del ends
+    print("\n| programs | spin us | mode | carrier us | GEMV us | round us |\n|---|---|---|---|---|---|")
+    for p, sp, m, c, gm, span, bad in rows:
+        print(f"| {p} | {sp} | {m} | {c:.2f} | {gm:.2f} | {span:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
