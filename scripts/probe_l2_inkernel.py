@@ -54,10 +54,11 @@ def _issue(addr, ok, MODE: tl.constexpr):
 def _region(base, nbytes, pid, P, acc, MODE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     """Program pid's share of [base, base + nbytes): lines (it * P + pid) * BLOCK + lane, it < ITERS."""
     lane = tl.arange(0, BLOCK)
+    base = base.to(tl.pointer_type(tl.int8))  # byte addresses, whatever the tensor's dtype
     for it in tl.static_range(ITERS):
         line = ((it * P + pid) * BLOCK + lane).to(tl.int64)
         ok = (line * 128 < nbytes).to(tl.int32)
-        acc += _issue(base + line * 128, ok, MODE)
+        acc += _issue(base + tl.minimum(line * 128, nbytes - 128), ok, MODE)  # in bounds even where not ok
     return acc
 
 
@@ -83,6 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--programs", default="132")
     ap.add_argument("--shape", default="12352:2048")
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--modes", default="none,hot,pf,pf_last,touch")
     args = ap.parse_args(argv)
     from deltaserve.bench.profile import _replayed_kernels
     from deltaserve.kernels.quant.triton_gemv import affine_gemv, prep_x
@@ -111,7 +113,9 @@ def main(argv=None) -> int:
     for p in (int(v) for v in args.programs.split(",")):
         for spin_us in (float(v) for v in args.spin_us.split(",")):
             spin = spin_count(spin_us, p)
-            for mode_name, mode in (("none", 0), ("hot", 0), ("pf", 1), ("pf_last", 2), ("touch", 3)):
+            torch.cuda.synchronize()
+            for mode_name in args.modes.split(","):
+                mode = {"none": 0, "hot": 0, "pf": 1, "pf_last": 2, "touch": 3}[mode_name]
                 def step(mode=mode, mode_name=mode_name):
                     for i in range(copies):
                         c = 0 if mode_name == "hot" else i
