@@ -11,7 +11,8 @@ start, per-thread prefetches over weight copy i: words, scales and biases) then 
 2048 q4 g64, ~14 MB each) are past the L2. Per-kernel durations from the profiler (median over the replays).
 
 Modes: none, pf (prefetch.global.L2), pf_last (prefetch.global.L2::evict_last), touch (ld.global.cg, summed into
-the carrier's result after its spin), and hot (no prefetch, the GEMV reading copy 0 every round: the ceiling).
+the carrier's result after its spin), touch2 / touch4 (each line read by 2 / 4 programs), and hot (no prefetch,
+the GEMV reading copy 0 every round: the ceiling).
 
   python scripts/probe_l2_inkernel.py [--spin-us 8,3] [--programs 132] [--shape 12352:2048]
 """
@@ -52,7 +53,9 @@ def _issue(addr, ok, MODE: tl.constexpr):
 
 @triton.jit
 def _region(base, nbytes, pid, P, acc, MODE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
-    """Program pid's share of [base, base + nbytes): lines (it * P + pid) * BLOCK + lane, it < ITERS."""
+    """Program pid's share of [base, base + nbytes): lines (it * P + pid) * BLOCK + lane, it < ITERS. P is the
+    number of shares: with REPLICAS programs a share (touch2 / touch4), programs pid, pid + P, ... read the same
+    lines (so that, if the L2 keeps a line near the SMs that read it, more of the GEMV's SMs find it near)."""
     lane = tl.arange(0, BLOCK)
     base = base.to(tl.pointer_type(tl.int8))  # byte addresses, whatever the tensor's dtype
     for it in tl.static_range(ITERS):
@@ -64,9 +67,9 @@ def _region(base, nbytes, pid, P, acc, MODE: tl.constexpr, BLOCK: tl.constexpr, 
 
 @triton.jit
 def _carrier_kernel(out_ptr, a0, n0, a1, n1, a2, n2, spin, MODE: tl.constexpr, BLOCK: tl.constexpr,
-                    I0: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr):
-    pid = tl.program_id(0)
-    P = tl.num_programs(0)
+                    I0: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr, REPLICAS: tl.constexpr = 1):
+    P = tl.num_programs(0) // REPLICAS
+    pid = tl.program_id(0) % P
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
     if MODE > 0:
         acc = _region(a0, n0, pid, P, acc, MODE, BLOCK, I0)
@@ -75,7 +78,7 @@ def _carrier_kernel(out_ptr, a0, n0, a1, n1, a2, n2, spin, MODE: tl.constexpr, B
     v = tl.full((BLOCK,), 1.0, tl.float32) + pid
     for _ in range(spin):
         v = v * 1.0000001 + 0.5
-    tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), v + acc.to(tl.float32))
+    tl.store(out_ptr + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), v + acc.to(tl.float32))
 
 
 def main(argv=None) -> int:
@@ -115,14 +118,16 @@ def main(argv=None) -> int:
             spin = spin_count(spin_us, p)
             torch.cuda.synchronize()
             for mode_name in args.modes.split(","):
-                mode = {"none": 0, "hot": 0, "pf": 1, "pf_last": 2, "touch": 3}[mode_name]
-                def step(mode=mode, mode_name=mode_name):
+                mode = {"none": 0, "hot": 0, "pf": 1, "pf_last": 2, "touch": 3, "touch2": 3, "touch4": 3}[mode_name]
+                reps = {"touch2": 2, "touch4": 4}.get(mode_name, 1)
+                def step(mode=mode, mode_name=mode_name, reps=reps):
                     for i in range(copies):
                         c = 0 if mode_name == "hot" else i
                         w, s, b = ws[c], ss[c], bs[c]
                         _carrier_kernel[(p,)](sink, w, w.numel() * 4, s, s.numel() * 2, b, b.numel() * 2, spin,
-                                              MODE=mode, BLOCK=block, I0=iters(w, p), I1=iters(s, p),
-                                              I2=iters(b, p), num_warps=4)
+                                              MODE=mode, BLOCK=block, I0=iters(w, p // reps),
+                                              I1=iters(s, p // reps), I2=iters(b, p // reps), REPLICAS=reps,
+                                              num_warps=4)
                         affine_gemv(x, w, s, b, 4, 64, out=outs[i], prep=prep)
                 step()
                 torch.cuda.synchronize()
