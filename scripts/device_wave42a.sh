@@ -4,7 +4,7 @@
 # (scripts/device_profiles42.sh).  ~300 s
 source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 200 python3 scripts/probe_l2_inkernel.py --spin-us 8 --programs 132,264 --modes none,hot,touch,touch2,touch4 \
+timeout 200 python3 scripts/probe_l2_inkernel.py --spin-us 8 --programs 132,264 --modes none,hot,touch,touch2,touch4,touch32,touch128,touch256 \
   > "$OUT/probe.log" 2>&1
 echo "probe rc $? ($((SECONDS-t0)) s)"; grep -iE "error|Traceback" "$OUT/probe.log" | tail -3
 sed -n '/^| programs/,$p' "$OUT/probe.log"

@@ -11,7 +11,9 @@ start, per-thread prefetches over weight copy i: words, scales and biases) then 
 2048 q4 g64, ~14 MB each) are past the L2. Per-kernel durations from the profiler (median over the replays).
 
 Modes: none, pf (prefetch.global.L2), pf_last (prefetch.global.L2::evict_last), touch (ld.global.cg, summed into
-the carrier's result after its spin), touch2 / touch4 (each line read by 2 / 4 programs), and hot (no prefetch,
+the carrier's result after its spin), touch2 / touch4 (each line read by 2 / 4 programs), touch32 (a 4-byte load every 32-byte sector: the L2 fills
+sectors), touch128 / touch256 (ld.global.cg.L2::128B / ::256B, the L2's prefetch-size hint, a load every 128 / 256
+bytes), and hot (no prefetch,
 the GEMV reading copy 0 every round: the ceiling).
 
   python scripts/probe_l2_inkernel.py [--spin-us 8,3] [--programs 132] [--shape 12352:2048]
@@ -45,14 +47,23 @@ def _issue(addr, ok, MODE: tl.constexpr):
         return tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
             "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
-    else:
+    elif MODE == 3:
         return tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.ne.u32 p, $2, 0; mov.u32 $0, 0; @p ld.global.cg.u32 $0, [$1]; }",
+            "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
+    elif MODE == 4:  # the L2 fills the whole 128-byte line (a 4-byte load alone may bring one 32-byte sector)
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u32 p, $2, 0; mov.u32 $0, 0; @p ld.global.cg.L2::128B.u32 $0, [$1]; }",
+            "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
+    else:  # 256 bytes a load (two lines)
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u32 p, $2, 0; mov.u32 $0, 0; @p ld.global.cg.L2::256B.u32 $0, [$1]; }",
             "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
-def _region(base, nbytes, pid, P, acc, MODE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+def _region(base, nbytes, pid, P, acc, MODE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
+            STRIDE: tl.constexpr = 128):
     """Program pid's share of [base, base + nbytes): lines (it * P + pid) * BLOCK + lane, it < ITERS. P is the
     number of shares: with REPLICAS programs a share (touch2 / touch4), programs pid, pid + P, ... read the same
     lines (so that, if the L2 keeps a line near the SMs that read it, more of the GEMV's SMs find it near)."""
@@ -60,21 +71,22 @@ def _region(base, nbytes, pid, P, acc, MODE: tl.constexpr, BLOCK: tl.constexpr, 
     base = base.to(tl.pointer_type(tl.int8))  # byte addresses, whatever the tensor's dtype
     for it in tl.static_range(ITERS):
         line = ((it * P + pid) * BLOCK + lane).to(tl.int64)
-        ok = (line * 128 < nbytes).to(tl.int32)
-        acc += _issue(base + tl.minimum(line * 128, nbytes - 128), ok, MODE)  # in bounds even where not ok
+        ok = (line * STRIDE < nbytes).to(tl.int32)
+        acc += _issue(base + tl.minimum(line * STRIDE, nbytes - 4), ok, MODE)  # in bounds even where not ok
     return acc
 
 
 @triton.jit
 def _carrier_kernel(out_ptr, a0, n0, a1, n1, a2, n2, spin, MODE: tl.constexpr, BLOCK: tl.constexpr,
-                    I0: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr, REPLICAS: tl.constexpr = 1):
+                    I0: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr, REPLICAS: tl.constexpr = 1,
+                    STRIDE: tl.constexpr = 128):
     P = tl.num_programs(0) // REPLICAS
     pid = tl.program_id(0) % P
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
     if MODE > 0:
-        acc = _region(a0, n0, pid, P, acc, MODE, BLOCK, I0)
-        acc = _region(a1, n1, pid, P, acc, MODE, BLOCK, I1)
-        acc = _region(a2, n2, pid, P, acc, MODE, BLOCK, I2)
+        acc = _region(a0, n0, pid, P, acc, MODE, BLOCK, I0, STRIDE)
+        acc = _region(a1, n1, pid, P, acc, MODE, BLOCK, I1, STRIDE)
+        acc = _region(a2, n2, pid, P, acc, MODE, BLOCK, I2, STRIDE)
     v = tl.full((BLOCK,), 1.0, tl.float32) + pid
     for _ in range(spin):
         v = v * 1.0000001 + 0.5
@@ -106,8 +118,8 @@ def main(argv=None) -> int:
     block = 128
     sink = torch.empty(1024 * block, device=dev)
 
-    def iters(t, p):
-        return max(1, -(-t.numel() * t.element_size() // (LINE * block * p)))
+    def iters(t, p, stride=LINE):
+        return max(1, -(-t.numel() * t.element_size() // (stride * block * p)))
 
     def spin_count(us: float, p: int) -> int:  # calibrate the spin: one FMA ~ 4 cycles at ~1.7 GHz
         return max(1, int(us * 1e3 * 1.7 / 4))
@@ -118,16 +130,18 @@ def main(argv=None) -> int:
             spin = spin_count(spin_us, p)
             torch.cuda.synchronize()
             for mode_name in args.modes.split(","):
-                mode = {"none": 0, "hot": 0, "pf": 1, "pf_last": 2, "touch": 3, "touch2": 3, "touch4": 3}[mode_name]
+                mode = {"none": 0, "hot": 0, "pf": 1, "pf_last": 2, "touch": 3, "touch2": 3, "touch4": 3,
+                        "touch32": 3, "touch128": 4, "touch256": 5}[mode_name]
                 reps = {"touch2": 2, "touch4": 4}.get(mode_name, 1)
-                def step(mode=mode, mode_name=mode_name, reps=reps):
+                stride = {"touch32": 32, "touch256": 256}.get(mode_name, LINE)
+                def step(mode=mode, mode_name=mode_name, reps=reps, stride=stride):
                     for i in range(copies):
                         c = 0 if mode_name == "hot" else i
                         w, s, b = ws[c], ss[c], bs[c]
                         _carrier_kernel[(p,)](sink, w, w.numel() * 4, s, s.numel() * 2, b, b.numel() * 2, spin,
-                                              MODE=mode, BLOCK=block, I0=iters(w, p // reps),
-                                              I1=iters(s, p // reps), I2=iters(b, p // reps), REPLICAS=reps,
-                                              num_warps=4)
+                                              MODE=mode, BLOCK=block, I0=iters(w, p // reps, stride),
+                                              I1=iters(s, p // reps, stride), I2=iters(b, p // reps, stride),
+                                              REPLICAS=reps, STRIDE=stride, num_warps=4)
                         affine_gemv(x, w, s, b, 4, 64, out=outs[i], prep=prep)
                 step()
                 torch.cuda.synchronize()
