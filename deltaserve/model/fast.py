@@ -185,6 +185,32 @@ def mma_weights(module: nn.Module, x: torch.Tensor):
     return cached or None
 
 
+L2_WARM_ATTR = "_fast_l2_warm"  # module.__dict__ key: the kernels/l2_warm.WarmPlan of its decode GEMV's weight
+
+
+def l2_warm_mode() -> str:
+    """Whether a batch-1 decode step's MoE gate/up launch touches the next layer's mixer input projection into the L2
+    ("next"; kernels/l2_warm.py: its programs wait for the routing for microseconds while the DRAM idles) or not
+    ("off"). Never a value: the GEMV reads the same bytes from either. Env DELTASERVE_L2_WARM, for in-model A/B."""
+    return env_choice("DELTASERVE_L2_WARM", "off", ("off", "next"))
+
+
+def l2_warm_plan(module: nn.Module | None, x: torch.Tensor):
+    """The kernels/l2_warm.WarmPlan over the bytes `module`'s decode GEMV reads (its tensor-core copy where that GEMV
+    serves it, else the packed weight, scales and biases), cached on the module; None when l2_warm_mode() is off,
+    without a module, off CUDA or for a dense weight."""
+    if module is None or l2_warm_mode() == "off" or not x.is_cuda or not hasattr(module, "scales"):
+        return None
+    plan = module.__dict__.get(L2_WARM_ATTR)
+    if plan is None:
+        from ..kernels.l2_warm import warm_plan
+
+        mma = mma_weights(module, x) if decode_kernels() == "gemv" else None
+        s = weight_spec(module)
+        plan = module.__dict__[L2_WARM_ATTR] = warm_plan(mma if mma is not None else (s.w, s.scales, s.biases))
+    return plan
+
+
 DENSE_ATTR = "_fast_dense_natural"  # module.__dict__ key: (words, sb, bf16_fma) of its natural-order repack, or ()
 
 

@@ -1,0 +1,94 @@
+"""Warming the L2 with a later kernel's weights from inside an earlier kernel: the touch plan.
+
+Why: at batch 1 a decode step is a chain of latency-bound kernels that read DRAM at a fraction of its bandwidth,
+and many of their programs sit resident waiting for their predecessor (PDL) for microseconds. The weights of the
+dense decode GEMVs do not depend on the step's values, so the waiting programs of one kernel can request the
+weights of a GEMV one or two launches later into the L2. Measured (scripts/probe_l2_inkernel.py, H200, bench/NOTES.md
+wave 42): the one-row in_proj GEMV (14.2 MB) 7.78 us from DRAM, 6.21 from a hot L2, and 6.24 after a spinning kernel
+touched every 128-byte line with `ld.global.cg.L2::128B` (the L2's prefetch-size hint: a plain 4-byte load fills
+one 32-byte sector of its line, and left the GEMV at 7.0 us; `prefetch.global.L2` did no better; the bulk prefetch
+of wave 29 not at all), for +0.3 us of the touching kernel's time.
+
+A touch is a 4-byte load of one line per thread per region step; its value is used once, at the program's end, in
+a store that happens only if the loaded words sum to one magic value (into a scratch `sink`, never read), so the
+compiler keeps the loads and the program does not wait for them before its end. Touches read constant data only
+(weights), so a kernel may issue them before its PDL wait (kernels/triton_pdl.py's protocol). They change no value
+anywhere: a GEMV reads the same bytes whether they come from the L2 or DRAM.
+
+The plan here is the host side: up to MAX_REGIONS contiguous tensors as flat byte views, and per launch the number
+of touch steps each region needs so that the launch's programs x threads cover it once (warm_args). The device
+side is each carrier kernel's (quant/mma_gemv.py: `l2_touches`, `l2_sink`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+LINE = 128  # bytes one touch brings into the L2 (the ::128B prefetch-size hint)
+MAX_REGIONS = 3  # a packed weight's words, scales and biases
+SINK_WORDS = 1024  # int32 words of the scratch the touches' values may be stored to (the carrier's threads)
+TOUCH_ASM = "{ .reg .pred p; setp.ne.u32 p, $2, 0; mov.u32 $0, 0; @p ld.global.cg.L2::128B.u32 $0, [$1]; }"
+SINK_MAGIC = 0x5EED5EED  # the touches' sum a thread stores to the sink (any value would do: rarely met)
+
+_SINKS: dict = {}
+
+
+class WarmPlan(NamedTuple):
+    """The bytes a carrier kernel touches: regions, flat uint8 views of 1 .. MAX_REGIONS contiguous tensors on one
+    CUDA device, and that device's sink (int32 [SINK_WORDS])."""
+
+    regions: tuple[torch.Tensor, ...]
+    sink: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.numel() for r in self.regions)
+
+
+def warm_plan(tensors) -> WarmPlan:
+    """A WarmPlan over `tensors` (1 .. MAX_REGIONS contiguous tensors on one device, each of at least 4 bytes)."""
+    tensors = tuple(tensors)
+    if not 1 <= len(tensors) <= MAX_REGIONS:
+        raise ValueError(f"l2 warm: 1 to {MAX_REGIONS} regions, found {len(tensors)}")
+    device = tensors[0].device
+    regions = []
+    for t in tensors:
+        if t.device != device:
+            raise ValueError(f"l2 warm: every region on one device, found {t.device} beside {device}")
+        if not t.is_contiguous():
+            raise ValueError(f"l2 warm: a region must be contiguous, found shape {tuple(t.shape)} strides {t.stride()}")
+        if t.numel() * t.element_size() < 4:
+            raise ValueError(f"l2 warm: a region of {t.numel() * t.element_size()} bytes (at least 4)")
+        regions.append(t.reshape(-1).view(torch.uint8))
+    sink = _SINKS.get(device)
+    if sink is None:
+        sink = _SINKS[device] = torch.zeros(SINK_WORDS, dtype=torch.int32, device=device)
+    return WarmPlan(tuple(regions), sink)
+
+
+def touch_steps(nbytes: int, programs: int, threads: int) -> int:
+    """Touch steps (lines a thread) so that `programs` x `threads` threads cover nbytes once, one line each a step."""
+    if programs < 1 or threads < 1:
+        raise ValueError(f"l2 warm: {programs} programs of {threads} threads")
+    return -(-nbytes // (LINE * programs * threads))
+
+
+def warm_args(plan: WarmPlan | None, programs: int, threads: int, placeholder: torch.Tensor) -> tuple[tuple, dict]:
+    """(positional args, constexprs) of a carrier launch: (r0, n0, r1, n1, r2, n2, sink) and {WARM0, WARM1, WARM2:
+    touch steps}; without a plan the placeholder tensor stands for every pointer and the constexprs are absent (the
+    kernel's defaults, 0: no touch code)."""
+    if threads > SINK_WORDS:
+        raise ValueError(f"l2 warm: {threads} threads a program, the sink holds {SINK_WORDS}")
+    if plan is None:
+        return (placeholder, 0) * MAX_REGIONS + (placeholder,), {}
+    args, steps = [], {}
+    for i in range(MAX_REGIONS):
+        if i < len(plan.regions):
+            r = plan.regions[i]
+            args += [r, r.numel()]
+            steps[f"WARM{i}"] = touch_steps(r.numel(), programs, threads)
+        else:
+            args += [plan.regions[0], 0]
+    return (*args, plan.sink), steps

@@ -1,0 +1,76 @@
+"""The L2 warm plan (deltaserve/kernels/l2_warm.py) on CPU: its regions are the tensors' own bytes, a launch's touch
+steps cover every region once, the launch arguments without a plan are placeholders, bad regions are refused with
+what is wrong, and the model's switch (fast.l2_warm_plan) gives no plan off CUDA or when off. The touches themselves
+(same bits, the GEMV's time) are GPU tests: tests/gpu/test_mma_gemv_gpu.py, tests/gpu/test_model_mma_path.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deltaserve.kernels import l2_warm
+
+
+def test_plan_regions_are_the_tensors_bytes():
+    w = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    s = torch.ones(3, 2, dtype=torch.bfloat16)
+    plan = l2_warm.warm_plan([w, s])
+    assert [r.dtype for r in plan.regions] == [torch.uint8, torch.uint8]
+    assert [r.data_ptr() for r in plan.regions] == [w.data_ptr(), s.data_ptr()]
+    assert plan.nbytes == w.nbytes + s.nbytes == 48 + 12
+    assert plan.sink.dtype == torch.int32 and plan.sink.numel() == l2_warm.SINK_WORDS
+    assert l2_warm.warm_plan([s]).sink is plan.sink  # one sink a device
+
+
+@pytest.mark.parametrize("nbytes,programs,threads", [(14_200_000, 288, 128), (1, 1, 32), (128 * 288 * 128, 288, 128),
+                                                     (128 * 288 * 128 + 1, 288, 128), (790_528, 1152, 32)])
+def test_touch_steps_cover_once(nbytes, programs, threads):
+    steps = l2_warm.touch_steps(nbytes, programs, threads)
+    lines = programs * threads  # touched lines a step
+    assert steps * lines * l2_warm.LINE >= nbytes > (steps - 1) * lines * l2_warm.LINE
+
+
+def test_warm_args():
+    ph = torch.zeros(1)
+    args, steps = l2_warm.warm_args(None, 288, 128, ph)
+    assert steps == {} and len(args) == 2 * l2_warm.MAX_REGIONS + 1
+    assert all(a is ph for a in args[0::2]) and all(n == 0 for n in args[1:-1:2])
+    w = torch.zeros(12352, 256, dtype=torch.int32)
+    plan = l2_warm.warm_plan([w])
+    args, steps = l2_warm.warm_args(plan, 288, 128, ph)
+    assert args[0] is plan.regions[0] and args[1] == w.nbytes and args[3] == 0 and args[5] == 0
+    assert args[-1] is plan.sink
+    assert steps == {"WARM0": l2_warm.touch_steps(w.nbytes, 288, 128)} == {"WARM0": 3}
+    with pytest.raises(ValueError, match="threads a program"):
+        l2_warm.warm_args(plan, 1, l2_warm.SINK_WORDS + 32, ph)
+
+
+def test_bad_regions_are_refused():
+    w = torch.zeros(8, 8)
+    with pytest.raises(ValueError, match="contiguous"):
+        l2_warm.warm_plan([w.t()])
+    with pytest.raises(ValueError, match="1 to 3 regions"):
+        l2_warm.warm_plan([w] * 4)
+    with pytest.raises(ValueError, match="1 to 3 regions"):
+        l2_warm.warm_plan([])
+    with pytest.raises(ValueError, match="2 bytes"):
+        l2_warm.warm_plan([torch.zeros(1, dtype=torch.bfloat16)])
+    with pytest.raises(ValueError, match="programs"):
+        l2_warm.touch_steps(100, 0, 128)
+
+
+def test_model_switch_gives_no_plan_off_cuda_or_off(monkeypatch):
+    from deltaserve.model import fast
+    from deltaserve.model.layers import DenseWeights
+
+    lin = DenseWeights().linear("p", 64, 64)
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    monkeypatch.setenv("DELTASERVE_L2_WARM", "next")
+    assert fast.l2_warm_mode() == "next"
+    assert fast.l2_warm_plan(lin, x) is None  # CPU, and a dense weight
+    assert fast.l2_warm_plan(None, x) is None
+    monkeypatch.setenv("DELTASERVE_L2_WARM", "off")
+    assert fast.l2_warm_plan(lin, x) is None
+    monkeypatch.setenv("DELTASERVE_L2_WARM", "bogus")
+    with pytest.raises(ValueError):
+        fast.l2_warm_mode()
