@@ -71,6 +71,9 @@ def test_model_switch_gives_no_plan_off_cuda_or_off(monkeypatch):
     assert fast.l2_warm_plan(None, x) is None
     monkeypatch.setenv("DELTASERVE_L2_WARM", "off")
     assert fast.l2_warm_plan(lin, x) is None
+    for mode in ("step", "all"):
+        monkeypatch.setenv("DELTASERVE_L2_WARM", mode)
+        assert fast.l2_warm_plan(lin, x, "step") is None
     monkeypatch.setenv("DELTASERVE_L2_WARM", "bogus")
     with pytest.raises(ValueError):
         fast.l2_warm_mode()

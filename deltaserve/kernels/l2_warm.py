@@ -17,7 +17,8 @@ anywhere: a GEMV reads the same bytes whether they come from the L2 or DRAM.
 
 The plan here is the host side: up to MAX_REGIONS contiguous tensors as flat byte views, and per launch the number
 of touch steps each region needs so that the launch's programs x threads cover it once (warm_args). The device
-side is each carrier kernel's (quant/mma_gemv.py: `l2_touches`, `l2_sink`).
+side: `touches` / `sink` below for Triton kernels (the DeltaNet decode step), their Gluon twins in quant/mma_gemv.py
+(the MoE gate/up launch).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import triton
+import triton.language as tl
 
 LINE = 128  # bytes one touch brings into the L2 (the ::128B prefetch-size hint)
 MAX_REGIONS = 3  # a packed weight's words, scales and biases
@@ -92,3 +95,44 @@ def warm_args(plan: WarmPlan | None, programs: int, threads: int, placeholder: t
         else:
             args += [plan.regions[0], 0]
     return (*args, plan.sink), steps
+
+
+_TOUCH = tl.constexpr(TOUCH_ASM)
+_MAGIC = tl.constexpr(SINK_MAGIC)
+
+
+@triton.jit
+def _touch(acc, base, nbytes, pid, programs, STEPS: tl.constexpr, THREADS: tl.constexpr):
+    lane = tl.arange(0, THREADS).to(tl.int64)
+    for it in tl.static_range(STEPS):
+        off = ((it * programs + pid) * THREADS + lane) * 128
+        acc += tl.inline_asm_elementwise(_TOUCH, "=r,l,r", [base + tl.minimum(off, nbytes - 4),
+                                                           (off < nbytes).to(tl.int32)],
+                                         dtype=tl.int32, is_pure=False, pack=1)
+    return acc
+
+
+@triton.jit
+def touches(r0, n0, r1, n1, r2, n2, WARM0: tl.constexpr, WARM1: tl.constexpr, WARM2: tl.constexpr,
+            THREADS: tl.constexpr):
+    """A Triton carrier program's touches of its share of warm_args' regions (uint8 pointers), one 128-byte line a
+    thread a step over the launch's programs (a 3-D grid flattened): the words, to be passed to `sink` at the
+    program's end. Constant data only: a kernel may call this before its PDL wait."""
+    pid = ((tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2)
+           + tl.program_id(2)).to(tl.int64)
+    programs = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
+    acc = tl.zeros((THREADS,), dtype=tl.int32)
+    if WARM0 > 0:
+        acc = _touch(acc, r0, n0, pid, programs, WARM0, THREADS)
+    if WARM1 > 0:
+        acc = _touch(acc, r1, n1, pid, programs, WARM1, THREADS)
+    if WARM2 > 0:
+        acc = _touch(acc, r2, n2, pid, programs, WARM2, THREADS)
+    return acc
+
+
+@triton.jit
+def sink(acc, sink_ptr, THREADS: tl.constexpr):
+    """The touches' one use: stored to the scratch sink only where a thread's words sum to SINK_MAGIC."""
+    lane = tl.arange(0, THREADS)
+    tl.store(sink_ptr + lane, acc, mask=acc == _MAGIC)

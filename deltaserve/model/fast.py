@@ -188,18 +188,26 @@ def mma_weights(module: nn.Module, x: torch.Tensor):
 L2_WARM_ATTR = "_fast_l2_warm"  # module.__dict__ key: the kernels/l2_warm.WarmPlan of its decode GEMV's weight
 
 
+L2_WARM_MODES = ("off", "next", "step", "all")
+L2_WARM_MAX_TOKENS = 4  # the batch-1 deployments' steps (the MoE's normed router launch serves up to 4 tokens)
+
+
 def l2_warm_mode() -> str:
-    """Whether a batch-1 decode step's MoE gate/up launch touches the next layer's mixer input projection into the L2
-    ("next"; kernels/l2_warm.py: its programs wait for the routing for microseconds while the DRAM idles) or not
-    ("off"). Never a value: the GEMV reads the same bytes from either. Env DELTASERVE_L2_WARM, for in-model A/B."""
-    return env_choice("DELTASERVE_L2_WARM", "off", ("off", "next"))
+    """Which batch-1 decode launches touch a later GEMV's weight into the L2 (kernels/l2_warm.py: their programs wait
+    for their predecessor for microseconds while the DRAM idles): "next" (the MoE gate/up launch, the next layer's
+    mixer input projection), "step" (the DeltaNet decode step, its out projection), "all" (both) or "off". Never a
+    value: a GEMV reads the same bytes from the L2 or DRAM. Env DELTASERVE_L2_WARM, for in-model A/B."""
+    return env_choice("DELTASERVE_L2_WARM", "off", L2_WARM_MODES)
 
 
-def l2_warm_plan(module: nn.Module | None, x: torch.Tensor):
+def l2_warm_plan(module: nn.Module | None, x: torch.Tensor, role: str = "next"):
     """The kernels/l2_warm.WarmPlan over the bytes `module`'s decode GEMV reads (its tensor-core copy where that GEMV
-    serves it, else the packed weight, scales and biases), cached on the module; None when l2_warm_mode() is off,
-    without a module, off CUDA or for a dense weight."""
-    if module is None or l2_warm_mode() == "off" or not x.is_cuda or not hasattr(module, "scales"):
+    serves it, else the packed weight, scales and biases), cached on the module, for a carrier of `role` ("next" or
+    "step") of a decode step of x's rows; None where l2_warm_mode() does not take that role, past
+    L2_WARM_MAX_TOKENS rows, without a module, off CUDA or for a dense weight."""
+    mode = l2_warm_mode()
+    if mode not in (role, "all") or module is None or not x.is_cuda or not hasattr(module, "scales") \
+            or x.numel() // x.shape[-1] > L2_WARM_MAX_TOKENS:
         return None
     plan = module.__dict__.get(L2_WARM_ATTR)
     if plan is None:

@@ -233,10 +233,12 @@ def test_attn_merge_prep_equals_the_prep_launch(merge_prep_model, monkeypatch):
     check_graph_equals_eager(merge_prep_model)
 
 
-def test_l2_warm_equals_off(merge_prep_model, monkeypatch):
+@pytest.mark.parametrize("mode", ["next", "all"])
+def test_l2_warm_equals_off(merge_prep_model, monkeypatch, mode):
     """DELTASERVE_L2_WARM=next (each batch-1 MoE gate/up launch touching the next layer's input projection into the
-    L2) gives the decode logits of "off" bit for bit, eager and replayed; the plans reach every layer but the last
-    with the next layer's projection bytes; batch invariance and graph == eager hold with it."""
+    L2; "all": the DeltaNet step its out projection too) gives the decode logits of "off" bit for bit, eager and
+    replayed; the plans reach every layer but the last with the next layer's projection bytes; batch invariance and
+    graph == eager hold with it."""
     from deltaserve.kernels.moe import mma_moe
 
     model = merge_prep_model
@@ -251,22 +253,22 @@ def test_l2_warm_equals_off(merge_prep_model, monkeypatch):
 
     monkeypatch.setattr(mma_moe, "moe_block_mma", spy)
     runs = {}
-    for mode in ("next", "off"):
-        monkeypatch.setenv("DELTASERVE_L2_WARM", mode)
+    for warm in (mode, "off"):
+        monkeypatch.setenv("DELTASERVE_L2_WARM", warm)
         sizes.clear()
-        runs[mode] = [decode_logits(model, [prompts[0]], 2, graph=False)]
+        runs[warm] = [decode_logits(model, [prompts[0]], 2, graph=False)]
         layers = model.config.num_hidden_layers
         step = sizes[-layers:]  # the last decode step's blocks, in layer order
-        if mode == "next":
+        if warm != "off":
             want = [fast.weight_spec(nxt.mixer_projection()) for nxt in model.layers[1:]]
             assert step[:-1] == [s.w.nbytes + s.scales.nbytes + s.biases.nbytes for s in want], step
             assert step[-1] is None, "the last layer has no next projection to warm"
         else:
             assert step == [None] * layers, step
-        runs[mode] += [decode_logits(model, prompts, 3, graph=g) for g in (False, True)]
-    assert torch.isfinite(runs["next"][1]).all()
-    assert all(torch.equal(a, b) for a, b in zip(runs["next"], runs["off"])), "L2 warm changed the logits"
-    monkeypatch.setenv("DELTASERVE_L2_WARM", "next")
+        runs[warm] += [decode_logits(model, prompts, 3, graph=g) for g in (False, True)]
+    assert torch.isfinite(runs[mode][1]).all()
+    assert all(torch.equal(a, b) for a, b in zip(runs[mode], runs["off"])), "L2 warm changed the logits"
+    monkeypatch.setenv("DELTASERVE_L2_WARM", mode)
     check_batch_invariance(model)
     check_graph_equals_eager(model)
 
