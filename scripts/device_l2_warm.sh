@@ -4,7 +4,7 @@
 # B=1 off / next / all alternating, the graph profile under all.
 source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name --format=csv,noheader
-TESTS_NAMED=1 gpu_tests 200 tests/gpu/test_mma_gemv_gpu.py tests/gpu/test_kernels_gpu.py \
+TESTS_NAMED=1 gpu_tests 150 tests/gpu/test_mma_gemv_gpu.py tests/gpu/test_kernels_gpu.py \
   tests/gpu/test_model_mma_path.py -k "l2_warm"
 for mode in off next all off next all; do bench_tg "warm=$mode" 1 64 DELTASERVE_L2_WARM=$mode; done
 DELTASERVE_L2_WARM=all timeout 120 python3 -m deltaserve bench --preset qwen3.6-35b-a3b --quant q4 --no-record -p 16 \
