@@ -732,15 +732,15 @@ if HAVE_GLUON:
     @gluon.jit
     def _mma_experts_kernel(x_ptr, xs_ptr, w_ptr, sb_ptr, w2_ptr, sb2_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr,
                             hi_ptr, order_ptr, stride_xm, stride_sm, stride_om, NBE, res_ptr, comb_ptr, cnt_ptr,
-                            stride_rm, stride_cm, wr0, wn0, wr1, wn1, wr2, wn2, wsink, XREP: gl.constexpr,
-                            K: gl.constexpr, W: gl.constexpr,
+                            stride_rm, stride_cm, XREP: gl.constexpr, K: gl.constexpr, W: gl.constexpr,
                             NT: gl.constexpr, RB: gl.constexpr, SINGLE: gl.constexpr, GATED: gl.constexpr,
                             SCALED: gl.constexpr, PDL: gl.constexpr = False, SELF_XS: gl.constexpr = False,
                             COMBINE: gl.constexpr = False, SLOTS: gl.constexpr = 1, HAS_RES: gl.constexpr = False,
                             AHEAD: gl.constexpr = 1, LOOP: gl.constexpr = 1, GLU: gl.constexpr = 0,
                             PAIR: gl.constexpr = 0, OPEN_LATE: gl.constexpr = False, EARLY: gl.constexpr = False,
                             WSTAGE: gl.constexpr = 0, SKIP_EMPTY: gl.constexpr = True, WARM0: gl.constexpr = 0,
-                            WARM1: gl.constexpr = 0, WARM2: gl.constexpr = 0):
+                            WARM1: gl.constexpr = 0, WARM2: gl.constexpr = 0, wr0=None, wn0=0, wr1=None, wn1=0,
+                            wr2=None, wn2=0, wsink=None):
         """grid (tiles, N / (16 RB LOOP)): the plain kernel's arithmetic on expert tile t, row blocks
         [RB LOOP p, RB LOOP (p + 1)) of its expert: LOOP rounds of RB blocks held in registers together (the x
         columns are loaded once for the RB blocks; LOOP > 1 stages them in shared memory once for every round, so
@@ -1458,9 +1458,11 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
         rs = comb if combine is None or res is None else res
         grid = (tiles.tile_e.numel(), nbe // (rb * loop))
         touch, steps = warm_args(warm, grid[0] * grid[1], 32 * warps, out)
+        if warm is not None:  # the regions as keywords: without a plan the kernel's defaults (no touch code)
+            steps.update(zip(("wr0", "wn0", "wr1", "wn1", "wr2", "wn2", "wsink"), touch))
         _mma_experts_kernel[grid](
             x, xs, words, sb, w2, sb2, out, scale if scale is not None else out, tiles.tile_e, *table, x.stride(0),
-            xs.stride(0), out.stride(0), nbe, rs, comb, counters, rs.stride(0), comb.stride(0), *touch, XREP=x_repeat,
+            xs.stride(0), out.stride(0), nbe, rs, comb, counters, rs.stride(0), comb.stride(0), XREP=x_repeat,
             K=k,
             W=warps, NT=column_tiles(tiles.rows), RB=rb, SINGLE=single, GATED=up is not None,
             SCALED=scale is not None, SELF_XS=self_xs, COMBINE=combine is not None, SLOTS=slots,
