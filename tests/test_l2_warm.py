@@ -1,5 +1,5 @@
 """The L2 warm plan (deltaserve/kernels/l2_warm.py) on CPU: its regions are the tensors' own bytes, a launch's touch
-steps cover every region once, the launch arguments without a plan are placeholders, bad regions are refused with
+steps cover every region once, a launch without a plan gets no touch arguments, bad regions are refused with
 what is wrong, and the model's switch (fast.l2_warm_plan) gives no plan off CUDA or when off. The touches themselves
 (same bits, the GEMV's time) are GPU tests: tests/gpu/test_mma_gemv_gpu.py, tests/gpu/test_model_mma_path.py."""
 
@@ -30,19 +30,17 @@ def test_touch_steps_cover_once(nbytes, programs, threads):
     assert steps * lines * l2_warm.LINE >= nbytes > (steps - 1) * lines * l2_warm.LINE
 
 
-def test_warm_args():
-    ph = torch.zeros(1)
-    args, steps = l2_warm.warm_args(None, 288, 128, ph)
-    assert steps == {} and len(args) == 2 * l2_warm.MAX_REGIONS + 1
-    assert all(a is ph for a in args[0::2]) and all(n == 0 for n in args[1:-1:2])
+def test_warm_kwargs():
+    assert l2_warm.warm_kwargs(None, 288, 128) == {}
     w = torch.zeros(12352, 256, dtype=torch.int32)
-    plan = l2_warm.warm_plan([w])
-    args, steps = l2_warm.warm_args(plan, 288, 128, ph)
-    assert args[0] is plan.regions[0] and args[1] == w.nbytes and args[3] == 0 and args[5] == 0
-    assert args[-1] is plan.sink
-    assert steps == {"WARM0": l2_warm.touch_steps(w.nbytes, 288, 128)} == {"WARM0": 3}
+    s = torch.zeros(12352, 32, dtype=torch.bfloat16)
+    plan = l2_warm.warm_plan([w, s])
+    kw = l2_warm.warm_kwargs(plan, 288, 128)
+    assert kw["wr0"] is plan.regions[0] and kw["wn0"] == w.nbytes and kw["wr1"] is plan.regions[1]
+    assert kw["wn1"] == s.nbytes and kw["wr2"] is plan.regions[0] and kw["wn2"] == 0 and kw["wsink"] is plan.sink
+    assert {k: v for k, v in kw.items() if k.startswith("WARM")} == {"WARM0": 3, "WARM1": 1}
     with pytest.raises(ValueError, match="threads a program"):
-        l2_warm.warm_args(plan, 1, l2_warm.SINK_WORDS + 32, ph)
+        l2_warm.warm_kwargs(plan, 1, l2_warm.SINK_WORDS + 32)
 
 
 def test_bad_regions_are_refused():

@@ -16,7 +16,7 @@ compiler keeps the loads and the program does not wait for them before its end. 
 anywhere: a GEMV reads the same bytes whether they come from the L2 or DRAM.
 
 The plan here is the host side: up to MAX_REGIONS contiguous tensors as flat byte views, and per launch the number
-of touch steps each region needs so that the launch's programs x threads cover it once (warm_args). The device
+of touch steps each region needs so that the launch's programs x threads cover it once (warm_kwargs). The device
 side: `touches` / `sink` below for Triton kernels (the DeltaNet decode step), their Gluon twins in quant/mma_gemv.py
 (the MoE gate/up launch).
 """
@@ -78,23 +78,22 @@ def touch_steps(nbytes: int, programs: int, threads: int) -> int:
     return -(-nbytes // (LINE * programs * threads))
 
 
-def warm_args(plan: WarmPlan | None, programs: int, threads: int, placeholder: torch.Tensor) -> tuple[tuple, dict]:
-    """(positional args, constexprs) of a carrier launch: (r0, n0, r1, n1, r2, n2, sink) and {WARM0, WARM1, WARM2:
-    touch steps}; without a plan the placeholder tensor stands for every pointer and the constexprs are absent (the
-    kernel's defaults, 0: no touch code)."""
+def warm_kwargs(plan: WarmPlan | None, programs: int, threads: int) -> dict:
+    """The keyword arguments of a carrier launch of `programs` x `threads`: none without a plan (the kernel's
+    defaults: no touch code), else the regions wr0 .. wr2 (uint8 views; an absent one is the first region again, of
+    0 bytes), their byte counts wn0 .. wn2, the sink wsink and the touch steps WARM0 .. WARM2 (absent regions: the
+    default 0)."""
     if threads > SINK_WORDS:
         raise ValueError(f"l2 warm: {threads} threads a program, the sink holds {SINK_WORDS}")
     if plan is None:
-        return (placeholder, 0) * MAX_REGIONS + (placeholder,), {}
-    args, steps = [], {}
+        return {}
+    kw = {"wsink": plan.sink}
     for i in range(MAX_REGIONS):
+        r = plan.regions[i] if i < len(plan.regions) else plan.regions[0]
+        kw[f"wr{i}"], kw[f"wn{i}"] = r, r.numel() if i < len(plan.regions) else 0
         if i < len(plan.regions):
-            r = plan.regions[i]
-            args += [r, r.numel()]
-            steps[f"WARM{i}"] = touch_steps(r.numel(), programs, threads)
-        else:
-            args += [plan.regions[0], 0]
-    return (*args, plan.sink), steps
+            kw[f"WARM{i}"] = touch_steps(r.numel(), programs, threads)
+    return kw
 
 
 _TOUCH = tl.constexpr(TOUCH_ASM)
@@ -115,7 +114,7 @@ def _touch(acc, base, nbytes, pid, programs, STEPS: tl.constexpr, THREADS: tl.co
 @triton.jit
 def touches(r0, n0, r1, n1, r2, n2, WARM0: tl.constexpr, WARM1: tl.constexpr, WARM2: tl.constexpr,
             THREADS: tl.constexpr):
-    """A Triton carrier program's touches of its share of warm_args' regions (uint8 pointers), one 128-byte line a
+    """A Triton carrier program's touches of its share of warm_kwargs' regions (uint8 pointers), one 128-byte line a
     thread a step over the launch's programs (a 3-D grid flattened): the words, to be passed to `sink` at the
     program's end. Constant data only: a kernel may call this before its PDL wait."""
     pid = ((tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2)

@@ -487,16 +487,16 @@ def gdn_decode_step(
         ns = dv // dv_block
         ss = torch.empty(bsz, hv, ns, dtype=torch.float32, device=o.device)
         warps = num_warps or 4
-        touch, steps = l2_warm.warm_args(warm, bsz * hv * ns, 32 * warps, o)
-        if warm is not None:
-            steps.update(zip(("wr0", "wn0", "wr1", "wn1", "wr2", "wn2", "wsink"), touch), THREADS=32 * warps)
+        touch = l2_warm.warm_kwargs(warm, bsz * hv * ns, 32 * warps)
+        if touch:
+            touch["THREADS"] = 32 * warps
         _gdn_step_kernel[(bsz, hv, ns)](
             qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots, context_lens, o, ss,
             arrival_counters(o.device, bsz * hv), xp, xs,
             qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
             ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), key_dim, dk ** -0.5, eps,
             HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=dv_block, PREP_BITS=bits, PREP_GROUP=group,
-            STATE_EARLY=state_early(), num_warps=warps, **pdl_args(o), **steps,
+            STATE_EARLY=state_early(), num_warps=warps, **pdl_args(o), **touch,
         )
         return done
     _decode_kernel[(bsz, hv)](

@@ -43,7 +43,7 @@ import torch
 
 from ...utils.env import env_choice
 from .. import backend
-from ..l2_warm import SINK_MAGIC, TOUCH_ASM, WarmPlan, warm_args
+from ..l2_warm import SINK_MAGIC, TOUCH_ASM, WarmPlan, warm_kwargs
 from ..triton_pdl import pdl_args
 
 GROUP = 64
@@ -218,7 +218,7 @@ if HAVE_GLUON:
     @gluon.jit
     def l2_touches(acc, r0, n0, r1, n1, r2, n2, WARM0: gl.constexpr, WARM1: gl.constexpr, WARM2: gl.constexpr,
                    THREADS: gl.constexpr, TL: gl.constexpr):
-        """The touches of a carrier program (l2_warm.warm_args' regions and steps): issued, not waited for. Constant
+        """The touches of a carrier program (l2_warm.warm_kwargs' regions and steps): issued, not waited for. Constant
         data only, so a kernel may call this before its PDL wait."""
         if WARM0 > 0:
             acc = _l2_touch(acc, r0, n0, WARM0, THREADS, TL)
@@ -1457,20 +1457,16 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
         w2, sb2 = up if up is not None else (words, sb)
         rs = comb if combine is None or res is None else res
         grid = (tiles.tile_e.numel(), nbe // (rb * loop))
-        touch, steps = warm_args(warm, grid[0] * grid[1], 32 * warps, out)
-        if warm is not None:  # the regions as keywords: without a plan the kernel's defaults (no touch code)
-            steps.update(zip(("wr0", "wn0", "wr1", "wn1", "wr2", "wn2", "wsink"), touch))
         _mma_experts_kernel[grid](
             x, xs, words, sb, w2, sb2, out, scale if scale is not None else out, tiles.tile_e, *table, x.stride(0),
-            xs.stride(0), out.stride(0), nbe, rs, comb, counters, rs.stride(0), comb.stride(0), XREP=x_repeat,
-            K=k,
+            xs.stride(0), out.stride(0), nbe, rs, comb, counters, rs.stride(0), comb.stride(0), XREP=x_repeat, K=k,
             W=warps, NT=column_tiles(tiles.rows), RB=rb, SINGLE=single, GATED=up is not None,
             SCALED=scale is not None, SELF_XS=self_xs, COMBINE=combine is not None, SLOTS=slots,
             HAS_RES=combine is not None and res is not None, AHEAD=ahead, LOOP=loop, GLU=k if glu else 0,
             PAIR=pairs, num_warps=warps,
             **pdl_args(x), **({"OPEN_LATE": True} if open_late else {}), **({"EARLY": True} if early else {}),
             **({"WSTAGE": wstage} if wstage else {}), **({} if skip_empty_tiles() else {"SKIP_EMPTY": False}),
-            **steps)
+            **warm_kwargs(warm, grid[0] * grid[1], 32 * warps))
     return out if combine is None else comb
 
 
