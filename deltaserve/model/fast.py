@@ -186,8 +186,6 @@ def mma_weights(module: nn.Module, x: torch.Tensor):
 
 
 L2_WARM_ATTR = "_fast_l2_warm"  # module.__dict__ key: the kernels/l2_warm.WarmPlan of its decode GEMV's weight
-
-
 L2_WARM_MODES = ("off", "next", "step", "all")
 L2_WARM_MAX_TOKENS = 4  # the batch-1 deployments' steps (the MoE's normed router launch serves up to 4 tokens)
 
