@@ -80,31 +80,28 @@ def touch_steps(nbytes: int, programs: int, threads: int) -> int:
 
 def warm_kwargs(plan: WarmPlan | None, programs: int, threads: int) -> dict:
     """The keyword arguments of a carrier launch of `programs` x `threads`: none without a plan (the kernel's
-    defaults: no touch code), else the regions wr0 .. wr2 (uint8 views; an absent one is the first region again, of
-    0 bytes), their byte counts wn0 .. wn2, the sink wsink and the touch steps WARM0 .. WARM2 (absent regions: the
-    default 0)."""
+    defaults: no touch code), else the sink wsink and for each region i its uint8 view wr<i>, its bytes wn<i> and its
+    touch steps WARM<i> (absent regions keep the defaults: no pointer, 0 steps)."""
     if threads > SINK_WORDS:
         raise ValueError(f"l2 warm: {threads} threads a program, the sink holds {SINK_WORDS}")
     if plan is None:
         return {}
     kw = {"wsink": plan.sink}
-    for i in range(MAX_REGIONS):
-        r = plan.regions[i] if i < len(plan.regions) else plan.regions[0]
-        kw[f"wr{i}"], kw[f"wn{i}"] = r, r.numel() if i < len(plan.regions) else 0
-        if i < len(plan.regions):
-            kw[f"WARM{i}"] = touch_steps(r.numel(), programs, threads)
+    for i, r in enumerate(plan.regions):
+        kw.update({f"wr{i}": r, f"wn{i}": r.numel(), f"WARM{i}": touch_steps(r.numel(), programs, threads)})
     return kw
 
 
 _TOUCH = tl.constexpr(TOUCH_ASM)
 _MAGIC = tl.constexpr(SINK_MAGIC)
+_LINE = tl.constexpr(LINE)
 
 
 @triton.jit
 def _touch(acc, base, nbytes, pid, programs, STEPS: tl.constexpr, THREADS: tl.constexpr):
     lane = tl.arange(0, THREADS).to(tl.int64)
     for it in tl.static_range(STEPS):
-        off = ((it * programs + pid) * THREADS + lane) * 128
+        off = ((it * programs + pid) * THREADS + lane) * _LINE
         acc += tl.inline_asm_elementwise(_TOUCH, "=r,l,r", [base + tl.minimum(off, nbytes - 4),
                                                            (off < nbytes).to(tl.int32)],
                                          dtype=tl.int32, is_pure=False, pack=1)

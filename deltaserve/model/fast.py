@@ -185,6 +185,13 @@ def mma_weights(module: nn.Module, x: torch.Tensor):
     return cached or None
 
 
+def decode_mma(module: nn.Module, x: torch.Tensor):
+    """The (words, sb) a decode step's GEMV of `module` reads when it is the tensor-core one (the GEMV decode
+    kernels and mma_weights' choice), else None (the CUDA-core GEMV reads the packed weight): `linear`'s choice, and
+    the bytes l2_warm_plan warms."""
+    return mma_weights(module, x) if decode_kernels() == "gemv" else None
+
+
 L2_WARM_ATTR = "_fast_l2_warm"  # module.__dict__ key: the kernels/l2_warm.WarmPlan of its decode GEMV's weight
 L2_WARM_MODES = ("off", "next", "step", "all")
 L2_WARM_MAX_TOKENS = 4  # the batch-1 deployments' steps (the MoE's normed router launch serves up to 4 tokens)
@@ -211,7 +218,7 @@ def l2_warm_plan(module: nn.Module | None, x: torch.Tensor, role: str = "next"):
     if plan is None:
         from ..kernels.l2_warm import warm_plan
 
-        mma = mma_weights(module, x) if decode_kernels() == "gemv" else None
+        mma = decode_mma(module, x)
         s = weight_spec(module)
         plan = module.__dict__[L2_WARM_ATTR] = warm_plan(mma if mma is not None else (s.w, s.scales, s.biases))
     return plan
@@ -508,7 +515,7 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
         return module(x)
     s = weight_spec(module)
     scales, biases = (None, None) if s.bits == 16 else (s.scales, s.biases)
-    mma = mma_weights(module, x) if decode and decode_kernels() == "gemv" else None
+    mma = decode_mma(module, x) if decode else None
     if mma is not None:
         from ..kernels.quant.mma_gemv import MAX_ROWS as MMA_ROWS
         from ..kernels.quant.mma_gemv import mma_gemv

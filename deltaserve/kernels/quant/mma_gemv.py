@@ -43,7 +43,7 @@ import torch
 
 from ...utils.env import env_choice
 from .. import backend
-from ..l2_warm import SINK_MAGIC, TOUCH_ASM, WarmPlan, warm_kwargs
+from ..l2_warm import LINE, SINK_MAGIC, TOUCH_ASM, WarmPlan, warm_kwargs
 from ..triton_pdl import pdl_args
 
 GROUP = 64
@@ -200,6 +200,7 @@ if HAVE_GLUON:
 
     _TOUCH = gl.constexpr(TOUCH_ASM)
     _MAGIC = gl.constexpr(SINK_MAGIC)
+    _LINE = gl.constexpr(LINE)
 
     @gluon.jit
     def _l2_touch(acc, base, nbytes, STEPS: gl.constexpr, THREADS: gl.constexpr, TL: gl.constexpr):
@@ -209,17 +210,19 @@ if HAVE_GLUON:
         programs = gl.num_programs(0) * gl.num_programs(1)
         lane = gl.arange(0, THREADS, layout=TL).to(gl.int64)
         for it in gl.static_range(STEPS):
-            off = ((it * programs + pid) * THREADS + lane) * 128
+            off = ((it * programs + pid) * THREADS + lane) * _LINE
             acc += gl.inline_asm_elementwise(_TOUCH, "=r,l,r", [base + gl.minimum(off, nbytes - 4),
                                                                   (off < nbytes).to(gl.int32)],
                                              dtype=gl.int32, is_pure=False, pack=1)
         return acc
 
     @gluon.jit
-    def l2_touches(acc, r0, n0, r1, n1, r2, n2, WARM0: gl.constexpr, WARM1: gl.constexpr, WARM2: gl.constexpr,
+    def l2_touches(r0, n0, r1, n1, r2, n2, WARM0: gl.constexpr, WARM1: gl.constexpr, WARM2: gl.constexpr,
                    THREADS: gl.constexpr, TL: gl.constexpr):
-        """The touches of a carrier program (l2_warm.warm_kwargs' regions and steps): issued, not waited for. Constant
-        data only, so a kernel may call this before its PDL wait."""
+        """l2_warm.touches for Gluon kernels (TL: a 1-D layout of THREADS lanes): the program's touches of its share
+        of warm_kwargs' regions, issued, not waited for; the words, for l2_sink at the program's end. Constant data
+        only, so a kernel may call this before its PDL wait."""
+        acc = gl.zeros([THREADS], gl.int32, layout=TL)
         if WARM0 > 0:
             acc = _l2_touch(acc, r0, n0, WARM0, THREADS, TL)
         if WARM1 > 0:
@@ -780,9 +783,8 @@ if HAVE_GLUON:
         if not OPEN_LATE:
             pdl_open(PDL)
         TL: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
-        touched = gl.zeros([32 * W], gl.int32, layout=TL)
         if WARM0 > 0:  # constant data: before the wait, so the lines come while this launch waits
-            touched = l2_touches(touched, wr0, wn0, wr1, wn1, wr2, wn2, WARM0, WARM1, WARM2, 32 * W, TL)
+            touched = l2_touches(wr0, wn0, wr1, wn1, wr2, wn2, WARM0, WARM1, WARM2, 32 * W, TL)
         G: gl.constexpr = K // 64
         NCH: gl.constexpr = G // W
         N8: gl.constexpr = 8 * NT
