@@ -76,3 +76,56 @@ def test_model_switch_gives_no_plan_off_cuda_or_off(monkeypatch):
     monkeypatch.setenv("DELTASERVE_L2_WARM", "bogus")
     with pytest.raises(ValueError):
         fast.l2_warm_mode()
+
+
+def test_kv_pages_plan():
+    """An attention layer's pages: the caches' bytes, the row's table and length, the block cap from the bytes
+    (K and V together, at most the table's width), the launch's keywords; refusals name what is wrong."""
+    kc = torch.zeros(64, 16, 2, 256, dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    table = torch.arange(40, dtype=torch.int32)
+    lens = torch.tensor([600])
+    pages = l2_warm.kv_pages(kc, vc, table, lens, 1 << 20)
+    assert pages.block_bytes == 16 * 2 * 256 * 2 and pages.block_tokens == 16
+    assert pages.max_blocks == (1 << 20) // (2 * pages.block_bytes) == 32
+    assert pages.k.data_ptr() == kc.data_ptr() and pages.k.dtype == torch.uint8 and pages.k.numel() == kc.nbytes
+    assert l2_warm.kv_pages(kc, vc, table, lens, 64 << 20).max_blocks == 40  # the table's width
+    plan = l2_warm.with_pages(None, pages)
+    assert plan.regions == () and plan.pages is pages and plan.nbytes == 2 * 32 * pages.block_bytes
+    kw = l2_warm.warm_kwargs(plan, 288, 128)
+    assert kw["wkk"] is pages.k and kw["wkv"] is pages.v and kw["wkt"] is table and kw["wkl"] is lens
+    assert (kw["wkmax"], kw["KV_TOKENS"], kw["KV_BLOCK"]) == (32, 16, pages.block_bytes)
+    assert kw["KV_STEPS"] == l2_warm.touch_steps(32 * pages.block_bytes, 288, 128) == 1
+    assert not any(k.startswith("WARM") for k in kw)  # no regions: the kernel's defaults
+    w = torch.zeros(1000, dtype=torch.int32)
+    both = l2_warm.with_pages(l2_warm.warm_plan([w]), pages)
+    assert both.regions[0].numel() == w.nbytes and both.nbytes == w.nbytes + plan.nbytes
+    with pytest.raises(ValueError, match="must match"):
+        l2_warm.kv_pages(kc, vc[:, :8], table, lens, 1 << 20)
+    with pytest.raises(ValueError, match="block table"):
+        l2_warm.kv_pages(kc, vc, table.long(), lens, 1 << 20)
+    with pytest.raises(ValueError, match="hold no block"):
+        l2_warm.kv_pages(kc, vc, table, lens, 1000)
+    with pytest.raises(ValueError, match="whole 128-byte lines"):
+        l2_warm.kv_pages(kc[:, :, :, :1].contiguous(), vc[:, :, :, :1].contiguous(), table, lens, 1 << 20)
+    with pytest.raises(ValueError, match="contiguous"):
+        l2_warm.kv_pages(kc[:, :, :, :8], vc[:, :, :, :8], table, lens, 1 << 20)
+
+
+def test_kv_warm_switch(monkeypatch):
+    """DELTASERVE_L2_WARM_KV: MB of K/V, 0 (the default) off; off CUDA the plan comes back unchanged."""
+    from types import SimpleNamespace
+
+    from deltaserve.model import fast
+
+    monkeypatch.delenv("DELTASERVE_L2_WARM_KV", raising=False)
+    assert fast.l2_warm_kv_mb() == 0
+    monkeypatch.setenv("DELTASERVE_L2_WARM_KV", "24")
+    assert fast.l2_warm_kv_mb() == 24
+    batch = SimpleNamespace(num_seqs=1, num_tokens=1, block_tables=torch.zeros(1, 4, dtype=torch.int32),
+                            context_lens=torch.tensor([5]))
+    sentinel = object()
+    assert fast.l2_warm_kv(sentinel, None, 3, batch, torch.zeros(1, 8)) is sentinel  # CPU: unchanged
+    monkeypatch.setenv("DELTASERVE_L2_WARM_KV", "-1")
+    with pytest.raises(ValueError, match="DELTASERVE_L2_WARM_KV"):
+        fast.l2_warm_kv_mb()

@@ -16,7 +16,9 @@ compiler keeps the loads and the program does not wait for them before its end. 
 anywhere: a GEMV reads the same bytes whether they come from the L2 or DRAM.
 
 The plan here is the host side: up to MAX_REGIONS contiguous tensors as flat byte views, and per launch the number
-of touch steps each region needs so that the launch's programs x threads cover it once (warm_kwargs). The device
+of touch steps each region needs so that the launch's programs x threads cover it once (warm_kwargs). A plan may
+also carry one sequence's K/V pages of an attention layer (KvPages: its first blocks through its block table), so
+that a long context's decode attention finds part of its K/V stream in the L2. The device
 side: `touches` / `sink` below for Triton kernels (the DeltaNet decode step), their Gluon twins in quant/mma_gemv.py
 (the MoE gate/up launch).
 """
@@ -38,16 +40,38 @@ SINK_MAGIC = 0x5EED5EED  # the touches' sum a thread stores to the sink (any val
 _SINKS: dict = {}
 
 
-class WarmPlan(NamedTuple):
-    """The bytes a carrier kernel touches: regions, flat uint8 views of 1 .. MAX_REGIONS contiguous tensors on one
-    CUDA device, and that device's sink (int32 [SINK_WORDS])."""
+class KvPages(NamedTuple):
+    """One sequence's cached K/V of an attention layer, for a carrier to touch: the caches as flat uint8 views (k, v:
+    [num_blocks, block_size, Hkv, D] each, block_bytes a block), the row's block table (int32 [max_blocks]) and
+    its context length (int32 or int64 [1]: the tokens cached before this step), at most max_blocks blocks from the row's
+    first. The lengths and the table are settled (written before the forward's first launch), so a carrier reads
+    them before its PDL wait; a touched line that this step then writes (the new token's) is written in the L2."""
 
-    regions: tuple[torch.Tensor, ...]
-    sink: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    table: torch.Tensor
+    lens: torch.Tensor
+    block_tokens: int
+    block_bytes: int
+    max_blocks: int
 
     @property
     def nbytes(self) -> int:
-        return sum(r.numel() for r in self.regions)
+        """The most bytes the touches cover (K and V)."""
+        return 2 * self.max_blocks * self.block_bytes
+
+
+class WarmPlan(NamedTuple):
+    """The bytes a carrier kernel touches: regions, flat uint8 views of 0 .. MAX_REGIONS contiguous tensors on one
+    CUDA device, optionally an attention layer's pages (KvPages), and that device's sink (int32 [SINK_WORDS])."""
+
+    regions: tuple[torch.Tensor, ...]
+    sink: torch.Tensor
+    pages: KvPages | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.numel() for r in self.regions) + (self.pages.nbytes if self.pages is not None else 0)
 
 
 def warm_plan(tensors) -> WarmPlan:
@@ -65,10 +89,47 @@ def warm_plan(tensors) -> WarmPlan:
         if t.numel() * t.element_size() < 4:
             raise ValueError(f"l2 warm: a region of {t.numel() * t.element_size()} bytes (at least 4)")
         regions.append(t.reshape(-1).view(torch.uint8))
+    return WarmPlan(tuple(regions), _sink(device))
+
+
+def _sink(device: torch.device) -> torch.Tensor:
     sink = _SINKS.get(device)
     if sink is None:
         sink = _SINKS[device] = torch.zeros(SINK_WORDS, dtype=torch.int32, device=device)
-    return WarmPlan(tuple(regions), sink)
+    return sink
+
+
+def with_pages(plan: WarmPlan | None, pages: KvPages) -> WarmPlan:
+    """`plan` (its regions; None: none) with an attention layer's pages to touch too."""
+    if plan is not None and plan.regions and plan.regions[0].device != pages.k.device:
+        raise ValueError(f"l2 warm: pages on {pages.k.device} beside regions on {plan.regions[0].device}")
+    return WarmPlan(plan.regions if plan is not None else (), _sink(pages.k.device), pages)
+
+
+def kv_pages(k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor,
+             max_bytes: int) -> KvPages:
+    """KvPages over a row's first blocks of two caches [num_blocks, block_size, Hkv, D] (contiguous, one device),
+    at most max_bytes of K and V together (>= one block of each). table: the row's block table, int32 [max_blocks]
+    contiguous; lens: its context length, int32 or int64 [1]."""
+    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype or k_cache.dim() != 4:
+        raise ValueError(f"l2 warm: K and V caches must match as [blocks, block_size, Hkv, D], found "
+                         f"{tuple(k_cache.shape)} {k_cache.dtype} and {tuple(v_cache.shape)} {v_cache.dtype}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("l2 warm: the K/V caches must be contiguous")
+    if table.dtype != torch.int32 or table.dim() != 1 or not table.is_contiguous() or \
+            lens.dtype not in (torch.int32, torch.int64) or lens.numel() < 1:
+        raise ValueError(f"l2 warm: a row's block table (int32 [blocks], contiguous) and length (int32 or int64), found "
+                         f"{table.dtype} {tuple(table.shape)} and {lens.dtype} {tuple(lens.shape)}")
+    if len({t.device for t in (k_cache, v_cache, table, lens)}) != 1:
+        raise ValueError("l2 warm: the caches, table and length on one device")
+    block_bytes = k_cache[0].numel() * k_cache.element_size()
+    if block_bytes % LINE:
+        raise ValueError(f"l2 warm: a cache block of {block_bytes} bytes is not whole {LINE}-byte lines")
+    blocks = min(table.numel(), max_bytes // (2 * block_bytes))
+    if blocks < 1:
+        raise ValueError(f"l2 warm: {max_bytes} bytes hold no block of K and V ({block_bytes} bytes each)")
+    return KvPages(k_cache.reshape(-1).view(torch.uint8), v_cache.reshape(-1).view(torch.uint8), table, lens,
+                   k_cache.shape[1], block_bytes, blocks)
 
 
 def touch_steps(nbytes: int, programs: int, threads: int) -> int:
@@ -81,7 +142,9 @@ def touch_steps(nbytes: int, programs: int, threads: int) -> int:
 def warm_kwargs(plan: WarmPlan | None, programs: int, threads: int) -> dict:
     """The keyword arguments of a carrier launch of `programs` x `threads`: none without a plan (the kernel's
     defaults: no touch code), else the sink wsink and for each region i its uint8 view wr<i>, its bytes wn<i> and its
-    touch steps WARM<i> (absent regions keep the defaults: no pointer, 0 steps)."""
+    touch steps WARM<i> (absent regions keep the defaults: no pointer, 0 steps); with pages, the caches wkk / wkv,
+    the row's table wkt and length wkl, the block cap wkmax, KV_TOKENS and KV_BLOCK (a block's tokens and bytes)
+    and KV_STEPS (touch steps covering wkmax blocks of one cache; the Gluon carriers only)."""
     if threads > SINK_WORDS:
         raise ValueError(f"l2 warm: {threads} threads a program, the sink holds {SINK_WORDS}")
     if plan is None:
@@ -89,6 +152,10 @@ def warm_kwargs(plan: WarmPlan | None, programs: int, threads: int) -> dict:
     kw = {"wsink": plan.sink}
     for i, r in enumerate(plan.regions):
         kw.update({f"wr{i}": r, f"wn{i}": r.numel(), f"WARM{i}": touch_steps(r.numel(), programs, threads)})
+    p = plan.pages
+    if p is not None:
+        kw.update(wkk=p.k, wkv=p.v, wkt=p.table, wkl=p.lens, wkmax=p.max_blocks, KV_TOKENS=p.block_tokens,
+                  KV_BLOCK=p.block_bytes, KV_STEPS=touch_steps(p.max_blocks * p.block_bytes, programs, threads))
     return kw
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..kernels import backend
-from ..utils.env import env_choice
+from ..utils.env import env_choice, env_int
 
 
 def enabled(x: torch.Tensor) -> bool:
@@ -222,6 +222,27 @@ def l2_warm_plan(module: nn.Module | None, x: torch.Tensor, role: str = "next"):
         s = weight_spec(module)
         plan = module.__dict__[L2_WARM_ATTR] = warm_plan(mma if mma is not None else (s.w, s.scales, s.biases))
     return plan
+
+
+def l2_warm_kv_mb() -> int:
+    """MB of an attention layer's cached K and V (one sequence's first blocks) that the batch-1 MoE gate/up launch
+    of the layer before it touches into the L2 (kernels/l2_warm.KvPages): at a long context the decode attention
+    then reads that share of its K/V stream from the L2, requested while the launch waited for its routing and
+    the DRAM idled. 0: off. Env DELTASERVE_L2_WARM_KV, for in-model A/B."""
+    return env_int("DELTASERVE_L2_WARM_KV", 0, 0, 1024)
+
+
+def l2_warm_kv(plan, cache, layer: int, batch, x: torch.Tensor):
+    """`plan` (a kernels/l2_warm.WarmPlan or None) with attention layer `layer`'s cached K/V pages of the batch's
+    one sequence (l2_warm_kv_mb() MB at most), for the MoE gate/up launch of the layer before; `plan` unchanged when
+    off, off CUDA, or unless the step decodes one token of one sequence."""
+    mb = l2_warm_kv_mb()
+    if not mb or not x.is_cuda or batch.num_seqs != 1 or batch.num_tokens != 1 or batch.block_tables is None:
+        return plan
+    from ..kernels.l2_warm import kv_pages, with_pages
+
+    k_cache, v_cache, _, _ = cache.kv(layer)
+    return with_pages(plan, kv_pages(k_cache, v_cache, batch.block_tables[0], batch.context_lens[:1], mb << 20))
 
 
 DENSE_ATTR = "_fast_dense_natural"  # module.__dict__ key: (words, sb, bf16_fma) of its natural-order repack, or ()

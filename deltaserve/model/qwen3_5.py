@@ -71,6 +71,8 @@ class DecoderLayer(nn.Module):
         prep = fast.moe_prep(self.mlp, h)  # the tensor-core MoE reads x's group sums: the norm makes them
         if prep is not None and fast.moe_norm_sums_only() and self.mlp.routes_normed(h, decode):
             warm = fast.l2_warm_plan(next_layer.mixer_projection(), h) if next_layer is not None else None
+            if next_layer is not None and next_layer.is_attention and decode:
+                warm = fast.l2_warm_kv(warm, cache, next_layer.self_attn.layer, batch, h)  # its K/V at a long context
             return self.mlp(h, decode=decode, residual=x, norm=post, warm=warm)  # the norm inside the router's launch
         if prep is None:
             h, x = add_rms_norm(h, x, post.weight, post.eps, post.offset)  # (norm(x + h), x + h), both [T, H]

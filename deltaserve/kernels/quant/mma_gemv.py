@@ -232,6 +232,30 @@ if HAVE_GLUON:
         return acc
 
     @gluon.jit
+    def l2_touch_pages(acc, kc, vc, tab, lens_ptr, max_blocks, TOKENS: gl.constexpr, BLOCK: gl.constexpr,
+                       STEPS: gl.constexpr, THREADS: gl.constexpr, TL: gl.constexpr):
+        """acc + the words of this program's share of one row's cached K and V (l2_warm.KvPages: kc, vc uint8 views
+        of the caches, tab the row's int32 block table, lens_ptr its context length; blocks of TOKENS tokens and
+        BLOCK bytes), the row's first min(cdiv(length, TOKENS), max_blocks) blocks, one 128-byte line of K and the
+        same line of V a thread a step. The table and length are settled (written before the forward's first
+        launch), so this may come before the PDL wait too."""
+        pid = (gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)).to(gl.int64)
+        programs = gl.num_programs(0) * gl.num_programs(1)
+        lane = gl.arange(0, THREADS, layout=TL).to(gl.int64)
+        LPB: gl.constexpr = BLOCK // _LINE
+        blocks = gl.minimum((gl.load(lens_ptr) + TOKENS - 1) // TOKENS, max_blocks)
+        total = blocks.to(gl.int64) * LPB
+        for it in gl.static_range(STEPS):
+            i = (it * programs + pid) * THREADS + lane
+            live = i < total
+            blk = gl.load(tab + i // LPB, mask=live, other=0).to(gl.int64)
+            off = blk * BLOCK + (i % LPB) * _LINE
+            on = live.to(gl.int32)
+            acc += gl.inline_asm_elementwise(_TOUCH, "=r,l,r", [kc + off, on], dtype=gl.int32, is_pure=False, pack=1)
+            acc += gl.inline_asm_elementwise(_TOUCH, "=r,l,r", [vc + off, on], dtype=gl.int32, is_pure=False, pack=1)
+        return acc
+
+    @gluon.jit
     def l2_sink(acc, sink_ptr, THREADS: gl.constexpr, TL: gl.constexpr):
         """The touches' one use, at the program's end: a store into the scratch sink only where a thread's words
         sum to SINK_MAGIC (so the loads stay, and nothing waits for them before this point)."""
@@ -743,7 +767,8 @@ if HAVE_GLUON:
                             PAIR: gl.constexpr = 0, OPEN_LATE: gl.constexpr = False, EARLY: gl.constexpr = False,
                             WSTAGE: gl.constexpr = 0, SKIP_EMPTY: gl.constexpr = True, WARM0: gl.constexpr = 0,
                             WARM1: gl.constexpr = 0, WARM2: gl.constexpr = 0, wr0=None, wn0=0, wr1=None, wn1=0,
-                            wr2=None, wn2=0, wsink=None):
+                            wr2=None, wn2=0, wsink=None, KV_STEPS: gl.constexpr = 0, KV_TOKENS: gl.constexpr = 16,
+                            KV_BLOCK: gl.constexpr = 128, wkk=None, wkv=None, wkt=None, wkl=None, wkmax=0):
         """grid (tiles, N / (16 RB LOOP)): the plain kernel's arithmetic on expert tile t, row blocks
         [RB LOOP p, RB LOOP (p + 1)) of its expert: LOOP rounds of RB blocks held in registers together (the x
         columns are loaded once for the RB blocks; LOOP > 1 stages them in shared memory once for every round, so
@@ -779,12 +804,15 @@ if HAVE_GLUON:
         before the PDL wait, x after it: the same loads and arithmetic, the same bits.
         WARM0 > 0: the program first touches its share of up to three regions (wr0 .. wr2, wn* bytes; a later
         kernel's weights, kernels/l2_warm.py) into the L2 and stores the words to wsink at its end only where they
-        sum to a magic value: no value of this launch changes."""
+        sum to a magic value: no value of this launch changes. KV_STEPS > 0: it touches one row's cached K/V pages
+        too (wkk, wkv, wkt, wkl, wkmax: l2_warm.KvPages, l2_touch_pages)."""
         if not OPEN_LATE:
             pdl_open(PDL)
         TL: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
-        if WARM0 > 0:  # constant data: before the wait, so the lines come while this launch waits
+        if (WARM0 > 0) or (KV_STEPS > 0):  # constant data: before the wait, so the lines come while this launch waits
             touched = l2_touches(wr0, wn0, wr1, wn1, wr2, wn2, WARM0, WARM1, WARM2, 32 * W, TL)
+            if KV_STEPS > 0:
+                touched = l2_touch_pages(touched, wkk, wkv, wkt, wkl, wkmax, KV_TOKENS, KV_BLOCK, KV_STEPS, 32 * W, TL)
         G: gl.constexpr = K // 64
         NCH: gl.constexpr = G // W
         N8: gl.constexpr = 8 * NT
@@ -891,7 +919,7 @@ if HAVE_GLUON:
         if COMBINE:
             _combine_at_last_arrival(out_ptr, res_ptr, comb_ptr, cnt_ptr, t, gl.program_id(1), rb, gl.num_programs(1),
                                      stride_om, stride_rm, stride_cm, W, RB * LOOP, SLOTS, HAS_RES)
-        if WARM0 > 0:
+        if (WARM0 > 0) or (KV_STEPS > 0):
             l2_sink(touched, wsink, 32 * W, TL)
 
     @gluon.jit
