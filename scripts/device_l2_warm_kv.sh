@@ -10,7 +10,7 @@
 source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name --format=csv,noheader
 left() { echo $((${BUDGET:-570} - (SECONDS - t0))); }  # seconds left of the call
-for mode in off all next off all next; do bench_tg "warm=$mode d512" 1 64 DELTASERVE_L2_WARM=$mode; done
+for mode in ${MODES:-off all next off all next}; do bench_tg "warm=$mode d512" 1 64 DELTASERVE_L2_WARM=$mode; done
 d32k() {
   BENCH_ARGS="--preset qwen3.6-35b-a3b --quant q4 -p 16 -r 3 --no-record -d 32768" BENCH_TIMEOUT=100 \
     bench_tg "warm=all kv=$1 d32768" 1 64 DELTASERVE_L2_WARM=all DELTASERVE_L2_WARM_KV=$1
