@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Its A/B and tests ran in wave 43 inside device_l2_warm_kv.sh on an H100 at 3aaca3f: the L2 warm lost in every
+# form and was removed after it, so this script no longer runs on main; bench/NOTES.md wave 43 has the numbers.)
 # The L2 warm in the model (DELTASERVE_L2_WARM: next = the batch-1 gate/up launch touches the next layer's input
 # projection; all = and the DeltaNet step its out projection): tg64 @ d512 B=1 off / all / next alternating, the GPU
 # tests (same bits: the block, the step, the model), the graph profile under all.  ~330 s on a warm Triton cache

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Ran in wave 43 on an H100 at 3aaca3f / 6a9d7da: the L2 warm lost in every form and was removed after it, so this
+# script no longer runs on main; bench/NOTES.md wave 43 has its numbers.)
 # The L2 warm in the model, and its K/V form. DELTASERVE_L2_WARM: next = the batch-1 gate/up launch touches the next
 # layer's input projection; all = and the DeltaNet step its out projection. DELTASERVE_L2_WARM_KV=MB: the gate/up
 # launch before an attention layer touches that layer's first MB of the row's cached K/V too.

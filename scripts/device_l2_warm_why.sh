@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Ran in wave 43 on an H100 at 3aaca3f / 6a9d7da: the L2 warm lost in every form and was removed after it, so this
+# script no longer runs on main; bench/NOTES.md wave 43 has its numbers.)
 # Why the L2 warm lost (H100, wave 43: off 629.6 / 630.6, next 605.6 / 606.6, all 601.9 / 600.6 tok/s @ d512):
 # the graph profiles of a batch-1 step @ d512, off and next (which kernels' critical time grew), and the DeltaNet
 # step's form alone ("step") against off.  ~200 s on a warm Triton cache

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..kernels import backend
-from ..utils.env import env_choice, env_int
+from ..utils.env import env_choice
 
 
 def enabled(x: torch.Tensor) -> bool:
@@ -183,66 +183,6 @@ def mma_weights(module: nn.Module, x: torch.Tensor):
         cached = mma_gemv.repack_q4(s.w, s.scales, s.biases) if eligible else ()
         module.__dict__[MMA_ATTR] = cached
     return cached or None
-
-
-def decode_mma(module: nn.Module, x: torch.Tensor):
-    """The (words, sb) a decode step's GEMV of `module` reads when it is the tensor-core one (the GEMV decode
-    kernels and mma_weights' choice), else None (the CUDA-core GEMV reads the packed weight): `linear`'s choice, and
-    the bytes l2_warm_plan warms."""
-    return mma_weights(module, x) if decode_kernels() == "gemv" else None
-
-
-L2_WARM_ATTR = "_fast_l2_warm"  # module.__dict__ key: the kernels/l2_warm.WarmPlan of its decode GEMV's weight
-L2_WARM_MODES = ("off", "next", "step", "all")
-L2_WARM_MAX_TOKENS = 4  # the batch-1 deployments' steps (the MoE's normed router launch serves up to 4 tokens)
-
-
-def l2_warm_mode() -> str:
-    """Which batch-1 decode launches touch a later GEMV's weight into the L2 (kernels/l2_warm.py: their programs wait
-    for their predecessor for microseconds while the DRAM idles): "next" (the MoE gate/up launch, the next layer's
-    mixer input projection), "step" (the DeltaNet decode step, its out projection), "all" (both) or "off". Never a
-    value: a GEMV reads the same bytes from the L2 or DRAM. Env DELTASERVE_L2_WARM, for in-model A/B."""
-    return env_choice("DELTASERVE_L2_WARM", "off", L2_WARM_MODES)
-
-
-def l2_warm_plan(module: nn.Module | None, x: torch.Tensor, role: str = "next"):
-    """The kernels/l2_warm.WarmPlan over the bytes `module`'s decode GEMV reads (its tensor-core copy where that GEMV
-    serves it, else the packed weight, scales and biases), cached on the module, for a carrier of `role` ("next" or
-    "step") of a decode step of x's rows; None where l2_warm_mode() does not take that role, past
-    L2_WARM_MAX_TOKENS rows, without a module, off CUDA or for a dense weight."""
-    mode = l2_warm_mode()
-    if mode not in (role, "all") or module is None or not x.is_cuda or not hasattr(module, "scales") \
-            or x.numel() // x.shape[-1] > L2_WARM_MAX_TOKENS:
-        return None
-    plan = module.__dict__.get(L2_WARM_ATTR)
-    if plan is None:
-        from ..kernels.l2_warm import warm_plan
-
-        mma = decode_mma(module, x)
-        s = weight_spec(module)
-        plan = module.__dict__[L2_WARM_ATTR] = warm_plan(mma if mma is not None else (s.w, s.scales, s.biases))
-    return plan
-
-
-def l2_warm_kv_mb() -> int:
-    """MB of an attention layer's cached K and V (one sequence's first blocks) that the batch-1 MoE gate/up launch
-    of the layer before it touches into the L2 (kernels/l2_warm.KvPages): at a long context the decode attention
-    then reads that share of its K/V stream from the L2, requested while the launch waited for its routing and
-    the DRAM idled. 0: off. Env DELTASERVE_L2_WARM_KV, for in-model A/B."""
-    return env_int("DELTASERVE_L2_WARM_KV", 0, 0, 1024)
-
-
-def l2_warm_kv(plan, cache, layer: int, batch, x: torch.Tensor):
-    """`plan` (a kernels/l2_warm.WarmPlan or None) with attention layer `layer`'s cached K/V pages of the batch's
-    one sequence (l2_warm_kv_mb() MB at most), for the MoE gate/up launch of the layer before; `plan` unchanged when
-    off, off CUDA, or unless the step decodes one token of one sequence."""
-    mb = l2_warm_kv_mb()
-    if not mb or not x.is_cuda or batch.num_seqs != 1 or batch.num_tokens != 1 or batch.block_tables is None:
-        return plan
-    from ..kernels.l2_warm import kv_pages, with_pages
-
-    k_cache, v_cache, _, _ = cache.kv(layer)
-    return with_pages(plan, kv_pages(k_cache, v_cache, batch.block_tables[0], batch.context_lens[:1], mb << 20))
 
 
 DENSE_ATTR = "_fast_dense_natural"  # module.__dict__ key: (words, sb, bf16_fma) of its natural-order repack, or ()
@@ -536,7 +476,7 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
         return module(x)
     s = weight_spec(module)
     scales, biases = (None, None) if s.bits == 16 else (s.scales, s.biases)
-    mma = decode_mma(module, x) if decode else None
+    mma = mma_weights(module, x) if decode and decode_kernels() == "gemv" else None
     if mma is not None:
         from ..kernels.quant.mma_gemv import MAX_ROWS as MMA_ROWS
         from ..kernels.quant.mma_gemv import mma_gemv

@@ -122,7 +122,6 @@ class GatedDeltaNet(nn.Module):
                 mixed, z, a, b, self.A_log, self.dt_bias, self.norm.weight, ssm_pool, batch.state_slots,
                 batch.context_lens, self.hk, self.norm.eps, prep=fmt,
                 dv_block=td.step_dv_block(throughput=fast.throughput_deployment(self)),
-                warm=fast.l2_warm_plan(self.out_proj, x, "step"),  # its programs wait while the in_proj streams
             )
             if fmt is not None:
                 y = fast.attach_prep(y[0], fmt, y[1])

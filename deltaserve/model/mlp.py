@@ -56,14 +56,13 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = weights.linear(f"{prefix}.shared_expert_gate", h, 1)
 
     def forward(self, x: torch.Tensor, decode: bool = False, residual: torch.Tensor | None = None,
-                norm: nn.Module | None = None, warm=None) -> torch.Tensor:
+                norm: nn.Module | None = None) -> torch.Tensor:
         """decode: every sequence contributes one token (selects the batch-invariant GEMV kernels on the GPU).
         residual [N, H]: returned as residual + block(x) (on the fast decode path added inside the combine kernel).
         norm (an RMSNorm; fast path, where routes_normed): x is the mixer's output and the block's input is
-        norm(x + residual), made inside the router's launch; the block returns (x + residual) + block(input).
-        warm (with norm): a kernels/l2_warm.WarmPlan the gate/up launch touches into the L2 (fast.l2_warm_plan)."""
+        norm(x + residual), made inside the router's launch; the block returns (x + residual) + block(input)."""
         if norm is not None:
-            return self._forward_normed(x, residual, norm, warm)
+            return self._forward_normed(x, residual, norm)
         if fast.enabled(x):
             return self._forward_fast(x, decode, residual)
         if self.experts.__dict__.get(fast.RELEASED_ATTR):
@@ -109,7 +108,7 @@ class SparseMoeBlock(nn.Module):
         return (t <= router_norm_tokens() and route_normed_fits(t, x.shape[1])
                 and wg_block_tile_rows(mma, t * (self.top_k + 1)) is None)
 
-    def _forward_normed(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module, warm=None) -> torch.Tensor:
+    def _forward_normed(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         from ..kernels.moe.mma_moe import moe_block_mma
         from ..kernels.moe.triton_decode import route_normed
 
@@ -118,7 +117,7 @@ class SparseMoeBlock(nn.Module):
                                          self.top_k, self.normalize, fast.weight_spec(self.shared_expert_gate),
                                          shared_slot=mma.num_experts - 1)
         return moe_block_mma(y, routing.ids, routing.weights, routing.shared_weight, mma, residual=r, xs=xs,
-                             shared_slotted=True, warm=warm)
+                             shared_slotted=True)
 
     def _forward_fast(self, x: torch.Tensor, decode: bool, residual: torch.Tensor | None) -> torch.Tensor:
         from ..kernels.moe.triton_decode import moe_decode, moe_route

@@ -39,15 +39,9 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = MLP(f"{p}.mlp", config.hidden_size, config.intermediate_size, weights)
 
-    def mixer_projection(self) -> nn.Module | None:
-        """The fused input projection of this layer's mixer (q|k|v or the DeltaNet's in_proj), None unfused."""
-        return fusion.fused(*((self.self_attn, "qkv_proj") if self.is_attention else (self.linear_attn, "in_proj")))
-
-    def forward(self, x, batch: ForwardBatch, cache: HybridCache, rope, next_layer: nn.Module | None = None):
-        """next_layer: the layer after this one (the fast path's batch-1 MoE may warm its input projection in the
-        L2: fast.l2_warm_plan)."""
+    def forward(self, x, batch: ForwardBatch, cache: HybridCache, rope) -> torch.Tensor:
         if fast.enabled(x):
-            return self._forward_fast(x, batch, cache, rope, next_layer)
+            return self._forward_fast(x, batch, cache, rope)
         h = self.input_layernorm(x)
         if self.is_attention:
             h = self.self_attn(h, batch, cache, rope)
@@ -56,13 +50,14 @@ class DecoderLayer(nn.Module):
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x), decode=batch.max_seqlen == 1)
 
-    def _forward_fast(self, x, batch: ForwardBatch, cache: HybridCache, rope, next_layer=None) -> torch.Tensor:
+    def _forward_fast(self, x, batch: ForwardBatch, cache: HybridCache, rope) -> torch.Tensor:
         """Same math, fewer launches: add_rms_norm writes x + h and its post-attention norm in one kernel, and the
         feed-forward block adds the residual itself (the MoE decode kernels inside their combine launch)."""
         from ..kernels.triton_norm import add_rms_norm
 
         decode = batch.max_seqlen == 1
-        h = fast.norm_for_gemv(self.input_layernorm, x, self.mixer_projection(), decode)  # + the GEMV's prep
+        mixer, group = (self.self_attn, "qkv_proj") if self.is_attention else (self.linear_attn, "in_proj")
+        h = fast.norm_for_gemv(self.input_layernorm, x, fusion.fused(mixer, group), decode)  # + the GEMV's prep
         if self.is_attention:
             h = self.self_attn(h, batch, cache, rope)
         else:
@@ -70,10 +65,7 @@ class DecoderLayer(nn.Module):
         post = self.post_attention_layernorm
         prep = fast.moe_prep(self.mlp, h)  # the tensor-core MoE reads x's group sums: the norm makes them
         if prep is not None and fast.moe_norm_sums_only() and self.mlp.routes_normed(h, decode):
-            warm = fast.l2_warm_plan(next_layer.mixer_projection(), h) if next_layer is not None else None
-            if next_layer is not None and next_layer.is_attention and decode:
-                warm = fast.l2_warm_kv(warm, cache, next_layer.self_attn.layer, batch, h)  # its K/V at a long context
-            return self.mlp(h, decode=decode, residual=x, norm=post, warm=warm)  # the norm inside the router's launch
+            return self.mlp(h, decode=decode, residual=x, norm=post)  # the norm inside the router's launch
         if prep is None:
             h, x = add_rms_norm(h, x, post.weight, post.eps, post.offset)  # (norm(x + h), x + h), both [T, H]
         else:
@@ -121,8 +113,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         if not fast.enabled(x):
             rope = rope_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta, cfg.mrope_section,
                                 cfg.mrope_interleaved)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, batch, cache, rope, self.layers[i + 1] if i + 1 < len(self.layers) else None)
+        for layer in self.layers:
+            x = layer(x, batch, cache, rope)
         return x
 
     def compute_logits(self, hidden: torch.Tensor, decode: bool = False) -> torch.Tensor:

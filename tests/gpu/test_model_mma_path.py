@@ -233,55 +233,6 @@ def test_attn_merge_prep_equals_the_prep_launch(merge_prep_model, monkeypatch):
     check_graph_equals_eager(merge_prep_model)
 
 
-@pytest.mark.parametrize("mode", ["next", "all", "kv"])
-def test_l2_warm_equals_off(merge_prep_model, monkeypatch, mode):
-    """DELTASERVE_L2_WARM=next (each batch-1 MoE gate/up launch touching the next layer's input projection into the
-    L2; "all": the DeltaNet step its out projection too; "kv": all, and the launch before an attention layer that
-    layer's cached K/V pages, DELTASERVE_L2_WARM_KV) gives the decode logits of "off" bit for bit, eager and
-    replayed; the plans reach every layer but the last with the next layer's projection bytes (and the pages before
-    each attention layer); batch invariance and graph == eager hold with it."""
-    from deltaserve.kernels.moe import mma_moe
-
-    model = merge_prep_model
-    gen = torch.Generator().manual_seed(21)
-    prompts = [torch.randint(0, 32, (n,), generator=gen).tolist() for n in (11, 40)]
-    sizes, pages = [], []
-    real = mma_moe.moe_block_mma
-
-    def spy(*args, **kw):
-        plan = kw.get("warm")
-        sizes.append(None if plan is None else sum(r.numel() for r in plan.regions))
-        pages.append(plan is not None and plan.pages is not None)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(mma_moe, "moe_block_mma", spy)
-    runs = {}
-    for warm in (mode, "off"):
-        monkeypatch.setenv("DELTASERVE_L2_WARM", "all" if warm == "kv" else warm)
-        monkeypatch.setenv("DELTASERVE_L2_WARM_KV", "1" if warm == "kv" else "0")
-        sizes.clear()
-        pages.clear()
-        runs[warm] = [decode_logits(model, [prompts[0]], 2, graph=False)]
-        layers = model.config.num_hidden_layers
-        step = sizes[-layers:]  # the last decode step's blocks, in layer order
-        if warm != "off":
-            want = [fast.weight_spec(nxt.mixer_projection()) for nxt in model.layers[1:]]
-            assert step[:-1] == [s.w.nbytes + s.scales.nbytes + s.biases.nbytes for s in want], step
-            assert step[-1] is None, "the last layer has no next projection to warm"
-        else:
-            assert step == [None] * layers, step
-        before_attention = [warm == "kv" and nxt.is_attention for nxt in model.layers[1:]] + [False]
-        assert any(before_attention) or warm != "kv", "the tiny model has an attention layer after the first"
-        assert pages[-layers:] == before_attention, pages[-layers:]
-        runs[warm] += [decode_logits(model, prompts, 3, graph=g) for g in (False, True)]
-    assert torch.isfinite(runs[mode][1]).all()
-    assert all(torch.equal(a, b) for a, b in zip(runs[mode], runs["off"])), "L2 warm changed the logits"
-    monkeypatch.setenv("DELTASERVE_L2_WARM", "all" if mode == "kv" else mode)
-    monkeypatch.setenv("DELTASERVE_L2_WARM_KV", "1" if mode == "kv" else "0")
-    check_batch_invariance(model)
-    check_graph_equals_eager(model)
-
-
 @pytest.mark.parametrize("shape", ["split", "head"])
 def test_gdn_step_prep_batch_invariance_and_graphs(prep_model, monkeypatch, shape):
     """dv = 64: the step in blocks of 32 state columns (split, two programs a head) or a head per program

@@ -27,7 +27,6 @@ import triton
 import triton.language as tl
 
 from ...utils.env import env_choice
-from .. import l2_warm
 from ..triton_common import code_prescale
 from ..triton_sync import arrival_counters, last_arrival
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -382,12 +381,8 @@ def _gdn_step_kernel(
     key_dim, scale, eps,
     HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
     PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, STATE_EARLY: tl.constexpr = True,
-    PDL: tl.constexpr = False, wr0=None, wn0=0, wr1=None, wn1=0, wr2=None, wn2=0, wsink=None,
-    WARM0: tl.constexpr = 0, WARM1: tl.constexpr = 0, WARM2: tl.constexpr = 0, THREADS: tl.constexpr = 128,
+    PDL: tl.constexpr = False,
 ):
-    # WARM0 > 0: the program first touches its share of a later kernel's weights into the L2 (kernels/l2_warm.py:
-    # constant data, before the wait) and stores their words to wsink at its end only where they sum to a magic
-    # value: no value of the step changes.
     # grid (B, Hv, DV / BV): one program owns columns [j*BV, (j+1)*BV) of state[slot, h] ([DK, BV] fp32, read once,
     # written once; the columns of the delta rule are independent). The gated RMSNorm needs the whole row's sum of
     # squares: each program writes its act-rounded output slice to o and its partial sum of squares to ss[b, h, j];
@@ -395,8 +390,6 @@ def _gdn_step_kernel(
     # and normalises, gates and rewrites the row (PREP_BITS > 0: and writes the out projection's prep of it,
     # _prep_head, so that GEMV needs no prep launch). Every split does the same q/k norms (DK values, cheap).
     pdl_open(PDL)
-    if WARM0 > 0:
-        touched = l2_warm.touches(wr0, wn0, wr1, wn1, wr2, wn2, WARM0, WARM1, WARM2, THREADS)
     bi = tl.program_id(0)
     h = tl.program_id(1)
     j = tl.program_id(2)
@@ -422,8 +415,6 @@ def _gdn_step_kernel(
         if PREP_BITS > 0:
             _prep_head(y, xp_ptr + bi.to(tl.int64) * stride_pt, xs_ptr + bi.to(tl.int64) * stride_st, h, ra, DV,
                        HV * DV, PREP_BITS, PREP_GROUP)
-    if WARM0 > 0:
-        l2_warm.sink(touched, wsink, THREADS)
 
 
 # State columns per program of the decode step (Hv * DV / 32 programs, 128 at B = 1 for 35B-A3B); None = a head per
@@ -441,7 +432,6 @@ def gdn_decode_step(
     dt_bias: torch.Tensor, norm_weight: torch.Tensor, ssm_pool: torch.Tensor, state_slots: torch.Tensor,
     context_lens: torch.Tensor, num_k_heads: int, eps: float, out: torch.Tensor | None = None,
     dv_block: int | None = DV_BLOCK, num_warps: int | None = None, prep: tuple[int, int] | None = None,
-    warm=None,
 ):
     """One DeltaNet token for each of B sequences, after `causal_conv`.
 
@@ -455,8 +445,6 @@ def gdn_decode_step(
     prep: (bits, group) of the out projection's q4/q8 weight: the step also writes that decode GEMV's prep of its
     output (quant.triton_gemv.prep_row's format: xp [B, Hv*dv] fp32, xs [B, Hv*dv / group] fp32) at each head's
     last arrival, and returns (o, (xp, xs)) so the GEMV needs no prep launch (prep_supported says which formats).
-    warm: a later kernel's weights (kernels/l2_warm.WarmPlan) the split form's programs touch into the L2 before
-    their wait (the per-head form ignores it); no value changes.
     """
     bsz, c = qkv_conv.shape
     _, hv, dk, dv = ssm_pool.shape
@@ -486,17 +474,13 @@ def gdn_decode_step(
             raise ValueError(f"gdn_decode_step: dv_block {dv_block} must be a power of two dividing dv = {dv}")
         ns = dv // dv_block
         ss = torch.empty(bsz, hv, ns, dtype=torch.float32, device=o.device)
-        warps = num_warps or 4
-        touch = l2_warm.warm_kwargs(warm, bsz * hv * ns, 32 * warps)
-        if touch:
-            touch["THREADS"] = 32 * warps
         _gdn_step_kernel[(bsz, hv, ns)](
             qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots, context_lens, o, ss,
             arrival_counters(o.device, bsz * hv), xp, xs,
             qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
             ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), key_dim, dk ** -0.5, eps,
             HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=dv_block, PREP_BITS=bits, PREP_GROUP=group,
-            STATE_EARLY=state_early(), num_warps=warps, **pdl_args(o), **touch,
+            STATE_EARLY=state_early(), num_warps=num_warps or 4, **pdl_args(o),
         )
         return done
     _decode_kernel[(bsz, hv)](

@@ -98,15 +98,14 @@ def wg_block_tile_rows(experts: MmaExperts, rows: int) -> int | None:
 
 def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, shared_weight: torch.Tensor | None,
                   experts: MmaExperts, residual: torch.Tensor | None = None, xs: torch.Tensor | None = None,
-                  tile_rows: int | None = None, shared_slotted: bool = False, tiles=None, warm=None) -> torch.Tensor:
+                  tile_rows: int | None = None, shared_slotted: bool = False, tiles=None) -> torch.Tensor:
     """x [T, H] bf16; ids / weights [T, k] (the routing contract: int32 expert ids, fp32 weights); shared_weight
     [T] fp32 (sigmoid of the shared gate) when the block has a shared expert. shared_slotted: ids / weights are
     [T, k + 1] with the stacked shared expert already in the last slot (moe_route(shared_slot=E' - 1): no launches
     to append it). xs: x's group sums (prep_x's, or the norm's prep: the same bits) if the caller has them.
     tile_rows: rows per expert tile (mma_expert_tiles; never a row's bits). tiles: the warpgroup-MMA launches' tiles
-    of these ids when the caller has them (moe_route(tile_rows=wg_block_tile_rows(...))). warm: a later kernel's
-    weights (kernels/l2_warm.WarmPlan) the mma.sync gate/up launch touches into the L2 while it waits for the
-    routing (unused by the warpgroup-MMA launches). Returns [T, H] bf16 (+ residual)."""
+    of these ids when the caller has them (moe_route(tile_rows=wg_block_tile_rows(...))). Returns [T, H] bf16
+    (+ residual)."""
     if x.device.type != "cuda":
         raise RuntimeError("moe_block_mma: the tensor-core MoE needs a CUDA device (its kernels are Gluon)")
     from ..quant.triton_gemv import prep_x
@@ -152,10 +151,9 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
         config = (w, 1, default_ahead(m, True, k // GROUP // w))
         if pair_counters_fit(tiles, nbe_gu):
             hid = torch.empty(m, nbe_gu * 8, dtype=x.dtype, device=x.device)
-            mma_matmul_experts(x, *experts.gate_up, ids, slots, xs=xs, tiles=tiles, config=config, pair_out=hid,
-                               warm=warm)
+            mma_matmul_experts(x, *experts.gate_up, ids, slots, xs=xs, tiles=tiles, config=config, pair_out=hid)
         else:
-            hid = mma_matmul_experts(x, *experts.gate_up, ids, slots, xs=xs, tiles=tiles, config=config, warm=warm)
+            hid = mma_matmul_experts(x, *experts.gate_up, ids, slots, xs=xs, tiles=tiles, config=config)
             glu = True
     # down: hid's group sums are the kernel's own (no prep launch); with single-row tiles (decode-sized batches)
     # the combine runs at each token's last-arriving down program (no launch either; the same bits as the launch)
@@ -166,8 +164,7 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
     early = single and experts.gate_up is None and _down_early_fits(ids.numel(), groups * GROUP) \
         and down_early(x, tensor_cores=True)
     if experts.gate_up is None:
-        hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up, open_late=early,
-                                 warm=warm)
+        hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up, open_late=early)
     if single:
         return mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1),
                                   combine=(residual, torch.empty_like(x)), glu=glu, early=early)

@@ -43,7 +43,6 @@ import torch
 
 from ...utils.env import env_choice
 from .. import backend
-from ..l2_warm import LINE, SINK_MAGIC, TOUCH_ASM, WarmPlan, warm_kwargs
 from ..triton_pdl import pdl_args
 
 GROUP = 64
@@ -197,70 +196,6 @@ if HAVE_GLUON:
         if PDL:
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r,~{memory}", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
-
-    _TOUCH = gl.constexpr(TOUCH_ASM)
-    _MAGIC = gl.constexpr(SINK_MAGIC)
-    _LINE = gl.constexpr(LINE)
-
-    @gluon.jit
-    def _l2_touch(acc, base, nbytes, STEPS: gl.constexpr, THREADS: gl.constexpr, TL: gl.constexpr):
-        """acc + the words of this program's share of the bytes [base, base + nbytes) (base a uint8 pointer), one
-        128-byte line a thread a step (kernels/l2_warm.py: the line's whole 128 bytes come into the L2)."""
-        pid = (gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)).to(gl.int64)
-        programs = gl.num_programs(0) * gl.num_programs(1)
-        lane = gl.arange(0, THREADS, layout=TL).to(gl.int64)
-        for it in gl.static_range(STEPS):
-            off = ((it * programs + pid) * THREADS + lane) * _LINE
-            acc += gl.inline_asm_elementwise(_TOUCH, "=r,l,r", [base + gl.minimum(off, nbytes - 4),
-                                                                  (off < nbytes).to(gl.int32)],
-                                             dtype=gl.int32, is_pure=False, pack=1)
-        return acc
-
-    @gluon.jit
-    def l2_touches(r0, n0, r1, n1, r2, n2, WARM0: gl.constexpr, WARM1: gl.constexpr, WARM2: gl.constexpr,
-                   THREADS: gl.constexpr, TL: gl.constexpr):
-        """l2_warm.touches for Gluon kernels (TL: a 1-D layout of THREADS lanes): the program's touches of its share
-        of warm_kwargs' regions, issued, not waited for; the words, for l2_sink at the program's end. Constant data
-        only, so a kernel may call this before its PDL wait."""
-        acc = gl.zeros([THREADS], gl.int32, layout=TL)
-        if WARM0 > 0:
-            acc = _l2_touch(acc, r0, n0, WARM0, THREADS, TL)
-        if WARM1 > 0:
-            acc = _l2_touch(acc, r1, n1, WARM1, THREADS, TL)
-        if WARM2 > 0:
-            acc = _l2_touch(acc, r2, n2, WARM2, THREADS, TL)
-        return acc
-
-    @gluon.jit
-    def l2_touch_pages(acc, kc, vc, tab, lens_ptr, max_blocks, TOKENS: gl.constexpr, BLOCK: gl.constexpr,
-                       STEPS: gl.constexpr, THREADS: gl.constexpr, TL: gl.constexpr):
-        """acc + the words of this program's share of one row's cached K and V (l2_warm.KvPages: kc, vc uint8 views
-        of the caches, tab the row's int32 block table, lens_ptr its context length; blocks of TOKENS tokens and
-        BLOCK bytes), the row's first min(cdiv(length, TOKENS), max_blocks) blocks, one 128-byte line of K and the
-        same line of V a thread a step. The table and length are settled (written before the forward's first
-        launch), so this may come before the PDL wait too."""
-        pid = (gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)).to(gl.int64)
-        programs = gl.num_programs(0) * gl.num_programs(1)
-        lane = gl.arange(0, THREADS, layout=TL).to(gl.int64)
-        LPB: gl.constexpr = BLOCK // _LINE
-        blocks = gl.minimum((gl.load(lens_ptr) + TOKENS - 1) // TOKENS, max_blocks)
-        total = blocks.to(gl.int64) * LPB
-        for it in gl.static_range(STEPS):
-            i = (it * programs + pid) * THREADS + lane
-            live = i < total
-            blk = gl.load(tab + i // LPB, mask=live, other=0).to(gl.int64)
-            off = blk * BLOCK + (i % LPB) * _LINE
-            on = live.to(gl.int32)
-            acc += gl.inline_asm_elementwise(_TOUCH, "=r,l,r", [kc + off, on], dtype=gl.int32, is_pure=False, pack=1)
-            acc += gl.inline_asm_elementwise(_TOUCH, "=r,l,r", [vc + off, on], dtype=gl.int32, is_pure=False, pack=1)
-        return acc
-
-    @gluon.jit
-    def l2_sink(acc, sink_ptr, THREADS: gl.constexpr, TL: gl.constexpr):
-        """The touches' one use, at the program's end: a store into the scratch sink only where a thread's words
-        sum to SINK_MAGIC (so the loads stay, and nothing waits for them before this point)."""
-        lane = gl.arange(0, THREADS, layout=TL)
-        gl.store(sink_ptr + lane, acc, mask=acc == _MAGIC)
 
     # The register layouts both kernels share (W warps splitting K, RB row blocks of 16 per program); the layouts
     # derived from them (dot operands, slices) are spelled where they are used.
@@ -765,10 +700,7 @@ if HAVE_GLUON:
                             COMBINE: gl.constexpr = False, SLOTS: gl.constexpr = 1, HAS_RES: gl.constexpr = False,
                             AHEAD: gl.constexpr = 1, LOOP: gl.constexpr = 1, GLU: gl.constexpr = 0,
                             PAIR: gl.constexpr = 0, OPEN_LATE: gl.constexpr = False, EARLY: gl.constexpr = False,
-                            WSTAGE: gl.constexpr = 0, SKIP_EMPTY: gl.constexpr = True, WARM0: gl.constexpr = 0,
-                            WARM1: gl.constexpr = 0, WARM2: gl.constexpr = 0, wr0=None, wn0=0, wr1=None, wn1=0,
-                            wr2=None, wn2=0, wsink=None, KV_STEPS: gl.constexpr = 0, KV_TOKENS: gl.constexpr = 16,
-                            KV_BLOCK: gl.constexpr = 128, wkk=None, wkv=None, wkt=None, wkl=None, wkmax=0):
+                            WSTAGE: gl.constexpr = 0, SKIP_EMPTY: gl.constexpr = True):
         """grid (tiles, N / (16 RB LOOP)): the plain kernel's arithmetic on expert tile t, row blocks
         [RB LOOP p, RB LOOP (p + 1)) of its expert: LOOP rounds of RB blocks held in registers together (the x
         columns are loaded once for the RB blocks; LOOP > 1 stages them in shared memory once for every round, so
@@ -801,18 +733,9 @@ if HAVE_GLUON:
         OPEN_LATE: the next launch may start only once every program here has passed its PDL wait (so the routing
         this launch waited for is complete when it starts). EARLY (SINGLE, the register ring, one weight; the
         launch before opened late): the expert id (from L2, ".cg") and the first AHEAD chunks' weights are read
-        before the PDL wait, x after it: the same loads and arithmetic, the same bits.
-        WARM0 > 0: the program first touches its share of up to three regions (wr0 .. wr2, wn* bytes; a later
-        kernel's weights, kernels/l2_warm.py) into the L2 and stores the words to wsink at its end only where they
-        sum to a magic value: no value of this launch changes. KV_STEPS > 0: it touches one row's cached K/V pages
-        too (wkk, wkv, wkt, wkl, wkmax: l2_warm.KvPages, l2_touch_pages)."""
+        before the PDL wait, x after it: the same loads and arithmetic, the same bits."""
         if not OPEN_LATE:
             pdl_open(PDL)
-        TL: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
-        if (WARM0 > 0) or (KV_STEPS > 0):  # constant data: before the wait, so the lines come while this launch waits
-            touched = l2_touches(wr0, wn0, wr1, wn1, wr2, wn2, WARM0, WARM1, WARM2, 32 * W, TL)
-            if KV_STEPS > 0:
-                touched = l2_touch_pages(touched, wkk, wkv, wkt, wkl, wkmax, KV_TOKENS, KV_BLOCK, KV_STEPS, 32 * W, TL)
         G: gl.constexpr = K // 64
         NCH: gl.constexpr = G // W
         N8: gl.constexpr = 8 * NT
@@ -919,8 +842,6 @@ if HAVE_GLUON:
         if COMBINE:
             _combine_at_last_arrival(out_ptr, res_ptr, comb_ptr, cnt_ptr, t, gl.program_id(1), rb, gl.num_programs(1),
                                      stride_om, stride_rm, stride_cm, W, RB * LOOP, SLOTS, HAS_RES)
-        if (WARM0 > 0) or (KV_STEPS > 0):
-            l2_sink(touched, wsink, 32 * W, TL)
 
     @gluon.jit
     def _experts_store(acc, acc2, o_ptr, o_mask, scale_ptr, o_dst, col_live, GATED: gl.constexpr,
@@ -1358,7 +1279,7 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
                        tiles: MmaTiles | None = None, up: tuple | None = None, scale: torch.Tensor | None = None,
                        config: tuple[int, int] | None = None, combine: tuple | None = None,
                        glu: bool = False, pair_out: torch.Tensor | None = None, open_late: bool = False,
-                       early: bool = False, warm: WarmPlan | None = None) -> torch.Tensor:
+                       early: bool = False) -> torch.Tensor:
     """Row m of the result = x[m // x_repeat] W[expert_ids[m]]^T on tensor cores, for stacked repacked experts
     (repack_q4_experts) and x [rows, K] bf16; [M, N] in x's dtype. The same rows as
     triton_affine.affine_matmul_experts (an MoE block's gate, up and down), each row an MMA column of its expert's
@@ -1384,8 +1305,7 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
     wait (the routing it waited for is then complete). early: with PDL, this launch reads the expert ids and its
     first chunks' weights before its wait; only right after a launch made with open_late that waited for the ids'
     writer, with single-row tiles, one weight and the register ring (3 <= AHEAD < the chunks). Neither changes
-    bits. warm: a later kernel's weights (kernels/l2_warm.WarmPlan) that this launch's programs touch into the L2
-    before their wait (no value changes)."""
+    bits."""
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("mma_matmul_experts: needs a CUDA device and Triton's Gluon; mma_experts_reference is "
                            "its CPU meaning")
@@ -1486,8 +1406,7 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
         table = (tiles.tile_e,) * 3 if single else (tiles.lo, tiles.hi, tiles.order)
         w2, sb2 = up if up is not None else (words, sb)
         rs = comb if combine is None or res is None else res
-        grid = (tiles.tile_e.numel(), nbe // (rb * loop))
-        _mma_experts_kernel[grid](
+        _mma_experts_kernel[(tiles.tile_e.numel(), nbe // (rb * loop))](
             x, xs, words, sb, w2, sb2, out, scale if scale is not None else out, tiles.tile_e, *table, x.stride(0),
             xs.stride(0), out.stride(0), nbe, rs, comb, counters, rs.stride(0), comb.stride(0), XREP=x_repeat, K=k,
             W=warps, NT=column_tiles(tiles.rows), RB=rb, SINGLE=single, GATED=up is not None,
@@ -1495,8 +1414,7 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
             HAS_RES=combine is not None and res is not None, AHEAD=ahead, LOOP=loop, GLU=k if glu else 0,
             PAIR=pairs, num_warps=warps,
             **pdl_args(x), **({"OPEN_LATE": True} if open_late else {}), **({"EARLY": True} if early else {}),
-            **({"WSTAGE": wstage} if wstage else {}), **({} if skip_empty_tiles() else {"SKIP_EMPTY": False}),
-            **warm_kwargs(warm, grid[0] * grid[1], 32 * warps))
+            **({"WSTAGE": wstage} if wstage else {}), **({} if skip_empty_tiles() else {"SKIP_EMPTY": False}))
     return out if combine is None else comb
 
 
