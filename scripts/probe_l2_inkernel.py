@@ -10,11 +10,11 @@ start, per-thread prefetches over weight copy i: words, scales and biases) then 
 (triton_gemv.affine_gemv, the prep path as in the model) over copy i; 8 copies of the 35B-A3B's in_proj (12352 x
 2048 q4 g64, ~14 MB each) are past the L2. Per-kernel durations from the profiler (median over the replays).
 
-Modes: none, pf (prefetch.global.L2), pf_last (prefetch.global.L2::evict_last), touch (ld.global.cg, summed into
-the carrier's result after its spin), touch2 / touch4 (each line read by 2 / 4 programs), touch32 (a 4-byte load every 32-byte sector: the L2 fills
-sectors), touch128 / touch256 (ld.global.cg.L2::128B / ::256B, the L2's prefetch-size hint, a load every 128 / 256
-bytes), and hot (no prefetch,
-the GEMV reading copy 0 every round: the ceiling).
+Modes (MODES): none, pf (prefetch.global.L2), pf_last (prefetch.global.L2::evict_last), touch (ld.global.cg,
+summed into the carrier's result after its spin), touch2 / touch4 (each line read by 2 / 4 programs), touch32 (a
+4-byte load every 32-byte sector: the L2 fills sectors), touch128 / touch256 (ld.global.cg.L2::128B / ::256B, the
+L2's prefetch-size hint, a load every 128 / 256 bytes), and hot (no prefetch, the GEMV reading copy 0 every round:
+the ceiling).
 
   python scripts/probe_l2_inkernel.py [--spin-us 8,3] [--programs 132] [--shape 12352:2048]
 """
@@ -35,34 +35,36 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 LINE = 128  # bytes a prefetch instruction covers (one L2 line)
 
 
-@triton.jit
-def _issue(addr, ok, MODE: tl.constexpr):
-    """One per-thread L2 request per element where ok: MODE 1 prefetch.global.L2, 2 with ::evict_last, 3 a
-    ld.global.cg whose value is returned (0 elsewhere)."""
-    if MODE == 1:
-        return tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-            "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
-    elif MODE == 2:
-        return tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
-            "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
-    elif MODE == 3:
-        return tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.u32 p, $2, 0; mov.u32 $0, 0; @p ld.global.cg.u32 $0, [$1]; }",
-            "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
-    elif MODE == 4:  # the L2 fills the whole 128-byte line (a 4-byte load alone may bring one 32-byte sector)
-        return tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.u32 p, $2, 0; mov.u32 $0, 0; @p ld.global.cg.L2::128B.u32 $0, [$1]; }",
-            "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
-    else:  # 256 bytes a load (two lines)
-        return tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.u32 p, $2, 0; mov.u32 $0, 0; @p ld.global.cg.L2::256B.u32 $0, [$1]; }",
-            "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
+def _request(op: str, load: bool) -> str:
+    """One predicated per-thread L2 request ($1 the address, $2 the predicate), its register $0 the loaded word (0
+    where not loaded) or 0 for a prefetch."""
+    if load:
+        return f"{{ .reg .pred p; setp.ne.u32 p, $2, 0; mov.u32 $0, 0; @p {op}.u32 $0, [$1]; }}"
+    return f"{{ .reg .pred p; setp.ne.u32 p, $2, 0; @p {op} [$1]; mov.u32 $0, 0; }}"
+
+
+# mode -> (the request's PTX, programs a line, bytes between requests); none and hot request nothing
+MODES = {
+    "none": ("", 1, LINE), "hot": ("", 1, LINE),
+    "pf": (_request("prefetch.global.L2", False), 1, LINE),
+    "pf_last": (_request("prefetch.global.L2::evict_last", False), 1, LINE),
+    "touch": (_request("ld.global.cg", True), 1, LINE),
+    "touch2": (_request("ld.global.cg", True), 2, LINE),
+    "touch4": (_request("ld.global.cg", True), 4, LINE),
+    "touch32": (_request("ld.global.cg", True), 1, 32),  # every 32-byte sector (a 4-byte load may fill one)
+    "touch128": (_request("ld.global.cg.L2::128B", True), 1, LINE),  # the L2 fills the whole 128-byte line
+    "touch256": (_request("ld.global.cg.L2::256B", True), 1, 256),  # 256 bytes a load (two lines)
+}
 
 
 @triton.jit
-def _region(base, nbytes, pid, P, acc, MODE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
+def _issue(addr, ok, ASM: tl.constexpr):
+    """One per-thread L2 request (ASM: a MODES entry's PTX) per element where ok; the loaded word or 0."""
+    return tl.inline_asm_elementwise(ASM, "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _region(base, nbytes, pid, P, acc, ASM: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
             STRIDE: tl.constexpr = 128):
     """Program pid's share of [base, base + nbytes): lines (it * P + pid) * BLOCK + lane, it < ITERS. P is the
     number of shares: with REPLICAS programs a share (touch2 / touch4), programs pid, pid + P, ... read the same
@@ -72,21 +74,21 @@ def _region(base, nbytes, pid, P, acc, MODE: tl.constexpr, BLOCK: tl.constexpr, 
     for it in tl.static_range(ITERS):
         line = ((it * P + pid) * BLOCK + lane).to(tl.int64)
         ok = (line * STRIDE < nbytes).to(tl.int32)
-        acc += _issue(base + tl.minimum(line * STRIDE, nbytes - 4), ok, MODE)  # in bounds even where not ok
+        acc += _issue(base + tl.minimum(line * STRIDE, nbytes - 4), ok, ASM)  # in bounds even where not ok
     return acc
 
 
 @triton.jit
-def _carrier_kernel(out_ptr, a0, n0, a1, n1, a2, n2, spin, MODE: tl.constexpr, BLOCK: tl.constexpr,
+def _carrier_kernel(out_ptr, a0, n0, a1, n1, a2, n2, spin, ASM: tl.constexpr, BLOCK: tl.constexpr,
                     I0: tl.constexpr, I1: tl.constexpr, I2: tl.constexpr, REPLICAS: tl.constexpr = 1,
                     STRIDE: tl.constexpr = 128):
     P = tl.num_programs(0) // REPLICAS
     pid = tl.program_id(0) % P
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
-    if MODE > 0:
-        acc = _region(a0, n0, pid, P, acc, MODE, BLOCK, I0, STRIDE)
-        acc = _region(a1, n1, pid, P, acc, MODE, BLOCK, I1, STRIDE)
-        acc = _region(a2, n2, pid, P, acc, MODE, BLOCK, I2, STRIDE)
+    if ASM != "":
+        acc = _region(a0, n0, pid, P, acc, ASM, BLOCK, I0, STRIDE)
+        acc = _region(a1, n1, pid, P, acc, ASM, BLOCK, I1, STRIDE)
+        acc = _region(a2, n2, pid, P, acc, ASM, BLOCK, I2, STRIDE)
     v = tl.full((BLOCK,), 1.0, tl.float32) + pid
     for _ in range(spin):
         v = v * 1.0000001 + 0.5
@@ -121,25 +123,23 @@ def main(argv=None) -> int:
     def iters(t, p, stride=LINE):
         return max(1, -(-t.numel() * t.element_size() // (stride * block * p)))
 
-    def spin_count(us: float, p: int) -> int:  # calibrate the spin: one FMA ~ 4 cycles at ~1.7 GHz
+    def spin_count(us: float) -> int:  # calibrate the spin: one FMA ~ 4 cycles at ~1.7 GHz
         return max(1, int(us * 1e3 * 1.7 / 4))
 
     rows = []
     for p in (int(v) for v in args.programs.split(",")):
         for spin_us in (float(v) for v in args.spin_us.split(",")):
-            spin = spin_count(spin_us, p)
+            spin = spin_count(spin_us)
             torch.cuda.synchronize()
             for mode_name in args.modes.split(","):
-                mode = {"none": 0, "hot": 0, "pf": 1, "pf_last": 2, "touch": 3, "touch2": 3, "touch4": 3,
-                        "touch32": 3, "touch128": 4, "touch256": 5}[mode_name]
-                reps = {"touch2": 2, "touch4": 4}.get(mode_name, 1)
-                stride = {"touch32": 32, "touch256": 256}.get(mode_name, LINE)
-                def step(mode=mode, mode_name=mode_name, reps=reps, stride=stride):
+                asm, reps, stride = MODES[mode_name]
+
+                def step(asm=asm, mode_name=mode_name, reps=reps, stride=stride):
                     for i in range(copies):
                         c = 0 if mode_name == "hot" else i
                         w, s, b = ws[c], ss[c], bs[c]
                         _carrier_kernel[(p,)](sink, w, w.numel() * 4, s, s.numel() * 2, b, b.numel() * 2, spin,
-                                              MODE=mode, BLOCK=block, I0=iters(w, p // reps, stride),
+                                              ASM=asm, BLOCK=block, I0=iters(w, p // reps, stride),
                                               I1=iters(s, p // reps, stride), I2=iters(b, p // reps, stride),
                                               REPLICAS=reps, STRIDE=stride, num_warps=4)
                         affine_gemv(x, w, s, b, 4, 64, out=outs[i], prep=prep)
@@ -152,13 +152,11 @@ def main(argv=None) -> int:
                 kern = _replayed_kernels(g.replay, 3, args.replays)
                 carrier = [d for nm, _, d in kern if "carrier" in nm]
                 gemv = [d for nm, _, d in kern if "gemv" in nm and "carrier" not in nm]
-                ends = sorted((st + d, nm) for nm, st, d in kern)
                 span = (max(st + d for _, st, d in kern) - min(st for _, st, _ in kern)) / args.replays / copies
                 row = (p, spin_us, mode_name, statistics.median(carrier), statistics.median(gemv), span, bad)
                 rows.append(row)
                 print(f"P {p:4d} spin {spin_us:4.1f} us {mode_name:8s} carrier {row[3]:7.2f} us  gemv {row[4]:6.2f} us"
                       f"  round {span:7.2f} us{'  BAD' if bad else ''}", flush=True)
-                del ends
     print("\n| programs | spin us | mode | carrier us | GEMV us | round us |\n|---|---|---|---|---|---|")
     for p, sp, m, c, gm, span, bad in rows:
         print(f"| {p} | {sp} | {m} | {c:.2f} | {gm:.2f} | {span:.2f} |")
