@@ -30,7 +30,7 @@ from deltaserve.kernels.triton_pdl import pdl_open, pdl_wait  # noqa: E402
 
 
 @triton.jit
-def _link(src, dst, PDL: tl.constexpr):
+def _link(src, dst, PDL: tl.constexpr = False):
     pdl_open(PDL)
     pdl_wait(PDL)
     pid = tl.program_id(0)
@@ -57,21 +57,20 @@ def _persistent(buf, counter, LINKS: tl.constexpr):
 
 
 def time_graph(fn, replays: int) -> float:
-    """Median ms of `fn` captured in a CUDA graph over `replays` replays (after a warm-up)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    """Median ms of a replay of `fn` captured in a CUDA graph (bench.graph_capture.capture_calls: warmed up eagerly
+    and on a side stream, replayed once) over `replays` timed replays."""
+    from deltaserve.bench.graph_capture import capture_calls
+
+    graph = capture_calls([fn])
     times = []
-    for _ in range(replays + 2):
+    for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        g.replay()
+        graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times[2:])
+    return statistics.median(times)
 
 
 def main() -> int:
@@ -97,9 +96,9 @@ def main() -> int:
                     _persistent[(p,)](pair, counter, LINKS=n)
                 else:
                     bufs[0].zero_()
+                    kw = {"PDL": True, "launch_pdl": True} if form == "pdl" else {}
                     for i in range(n):
-                        kw = {"launch_pdl": True} if form == "pdl" else {}
-                        _link[(p,)](bufs[i % 2], bufs[(i + 1) % 2], PDL=form == "pdl", **kw)
+                        _link[(p,)](bufs[i % 2], bufs[(i + 1) % 2], **kw)
 
             ms = time_graph(run, args.replays)
             got = pair[n % 2] if form == "barrier" else bufs[n % 2]
