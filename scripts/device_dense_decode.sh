@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (No longer runs on main: the "dense" mode was removed after this call's measurement; it needs the tree at 28cac9e.)
 # The "dense" deployment mode (bf16 copies of the mixers' projections, kernels/quant/dense_decode.py) in the model
 # (~6 min on a warm Triton cache): its GPU tests (the kernel against dense_mm's prefill rows and its conv epilogue
 # against the matmul then causal_conv at the 35B shapes; the tiny q4 model's "dense" mode: copies in use, against

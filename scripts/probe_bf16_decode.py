@@ -1,4 +1,7 @@
-"""The dense decode projections from bf16 copies (dense_decode.dense_decode_mm on the dequantised weight) against the
+"""(No longer runs on main: kernels/quant/dense_decode.py was removed after its measurement; check out 28cac9e to
+run it. bench/NOTES.md, "The mixers' projections from bf16 copies".)
+
+The dense decode projections from bf16 copies (dense_decode.dense_decode_mm on the dequantised weight) against the
 q4 tensor-core GEMV (mma_gemv: wg_gemv from 17 rows) at the 35B-A3B's decode linears, for 8 / 16 / 32 / 64 rows.
 
 Question (bench/NOTES.md, wave 43's Next 2): at 64 streams the q4 GEMVs run far from their bytes (the in_proj

@@ -12,7 +12,7 @@ from engine_helpers import tiny_model
 
 
 def test_modes_parse(monkeypatch):
-    for mode in ("cuda", "mma", "wide", "head", "dense"):
+    for mode in ("cuda", "mma", "wide", "head"):
         monkeypatch.setenv("DELTASERVE_DECODE_GEMV", mode)
         assert fast.decode_gemv() == mode
     monkeypatch.setenv("DELTASERVE_DECODE_GEMV", "lm_head")
@@ -26,29 +26,6 @@ def test_the_output_head_alone_is_marked(tie):
     model = tiny_model(moe=True, tie_word_embeddings=tie)
     marked = [name for name, m in model.named_modules() if m.__dict__.get(fast.OUTPUT_HEAD_ATTR)]
     assert marked == (["embed_tokens"] if tie else ["lm_head"])
-
-
-def test_the_mixers_projections_alone_are_marked(monkeypatch):
-    """"dense" serves exactly the mixers' projections from bf16 copies (the DeltaNet in_proj and out_proj, the
-    attention q|k|v and o_proj, their fused groups included: marked when fused, and by set_decode_gemv); never an
-    expert, router, shared expert or the output head. On the CPU no copy is made."""
-    from deltaserve.model import fusion
-
-    model = tiny_model(moe=True)
-    model.fuse_projections()
-    marked = {name for name, m in model.named_modules() if m.__dict__.get(fast.MIXER_ATTR)}
-    assert marked and all(name.rsplit(".", 1)[-1] in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
-                                                      "out_proj", "q_proj", "k_proj", "v_proj", "o_proj")
-                          for name in marked), marked
-    fused = [f for m in model.modules() for f in m.__dict__.values() if isinstance(f, fusion.FusedLinear)]
-    assert fused and all(bool(f.__dict__.get(fast.MIXER_ATTR)) == (f._parts[0].__dict__.get(fast.MIXER_ATTR, False))
-                         for f in fused)
-    assert any(f.__dict__.get(fast.MIXER_ATTR) for f in fused)
-    fast.set_decode_gemv(model, "dense")
-    proj = next(f for f in fused if f.__dict__.get(fast.MIXER_ATTR))
-    assert fast.throughput_deployment(proj)
-    assert fast.dense_decode_weight(proj, torch.zeros(1, model.config.hidden_size, dtype=torch.bfloat16)) is None
-    assert fast.BF16_ATTR not in proj.__dict__
 
 
 def test_head_mode_leaves_cpu_tensors_alone(monkeypatch):
@@ -127,7 +104,7 @@ def test_set_decode_gemv_covers_every_linear_and_env_overrides(monkeypatch):
     assert all(fast.decode_gemv(f) == "head" for f in fused)
     monkeypatch.setenv("DELTASERVE_DECODE_GEMV", "cuda")
     assert fast.decode_gemv(model.lm_head) == "cuda"
-    with pytest.raises(ValueError, match="decode GEMV mode must be one of mma, cuda, wide, head, dense, found 'fast'"):
+    with pytest.raises(ValueError, match="decode GEMV mode must be one of mma, cuda, wide, head, found 'fast'"):
         fast.set_decode_gemv(model, "fast")
 
 

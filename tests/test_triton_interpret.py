@@ -116,15 +116,6 @@ def _cases():
         "paged_attention": lambda m: kc.check_attention(m, CPU, ctx=[0, 13, 5, 150], seqs=[7, 3, 1, 20], hq=4,
                                                         hkv=2, d=32, bs=8),
         "norms": lambda m: kc.check_norms(m, CPU, rows=3, n=96, dv=32),
-        # the "dense" deployments' decode matmul: dense_mm's rows at every M and tile, its conv epilogue == the
-        # matmul then causal_conv, a row alone == among others (the GPU test runs the 35B shapes)
-        "dense_decode": lambda m: kc.check_dense_decode(m, CPU, 80, 256, (1, 5, 70),
-                                                        ((64, 64, 128, 4, 2), (64, 32, 128, 4, 2)),
-                                                        ref_config=(64, 64, 128, 4, 2)),
-        "dense_decode_conv": lambda m: kc.check_gemv_conv(m, CPU, 4, 64, m=5, c=48, extra=24, k=128,
-                                                          gemv=kc.dense_decode_factory(m, (64, 32, 64, 4, 2))),
-        "dense_decode_conv_invariance": lambda m: kc.check_gemv_conv_invariance(
-            m, CPU, c=48, extra=16, k=128, others=(1, 3), gemv=kc.dense_decode_factory(m, (64, 32, 64, 4, 2))),
     })
     cases.update(_attn_fused_cases())
     cases.update(_kv_fp8_cases())
@@ -197,7 +188,7 @@ def _child(names: list[str]) -> None:
     interpret_harness.run_cases(names, _cases, {
         "affine": "quant.triton_affine", "moe": "moe.triton_decode", "gdn": "gated_delta.triton_decode",
         "attn": "attention.triton_paged", "norm": "triton_norm", "qkprep": "attention.triton_qk_prep",
-        "moe2": "moe.triton_moe_gemv", "embed": "quant.triton_embed", "dense": "quant.dense_decode",
+        "moe2": "moe.triton_moe_gemv", "embed": "quant.triton_embed",
         "greedy": "triton_greedy"})
 
 

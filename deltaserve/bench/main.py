@@ -62,7 +62,7 @@ def parse_args(argv):
     p.add_argument("--results", default="bench/results", help="directory for the JSON-line records")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--decode-gemv", default="auto", choices=["auto", "mma", "cuda", "wide", "head", "dense"],
+    p.add_argument("--decode-gemv", default="auto", choices=["auto", "mma", "cuda", "wide", "head"],
                    help="decode GEMV mode of the q4 linears; auto: each -b measured as a deployment for that many "
                         "streams (model/fast.py decode_gemv_for_streams: head below 4, mma from 4), as an engine "
                         "with max_num_seqs = B picks it; DELTASERVE_DECODE_GEMV overrides")

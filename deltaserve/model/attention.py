@@ -18,7 +18,6 @@ from .norm import RMSNorm
 class GatedAttention(nn.Module):
     # fusion.fuse_projections: one [Hq*D*(1+gated) + 2*Hkv*D, H] weight, rows in this order
     FUSED_PROJECTIONS = ("qkv_proj", ("q_proj", "k_proj", "v_proj"))
-    MIXER_PROJECTIONS = ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj")  # fast.set_decode_gemv's marks
 
     def __init__(self, prefix: str, layer: int, config: ModelConfig, weights: WeightFactory, norm_offset: float):
         super().__init__()

@@ -92,7 +92,7 @@ def decode_kernels() -> str:
 WIDE_ROWS = 8192  # "wide": the tensor-core GEMV for weights of at least this many output rows
 
 
-DECODE_GEMV_MODES = ("mma", "cuda", "wide", "head", "dense")
+DECODE_GEMV_MODES = ("mma", "cuda", "wide", "head")
 DEPLOY_GEMV_ATTR = "_fast_decode_gemv"  # module.__dict__ key: the decode GEMV mode its model's deployment chose
 THROUGHPUT_STREAMS = 4  # a deployment for at least this many streams decodes on the tensor-core GEMV ("mma")
 
@@ -116,29 +116,14 @@ def all_modules(model: nn.Module):
         yield from (v for v in m.__dict__.values() if isinstance(v, nn.Module))
 
 
-MIXER_ATTR = "_fast_mixer"  # module.__dict__ key: a mixer's projection (the "dense" mode's bf16 copies serve these)
-
-
 def set_decode_gemv(model: nn.Module, mode: str) -> None:
     """Fix the decode GEMV mode of `model`'s linears (one of DECODE_GEMV_MODES; an engine does this once, before
     its first step and its graph captures, from decode_gemv_for_streams). DELTASERVE_DECODE_GEMV, when set, still
-    overrides it (decode_gemv). Also marks the mixers' projections (mark_mixers)."""
+    overrides it (decode_gemv)."""
     if mode not in DECODE_GEMV_MODES:
         raise ValueError(f"decode GEMV mode must be one of {', '.join(DECODE_GEMV_MODES)}, found {mode!r}")
     for m in all_modules(model):
         m.__dict__[DEPLOY_GEMV_ATTR] = mode
-    mark_mixers(model)
-
-
-def mark_mixers(model: nn.Module) -> None:
-    """Mark the mixers' projections (each layer class's MIXER_PROJECTIONS: attribute names, or the names of its
-    fused groups), which a "dense" deployment serves from bf16 copies (dense_decode_weight). Called by
-    set_decode_gemv and by fusion.fuse_projections."""
-    for m in all_modules(model):
-        for name in getattr(type(m), "MIXER_PROJECTIONS", ()):
-            proj = getattr(m, name, None) or m.__dict__.get(f"_fused_{name}")  # (model/fusion.py's key)
-            if isinstance(proj, nn.Module):
-                proj.__dict__[MIXER_ATTR] = True
 
 
 def decode_gemv(module: nn.Module | None = None) -> str:
@@ -158,35 +143,9 @@ def decode_gemv(module: nn.Module | None = None) -> str:
 
 
 def throughput_deployment(module: nn.Module | None = None) -> bool:
-    """Whether `module`'s deployment is a throughput one (decode_gemv "mma" or "dense": 4+ streams), whose other
-    per-deployment launch shapes (the DeltaNet step's state columns, the decode attention merge) follow it."""
-    return decode_gemv(module) in ("mma", "dense")
-
-
-BF16_ATTR = "_fast_bf16"  # module.__dict__ key: its weight dequantised to bf16 [N, K] (decode_gemv "dense"), or ()
-
-
-def dense_decode_weight(module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    """The bf16 copy of `module`'s weight (triton_affine.dequantize: the values every q4 prefill path multiplies)
-    that serves its decode rows (kernels/quant/dense_decode) and its prefill rows (triton_affine.dense_mm: the bits
-    of the fused prefill path), when its deployment decodes in mode "dense" and it is one of a mixer's projections
-    (set_decode_gemv's mark: the DeltaNet in_proj and out_proj, the attention q|k|v and o_proj; 2-D q4 weights on
-    CUDA, x bf16, K a multiple of 64), else None. Built on first use and cached on the module (weights never move
-    after loading); counted by decode_copy_bytes. A q4 weight of N x K costs 2 N K bytes more this way (its q4
-    tensor-core copies are then never built)."""
-    if not module.__dict__.get(MIXER_ATTR) or decode_gemv(module) != "dense" or decode_kernels() != "gemv":
-        return None
-    if not x.is_cuda or x.dtype != torch.bfloat16 or not hasattr(module, "scales"):
-        return None
-    cached = module.__dict__.get(BF16_ATTR)
-    if cached is None:
-        from ..kernels.quant.triton_affine import DENSE_BK, dequantize
-
-        s = weight_spec(module)
-        eligible = s.w.dim() == 2 and s.bits == 4 and s.k % DENSE_BK == 0  # (the prefill's dense_mm: K % 64)
-        cached = dequantize(s, dtype=torch.bfloat16) if eligible else ()
-        module.__dict__[BF16_ATTR] = cached
-    return cached if isinstance(cached, torch.Tensor) else None
+    """Whether `module`'s deployment is a throughput one (decode_gemv "mma": 4+ streams), whose other per-deployment
+    launch shapes (the DeltaNet step's state columns, the decode attention merge) follow it."""
+    return decode_gemv(module) == "mma"
 
 
 OUTPUT_HEAD_ATTR = "_fast_output_head"  # module.__dict__ key: this linear makes the logits (decode_gemv "head")
@@ -209,8 +168,6 @@ def mma_weights(module: nn.Module, x: torch.Tensor):
     (the copy is what `decode_copy_bytes` counts)."""
     mode = decode_gemv(module)
     if mode == "cuda" or not x.is_cuda or not hasattr(module, "scales"):
-        return None
-    if isinstance(module.__dict__.get(BF16_ATTR), torch.Tensor):  # served from its bf16 copy ("dense")
         return None
     if mode == "wide" and weight_spec(module).n < WIDE_ROWS:
         return None
@@ -246,8 +203,6 @@ def prefill_dense_weights(module: nn.Module, x: torch.Tensor):
         return None
     s = weight_spec(module)
     if not enough_programs(m, s.n):  # too few programs to fill the GPU: dequantise + multiply
-        return None
-    if isinstance(module.__dict__.get(BF16_ATTR), torch.Tensor):  # its bf16 copy serves the prefill too
         return None
     cached = module.__dict__.get(DENSE_ATTR)
     if cached is None:
@@ -372,12 +327,11 @@ def _tensors(obj):
 def decode_copy_bytes(model: nn.Module) -> int:
     """Bytes held by the tensor-core kernels' repacked weights built so far: the GEMV copies (fused projections
     included), the MoE experts (which replace their MLX tensors instead of copying them), the routers' bf16
-    codes (router_codes), the prefill's natural-order copies (prefill_dense_weights) and the mixers' bf16 copies
-    (dense_decode_weight, decode_gemv "dense")."""
+    codes (router_codes) and the prefill's natural-order copies (prefill_dense_weights)."""
     seen, total = set(), 0
     for obj in all_modules(model):
         for t in (*_tensors(obj.__dict__.get(MMA_ATTR) or ()), *_tensors(obj.__dict__.get(ROUTER_CODES_ATTR, ())),
-                  *_tensors(obj.__dict__.get(DENSE_ATTR) or ()), *_tensors(obj.__dict__.get(BF16_ATTR, ()))):
+                  *_tensors(obj.__dict__.get(DENSE_ATTR) or ())):
             if t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
@@ -422,8 +376,6 @@ def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, 
     `linear` then skips the prep launch. Any other case: plain norm(x)."""
     if consumer is None or not decode or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
         return norm(x)
-    if dense_decode_weight(consumer, x) is not None:  # the bf16 copy's matmul reads plain rows
-        return norm(x)
     from ..kernels.quant.triton_gemv import use_inline_prep
     from ..kernels.triton_norm import prep_supported, rms_norm
 
@@ -452,8 +404,6 @@ def gdn_step_prep(consumer: nn.Module, x: torch.Tensor, dv: int, hv: int) -> tup
     mode = env_choice("DELTASERVE_GDN_PREP", "step", ("step", "launch"))
     if mode == "launch" or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
         return None
-    if dense_decode_weight(consumer, x) is not None:  # the bf16 copy's matmul reads plain rows
-        return None
     from ..kernels.gated_delta.triton_decode import prep_supported
 
     s = weight_spec(consumer)
@@ -472,7 +422,7 @@ def attn_merge_prep(consumer: nn.Module, x: torch.Tensor, hq: int, d: int) -> tu
     mode = env_choice("DELTASERVE_ATTN_MERGE_PREP", "merge", ("merge", "launch"))
     if mode == "launch" or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
         return None
-    if dense_decode_weight(consumer, x) is not None or mma_weights(consumer, x) is not None:
+    if mma_weights(consumer, x) is not None:
         return None
     from ..kernels.attention.triton_paged import merge_prep_supported
     from ..kernels.quant.triton_gemv import use_inline_prep
@@ -526,21 +476,6 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
         return module(x)
     s = weight_spec(module)
     scales, biases = (None, None) if s.bits == 16 else (s.scales, s.biases)
-    bf16 = dense_decode_weight(module, x)
-    if bf16 is not None:  # a "dense" deployment's mixer projection: its bf16 copy serves decode and prefill rows
-        if decode:
-            from ..kernels.quant.dense_decode import dense_decode_mm
-
-            rows = x.numel() // x.shape[-1]
-            out = torch.empty(rows, s.n, dtype=torch.float32, device=x.device) if fp32_out else None
-            return dense_decode_mm(x, bf16, out=out, conv=conv)
-        if conv is not None:
-            raise ValueError("fast.linear: conv= needs the decode GEMV (decode=True)")
-        from ..kernels.quant.triton_affine import dense_mm
-
-        x2 = x.reshape(-1, s.k).contiguous()
-        return dense_mm(x2, bf16, torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device)).view(
-            *x.shape[:-1], s.n)
     mma = mma_weights(module, x) if decode and decode_kernels() == "gemv" else None
     if mma is not None:
         from ..kernels.quant.mma_gemv import MAX_ROWS as MMA_ROWS

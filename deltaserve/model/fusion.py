@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .fast import DEPLOY_GEMV_ATTR, MIXER_ATTR, mark_mixers
+from .fast import DEPLOY_GEMV_ATTR
 
 # Each owner class declares FUSED_PROJECTIONS = (fused name, part attribute names in output-row order); the
 # layer modules import this one (for `fused`), so it never imports them.
@@ -105,9 +105,8 @@ def _fuse_group(owner: nn.Module, name: str, attrs: tuple[str, ...]) -> bool:
             del p.__dict__[cached]  # fast.weight_spec cached the old tensors: rebuild from the views
     fused_linear = FusedLinear(parts, fused_tensors, getattr(parts[0], "spec", None))
     # a deployment's decode GEMV mode (fast.set_decode_gemv) stamped on the parts covers the fused weight too
-    for stamp in (DEPLOY_GEMV_ATTR, MIXER_ATTR):  # (and its mark as a mixer's projection)
-        if stamp in parts[0].__dict__:
-            fused_linear.__dict__[stamp] = parts[0].__dict__[stamp]
+    if DEPLOY_GEMV_ATTR in parts[0].__dict__:
+        fused_linear.__dict__[DEPLOY_GEMV_ATTR] = parts[0].__dict__[DEPLOY_GEMV_ATTR]
     owner.__dict__[key] = fused_linear
     return True
 
@@ -121,7 +120,6 @@ def fuse_projections(model: nn.Module) -> int:
             group = getattr(type(module), "FUSED_PROJECTIONS", None)
             if group is not None:
                 count += _fuse_group(module, *group)
-    mark_mixers(model)  # the fused groups of the mixers included (fast.dense_decode_weight)
     return count
 
 

@@ -21,7 +21,6 @@ CHUNKED_MIN_TOKENS = 16
 class GatedDeltaNet(nn.Module):
     # fusion.fuse_projections: one [conv_dim + value_dim + 2 Hv, H] weight, rows in this order
     FUSED_PROJECTIONS = ("in_proj", ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"))
-    MIXER_PROJECTIONS = ("in_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")  # fast.set_decode_gemv
 
     def __init__(self, prefix: str, layer: int, config: ModelConfig, weights: WeightFactory):
         super().__init__()

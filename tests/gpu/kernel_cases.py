@@ -257,52 +257,6 @@ def check_dense_dequant(mods, device, bits, group, n, k, ms, configs, dense=Fals
             f"dense path bits={bits} {n}x{k}: a strided x != a contiguous one"
 
 
-def dense_decode_factory(mods, tile=None):
-    """check_gemv_conv's GEMV factory for the bf16 decode matmul: (p, s, b) -> dense_decode_mm over the q4 g64
-    weight dequantised once (triton_affine.dequantize), at `tile` (None: the library's)."""
-    ta, dd = mods["affine"], mods["dense"]
-
-    def make(p, s, b):
-        w = ta.dequantize(ta.WeightSpec(p, s, b, 4, 64))
-        return lambda x, out=None, conv=None: dd.dense_decode_mm(x, w, out=out, conv=conv, tile=tile)
-    return make
-
-
-def check_dense_decode(mods, device, n, k, ms, tiles, ref_config=None):
-    """dense_decode_mm (a "dense" deployment's decode matmul) over a dequantised q4 weight: at every m and tile its
-    rows == the same rows of one dense_mm over max(ms) rows at ref_config (None: the prefill's own; the interpreter
-    needs the tiles' BK: its dot sums a whole K step before adding it), bit for bit, into poisoned outputs; an fp32
-    out holds the same values widened; the reference within bf16 rounding of fp64. Bad operands are refused with
-    the problem named."""
-    ta, dd = mods["affine"], mods["dense"]
-    p, s, b, wd = affine_weight((n, k), 4, 64, device)
-    w = ta.dequantize(ta.WeightSpec(p, s, b, 4, 64))
-    x = torch.randn(max(ms), k, device=device).bfloat16()
-    ref = ta.dense_mm(x, w, poisoned((max(ms), n), torch.bfloat16, device), ref_config)
-    close(ref, x.double() @ wd.t(), 4 * BF16_EPS, f"dense_mm {n}x{k} (the reference rows)")
-    for tile in tiles:
-        for m in ms:
-            got = dd.dense_decode_mm(x[:m], w, poisoned((m, n), torch.bfloat16, device), tile=tile)
-            assert torch.equal(got, ref[:m]), f"dense_decode_mm {tile} {n}x{k} M={m} != dense_mm's rows"
-        wide = dd.dense_decode_mm(x[:3], w, poisoned((3, n), torch.float32, device), tile=tile)
-        assert torch.equal(wide, ref[:3].float()), f"dense_decode_mm {tile}: fp32 out != the bf16 rows widened"
-    refusals = (
-        (lambda: dd.dense_decode_mm(x, w.float()), "w must be torch.bfloat16"),
-        (lambda: dd.dense_decode_mm(x[:, : k - 64], w), f"[N, {k - 64}]"),
-        (lambda: dd.dense_decode_mm(x.float(), w.float()), "activations must be bf16"),
-        (lambda: dd.dense_decode_mm(x, w, tile=(64, 64, 96, 4, 2)), "BK 96 must divide K"),
-        (lambda: dd.dense_decode_mm(x[:2], w, out=torch.empty(3, n, device=device, dtype=torch.bfloat16)),
-         "out must be"),
-    )
-    for call, msg in refusals:
-        try:
-            call()
-        except ValueError as exc:
-            assert msg in str(exc), f"expected {msg!r} in {exc}"
-        else:
-            raise AssertionError(f"dense_decode_mm: no error for {msg}")
-
-
 def check_affine_experts(mods, device, bits, group, m, n, k, e, repeat):
     ta = mods["affine"]
     if bits == 16:

@@ -24,7 +24,7 @@ def mods(dev):
     return {key: importlib.import_module(f"deltaserve.kernels.{path}") for key, path in (
         ("affine", "quant.triton_affine"), ("moe", "moe.triton_decode"), ("gdn", "gated_delta.triton_decode"),
         ("attn", "attention.triton_paged"), ("norm", "triton_norm"), ("qkprep", "attention.triton_qk_prep"),
-        ("embed", "quant.triton_embed"), ("greedy", "triton_greedy"), ("dense", "quant.dense_decode"))}
+        ("embed", "quant.triton_embed"), ("greedy", "triton_greedy"))}
 
 
 # ------------------------------------------------------------------------------------------ against references
@@ -250,32 +250,6 @@ def test_dense_dequant_path_equals_wide_kernel(mods, dev, small, bits, group, de
                (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 128, 128, 8, 3, True))
     for n, k in shapes if bits == 4 else shapes[:1]:
         kc.check_dense_dequant(mods, dev, bits, group, n, k, (1, 255, 256, 515, 2048, 4100), configs, dense=dense)
-
-
-def test_dense_decode_equals_prefill_rows(mods, dev, small):
-    """The "dense" deployments' decode matmul (dense_decode_mm, TMA tiles with PDL) at the 35B-A3B's mixer
-    projections: every row count (1 .. 65) and tile gives the rows of one 515-row dense_mm at the prefill's own
-    config, bit for bit (the prefill's bits for the same projection), and against fp64."""
-    shapes = ((200, 256), (72, 512)) if small else ((12352, 2048), (9216, 2048), (2048, 4096))
-    tiles = (None, (64, 32, 128, 4, 4), (64, 128, 64, 4, 3), (64, 16, 64, 4, 5))
-    for n, k in shapes:
-        kc.check_dense_decode(mods, dev, n, k, (1, 2, 17, 33, 64, 65, 515), tiles if not small else tiles[:2],
-                              ref_config=(64, 64, 128, 4, 2) if small else None)
-
-
-@pytest.mark.parametrize("m", [1, 5, 64, 70])
-def test_dense_decode_conv_epilogue(mods, dev, small, m):
-    """dense_decode_mm(conv=) == the matmul then causal_conv (outputs and pool, fresh rows included) and fp64, at the
-    35B-A3B's in_proj (8192 conv channels + 4160 more features)."""
-    c, extra, k = (64, 40, 128) if small else (8192, 4160, 2048)
-    kc.check_gemv_conv(mods, dev, 4, 64, m=m, c=c, extra=extra, k=k, fresh=(1, m - 1),
-                       gemv=kc.dense_decode_factory(mods, (64, 32, 64, 4, 2) if small else None))
-
-
-def test_dense_decode_conv_batch_invariance(mods, dev, small):
-    c, extra, k = (64, 40, 128) if small else (8192, 4160, 2048)
-    kc.check_gemv_conv_invariance(mods, dev, c, extra, k, gemv=kc.dense_decode_factory(
-        mods, (64, 32, 64, 4, 2) if small else None))
 
 
 def test_affine_experts_batch_invariance(mods, dev, small):

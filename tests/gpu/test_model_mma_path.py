@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from deltaserve.model import fast, fusion
-from deltaserve.model.attention import GatedAttention
 from deltaserve.model.gated_deltanet import GatedDeltaNet
 from deltaserve.model.mlp import SparseMoeBlock
 from deltaserve.weights.loader import load_checkpoint
@@ -49,9 +48,6 @@ MODES = {  # name -> the environment it runs under
                   "DELTASERVE_MOE_WGMMA_MIN_ROWS": "1", "DELTASERVE_WGMMA_XS": "smem", "DELTASERVE_WGMMA_SLOTS": "carry"},
     # the CUDA-core paths but the output head on the tensor-core GEMV
     "head": {"DELTASERVE_MOE": "cuda", "DELTASERVE_DECODE_GEMV": "head"},
-    # the tensor-core paths with the mixers' projections from bf16 copies (kernels/quant/dense_decode.py for decode
-    # rows, dense_mm for prefill rows)
-    "dense": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "dense"},
 }
 
 
@@ -107,17 +103,6 @@ def test_tensor_core_paths_in_use(models):
             b.__dict__[fast.MMA_ATTR].gate[0], b.__dict__[fast.MMA_ATTR].down[0]) for b in blocks)
     if mode in ("mma-moe", "mma-moe-wgmma"):  # the decode linears stay on CUDA cores
         assert not any(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers)
-        with pytest.raises(RuntimeError, match="released"):
-            fast.stacked_specs(blocks[0].experts)
-        return
-    if mode == "dense":  # the mixers' projections from bf16 copies, never a q4 tensor-core copy of them
-        projs = [fusion.fused(m, "in_proj") for m in mixers] + [m.out_proj for m in mixers]
-        projs += [p for m in gpu.modules() if isinstance(m, GatedAttention)
-                  for p in (fusion.fused(m, "qkv_proj"), m.o_proj)]
-        for p in projs:
-            copy = p.__dict__.get(fast.BF16_ATTR)
-            assert isinstance(copy, torch.Tensor) and copy.dtype == torch.bfloat16, "a mixer projection took no copy"
-            assert not p.__dict__.get(fast.MMA_ATTR) and not p.__dict__.get(fast.DENSE_ATTR)
         with pytest.raises(RuntimeError, match="released"):
             fast.stacked_specs(blocks[0].experts)
         return

@@ -225,53 +225,6 @@ def conv_apply(out_ptr, acc, rn, n_mask, m, M, stride_om, pool_ptr, C, inputs, s
     tl.store(st + (KCONV - 2) * stride_pk, y.to(pool_ptr.dtype.element_ty), mask=upd)
 
 
-@triton.jit
-def conv_tile_inputs(rows, rn, M, N, cw_ptr, pool_ptr, slot_ptr, ctx_ptr, C, stride_cwc, stride_cwk, stride_ps,
-                     stride_pc, stride_pk, KCONV: tl.constexpr):
-    """What conv_tile_apply reads for a 2-D output tile (rows `rows`, one new token of sequence r each, features
-    rn): (the window pointers [BM, BN], the window's KCONV - 1 values (zeros when fresh), the KCONV conv weights
-    [BN] in fp32, the update mask). Constant data, step metadata and pool channels only this conv writes, in earlier
-    forwards: a kernel launched with PDL may request them before its wait (triton_pdl's protocol)."""
-    rr = tl.minimum(rows, M - 1)
-    slot = tl.load(slot_ptr + rr).to(tl.int64)
-    keep = tl.load(ctx_ptr + rr) != 0
-    is_c = (rn < C) & (rn < N)
-    c_mask = (rows >= 0)[:, None] & is_c[None, :]
-    st = pool_ptr + slot[:, None] * stride_ps + rn.to(tl.int64)[None, :] * stride_pc
-    svs = ()
-    for j in tl.static_range(KCONV - 1):
-        svs = svs + (tl.load(st + j * stride_pk, mask=c_mask & keep[:, None], other=0.0),)
-    ws = ()
-    for j in tl.static_range(KCONV):
-        ws = ws + (tl.load(cw_ptr + rn * stride_cwc + j * stride_cwk, mask=is_c, other=0.0).to(tl.float32),)
-    return st, svs, ws, c_mask & (rows < M)[:, None]
-
-
-@triton.jit
-def conv_tile_apply(out_ptr, acc, rows, rn, M, N, stride_om, pool_ptr, C, inputs, stride_pk, KCONV: tl.constexpr):
-    """conv_epilogue's arithmetic on a 2-D output tile from conv_tile_inputs' values: y = acc rounded to the
-    activation dtype; features < C get SiLU(sum_j w[c, j] [state ; y]_j) accumulated in fp32 in the order
-    j = 0 .. KCONV-1 from zero (as _conv_kernel) and shift their slot's window (oldest dropped, y appended) from
-    the values read before; features >= C store y. The program owns its features and each row is its own sequence,
-    so no other program touches these (slot, channel) entries, and every read came first: the window is stored
-    from registers, with no barrier. Rows >= M (a tile's padding) neither store nor update the pool."""
-    st, svs, ws, upd = inputs
-    act = out_ptr.dtype.element_ty
-    y = acc.to(act)
-    conv = tl.zeros(acc.shape, dtype=tl.float32)
-    for j in tl.static_range(KCONV - 1):
-        conv += svs[j].to(tl.float32) * ws[j][None, :]
-    conv += y.to(tl.float32) * ws[KCONV - 1][None, :]
-    conv = conv / (1.0 + tl.exp(-conv))  # SiLU as torch writes it (and _conv_kernel), x / (1 + e^-x)
-    is_c = rn < C
-    res = tl.where(is_c[None, :], conv.to(act), y)
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + rn[None, :], res,
-             mask=(rows < M)[:, None] & (rn < N)[None, :])
-    for j in tl.static_range(KCONV - 2):
-        tl.store(st + j * stride_pk, svs[j + 1], mask=upd)
-    tl.store(st + (KCONV - 2) * stride_pk, y.to(pool_ptr.dtype.element_ty), mask=upd)
-
-
 class DecodeConv(NamedTuple):
     """The DeltaNet decode conv to run in a GEMV's epilogue (one token per row of x = per sequence): output
     features < channels are conv channels. weight [C, K] (any strides; conv1d.weight[:, 0, :]); pool [S, C, K-1]
