@@ -78,6 +78,7 @@ def main(argv=None) -> int:
                 f.write(json.dumps(rec) + "\n")
 
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
+    copies = lambda nbytes: max(1, min(16, -(-2 * L2_BYTES // nbytes)))  # noqa: E731  (a weight's copies past the L2)
     for n, k, name in [SHAPES[i] for i in ints(args.shapes)]:
         p, s, b, w64 = affine_weight((n, k), 4, 64, dev, bounded=True)  # as a quantiser's scales are
         words, sb = mg.repack_q4(p, s, b)
@@ -85,9 +86,8 @@ def main(argv=None) -> int:
         w16 = dequantize(WeightSpec(p, s, b, 4, 64))
         del p, s, b
         q4_bytes, bf_bytes = words.numel() * 4 + sb.numel() * 2, w16.numel() * 2
-        q4_stacks = [(words, sb)] + [(words.clone(), sb.clone())
-                                     for _ in range(max(0, min(16, -(-2 * L2_BYTES // q4_bytes)) - 1))]
-        bf_stacks = [w16] + [w16.clone() for _ in range(max(0, min(16, -(-2 * L2_BYTES // bf_bytes)) - 1))]
+        q4_stacks = [(words, sb)] + [(words.clone(), sb.clone()) for _ in range(copies(q4_bytes) - 1)]
+        bf_stacks = [w16] + [w16.clone() for _ in range(copies(bf_bytes) - 1)]
         x_all = (torch.randn(512, k, device=dev) * 0.5).bfloat16()
         ref512 = dense_mm(x_all, w16, torch.empty(512, n, dtype=torch.bfloat16, device=dev))  # prefill's config
         exact = x_all[:64].double() @ w64.t()
@@ -138,7 +138,10 @@ def main(argv=None) -> int:
                     got = wg_dense_mm(x, *nat, out=torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev),
                                       bf16_fma=fma, tile_rows=bt, stages=ns, row_sets=rs)
                     same = torch.equal(got, ref512[:m])
-                    bad += not same
+                    if not same:
+                        bad += 1
+                        print(f"  DIFFER {name} m={m} wg_dense_mm {spec}: {(got != ref512[:m]).sum().item()} of "
+                              f"{got.numel()}")
                     t, how = time_graph([lambda w=w, bt=bt, ns=ns, rs=rs: wg_dense_mm(
                         x, *w, bf16_fma=fma, tile_rows=bt, stages=ns, row_sets=rs) for w in nat_stacks], dev,
                         args.replays)
@@ -182,7 +185,7 @@ def main(argv=None) -> int:
                           "same_bits": same, "gbps": round(bf_bytes / t / 1e3, 1), "timing": how})
         del q4_stacks, bf_stacks, words, sb, w16
         torch.cuda.empty_cache()
-    # the table: per shape and m, the q4 GEMV and the three fastest dense_mm configs
+    # the table: per weight and m, the q4 GEMV and the two fastest configs of every other kernel
     print("\n| weight | m | kernel | config | us | GB/s | same bits |\n|---|---|---|---|---|---|---|")
     keys = sorted({(r["name"], r["m"]) for r in table}, key=lambda t: (t[0], t[1]))
     for name, m in keys:
