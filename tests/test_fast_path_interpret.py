@@ -77,8 +77,22 @@ def _child(ckpt: str) -> None:
     assert torch.equal(ref.argmax(-1), fast.argmax(-1)), "fast path picks other greedy tokens"
     alone = decode(True, [0])[:, 0]
     # the batch of two decoded above serves as "among 1 other" (decoding it again costs ~1 min of interpreter time)
-    for others, got in ((1, fast[:, 0]), (3, decode(True, [0, 1, 2, 3])[:, 0])):
+    four = decode(True, [0, 1, 2, 3])
+    for others, got in ((1, fast[:, 0]), (3, four[:, 0])):
         assert torch.equal(got, alone), f"row 0 decoded among {others} others differs"
+
+    # each DeltaNet mixer as two halves of the rows (fast.mixer_halves: two streams on CUDA, here one after the
+    # other through the same slicing of rows, slots and the norm's prep): the 4-row step's logits, bit for bit
+    from deltaserve.model import fast as fast_path
+
+    halves_run, run_halves = [], fast_path.run_halves
+    fast_path.run_halves = lambda rows, fn, device: (halves_run.append(rows), run_halves(rows, fn, device))
+    os.environ["DELTASERVE_MIXER_HALVES"] = "2"
+    halves = decode(True, [0, 1, 2, 3], 1)
+    del os.environ["DELTASERVE_MIXER_HALVES"]
+    fast_path.run_halves = run_halves
+    assert halves_run and set(halves_run) == {4}, f"the halves were not taken: {halves_run}"
+    assert torch.equal(halves, four[:1]), "the mixers' halves change the logits"
 
     # the fp8 K/V cache (kernels/attention/kv_fp8.py): the fused q/k prep writing it, prefill and decode attention
     # reading it, against the reference path with the same cache format (one step: interpreter time)

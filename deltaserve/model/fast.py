@@ -387,6 +387,66 @@ def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, 
     return attach_prep(y, (s.bits, s.group), prep)
 
 
+MIXER_HALVES_ROWS = 48  # decode rows from which a DeltaNet mixer runs as two halves on two streams (mixer_halves)
+
+
+def mixer_halves(rows: int, x: torch.Tensor) -> bool:
+    """Whether a decode step of `rows` rows runs each DeltaNet layer's mixer (the in-projection with its conv, the
+    step, the out projection) as two halves of the rows, each on a stream of its own (run_halves). Every launch is
+    batch invariant, so the halves give the bits of one launch over all rows; what changes is that one half's
+    issue-bound projections can share the SMs with the other half's state-bound step. H100 probe, 30 layers at the
+    35B-A3B's shapes (scripts/probe_overlap.py, bench/NOTES.md): 64 rows 157.2 -> 143.1 us a layer (-9%), 32 rows
+    82.2 -> 81.4. Env DELTASERVE_MIXER_HALVES: the fewest rows that split (0: never); off CUDA the halves run one
+    after the other (the same code path, for the CPU tests)."""
+    from ..utils.env import env_int
+
+    least = env_int("DELTASERVE_MIXER_HALVES", MIXER_HALVES_ROWS, 0)
+    return bool(least) and rows >= max(least, 2) and enabled(x)
+
+
+_HALF_STREAMS: dict[int, tuple] = {}  # device index -> the two halves' streams (made once, outside any capture)
+
+
+def run_halves(rows: int, fn, device: torch.device) -> None:
+    """fn(lo, hi) for rows [0, rows // 2) and [rows // 2, rows). On CUDA each half runs on a side stream forked from
+    the current one and joined back into it (a captured graph gets the two branches), under arrival-counter lanes
+    1 and 2 (kernels/triton_sync.counter_lane: the two halves' launches may run at once). Elsewhere, or inside a
+    capture before the streams exist, one half after the other on the current stream, with the same lanes."""
+    from ..kernels.triton_sync import counter_lane
+
+    half = rows // 2
+    spans = ((0, half), (half, rows))
+    cur = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    streams = None
+    if cur is not None:
+        index = cur.device.index
+        streams = _HALF_STREAMS.get(index)
+        if streams is None and not torch.cuda.is_current_stream_capturing():
+            streams = _HALF_STREAMS[index] = (torch.cuda.Stream(index), torch.cuda.Stream(index))
+    if streams is None:
+        for lane, (lo, hi) in enumerate(spans, start=1):
+            with counter_lane(lane):
+                fn(lo, hi)
+        return
+    for lane, (stream, (lo, hi)) in enumerate(zip(streams, spans), start=1):
+        stream.wait_stream(cur)
+        with torch.cuda.stream(stream), counter_lane(lane):
+            fn(lo, hi)
+    for stream in streams:
+        cur.wait_stream(stream)
+
+
+def rows_of(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """x[lo:hi], carrying the same rows of the prep x carries (GEMV_PREP_ATTR), if any: a GEMV over a half then takes
+    the given group sums as the whole launch would (its own would round otherwise)."""
+    part = x[lo:hi]
+    carried = getattr(x, GEMV_PREP_ATTR, None)
+    if carried is not None:
+        fmt, prep = carried
+        attach_prep(part, fmt, tuple(p[lo:hi] if isinstance(p, torch.Tensor) and p.dim() else p for p in prep))
+    return part
+
+
 def attach_prep(y: torch.Tensor, fmt: tuple[int, int], prep: tuple) -> torch.Tensor:
     """y carrying the decode GEMV prep (xp, xs) its kernel made of it for weight format fmt (carried_prep reads it)."""
     setattr(y, GEMV_PREP_ATTR, (fmt, prep))
@@ -460,8 +520,19 @@ def logits_kernels() -> str:
     return env_choice("DELTASERVE_PREFILL_LOGITS", "gemv", ("gemv", "matmul"))
 
 
+def _decode_out(out: torch.Tensor | None, x: torch.Tensor, n: int) -> torch.Tensor | None:
+    """linear(out=) checked: x's dtype, [rows of x, n], unit column stride (None passes through)."""
+    if out is None:
+        return None
+    rows = x.numel() // x.shape[-1]
+    if out.dtype != x.dtype or tuple(out.shape) != (rows, n) or out.stride(-1) != 1:
+        raise ValueError(f"fast.linear: out must be {x.dtype} [{rows}, {n}] with unit column stride, found {out.dtype} "
+                         f"{tuple(out.shape)} strides {out.stride()}")
+    return out
+
+
 def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple | None = None,
-           fp32_out: bool = False) -> torch.Tensor:
+           fp32_out: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """module(x), through the batch-invariant Triton kernels on the fast path.
 
     decode: the rows are one token per sequence. Decode steps of any batch size take a GEMV kernel in fixed blocks
@@ -469,7 +540,13 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
     else the CUDA-core one; prefill takes the tiled matmul.
     conv: (weight [C, K], pool [S, C, K-1], state_slots [B], context_lens [B], C) runs the DeltaNet decode conv in
     the GEMV's epilogue (kernels/gated_delta/triton_decode.DecodeConv): decode GEMV only (`conv_in_gemv`).
-    fp32_out: the tensor-core GEMV stores fp32 (its bf16 results widened); any other path returns x's dtype."""
+    fp32_out: the tensor-core GEMV stores fp32 (its bf16 results widened); any other path returns x's dtype.
+    out: where the decode GEMVs write (x's dtype, [rows, N] with unit column stride; e.g. rows of a larger output),
+    returned as a view of x's leading shape; the decode GEMV family only."""
+    if out is not None and not (decode and decode_kernels() == "gemv" and enabled(x) and hasattr(module, "weight")
+                                and not fp32_out):
+        raise ValueError("fast.linear: out= needs the fast path's decode GEMV (decode=True, DELTASERVE_DECODE_KERNELS"
+                         "=gemv) and x's dtype")
     if not enabled(x) or not hasattr(module, "weight"):
         if conv is not None:
             raise ValueError("fast.linear: conv= needs the fast path's decode GEMV")
@@ -484,12 +561,13 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
         prep = carried_prep(x, (s.bits, s.group))  # the norm's prep: its group sums are the GEMV's xs (else its own)
         xs = None if prep is None else prep[1]
         if conv is None:
-            out = None
             if fp32_out:
                 out = torch.empty(x.numel() // x.shape[-1], s.n, dtype=torch.float32, device=x.device)
+            else:
+                out = _decode_out(out, x, s.n)
             return mma_gemv(x, *mma, xs=xs, out=out)  # launches of <= 64 rows inside
         x2 = x.reshape(-1, x.shape[-1])
-        out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device)
+        out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device) if out is None else _decode_out(out, x, s.n)
         w, pool, slots, ctx, channels = conv
         for start in range(0, x2.shape[0], MMA_ROWS):  # the conv's launches: rows and their sequences sliced alike
             stop = min(start + MMA_ROWS, x2.shape[0])
@@ -501,7 +579,7 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
 
         prep = carried_prep(x, (s.bits, s.group))  # [R, K] and [R, K / group]: sliced with the rows below
         x2 = x.reshape(-1, x.shape[-1])
-        out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device)
+        out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device) if out is None else _decode_out(out, x, s.n)
         for start in range(0, x2.shape[0], MAX_ROWS):
             stop = min(start + MAX_ROWS, x2.shape[0])
             rows_prep = None if prep is None else (prep[0][start:stop], prep[1][start:stop])

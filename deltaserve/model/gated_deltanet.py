@@ -68,6 +68,30 @@ class GatedDeltaNet(nn.Module):
         y = self.norm(out, z).reshape(t, self.value_dim)
         return self.out_proj(y)
 
+    def _decode_rows(self, x: torch.Tensor, proj, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,
+                     slots: torch.Tensor, ctx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """A decode step of x's rows (one token a sequence; slots and ctx theirs): the fused in-projection with the
+        conv (+ SiLU, state shift) on its first conv_dim features in one launch, the step, the out projection (into
+        out when given)."""
+        conv_w = self.conv1d.weight[:, 0, :]
+        conv = (conv_w, conv_pool, slots, ctx, conv_w.shape[0])
+        mixed, z, b, a = fast.linear(proj, x, True, conv=conv).split(proj.sizes, dim=-1)
+        return self._step_and_out(x, mixed, z, b, a, ssm_pool, slots, ctx, out=out)
+
+    def _step_and_out(self, x: torch.Tensor, mixed, z, b, a, ssm_pool: torch.Tensor, slots: torch.Tensor,
+                      ctx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The DeltaNet decode step over the conv's output, then the out projection (its prep made by the step)."""
+        from ..kernels.gated_delta import triton_decode as td
+
+        fmt = fast.gdn_step_prep(self.out_proj, x, self.dv, self.hv)  # the out projection's prep, made here
+        y = td.gdn_decode_step(
+            mixed, z, a, b, self.A_log, self.dt_bias, self.norm.weight, ssm_pool, slots, ctx, self.hk,
+            self.norm.eps, prep=fmt, dv_block=td.step_dv_block(throughput=fast.throughput_deployment(self)),
+        )
+        if fmt is not None:
+            y = fast.attach_prep(y[0], fmt, y[1])
+        return fast.linear(self.out_proj, y, True, out=out)
+
     def _project(self, x: torch.Tensor, decode: bool):
         """(qkv [T, conv_dim], z [T, value_dim], b [T, Hv], a [T, Hv]): one launch on the fused weight when fused
         (column views of one [T, total] output, row stride total: conv, the decode step and the gates take row
@@ -105,27 +129,24 @@ class GatedDeltaNet(nn.Module):
         conv_w = self.conv1d.weight[:, 0, :]
         proj = fusion.fused(self, "in_proj")
         if decode and proj is not None and fast.conv_in_gemv(conv_pool, x, proj):
-            # one launch: the fused projection with the conv (+ SiLU, state shift) on its first conv_dim features
-            conv = (conv_w, conv_pool, batch.state_slots, batch.context_lens, conv_w.shape[0])
-            mixed, z, b, a = fast.linear(proj, x, decode, conv=conv).split(proj.sizes, dim=-1)
-        else:
-            qkv, z, b, a = self._project(x, decode)
-            # prefill: q, k and v as three contiguous tensors (fla-core would copy column views to make them so)
-            sections = None if decode or not self._conv_sections_fit() else (self.key_dim, self.key_dim)
-            mixed = td.causal_conv(
-                qkv, conv_w if decode else self._conv_taps_major(), conv_pool, batch.cu_seqlens, batch.state_slots,
-                batch.context_lens, batch.max_seqlen, sections=sections,
-            )
+            slots, ctx = batch.state_slots, batch.context_lens
+            if not fast.mixer_halves(t, x):
+                return self._decode_rows(x, proj, conv_pool, ssm_pool, slots, ctx)
+            # two halves of the rows on two streams (the same bits: every launch is batch invariant), the out
+            # projection's halves writing the rows of one output [T, H] (the mixer keeps x's width)
+            out = torch.empty_like(x)
+            fast.run_halves(t, lambda lo, hi: self._decode_rows(fast.rows_of(x, lo, hi), proj, conv_pool, ssm_pool,
+                                                                slots[lo:hi], ctx[lo:hi], out=out[lo:hi]), x.device)
+            return out
+        qkv, z, b, a = self._project(x, decode)
+        # prefill: q, k and v as three contiguous tensors (fla-core would copy column views to make them so)
+        sections = None if decode or not self._conv_sections_fit() else (self.key_dim, self.key_dim)
+        mixed = td.causal_conv(
+            qkv, conv_w if decode else self._conv_taps_major(), conv_pool, batch.cu_seqlens, batch.state_slots,
+            batch.context_lens, batch.max_seqlen, sections=sections,
+        )
         if batch.max_seqlen == 1:
-            fmt = fast.gdn_step_prep(self.out_proj, x, self.dv, self.hv)  # the out projection's prep, made here
-            y = td.gdn_decode_step(
-                mixed, z, a, b, self.A_log, self.dt_bias, self.norm.weight, ssm_pool, batch.state_slots,
-                batch.context_lens, self.hk, self.norm.eps, prep=fmt,
-                dv_block=td.step_dv_block(throughput=fast.throughput_deployment(self)),
-            )
-            if fmt is not None:
-                y = fast.attach_prep(y[0], fmt, y[1])
-            return fast.linear(self.out_proj, y, decode)
+            return self._step_and_out(x, mixed, z, b, a, ssm_pool, batch.state_slots, batch.context_lens)
         g, beta = td.gdn_gates(a, b, self.A_log, self.dt_bias)
         q, k, v = mixed if isinstance(mixed, tuple) else mixed.split([self.key_dim, self.key_dim, self.value_dim], -1)
         o = td.gdn_prefill(

@@ -253,3 +253,25 @@ def test_logits_stored_fp32_by_the_head_equal_bf16_then_float(models, monkeypatc
         monkeypatch.setenv("DELTASERVE_LOGITS_STORE", store)
         runs[store] = (decode_logits(gpu, prompts, 4, graph=False), decode_logits(gpu, prompts, 4, graph=True))
     assert torch.equal(runs["fp32"][0], runs["bf16"][0]) and torch.equal(runs["fp32"][1], runs["bf16"][1])
+
+
+def test_mixer_halves_equal_one_launch(models, monkeypatch):
+    """Each DeltaNet mixer of a 50-row decode as two halves of the rows on two streams (fast.mixer_halves, from 48
+    rows by default) == one launch over all rows (DELTASERVE_MIXER_HALVES=0), bit for bit, eager and replayed from
+    a graph (the two streams captured as two branches); the halves really taken."""
+    _, gpu, mode = models
+    gen = torch.Generator().manual_seed(12)
+    prompts = [torch.randint(0, 32, (int(n),), generator=gen).tolist()
+               for n in torch.randint(1, 40, (50,), generator=gen)]
+    calls, run_halves = [], fast.run_halves
+    monkeypatch.setattr(fast, "run_halves", lambda rows, fn, device: (calls.append(rows), run_halves(rows, fn, device)))
+    monkeypatch.delenv("DELTASERVE_MIXER_HALVES", raising=False)
+    halves = {graph: decode_logits(gpu, prompts, 4, graph=graph) for graph in (False, True)}
+    assert calls and set(calls) == {50}, f"{mode}: the halves were not taken ({calls[:3]})"
+    monkeypatch.setenv("DELTASERVE_MIXER_HALVES", "0")
+    calls.clear()
+    one = decode_logits(gpu, prompts, 4, graph=False)
+    assert not calls
+    assert torch.isfinite(one).all()
+    for graph, got in halves.items():
+        assert torch.equal(got, one), f"{mode}: the mixers' halves ({'graph' if graph else 'eager'}) change the logits"

@@ -1,0 +1,80 @@
+"""A decode batch's DeltaNet mixer as two halves (model/fast.mixer_halves, run_halves, rows_of) and the arrival
+counters' lanes the halves' launches take (kernels/triton_sync.counter_lane). The halves' bits against one launch
+are checked end to end under the interpreter (test_fast_path_interpret.py) and on the GPU
+(tests/gpu/test_model_mma_path.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deltaserve.kernels import triton_sync
+from deltaserve.model import fast
+
+
+def test_counter_lanes_are_disjoint_rows_of_one_buffer():
+    main = triton_sync.arrival_counters("cpu", 8)
+    lanes = [main]
+    for lane in (1, 2):
+        with triton_sync.counter_lane(lane):
+            lanes.append(triton_sync.arrival_counters("cpu", 8))
+    assert triton_sync.arrival_counters("cpu", 8).data_ptr() == main.data_ptr()  # back on lane 0 after the blocks
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in lanes)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "two lanes share counters"
+    assert all(t.numel() >= triton_sync.MIN_COUNTERS and not t.any() for t in lanes)
+    with pytest.raises(ValueError, match="lanes 0 .. 2, found 3"):
+        with triton_sync.counter_lane(3):
+            pass
+
+
+def test_counter_lanes_grow_together():
+    with triton_sync.counter_lane(2):
+        big = triton_sync.arrival_counters("cpu", 3 * triton_sync.MIN_COUNTERS)
+    assert big.numel() >= 3 * triton_sync.MIN_COUNTERS
+    assert triton_sync.arrival_counters("cpu", 1).numel() == big.numel()  # lane 0 grew with it
+
+
+def test_run_halves_off_cuda_runs_both_halves_in_order_under_their_lanes():
+    seen = []
+
+    def half(lo, hi):
+        seen.append((lo, hi, triton_sync.arrival_counters("cpu", 1).data_ptr()))
+
+    fast.run_halves(7, half, torch.device("cpu"))
+    assert [(lo, hi) for lo, hi, _ in seen] == [(0, 3), (3, 7)]
+    ptrs = {p for *_, p in seen} | {triton_sync.arrival_counters("cpu", 1).data_ptr()}
+    assert len(ptrs) == 3, "the halves did not take lanes of their own"
+
+
+def test_rows_of_slices_the_carried_prep():
+    x = torch.arange(24.0).view(6, 4)
+    xp, xs = torch.arange(24.0).view(6, 4) + 100, torch.arange(6.0).view(6, 1)
+    fast.attach_prep(x, (4, 64), (xp, xs))
+    part = fast.rows_of(x, 2, 5)
+    assert torch.equal(part, x[2:5])
+    fmt, (pxp, pxs) = getattr(part, fast.GEMV_PREP_ATTR)
+    assert fmt == (4, 64) and torch.equal(pxp, xp[2:5]) and torch.equal(pxs, xs[2:5])
+    assert fast.carried_prep(part, (4, 64))[1].data_ptr() == xs[2:5].data_ptr()  # views, no copy
+    plain = fast.rows_of(torch.zeros(4, 2), 1, 3)
+    assert getattr(plain, fast.GEMV_PREP_ATTR, None) is None
+
+
+def test_mixer_halves_switch(monkeypatch):
+    x = torch.zeros(2, 4, dtype=torch.bfloat16)  # a CPU tensor: the fast path is off (no interpreter here)
+    monkeypatch.setattr(fast, "enabled", lambda t: True)
+    monkeypatch.delenv("DELTASERVE_MIXER_HALVES", raising=False)
+    assert not fast.mixer_halves(fast.MIXER_HALVES_ROWS - 1, x) and fast.mixer_halves(fast.MIXER_HALVES_ROWS, x)
+    monkeypatch.setenv("DELTASERVE_MIXER_HALVES", "0")
+    assert not fast.mixer_halves(64, x)
+    monkeypatch.setenv("DELTASERVE_MIXER_HALVES", "1")
+    assert not fast.mixer_halves(1, x) and fast.mixer_halves(2, x)  # one row has no halves
+    monkeypatch.setenv("DELTASERVE_MIXER_HALVES", "-4")
+    with pytest.raises(ValueError, match="DELTASERVE_MIXER_HALVES must be an integer >= 0, found '-4'"):
+        fast.mixer_halves(64, x)
+
+
+def test_linear_out_needs_the_decode_gemv():
+    lin = torch.nn.Linear(4, 3, bias=False)
+    x = torch.zeros(2, 4)
+    with pytest.raises(ValueError, match="out= needs the fast path's decode GEMV"):
+        fast.linear(lin, x, decode=False, out=torch.empty(2, 3))
