@@ -12,8 +12,8 @@ bench_tg "halves" 64 64
 bench_tg "one launch" 64 64 DELTASERVE_MIXER_HALVES=0
 bench_tg "halves" 64 64
 bench_tg "one launch" 64 64 DELTASERVE_MIXER_HALVES=0
-timeout 120 python3 -m deltaserve bench $BENCH_ARGS -b 64 -n 32 --profile-graph > "$OUT/profile64.log" 2>&1
-echo "== profile ($((SECONDS-t0)) s)"; grep -iE "span|critical" "$OUT/profile64.log" | head -5
-grep -A24 "graph profile" "$OUT/profile64.log" | cut -c1-140 | head -30
+timeout 150 python3 -m deltaserve bench --preset qwen3.6-35b-a3b --quant q4 --no-record -p 16 -n 32 -d 512 -b 64 -r 2 \
+  --profile-graph --profile-top 16 > "$OUT/profile64.log" 2>&1
+echo "== graph profile B=64 ($((SECONDS-t0)) s)"; grep -A36 "decode graph profile" "$OUT/profile64.log" | cut -c1-150
 logs_into_one
 echo "done ($((SECONDS-t0)) s)"
