@@ -13,6 +13,8 @@ own weights and state pools (so weights and states come from DRAM, as in a decod
   joint       in_proj(64) -> step(64) -> out(64): today's schedule
   serial      the three launches for rows 0-31, then for rows 32-63, one stream
   forked      the halves on two streams from the layer's start, joined at its end
+  after_in    one in_proj over all rows, then each half's step and out projection on a stream of its own
+  steps       one in_proj, the halves' steps on two streams, one out projection (their outputs concatenated)
   staggered   half B's chain waits for half A's in_proj, so B's in_proj meets A's step and A's out meets B's step
   staggered+  the same with half B's stream at high priority (its programs dispatched first as SMs free up)
   staggered-  half A's stream at high priority instead
@@ -136,6 +138,22 @@ def schedule(form: str, layers, x, outs, streams):
                 layer.chain(x, half, m, out)
             main.wait_stream(s_a)
             main.wait_stream(s_b)
+        elif form in ("after_in", "steps"):
+            # one in_proj over all rows, then the halves' steps (and out projections: "after_in") on two streams
+            proj = layer.in_proj(x, 0, m)
+            stepped = [None, None]
+            for i, (stream, lo, hi) in enumerate(((s_a, 0, half), (s_b, half, m))):
+                stream.wait_stream(main)
+                with torch.cuda.stream(stream):
+                    stepped[i] = layer.step(proj[lo:hi], lo, hi)
+                    if form == "after_in":
+                        layer.out_proj(stepped[i], out[lo:hi])
+            main.wait_stream(s_a)
+            main.wait_stream(s_b)
+            if form == "steps":
+                y = torch.cat([stepped[0][0], stepped[1][0]])
+                xs = torch.cat([stepped[0][1][1], stepped[1][1][1]])
+                layer.out_proj((y, (None, xs)), out)
         else:  # staggered: B's chain starts once A's in_proj is done
             s_a.wait_stream(main)
             with torch.cuda.stream(s_a):
@@ -210,8 +228,8 @@ def main() -> int:
     b_first = (torch.cuda.Stream(priority=lo_prio), torch.cuda.Stream(priority=hi_prio))
     a_first = (torch.cuda.Stream(priority=hi_prio), torch.cuda.Stream(priority=lo_prio))
     per_stream_counters([*plain, *b_first, *a_first])
-    forms = {"joint": plain, "serial": plain, "forked": plain, "staggered": plain, "staggered+": b_first,
-             "staggered-": a_first}
+    forms = {"joint": plain, "serial": plain, "forked": plain, "after_in": plain, "steps": plain, "staggered": plain,
+             "staggered+": b_first, "staggered-": a_first}
     print(f"{torch.cuda.get_device_name()}; stream priorities {lo_prio} (low) .. {hi_prio} (high)")
     bad = check_bits(dev, args.rows, forms)
     print("bits: " + ("; ".join(bad) if bad else "every form == joint (outputs, conv pools, states)"))
