@@ -85,13 +85,21 @@ def _child(ckpt: str) -> None:
     # other through the same slicing of rows, slots and the norm's prep): the 4-row step's logits, bit for bit
     from deltaserve.model import fast as fast_path
 
-    halves_run, run_halves = [], fast_path.run_halves
-    fast_path.run_halves = lambda rows, fn, device: (halves_run.append(rows), run_halves(rows, fn, device))
-    os.environ["DELTASERVE_MIXER_HALVES"] = "2"
+    halves_run, mixer_halves = [], fast_path.mixer_halves
+
+    def spy(rows, x, kind="deltanet"):
+        taken = mixer_halves(rows, x, kind)
+        halves_run.append((rows, kind, taken))
+        return taken
+
+    fast_path.mixer_halves = spy
+    os.environ.update(DELTASERVE_MIXER_HALVES="2", DELTASERVE_MIXER_HALVES_ATTN="1")
     halves = decode(True, [0, 1, 2, 3], 1)
-    del os.environ["DELTASERVE_MIXER_HALVES"]
-    fast_path.run_halves = run_halves
-    assert halves_run and set(halves_run) == {4}, f"the halves were not taken: {halves_run}"
+    for name in ("DELTASERVE_MIXER_HALVES", "DELTASERVE_MIXER_HALVES_ATTN"):
+        del os.environ[name]
+    fast_path.mixer_halves = mixer_halves
+    taken = {kind for rows, kind, ok in halves_run if ok and rows == 4}
+    assert taken == {"deltanet", "attention"}, f"the halves were not taken: {halves_run}"
     assert torch.equal(halves, four[:1]), "the mixers' halves change the logits"
 
     # the fp8 K/V cache (kernels/attention/kv_fp8.py): the fused q/k prep writing it, prefill and decode attention

@@ -68,6 +68,18 @@ def test_mixer_halves_switch(monkeypatch):
     assert not fast.mixer_halves(64, x)
     monkeypatch.setenv("DELTASERVE_MIXER_HALVES", "1")
     assert not fast.mixer_halves(1, x) and fast.mixer_halves(2, x)  # one row has no halves
+    monkeypatch.setenv("DELTASERVE_MIXER_HALVES", "2")
+    monkeypatch.delenv("DELTASERVE_MIXER_HALVES_ATTN", raising=False)
+    assert fast.mixer_halves(2, x, "attention") == bool(fast.MIXER_HALVES_ATTN)
+    monkeypatch.setenv("DELTASERVE_MIXER_HALVES_ATTN", "1")
+    assert fast.mixer_halves(2, x, "attention") and not fast.mixer_halves(1, x, "attention")
+    monkeypatch.setenv("DELTASERVE_MIXER_HALVES_ATTN", "0")
+    assert not fast.mixer_halves(2, x, "attention") and fast.mixer_halves(2, x, "deltanet")
+    with pytest.raises(ValueError, match="kind 'deltanet' or 'attention', found 'moe'"):
+        fast.mixer_halves(2, x, "moe")
+    monkeypatch.setenv("DELTASERVE_MIXER_HALVES_ATTN", "2")
+    with pytest.raises(ValueError, match=r"DELTASERVE_MIXER_HALVES_ATTN must be an integer in \[0, 1\], found '2'"):
+        fast.mixer_halves(2, x, "attention")
     monkeypatch.setenv("DELTASERVE_MIXER_HALVES", "-4")
     with pytest.raises(ValueError, match="DELTASERVE_MIXER_HALVES must be an integer >= 0, found '-4'"):
         fast.mixer_halves(64, x)

@@ -82,6 +82,38 @@ class GatedAttention(nn.Module):
             self.__dict__["_inv_freq_cache"] = inv
         return inv
 
+    def _decode_rows(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                     block_tables: torch.Tensor, context_lens: torch.Tensor, cache: HybridCache, block_size: int,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+        """A decode step of x's rows (one token a sequence; the other arguments theirs): the fused projection, one
+        kernel for q/k norms + RoPE + KV append, decode attention with the sigmoid gate in its epilogue, o_proj
+        (into out when given)."""
+        from ..kernels.attention import triton_paged as tp
+        from ..kernels.attention.triton_qk_prep import qk_norm_rope_write
+
+        t, d = x.shape[0], self.d
+        qg, k, v = self._project(x, True)
+        qg = qg.view(t, self.hq, (2 if self.gated else 1) * d)
+        k_cache, v_cache, k_scale, v_scale = cache.kv(self.layer)
+        q = qk_norm_rope_write(
+            qg[..., :d], k.view(t, self.hkv, d), v.view(t, self.hkv, d), self.q_norm.weight, self.k_norm.weight,
+            self.q_norm.eps, self.q_norm.offset, positions, self._inv_freq(x.device), k_cache, v_cache,
+            slot_mapping, self.mrope_section, self.mrope_interleaved, k_scale=k_scale, v_scale=v_scale,
+        )
+        gate = qg[..., d:] if self.gated else None
+        max_kv = block_tables.shape[1] * block_size
+        fmt = fast.attn_merge_prep(self.o_proj, x, self.hq, d)  # the out projection's prep, made by the merge
+        o = tp.paged_decode_attention(
+            q, k_cache, v_cache, block_tables, context_lens, self.scale, max_kv, gate=gate, lens_add=1,
+            k_scale=k_scale, v_scale=v_scale, merge=tp.merge_shape(throughput=fast.throughput_deployment(self)),
+            settled=True,  # earlier forwards wrote every position but the new token's (each starts without PDL)
+            prep=fmt,
+        )
+        if fmt is not None:
+            o, made = o
+            return fast.linear(self.o_proj, fast.attach_prep(o.view(t, self.hq * d), fmt, made), True, out=out)
+        return fast.linear(self.o_proj, o.view(t, self.hq * d), True, out=out)
+
     def _forward_fast(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
         """Decode: fused projection, one kernel for q/k norms + RoPE + KV append, decode attention with the sigmoid
         gate in its epilogue, o_proj (3 launches between the projections). Prefill: the same prep kernel, varlen
@@ -92,6 +124,17 @@ class GatedAttention(nn.Module):
 
         t, d = x.shape[0], self.d
         decode = batch.max_seqlen == 1
+        if decode and batch.num_tokens == batch.num_seqs:  # one token per sequence
+            rows = (batch.positions, batch.slot_mapping, batch.block_tables, batch.context_lens)
+            if not fast.mixer_halves(t, x, "attention"):
+                return self._decode_rows(x, *rows, cache, batch.block_size)
+            # two halves of the rows on two streams (the same bits: every launch is batch invariant), the out
+            # projection's halves writing the rows of one output [T, H]
+            out = torch.empty_like(x)
+            fast.run_halves(t, lambda lo, hi: self._decode_rows(
+                fast.rows_of(x, lo, hi), batch.positions[..., lo:hi], *(r[lo:hi] for r in rows[1:]), cache,
+                batch.block_size, out=out[lo:hi]), x.device)
+            return out
         qg, k, v = self._project(x, decode)
         qg = qg.view(t, self.hq, (2 if self.gated else 1) * d)
         k_cache, v_cache, k_scale, v_scale = cache.kv(self.layer)
@@ -101,19 +144,6 @@ class GatedAttention(nn.Module):
             batch.slot_mapping, self.mrope_section, self.mrope_interleaved, k_scale=k_scale, v_scale=v_scale,
         )
         gate = qg[..., d:] if self.gated else None
-        if decode and batch.num_tokens == batch.num_seqs:  # one token per sequence
-            max_kv = batch.block_tables.shape[1] * batch.block_size
-            fmt = fast.attn_merge_prep(self.o_proj, x, self.hq, d)  # the out projection's prep, made by the merge
-            o = tp.paged_decode_attention(
-                q, k_cache, v_cache, batch.block_tables, batch.context_lens, self.scale, max_kv, gate=gate, lens_add=1,
-                k_scale=k_scale, v_scale=v_scale, merge=tp.merge_shape(throughput=fast.throughput_deployment(self)),
-                settled=True,  # earlier forwards wrote every position but the new token's (each starts without PDL)
-                prep=fmt,
-            )
-            if fmt is not None:
-                o, made = o
-                return fast.linear(self.o_proj, fast.attach_prep(o.view(t, self.hq * d), fmt, made), decode)
-            return fast.linear(self.o_proj, o.view(t, self.hq * d), decode)
         copies = fast.prefill_copies()
         o = tp.paged_prefill_attention(
             q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens, batch.context_lens, self.scale, batch.max_seqlen,

@@ -387,20 +387,26 @@ def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, 
     return attach_prep(y, (s.bits, s.group), prep)
 
 
-MIXER_HALVES_ROWS = 48  # decode rows from which a DeltaNet mixer runs as two halves on two streams (mixer_halves)
+MIXER_HALVES_ROWS = 48  # decode rows from which a mixer runs as two halves on two streams (mixer_halves)
+MIXER_HALVES_ATTN = 0  # whether the attention layers' mixers do too (DELTASERVE_MIXER_HALVES_ATTN)
 
 
-def mixer_halves(rows: int, x: torch.Tensor) -> bool:
-    """Whether a decode step of `rows` rows runs each DeltaNet layer's mixer (the in-projection with its conv, the
-    step, the out projection) as two halves of the rows, each on a stream of its own (run_halves). Every launch is
-    batch invariant, so the halves give the bits of one launch over all rows; what changes is that one half's
-    issue-bound projections can share the SMs with the other half's state-bound step. H100 probe, 30 layers at the
-    35B-A3B's shapes (scripts/probe_overlap.py, bench/NOTES.md): 64 rows 157.2 -> 143.1 us a layer (-9%), 32 rows
-    82.2 -> 81.4. Env DELTASERVE_MIXER_HALVES: the fewest rows that split (0: never); off CUDA the halves run one
-    after the other (the same code path, for the CPU tests)."""
+def mixer_halves(rows: int, x: torch.Tensor, kind: str = "deltanet") -> bool:
+    """Whether a decode step of `rows` rows runs each mixer of `kind` ("deltanet": the in-projection with its conv,
+    the step, the out projection; "attention": the projection, the q/k prep, the decode attention, o_proj) as two
+    halves of the rows, each on a stream of its own (run_halves). Every launch is batch invariant, so the halves
+    give the bits of one launch over all rows; what changes is how the launches share the SMs. H100 probe, 30
+    DeltaNet layers at the 35B-A3B's shapes (scripts/probe_overlap.py, bench/NOTES.md): 64 rows 157.2 -> 143.1 us
+    a layer (-9%), 32 rows 82.2 -> 81.4; in the model, 64 streams tg64 @ d512 5,062 -> 5,142 tok/s (+1.6%).
+    Env DELTASERVE_MIXER_HALVES: the fewest rows that split (0: never); DELTASERVE_MIXER_HALVES_ATTN=0|1: the
+    attention layers too. Off CUDA the halves run one after the other (the same code path, for the CPU tests)."""
     from ..utils.env import env_int
 
+    if kind not in ("deltanet", "attention"):
+        raise ValueError(f"mixer_halves: kind 'deltanet' or 'attention', found {kind!r}")
     least = env_int("DELTASERVE_MIXER_HALVES", MIXER_HALVES_ROWS, 0)
+    if kind == "attention" and not env_int("DELTASERVE_MIXER_HALVES_ATTN", MIXER_HALVES_ATTN, 0, 1):
+        return False
     return bool(least) and rows >= max(least, 2) and enabled(x)
 
 

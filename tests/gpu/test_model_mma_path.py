@@ -256,22 +256,29 @@ def test_logits_stored_fp32_by_the_head_equal_bf16_then_float(models, monkeypatc
 
 
 def test_mixer_halves_equal_one_launch(models, monkeypatch):
-    """Each DeltaNet mixer of a 50-row decode as two halves of the rows on two streams (fast.mixer_halves, from 48
-    rows by default) == one launch over all rows (DELTASERVE_MIXER_HALVES=0), bit for bit, eager and replayed from
-    a graph (the two streams captured as two branches); the halves really taken."""
+    """Each mixer (DeltaNet and attention) of a 50-row decode as two halves of the rows on two streams
+    (fast.mixer_halves, from 48 rows by default) == one launch over all rows (DELTASERVE_MIXER_HALVES=0), bit for
+    bit, eager and replayed from a graph (the two streams captured as two branches); the halves really taken."""
     _, gpu, mode = models
     gen = torch.Generator().manual_seed(12)
     prompts = [torch.randint(0, 32, (int(n),), generator=gen).tolist()
                for n in torch.randint(1, 40, (50,), generator=gen)]
-    calls, run_halves = [], fast.run_halves
-    monkeypatch.setattr(fast, "run_halves", lambda rows, fn, device: (calls.append(rows), run_halves(rows, fn, device)))
+    taken, mixer_halves = [], fast.mixer_halves
+
+    def spy(rows, x, kind="deltanet"):
+        ok = mixer_halves(rows, x, kind)
+        taken.append((rows, kind)) if ok else None
+        return ok
+
+    monkeypatch.setattr(fast, "mixer_halves", spy)
     monkeypatch.delenv("DELTASERVE_MIXER_HALVES", raising=False)
+    monkeypatch.setenv("DELTASERVE_MIXER_HALVES_ATTN", "1")
     halves = {graph: decode_logits(gpu, prompts, 4, graph=graph) for graph in (False, True)}
-    assert calls and set(calls) == {50}, f"{mode}: the halves were not taken ({calls[:3]})"
+    assert set(taken) == {(50, "deltanet"), (50, "attention")}, f"{mode}: the halves were not taken ({set(taken)})"
     monkeypatch.setenv("DELTASERVE_MIXER_HALVES", "0")
-    calls.clear()
+    taken.clear()
     one = decode_logits(gpu, prompts, 4, graph=False)
-    assert not calls
+    assert not taken
     assert torch.isfinite(one).all()
     for graph, got in halves.items():
         assert torch.equal(got, one), f"{mode}: the mixers' halves ({'graph' if graph else 'eager'}) change the logits"
