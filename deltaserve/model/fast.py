@@ -388,7 +388,7 @@ def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, 
 
 
 MIXER_HALVES_ROWS = 48  # decode rows from which a mixer runs as two halves on two streams (mixer_halves)
-MIXER_HALVES_ATTN = 0  # whether the attention layers' mixers do too (DELTASERVE_MIXER_HALVES_ATTN)
+MIXER_HALVES_ATTN = 1  # whether the attention layers' mixers do too (DELTASERVE_MIXER_HALVES_ATTN)
 
 
 def mixer_halves(rows: int, x: torch.Tensor, kind: str = "deltanet") -> bool:
@@ -397,7 +397,8 @@ def mixer_halves(rows: int, x: torch.Tensor, kind: str = "deltanet") -> bool:
     halves of the rows, each on a stream of its own (run_halves). Every launch is batch invariant, so the halves
     give the bits of one launch over all rows; what changes is how the launches share the SMs. H100 probe, 30
     DeltaNet layers at the 35B-A3B's shapes (scripts/probe_overlap.py, bench/NOTES.md): 64 rows 157.2 -> 143.1 us
-    a layer (-9%), 32 rows 82.2 -> 81.4; in the model, 64 streams tg64 @ d512 5,062 -> 5,142 tok/s (+1.6%).
+    a layer (-9%), 32 rows 82.2 -> 81.4. In the model, H100, 64 streams tg64 @ d512: none 5,065 / 5,065,
+    DeltaNet layers 5,146 / 5,147 (+1.6%), attention layers too 5,186 / 5,194 (+2.5%).
     Env DELTASERVE_MIXER_HALVES: the fewest rows that split (0: never); DELTASERVE_MIXER_HALVES_ATTN=0|1: the
     attention layers too. Off CUDA the halves run one after the other (the same code path, for the CPU tests)."""
     from ..utils.env import env_int
