@@ -13,6 +13,7 @@ own weights and state pools (so weights and states come from DRAM, as in a decod
   joint       in_proj(64) -> step(64) -> out(64): today's schedule
   serial      the three launches for rows 0-31, then for rows 32-63, one stream
   forked      the halves on two streams from the layer's start, joined at its end
+  forked4     four quarters of the rows on four streams
   after_in    one in_proj over all rows, then each half's step and out projection on a stream of its own
   steps       one in_proj, the halves' steps on two streams, one out projection (their outputs concatenated)
   staggered   half B's chain waits for half A's in_proj, so B's in_proj meets A's step and A's out meets B's step
@@ -40,6 +41,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 from deltaserve.kernels import triton_sync  # noqa: E402
 
 LAYERS = 30
+QUARTER_STREAMS: list = []  # the forked4 form's four streams (made in main)
 H, HK, HV, DK, DV, KCONV = 2048, 16, 32, 128, 128, 4
 CONV_DIM = 2 * HK * DK + HV * DV  # 8192
 N_IN = CONV_DIM + HV * DV + 2 * HV  # 12352: q|k|v, z, b, a
@@ -138,6 +140,14 @@ def schedule(form: str, layers, x, outs, streams):
                 layer.chain(x, half, m, out)
             main.wait_stream(s_a)
             main.wait_stream(s_b)
+        elif form == "forked4":  # four quarters on four streams
+            quarter = m // 4
+            for i, stream in enumerate(QUARTER_STREAMS):
+                stream.wait_stream(main)
+                with torch.cuda.stream(stream):
+                    layer.chain(x, i * quarter, (i + 1) * quarter, out)
+            for stream in QUARTER_STREAMS:
+                main.wait_stream(stream)
         elif form in ("after_in", "steps"):
             # one in_proj over all rows, then the halves' steps (and out projections: "after_in") on two streams
             proj = layer.in_proj(x, 0, m)
@@ -227,8 +237,9 @@ def main() -> int:
     plain = (torch.cuda.Stream(), torch.cuda.Stream())
     b_first = (torch.cuda.Stream(priority=lo_prio), torch.cuda.Stream(priority=hi_prio))
     a_first = (torch.cuda.Stream(priority=hi_prio), torch.cuda.Stream(priority=lo_prio))
-    per_stream_counters([*plain, *b_first, *a_first])
-    forms = {"joint": plain, "serial": plain, "forked": plain, "after_in": plain, "steps": plain, "staggered": plain,
+    QUARTER_STREAMS[:] = [torch.cuda.Stream() for _ in range(4)]
+    per_stream_counters([*plain, *b_first, *a_first, *QUARTER_STREAMS])
+    forms = {"joint": plain, "serial": plain, "forked": plain, "forked4": plain, "after_in": plain, "steps": plain, "staggered": plain,
              "staggered+": b_first, "staggered-": a_first}
     print(f"{torch.cuda.get_device_name()}; stream priorities {lo_prio} (low) .. {hi_prio} (high)")
     bad = check_bits(dev, args.rows, forms)
