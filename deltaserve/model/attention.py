@@ -82,6 +82,24 @@ class GatedAttention(nn.Module):
             self.__dict__["_inv_freq_cache"] = inv
         return inv
 
+    def _project_and_write(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                           cache: HybridCache, decode: bool):
+        """The fused projection of x's tokens, then one kernel for q/k norms + RoPE + the K/V append at slot_mapping:
+        (q [T, Hq, D], the gate's view of the projection or None, the layer's (k_cache, v_cache, k_scale, v_scale))."""
+        from ..kernels.attention.triton_qk_prep import qk_norm_rope_write
+
+        t, d = x.shape[0], self.d
+        qg, k, v = self._project(x, decode)
+        qg = qg.view(t, self.hq, (2 if self.gated else 1) * d)
+        kv = cache.kv(self.layer)
+        k_cache, v_cache, k_scale, v_scale = kv
+        q = qk_norm_rope_write(
+            qg[..., :d], k.view(t, self.hkv, d), v.view(t, self.hkv, d), self.q_norm.weight, self.k_norm.weight,
+            self.q_norm.eps, self.q_norm.offset, positions, self._inv_freq(x.device), k_cache, v_cache,
+            slot_mapping, self.mrope_section, self.mrope_interleaved, k_scale=k_scale, v_scale=v_scale,
+        )
+        return q, qg[..., d:] if self.gated else None, kv
+
     def _decode_rows(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor, cache: HybridCache, block_size: int,
                      out: torch.Tensor | None = None) -> torch.Tensor:
@@ -89,18 +107,9 @@ class GatedAttention(nn.Module):
         kernel for q/k norms + RoPE + KV append, decode attention with the sigmoid gate in its epilogue, o_proj
         (into out when given)."""
         from ..kernels.attention import triton_paged as tp
-        from ..kernels.attention.triton_qk_prep import qk_norm_rope_write
 
         t, d = x.shape[0], self.d
-        qg, k, v = self._project(x, True)
-        qg = qg.view(t, self.hq, (2 if self.gated else 1) * d)
-        k_cache, v_cache, k_scale, v_scale = cache.kv(self.layer)
-        q = qk_norm_rope_write(
-            qg[..., :d], k.view(t, self.hkv, d), v.view(t, self.hkv, d), self.q_norm.weight, self.k_norm.weight,
-            self.q_norm.eps, self.q_norm.offset, positions, self._inv_freq(x.device), k_cache, v_cache,
-            slot_mapping, self.mrope_section, self.mrope_interleaved, k_scale=k_scale, v_scale=v_scale,
-        )
-        gate = qg[..., d:] if self.gated else None
+        q, gate, (k_cache, v_cache, k_scale, v_scale) = self._project_and_write(x, positions, slot_mapping, cache, True)
         max_kv = block_tables.shape[1] * block_size
         fmt = fast.attn_merge_prep(self.o_proj, x, self.hq, d)  # the out projection's prep, made by the merge
         o = tp.paged_decode_attention(
@@ -120,7 +129,6 @@ class GatedAttention(nn.Module):
         attention with the gate in its epilogue too (the gate read in place: no copy, sigmoid or product by torch;
         fast.prefill_copies)."""
         from ..kernels.attention import triton_paged as tp
-        from ..kernels.attention.triton_qk_prep import qk_norm_rope_write
 
         t, d = x.shape[0], self.d
         decode = batch.max_seqlen == 1
@@ -135,15 +143,8 @@ class GatedAttention(nn.Module):
                 fast.rows_of(x, lo, hi), batch.positions[..., lo:hi], *(r[lo:hi] for r in rows[1:]), cache,
                 batch.block_size, out=out[lo:hi]), x.device)
             return out
-        qg, k, v = self._project(x, decode)
-        qg = qg.view(t, self.hq, (2 if self.gated else 1) * d)
-        k_cache, v_cache, k_scale, v_scale = cache.kv(self.layer)
-        q = qk_norm_rope_write(
-            qg[..., :d], k.view(t, self.hkv, d), v.view(t, self.hkv, d), self.q_norm.weight, self.k_norm.weight,
-            self.q_norm.eps, self.q_norm.offset, batch.positions, self._inv_freq(x.device), k_cache, v_cache,
-            batch.slot_mapping, self.mrope_section, self.mrope_interleaved, k_scale=k_scale, v_scale=v_scale,
-        )
-        gate = qg[..., d:] if self.gated else None
+        q, gate, (k_cache, v_cache, k_scale, v_scale) = self._project_and_write(
+            x, batch.positions, batch.slot_mapping, cache, decode)
         copies = fast.prefill_copies()
         o = tp.paged_prefill_attention(
             q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens, batch.context_lens, self.scale, batch.max_seqlen,
