@@ -265,6 +265,22 @@ def main() -> int:
         for name, fn in launches.items():
             alone.append((f"{name} {m} rows", time_form(fn, args.replays, args.repeats) * 1e3 / LAYERS))
 
+    def in_pair(parts: int):
+        """Each layer's in_proj+conv as `parts` launches of rows/parts on as many streams, joined per layer: whether
+        the forked form's gain is the projections' alone (then one launch could have it)."""
+        main, streams, size = torch.cuda.current_stream(), (list(plain) + QUARTER_STREAMS[2:])[:parts], args.rows // parts
+        for ly in layers:
+            for i, stream in enumerate(streams):
+                stream.wait_stream(main)
+                with torch.cuda.stream(stream):
+                    ly.in_proj(x, i * size, (i + 1) * size)
+            for stream in streams:
+                main.wait_stream(stream)
+
+    for parts in (2, 4):
+        alone.append((f"in_proj+conv {args.rows} rows as {parts} launches at once",
+                      time_form(lambda p=parts: in_pair(p), args.replays, args.repeats) * 1e3 / LAYERS))
+
     print("\n| form | us a layer |\n|---|---|")
     base = rows[0][1]
     for form, us in rows:
