@@ -268,7 +268,8 @@ def main() -> int:
     def in_pair(parts: int):
         """Each layer's in_proj+conv as `parts` launches of rows/parts on as many streams, joined per layer: whether
         the forked form's gain is the projections' alone (then one launch could have it)."""
-        main, streams, size = torch.cuda.current_stream(), (list(plain) + QUARTER_STREAMS[2:])[:parts], args.rows // parts
+        main, size = torch.cuda.current_stream(), args.rows // parts
+        streams = (list(plain) + QUARTER_STREAMS[2:])[:parts]
         for ly in layers:
             for i, stream in enumerate(streams):
                 stream.wait_stream(main)
