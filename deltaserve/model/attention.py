@@ -100,6 +100,17 @@ class GatedAttention(nn.Module):
         )
         return q, qg[..., d:] if self.gated else None, kv
 
+    def halves_fit(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> bool:
+        """Whether a decode step of x's rows can run as row ranges (decode_rows): one token a sequence."""
+        return batch.num_tokens == batch.num_seqs
+
+    def decode_rows(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, lo: int, hi: int,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows lo .. hi-1 of a decode step (x: those rows), where halves_fit: the mixer's output for them (into out
+        when given)."""
+        return self._decode_rows(x, batch.positions[..., lo:hi], batch.slot_mapping[lo:hi], batch.block_tables[lo:hi],
+                                 batch.context_lens[lo:hi], cache, batch.block_size, out=out)
+
     def _decode_rows(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor, cache: HybridCache, block_size: int,
                      out: torch.Tensor | None = None) -> torch.Tensor:
@@ -132,16 +143,14 @@ class GatedAttention(nn.Module):
 
         t, d = x.shape[0], self.d
         decode = batch.max_seqlen == 1
-        if decode and batch.num_tokens == batch.num_seqs:  # one token per sequence
-            rows = (batch.positions, batch.slot_mapping, batch.block_tables, batch.context_lens)
+        if decode and self.halves_fit(x, batch, cache):  # one token per sequence
             if not fast.mixer_halves(t, x, "attention"):
-                return self._decode_rows(x, *rows, cache, batch.block_size)
+                return self.decode_rows(x, batch, cache, 0, t)
             # two halves of the rows on two streams (the same bits: every launch is batch invariant), the out
             # projection's halves writing the rows of one output [T, H]
             out = torch.empty_like(x)
-            fast.run_halves(t, lambda lo, hi: self._decode_rows(
-                fast.rows_of(x, lo, hi), batch.positions[..., lo:hi], *(r[lo:hi] for r in rows[1:]), cache,
-                batch.block_size, out=out[lo:hi]), x.device)
+            fast.run_halves(t, lambda lo, hi: self.decode_rows(fast.rows_of(x, lo, hi), batch, cache, lo, hi,
+                                                               out=out[lo:hi]), x.device)
             return out
         q, gate, (k_cache, v_cache, k_scale, v_scale) = self._project_and_write(
             x, batch.positions, batch.slot_mapping, cache, decode)

@@ -68,6 +68,19 @@ class GatedDeltaNet(nn.Module):
         y = self.norm(out, z).reshape(t, self.value_dim)
         return self.out_proj(y)
 
+    def halves_fit(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> bool:
+        """Whether a decode step of x's rows can run as row ranges (decode_rows): the fused in-projection with the
+        conv in its GEMV's epilogue."""
+        proj = fusion.fused(self, "in_proj")
+        return proj is not None and fast.conv_in_gemv(cache.conv[self.layer], x, proj)
+
+    def decode_rows(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, lo: int, hi: int,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows lo .. hi-1 of a decode step (x: those rows), where halves_fit: the mixer's output for them (into out
+        when given)."""
+        return self._decode_rows(x, fusion.fused(self, "in_proj"), cache.conv[self.layer], cache.ssm[self.layer],
+                                 batch.state_slots[lo:hi], batch.context_lens[lo:hi], out=out)
+
     def _decode_rows(self, x: torch.Tensor, proj, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,
                      slots: torch.Tensor, ctx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """A decode step of x's rows (one token a sequence; slots and ctx theirs): the fused in-projection with the
@@ -129,14 +142,13 @@ class GatedDeltaNet(nn.Module):
         conv_w = self.conv1d.weight[:, 0, :]
         proj = fusion.fused(self, "in_proj")
         if decode and proj is not None and fast.conv_in_gemv(conv_pool, x, proj):
-            slots, ctx = batch.state_slots, batch.context_lens
             if not fast.mixer_halves(t, x):
-                return self._decode_rows(x, proj, conv_pool, ssm_pool, slots, ctx)
+                return self.decode_rows(x, batch, cache, 0, t)
             # two halves of the rows on two streams (the same bits: every launch is batch invariant), the out
             # projection's halves writing the rows of one output [T, H] (the mixer keeps x's width)
             out = torch.empty_like(x)
-            fast.run_halves(t, lambda lo, hi: self._decode_rows(fast.rows_of(x, lo, hi), proj, conv_pool, ssm_pool,
-                                                                slots[lo:hi], ctx[lo:hi], out=out[lo:hi]), x.device)
+            fast.run_halves(t, lambda lo, hi: self.decode_rows(fast.rows_of(x, lo, hi), batch, cache, lo, hi,
+                                                               out=out[lo:hi]), x.device)
             return out
         qkv, z, b, a = self._project(x, decode)
         # prefill: q, k and v as three contiguous tensors (fla-core would copy column views to make them so)
