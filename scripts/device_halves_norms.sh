@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (No longer runs on main: the norms-in-the-halves form was removed after this call; it needs the tree at 9070968.)
 # Wave 45's last call (~3 min on a warm Triton cache): the layers' norms inside the halves
 # (DELTASERVE_MIXER_HALVES_NORMS=1, DecoderLayer._forward_halves): its GPU tests in three q4 modes (halves == one
 # launch, eager and graphed), then tg64 @ d512 at 64 streams, norms in the halves against the mixers alone, twice.

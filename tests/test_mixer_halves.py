@@ -85,17 +85,6 @@ def test_mixer_halves_switch(monkeypatch):
         fast.mixer_halves(64, x)
 
 
-def test_halves_with_norms_switch(monkeypatch):
-    monkeypatch.delenv("DELTASERVE_MIXER_HALVES_NORMS", raising=False)
-    assert fast.halves_with_norms() == bool(fast.MIXER_HALVES_NORMS)
-    for value, want in (("0", False), ("1", True)):
-        monkeypatch.setenv("DELTASERVE_MIXER_HALVES_NORMS", value)
-        assert fast.halves_with_norms() is want
-    monkeypatch.setenv("DELTASERVE_MIXER_HALVES_NORMS", "yes")
-    with pytest.raises(ValueError, match="DELTASERVE_MIXER_HALVES_NORMS must be an integer in"):
-        fast.halves_with_norms()
-
-
 def test_linear_out_needs_the_decode_gemv():
     lin = torch.nn.Linear(4, 3, bias=False)
     x = torch.zeros(2, 4)

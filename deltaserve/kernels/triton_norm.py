@@ -116,11 +116,10 @@ def prep_supported(n: int, bits: int, group: int) -> bool:
 
 def _launch_norm(x2: torch.Tensor, res2: torch.Tensor | None, weight: torch.Tensor, y: torch.Tensor,
                  r_out: torch.Tensor | None, eps: float, offset: float, prep: tuple[int, int] | None, name: str,
-                 sums_only: bool = False, prep_out: tuple | None = None):
+                 sums_only: bool = False):
     """The one launch of rms_norm / add_rms_norm over rows x2 [R, N] (+ res2 -> r_out when given) into y; with
     prep = (bits, group) also the decode GEMV's prep of y: returns (xp [R, N], xs [R, N / group]) (xp None when
-    sums_only: the group sums alone, the same bits), else None. prep_out: (xp, xs) to write them into (fp32, those
-    shapes, contiguous rows; xp None when sums_only)."""
+    sums_only: the group sums alone, the same bits), else None."""
     n = weight.numel()
     xp = xs = y  # unused without prep
     bits, group = prep or (0, 64)
@@ -128,20 +127,8 @@ def _launch_norm(x2: torch.Tensor, res2: torch.Tensor | None, weight: torch.Tens
         if not prep_supported(n, bits, group):
             raise ValueError(f"{name} prep: bits {bits} / group {group} for N = {n} (bits 4 or 8, N a power "
                              f"of two, a multiple of the group and at most {PREP_MAX_N})")
-        rows = x2.shape[0]
-        if prep_out is None:
-            xs = torch.empty(rows, n // group, dtype=torch.float32, device=x2.device)
-            xp = xs if sums_only else torch.empty(rows, n, dtype=torch.float32, device=x2.device)
-        else:
-            xp, xs = prep_out
-            shapes = {"xs": (xs, (rows, n // group))} if sums_only else {"xp": (xp, (rows, n)),
-                                                                        "xs": (xs, (rows, n // group))}
-            for what, (t, shape) in shapes.items():
-                if t is None or t.dtype != torch.float32 or tuple(t.shape) != shape or t.stride(-1) != 1 \
-                        or t.stride(0) != shape[1]:
-                    raise ValueError(f"{name} prep_out: {what} must be fp32 {list(shape)} with contiguous rows, "
-                                     f"found {None if t is None else (t.dtype, tuple(t.shape), t.stride())}")
-            xp = xs if sums_only else xp
+        xs = torch.empty(x2.shape[0], n // group, dtype=torch.float32, device=x2.device)
+        xp = xs if sums_only else torch.empty(x2.shape[0], n, dtype=torch.float32, device=x2.device)
     has_res = res2 is not None
     r_in, r_o = (res2, r_out) if has_res else (x2, y)
     if x2.shape[0]:
@@ -171,33 +158,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 offset: float = 1.0, prep: tuple[int, int] | None = None, sums_only: bool = False,
-                 out: tuple | None = None):
+                 offset: float = 1.0, prep: tuple[int, int] | None = None, sums_only: bool = False):
     """r = x + residual (rounded to x's dtype), y = rms_norm(r). Returns (y, r); shapes [..., N]. prep = (bits,
     group): also the decode GEMV's prep of y, as rms_norm(prep=) makes it: (y, r, (xp, xs)); sums_only: xs alone
-    (the same bits), (y, r, (None, xs)), for a consumer that reads only the group sums (the tensor-core MoE).
-    out: (y, r) or, with prep, (y, r, xp, xs) to write into (rows of larger outputs: contiguous rows; xp None when
-    sums_only); the same values."""
+    (the same bits), (y, r, (None, xs)), for a consumer that reads only the group sums (the tensor-core MoE)."""
     n = weight.numel()
     if residual.shape != x.shape:
         raise ValueError(f"add_rms_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
     x2, r2 = _rows(x, n, "add_rms_norm"), _rows(residual, n, "add_rms_norm residual")
-    prep_out = None
-    if out is None:
-        y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-        r_out = torch.empty_like(y)
-    else:
-        if len(out) != (2 if prep is None else 4):
-            raise ValueError(f"add_rms_norm: out is (y, r){'' if prep is None else ' + (xp, xs)'}, found {len(out)} "
-                             "tensors")
-        for what, t in zip(("y", "r"), out[:2]):
-            if t.dtype != x.dtype or t.shape != x.shape or t.stride(-1) != 1 or _rows(t, n, "add_rms_norm out") \
-                    .stride(0) != n:
-                raise ValueError(f"add_rms_norm: out {what} must be {x.dtype} {list(x.shape)} with contiguous rows, "
-                                 f"found {t.dtype} {tuple(t.shape)} strides {t.stride()}")
-        y, r_out = (t.view(x2.shape) for t in out[:2])
-        prep_out = tuple(out[2:]) or None
-    made = _launch_norm(x2, r2, weight, y, r_out, eps, offset, prep, "add_rms_norm", sums_only, prep_out)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    r_out = torch.empty_like(y)
+    made = _launch_norm(x2, r2, weight, y, r_out, eps, offset, prep, "add_rms_norm", sums_only)
     if prep is not None:
         return y.view(x.shape), r_out.view(x.shape), made
     return y.view(x.shape), r_out.view(x.shape)

@@ -100,14 +100,10 @@ class GatedAttention(nn.Module):
         )
         return q, qg[..., d:] if self.gated else None, kv
 
-    def halves_fit(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> bool:
-        """Whether a decode step of x's rows can run as row ranges (decode_rows): one token a sequence."""
-        return batch.num_tokens == batch.num_seqs
-
     def decode_rows(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, lo: int, hi: int,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows lo .. hi-1 of a decode step (x: those rows), where halves_fit: the mixer's output for them (into out
-        when given)."""
+        """Rows lo .. hi-1 of a decode step of one token a sequence (x: those rows): the mixer's output for them
+        (into out when given)."""
         return self._decode_rows(x, batch.positions[..., lo:hi], batch.slot_mapping[lo:hi], batch.block_tables[lo:hi],
                                  batch.context_lens[lo:hi], cache, batch.block_size, out=out)
 
@@ -143,7 +139,7 @@ class GatedAttention(nn.Module):
 
         t, d = x.shape[0], self.d
         decode = batch.max_seqlen == 1
-        if decode and self.halves_fit(x, batch, cache):  # one token per sequence
+        if decode and batch.num_tokens == batch.num_seqs:  # one token per sequence
             if not fast.mixer_halves(t, x, "attention"):
                 return self.decode_rows(x, batch, cache, 0, t)
             # two halves of the rows on two streams (the same bits: every launch is batch invariant), the out

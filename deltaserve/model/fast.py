@@ -389,7 +389,6 @@ def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, 
 
 MIXER_HALVES_ROWS = 48  # decode rows from which a mixer runs as two halves on two streams (mixer_halves)
 MIXER_HALVES_ATTN = 1  # whether the attention layers' mixers do too (DELTASERVE_MIXER_HALVES_ATTN)
-MIXER_HALVES_NORMS = 0  # whether the halves take the layer's norms too (halves_with_norms)
 
 
 def mixer_halves(rows: int, x: torch.Tensor, kind: str = "deltanet") -> bool:
@@ -410,16 +409,6 @@ def mixer_halves(rows: int, x: torch.Tensor, kind: str = "deltanet") -> bool:
     if kind == "attention" and not env_int("DELTASERVE_MIXER_HALVES_ATTN", MIXER_HALVES_ATTN, 0, 1):
         return False
     return bool(least) and rows >= max(least, 2) and enabled(x)
-
-
-def halves_with_norms() -> bool:
-    """Whether a decoder layer whose mixer runs as halves (mixer_halves) takes its input norm and its post-mixer
-    add_rms_norm into the halves too (DecoderLayer._forward_halves: the fork before the input norm, the join after
-    the post-mixer norm, so the halves' first and last launches are tiny ones), rather than the mixer alone. The
-    same bits (the norms are per row). Env DELTASERVE_MIXER_HALVES_NORMS=0|1."""
-    from ..utils.env import env_int
-
-    return bool(env_int("DELTASERVE_MIXER_HALVES_NORMS", MIXER_HALVES_NORMS, 0, 1))
 
 
 _HALF_STREAMS: dict[int, tuple] = {}  # device index -> the two halves' streams (made once, outside any capture)

@@ -68,16 +68,10 @@ class GatedDeltaNet(nn.Module):
         y = self.norm(out, z).reshape(t, self.value_dim)
         return self.out_proj(y)
 
-    def halves_fit(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> bool:
-        """Whether a decode step of x's rows can run as row ranges (decode_rows): the fused in-projection with the
-        conv in its GEMV's epilogue."""
-        proj = fusion.fused(self, "in_proj")
-        return proj is not None and fast.conv_in_gemv(cache.conv[self.layer], x, proj)
-
     def decode_rows(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, lo: int, hi: int,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows lo .. hi-1 of a decode step (x: those rows), where halves_fit: the mixer's output for them (into out
-        when given)."""
+        """Rows lo .. hi-1 of a decode step (x: those rows) on the fused in-projection with the conv in its GEMV's
+        epilogue: the mixer's output for them (into out when given)."""
         return self._decode_rows(x, fusion.fused(self, "in_proj"), cache.conv[self.layer], cache.ssm[self.layer],
                                  batch.state_slots[lo:hi], batch.context_lens[lo:hi], out=out)
 

@@ -57,8 +57,6 @@ class DecoderLayer(nn.Module):
 
         decode = batch.max_seqlen == 1
         mixer, group = (self.self_attn, "qkv_proj") if self.is_attention else (self.linear_attn, "in_proj")
-        if decode and self._halves(x, batch, cache, mixer):
-            return self._forward_halves(x, batch, cache, mixer, group)
         h = fast.norm_for_gemv(self.input_layernorm, x, fusion.fused(mixer, group), decode)  # + the GEMV's prep
         if self.is_attention:
             h = self.self_attn(h, batch, cache, rope)
@@ -75,47 +73,6 @@ class DecoderLayer(nn.Module):
             h, x, made = add_rms_norm(h, x, post.weight, post.eps, post.offset, prep=prep, sums_only=sums)
             setattr(h, fast.GEMV_PREP_ATTR, (fast.MOE_SUMS if sums else prep, made))
         return self.mlp(h, decode=decode, residual=x)
-
-    def _halves(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, mixer: nn.Module) -> bool:
-        """Whether this decode step runs the layer up to its MoE as two halves of the rows (_forward_halves)."""
-        kind = "attention" if self.is_attention else "deltanet"
-        if not (fast.halves_with_norms() and fast.mixer_halves(x.shape[0], x, kind)
-                and mixer.halves_fit(x, batch, cache)):
-            return False
-        # (a block that makes its input norm inside its router launch takes the layer's own path)
-        prep = fast.moe_prep(self.mlp, x)
-        return not (prep is not None and fast.moe_norm_sums_only() and self.mlp.routes_normed(x, True))
-
-    def _forward_halves(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, mixer: nn.Module,
-                        group: str) -> torch.Tensor:
-        """The decode layer with its input norm, mixer and post-mixer add_rms_norm run for two halves of the rows on
-        two streams (fast.run_halves), each half writing its rows of the norm's outputs (and the MoE's group sums);
-        then the feed-forward block over all rows. The same bits as _forward_fast's one launch a kernel: every launch
-        is batch invariant, the norms per row."""
-        from ..kernels.triton_norm import add_rms_norm
-
-        t, n = x.shape
-        post, consumer = self.post_attention_layernorm, fusion.fused(mixer, group)
-        prep, sums = fast.moe_prep(self.mlp, x), fast.moe_norm_sums_only()
-        h, r = torch.empty_like(x), torch.empty_like(x)
-        made = None
-        if prep is not None:  # the MoE's group sums (and the whole prep unless sums), rows of one buffer each
-            xs = torch.empty(t, n // prep[1], dtype=torch.float32, device=x.device)
-            made = (None if sums else torch.empty(t, n, dtype=torch.float32, device=x.device), xs)
-
-        def half(lo: int, hi: int) -> None:
-            rows = x[lo:hi]
-            normed = fast.norm_for_gemv(self.input_layernorm, rows, consumer, True)  # + the GEMV's prep
-            mixed = mixer.decode_rows(normed, batch, cache, lo, hi)
-            out = (h[lo:hi], r[lo:hi])
-            if made is not None:
-                out += (None if made[0] is None else made[0][lo:hi], made[1][lo:hi])
-            add_rms_norm(mixed, rows, post.weight, post.eps, post.offset, prep=prep, sums_only=sums, out=out)
-
-        fast.run_halves(t, half, x.device)
-        if made is not None:
-            setattr(h, fast.GEMV_PREP_ATTR, (fast.MOE_SUMS if sums else prep, made))
-        return self.mlp(h, decode=True, residual=r)
 
 
 class Qwen3_5ForCausalLM(nn.Module):
