@@ -20,13 +20,14 @@ Checked first: serial's and forked's outputs == joint's, bit for bit (one block,
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+from sweep_common import time_graph_median  # noqa: E402
 
 BLOCKS = 40
 E, H, INTER, TOP_K = 256, 2048, 512, 8
@@ -102,27 +103,6 @@ def schedule(form, blocks, x, xs, ids, weights, tiles, sets, bufs, streams):
         combine_slots(part.view(t, slots, H), x, out=out)
 
 
-def time_form(fn, replays: int, repeats: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / replays)
-    del graph
-    return statistics.median(times)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=64)
@@ -169,7 +149,7 @@ def main() -> int:
 
     blocks = [Block(dev) for _ in range(BLOCKS)]
     bufs = [buffers() for _ in range(BLOCKS)]
-    rows = [(form, time_form(lambda f=form: schedule(f, blocks, x, xs, ids, weights, tiles, sets, bufs, streams),
+    rows = [(form, time_graph_median(lambda f=form: schedule(f, blocks, x, xs, ids, weights, tiles, sets, bufs, streams),
                              args.replays, args.repeats) * 1e3 / BLOCKS) for form in ("joint", "serial", "forked")]
     print("\n| form | us a block |\n|---|---|")
     for form, us in rows:

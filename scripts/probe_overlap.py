@@ -30,15 +30,15 @@ Prints us a layer for each form (median of --repeats graph timings of --replays 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 from deltaserve.kernels import triton_sync  # noqa: E402
+from sweep_common import time_graph_median  # noqa: E402
 
 LAYERS = 30
 QUARTER_STREAMS: list = []  # the forked4 form's four streams (made in main)
@@ -177,28 +177,6 @@ def schedule(form: str, layers, x, outs, streams):
             main.wait_stream(s_b)
 
 
-def time_form(fn, replays: int, repeats: int) -> float:
-    """Median over `repeats` of the mean ms of a replay of fn captured in one CUDA graph (warmed up first)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / replays)
-    del graph
-    return statistics.median(times)
-
-
 def check_bits(dev, rows: int, streams_by_form) -> list[str]:
     """Each two-half form's outputs and pools == joint's, one layer, eager, from copies of the same pools."""
     torch.manual_seed(1)
@@ -251,7 +229,7 @@ def main() -> int:
     outs = [torch.empty(args.rows, H, device=dev, dtype=torch.bfloat16) for _ in range(LAYERS)]
     rows = []
     for form, streams in forms.items():
-        ms = time_form(lambda f=form, s=streams: schedule(f.rstrip("+-"), layers, x, outs, s), args.replays,
+        ms = time_graph_median(lambda f=form, s=streams: schedule(f.rstrip("+-"), layers, x, outs, s), args.replays,
                        args.repeats)
         rows.append((form, ms * 1e3 / LAYERS))
 
@@ -263,7 +241,7 @@ def main() -> int:
                     "step": lambda m=m: [ly.step(p, 0, m) for p, ly in zip(projs, layers)],
                     "out_proj": lambda m=m: [ly.out_proj(st, o[:m]) for st, ly, o in zip(stepped, layers, outs)]}
         for name, fn in launches.items():
-            alone.append((f"{name} {m} rows", time_form(fn, args.replays, args.repeats) * 1e3 / LAYERS))
+            alone.append((f"{name} {m} rows", time_graph_median(fn, args.replays, args.repeats) * 1e3 / LAYERS))
 
     def in_pair(parts: int):
         """Each layer's in_proj+conv as `parts` launches of rows/parts on as many streams, joined per layer: whether
@@ -280,7 +258,7 @@ def main() -> int:
 
     for parts in (2, 4):
         alone.append((f"in_proj+conv {args.rows} rows as {parts} launches at once",
-                      time_form(lambda p=parts: in_pair(p), args.replays, args.repeats) * 1e3 / LAYERS))
+                      time_graph_median(lambda p=parts: in_pair(p), args.replays, args.repeats) * 1e3 / LAYERS))
 
     print("\n| form | us a layer |\n|---|---|")
     base = rows[0][1]

@@ -109,3 +109,29 @@ def time_graph(fns, device, replays: int) -> tuple[float | None, str | None]:
         end.record()
         torch.cuda.synchronize()
         return start.elapsed_time(end) * 1e3 / 200, "eager200"
+
+
+def time_graph_median(fn, replays: int, repeats: int) -> float:
+    """Median over `repeats` of the mean ms of a replay of the zero-argument call fn captured in one CUDA graph (run
+    once eagerly first: compiles, allocates; the graph replayed once before timing). fn may fork side streams that
+    it joins back (the probes of two streams)."""
+    import statistics
+
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / replays)
+    del graph
+    return statistics.median(times)
