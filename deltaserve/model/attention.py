@@ -102,25 +102,19 @@ class GatedAttention(nn.Module):
 
     def decode_rows(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, lo: int, hi: int,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows lo .. hi-1 of a decode step of one token a sequence (x: those rows): the mixer's output for them
-        (into out when given)."""
-        return self._decode_rows(x, batch.positions[..., lo:hi], batch.slot_mapping[lo:hi], batch.block_tables[lo:hi],
-                                 batch.context_lens[lo:hi], cache, batch.block_size, out=out)
-
-    def _decode_rows(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-                     block_tables: torch.Tensor, context_lens: torch.Tensor, cache: HybridCache, block_size: int,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
-        """A decode step of x's rows (one token a sequence; the other arguments theirs): the fused projection, one
-        kernel for q/k norms + RoPE + KV append, decode attention with the sigmoid gate in its epilogue, o_proj
-        (into out when given)."""
+        """Rows lo .. hi-1 of a decode step of one token a sequence (x: those rows; fast.mixer_decode): the fused
+        projection, one kernel for q/k norms + RoPE + KV append, decode attention with the sigmoid gate in its
+        epilogue, o_proj (into out when given)."""
         from ..kernels.attention import triton_paged as tp
 
         t, d = x.shape[0], self.d
-        q, gate, (k_cache, v_cache, k_scale, v_scale) = self._project_and_write(x, positions, slot_mapping, cache, True)
-        max_kv = block_tables.shape[1] * block_size
+        q, gate, (k_cache, v_cache, k_scale, v_scale) = self._project_and_write(
+            x, batch.positions[..., lo:hi], batch.slot_mapping[lo:hi], cache, True)
+        block_tables = batch.block_tables[lo:hi]
+        max_kv = block_tables.shape[1] * batch.block_size
         fmt = fast.attn_merge_prep(self.o_proj, x, self.hq, d)  # the out projection's prep, made by the merge
         o = tp.paged_decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, self.scale, max_kv, gate=gate, lens_add=1,
+            q, k_cache, v_cache, block_tables, batch.context_lens[lo:hi], self.scale, max_kv, gate=gate, lens_add=1,
             k_scale=k_scale, v_scale=v_scale, merge=tp.merge_shape(throughput=fast.throughput_deployment(self)),
             settled=True,  # earlier forwards wrote every position but the new token's (each starts without PDL)
             prep=fmt,
@@ -140,14 +134,7 @@ class GatedAttention(nn.Module):
         t, d = x.shape[0], self.d
         decode = batch.max_seqlen == 1
         if decode and batch.num_tokens == batch.num_seqs:  # one token per sequence
-            if not fast.mixer_halves(t, x, "attention"):
-                return self.decode_rows(x, batch, cache, 0, t)
-            # two halves of the rows on two streams (the same bits: every launch is batch invariant), the out
-            # projection's halves writing the rows of one output [T, H]
-            out = torch.empty_like(x)
-            fast.run_halves(t, lambda lo, hi: self.decode_rows(fast.rows_of(x, lo, hi), batch, cache, lo, hi,
-                                                               out=out[lo:hi]), x.device)
-            return out
+            return fast.mixer_decode(self, "attention", x, batch, cache)  # all rows, or two halves on two streams
         q, gate, (k_cache, v_cache, k_scale, v_scale) = self._project_and_write(
             x, batch.positions, batch.slot_mapping, cache, decode)
         copies = fast.prefill_copies()

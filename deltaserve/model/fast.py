@@ -443,6 +443,20 @@ def run_halves(rows: int, fn, device: torch.device) -> None:
         cur.wait_stream(stream)
 
 
+def mixer_decode(mixer: nn.Module, kind: str, x: torch.Tensor, batch, cache) -> torch.Tensor:
+    """A mixer's decode step of x's rows (one token a sequence) through its decode_rows(x, batch, cache, lo, hi,
+    out=): one call over all rows, or, where mixer_halves(rows, x, kind), two halves of the rows on two streams
+    (run_halves) writing the rows of one output [T, H] (a mixer keeps x's width). The same bits either way: every
+    launch is batch invariant."""
+    t = x.shape[0]
+    if not mixer_halves(t, x, kind):
+        return mixer.decode_rows(x, batch, cache, 0, t)
+    out = torch.empty_like(x)
+    run_halves(t, lambda lo, hi: mixer.decode_rows(rows_of(x, lo, hi), batch, cache, lo, hi, out=out[lo:hi]),
+               x.device)
+    return out
+
+
 def rows_of(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """x[lo:hi], carrying the same rows of the prep x carries (GEMV_PREP_ATTR), if any: a GEMV over a half then takes
     the given group sums as the whole launch would (its own would round otherwise)."""

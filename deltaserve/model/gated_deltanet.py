@@ -70,20 +70,15 @@ class GatedDeltaNet(nn.Module):
 
     def decode_rows(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, lo: int, hi: int,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows lo .. hi-1 of a decode step (x: those rows) on the fused in-projection with the conv in its GEMV's
-        epilogue: the mixer's output for them (into out when given)."""
-        return self._decode_rows(x, fusion.fused(self, "in_proj"), cache.conv[self.layer], cache.ssm[self.layer],
-                                 batch.state_slots[lo:hi], batch.context_lens[lo:hi], out=out)
-
-    def _decode_rows(self, x: torch.Tensor, proj, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,
-                     slots: torch.Tensor, ctx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """A decode step of x's rows (one token a sequence; slots and ctx theirs): the fused in-projection with the
-        conv (+ SiLU, state shift) on its first conv_dim features in one launch, the step, the out projection (into
-        out when given)."""
+        """Rows lo .. hi-1 of a decode step (x: those rows; fast.mixer_decode): the fused in-projection with the conv
+        (+ SiLU, state shift) on its first conv_dim features in one launch, the step, the out projection (into out
+        when given)."""
+        proj = fusion.fused(self, "in_proj")
+        slots, ctx = batch.state_slots[lo:hi], batch.context_lens[lo:hi]
         conv_w = self.conv1d.weight[:, 0, :]
-        conv = (conv_w, conv_pool, slots, ctx, conv_w.shape[0])
+        conv = (conv_w, cache.conv[self.layer], slots, ctx, conv_w.shape[0])
         mixed, z, b, a = fast.linear(proj, x, True, conv=conv).split(proj.sizes, dim=-1)
-        return self._step_and_out(x, mixed, z, b, a, ssm_pool, slots, ctx, out=out)
+        return self._step_and_out(x, mixed, z, b, a, cache.ssm[self.layer], slots, ctx, out=out)
 
     def _step_and_out(self, x: torch.Tensor, mixed, z, b, a, ssm_pool: torch.Tensor, slots: torch.Tensor,
                       ctx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -136,14 +131,7 @@ class GatedDeltaNet(nn.Module):
         conv_w = self.conv1d.weight[:, 0, :]
         proj = fusion.fused(self, "in_proj")
         if decode and proj is not None and fast.conv_in_gemv(conv_pool, x, proj):
-            if not fast.mixer_halves(t, x):
-                return self.decode_rows(x, batch, cache, 0, t)
-            # two halves of the rows on two streams (the same bits: every launch is batch invariant), the out
-            # projection's halves writing the rows of one output [T, H] (the mixer keeps x's width)
-            out = torch.empty_like(x)
-            fast.run_halves(t, lambda lo, hi: self.decode_rows(fast.rows_of(x, lo, hi), batch, cache, lo, hi,
-                                                               out=out[lo:hi]), x.device)
-            return out
+            return fast.mixer_decode(self, "deltanet", x, batch, cache)  # all rows, or two halves on two streams
         qkv, z, b, a = self._project(x, decode)
         # prefill: q, k and v as three contiguous tensors (fla-core would copy column views to make them so)
         sections = None if decode or not self._conv_sections_fit() else (self.key_dim, self.key_dim)
