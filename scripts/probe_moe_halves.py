@@ -12,7 +12,9 @@ the experts come from DRAM, as in a decode step), random weights and routing, on
   joint       gate/up(all tiles) -> down(all tiles) -> combine: today's schedule
   serial      set A's chain, then set B's, one stream, then the combine
   forked      the two sets' chains on two streams, joined before the combine
-Checked first: serial's and forked's outputs == joint's, bit for bit (one block, eager).
+  tile sets   the model's form (moe_block_mma(fork=)): the table's even and odd tiles as the two sets, each launch
+              over the whole table (wg_matmul_experts(tile_set=)), forked as above
+Checked first: every form's outputs == joint's, bit for bit (one block, eager).
 
   python scripts/probe_moe_halves.py [--tokens 64] [--replays 10] [--repeats 5]
 """
@@ -71,15 +73,16 @@ def tile_sets(tiles):
     return sets
 
 
-def chain(block: Block, x, xs, ids, weights, tiles, hid, part):
-    """gate/up then down over `tiles`, into their rows of hid [T (k+1), I] and part [T (k+1), H]."""
+def chain(block: Block, x, xs, ids, weights, tiles, hid, part, tile_set=(0, 1)):
+    """gate/up then down over `tiles` (those of tile_set, wg_matmul_experts'), into their rows of hid [T (k+1), I]
+    and part [T (k+1), H]."""
     from deltaserve.kernels.quant.wgmma_experts import wg_matmul_experts, wg_moe_down_stages, wg_moe_stages
 
     slots = ids.shape[1]
     wg_matmul_experts(x, *block.gate, ids, tiles, slots, xs=xs, up=block.up, out=hid,
-                      stages=wg_moe_stages(tiles.rows))
+                      stages=wg_moe_stages(tiles.rows), tile_set=tile_set)
     wg_matmul_experts(hid, *block.down, ids, tiles, 1, scale=weights.reshape(-1), out=part,
-                      stages=wg_moe_down_stages(tiles.rows))
+                      stages=wg_moe_down_stages(tiles.rows), tile_set=tile_set)
 
 
 def schedule(form, blocks, x, xs, ids, weights, tiles, sets, bufs, streams):
@@ -93,6 +96,13 @@ def schedule(form, blocks, x, xs, ids, weights, tiles, sets, bufs, streams):
         elif form == "serial":
             for s in sets:
                 chain(block, x, xs, ids, weights, s, hid, part)
+        elif form == "tile sets":
+            for stream, i in zip(streams, (0, 1)):
+                stream.wait_stream(main)
+                with torch.cuda.stream(stream):
+                    chain(block, x, xs, ids, weights, tiles, hid, part, tile_set=(i, 2))
+            for stream in streams:
+                main.wait_stream(stream)
         else:
             for stream, s in zip(streams, sets):
                 stream.wait_stream(main)
@@ -135,7 +145,7 @@ def main() -> int:
     want = buffers()
     schedule("joint", [check], x, xs, ids, weights, tiles, sets, [want], streams)
     bad = []
-    for form in ("serial", "forked"):
+    for form in ("serial", "forked", "tile sets"):
         got = buffers()
         schedule(form, [check], x, xs, ids, weights, tiles, sets, [got], streams)
         torch.cuda.synchronize()
@@ -144,13 +154,13 @@ def main() -> int:
                                b.view(torch.int16) if b.dtype == torch.bfloat16 else b.view(torch.int32))
             if not same:
                 bad.append(f"{form}: {name} differs from joint's")
-    print("bits: " + ("; ".join(bad) if bad else "serial and forked == joint (hidden, slots, output)"))
+    print("bits: " + ("; ".join(bad) if bad else "serial, forked and tile sets == joint (hidden, slots, output)"))
     del check
 
     blocks = [Block(dev) for _ in range(BLOCKS)]
     bufs = [buffers() for _ in range(BLOCKS)]
     rows = [(form, time_graph_median(lambda f=form: schedule(f, blocks, x, xs, ids, weights, tiles, sets, bufs, streams),
-                             args.replays, args.repeats) * 1e3 / BLOCKS) for form in ("joint", "serial", "forked")]
+                             args.replays, args.repeats) * 1e3 / BLOCKS) for form in ("joint", "serial", "forked", "tile sets")]
     print("\n| form | us a block |\n|---|---|")
     for form, us in rows:
         print(f"| {form} | {us:.2f} ({(us / rows[0][1] - 1) * 100:+.1f}%) |")

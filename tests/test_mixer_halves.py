@@ -90,3 +90,32 @@ def test_linear_out_needs_the_decode_gemv():
     x = torch.zeros(2, 4)
     with pytest.raises(ValueError, match="out= needs the fast path's decode GEMV"):
         fast.linear(lin, x, decode=False, out=torch.empty(2, 3))
+
+
+def test_run_forked_off_cuda_runs_both_branches_in_order_under_their_lanes():
+    seen = []
+    branch = lambda name: lambda: seen.append((name, triton_sync.arrival_counters("cpu", 1).data_ptr()))
+    fast.run_forked([branch("a"), branch("b")], torch.device("cpu"))
+    assert [name for name, _ in seen] == ["a", "b"]
+    assert len({p for _, p in seen} | {triton_sync.arrival_counters("cpu", 1).data_ptr()}) == 3
+    with pytest.raises(ValueError, match="two branches .* found 3"):
+        fast.run_forked([branch("a")] * 3, torch.device("cpu"))
+
+
+def test_moe_fork_switch(monkeypatch):
+    x = torch.zeros(2, 4, dtype=torch.bfloat16)
+    monkeypatch.delenv("DELTASERVE_MOE_HALVES", raising=False)
+    assert fast.moe_fork(64, x) is None  # a CPU tensor without the interpreter: the fast path is off
+    monkeypatch.setattr(fast, "enabled", lambda t: True)
+    assert fast.moe_fork(fast.MOE_HALVES_TOKENS - 1, x) is None
+    fork = fast.moe_fork(fast.MOE_HALVES_TOKENS, x)
+    seen = []
+    fork([lambda: seen.append(1), lambda: seen.append(2)])  # run_forked on x's device: here in order
+    assert seen == [1, 2]
+    monkeypatch.setenv("DELTASERVE_MOE_HALVES", "0")
+    assert fast.moe_fork(64, x) is None
+    monkeypatch.setenv("DELTASERVE_MOE_HALVES", "1")
+    assert fast.moe_fork(1, x) is None and fast.moe_fork(2, x) is not None  # one token has no two sets
+    monkeypatch.setenv("DELTASERVE_MOE_HALVES", "-1")
+    with pytest.raises(ValueError, match="DELTASERVE_MOE_HALVES"):
+        fast.moe_fork(64, x)

@@ -411,36 +411,60 @@ def mixer_halves(rows: int, x: torch.Tensor, kind: str = "deltanet") -> bool:
     return bool(least) and rows >= max(least, 2) and enabled(x)
 
 
-_HALF_STREAMS: dict[int, tuple] = {}  # device index -> the two halves' streams (made once, outside any capture)
+_SIDE_STREAMS: dict[int, tuple] = {}  # device index -> the two side streams (made once, outside any capture)
 
 
-def run_halves(rows: int, fn, device: torch.device) -> None:
-    """fn(lo, hi) for rows [0, rows // 2) and [rows // 2, rows). On CUDA each half runs on a side stream forked from
-    the current one and joined back into it (a captured graph gets the two branches), under arrival-counter lanes
-    1 and 2 (kernels/triton_sync.counter_lane: the two halves' launches may run at once). Elsewhere, or inside a
-    capture before the streams exist, one half after the other on the current stream, with the same lanes."""
+def run_forked(fns, device: torch.device) -> None:
+    """The two callables in fns, each on a side stream forked from the current one and joined back into it before
+    this returns (a captured graph gets the two branches), under arrival-counter lanes 1 and 2
+    (kernels/triton_sync.counter_lane: the two branches' launches may run at once). Off CUDA, or inside a capture
+    before the streams exist, one after the other on the current stream, with the same lanes."""
     from ..kernels.triton_sync import counter_lane
 
-    half = rows // 2
-    spans = ((0, half), (half, rows))
+    if len(fns) != 2:
+        raise ValueError(f"run_forked: two branches (the two side streams), found {len(fns)}")
     cur = torch.cuda.current_stream(device) if device.type == "cuda" else None
     streams = None
     if cur is not None:
         index = cur.device.index
-        streams = _HALF_STREAMS.get(index)
+        streams = _SIDE_STREAMS.get(index)
         if streams is None and not torch.cuda.is_current_stream_capturing():
-            streams = _HALF_STREAMS[index] = (torch.cuda.Stream(index), torch.cuda.Stream(index))
+            streams = _SIDE_STREAMS[index] = (torch.cuda.Stream(index), torch.cuda.Stream(index))
     if streams is None:
-        for lane, (lo, hi) in enumerate(spans, start=1):
+        for lane, fn in enumerate(fns, start=1):
             with counter_lane(lane):
-                fn(lo, hi)
+                fn()
         return
-    for lane, (stream, (lo, hi)) in enumerate(zip(streams, spans), start=1):
+    for lane, (stream, fn) in enumerate(zip(streams, fns), start=1):
         stream.wait_stream(cur)
         with torch.cuda.stream(stream), counter_lane(lane):
-            fn(lo, hi)
+            fn()
     for stream in streams:
         cur.wait_stream(stream)
+
+
+def run_halves(rows: int, fn, device: torch.device) -> None:
+    """fn(lo, hi) for rows [0, rows // 2) and [rows // 2, rows), as two forked branches (run_forked)."""
+    half = rows // 2
+    run_forked([lambda: fn(0, half), lambda: fn(half, rows)], device)
+
+
+MOE_HALVES_TOKENS = 48  # decode tokens from which the MoE's expert tiles run as two sets on two streams (moe_fork)
+
+
+def moe_fork(tokens: int, x: torch.Tensor):
+    """The fork (run_forked on x's device) under which an MoE block of `tokens` decode tokens runs its warpgroup-MMA
+    expert tiles as two sets, even and odd tiles, each set's gate/up then down on a stream of its own
+    (kernels/moe/mma_moe.moe_block_mma(fork=)), or None for the joint launches. The same bits either way (each row is
+    its own MMA column). H100 probe, 40 blocks at the 35B-A3B's shapes (scripts/probe_moe_halves.py, bench/NOTES.md
+    wave 46), us a block: 64 tokens joint 143.1, forked 135.2 (-5.5%); 32 tokens 111.4 -> 102.9 (-7.6%).
+    Env DELTASERVE_MOE_HALVES: the fewest tokens that fork (0: never). Off CUDA the sets run one after the other."""
+    from ..utils.env import env_int
+
+    least = env_int("DELTASERVE_MOE_HALVES", MOE_HALVES_TOKENS, 0)
+    if not least or tokens < max(least, 2) or not enabled(x):
+        return None
+    return lambda fns: run_forked(fns, x.device)
 
 
 def mixer_decode(mixer: nn.Module, kind: str, x: torch.Tensor, batch, cache) -> torch.Tensor:

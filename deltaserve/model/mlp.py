@@ -137,8 +137,10 @@ class SparseMoeBlock(nn.Module):
             # the norm's prep (fast.moe_prep): x's group sums, alone (MOE_SUMS) or with the GEMV's xp
             carried = fast.carried_prep(x, fast.MOE_SUMS) or fast.carried_prep(x, fast.MOE_PREP)
             xs = None if carried is None else carried[1]
+            # a decode step's expert tiles as two sets on two streams from fast.moe_fork's tokens (the same bits)
+            fork = fast.moe_fork(x.shape[0], x) if decode else None
             return moe_block_mma(x, routing.ids, routing.weights, routing.shared_weight, mma, residual=residual,
-                                 xs=xs, shared_slotted=slot is not None, tiles=routing.tiles)
+                                 xs=xs, shared_slotted=slot is not None, tiles=routing.tiles, fork=fork)
         gate, up, down = fast.stacked_specs(self.experts)
         if decode and fast.decode_kernels() == "gemv":
             from ..kernels.moe.triton_moe_gemv import moe_decode_v2

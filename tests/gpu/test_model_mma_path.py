@@ -282,3 +282,37 @@ def test_mixer_halves_equal_one_launch(models, monkeypatch):
     assert torch.isfinite(one).all()
     for graph, got in halves.items():
         assert torch.equal(got, one), f"{mode}: the mixers' halves ({'graph' if graph else 'eager'}) change the logits"
+
+
+def test_moe_tile_sets_equal_joint_launches(models, monkeypatch):
+    """A 50-token decode's MoE blocks with their expert tiles as two sets on two streams (fast.moe_fork, from 48
+    tokens by default: even and odd tiles, each set's gate/up then down a chain of its own) == the joint launches
+    (DELTASERVE_MOE_HALVES=0), bit for bit, eager and replayed from a graph; in the modes whose MoE takes the
+    warpgroup-MMA kernel the two sets' launches really ran (elsewhere the fork is offered and unused)."""
+    from deltaserve.kernels.moe import mma_moe
+
+    _, gpu, mode = models
+    gen = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(0, 32, (int(n),), generator=gen).tolist()
+               for n in torch.randint(1, 40, (50,), generator=gen)]
+    sets, real = [], mma_moe.wg_matmul_experts
+
+    def spy(*args, **kwargs):
+        sets.append(kwargs.get("tile_set", (0, 1)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mma_moe, "wg_matmul_experts", spy)
+    monkeypatch.delenv("DELTASERVE_MOE_HALVES", raising=False)
+    forked = {graph: decode_logits(gpu, prompts, 4, graph=graph) for graph in (False, True)}
+    wg = MODES[mode].get("DELTASERVE_MOE_WGMMA_MIN_ROWS") == "1"
+    if wg:
+        assert {(0, 2), (1, 2)} <= set(sets), f"{mode}: the MoE's tile sets were not taken ({set(sets)})"
+    else:
+        assert not sets, f"{mode}: the warpgroup-MMA experts kernel ran ({set(sets)})"
+    monkeypatch.setenv("DELTASERVE_MOE_HALVES", "0")
+    sets.clear()
+    joint = decode_logits(gpu, prompts, 4, graph=False)
+    assert all(s == (0, 1) for s in sets) and (bool(sets) == wg)
+    assert torch.isfinite(joint).all()
+    for graph, got in forked.items():
+        assert torch.equal(got, joint), f"{mode}: the MoE's tile sets ({'graph' if graph else 'eager'}) change the logits"

@@ -390,3 +390,38 @@ def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
                     ref, got = both(lambda out: wx.wg_gemv(xd[:m], words, sb, xs=xsd[:m] if given else None, out=out,
                                                            tile_rows=rows), True)
                     assert torch.equal(got, ref), f"wg_gemv N={n} K={k} m={m} {rows}-row tiles, sums given {given}"
+
+
+@pytest.mark.parametrize("t", [1, 64, 512])
+def test_wg_tile_sets_make_the_joint_launch(dev, t):
+    """Two launches over the table's even and odd tiles (tile_set=(0, 2), (1, 2): moe_block_mma(fork=)'s two sets)
+    into one NaN-poisoned output make the joint launch's output bit for bit (gate/up and the scaled down at the
+    35B-A3B's shapes, 8- and 16-row tiles), each set alone writes only its tiles' rows, and a set without out= or
+    out of range is refused."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
+    for rows in (8, 16):
+        tiles = mg.mma_expert_tiles(ids, e, rows)
+        ref_g = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb))
+        ref_d = wx.wg_matmul_experts(ref_g, dw, dsb, ids, tiles, 1, scale=scale)
+        gated = lambda out, s: wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb), out=out,
+                                                    tile_set=s)
+        down = lambda out, s: wx.wg_matmul_experts(ref_g, dw, dsb, ids, tiles, 1, scale=scale, out=out, tile_set=s)
+        for name, run, ref in (("gated", gated, ref_g), ("down", down, ref_d)):
+            out = kc.poisoned(tuple(ref.shape), ref.dtype, dev)
+            run(out, (0, 2))
+            # the even tiles' rows written, the odd tiles' still poisoned (rows of the table's live tiles)
+            e_t, lo, hi, order = (v.tolist() for v in (tiles.tile_e, tiles.lo, tiles.hi, tiles.order))
+            for i, ex in enumerate(e_t):
+                if ex >= 0 and hi[i] > lo[i]:
+                    r = order[lo[i]]
+                    assert torch.isnan(out[r]).any() == bool(i % 2), f"{name}, t={t}: tile {i}'s row {r}"
+            run(out, (1, 2))
+            assert torch.equal(out, ref), f"{name}, t={t}, {rows}-row tiles: the two sets != the joint launch"
+    for bad in ((2, 2), (-1, 2)):
+        with pytest.raises(ValueError, match="tile_set"):
+            wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb), out=ref_g.clone(), tile_set=bad)
+    with pytest.raises(ValueError, match="out="):
+        wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb), tile_set=(0, 2))

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..quant.mma_gemv import (GROUP, default_ahead, default_row_blocks, default_warps, mma_expert_tiles,
+from ..quant.mma_gemv import (GROUP, ROW_BLOCK, default_ahead, default_row_blocks, default_warps, mma_expert_tiles,
                               mma_matmul_experts, pair_counters_fit, repack_q4, repack_q4_experts)
 from ..quant.wgmma_experts import (wg_fits, wg_matmul_experts, wg_min_rows, wg_moe_down_stages, wg_moe_stages,
                                    wg_tile_rows)
@@ -98,14 +98,19 @@ def wg_block_tile_rows(experts: MmaExperts, rows: int) -> int | None:
 
 def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, shared_weight: torch.Tensor | None,
                   experts: MmaExperts, residual: torch.Tensor | None = None, xs: torch.Tensor | None = None,
-                  tile_rows: int | None = None, shared_slotted: bool = False, tiles=None) -> torch.Tensor:
+                  tile_rows: int | None = None, shared_slotted: bool = False, tiles=None,
+                  fork=None) -> torch.Tensor:
     """x [T, H] bf16; ids / weights [T, k] (the routing contract: int32 expert ids, fp32 weights); shared_weight
     [T] fp32 (sigmoid of the shared gate) when the block has a shared expert. shared_slotted: ids / weights are
     [T, k + 1] with the stacked shared expert already in the last slot (moe_route(shared_slot=E' - 1): no launches
     to append it). xs: x's group sums (prep_x's, or the norm's prep: the same bits) if the caller has them.
     tile_rows: rows per expert tile (mma_expert_tiles; never a row's bits). tiles: the warpgroup-MMA launches' tiles
-    of these ids when the caller has them (moe_route(tile_rows=wg_block_tile_rows(...))). Returns [T, H] bf16
-    (+ residual)."""
+    of these ids when the caller has them (moe_route(tile_rows=wg_block_tile_rows(...))). fork: for the
+    warpgroup-MMA launches, a caller's fork(fns) that runs the callables (each on a stream of its own; the kernels
+    know no streams) and joins them before it returns: the table's tiles then run as two sets (even and odd
+    tiles), each set's gate/up then down a chain of its own writing its rows of one hidden and one slot buffer
+    (wg_matmul_experts(tile_set=)), so the two chains fill each other's kernel tails; every row is its own MMA
+    column, so the bits of the joint launches. Returns [T, H] bf16 (+ residual)."""
     if x.device.type != "cuda":
         raise RuntimeError("moe_block_mma: the tensor-core MoE needs a CUDA device (its kernels are Gluon)")
     from ..quant.triton_gemv import prep_x
@@ -135,11 +140,24 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
         elif tiles.order is None or tiles.order.numel() != ids.numel() or tiles.rows != wg_rows:
             raise ValueError(f"moe_block_mma: the tiles given are for another block (rows per tile {tiles.rows}, "
                              f"expected {wg_rows} for {ids.numel()} rows)")
-        hid = wg_matmul_experts(x, *experts.gate, ids, tiles, slots, xs=xs, up=experts.up,
-                                stages=wg_moe_stages(tiles.rows))
-        part = wg_matmul_experts(hid, *experts.down, ids, tiles, 1, scale=weights.reshape(-1),
-                                 stages=wg_moe_down_stages(tiles.rows)).view(t, slots, -1)
-        return _with_shared(part, x, xs, shared_weight, experts, residual)
+        if fork is None:
+            hid = wg_matmul_experts(x, *experts.gate, ids, tiles, slots, xs=xs, up=experts.up,
+                                    stages=wg_moe_stages(tiles.rows))
+            part = wg_matmul_experts(hid, *experts.down, ids, tiles, 1, scale=weights.reshape(-1),
+                                     stages=wg_moe_down_stages(tiles.rows))
+        else:
+            hid = x.new_empty(ids.numel(), experts.gate[0].shape[1] * ROW_BLOCK)  # [T (k + 1), I]
+            part = torch.empty(ids.numel(), experts.down[0].shape[1] * ROW_BLOCK, dtype=torch.float32,
+                               device=x.device)  # [T (k + 1), H]
+
+            def chain(tile_set):
+                wg_matmul_experts(x, *experts.gate, ids, tiles, slots, xs=xs, up=experts.up, out=hid,
+                                  stages=wg_moe_stages(tiles.rows), tile_set=tile_set)
+                wg_matmul_experts(hid, *experts.down, ids, tiles, 1, scale=weights.reshape(-1), out=part,
+                                  stages=wg_moe_down_stages(tiles.rows), tile_set=tile_set)
+
+            fork([lambda: chain((0, 2)), lambda: chain((1, 2))])
+        return _with_shared(part.view(t, slots, -1), x, xs, shared_weight, experts, residual)
     tiles = mma_expert_tiles(ids, num_e, tile_rows)  # the mma.sync kernel's own (single-row at decode sizes)
     glu = False  # down makes h = SiLU(g) * u from g | u as it loads its input
     if experts.gate_up is not None:

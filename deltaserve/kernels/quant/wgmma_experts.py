@@ -390,7 +390,7 @@ if HAVE_GLUON:
                     KCONV: gl.constexpr = 4, XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False,
                     GS: gl.constexpr = 1, PAIRED: gl.constexpr = False, FOLD_PAIR: gl.constexpr = False,
                     SPLIT_WAIT: gl.constexpr = False, KS: gl.constexpr = 1, part_ptr=None, cnt_ptr=None,
-                    stride_part=0):
+                    stride_part=0, TSTEP: gl.constexpr = 1, tile0=0):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -422,7 +422,10 @@ if HAVE_GLUON:
         program of W partial sums over those groups (_wg_sum: the butterfly's higher levels), stores that fp32 to
         part_ptr [KS, M, N] (split stride stride_part) and arrives at tile t, row set p's counter (cnt_ptr, zero
         outside a launch); the last of the KS adds the KS sums by the butterfly's lower levels (_wg_tree) and makes
-        the epilogue. The same adds of the same values, so the same bits."""
+        the epilogue. The same adds of the same values, so the same bits.
+        TSTEP, tile0 (the table's tiles): program i takes tile tile0 + i TSTEP, so TSTEP launches with tile0 = 0 ..
+        TSTEP - 1 take every tile once between them (wg_matmul_experts(tile_set=)): each tile the same work, so the
+        same bits."""
         GW: gl.constexpr = K // 64  # the weight's groups (its layout)
         G: gl.constexpr = GW // KS  # the groups this program adds
         FOLD: gl.constexpr = PARTIAL_MAJOR and W == 4 and FOLD_PAIR  # partial sums 0 and 2 first, then added
@@ -442,7 +445,7 @@ if HAVE_GLUON:
         XSH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         XSH32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
 
-        t = gl.program_id(0)
+        t = gl.program_id(0) * TSTEP + tile0
         p = gl.program_id(1).to(gl.int64)
         pdl_wait(PDL_WAIT)  # the tile table and x are the previous launches' output (the kernel opened: pdl_open)
         if DENSE:
@@ -641,13 +644,14 @@ if HAVE_GLUON:
                            PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False,
                            XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1,
                            PAIRED: gl.constexpr = False, FOLD_PAIR: gl.constexpr = False,
-                           SPLIT_WAIT: gl.constexpr = False):
-        """The experts matmul (wg_matmul_experts): _wg_program over the sorted tile table."""
+                           SPLIT_WAIT: gl.constexpr = False, TSTEP: gl.constexpr = 1, tile0=0):
+        """The experts matmul (wg_matmul_experts): _wg_program over the sorted tile table (every TSTEP-th tile
+        from tile0)."""
         pdl_open(PDL)
         _wg_program(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr, hi_ptr,
                     order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP, K, W, BN, GATED, SCALED, SELF_XS, NS,
                     PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM, SLOT_CARRY=SLOT_CARRY, GS=GS, PAIRED=PAIRED,
-                    FOLD_PAIR=FOLD_PAIR, SPLIT_WAIT=SPLIT_WAIT)
+                    FOLD_PAIR=FOLD_PAIR, SPLIT_WAIT=SPLIT_WAIT, TSTEP=TSTEP, tile0=tile0)
 
     @gluon.jit
     def _wg_gemv_kernel(xq_ptr, xs_ptr, w_ptr, sbq_ptr, out_ptr, stride_xq, stride_sm, stride_om, NBE, M,
@@ -762,7 +766,8 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
                       up: tuple | None = None, scale: torch.Tensor | None = None, warps: int | None = None,
                       out: torch.Tensor | None = None, stages: int = WG_STAGES,
                       partial_major: bool | None = None, xs_smem: bool | None = None,
-                      row_sets: int | None = None, fold: bool | None = None) -> torch.Tensor:
+                      row_sets: int | None = None, fold: bool | None = None,
+                      tile_set: tuple[int, int] = (0, 1)) -> torch.Tensor:
     """mma_gemv.mma_matmul_experts' result (the same bits) through warpgroup MMAs, for sorted tiles of 8 to 64 rows
     (tiles.rows is the MMA's N): row m = x[m // x_repeat] W[expert_ids[m]]^T for repacked stacked experts (N a
     multiple of 64); up= the gated epilogue (x's group sums xs= required, as the model's norm makes them), scale=
@@ -771,7 +776,10 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
     partial_major: the groups partial sum by partial sum (None: wg_partial_major()); xs_smem: x's given group sums
     staged in shared memory (None: wg_xs_smem()); row_sets: 64-row sets a program of a one-weight launch, 1 or 2
     (None: wg_row_sets(tiles.rows) where N is a multiple of 128, else 1; 2 given needs it); fold: partial sums 0 and
-    2 added as soon as both are complete (None: wg_fold_pair()); none of them changes bits."""
+    2 added as soon as both are complete (None: wg_fold_pair()); none of them changes bits.
+    tile_set (i, n): this launch takes the table's tiles i, i + n, i + 2n, ... only, writing only their rows of out
+    (given, shared by the n launches: out= required when n > 1), so the n launches of i = 0 .. n - 1 make the
+    one launch's out between them, bit for bit, and may run at once on n streams (moe_block_mma(fork=))."""
     from .mma_gemv import default_warps
 
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
@@ -804,6 +812,10 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
         raise ValueError(f"wg_matmul_experts: {sets} row sets of 64 a program for a weight of {nbe} row blocks of 16 "
                          f"(1, or 2 with the row blocks a multiple of 8; gated launches 1)")
     stages = _wg_slots(stages, g, gs)  # the prologue requests NS - 1 steps: at most all of them (never a bit)
+    first, step = tile_set
+    if not 0 <= first < step or (step > 1 and out is None):
+        raise ValueError(f"wg_matmul_experts: tile_set (i, n) needs 0 <= i < n and, for n > 1, out= (the n launches' "
+                         f"shared output), found {tile_set} with out {'given' if out is not None else 'None'}")
     self_xs = xs is None
     out = experts_operands(x, words, sb, up, scale, xs, m, out, "wg_matmul_experts")
     if m:
@@ -813,7 +825,8 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
             # pairs a row block's group; the kernel's own offsets from there)
             w2, sb2 = w2.view(-1)[4 * g * 128:], sb2.view(-1)[4 * g * 16:]
         xq = x.view(torch.int32)  # bf16 pairs: the kernel copies x 4 bytes at a time, in the fragment order
-        _wg_experts_kernel[(tiles.tile_e.numel(), nbe // (4 * sets))](
+        programs = -(-(tiles.tile_e.numel() - first) // step)  # tile first + i step < the table's length
+        _wg_experts_kernel[(programs, nbe // (4 * sets))](
             xq, xq if self_xs else xs, words, w2, sb.view(torch.int32), sb2, out,
             scale if scale is not None else out, tiles.tile_e, tiles.lo, tiles.hi, tiles.order, xq.stride(0),
             0 if self_xs else xs.stride(0), out.stride(0), nbe, 0, XREP=x_repeat, K=k, W=warps, BN=tiles.rows,
@@ -821,7 +834,7 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
             **_step_args(self_xs, xs_smem, gs), **({"PAIRED": True} if sets == 2 else {}),
             **_order_args(warps, partial_major, fold),
             **({"SPLIT_WAIT": True} if up is not None and wg_split_wait() else {}), **wg_maxnreg(tiles.rows),
-            **pdl_args(x))
+            **({"TSTEP": step, "tile0": first} if step > 1 else {}), **pdl_args(x))
     return out
 
 
