@@ -118,7 +118,7 @@ def test_wgmma_experts_rows_switch(monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     monkeypatch.delenv("DELTASERVE_MOE_WGMMA_MIN_ROWS", raising=False)
-    assert wx.wg_min_rows() == wx.WG_MIN_ROWS == 512  # from 57 tokens: a 64-stream decode, not an 8-stream one
+    assert wx.wg_min_rows() == wx.WG_MIN_ROWS == 144  # from 16 tokens: a 16-stream decode, not an 8-stream one
     monkeypatch.delenv("DELTASERVE_MOE_WGMMA_ROWS32", raising=False)
     assert (wx.wg_tile_rows(4096), wx.wg_tile_rows(4095), wx.wg_tile_rows(576)) == (16, 8, 8)
     assert (wx.wg_tile_rows(8192), wx.wg_tile_rows(8191)) == (32, 16)

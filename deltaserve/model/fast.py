@@ -449,7 +449,7 @@ def run_halves(rows: int, fn, device: torch.device) -> None:
     run_forked([lambda: fn(0, half), lambda: fn(half, rows)], device)
 
 
-MOE_HALVES_TOKENS = 48  # decode tokens from which the MoE's expert tiles run as two sets on two streams (moe_fork)
+MOE_HALVES_TOKENS = 16  # decode tokens from which the MoE's expert tiles run as two sets on two streams (moe_fork)
 
 
 def moe_fork(tokens: int, x: torch.Tensor):
@@ -457,8 +457,11 @@ def moe_fork(tokens: int, x: torch.Tensor):
     expert tiles as two sets, even and odd tiles, each set's gate/up then down on a stream of its own
     (kernels/moe/mma_moe.moe_block_mma(fork=)), or None for the joint launches. The same bits either way (each row is
     its own MMA column). H100 probe, 40 blocks at the 35B-A3B's shapes (scripts/probe_moe_halves.py, bench/NOTES.md
-    wave 46), us a block: 64 tokens joint 143.1, forked 135.2 (-5.5%); 32 tokens 111.4 -> 102.9 (-7.6%).
-    Env DELTASERVE_MOE_HALVES: the fewest tokens that fork (0: never). Off CUDA the sets run one after the other."""
+    wave 46), us a block: 64 tokens joint 143.1, forked by expert halves 135.2 (-5.5%), as even and odd tiles 137.0
+    (-4.3%); 32 tokens 111.4 -> 102.9 (by expert halves). In the model, H100, tg64 @ d512 in one call, joint -> sets:
+    64 streams 5,313 / 5,327 / 5,311 -> 5,347 / 5,351 / 5,351 (+0.6%), 32 streams (the warpgroup-MMA kernel)
+    3,861 -> 3,928 (+1.7%), 16 streams 2,764 -> 2,859 (+3.4%); 8 streams take the mma.sync kernel (wg_min_rows),
+    which has no sets. Env DELTASERVE_MOE_HALVES: the fewest tokens that fork (0: never). Off CUDA the sets run one after the other."""
     from ..utils.env import env_int
 
     least = env_int("DELTASERVE_MOE_HALVES", MOE_HALVES_TOKENS, 0)

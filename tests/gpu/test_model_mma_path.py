@@ -288,7 +288,7 @@ def test_moe_tile_sets_equal_joint_launches(models, monkeypatch):
     """A 50-token decode's MoE blocks with their expert tiles as two sets on two streams (fast.moe_fork, from 48
     tokens by default: even and odd tiles, each set's gate/up then down a chain of its own) == the joint launches
     (DELTASERVE_MOE_HALVES=0), bit for bit, eager and replayed from a graph; in the modes whose MoE takes the
-    warpgroup-MMA kernel the two sets' launches really ran (elsewhere the fork is offered and unused)."""
+    warpgroup-MMA kernel at 50 tokens (all but the head mode's CUDA-core MoE) the two sets' launches really ran."""
     from deltaserve.kernels.moe import mma_moe
 
     _, gpu, mode = models
@@ -304,7 +304,13 @@ def test_moe_tile_sets_equal_joint_launches(models, monkeypatch):
     monkeypatch.setattr(mma_moe, "wg_matmul_experts", spy)
     monkeypatch.delenv("DELTASERVE_MOE_HALVES", raising=False)
     forked = {graph: decode_logits(gpu, prompts, 4, graph=graph) for graph in (False, True)}
-    wg = MODES[mode].get("DELTASERVE_MOE_WGMMA_MIN_ROWS") == "1"
+    # whether these blocks take the warpgroup-MMA kernel at 50 tokens (from 16 by default; never in the head mode)
+    from deltaserve.kernels.moe.mma_moe import wg_block_tile_rows
+
+    block = next(m for m in gpu.modules() if isinstance(m, SparseMoeBlock))
+    mma = block.__dict__.get(fast.MMA_ATTR)
+    wg = mma is not None and wg_block_tile_rows(mma, 50 * (block.top_k + 1)) is not None
+    assert wg == (mode != "head"), f"{mode}: the warpgroup-MMA experts kernel {'' if wg else 'not '}taken at 50 tokens"
     if wg:
         assert {(0, 2), (1, 2)} <= set(sets), f"{mode}: the MoE's tile sets were not taken ({set(sets)})"
     else:

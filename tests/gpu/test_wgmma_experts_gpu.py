@@ -120,7 +120,7 @@ def test_wg_row_sets_same_bits(dev, t, monkeypatch):
 def test_moe_block_wgmma_same_bits(dev, t, monkeypatch):
     """The MoE block with its gate/up and down on the warpgroup-MMA kernel (from one row; its default launch shapes:
     8-row tiles to 455 tokens, 16-row from 456, 32-row from 911) equals the block on the mma.sync kernel bit for bit, the stacked
-    shared expert included."""
+    shared expert included; so does it with its tiles as two sets (fork=), serial or on two streams."""
     from deltaserve.kernels.moe.mma_moe import moe_block_mma
 
     x, res, ids, w, sw, experts, _ = _moe_block(dev, t)
@@ -128,6 +128,11 @@ def test_moe_block_wgmma_same_bits(dev, t, monkeypatch):
     base = moe_block_mma(x, ids, w, sw, experts, residual=res)
     monkeypatch.setenv("DELTASERVE_MOE_WGMMA_MIN_ROWS", "1")
     assert torch.equal(moe_block_mma(x, ids, w, sw, experts, residual=res), base)
+    # the tiles as two sets (fork=): one after the other, and on the model's two side streams
+    from deltaserve.model.fast import run_forked
+
+    for fork in (lambda fns: [f() for f in fns], lambda fns: run_forked(fns, x.device)):
+        assert torch.equal(moe_block_mma(x, ids, w, sw, experts, residual=res, fork=fork), base)
 
 
 def test_wg_experts_input_checks(dev):

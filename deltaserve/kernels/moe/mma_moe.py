@@ -2,7 +2,7 @@
 launches after the routing: gate and up with SiLU * up as one launch, down with each slot's routing weight as one
 launch, then the one combine of the prefill path (`triton_combine.combine_slots`). Gate/up and down go through
 `quant.mma_gemv.mma_matmul_experts` (mma.sync), or from `wgmma_experts.wg_min_rows()` rows (prefill chunks,
-64-stream decodes) through `quant.wgmma_experts.wg_matmul_experts` (warpgroup MMAs, the same bits): each (token,
+decodes of 16+ streams) through `quant.wgmma_experts.wg_matmul_experts` (warpgroup MMAs, the same bits): each (token,
 slot) row is an MMA column of its expert's tile, so an expert picked by several rows of a tile is read once, and a
 row's bits never depend on which rows share the launch or which of the two kernels ran it.
 

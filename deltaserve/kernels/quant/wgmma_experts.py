@@ -33,7 +33,7 @@ WG_STAGES = 3  # shared-memory slots per program (NS): two groups in flight
 WG_TILE_ROWS = 16  # sorted rows of x per program (the MMA's N) from WG_WIDE_ROWS rows; 8 below (wg_tile_rows)
 WG_WIDE_ROWS = 4096  # the block's rows from which the programs take WG_TILE_ROWS sorted rows
 WG_WIDEST_ROWS = 8192  # ... and from which they take 32 (wg_tile_rows)
-WG_MIN_ROWS = 512  # the MoE block's rows (tokens x slots) from which it takes this kernel (wg_min_rows)
+WG_MIN_ROWS = 144  # the MoE block's rows (tokens x slots) from which it takes this kernel (wg_min_rows)
 
 
 def wg_min_rows() -> int:
@@ -42,9 +42,11 @@ def wg_min_rows() -> int:
     skipping the tile table's unused tail tiles: at 512 tokens (4,608 rows) gated 267 -> 250 us, down 155 -> 123
     with 16-row tiles and 3 slots (pp512 B=1 19,176 -> 20,024 tok/s); at 4,096 tokens 1,524 -> 1,271 and 854 ->
     729; at 64 tokens (a 64-stream decode, 576 rows; before the skip) 151 -> 175 and 111 -> 108, and in the model
-    tg64 @ d512 at 64 streams (8-row tiles) 4,852 -> 4,913 tok/s with it from 512 rows, so 512 is the default: every
-    batch of 57+ tokens (a 64-stream decode, a prefill chunk of 57+ tokens) takes it, 8 streams (72 rows) and fewer
-    keep mma.sync. Env DELTASERVE_MOE_WGMMA_MIN_ROWS (0: never), for in-model A/B."""
+    tg64 @ d512 at 64 streams (8-row tiles) 4,852 -> 4,913 tok/s with it from 512 rows. Later, H100, tg64 @ d512 in
+    one call (wave 46), mma.sync -> this kernel joint -> as two tile sets on two streams (fast.moe_fork): 32 streams
+    3,586 -> 3,861 -> 3,928 tok/s, 16 streams 2,678 -> 2,764 -> 2,859, 8 streams 2,154 -> 2,109 -> 2,046, batch 1
+    639 -> 421; so 144 (16 tokens) is the default: decodes of 16+ streams and prefill chunks of 16+ tokens take it,
+    8 streams and fewer keep mma.sync. Env DELTASERVE_MOE_WGMMA_MIN_ROWS (0: never), for in-model A/B."""
     return env_int("DELTASERVE_MOE_WGMMA_MIN_ROWS", WG_MIN_ROWS, 0) or 1 << 62
 
 
