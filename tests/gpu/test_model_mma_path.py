@@ -160,6 +160,24 @@ def test_router_norm_in_use_and_equal_to_the_norm_launch(models, monkeypatch):
         assert torch.equal(a, b), f"{mode}: fused router norm != the norm launch (run {i})"
 
 
+MODE_KEYS = sorted({k for env in MODES.values() for k in env})
+
+
+def _without_modes(mp: pytest.MonkeyPatch) -> None:
+    """Every mode's variable unset. The module-scoped `models` keeps its last mode's environment set until the
+    module ends (pytest finalises a parametrized fixture only for its next param), and the tests below run after
+    its tests: without this, the "default paths" models would load and run under that mode (mma-wg-xs: the decode
+    GEMVs on tensor cores, so no merge prep)."""
+    for key in MODE_KEYS:
+        mp.delenv(key, raising=False)
+
+
+@pytest.fixture
+def default_paths(monkeypatch):
+    """A test of the default paths: no mode's variable set (restored after the test)."""
+    _without_modes(monkeypatch)
+
+
 @pytest.fixture(scope="module")
 def prep_model(tmp_path_factory):
     """The default paths on a q4 g64 model whose DeltaNet value heads are one q4 group wide (dv = 64), so the decode
@@ -172,10 +190,12 @@ def prep_model(tmp_path_factory):
                        linear_num_value_heads=4, linear_value_head_dim=64)
     ours_from_checkpoint(hf, src)
     q4 = quantize_checkpoint(src, tmp_path_factory.mktemp("q4_dv64"), 4, 64, progress=False)
-    return load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
+    with pytest.MonkeyPatch.context() as mp:
+        _without_modes(mp)
+        return load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
 
 
-def test_gdn_step_prep_in_use_and_equal_to_the_prep_launch(prep_model, monkeypatch):
+def test_gdn_step_prep_in_use_and_equal_to_the_prep_launch(prep_model, default_paths, monkeypatch):
     """With the step's prep the decode logits are the prep launch's to fp32 rounding of the group sums (the same
     greedy tokens); it is in use (the mixers' format is (4, 64)), and the launch mode really differs in path."""
     mixers = [m for m in prep_model.modules() if isinstance(m, GatedDeltaNet)]
@@ -207,10 +227,12 @@ def merge_prep_model(tmp_path_factory):
                        head_dim=64, rope_parameters=rope)
     ours_from_checkpoint(hf, src)
     q4 = quantize_checkpoint(src, tmp_path_factory.mktemp("q4_hd64"), 4, 64, progress=False)
-    return load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
+    with pytest.MonkeyPatch.context() as mp:
+        _without_modes(mp)
+        return load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
 
 
-def test_attn_merge_prep_equals_the_prep_launch(merge_prep_model, monkeypatch):
+def test_attn_merge_prep_equals_the_prep_launch(merge_prep_model, default_paths, monkeypatch):
     """With the merge's prep the decode logits are the prep launch's bit for bit (prep_row's arithmetic on the same
     values), eager and replayed, over a merged row (a 70-token prompt) and single-split rows; it is in use at the
     attention layer and off under launch; batch invariance and graph == eager hold with it."""
@@ -234,7 +256,7 @@ def test_attn_merge_prep_equals_the_prep_launch(merge_prep_model, monkeypatch):
 
 
 @pytest.mark.parametrize("shape", ["split", "head"])
-def test_gdn_step_prep_batch_invariance_and_graphs(prep_model, monkeypatch, shape):
+def test_gdn_step_prep_batch_invariance_and_graphs(prep_model, default_paths, monkeypatch, shape):
     """dv = 64: the step in blocks of 32 state columns (split, two programs a head) or a head per program
     (DELTASERVE_GDN_STEP), each batch-invariant bit for bit and graph == eager."""
     monkeypatch.setenv("DELTASERVE_GDN_PREP", "step")
