@@ -392,7 +392,7 @@ if HAVE_GLUON:
                     KCONV: gl.constexpr = 4, XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False,
                     GS: gl.constexpr = 1, PAIRED: gl.constexpr = False, FOLD_PAIR: gl.constexpr = False,
                     SPLIT_WAIT: gl.constexpr = False, KS: gl.constexpr = 1, part_ptr=None, cnt_ptr=None,
-                    stride_part=0, TSTEP: gl.constexpr = 1, tile0=0):
+                    stride_part=0, TSTEP: gl.constexpr = 1, TILE0: gl.constexpr = 0):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
         row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
@@ -425,9 +425,9 @@ if HAVE_GLUON:
         part_ptr [KS, M, N] (split stride stride_part) and arrives at tile t, row set p's counter (cnt_ptr, zero
         outside a launch); the last of the KS adds the KS sums by the butterfly's lower levels (_wg_tree) and makes
         the epilogue. The same adds of the same values, so the same bits.
-        TSTEP, tile0 (the table's tiles): program i takes tile tile0 + i TSTEP, so TSTEP launches with tile0 = 0 ..
+        TSTEP, TILE0 (the table's tiles): program i takes tile TILE0 + i TSTEP, so TSTEP launches with TILE0 = 0 ..
         TSTEP - 1 take every tile once between them (wg_matmul_experts(tile_set=)): each tile the same work, so the
-        same bits."""
+        same bits. Both constexpr, so the joint launch (1, 0) has no argument more than before them."""
         GW: gl.constexpr = K // 64  # the weight's groups (its layout)
         G: gl.constexpr = GW // KS  # the groups this program adds
         FOLD: gl.constexpr = PARTIAL_MAJOR and W == 4 and FOLD_PAIR  # partial sums 0 and 2 first, then added
@@ -447,7 +447,7 @@ if HAVE_GLUON:
         XSH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         XSH32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
 
-        t = gl.program_id(0) * TSTEP + tile0
+        t = gl.program_id(0) * TSTEP + TILE0
         p = gl.program_id(1).to(gl.int64)
         pdl_wait(PDL_WAIT)  # the tile table and x are the previous launches' output (the kernel opened: pdl_open)
         if DENSE:
@@ -646,14 +646,15 @@ if HAVE_GLUON:
                            PARTIAL_MAJOR: gl.constexpr = False, PDL: gl.constexpr = False,
                            XS_SMEM: gl.constexpr = False, SLOT_CARRY: gl.constexpr = False, GS: gl.constexpr = 1,
                            PAIRED: gl.constexpr = False, FOLD_PAIR: gl.constexpr = False,
-                           SPLIT_WAIT: gl.constexpr = False, TSTEP: gl.constexpr = 1, tile0=0):
+                           SPLIT_WAIT: gl.constexpr = False, TSTEP: gl.constexpr = 1,
+                           TILE0: gl.constexpr = 0):
         """The experts matmul (wg_matmul_experts): _wg_program over the sorted tile table (every TSTEP-th tile
-        from tile0)."""
+        from TILE0)."""
         pdl_open(PDL)
         _wg_program(xq_ptr, xs_ptr, w_ptr, w2_ptr, sbq_ptr, sb2q_ptr, out_ptr, scale_ptr, tile_e_ptr, lo_ptr, hi_ptr,
                     order_ptr, stride_xq, stride_sm, stride_om, NBE, M, XREP, K, W, BN, GATED, SCALED, SELF_XS, NS,
                     PARTIAL_MAJOR, False, PDL, XS_SMEM=XS_SMEM, SLOT_CARRY=SLOT_CARRY, GS=GS, PAIRED=PAIRED,
-                    FOLD_PAIR=FOLD_PAIR, SPLIT_WAIT=SPLIT_WAIT, TSTEP=TSTEP, tile0=tile0)
+                    FOLD_PAIR=FOLD_PAIR, SPLIT_WAIT=SPLIT_WAIT, TSTEP=TSTEP, TILE0=TILE0)
 
     @gluon.jit
     def _wg_gemv_kernel(xq_ptr, xs_ptr, w_ptr, sbq_ptr, out_ptr, stride_xq, stride_sm, stride_om, NBE, M,
@@ -836,7 +837,7 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
             **_step_args(self_xs, xs_smem, gs), **({"PAIRED": True} if sets == 2 else {}),
             **_order_args(warps, partial_major, fold),
             **({"SPLIT_WAIT": True} if up is not None and wg_split_wait() else {}), **wg_maxnreg(tiles.rows),
-            **({"TSTEP": step, "tile0": first} if step > 1 else {}), **pdl_args(x))
+            **({"TSTEP": step, "TILE0": first} if step > 1 else {}), **pdl_args(x))
     return out
 
 
