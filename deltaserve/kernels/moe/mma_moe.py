@@ -140,22 +140,19 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
         elif tiles.order is None or tiles.order.numel() != ids.numel() or tiles.rows != wg_rows:
             raise ValueError(f"moe_block_mma: the tiles given are for another block (rows per tile {tiles.rows}, "
                              f"expected {wg_rows} for {ids.numel()} rows)")
+        hid = x.new_empty(ids.numel(), experts.gate[0].shape[1] * ROW_BLOCK)  # [T (k + 1), I]
+        part = torch.empty(ids.numel(), experts.down[0].shape[1] * ROW_BLOCK, dtype=torch.float32,
+                           device=x.device)  # [T (k + 1), H]
+
+        def chain(tile_set):  # gate/up then down over the tiles of tile_set, into their rows of hid and part
+            wg_matmul_experts(x, *experts.gate, ids, tiles, slots, xs=xs, up=experts.up, out=hid,
+                              stages=wg_moe_stages(tiles.rows), tile_set=tile_set)
+            wg_matmul_experts(hid, *experts.down, ids, tiles, 1, scale=weights.reshape(-1), out=part,
+                              stages=wg_moe_down_stages(tiles.rows), tile_set=tile_set)
+
         if fork is None:
-            hid = wg_matmul_experts(x, *experts.gate, ids, tiles, slots, xs=xs, up=experts.up,
-                                    stages=wg_moe_stages(tiles.rows))
-            part = wg_matmul_experts(hid, *experts.down, ids, tiles, 1, scale=weights.reshape(-1),
-                                     stages=wg_moe_down_stages(tiles.rows))
+            chain((0, 1))
         else:
-            hid = x.new_empty(ids.numel(), experts.gate[0].shape[1] * ROW_BLOCK)  # [T (k + 1), I]
-            part = torch.empty(ids.numel(), experts.down[0].shape[1] * ROW_BLOCK, dtype=torch.float32,
-                               device=x.device)  # [T (k + 1), H]
-
-            def chain(tile_set):
-                wg_matmul_experts(x, *experts.gate, ids, tiles, slots, xs=xs, up=experts.up, out=hid,
-                                  stages=wg_moe_stages(tiles.rows), tile_set=tile_set)
-                wg_matmul_experts(hid, *experts.down, ids, tiles, 1, scale=weights.reshape(-1), out=part,
-                                  stages=wg_moe_down_stages(tiles.rows), tile_set=tile_set)
-
             fork([lambda: chain((0, 2)), lambda: chain((1, 2))])
         return _with_shared(part.view(t, slots, -1), x, xs, shared_weight, experts, residual)
     tiles = mma_expert_tiles(ids, num_e, tile_rows)  # the mma.sync kernel's own (single-row at decode sizes)
