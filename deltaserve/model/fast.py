@@ -387,6 +387,15 @@ def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, 
     return attach_prep(y, (s.bits, s.group), prep)
 
 
+def _splits_at(name: str, default: int, rows: int, x: torch.Tensor) -> bool:
+    """Whether a decode step of `rows` rows reaches env `name`'s fewest rows that split in two (default `default`;
+    0: never; one row has no two parts) on the fast path: mixer_halves' and moe_fork's threshold."""
+    from ..utils.env import env_int
+
+    least = env_int(name, default, 0)
+    return bool(least) and rows >= max(least, 2) and enabled(x)
+
+
 MIXER_HALVES_ROWS = 48  # decode rows from which a mixer runs as two halves on two streams (mixer_halves)
 MIXER_HALVES_ATTN = 1  # whether the attention layers' mixers do too (DELTASERVE_MIXER_HALVES_ATTN)
 
@@ -405,10 +414,10 @@ def mixer_halves(rows: int, x: torch.Tensor, kind: str = "deltanet") -> bool:
 
     if kind not in ("deltanet", "attention"):
         raise ValueError(f"mixer_halves: kind 'deltanet' or 'attention', found {kind!r}")
-    least = env_int("DELTASERVE_MIXER_HALVES", MIXER_HALVES_ROWS, 0)
+    splits = _splits_at("DELTASERVE_MIXER_HALVES", MIXER_HALVES_ROWS, rows, x)
     if kind == "attention" and not env_int("DELTASERVE_MIXER_HALVES_ATTN", MIXER_HALVES_ATTN, 0, 1):
         return False
-    return bool(least) and rows >= max(least, 2) and enabled(x)
+    return splits
 
 
 _SIDE_STREAMS: dict[int, tuple] = {}  # device index -> the two side streams (made once, outside any capture)
@@ -461,11 +470,9 @@ def moe_fork(tokens: int, x: torch.Tensor):
     (-4.3%); 32 tokens 111.4 -> 102.9 (by expert halves). In the model, H100, tg64 @ d512 in one call, joint -> sets:
     64 streams 5,313 / 5,327 / 5,311 -> 5,347 / 5,351 / 5,351 (+0.6%), 32 streams (the warpgroup-MMA kernel)
     3,861 -> 3,928 (+1.7%), 16 streams 2,764 -> 2,859 (+3.4%); 8 streams take the mma.sync kernel (wg_min_rows),
-    which has no sets. Env DELTASERVE_MOE_HALVES: the fewest tokens that fork (0: never). Off CUDA the sets run one after the other."""
-    from ..utils.env import env_int
-
-    least = env_int("DELTASERVE_MOE_HALVES", MOE_HALVES_TOKENS, 0)
-    if not least or tokens < max(least, 2) or not enabled(x):
+    which has no sets. Env DELTASERVE_MOE_HALVES: the fewest tokens that fork (0: never). Off CUDA the sets run
+    one after the other."""
+    if not _splits_at("DELTASERVE_MOE_HALVES", MOE_HALVES_TOKENS, tokens, x):
         return None
     return lambda fns: run_forked(fns, x.device)
 
@@ -568,11 +575,12 @@ def logits_kernels() -> str:
     return env_choice("DELTASERVE_PREFILL_LOGITS", "gemv", ("gemv", "matmul"))
 
 
-def _decode_out(out: torch.Tensor | None, x: torch.Tensor, n: int) -> torch.Tensor | None:
-    """linear(out=) checked: x's dtype, [rows of x, n], unit column stride (None passes through)."""
-    if out is None:
-        return None
+def _decode_out(out: torch.Tensor | None, x: torch.Tensor, n: int, new: bool = False) -> torch.Tensor | None:
+    """linear(out=) checked: x's dtype, [rows of x, n], unit column stride. None passes through, or with new a fresh
+    such tensor."""
     rows = x.numel() // x.shape[-1]
+    if out is None:
+        return torch.empty(rows, n, dtype=x.dtype, device=x.device) if new else None
     if out.dtype != x.dtype or tuple(out.shape) != (rows, n) or out.stride(-1) != 1:
         raise ValueError(f"fast.linear: out must be {x.dtype} [{rows}, {n}] with unit column stride, found {out.dtype} "
                          f"{tuple(out.shape)} strides {out.stride()}")
@@ -615,7 +623,7 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
                 out = _decode_out(out, x, s.n)
             return mma_gemv(x, *mma, xs=xs, out=out)  # launches of <= 64 rows inside
         x2 = x.reshape(-1, x.shape[-1])
-        out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device) if out is None else _decode_out(out, x, s.n)
+        out = _decode_out(out, x, s.n, new=True)
         w, pool, slots, ctx, channels = conv
         for start in range(0, x2.shape[0], MMA_ROWS):  # the conv's launches: rows and their sequences sliced alike
             stop = min(start + MMA_ROWS, x2.shape[0])
@@ -627,7 +635,7 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
 
         prep = carried_prep(x, (s.bits, s.group))  # [R, K] and [R, K / group]: sliced with the rows below
         x2 = x.reshape(-1, x.shape[-1])
-        out = torch.empty(x2.shape[0], s.n, dtype=x.dtype, device=x.device) if out is None else _decode_out(out, x, s.n)
+        out = _decode_out(out, x, s.n, new=True)
         for start in range(0, x2.shape[0], MAX_ROWS):
             stop = min(start + MAX_ROWS, x2.shape[0])
             rows_prep = None if prep is None else (prep[0][start:stop], prep[1][start:stop])
