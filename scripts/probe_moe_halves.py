@@ -29,7 +29,7 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
-from sweep_common import time_graph_median  # noqa: E402
+from sweep_common import same_bits, time_graph_median  # noqa: E402
 
 BLOCKS = 40
 E, H, INTER, TOP_K = 256, 2048, 512, 8
@@ -150,17 +150,18 @@ def main() -> int:
         schedule(form, [check], x, xs, ids, weights, tiles, sets, [got], streams)
         torch.cuda.synchronize()
         for name, a, b in zip(("hidden", "slots", "output"), got, want):
-            same = torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a.view(torch.int32),
-                               b.view(torch.int16) if b.dtype == torch.bfloat16 else b.view(torch.int32))
-            if not same:
+            if not same_bits(a, b):
                 bad.append(f"{form}: {name} differs from joint's")
     print("bits: " + ("; ".join(bad) if bad else "serial, forked and tile sets == joint (hidden, slots, output)"))
     del check
 
     blocks = [Block(dev) for _ in range(BLOCKS)]
     bufs = [buffers() for _ in range(BLOCKS)]
-    rows = [(form, time_graph_median(lambda f=form: schedule(f, blocks, x, xs, ids, weights, tiles, sets, bufs, streams),
-                             args.replays, args.repeats) * 1e3 / BLOCKS) for form in ("joint", "serial", "forked", "tile sets")]
+    def timed(form):
+        return time_graph_median(lambda: schedule(form, blocks, x, xs, ids, weights, tiles, sets, bufs, streams),
+                                 args.replays, args.repeats) * 1e3 / BLOCKS
+
+    rows = [(form, timed(form)) for form in ("joint", "serial", "forked", "tile sets")]
     print("\n| form | us a block |\n|---|---|")
     for form, us in rows:
         print(f"| {form} | {us:.2f} ({(us / rows[0][1] - 1) * 100:+.1f}%) |")

@@ -38,7 +38,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 from deltaserve.kernels import triton_sync  # noqa: E402
-from sweep_common import time_graph_median  # noqa: E402
+from sweep_common import same_bits, time_graph_median  # noqa: E402
 
 LAYERS = 30
 QUARTER_STREAMS: list = []  # the forked4 form's four streams (made in main)
@@ -198,8 +198,7 @@ def check_bits(dev, rows: int, streams_by_form) -> list[str]:
         torch.cuda.synchronize()
         for name, a, b in (("out", got, want[0]), ("conv pool", layer.conv_pool, want[1]),
                            ("state", layer.ssm, want[2])):
-            if not torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a.view(torch.int32),
-                               b.view(torch.uint8) if b.dtype != torch.float32 else b.view(torch.int32)):
+            if not same_bits(a, b):
                 bad.append(f"{form}: {name} differs from joint's ({(a != b).sum().item()} elements)")
     return bad
 
@@ -217,7 +216,7 @@ def main() -> int:
     a_first = (torch.cuda.Stream(priority=hi_prio), torch.cuda.Stream(priority=lo_prio))
     QUARTER_STREAMS[:] = [torch.cuda.Stream() for _ in range(4)]
     per_stream_counters([*plain, *b_first, *a_first, *QUARTER_STREAMS])
-    forms = {"joint": plain, "serial": plain, "forked": plain, "forked4": plain, "after_in": plain, "steps": plain, "staggered": plain,
+    forms = {**{f: plain for f in ("joint", "serial", "forked", "forked4", "after_in", "steps", "staggered")},
              "staggered+": b_first, "staggered-": a_first}
     print(f"{torch.cuda.get_device_name()}; stream priorities {lo_prio} (low) .. {hi_prio} (high)")
     bad = check_bits(dev, args.rows, forms)

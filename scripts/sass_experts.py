@@ -65,8 +65,8 @@ def main(argv=None) -> int:
                up=up, out=hid, stages=wx.wg_moe_stages(rows), **({"tile_set": tile_set} if tile_set[1] > 1 else {}))
         forms.append((f"{label} gate/up", [k for k in compiled if k not in before]))
         before = set(compiled)
-        matmul(hid, *down, ids, tiles, 1, scale=torch.zeros(m), out=torch.zeros(m, H), stages=wx.wg_moe_down_stages(rows),
-               **({"tile_set": tile_set} if tile_set[1] > 1 else {}))
+        matmul(hid, *down, ids, tiles, 1, scale=torch.zeros(m), out=torch.zeros(m, H),
+               stages=wx.wg_moe_down_stages(rows), **({"tile_set": tile_set} if tile_set[1] > 1 else {}))
         forms.append((f"{label} down", [k for k in compiled if k not in before]))
 
     launch("64 tokens", 64)

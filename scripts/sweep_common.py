@@ -51,6 +51,12 @@ def rel_err(got, ref) -> float:
     return (g - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a and b hold the same bytes (the same dtype and shape; NaNs compared as bits, -0.0 unequal to 0.0): the
+    probes' check that two schedules of the same launches give the same outputs."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
 class RecordSink:
     """Records as they come: kept in `records`, printed (elapsed seconds, then fmt(record)) and written as JSON
     lines to `path` (flushed per line, so a run cut by a device limit keeps what it measured). `extra` fields are

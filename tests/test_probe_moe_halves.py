@@ -44,3 +44,15 @@ def test_tile_sets_partition_the_rows_by_expert(probe):
         for lo, hi in zip(s.lo.tolist(), s.hi.tolist()):
             covered[s.order[lo:hi].long()] += 1
     assert (covered == 1).all(), "a (token, slot) row in no set's tiles, or in two"
+
+
+def test_same_bits_compares_bytes(probe):
+    """The probes' bit check (sweep_common.same_bits, which the probe imports): NaNs of the same bits are equal,
+    -0.0 and 0.0 are not, nor are the same bytes in another dtype or shape."""
+    same_bits = probe.same_bits
+    a = torch.tensor([[1.5, float("nan"), 0.0]], dtype=torch.bfloat16)
+    assert same_bits(a, a.clone()) and not torch.equal(a, a.clone())
+    assert not same_bits(a, torch.tensor([[1.5, float("nan"), -0.0]], dtype=torch.bfloat16))
+    f = torch.zeros(2, 2)
+    assert same_bits(f, torch.zeros(2, 2)) and not same_bits(f, torch.zeros(4, dtype=torch.float32))
+    assert not same_bits(f, torch.zeros(2, 2, dtype=torch.int32))

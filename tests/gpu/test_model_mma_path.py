@@ -343,4 +343,5 @@ def test_moe_tile_sets_equal_joint_launches(models, monkeypatch):
     assert all(s == (0, 1) for s in sets) and (bool(sets) == wg)
     assert torch.isfinite(joint).all()
     for graph, got in forked.items():
-        assert torch.equal(got, joint), f"{mode}: the MoE's tile sets ({'graph' if graph else 'eager'}) change the logits"
+        how = "graph" if graph else "eager"
+        assert torch.equal(got, joint), f"{mode}: the MoE's tile sets ({how}) change the logits"
