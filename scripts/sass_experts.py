@@ -11,26 +11,21 @@ Compare two trees with a worktree of the older one:
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import inspect
-import os
 import sys
 import textwrap
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sass_tree  # noqa: E402
 
 E, H, INTER, SLOTS = 257, 2048, 512, 9  # 256 routed experts + the stacked shared one, top-8 + the shared slot
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="the tree to compile")
-    ap.add_argument("--sets", action="store_true", help="also the two tile sets' forms at 64 tokens")
-    args = ap.parse_args(argv)
-    sys.path[:0] = [args.root, os.path.join(args.root, "scripts")]
-    import sass_report
-
-    compiled = sass_report.install(True)
+    args, sass_report, compiled = sass_tree.start(
+        __doc__, lambda ap: ap.add_argument("--sets", action="store_true",
+                                            help="also the two tile sets' forms at 64 tokens"), argv)
     import torch
 
     from deltaserve.kernels.quant import wgmma_experts as wx
@@ -76,9 +71,8 @@ def main(argv=None) -> int:
             launch(f"64 tokens, set {i}", 64, (i, 2))
     for label, keys in forms:
         for key in keys:  # a form compiled before (the same variant) adds no key
-            ins = sass_report.instructions(compiled[key])
-            body = "\n".join(ln.split("*/", 1)[-1] for ln in ins)
-            print(f"{label:24} {len(ins):5} instructions  sha1 {hashlib.sha1(body.encode()).hexdigest()[:12]}")
+            f = sass_tree.fingerprint(sass_report, compiled[key])
+            print(f"{label:24} {f['instructions']:5} instructions  sha1 {f['sha1']}")
     return 0
 
 
