@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 KNOBS = {"split": "SPLIT_TOKENS", "bn": "DECODE_BN", "warps": "DECODE_WARPS", "stages": "DECODE_STAGES",
-         "merge_bsp": "MERGE_BSP", "merge_bd": "MERGE_BD", "programs": "DECODE_PROGRAMS"}
+         "merge_bsp": "MERGE_BSP", "merge_bd": "MERGE_BD", "programs": "DECODE_PROGRAMS", "long_split": "LONG_SPLIT"}
 
 
 def pick(records: list[dict], kv: str, slack_us: float = 0.3) -> dict | None:

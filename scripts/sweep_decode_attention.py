@@ -35,22 +35,26 @@ LAYERS = 10  # full-attention layers of the 35B-A3B: one cache each in the timed
 # steps; BN sets the bytes requested per step; stages (DECODE_STAGES for the cache's dtype; None: Triton's 3) how
 # many steps ahead the pipeliner requests them through shared memory. The merge: wider steps and narrower column
 # blocks shorten and multiply its chains. programs (DECODE_PROGRAMS): split programs per launch to aim for, each
-# looping over its row's splits (None: one program per split).
-KNOBS = ("SPLIT_TOKENS", "DECODE_BN", "DECODE_WARPS", "DECODE_STAGES", "MERGE_BSP", "MERGE_BD", "DECODE_PROGRAMS")
+# looping over its row's splits (None: one program per split). long (LONG_SPLIT): (FROM, TILES), rows of more than
+# FROM tokens in splits of TILES x SPLIT_TOKENS tokens (LONG_BN a step), so the merge reads TILES x fewer partials.
+KNOBS = ("SPLIT_TOKENS", "DECODE_BN", "DECODE_WARPS", "DECODE_STAGES", "MERGE_BSP", "MERGE_BD", "DECODE_PROGRAMS",
+         "LONG_SPLIT")
 
 
-def cfg(split, bn=None, warps=4, stages=None, bsp=128, bd=32, programs=None) -> tuple:
-    return (split, bn, warps, stages, bsp, bd, programs)
+def cfg(split, bn=None, warps=4, stages=None, bsp=128, bd=32, programs=None, long=None) -> tuple:
+    return (split, bn, warps, stages, bsp, bd, programs, long)
 
 
 SHAPES = (
     cfg(64, 64, warps="lib", stages="lib"), cfg(64, 64, 8, 1), cfg(64, 64, 4, 1, programs=264),
     cfg(64, 64, 4, 2, programs=264), cfg(64, 64, 4, 3, programs=264), cfg(64, 64, 4, 2, programs=132),
     cfg(64, 64, 4, 2, programs=528), cfg(64, 64, 8, 2, programs=264), cfg(64, 64, 8, 3, programs=264),
-    cfg(128, 32, bsp=32, bd=64),
+    cfg(128, 32, bsp=32, bd=64), cfg(64, 64, warps="lib", stages="lib", long=(8192, 2)),
+    cfg(64, 64, warps="lib", stages="lib", long=(8192, 4)), cfg(64, 64, warps="lib", stages="lib", long=(2048, 2)),
 )
 DRY_SHAPES = (cfg(64, 64, warps="lib", stages="lib", bsp=2, bd=16), cfg(128, 16, stages=2, bsp=4),
-              cfg(256, 32, 8, bsp=2, bd=16), cfg(64, 64, stages=2, bsp=4, bd=16, programs=3))
+              cfg(256, 32, 8, bsp=2, bd=16), cfg(64, 64, stages=2, bsp=4, bd=16, programs=3),
+              cfg(64, 64, warps="lib", stages="lib", bsp=2, bd=16, long=(128, 2)))
 
 
 def knob_values(knobs: tuple, saved: dict) -> dict:
@@ -64,17 +68,21 @@ def knob_values(knobs: tuple, saved: dict) -> dict:
 
 
 def parse_shapes(text: str) -> tuple:
-    """'S,BN,W,ST,BSP,BD[,P];...' -> configurations (BN 'auto' -> None, ST 'lib' kept, 'dflt' -> None; P the split
-    programs to aim for, DECODE_PROGRAMS)."""
+    """'S,BN,W,ST,BSP,BD[,P[,LONG]];...' -> configurations (BN 'auto' -> None, ST 'lib' kept, 'dflt' -> None; P the
+    split programs to aim for, DECODE_PROGRAMS, '-' for none; LONG 'FROMxTILES', LONG_SPLIT)."""
     out = []
     for item in filter(None, (t.strip() for t in text.split(";"))):
         f = item.split(",")
-        if len(f) not in (6, 7):
-            raise SystemExit(f"--shapes: {item!r} needs the fields S,BN,W,ST,BSP,BD[,P]")
+        if len(f) not in (6, 7, 8):
+            raise SystemExit(f"--shapes: {item!r} needs the fields S,BN,W,ST,BSP,BD[,P[,LONG]]")
         st = f[3] if f[3] == "lib" else None if f[3] == "dflt" else int(f[3])
         w = f[2] if f[2] == "lib" else int(f[2])
-        out.append(cfg(int(f[0]), None if f[1] == "auto" else int(f[1]), w, st, int(f[4]), int(f[5]),
-                       int(f[6]) if len(f) == 7 else None))
+        programs = int(f[6]) if len(f) >= 7 and f[6] != "-" else None
+        long = tuple(int(v) for v in f[7].split("x")) if len(f) == 8 else None
+        if long is not None and len(long) != 2:
+            raise SystemExit(f"--shapes: {item!r}: LONG must be FROMxTILES, e.g. 8192x2")
+        out.append(cfg(int(f[0]), None if f[1] == "auto" else int(f[1]), w, st, int(f[4]), int(f[5]), programs,
+                       long))
     return tuple(out)
 
 
@@ -85,9 +93,9 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
-def config_name(kind, split, bn, warps, stages, bsp, bd, programs=None) -> str:
+def config_name(kind, split, bn, warps, stages, bsp, bd, programs=None, long=None) -> str:
     return (f"{kind} s{split} n{bn or 'auto'} w{warps} st{stages or 'dflt'} m{bsp}x{bd}"
-            + (f" p{programs}" if programs else ""))
+            + (f" p{programs}" if programs else "") + (f" L{long[0]}x{long[1]}" if long else ""))
 
 
 def fmt(r: dict) -> str:
@@ -164,12 +172,13 @@ def main(argv=None) -> int:
                     shape = f"B={b} d={depth} Hq={hq} D={d}"
                     for knobs in shapes:
                         values = knob_values(knobs, saved)  # "lib" resolved to the library's per-dtype values
-                        split, bn, _, _, bsp, bd, programs = knobs
+                        split, bn, _, _, bsp, bd, programs, long = knobs
                         warps = values["DECODE_WARPS"].get(kind, 4)
                         stages = values["DECODE_STAGES"].get(kind)
-                        rec = dict(shape=shape, config=config_name(kind, split, bn, warps, stages, bsp, bd, programs),
+                        rec = dict(shape=shape, config=config_name(kind, split, bn, warps, stages, bsp, bd, programs,
+                                                                   long),
                                    kv=kind, split=split, bn=bn, warps=warps, stages=stages, merge_bsp=bsp,
-                                   merge_bd=bd, programs=programs, depth=depth, batch=b)
+                                   merge_bd=bd, programs=programs, long_split=long, depth=depth, batch=b)
                         if time.monotonic() > deadline:
                             sink.emit({**rec, "skipped": True})
                             continue

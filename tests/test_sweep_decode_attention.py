@@ -17,8 +17,8 @@ def test_dry_run_checks_every_configuration():
     out = _dry_run()
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     rows = [ln for ln in out.stdout.splitlines() if ln.rstrip().endswith((" ok", "FAIL")) or "ERROR" in ln]
-    assert len(rows) == 8 and all(ln.rstrip().endswith(" ok") for ln in rows), out.stdout
-    assert sum(" fp8 " in ln for ln in rows) == 4 and "8 records, 0 failing" in out.stdout
+    assert len(rows) == 10 and all(ln.rstrip().endswith(" ok") for ln in rows), out.stdout
+    assert sum(" fp8 " in ln for ln in rows) == 5 and "10 records, 0 failing" in out.stdout
 
 
 def test_dry_run_flags_ignored_fp8_scales(tmp_path):
@@ -33,7 +33,7 @@ def test_dry_run_flags_ignored_fp8_scales(tmp_path):
         "tp.paged_decode_attention = broken\n"))
     out = _dry_run(env=env)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "8 records, 4 failing" in out.stdout, out.stdout
+    assert "10 records, 5 failing" in out.stdout, out.stdout
 
 
 def test_shapes_option_parses():
@@ -42,5 +42,6 @@ def test_shapes_option_parses():
     spec = importlib.util.spec_from_file_location("sweep_decode_attention", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    got = mod.parse_shapes("64,64,lib,lib,128,32; 128,auto,8,dflt,32,64,264;")
-    assert got == (mod.cfg(64, 64, "lib", "lib", 128, 32), mod.cfg(128, None, 8, None, 32, 64, 264))
+    got = mod.parse_shapes("64,64,lib,lib,128,32; 128,auto,8,dflt,32,64,264; 64,64,lib,lib,128,32,-,8192x2")
+    assert got == (mod.cfg(64, 64, "lib", "lib", 128, 32), mod.cfg(128, None, 8, None, 32, 64, 264),
+                   mod.cfg(64, 64, "lib", "lib", 128, 32, None, (8192, 2)))

@@ -167,6 +167,10 @@ def _attn_fused_cases():
                                                                    8, _split(m)),
         "decode_strided": lambda m: ac.check_decode_strided(m, CPU, _around_split(m, 1, -28, 0, 1, 300), 4, 2, 32, 8,
                                                             _split(m)),
+        # one row at FROM (its bits kept), longer ones in 2- and 4-tile splits (one partial, several)
+        "decode_long_split": lambda m: ac.check_decode_long_split(
+            m, CPU, [_split(m) + 5, 2 * _split(m), 2 * _split(m) + 1, 7 * _split(m) + 3, 1], 4, 2, 32, 8, _split(m),
+            ((2 * _split(m), 2), (_split(m), 4))),
         "decode_merge_steps": lambda m: ac.check_decode_merge_steps(m, CPU, [1, 1100, 256, 700], 4, 2, 32, 8,
                                                                     _split(m), 2, 16),
         "decode_merge_prep": lambda m: ac.check_decode_merge_prep(

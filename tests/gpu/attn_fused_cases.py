@@ -319,6 +319,72 @@ def check_decode_strided(mods, device, lens, hq, hkv, d, bs, split, targets=(1, 
         tp.DECODE_PROGRAMS = saved
 
 
+def check_decode_long_split(mods, device, lens, hq, hkv, d, bs, split, longs):
+    """Long rows' splits (long_split(): a row of more than FROM tokens in splits of TILES * split tokens), each
+    (FROM, TILES) of `longs` set through DELTASERVE_ATTN_LONG_SPLIT: a row of at most FROM tokens keeps the bits it
+    has without them; every row meets fp64 and the host-bound, lens_add and batch-invariance checks; the settled
+    form (K rows before the wait) and the merge's prep give the plain launch's bits; fp8 caches too; bad settings
+    and long splits with strided programs are refused by name."""
+    import kv_fp8_cases as fc
+    from kernel_cases import env_values, settled_decode
+
+    tp = mods["attn"]
+    b = len(lens)
+    p, ctx, q, gate = gated_decode_problem(tp, device, lens, hq, hkv, d, bs)
+    kv = torch.tensor(lens, device=device, dtype=torch.int32)
+    kc8, ks = fc.fp8_cache_like(p["kc"])
+    vc8, vs = fc.fp8_cache_like(p["vc"])
+
+    def run(caches=(p["kc"], p["vc"], None, None), **kw):
+        kc, vc, ksc, vsc = caches
+        return tp.paged_decode_attention(q, kc, vc, p["tables"], kv, d**-0.5, max(lens), gate=gate, k_scale=ksc,
+                                         v_scale=vsc, out=poisoned((b, hq, d), torch.bfloat16, device), **kw)
+
+    fp8 = (kc8, vc8, ks, vs)
+    with env_values(DELTASERVE_ATTN_LONG_SPLIT="off"):
+        plain, plain8 = run(), run(fp8)
+    for first, tiles in longs:
+        with env_values(DELTASERVE_ATTN_LONG_SPLIT=f"{first}x{tiles}"):
+            assert tp.long_split() == (first, tiles)
+            check_decode_gate(mods, device, lens, hq, hkv, d, bs, split)  # its own rows of these lengths
+            got, got8 = run(), run(fp8)
+            short = [i for i, n in enumerate(lens) if n <= first]
+            long_rows = [i for i, n in enumerate(lens) if n > first]
+            assert short and long_rows, f"long splits {first}x{tiles}: lengths {lens} need rows on both sides"
+            assert torch.equal(got[short], plain[short]) and torch.equal(got8[short], plain8[short]), \
+                f"long splits {first}x{tiles}: a row of <= {first} tokens changed its bits"
+            ref = attn_ref.paged_attention(q.double(), fc.fp64_cache(kc8, ks), fc.fp64_cache(vc8, vs), p["tables"],
+                                           ctx, [1] * b, d**-0.5)
+            want = ref.bfloat16().double() * torch.sigmoid(gate.double()).bfloat16().double()
+            close(got8, want, 4 * BF16_EPS, f"long splits {first}x{tiles}, fp8 cache vs fp64")
+            settled = settled_decode(tp, q, p["kc"], p["vc"], p["tables"], kv, d**-0.5, max(lens), gate=gate)
+            assert torch.equal(settled, got), f"long splits {first}x{tiles}: the settled form changed the bits"
+            saved_stages, tp.LONG_STAGES = tp.LONG_STAGES, 2  # pipelined long loops: no arithmetic
+            try:
+                assert torch.equal(run(), got) and torch.equal(run(fp8), got8), \
+                    f"long splits {first}x{tiles}: 2 pipeline stages changed the bits"
+            finally:
+                tp.LONG_STAGES = saved_stages
+            check_decode_gate_invariance(mods, device, lens, (1, b - 1), hq, hkv, d, bs)
+            check_decode_merge_prep(mods, device, lens, hq, hkv, d, bs, split, [(4, min(64, d))])
+            saved = tp.DECODE_PROGRAMS
+            tp.DECODE_PROGRAMS = 3
+            try:
+                run()
+                raise AssertionError("long splits with strided split programs were accepted")
+            except ValueError as e:
+                assert "DECODE_PROGRAMS" in str(e), e
+            finally:
+                tp.DECODE_PROGRAMS = saved
+    for bad in ("1x2", f"{split}x3", "8192", "x2"):
+        with env_values(DELTASERVE_ATTN_LONG_SPLIT=bad):
+            try:
+                tp.long_split()
+                raise AssertionError(f"DELTASERVE_ATTN_LONG_SPLIT={bad!r} was accepted")
+            except ValueError as e:
+                assert "long split" in str(e).lower() or "LONG_SPLIT" in str(e), e
+
+
 # ---------------------------------------------------------------- the layer's decode, fused vs unfused
 
 

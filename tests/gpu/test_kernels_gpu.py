@@ -390,6 +390,16 @@ def test_decode_attention_merge_prep(mods, dev, small):
     ac.check_decode_merge_prep(mods, dev, lens, *dims, split, fmts, merges=(None, mods["attn"].THROUGHPUT_MERGE))
 
 
+def test_decode_attention_long_split(mods, dev, small):
+    """Long rows' splits (DELTASERVE_ATTN_LONG_SPLIT): short rows keep their bits, every row meets fp64, the settled
+    form and the merge's prep give the plain launch's bits, batch invariance, fp8 caches, refusals."""
+    dims = (4, 2, 32, 8) if small else (16, 2, 256, 64)
+    split = mods["attn"].SPLIT_TOKENS
+    lens = [split + 5, 8192, 8193, 20000, 1] + ([] if small else [32768])
+    longs = ((2 * split, 2), (split, 4)) if small else ((8192, 2), (8192, 4), (8192, 8), (split, 2))
+    ac.check_decode_long_split(mods, dev, [n if not small else min(n, 900) for n in lens], *dims, split, longs)
+
+
 def test_decode_attention_strided(mods, dev, small):
     dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
     split = mods["attn"].SPLIT_TOKENS
@@ -412,15 +422,18 @@ def _late_row_writer(src_ptr, dst_ptr, rows_ptr, spins, ROW: tl.constexpr, PDL: 
     tl.store(dst_ptr + dst * ROW + tl.arange(0, ROW), (x + (t - t)).to(dst_ptr.dtype.element_ty))  # x, after t
 
 
-def test_decode_attention_settled_reads_the_newest_token_after_its_wait(mods, dev, small, monkeypatch):
+@pytest.mark.parametrize("long_split", ["off", "64x2"])
+def test_decode_attention_settled_reads_the_newest_token_after_its_wait(mods, dev, small, monkeypatch, long_split):
     """Under PDL the settled split programs request a row's older K/V while the kernels before them still run. Here
     those kernels write each row's newest K and V and q after a long spin (~100 us), opening the next launch at once:
     the decode must see them (they are read after its wait) and equals the plain decode over the written cache and
-    q, bit for bit, into a poisoned output."""
+    q, bit for bit, into a poisoned output. Also with long rows' splits (rows of 71 and 301 tokens in 128-token
+    splits, whose programs wait before any read)."""
     from deltaserve.kernels.triton_pdl import pdl_args, pdl_enabled
 
     tp = mods["attn"]
     assert pdl_enabled(torch.empty(1, device=dev)), "this test needs PDL (sm_90, DELTASERVE_PDL unset)"
+    monkeypatch.setenv("DELTASERVE_ATTN_LONG_SPLIT", long_split)
     hq, hkv, d, bs = (4, 2, 32, 8) if small else (16, 2, 256, 16)
     ctx, seqs = [0, 70, 5, 300], [1, 1, 1, 1]
     p = kc.paged_problem(dev, ctx, seqs, hq, hkv, d, bs)

@@ -8,12 +8,13 @@ already holds the new K/V). Query head h uses KV head h // (Hq / Hkv). Softmax s
 product takes P rounded to the activation dtype (tensor cores), accumulation in fp32.
 
 Batch invariance: each program's work depends only on its own sequence. Decode splits a context into chunks of
-SPLIT_TOKENS (a constant, not a function of the batch) and merges them in ascending order, so a sequence gets the
-same bits alone or in any batch. A row of kv_len <= SPLIT_TOKENS (one split) is finished by its split program (the
-merge program of that row returns at once): which path a row takes depends on its own length only, and the
-direct path computes what the merge would (weight exp2(0) = 1 on the only split), so a row's bits do not depend on
-the launch either. Both kernels are always launched for a given host bound max_kv_len (graph replay safe); only a
-bound <= SPLIT_TOKENS, where every row is single-split, leaves the merge launch out.
+SPLIT_TOKENS (a constant, not a function of the batch; with long_split(), a multiple of it for rows longer than a
+constant) and merges them in ascending order, so a sequence gets the same bits alone or in any batch. A row of
+kv_len <= SPLIT_TOKENS (one split) is finished by its split program (the merge program of that row returns at
+once): which path a row takes depends on its own length only, and the direct path computes what the merge would
+(weight exp2(0) = 1 on the only split), so a row's bits do not depend on the launch either. Both kernels are
+always launched for a given host bound max_kv_len (graph replay safe); only a bound <= SPLIT_TOKENS, where every
+row is single-split, leaves the merge launch out.
 
 fp8 caches (kv_fp8.py: e4m3 rows with an fp32 scale per (token, KV head), k_scale/v_scale [num_blocks,
 block_size, Hkv]): a key's scores are (q . k8) * k_scale (the scale applied to the fp32 scores, not the elements)
@@ -191,23 +192,23 @@ def _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32: tl.const
 
 
 @triton.jit
-def _split_partial(q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, start, L, kvh, rd, stride_cr, stride_ch, qk_scale,
-                   GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr,
-                   F32: tl.constexpr, FP8: tl.constexpr, FLAT: tl.constexpr):
-    """One split's (m, l, acc) over tokens [start, start + SPLIT) of a row of length L: BN tokens per step. FLAT
-    (with BN == SPLIT): no loop, so a caller's loop over splits is the innermost one and Triton can pipeline its
-    loads; the one-iteration loop otherwise (the form the non-strided launch was measured with: fp8 compiles to 135
-    registers that way, 167 flat)."""
+def _split_partial(q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, start, span, L, kvh, rd, stride_cr, stride_ch,
+                   qk_scale, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
+                   BN: tl.constexpr, F32: tl.constexpr, FP8: tl.constexpr, FLAT: tl.constexpr):
+    """One split's (m, l, acc) over tokens [start, start + span) of a row of length L: BN tokens per step. span: the
+    split's tokens, SPLIT (constexpr) or a long row's (_split_span). FLAT (with BN == SPLIT): no loop, so a caller's
+    loop over splits is the innermost one and Triton can pipeline its loads; the loop otherwise (the form the
+    non-strided launch was measured with: fp8 compiles to 135 registers that way, 167 flat)."""
     m_i = tl.full((GP,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((GP,), dtype=tl.float32)
     acc = tl.zeros((GP, D), dtype=tl.float32)
-    lim = tl.minimum(L, start + SPLIT)
+    lim = tl.minimum(L, start + span)
     if FLAT and BN == SPLIT:
         valid, k, v, ksc, vsc = _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, start + tl.arange(0, BN), lim,
                                             kvh, rd, stride_cr, stride_ch, D, BS, FP8)
         m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
     else:
-        for n0 in tl.range(start, start + SPLIT, BN):
+        for n0 in tl.range(start, start + span, BN):
             valid, k, v, ksc, vsc = _split_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, n0 + tl.arange(0, BN),
                                                 lim, kvh, rd, stride_cr, stride_ch, D, BS, FP8)
             m_i, l_i, acc = _split_step(q, k, v, ksc, vsc, valid, m_i, l_i, acc, qk_scale, F32, FP8)
@@ -222,7 +223,8 @@ def _decode_split_kernel(
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, SPLIT: tl.constexpr,
     BN: tl.constexpr, F32: tl.constexpr, HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr,
     FP8: tl.constexpr = False, STRIDED: tl.constexpr = False, PDL: tl.constexpr = False,
-    SETTLED: tl.constexpr = False,
+    SETTLED: tl.constexpr = False, LONG_FROM: tl.constexpr = 0, LONG_TILES: tl.constexpr = 1,
+    LONG_BN: tl.constexpr = 32,
 ):
     # grid (B, Hkv, P): the G query heads of one KV head over tokens [sp*SPLIT, (sp+1)*SPLIT), BN per step. P is
     # the row's maximum number of splits (program p runs split p), or, STRIDED, any P: program p runs the splits
@@ -232,22 +234,40 @@ def _decode_split_kernel(
     # newest were written before this forward's first launch (which is made without PDL, so they are complete): the
     # K rows are requested before the PDL wait (_split_tile_settled), q, the newest K row and V after it (sm_90, bf16:
     # 155 registers, the plain form's 150; with V early too 227).
+    # LONG_FROM > 0 (not STRIDED): a row longer than LONG_FROM tokens takes splits of LONG_TILES * SPLIT tokens
+    # (_split_span), LONG_BN tokens a step, all after the PDL wait; programs past a row's last split return at once.
     pdl_open(PDL)
     tl.static_assert(not SETTLED or (BN == SPLIT and not STRIDED), "the settled form: one tile a split, a program a "
                      "split")
+    tl.static_assert(LONG_FROM == 0 or (not STRIDED and LONG_FROM >= SPLIT), "long splits: a program a split, and a "
+                     "long row never one split of SPLIT tokens")
     if not SETTLED:
         pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     L = tl.load(lens_ptr + b) + LENS_ADD
     if not STRIDED:
-        if tl.program_id(2) * SPLIT >= L:
+        if tl.program_id(2) * _split_span(L, SPLIT, LONG_FROM, LONG_TILES) >= L:  # past the row's last split
             return
     rg = tl.arange(0, GP)
     g_mask = rg < G
     rd = tl.arange(0, D)
     heads = kvh * G + rg
     hd, dd, gm = heads[:, None], rd[None, :], g_mask[:, None]  # [GP, D] tiles
+    if LONG_FROM > 0:  # a long row's split: after the wait, LONG_BN tokens a step (smaller tiles than BN's keep
+        # the program's registers at the SPLIT-token form's, so as many programs stay resident), then its partial
+        if L > LONG_FROM:
+            if SETTLED:
+                pdl_wait(PDL)
+            sp = tl.program_id(2)
+            q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + hd * stride_qh + dd, mask=gm, other=0.0)
+            m_i, l_i, acc = _split_partial(q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_ptr + b.to(tl.int64) * stride_tb,
+                                           sp * (SPLIT * LONG_TILES), SPLIT * LONG_TILES, L, kvh, rd, stride_cr,
+                                           stride_ch, qk_scale, GP, D, BS, SPLIT * LONG_TILES, LONG_BN, F32, FP8, False)
+            _split_store(acc, m_i, l_i, L, b, sp, heads, g_mask, hd, dd, gm, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
+                         stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, D, SPLIT,
+                         HAS_GATE)
+            return
     if SETTLED:  # the tile (waiting inside, after the K rows' requests), then q; one step from (-inf, 0, 0) and the
         # store: _split_partial's one-step loop, so the same bits
         sp = tl.program_id(2)
@@ -265,17 +285,27 @@ def _decode_split_kernel(
     table_row = table_ptr + b.to(tl.int64) * stride_tb
     if STRIDED:
         for sp in tl.range(tl.program_id(2), tl.cdiv(L, SPLIT), tl.num_programs(2)):
-            m_i, l_i, acc = _split_partial(q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, sp * SPLIT, L, kvh, rd,
-                                           stride_cr, stride_ch, qk_scale, GP, D, BS, SPLIT, BN, F32, FP8, True)
+            m_i, l_i, acc = _split_partial(q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, sp * SPLIT, SPLIT, L, kvh,
+                                           rd, stride_cr, stride_ch, qk_scale, GP, D, BS, SPLIT, BN, F32, FP8, True)
             _split_store(acc, m_i, l_i, L, b, sp, heads, g_mask, hd, dd, gm, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
                          stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, D, SPLIT,
                          HAS_GATE)
     else:
         sp = tl.program_id(2)
-        m_i, l_i, acc = _split_partial(q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, sp * SPLIT, L, kvh, rd,
+        m_i, l_i, acc = _split_partial(q, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table_row, sp * SPLIT, SPLIT, L, kvh, rd,
                                        stride_cr, stride_ch, qk_scale, GP, D, BS, SPLIT, BN, F32, FP8, False)
         _split_store(acc, m_i, l_i, L, b, sp, heads, g_mask, hd, dd, gm, po_ptr, pm_ptr, pl_ptr, o_ptr, gate_ptr,
                      stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, D, SPLIT, HAS_GATE)
+
+
+@triton.jit
+def _split_span(L, SPLIT: tl.constexpr, LONG_FROM: tl.constexpr, LONG_TILES: tl.constexpr):
+    """Tokens a split of a row of length L: SPLIT, or LONG_TILES * SPLIT for a row longer than LONG_FROM (> 0). A
+    function of the row's own length, so its summation order never depends on the batch."""
+    if LONG_FROM > 0:
+        return tl.where(L > LONG_FROM, SPLIT * LONG_TILES, SPLIT)
+    else:
+        return SPLIT
 
 
 @triton.jit
@@ -318,7 +348,8 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, xp_p
                          stride_ps, stride_ob, stride_oh, stride_gb, stride_gh, stride_xp, stride_xs,
                          D: tl.constexpr, BD: tl.constexpr, SPLIT: tl.constexpr, BSP: tl.constexpr,
                          HAS_GATE: tl.constexpr, LENS_ADD: tl.constexpr, HQ: tl.constexpr = 1,
-                         PREP_BITS: tl.constexpr = 0, GROUP: tl.constexpr = 64, PDL: tl.constexpr = False):
+                         PREP_BITS: tl.constexpr = 0, GROUP: tl.constexpr = 64, PDL: tl.constexpr = False,
+                         LONG_FROM: tl.constexpr = 0, LONG_TILES: tl.constexpr = 1):
     # grid (B, Hq, D / BD): columns [j*BD, (j+1)*BD) of one row, merged over its splits in ONE pass, BSP splits
     # per step in ascending split order with a running maximum (acc and l rescaled when it grows). The order
     # depends on the row's length only: never on the batch, nor on the column block (every block computes the
@@ -339,7 +370,7 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, xp_p
             _prep_columns(o, xp_ptr + b.to(tl.int64) * stride_xp, xs_ptr + b.to(tl.int64) * stride_xs,
                           h * D + tl.program_id(2) * BD, BD, HQ * D, PREP_BITS, GROUP)
         return
-    n_split = tl.cdiv(L, SPLIT)
+    n_split = tl.cdiv(L, _split_span(L, SPLIT, LONG_FROM, LONG_TILES))  # the split kernel's splits of this row
     rd = tl.program_id(2) * BD + tl.arange(0, BD)
     rs = tl.arange(0, BSP)
     base = b.to(tl.int64) * stride_pb + h * stride_ph
@@ -382,6 +413,41 @@ DECODE_STAGES = {"bf16": 1, "fp8": 1}
 # split programs per launch to aim for (None: one per split). With a target, each (row, KV head) gets
 # P = clamp(target / (B * Hkv), 1, splits) programs that loop over its splits (no arithmetic changes).
 DECODE_PROGRAMS = None
+# long rows' splits: (FROM, TILES) makes a row of more than FROM tokens split into TILES * SPLIT_TOKENS-token splits
+# (TILES loop steps a program), so its merge reads TILES times fewer partials; None: SPLIT_TOKENS for every row. A
+# row's split length is a function of its own length, so a row's bits still never depend on the batch, but they do
+# on this setting: one per deployment. Not a default until measured in the model (bench/NOTES.md).
+LONG_SPLIT = None
+LONG_SPLIT_TILES = (2, 4, 8)
+# a long split's tokens a loop step: the split program's registers are the most either kind of row needs, so the
+# long rows' steps are smaller than DECODE_BN's (sm_90, bf16 settled at 32K: 158 registers off; 64-token steps 212,
+# 32-token steps below, scripts/sass_attention.py). A long row's summation order, so part of the setting.
+LONG_BN = 32
+# the split launch's pipeline stages when long splits are on (None: DECODE_STAGES'): a long split's loop of LONG_BN
+# steps, its next tile's loads in flight (through shared memory) while one computes; no arithmetic
+LONG_STAGES = None
+
+
+def long_split() -> tuple[int, int] | None:
+    """The decode attention's long-row splits (FROM, TILES), or None. Env DELTASERVE_ATTN_LONG_SPLIT: "auto" (the
+    default: LONG_SPLIT), "off", or "FROMxTILES" (FROM >= SPLIT_TOKENS tokens, TILES one of LONG_SPLIT_TILES), for
+    A/B."""
+    value = os.environ.get("DELTASERVE_ATTN_LONG_SPLIT", "auto").strip() or "auto"
+    if value == "off":
+        return None
+    if value == "auto":
+        chosen = LONG_SPLIT
+    else:
+        first, _, tiles = value.partition("x")
+        try:
+            chosen = int(first), int(tiles)
+        except ValueError:
+            raise ValueError(f"DELTASERVE_ATTN_LONG_SPLIT must be auto, off or FROMxTILES (e.g. 8192x2), found "
+                             f"{value!r}") from None
+    if chosen is not None and (chosen[0] < SPLIT_TOKENS or chosen[1] not in LONG_SPLIT_TILES):
+        raise ValueError(f"decode attention long splits {chosen}: FROM must be >= SPLIT_TOKENS ({SPLIT_TOKENS}) and "
+                         f"TILES one of {LONG_SPLIT_TILES}")
+    return chosen
 
 
 # a throughput deployment's merge (4+ streams): 16 splits a step over whole rows. H200 sweep at 64 streams
@@ -442,8 +508,9 @@ def paged_decode_attention(
     launch also writes that decode GEMV's prep of the output rows (quant.triton_gemv.prep_x's format and bits: xp
     [B, Hq * D], xs [B, Hq * D / group], fp32) at a column block of max(BD, group), so the GEMV needs no prep launch
     (merge_prep_supported says which formats); with a host bound <= SPLIT_TOKENS (no merge launch) prep_x makes it.
-    prep_out: the (xp, xs) buffers to write (None: new ones). Returns [B, Hq, D] in q's dtype, with prep (that,
-    (xp, xs))."""
+    prep_out: the (xp, xs) buffers to write (None: new ones). long_split() (DELTASERVE_ATTN_LONG_SPLIT, LONG_SPLIT):
+    rows longer than its FROM tokens take longer splits (fewer partials to merge; their own summation order); not
+    with DECODE_PROGRAMS. Returns [B, Hq, D] in q's dtype, with prep (that, (xp, xs))."""
     bsz, hq, d = q.shape
     nb, bs, hkv, dc = k_cache.shape
     if dc != d or hq % hkv or block_tables.shape[0] != bsz or kv_lens.numel() != bsz:
@@ -477,12 +544,18 @@ def paged_decode_attention(
         raise ValueError(f"paged_decode_attention: DECODE_BN {bn} must divide SPLIT_TOKENS {SPLIT_TOKENS}")
     n_split = max(1, triton.cdiv(max_kv_len, SPLIT_TOKENS))
     kind = "fp8" if fp8 else "bf16"
-    stages = DECODE_STAGES.get(kind)
+    long = long_split()
+    stages = DECODE_STAGES.get(kind) if long is None or LONG_STAGES is None else LONG_STAGES
     po = torch.empty(bsz, hq, n_split, d, dtype=torch.float32, device=q.device)
     pm = torch.empty(bsz, hq, n_split, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
     gt, (sgb, sgh) = (gate, gate.stride()[:2]) if gate is not None else (out, (0, 0))
     strided = DECODE_PROGRAMS is not None
+    if long is not None and strided:
+        raise ValueError("paged_decode_attention: long splits (DELTASERVE_ATTN_LONG_SPLIT / LONG_SPLIT) and strided "
+                         "split programs (DECODE_PROGRAMS) are alternatives; set one")
+    # the grid and the partials stay sized for SPLIT_TOKENS-token splits: a long row fills the first of them
+    long_args = {} if long is None else {"LONG_FROM": long[0], "LONG_TILES": long[1]}
     early_kv = settled and not fp8 and bn == SPLIT_TOKENS and not strided and kv_early()  # the settled form's launch
     per_head = min(n_split, max(1, -(-DECODE_PROGRAMS // (bsz * hkv)))) if strided else n_split
     _decode_split_kernel[(bsz, hkv, per_head)](
@@ -492,6 +565,7 @@ def paged_decode_attention(
         BS=bs, SPLIT=SPLIT_TOKENS, BN=bn, F32=dot_f32(),
         HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, STRIDED=strided, num_warps=DECODE_WARPS.get(kind, 4),
         **pdl_args(out), **({"SETTLED": True} if early_kv else {}),
+        **({} if long is None else {**long_args, "LONG_BN": min(LONG_BN, bn)}),
         **({} if stages is None else {"num_stages": stages}),
     )
     if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
@@ -501,7 +575,7 @@ def paged_decode_attention(
         _decode_merge_kernel[(bsz, hq, d // bd)](
             po, pm, pl, kv_lens, out, gt, xpt, xst, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0),
             out.stride(1), sgb, sgh, xpt.stride(0), xst.stride(0), D=d, BD=bd, SPLIT=SPLIT_TOKENS, BSP=bsp,
-            HAS_GATE=gate is not None, LENS_ADD=lens_add, num_warps=4, **pdl_args(out),
+            HAS_GATE=gate is not None, LENS_ADD=lens_add, num_warps=4, **pdl_args(out), **long_args,
             **({} if prep is None else {"HQ": hq, "PREP_BITS": prep[0], "GROUP": prep[1]}),
         )
     elif prep is not None:  # every row finished by its split program: the prep launch (the same code, bits)
