@@ -467,6 +467,30 @@ def test_attention_merge_knob(monkeypatch):
             tp.merge_shape()
 
 
+def test_attention_long_split_knob(monkeypatch):
+    """The decode attention's long rows' splits: off by default (LONG_SPLIT None), FROMxTILES from the env, "off"
+    over a module setting, and refusals naming where the bad value came from."""
+    from deltaserve.kernels.attention import triton_paged as tp
+
+    monkeypatch.delenv("DELTASERVE_ATTN_LONG_SPLIT", raising=False)
+    assert tp.LONG_SPLIT is None and tp.long_split() is None
+    monkeypatch.setenv("DELTASERVE_ATTN_LONG_SPLIT", "8192x4")
+    assert tp.long_split() == (8192, 4)
+    monkeypatch.setattr(tp, "LONG_SPLIT", (4096, 2))
+    monkeypatch.setenv("DELTASERVE_ATTN_LONG_SPLIT", "auto")
+    assert tp.long_split() == (4096, 2)
+    monkeypatch.setenv("DELTASERVE_ATTN_LONG_SPLIT", "off")
+    assert tp.long_split() is None
+    for bad in ("8192", "x2", "8192x3", f"{tp.SPLIT_TOKENS - 1}x2", "8192x2x2"):
+        monkeypatch.setenv("DELTASERVE_ATTN_LONG_SPLIT", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_ATTN_LONG_SPLIT"):
+            tp.long_split()
+    monkeypatch.setenv("DELTASERVE_ATTN_LONG_SPLIT", "auto")
+    monkeypatch.setattr(tp, "LONG_SPLIT", (8192, 16))
+    with pytest.raises(ValueError, match="triton_paged.LONG_SPLIT"):
+        tp.long_split()
+
+
 def test_prefill_attention_launch(monkeypatch):
     """The prefill attention's launch: 4 warps to D 128; past it 8 warps, and 5 pipeline stages only where the device
     has the shared memory for their three K/V buffers (Triton's stages elsewhere: the interpreter, smaller GPUs);

@@ -445,8 +445,9 @@ def long_split() -> tuple[int, int] | None:
             raise ValueError(f"DELTASERVE_ATTN_LONG_SPLIT must be auto, off or FROMxTILES (e.g. 8192x2), found "
                              f"{value!r}") from None
     if chosen is not None and (chosen[0] < SPLIT_TOKENS or chosen[1] not in LONG_SPLIT_TILES):
-        raise ValueError(f"decode attention long splits {chosen}: FROM must be >= SPLIT_TOKENS ({SPLIT_TOKENS}) and "
-                         f"TILES one of {LONG_SPLIT_TILES}")
+        where = "triton_paged.LONG_SPLIT" if value == "auto" else "DELTASERVE_ATTN_LONG_SPLIT"
+        raise ValueError(f"{where}: long splits {chosen} need FROM >= SPLIT_TOKENS ({SPLIT_TOKENS}) and TILES one of "
+                         f"{LONG_SPLIT_TILES}")
     return chosen
 
 
