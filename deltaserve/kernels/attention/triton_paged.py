@@ -414,14 +414,14 @@ DECODE_STAGES = {"bf16": 1, "fp8": 1}
 # P = clamp(target / (B * Hkv), 1, splits) programs that loop over its splits (no arithmetic changes).
 DECODE_PROGRAMS = None
 # long rows' splits: (FROM, TILES) makes a row of more than FROM tokens split into TILES * SPLIT_TOKENS-token splits
-# (TILES loop steps a program), so its merge reads TILES times fewer partials; None: SPLIT_TOKENS for every row. A
+# (a program a split, LONG_BN tokens a step), so its merge reads TILES times fewer partials; None: SPLIT_TOKENS for every row. A
 # row's split length is a function of its own length, so a row's bits still never depend on the batch, but they do
 # on this setting: one per deployment. Not a default until measured in the model (bench/NOTES.md).
 LONG_SPLIT = None
 LONG_SPLIT_TILES = (2, 4, 8)
 # a long split's tokens a loop step: the split program's registers are the most either kind of row needs, so the
-# long rows' steps are smaller than DECODE_BN's (sm_90, bf16 settled at 32K: 158 registers off; 64-token steps 212,
-# 32-token steps below, scripts/sass_attention.py). A long row's summation order, so part of the setting.
+# long rows' steps are smaller than DECODE_BN's (sm_90, bf16 settled at 32K: 158 registers off; long splits in
+# 64-token steps 212, in 32-token steps 168, still 3 programs an SM: scripts/sass_attention.py). A long row's summation order, so part of the setting.
 LONG_BN = 32
 # the split launch's pipeline stages when long splits are on (None: DECODE_STAGES'): a long split's loop of LONG_BN
 # steps, its next tile's loads in flight (through shared memory) while one computes; no arithmetic
