@@ -27,8 +27,8 @@ a)
   bench_tg "default" 64 64
   ;;
 b)
-  TESTS_NAMED=1 gpu_tests 150 tests/gpu/test_kernels_gpu.py -k "long_split or settled_reads"
-  timeout 300 python3 scripts/sweep_decode_attention.py --depths 32768,8192,512 --bs 1 --budget-s 280 \
+  TESTS_NAMED=1 gpu_tests 260 tests/gpu/test_kernels_gpu.py -k "long_split or settled_reads"
+  timeout 230 python3 scripts/sweep_decode_attention.py --depths 32768,8192,512 --bs 1 --budget-s 210 \
     --shapes "64,64,lib,lib,128,32;64,64,lib,lib,128,32,-,8192x2;64,64,lib,2,128,32,-,8192x2;64,64,lib,lib,128,32,-,8192x4;64,64,lib,lib,128,32,-,2048x2" \
     --out "$OUT/sweep_long.jsonl" > "$OUT/sweep_long.log" 2>&1
   echo "== sweep ($((SECONDS-t0)) s):"; grep -E " bf16 " "$OUT/sweep_long.log" | cut -c1-150
