@@ -277,14 +277,18 @@ def test_logits_stored_fp32_by_the_head_equal_bf16_then_float(models, monkeypatc
     assert torch.equal(runs["fp32"][0], runs["bf16"][0]) and torch.equal(runs["fp32"][1], runs["bf16"][1])
 
 
+def _fifty_prompts(seed: int) -> list[list[int]]:
+    """50 prompts of 1-39 tokens (a 50-row decode: past both forks' default thresholds)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 32, (int(n),), generator=gen).tolist() for n in torch.randint(1, 40, (50,), generator=gen)]
+
+
 def test_mixer_halves_equal_one_launch(models, monkeypatch):
     """Each mixer (DeltaNet and attention) of a 50-row decode as two halves of the rows on two streams
     (fast.mixer_halves, from 48 rows by default) == one launch over all rows (DELTASERVE_MIXER_HALVES=0), bit for
     bit, eager and replayed from a graph (the two streams captured as two branches); the halves really taken."""
     _, gpu, mode = models
-    gen = torch.Generator().manual_seed(12)
-    prompts = [torch.randint(0, 32, (int(n),), generator=gen).tolist()
-               for n in torch.randint(1, 40, (50,), generator=gen)]
+    prompts = _fifty_prompts(12)
     taken, mixer_halves = [], fast.mixer_halves
 
     def spy(rows, x, kind="deltanet"):
@@ -307,16 +311,14 @@ def test_mixer_halves_equal_one_launch(models, monkeypatch):
 
 
 def test_moe_tile_sets_equal_joint_launches(models, monkeypatch):
-    """A 50-token decode's MoE blocks with their expert tiles as two sets on two streams (fast.moe_fork, from 48
+    """A 50-token decode's MoE blocks with their expert tiles as two sets on two streams (fast.moe_fork, from 16
     tokens by default: even and odd tiles, each set's gate/up then down a chain of its own) == the joint launches
     (DELTASERVE_MOE_HALVES=0), bit for bit, eager and replayed from a graph; in the modes whose MoE takes the
     warpgroup-MMA kernel at 50 tokens (all but the head mode's CUDA-core MoE) the two sets' launches really ran."""
     from deltaserve.kernels.moe import mma_moe
 
     _, gpu, mode = models
-    gen = torch.Generator().manual_seed(13)
-    prompts = [torch.randint(0, 32, (int(n),), generator=gen).tolist()
-               for n in torch.randint(1, 40, (50,), generator=gen)]
+    prompts = _fifty_prompts(13)
     sets, real = [], mma_moe.wg_matmul_experts
 
     def spy(*args, **kwargs):
