@@ -92,8 +92,8 @@ def logits_of(model, prompt, buckets) -> list[torch.Tensor]:
     got = []
     run = graphs.run
 
-    def recording(*args):
-        out = run(*args)
+    def recording(*args, **kwargs):
+        out = run(*args, **kwargs)
         got.append(out)
         return out
 
@@ -174,10 +174,13 @@ def test_capture_warmup_runs_on_scratch_only(model, monkeypatch):
 
 def test_fallbacks_run_eagerly(model):
     prompt = random_prompt(10, seed=1)
-    # A prefill step (eager) samples the first token; the 3 decode steps after it run through the graphs.
+    # The prompt (one chunk) goes through a prefill graph and samples the first token; the 3 decode steps after it
+    # run through the decode graphs.
     engine = make_engine(model, True)
     drain(engine, [prompt], [SamplingParams(temperature=0, max_tokens=4)])
-    assert (engine.runner.eager_steps, engine.runner.graph_steps) == (1, 3)
+    runner = engine.runner
+    assert (runner.eager_steps, runner.prefill_graph_steps, runner.graph_steps) == (0, 1, 3)
+    assert set(runner.prefill_graphs.graphs) == {(1, 10)}
     # logits_only: prompt steps only, never a graph.
     engine = make_engine(model, True)
     engine.add_request(prompt, logits_only=True)
@@ -188,8 +191,9 @@ def test_fallbacks_run_eagerly(model):
     engine = make_engine(model, True, buckets=(1, 2))
     prompts, params = requests(3, "greedy")
     drain(engine, prompts, params)
-    # max_tokens 6, 8, 10: one prefill step, 5 decode steps at B = 3 (eager), 2 at B = 2 and 2 at B = 1 (graphs).
-    assert (engine.runner.eager_steps, engine.runner.graph_steps) == (6, 4)
+    # max_tokens 6, 8, 10: one prefill step (three chunks of unequal lengths: a prefill graph each), 5 decode steps
+    # at B = 3 (eager), 2 at B = 2 and 2 at B = 1 (graphs).
+    assert (engine.runner.eager_steps, engine.runner.prefill_graph_steps, engine.runner.graph_steps) == (5, 3, 4)
     assert set(engine.runner.graphs.graphs) == {1, 2}
     # cuda_graphs on CPU without the test flag: everything eager, nothing built.
     engine = LLMEngine(model, None, [], EngineConfig(num_blocks=64, max_model_len=256, cuda_graphs=True))
@@ -206,15 +210,16 @@ def test_graphs_default_follows_the_device(model):
     assert engine.cache.num_blocks == 64
 
 
-def test_decode_with_logits_only_neighbour_is_eager(model):
-    """A decode step shared with a logits_only request's prompt chunk is a mixed step: eager."""
+def test_decode_with_logits_only_neighbour_keeps_its_graph(model):
+    """A step that decodes one request and prefills a logits_only request's prompt chunk runs in two parts: the
+    decode row through its graph (the kernels it always takes), the chunk eagerly (logits at every position)."""
     engine = make_engine(model, True, max_num_batched_tokens=16, block_size=4)
     gen = engine.add_request(random_prompt(6, seed=2), SamplingParams(temperature=0, max_tokens=12))
-    engine.step()  # the prefill: eager
+    engine.step()  # the prefill
     engine.add_request(random_prompt(40, seed=3), logits_only=True)
-    steps_before = engine.runner.graph_steps
+    graph_before, eager_before = engine.runner.graph_steps, engine.runner.eager_steps
     engine.step()  # decode of `gen` + a chunk of the logits_only prompt
-    assert engine.runner.graph_steps == steps_before
+    assert (engine.runner.graph_steps, engine.runner.eager_steps) == (graph_before + 1, eager_before + 1)
     while engine.has_unfinished():
         engine.step()
     assert gen not in engine.requests
@@ -262,9 +267,9 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("kind", ["greedy", "seeded"])
 def test_prefill_graph_runner_equals_eager(model, kind):
-    """Full prefill chunks of a request prefilled alone go through PrefillGraphs (here its eager replay from the
-    static buffers): prompts of 2-3 chunks of 32 tokens plus a remainder, at depths 0, 32, 64; the same tokens as
-    the eager engine, first alone, then with a second request arriving (mixed steps stay eager)."""
+    """Prefill chunks go through PrefillGraphs (here their eager replay from the static buffers): prompts of 2-3
+    chunks of 32 tokens plus a remainder, at depths 0, 32, 64; the same tokens as the eager engine, alone and
+    together (chunks of unequal lengths: a graph each)."""
     prompts = [random_prompt(32 * 2 + 5, seed=7), random_prompt(32 * 3, seed=8)]
     if kind == "greedy":
         params = [SamplingParams(temperature=0, max_tokens=5) for _ in prompts]
@@ -276,7 +281,7 @@ def test_prefill_graph_runner_equals_eager(model, kind):
         engine = make_engine(model, True, max_num_batched_tokens=32)
         assert drain(engine, ps, pp) == eager
         graphs = engine.runner.prefill_graphs.graphs
-        assert engine.runner.prefill_graph_steps > 0 and graphs and all(b * n == 32 for b, n in graphs)
+        assert engine.runner.prefill_graph_steps > 0 and graphs and all(b == 1 or b * n == 32 for b, n in graphs)
 
 
 def test_prefill_graph_runner_serves_equal_chunks_of_several_sequences(model):

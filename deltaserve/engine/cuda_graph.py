@@ -21,6 +21,7 @@ import torch
 
 from ..model import ForwardBatch, HybridCache, fast
 from ..utils.env import env_choice
+from .transfer import to_device
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -97,8 +98,50 @@ class DecodeGraph:
         self.greedy_feedback = greedy_feedback
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
+        # The engine's form (attach_sources): the step reads its rows' block tables from a table kept per state slot,
+        # and a row flagged `from_device` takes its input token from a per-slot token buffer (the newest sampled
+        # token, not yet read back by the host); both gathers run inside the graph.
+        self.table_source: torch.Tensor | None = None  # [num_slots, max_blocks] int32
+        self.token_source: torch.Tensor | None = None  # [num_slots] int64
+        self.host_ids = self.from_device = None
+        self._stage = self._rows = None
+
+    def attach_sources(self, table_source: torch.Tensor, token_source: torch.Tensor) -> None:
+        """Switch to the engine's form (before capture): load_rows() then sets ids, from_device, positions, context
+        lengths and state slots in one asynchronous copy, and the graph derives tables, KV slots and input ids."""
+        dev = self.input_ids.device
+        self.table_source, self.token_source = table_source, token_source
+        # one [5, batch] int64 row block on the device (host ids | from_device | positions | context lens | slots)
+        # whose rows are the step's inputs, and its pinned host staging
+        self._rows = torch.zeros(5, self.batch, dtype=torch.int64, device=dev)
+        self._stage = torch.zeros(5, self.batch, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        self._copied = torch.cuda.Event() if dev.type == "cuda" else None
+        self.host_ids, self.from_device = self._rows[0], self._rows[1]
+        self.positions, self.context_lens, self.state_slots = self._rows[2], self._rows[3], self._rows[4]
+        self.fb.positions, self.fb.context_lens, self.fb.state_slots = self.positions, self.context_lens, self.state_slots
+
+    def load_rows(self, ids, from_device, positions, context_lens, slots) -> None:
+        """The engine's form: each argument a host list of the bucket's `batch` values."""
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous load's copy has read the staging (long done: a step ago)
+        stage = self._stage.numpy()
+        for row, values in enumerate((ids, from_device, positions, context_lens, slots)):
+            stage[row] = values
+        self._rows.copy_(self._stage, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+        if self.input_ids.device.type != "cuda":
+            self.fb.context_lens_cpu = [int(c) for c in context_lens]
+
+    def _gather_sources(self) -> None:
+        torch.index_select(self.table_source, 0, self.state_slots, out=self.block_tables)
+        self._derive_slots()
+        pick = self.token_source.index_select(0, self.state_slots)
+        self.input_ids.copy_(torch.where(self.from_device != 0, pick, self.host_ids))
 
     def _forward(self) -> torch.Tensor:
+        if self.table_source is not None:
+            self._gather_sources()
         logits = self.model(self.fb, self.cache)
         if self.greedy_feedback:
             from ..kernels import triton_greedy
@@ -126,12 +169,16 @@ class DecodeGraph:
         self.graph, self.logits = warm_and_capture(self._forward, lambda: self._restore(snapshot), warmup, pool)
 
     def _snapshot(self):
-        tensors = [t.clone() for t in (self.input_ids, self.positions, self.context_lens, self.slot_mapping)]
+        tensors = [t.clone() for t in self._state()]
         return tensors, list(self.fb.context_lens_cpu)
+
+    def _state(self):
+        """The buffers a run may change (greedy feedback advances them; the engine's form rewrites the derived ones)."""
+        return (self.input_ids, self.positions, self.context_lens, self.slot_mapping, self.block_tables)
 
     def _restore(self, snap) -> None:
         tensors, host = snap
-        for dst, src in zip((self.input_ids, self.positions, self.context_lens, self.slot_mapping), tensors):
+        for dst, src in zip(self._state(), tensors):
             dst.copy_(src)
         self.fb.context_lens_cpu = list(host)
 
@@ -183,6 +230,15 @@ class DecodeGraphs:
         self.capturable = capturable(model)
         self.graphs: dict[int, DecodeGraph] = {}
         self._pool = None  # one memory pool for all buckets: their replays never overlap
+        # Block tables by state slot, on the device, kept up to date incrementally: a step uploads only the blocks
+        # its rows gained since their last step (a row's table only grows while its request holds the slot; a new
+        # holder, told apart by its epoch, starts from -1). The scratch slot's row is the padding rows' table.
+        self.tables = torch.full((cache.num_state_slots, max_blocks), -1, dtype=torch.int32, device=self.device)
+        self.tables[scratch_slot, 0] = scratch_block
+        self._table_len = [0] * cache.num_state_slots
+        self._table_epoch: list[object] = [None] * cache.num_state_slots
+        # the newest sampled token per state slot (the runner's), read by rows whose input is still on the device
+        self.token_source = torch.zeros(cache.num_state_slots, dtype=torch.int64, device=self.device)
 
     def bucket(self, n: int) -> int | None:
         return bucket_for(n, self.buckets)
@@ -195,6 +251,7 @@ class DecodeGraphs:
         g = self.graphs.get(bucket)
         if g is None:
             g = DecodeGraph(self.model, self.cache, bucket, self.max_blocks)
+            g.attach_sources(self.tables, self.token_source)
             if self.capturable:
                 # Warm-up and capture run with every row on the scratch slot/block: the warm-up steps write state
                 # and KV, and must never touch a real sequence.
@@ -205,26 +262,45 @@ class DecodeGraphs:
             self.graphs[bucket] = g
         return g
 
-    def _load(self, g: DecodeGraph, tokens: list[int], starts: list[int], tables: list[list[int]],
-              slots: list[int]) -> None:
-        """Real rows first, then padding rows (token 0, cache index 0, scratch slot, a table of scratch blocks)."""
+    def _load(self, g: DecodeGraph, tokens: list[int], starts: list[int], slots: list[int],
+              from_device: list[int]) -> None:
+        """Real rows first, then padding rows (token 0, cache index 0, the scratch slot and its table)."""
         pad = g.batch - len(tokens)
-        i64 = dict(dtype=torch.int64)
-        table = torch.full((g.batch, self.max_blocks), -1, dtype=torch.int32)  # -1: past a real row's blocks
-        for b, t in enumerate(tables):
-            table[b, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        table[len(tables):] = self.scratch_block
-        start = torch.tensor(starts + [0] * pad, **i64)
-        g.load(torch.tensor(tokens + [0] * pad, **i64), start, start, table,
-               torch.tensor(slots + [self.scratch_slot] * pad, **i64))
+        start = list(starts) + [0] * pad
+        g.load_rows(list(tokens) + [0] * pad, list(from_device) + [0] * pad, start, start,
+                    list(slots) + [self.scratch_slot] * pad)
 
-    def run(self, tokens: list[int], starts: list[int], tables: list[list[int]], slots: list[int]) -> torch.Tensor:
+    def sync_tables(self, tables: list[list[int]], slots: list[int], epochs: list | None = None) -> None:
+        """Bring the device tables of `slots` up to `tables` (each slot's holder given by its epoch; with no epochs,
+        every row is rewritten): uploads only what changed, asynchronously."""
+        resets, rows, cols, vals = [], [], [], []
+        for b, (t, s) in enumerate(zip(tables, slots)):
+            epoch = epochs[b] if epochs is not None else None
+            if epoch is None or self._table_epoch[s] != epoch:
+                resets.append(s)
+                self._table_epoch[s], self._table_len[s] = epoch, 0
+            n0 = self._table_len[s]
+            if len(t) > n0:
+                rows += [s] * (len(t) - n0)
+                cols += range(n0, len(t))
+                vals += t[n0:]
+                self._table_len[s] = len(t)
+        if resets:
+            self.tables.index_fill_(0, to_device(resets, torch.int64, self.device), -1)
+        if vals:
+            self.tables.index_put_((to_device(rows, torch.int64, self.device), to_device(cols, torch.int64,
+                                    self.device)), to_device(vals, torch.int32, self.device))
+
+    def run(self, tokens: list[int], starts: list[int], tables: list[list[int]], slots: list[int],
+            epochs: list | None = None, from_device: list[int] | None = None) -> torch.Tensor:
         """One decode step of B = len(tokens) rows (token b at cache index starts[b] of the sequence with block
-        table tables[b] and state slot slots[b]). Returns the real rows' fp32 logits [B, V], copied out of the
-        graph's static output (the next replay overwrites it)."""
+        table tables[b] and state slot slots[b]; where from_device[b] is set, the token is token_source[slots[b]]
+        instead). Returns the real rows' fp32 logits [B, V]: a view of the graph's static output, valid until
+        this bucket's next replay (sample it first)."""
         g = self._graph(self.bucket(len(tokens)))
-        self._load(g, tokens, starts, tables, slots)
-        return g.replay()[: len(tokens)].clone()
+        self.sync_tables(tables, slots, epochs)
+        self._load(g, tokens, starts, slots, from_device if from_device is not None else [0] * len(tokens))
+        return g.replay()[: len(tokens)]
 
 
 class PrefillGraph:
@@ -352,6 +428,7 @@ class PrefillGraphs:
     the fast path); elsewhere the graphs' forward runs eagerly."""
 
     MAX_SEQS = 64
+    MAX_GRAPHS = 96  # lengths captured at most (each holds its activations in the shared pool); the rest run eagerly
 
     def __init__(self, model, cache: HybridCache, sizes, max_blocks: int):
         self.model, self.cache = model, cache
@@ -359,6 +436,12 @@ class PrefillGraphs:
         self.capturable = capturable(model)
         self.graphs: dict[tuple[int, int], PrefillGraph] = {}
         self._pool = None
+
+    def can_run(self, n: int, num_blocks: int) -> bool:
+        """Can one sequence's chunk of n tokens with a table of num_blocks blocks run through a graph (captured
+        already, or a new length within MAX_GRAPHS)?"""
+        return n >= 1 and num_blocks <= self.max_blocks and ((1, n) in self.graphs
+                                                             or len(self.graphs) < self.MAX_GRAPHS)
 
     def serves(self, ns: list[int], tables: list[list[int]]) -> bool:
         """Sequences of ns[b] new tokens with block tables tables[b]: equal counts, their sum a captured size."""

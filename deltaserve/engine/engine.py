@@ -25,9 +25,9 @@ from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .detokenizer import IncrementalDetokenizer
 from .outputs import RequestOutput
 from .request import FinishReason, Request
-from .runner import ModelRunner
+from .runner import ModelRunner, StepHandle
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler, SchedulerConfig
+from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 DEFAULT_MAX_MODEL_LEN = 8192
 
@@ -114,6 +114,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
+        self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None  # the launched step not yet read back
 
     def _auto_num_blocks(self) -> int:
         """Blocks from the memory budget, capped at what max_num_seqs full-length requests could ever use."""
@@ -186,6 +187,8 @@ class LLMEngine:
         return ids
 
     def abort(self, request_id: str) -> None:
+        """Finish a request now and give back its blocks and state slot (a step in flight that computes one more
+        token for it still runs; its result is dropped)."""
         req = self.requests.pop(request_id, None)
         if req is not None:
             self.scheduler.finish(req, FinishReason.ABORT)
@@ -196,23 +199,45 @@ class LLMEngine:
 
     # ---- the step --------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Schedule and launch the next step, then read back the previous one and return its outputs.
+
+        The engine runs one step ahead of the device: while step n computes, the host schedules step n+1 (a
+        sequence's next input token is taken from the device, written there by step n's sampling) and only then
+        waits for step n's sampled ids, appends them, detokenises and checks stops. A request that stops at step n
+        has already been given one more token in step n+1; that token is dropped. Tokens are the same as a step
+        at a time: sampling is a function of (logits, seed, position) alone."""
         out = self.scheduler.schedule()
-        if out.is_empty:
+        launched = None
+        if not out.is_empty:
+            now = time.perf_counter()
+            for s in out.seqs:
+                if s.request.metrics.first_scheduled is None:
+                    s.request.metrics.first_scheduled = now
+            handle = self.runner.launch(out)
+            self.scheduler.update(out)
+            for req in handle.sampled_reqs:
+                req.num_pending += 1
+            launched = (out, handle)
+        elif self._in_flight is None:
             if self.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending (cache too small?)")
             return []
-        now = time.perf_counter()
-        for s in out.seqs:
-            if s.request.metrics.first_scheduled is None:
-                s.request.metrics.first_scheduled = now
-        result = self.runner.execute(out)
-        self.scheduler.update(out)
+        previous, self._in_flight = self._in_flight, launched
+        return self._complete(*previous) if previous is not None else []
+
+    def _complete(self, out: SchedulerOutput, handle: StepHandle) -> list[RequestOutput]:
+        """Read back a launched step and apply it: tokens appended, stops checked, outputs made."""
+        result = handle.result()
         outputs = []
         for s in out.seqs:
             req = s.request
+            if s.sample:
+                req.num_pending -= 1
+            if req.is_finished:  # aborted, or stopped by an earlier step's token: this step's token is dropped
+                continue
             if req.logits_only:
                 req.all_logits.append(result.logits[req.request_id])
-                if not req.in_prefill:
+                if s.start + s.num_new_tokens == req.num_prompt_tokens:
                     self._finish(req, FinishReason.LENGTH)
                     outputs.append(self._output(req, []))
             elif s.sample:
@@ -250,16 +275,24 @@ class LLMEngine:
         self.scheduler.finish(req, reason)
 
     def _output(self, req: Request, new_tokens: list[int]) -> RequestOutput:
+        """The request's output after this step. Its whole-output views are lazy slices (O(new tokens) a step)."""
         finished = req.is_finished
         detok = self.detokenizers.get(req.request_id)
         new_text = detok.take_delta(finished) if detok is not None else ""
-        text = detok.text[: detok.streamed] if detok is not None else ""
+        tokens, n = req.output_token_ids, len(req.output_token_ids)
+        if detok is None:
+            text = ""
+        elif finished:
+            text = detok.text[: detok.streamed]
+        else:
+            streamed = detok.streamed
+            text = lambda: detok.text[:streamed]  # noqa: E731 (the streamed prefix never changes afterwards)
         out = RequestOutput(
             request_id=req.request_id,
             prompt=req.prompt,
             prompt_token_ids=req.prompt_token_ids,
             text=text,
-            token_ids=list(req.output_token_ids),
+            token_ids=list(tokens) if finished else (lambda: tokens[:n]),
             finished=finished,
             finish_reason=req.finish_reason.value if finished else None,
             stop_reason=req.stop_reason,

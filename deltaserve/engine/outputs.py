@@ -2,28 +2,67 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from .request import RequestMetrics
 
 
-@dataclass
 class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    text: str  # the whole output text so far (final once `finished`)
-    token_ids: list[int]  # the whole output so far (includes a stop/eos token that ended it)
-    finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
-    stop_reason: str | int | None = None  # the stop string or stop token id that matched (None for eos/length)
-    new_text: str = ""  # what this step added to `text` (streaming)
-    new_token_ids: list[int] = field(default_factory=list)  # what this step added to `token_ids`
-    metrics: RequestMetrics | None = None
-    # LLM.logits requests only: next-token logits at every prompt position, [len, vocab] float32
-    prompt_logits: torch.Tensor | None = None
+    """One request's progress. `text` / `token_ids` are the whole output so far (final once `finished`);
+    `new_text` / `new_token_ids` what this step added (streaming). The engine builds the whole-output views lazily
+    (a step costs O(new tokens), not O(output length)): they are read from the request's growing token list and
+    text up to this output's lengths, which never change afterwards."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        text: str | Callable[[], str] = "",
+        token_ids: list[int] | Callable[[], list[int]] | None = None,
+        finished: bool = False,
+        finish_reason: str | None = None,  # "stop" | "length" | "abort" once finished
+        stop_reason: str | int | None = None,  # the stop string or stop token id that matched (None for eos/length)
+        new_text: str = "",
+        new_token_ids: list[int] | None = None,
+        metrics: RequestMetrics | None = None,
+        prompt_logits: torch.Tensor | None = None,  # LLM.logits requests only: [len, vocab] float32
+    ):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self._text = text
+        self._token_ids = token_ids if token_ids is not None else []
+        self.finished = finished
+        self.finish_reason = finish_reason
+        self.stop_reason = stop_reason
+        self.new_text = new_text
+        self.new_token_ids = new_token_ids if new_token_ids is not None else []
+        self.metrics = metrics
+        self.prompt_logits = prompt_logits
+
+    @property
+    def text(self) -> str:
+        if callable(self._text):
+            self._text = self._text()
+        return self._text
+
+    @text.setter
+    def text(self, value: str) -> None:
+        self._text = value
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The output tokens so far (including a stop/eos token that ended it)."""
+        if callable(self._token_ids):
+            self._token_ids = self._token_ids()
+        return self._token_ids
+
+    @token_ids.setter
+    def token_ids(self, value: list[int]) -> None:
+        self._token_ids = value
 
     def __repr__(self) -> str:
         return (

@@ -56,9 +56,13 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     output_token_ids: list[int] = field(default_factory=list)
+    # Tokens sampled by launched steps whose ids are not read back yet (the engine runs one step ahead): they count
+    # in num_tokens, and the next decode step takes the newest one from the device (runner.last_token).
+    num_pending: int = 0
     num_computed_tokens: int = 0  # tokens whose K/V and DeltaNet state are in the cache
     block_table: list[int] = field(default_factory=list)
     state_slot: int = -1
+    slot_epoch: int = -1  # a number unique to this admission (the runner's per-slot caches tell holders apart by it)
     all_logits: list[torch.Tensor] = field(default_factory=list)  # logits_only: [n, V] chunks in order
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
@@ -68,7 +72,13 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        """Prompt, read-back outputs and pending outputs: the index the next sampled token will have."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
+
+    @property
+    def num_outputs(self) -> int:
+        """Output tokens sampled so far, pending ones included."""
+        return len(self.output_token_ids) + self.num_pending
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -90,7 +100,12 @@ class Request:
         return self.num_computed_tokens < self.num_prompt_tokens
 
     def token_slice(self, start: int, end: int) -> list[int]:
+        """Known token ids of positions start .. end-1 (a prompt chunk, or read-back outputs): O(end - start)."""
         p = self.num_prompt_tokens
         if end <= p:
             return self.prompt_token_ids[start:end]
-        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+        if end > p + len(self.output_token_ids):
+            raise ValueError(f"request {self.request_id}: tokens up to {end} asked, {p + len(self.output_token_ids)} "
+                             "known (the rest are pending on the device)")
+        head = self.prompt_token_ids[start:p] if start < p else []
+        return head + self.output_token_ids[max(start - p, 0): end - p]

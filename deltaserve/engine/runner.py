@@ -1,36 +1,62 @@
-"""Model runner: turns a SchedulerOutput into one forward call and samples the next tokens.
+"""Model runner: launches one scheduled step on the device and hands back a handle; the sampled ids are read back
+once per step, later, when the engine asks (so the host can schedule the next step while this one runs).
 
 The scheduler's output is the only message from the scheduler; the ForwardBatch (a model type) is the only message
-to the model. Logits are taken only where needed: the last new token of a sequence that samples, and every new
-token of a logits_only request.
+to the model. A step runs in two parts, each row always through the same kernel family whatever else shares the
+step (so a request's bits never depend on its neighbours):
+  decode   rows of one new token that sample (running requests past their prompt): the bucket's CUDA graph
+           (engine/cuda_graph.DecodeGraphs) where there are graphs, else one eager decode forward;
+  prefill  prompt chunks (and logits_only requests): each chunk through a captured prefill graph of its length
+           (engine/cuda_graph.PrefillGraphs; a chunk is cut at its last 64-aligned position so the lengths stay a
+           small set), or, where graphs cannot serve, one eager forward of the remaining chunks.
+Logits are taken only where needed: the last new token of a sequence that samples, and every new token of a
+logits_only request. Sampling (engine/sampler.py) runs on the logits' device; its ids go to a pinned host buffer
+and to `last_token[state slot]`, from which the next decode step of that sequence takes its input token on the
+device (the engine runs one step ahead of the read-back).
 
-With `graphs` (engine/cuda_graph.DecodeGraphs), a decode-only step (every sequence has one new token and samples,
-no logits_only request) of at most the largest bucket's sequences runs through the bucket's CUDA graph; every
-other step (prefill, mixed, logits_only, larger batches) runs eagerly. On a device where graphs cannot be captured
-the graph path is used only when `graphs_off_device` is set (tests: it then runs the same padded step eagerly).
-With `prefill_graphs` (engine/cuda_graph.PrefillGraphs), a step that is one sequence's prefill chunk of a captured
-size (the engine's full chunk, max_num_batched_tokens), or B sequences' chunks of one length n with B * n that size,
-runs through that (B, n) graph, at any depths.
+On a device where graphs cannot be captured the graph paths are used only when `graphs_off_device` is set (tests:
+the same padded steps run eagerly).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from ..kernels.sampling import SamplingTensors, sample, seed_to_int64, token_statistics
 from ..model.cache import HybridCache
 from ..model.forward_batch import ForwardBatch
 from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .request import Request
-from .scheduler import SchedulerOutput
+from .sampler import Sampler
+from .scheduler import ScheduledSeq, SchedulerOutput
+from .transfer import to_device
+
+PIECE_ALIGN = 64  # a graph-served prefill chunk is cut at its last position aligned to this (fla's chunk length)
 
 
 @dataclass
 class RunnerOutput:
     sampled: dict[str, int]  # request_id -> next token, for the sequences that sample this step
     logits: dict[str, torch.Tensor]  # request_id -> [n, V] fp32 (logits_only requests: all new tokens)
+
+
+@dataclass
+class StepHandle:
+    """A launched step: what it sampled (ids on the device, copied to the host asynchronously) and the logits of
+    its logits_only requests. `result()` waits for the copy."""
+
+    sampled_reqs: list[Request] = field(default_factory=list)  # rows of `ids`, in order
+    ids: torch.Tensor | None = None  # [R] int64 host tensor (pinned on CUDA), valid once `event` completed
+    event: torch.cuda.Event | None = None
+    logits: dict[str, torch.Tensor] = field(default_factory=dict)  # logits_only request_id -> [n, V] (device)
+
+    def result(self) -> RunnerOutput:
+        if self.event is not None:
+            self.event.synchronize()
+        ids = self.ids.tolist() if self.ids is not None else []
+        return RunnerOutput({r.request_id: t for r, t in zip(self.sampled_reqs, ids)},
+                            {rid: lg.cpu() for rid, lg in self.logits.items()})
 
 
 class ModelRunner:
@@ -49,125 +75,165 @@ class ModelRunner:
         self.graphs = graphs
         self.prefill_graphs = prefill_graphs
         self.graphs_off_device = False  # use the (eager) graph path where capture is impossible: tests on CPU
+        self.sampler = Sampler(self.vocab_size, cache.num_state_slots, self.device)
+        # the newest sampled token of each state slot's sequence: the input of its next decode step (the decode
+        # graphs read the same buffer)
+        self.last_token = (graphs.token_source if graphs is not None
+                           else torch.zeros(cache.num_state_slots, dtype=torch.int64, device=self.device))
         # steps run through DecodeGraphs, through PrefillGraphs, eagerly (observability, tests)
         self.graph_steps = 0
         self.prefill_graph_steps = 0
         self.eager_steps = 0
 
-    def _graph_step(self, out: SchedulerOutput) -> bool:
-        """Does this step run through the bucketed decode graphs?"""
+    # ---- which path ------------------------------------------------------------------------------------------
+    def _graphs_usable(self, g) -> bool:
+        return g is not None and (g.capturable or self.graphs_off_device)
+
+    def _decode_by_graph(self, rows: list[ScheduledSeq]) -> bool:
         g = self.graphs
-        if g is None or not (g.capturable or self.graphs_off_device) or g.bucket(len(out.seqs)) is None:
-            return False
-        if not all(s.num_new_tokens == 1 and s.sample and not s.request.logits_only for s in out.seqs):
-            return False
-        return g.fits([s.request.block_table for s in out.seqs])
+        return self._graphs_usable(g) and g.bucket(len(rows)) is not None and g.fits(
+            [s.request.block_table for s in rows])
 
-    def _prefill_graph_step(self, out: SchedulerOutput) -> bool:
-        """Is this step prefill chunks the prefill graphs serve: one sequence's chunk of a captured size, or several
-        sequences' chunks of one length that together make a captured size?"""
+    # ---- the step --------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput) -> StepHandle:
+        """Run the step's forwards and sampling on the device; nothing here waits for the device."""
+        decode = [s for s in out.seqs if s.num_new_tokens == 1 and s.sample and not s.request.in_prefill]
+        prefill = [s for s in out.seqs if not (s.num_new_tokens == 1 and s.sample and not s.request.in_prefill)]
+        handle = StepHandle()
+        ids_parts: list[torch.Tensor] = []
+        if decode:
+            logits = self._decode(decode)  # [Bd, V]
+            reqs = [s.request for s in decode]
+            ids_parts.append(self.sampler.sample(logits, reqs, [r.num_tokens for r in reqs]))
+            handle.sampled_reqs += reqs
+        if prefill:
+            reqs, logits = self._prefill(prefill, handle)
+            if reqs:
+                ids_parts.append(self.sampler.sample(logits, reqs, [r.num_tokens for r in reqs]))
+                handle.sampled_reqs += reqs
+        if handle.sampled_reqs:
+            ids = ids_parts[0] if len(ids_parts) == 1 else torch.cat(ids_parts)
+            slots = to_device([r.state_slot for r in handle.sampled_reqs], torch.int64, self.device)
+            self.last_token.index_copy_(0, slots, ids)
+            if ids.is_cuda:
+                handle.ids = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+                handle.ids.copy_(ids, non_blocking=True)
+                handle.event = torch.cuda.Event()
+                handle.event.record()
+            else:
+                handle.ids = ids
+        return handle
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        """launch + result: one step, waited for (tests, tools)."""
+        return self.launch(out).result()
+
+    # ---- decode part -----------------------------------------------------------------------------------------
+    def _decode_inputs(self, rows: list[ScheduledSeq]) -> tuple[list[int], list[int]]:
+        """(token ids, from_device flags): a row whose input token is still pending on the device takes it from
+        last_token[slot] (flag 1, id 0 here)."""
+        ids, pending = [], []
+        for s in rows:
+            r = s.request
+            if r.num_pending:
+                ids.append(0)
+                pending.append(1)
+            else:
+                ids.append(r.token_slice(s.start, s.start + 1)[0])
+                pending.append(0)
+        return ids, pending
+
+    def _decode(self, rows: list[ScheduledSeq]) -> torch.Tensor:
+        """Logits [B, V] fp32 of a decode step of the rows (a view of a graph's static output: sample it before the
+        graph's next replay)."""
+        reqs = [s.request for s in rows]
+        ids, pending = self._decode_inputs(rows)
+        if self._decode_by_graph(rows):
+            self.graph_steps += 1
+            return self.graphs.run(ids, [s.start for s in rows], [r.block_table for r in reqs],
+                                   [r.state_slot for r in reqs], epochs=[r.slot_epoch for r in reqs],
+                                   from_device=pending)
+        self.eager_steps += 1
+        batch = ForwardBatch.build([[t] for t in ids], [s.start for s in rows], [r.block_table for r in reqs],
+                                   [r.state_slot for r in reqs], self.cache.block_size, device=self.device)
+        if any(pending):
+            flags = to_device(pending, torch.bool, self.device)
+            batch.input_ids = torch.where(flags, self.last_token.index_select(0, batch.state_slots), batch.input_ids)
+        return self.model(batch, self.cache)
+
+    # ---- prefill part ----------------------------------------------------------------------------------------
+    def _prefill(self, chunks: list[ScheduledSeq], handle: StepHandle) -> tuple[list[Request], torch.Tensor | None]:
+        """Run the prompt chunks; returns the requests that sample and their last-token logits [n, V]."""
+        sampled: list[tuple[Request, torch.Tensor]] = []
+        eager: list[ScheduledSeq] = []
         g = self.prefill_graphs
-        if g is None or not (g.capturable or self.graphs_off_device) or not out.seqs:
-            return False
-        if any(s.num_new_tokens < 2 or s.request.logits_only for s in out.seqs):
-            return False
-        return g.serves([s.num_new_tokens for s in out.seqs], [s.request.block_table for s in out.seqs])
+        if self._graphs_usable(g) and self._prefill_as_one_graph(chunks):
+            self.prefill_graph_steps += 1
+            reqs = [s.request for s in chunks]
+            logits = g.run([r.token_slice(s.start, s.start + s.num_new_tokens) for s, r in zip(chunks, reqs)],
+                           [s.start for s in chunks], [r.block_table for r in reqs], [r.state_slot for r in reqs])
+            sampled = [(s.request, logits[b:b + 1]) for b, s in enumerate(chunks) if s.sample]
+        else:
+            for s in chunks:
+                if self._graphs_usable(g) and not s.request.logits_only and self._prefill_pieces(s, sampled):
+                    continue
+                eager.append(s)
+        if eager:
+            self.eager_steps += 1
+            sampled += self._prefill_eager(eager, handle)
+        if not sampled:
+            return [], None
+        logits = sampled[0][1] if len(sampled) == 1 else torch.cat([lg for _, lg in sampled])
+        return [r for r, _ in sampled], logits
 
-    def build_batch(self, out: SchedulerOutput) -> tuple[ForwardBatch, list[tuple[Request, slice]]]:
-        """The ForwardBatch and, per sequence, which rows of the returned logits belong to it."""
-        tokens, ctx, tables, slots, logit_idx, rows = [], [], [], [], [], []
+    def _prefill_as_one_graph(self, chunks: list[ScheduledSeq]) -> bool:
+        """Several sequences' chunks of one length making a captured step size: one batched prefill graph."""
+        if len(chunks) < 2 or any(s.request.logits_only or s.num_new_tokens < 2 for s in chunks):
+            return False
+        return self.prefill_graphs.serves([s.num_new_tokens for s in chunks], [s.request.block_table for s in chunks])
+
+    def _prefill_pieces(self, s: ScheduledSeq, sampled: list) -> bool:
+        """One sequence's chunk through prefill graphs: cut at its last PIECE_ALIGN-aligned position (so graph
+        lengths stay few: multiples of the alignment, and remainders below it), each piece one replay. False when
+        the graphs cannot take it (the chunk then runs eagerly)."""
+        g = self.prefill_graphs
+        r = s.request
+        end = s.start + s.num_new_tokens
+        cut = end // PIECE_ALIGN * PIECE_ALIGN
+        bounds = [s.start, cut, end] if s.start < cut < end else [s.start, end]
+        lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+        if not all(g.can_run(n, len(r.block_table)) for n in lengths):
+            return False
+        self.prefill_graph_steps += 1
+        for a, b in zip(bounds, bounds[1:]):
+            logits = g.run([r.token_slice(a, b)], [a], [r.block_table], [r.state_slot])
+        if s.sample:
+            sampled.append((r, logits))
+        return True
+
+    def _prefill_eager(self, chunks: list[ScheduledSeq], handle: StepHandle) -> list[tuple[Request, torch.Tensor]]:
+        tokens, logit_idx, rows = [], [], []
         flat = 0
-        for s in out.seqs:
+        for s in chunks:
             r = s.request
             tokens.append(r.token_slice(s.start, s.start + s.num_new_tokens))
-            ctx.append(s.start)
-            tables.append(r.block_table)
-            slots.append(r.state_slot)
             first = len(logit_idx)
             if r.logits_only:
                 logit_idx.extend(range(flat, flat + s.num_new_tokens))
             elif s.sample:
                 logit_idx.append(flat + s.num_new_tokens - 1)
-            rows.append((r, slice(first, len(logit_idx))))
+            rows.append((s, first, len(logit_idx)))
             flat += s.num_new_tokens
-        batch = ForwardBatch.build(
-            tokens, ctx, tables, slots, self.cache.block_size, device=self.device, logits=logit_idx
-        )
-        return batch, rows
-
-    @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        if self._graph_step(out):
-            return self._execute_graph(out)
-        if self._prefill_graph_step(out):
-            return self._execute_prefill_graph(out)
-        self.eager_steps += 1
-        batch, rows = self.build_batch(out)
+        reqs = [s.request for s in chunks]
+        batch = ForwardBatch.build(tokens, [s.start for s in chunks], [r.block_table for r in reqs],
+                                   [r.state_slot for r in reqs], self.cache.block_size, device=self.device,
+                                   logits=logit_idx)
         logits = self.model(batch, self.cache)  # [N, V] fp32
-        result = RunnerOutput({}, {})
-        to_sample: list[tuple[Request, int]] = []
-        for s, (r, sl) in zip(out.seqs, rows):
-            if r.logits_only:
-                result.logits[r.request_id] = logits[sl].cpu()
+        sampled = []
+        for s, lo, hi in rows:
+            if s.request.logits_only:
+                handle.logits[s.request.request_id] = logits[lo:hi]
             elif s.sample:
-                to_sample.append((r, sl.start))
-        if to_sample:
-            picked = logits[[row for _, row in to_sample]]
-            ids = sample(picked, self.sampling_tensors([r for r, _ in to_sample]))
-            for (r, _), t in zip(to_sample, ids.tolist()):
-                result.sampled[r.request_id] = t
-        return result
-
-    def _execute_graph(self, out: SchedulerOutput) -> RunnerOutput:
-        """A decode-only step in the bucket's graph; sampling as in the eager path, on the real rows' logits."""
-        self.graph_steps += 1
-        reqs = [s.request for s in out.seqs]
-        logits = self.graphs.run(
-            [r.token_slice(s.start, s.start + 1)[0] for s, r in zip(out.seqs, reqs)],
-            [s.start for s in out.seqs],
-            [r.block_table for r in reqs],
-            [r.state_slot for r in reqs],
-        )  # [B, V] fp32, row b = out.seqs[b]
-        ids = sample(logits, self.sampling_tensors(reqs))
-        return RunnerOutput({r.request_id: t for r, t in zip(reqs, ids.tolist())}, {})
-
-    def _execute_prefill_graph(self, out: SchedulerOutput) -> RunnerOutput:
-        """The step's prefill chunks in their (sequences, length) graph; samples as the eager path for each chunk
-        that ends its prompt (the graph always computes every chunk's last-token logits; a middle chunk ignores
-        them)."""
-        self.prefill_graph_steps += 1
-        reqs = [s.request for s in out.seqs]
-        logits = self.prefill_graphs.run([r.token_slice(s.start, s.start + s.num_new_tokens)
-                                          for s, r in zip(out.seqs, reqs)], [s.start for s in out.seqs],
-                                         [r.block_table for r in reqs], [r.state_slot for r in reqs])
-        picked = [b for b, s in enumerate(out.seqs) if s.sample]
-        if not picked:
-            return RunnerOutput({}, {})
-        ids = sample(logits[picked], self.sampling_tensors([reqs[b] for b in picked]))
-        return RunnerOutput({reqs[b].request_id: t for b, t in zip(picked, ids.tolist())}, {})
-
-    def sampling_tensors(self, reqs: list[Request]) -> SamplingTensors:
-        def col(values, dtype=torch.float32):
-            return torch.tensor(values, dtype=dtype, device=self.device)
-
-        ps = [r.params for r in reqs]
-        t = SamplingTensors(
-            temperature=col([p.temperature for p in ps]),
-            top_k=col([p.top_k for p in ps], torch.int64),
-            top_p=col([p.top_p for p in ps]),
-            min_p=col([p.min_p for p in ps]),
-            repetition_penalty=col([p.repetition_penalty for p in ps]),
-            presence_penalty=col([p.presence_penalty for p in ps]),
-            frequency_penalty=col([p.frequency_penalty for p in ps]),
-            seeds=col([seed_to_int64(r.seed) for r in reqs], torch.int64),
-            positions=col([r.num_tokens for r in reqs], torch.int64),  # index of the token being sampled
-        )
-        uses_rep = any(p.repetition_penalty != 1.0 for p in ps)
-        uses_counts = any(p.presence_penalty or p.frequency_penalty for p in ps)
-        if uses_rep or uses_counts:
-            seen, counts = token_statistics(
-                [r.prompt_token_ids for r in reqs], [r.output_token_ids for r in reqs], self.vocab_size, self.device
-            )
-            t.seen = seen if uses_rep else None
-            t.counts = counts if uses_counts else None
-        return t
+                sampled.append((s.request, logits[lo:hi]))
+        return sampled

@@ -13,6 +13,7 @@ starts at a multiple of block_size (the exactness principle: chunked == whole, a
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -66,6 +67,7 @@ class Scheduler:
         self.slots = slots
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._epochs = itertools.count()
 
     # ---- admission control ---------------------------------------------------------------------------------
     def blocks_needed(self, req: Request) -> int:
@@ -115,7 +117,12 @@ class Scheduler:
         for req in self.running:
             if budget <= 0:
                 break
-            n = self.prefill_chunk(req, budget) if req.in_prefill else 1
+            if req.in_prefill:
+                n = self.prefill_chunk(req, budget)
+            elif req.logits_only:  # its prompt is done: it finishes when that step is read back
+                n = 0
+            else:  # one decode token, unless its outputs (pending ones too) already reach max_tokens
+                n = int(req.num_outputs < req.max_tokens)
             if n:
                 out.seqs.append(self._scheduled(req, n))
                 budget -= n
@@ -127,6 +134,7 @@ class Scheduler:
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             req.state_slot = self.slots.allocate()
+            req.slot_epoch = next(self._epochs)
             self.running.append(req)
             out.seqs.append(self._scheduled(req, n))
             budget -= n

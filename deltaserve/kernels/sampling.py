@@ -128,10 +128,37 @@ def stable_ranks(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return order, ranks
 
 
-def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+@dataclass(frozen=True)
+class SamplingFlags:
+    """Host facts about a batch's rows, so that `sample` never reads the device to pick its stages (the engine knows
+    them from the requests' parameters). Each stage that no row uses is skipped; the ones used give the same bits
+    whether their flag came from here or from the tensors."""
+
+    all_greedy: bool  # every row has temperature 0
+    top_k: bool  # some row has top_k > 0
+    top_p: bool  # some row has top_p < 1
+    min_p: bool  # some row has min_p > 0
+
+    @classmethod
+    def of(cls, t: "SamplingTensors") -> "SamplingFlags":
+        """From the tensors (device reads: a synchronisation on a GPU)."""
+        return cls(bool((t.temperature <= 0).all()), bool((t.top_k > 0).any()), bool((t.top_p < 1).any()),
+                   bool((t.min_p > 0).any()))
+
+    @property
+    def plain(self) -> bool:
+        """No row filters its vocabulary: greedy and temperature sampling only (kernels/triton_sampling)."""
+        return not (self.top_k or self.top_p or self.min_p)
+
+
+def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                  flags: SamplingFlags | None = None) -> torch.Tensor:
     """Mask (to -inf) what top_k, then top_p, then min_p remove from temperature-scaled logits [B, V]."""
     vocab = logits.shape[-1]
-    use_k, use_p = bool((top_k > 0).any()), bool((top_p < 1).any())
+    if flags is None:
+        use_k, use_p, use_min = bool((top_k > 0).any()), bool((top_p < 1).any()), bool((min_p > 0).any())
+    else:
+        use_k, use_p, use_min = flags.top_k, flags.top_p, flags.min_p
     if use_k or use_p:  # the full-vocabulary sort is the costly part: skip it when no row needs it
         order, ranks = stable_ranks(logits)
     if use_k:
@@ -144,7 +171,7 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
         drop_sorted = (before >= top_p[:, None]) & (top_p[:, None] < 1)
         drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    if bool((min_p > 0).any()):
+    if use_min:
         probs = logits.softmax(dim=-1)
         p_max = probs.max(dim=-1, keepdim=True).values
         logits = logits.masked_fill(probs < min_p[:, None] * p_max, float("-inf"))
@@ -158,14 +185,15 @@ def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Te
     return torch.argmax(logits + gumbel, dim=-1)
 
 
-def sample(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
-    """Next token per row, [B] int64, from fp32 logits [B, V]; row b depends only on row b's inputs."""
+def sample(logits: torch.Tensor, t: SamplingTensors, flags: SamplingFlags | None = None) -> torch.Tensor:
+    """Next token per row, [B] int64, from fp32 logits [B, V]; row b depends only on row b's inputs. `flags`: the
+    rows' stages as host facts (else read from the tensors); the result is the same either way."""
     logits = apply_penalties(logits.float(), t)
     greedy = t.temperature <= 0
     out = torch.argmax(logits, dim=-1)  # first maximum: ties go to the lower id
-    if bool(greedy.all()):
+    if (flags.all_greedy if flags is not None else bool(greedy.all())):
         return out
     temp = torch.where(greedy, torch.ones_like(t.temperature), t.temperature)
-    scaled = filter_logits(logits / temp[:, None], t.top_k, t.top_p, t.min_p)
+    scaled = filter_logits(logits / temp[:, None], t.top_k, t.top_p, t.min_p, flags)
     sampled = gumbel_argmax(scaled, t.seeds, t.positions)
     return torch.where(greedy, out, sampled)

@@ -79,9 +79,9 @@ def generate(model, n: int, graphs: bool):
     if graphs:
         run = engine.runner.graphs.run
 
-        def recording(tokens, *args):
+        def recording(tokens, *args, **kwargs):
             sizes.append(len(tokens))
-            return run(tokens, *args)
+            return run(tokens, *args, **kwargs)
 
         engine.runner.graphs.run = recording
     gen = torch.Generator().manual_seed(n)
