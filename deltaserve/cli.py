@@ -249,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--top-k", type=int, help="keep the k most likely tokens, 0 = off (default: generation_config)")
     run.add_argument("--seed", type=int, help="sampling seed (default: drawn from the engine's seeded RNG)")
     run.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    run.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto (default float32)")
+    run.add_argument("--dtype", default="auto",
+                     help="auto | float32 | bfloat16 | float16 (default auto: bfloat16 on CUDA, float32 on the CPU)")
     run.add_argument("--threads", type=int, help="CPU threads (default: 1 for the built-in model, else torch's)")
     run.add_argument("--max-model-len", type=int, help="context length (default min(model's, 8192))")
     run.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode (default: graphs on CUDA)")

@@ -63,7 +63,7 @@ def test_graph_runner_equals_eager(model, n, kind):
     graph = drain(engine, prompts, params)
     assert graph == eager
     assert engine.runner.graph_steps > 0
-    assert bucket_for(n) in engine.runner.graphs.graphs  # the padded bucket of the first decode step ran
+    assert bucket_for(n) in engine.runner.graphs.batch_buckets  # the padded bucket of the first decode step ran
     assert all(g.graph is None for g in engine.runner.graphs.graphs.values())  # CPU: nothing captured
 
 
@@ -99,7 +99,7 @@ def logits_of(model, prompt, buckets) -> list[torch.Tensor]:
 
     graphs.run = recording
     drain(engine, [prompt], [SamplingParams(temperature=0, max_tokens=8)])
-    assert set(graphs.graphs) == set(buckets)
+    assert graphs.batch_buckets == set(buckets)
     return got
 
 
@@ -194,7 +194,7 @@ def test_fallbacks_run_eagerly(model):
     # max_tokens 6, 8, 10: one prefill step (three chunks of unequal lengths: a prefill graph each), 5 decode steps
     # at B = 3 (eager), 2 at B = 2 and 2 at B = 1 (graphs).
     assert (engine.runner.eager_steps, engine.runner.prefill_graph_steps, engine.runner.graph_steps) == (5, 3, 4)
-    assert set(engine.runner.graphs.graphs) == {1, 2}
+    assert engine.runner.graphs.batch_buckets == {1, 2}
     # cuda_graphs on CPU without the test flag: everything eager, nothing built.
     engine = LLMEngine(model, None, [], EngineConfig(num_blocks=64, max_model_len=256, cuda_graphs=True))
     drain(engine, [prompt], [SamplingParams(temperature=0, max_tokens=4)])

@@ -59,6 +59,17 @@ def parse_args(argv):
                    "kernel's in-graph and critical time")
     p.add_argument("--profile-top", type=int, default=24,
                    help="kernels listed by the graph profiles (--profile-graph, --profile-prefill-graph)")
+    p.add_argument("--engine", action="store_true",
+                   help="decode through the engine (LLMEngine.step: what LLM.generate and the server run) next to "
+                        "the graph replay, per -b and -d (deltaserve/bench/engine_bench.py)")
+    p.add_argument("--sampling", default="greedy,default",
+                   help="--engine: comma list of greedy (temperature 0) and default (SamplingParams(): temperature 1)")
+    p.add_argument("--mixed", action="store_true",
+                   help="--engine: the first -b streams decode while prompts arrive (--mixed-rate, --mixed-prompt), "
+                        "against the same streams alone")
+    p.add_argument("--mixed-rate", type=float, default=1.0, help="--mixed: prompt arrivals per second (Poisson)")
+    p.add_argument("--mixed-prompt", type=_ints, default=[512, 4096], help="--mixed: MIN,MAX prompt tokens")
+    p.add_argument("--mixed-seconds", type=float, default=20.0, help="--mixed: seconds of each run")
     p.add_argument("--results", default="bench/results", help="directory for the JSON-line records")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--device", default="cuda")
@@ -212,6 +223,7 @@ def main(argv=None) -> int:
     def keep(rec: dict) -> None:
         # appended as soon as measured: a run cut short by a device time limit keeps what it finished
         recs.append(rec)
+        keep.last = rec
         if not args.no_record:
             records.append_records([rec], args.results, gpu)
 
@@ -225,6 +237,10 @@ def main(argv=None) -> int:
         why = f"a deployment for {b} stream{'s' * (b != 1)}" if args.decode_gemv == "auto" else "--decode-gemv"
         return f"; decode GEMV {runs} ({why if runs == mode else 'DELTASERVE_DECODE_GEMV'})"
 
+    if args.engine:
+        run_engine_bench(args, model, config, name, quant, gpu, keep, deployment)
+        print(records.format_table(recs))
+        return 0
     for b in args.batch:
         gemv_note = deployment(b)
         streams = Streams(model, config, b, max_len, kv_dtype)
@@ -281,3 +297,57 @@ def main(argv=None) -> int:
     print(f"# peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB; weights now {held:.2f} GiB (at load "
           f"{weight_gib:.2f}) + {copies:.2f} GiB of tensor-core repacked weights = {held + copies:.2f} GiB")
     return 0
+
+
+def run_engine_bench(args, model, config, name, quant, gpu, keep, deployment) -> None:
+    """--engine: per -b and -d, the graph replay, then the engine with each --sampling; --mixed after."""
+    from . import engine_bench as eb
+
+    tokenizer = None
+    if args.preset:
+        from ..synthetic.presets import get_preset
+        from ..synthetic.tokenizer import train_bpe
+
+        tokenizer = train_bpe(get_preset(args.preset).bpe_size)  # the preset's tokenizer: detokenisation included
+    n = args.n_gen[0]
+    samplings = [s for s in args.sampling.split(",") if s]
+    for b in args.batch:
+        gemv = deployment(b)
+        for d in args.depth:
+            streams = Streams(model, config, b, d + n + 8)
+            replay, _ = _stats(bench_decode(streams, n, d, args.reps, True), n * b)
+            del streams
+            torch.cuda.empty_cache()
+            keep(records.make_record("deltaserve", gpu, name, quant, "tg", n, d, b, replay, 0.0, args.reps,
+                                     notes="depth laid down synthetically; cuda graph replay (the --engine baseline)"
+                                     + gemv))
+            print(records.format_table([keep.last]).splitlines()[-1], flush=True)
+            for sampling in samplings:
+                runs = []
+                for _ in range(max(1, args.reps // 2)):
+                    engine = eb.make_engine(model, tokenizer, b, d + n + 8)
+                    runs.append(eb.decode_run(engine, b, d, n, sampling, config.vocab_size))
+                    del engine
+                    torch.cuda.empty_cache()
+                best = max(runs, key=lambda r: r["tok_s"])
+                rates = [r["tok_s"] for r in runs]
+                keep(records.make_record(
+                    "deltaserve", gpu, name, quant, "tg-engine", n, d, b, statistics.median(rates),
+                    statistics.stdev(rates) if len(rates) > 1 else 0.0, len(runs),
+                    notes=f"through LLMEngine.step (LLM.generate's loop), sampling {sampling}, detokenised; host "
+                          f"{best['host_ms']:.3f} ms/step; {statistics.median(rates) / replay:.3f} of the graph "
+                          f"replay ({replay:.1f} tok/s, same run); depth laid down synthetically" + gemv))
+                print(records.format_table([keep.last]).splitlines()[-1], flush=True)
+    if args.mixed:
+        b, d = args.batch[0], args.depth[0]
+        deployment(b + 8)
+        lo, hi = args.mixed_prompt[0], args.mixed_prompt[-1]
+        alone = eb.mixed_run(model, tokenizer, b, d, args.mixed_seconds, 0.0, (lo, hi), config.vocab_size)
+        mixed = eb.mixed_run(model, tokenizer, b, d, args.mixed_seconds, args.mixed_rate, (lo, hi), config.vocab_size)
+        ratio = mixed["tok_s"] / alone["tok_s"]
+        keep(records.make_record(
+            "deltaserve", gpu, name, quant, "tg-mixed", 0, d, b, mixed["tok_s"], 0.0, 1,
+            notes=f"{b} streams decoding through the engine while {mixed['arrivals']} prompts of {lo}-{hi} tokens "
+                  f"arrived ({args.mixed_rate}/s, 8 tokens each) over {args.mixed_seconds:.0f} s; alone "
+                  f"{alone['tok_s']:.1f} tok/s; ratio {ratio:.3f}; sampling default"))
+        print(records.format_table([keep.last]).splitlines()[-1], flush=True)

@@ -24,6 +24,7 @@ from ..utils.env import env_choice
 from .transfer import to_device
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MIN_WIDTH_TOKENS = 1024  # the narrowest decode graph's block tables (tokens); wider ones double up to max_model_len
 
 
 def greedy_kernels(logits: torch.Tensor) -> bool:
@@ -228,7 +229,10 @@ class DecodeGraphs:
         self.max_blocks, self.buckets = max_blocks, tuple(sorted(buckets))
         self.device = next(model.parameters()).device
         self.capturable = capturable(model)
-        self.graphs: dict[int, DecodeGraph] = {}
+        # (batch bucket, table width in blocks) -> graph. The width bounds the step's attention split grid: a step
+        # runs in the narrowest width that holds its longest row (a row's bits do not depend on the width: its
+        # splits and their merge follow its own length), so short contexts do not pay for max_model_len's grid.
+        self.graphs: dict[tuple[int, int], DecodeGraph] = {}
         self._pool = None  # one memory pool for all buckets: their replays never overlap
         # Block tables by state slot, on the device, kept up to date incrementally: a step uploads only the blocks
         # its rows gained since their last step (a row's table only grows while its request holds the slot; a new
@@ -243,15 +247,26 @@ class DecodeGraphs:
     def bucket(self, n: int) -> int | None:
         return bucket_for(n, self.buckets)
 
+    @property
+    def batch_buckets(self) -> set[int]:
+        """The batch buckets whose graphs exist (at any width)."""
+        return {b for b, _ in self.graphs}
+
+    def width(self, tokens: int) -> int:
+        """Table width (blocks) of the graph for rows of up to `tokens` cached tokens: a power of two from
+        MIN_WIDTH_TOKENS, at most max_blocks."""
+        need = max(-(-tokens // self.cache.block_size), -(-MIN_WIDTH_TOKENS // self.cache.block_size))
+        return min(self.max_blocks, 1 << (need - 1).bit_length())
+
     def fits(self, tables: list[list[int]]) -> bool:
         """Every block table fits the graphs' static [bucket, max_blocks] table (else the step runs eagerly)."""
         return all(len(t) <= self.max_blocks for t in tables)
 
-    def _graph(self, bucket: int) -> DecodeGraph:
-        g = self.graphs.get(bucket)
+    def _graph(self, bucket: int, width: int) -> DecodeGraph:
+        g = self.graphs.get((bucket, width))
         if g is None:
-            g = DecodeGraph(self.model, self.cache, bucket, self.max_blocks)
-            g.attach_sources(self.tables, self.token_source)
+            g = DecodeGraph(self.model, self.cache, bucket, width)
+            g.attach_sources(self.tables[:, :width], self.token_source)
             if self.capturable:
                 # Warm-up and capture run with every row on the scratch slot/block: the warm-up steps write state
                 # and KV, and must never touch a real sequence.
@@ -259,7 +274,7 @@ class DecodeGraphs:
                 if self._pool is None:
                     self._pool = torch.cuda.graph_pool_handle()
                 g.capture(pool=self._pool)
-            self.graphs[bucket] = g
+            self.graphs[(bucket, width)] = g
         return g
 
     def _load(self, g: DecodeGraph, tokens: list[int], starts: list[int], slots: list[int],
@@ -297,7 +312,7 @@ class DecodeGraphs:
         table tables[b] and state slot slots[b]; where from_device[b] is set, the token is token_source[slots[b]]
         instead). Returns the real rows' fp32 logits [B, V]: a view of the graph's static output, valid until
         this bucket's next replay (sample it first)."""
-        g = self._graph(self.bucket(len(tokens)))
+        g = self._graph(self.bucket(len(tokens)), self.width(max(starts) + 1))
         self.sync_tables(tables, slots, epochs)
         self._load(g, tokens, starts, slots, from_device if from_device is not None else [0] * len(tokens))
         return g.replay()[: len(tokens)]

@@ -24,12 +24,16 @@ Prompt = str | Sequence[int]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": None}
 
 
-def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
+def parse_dtype(dtype: str | torch.dtype | None, device: str | torch.device = "cpu") -> torch.dtype | None:
+    """The activation dtype. "auto" (or None): bfloat16 on CUDA (the Triton kernels and CUDA graphs need 16-bit
+    activations), float32 on the CPU (the reference path, exact against transformers in fp32)."""
+    if isinstance(dtype, torch.dtype):
         return dtype
-    key = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}.get(dtype, dtype)
+    key = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}.get(dtype, dtype or "auto")
     if key not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    if key == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     return DTYPES[key]
 
 
@@ -38,7 +42,7 @@ class LLM:
         self,
         model_dir: str | Path,
         device: str = "cpu",
-        dtype: str | torch.dtype | None = "float32",
+        dtype: str | torch.dtype | None = "auto",
         max_num_seqs: int = 8,
         block_size: int = 16,
         num_blocks: int | None = None,
@@ -57,7 +61,7 @@ class LLM:
         resolve_decode_gemv(decode_gemv, max_num_seqs)
         ModelConfig.from_dir(self.model_dir)
         tok = load_tokenizer(self.model_dir)
-        ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype), progress)
+        ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype, device), progress)
         config = EngineConfig(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, seed=seed,
                               cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype, decode_gemv=decode_gemv)
         self._setup(ckpt.model, tok, config)

@@ -1,0 +1,143 @@
+"""`deltaserve bench --engine`: decode speed through the engine (what `LLM.generate` and the server run), next to
+the decode graph's back-to-back replay of the same model in the same run.
+
+  deltaserve bench --engine --preset qwen3.6-35b-a3b --quant q4 -n 128 -d 512,32768 -b 1,8,64
+
+For each B and depth d: an engine deployed for B streams (max_num_seqs = B, so it picks the deployment's decode
+GEMV as `bench` does) gets B requests of d + 1 prompt tokens; the first d are laid down synthetically (random KV and
+DeltaNet state, as `bench` does), the last runs as a one-token prefill that samples the first output; then the
+requests decode n tokens each through `LLMEngine.step` (the loop of LLM.generate: scheduling, the device step,
+sampling, read-back, detokenisation with the preset's tokenizer, stop checks). tok/s counts the tokens read back
+from the first decode step to the last; host ms/step is the time a step spends on the host (its wall time less the
+time it waited for the device). Sampling: greedy (temperature 0) and default (SamplingParams(): temperature 1).
+
+--mixed: B streams decode while prompts of --mixed-prompt MIN,MAX tokens arrive at --mixed-rate per second (each
+generating 8 tokens); the streams' decode tok/s against the same streams alone.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from ..engine.engine import EngineConfig, LLMEngine
+from ..engine.request import RequestStatus
+from ..engine.sampling_params import SamplingParams
+
+BLOCK_SIZE = 64
+SAMPLING = {"greedy": dict(temperature=0.0), "default": {}}
+
+
+def make_engine(model, tokenizer, batch: int, max_len: int, extra_seqs: int = 0) -> LLMEngine:
+    blocks = (batch + extra_seqs) * -(-max_len // BLOCK_SIZE)
+    cfg = EngineConfig(block_size=BLOCK_SIZE, num_blocks=blocks, max_num_seqs=batch + extra_seqs,
+                       max_model_len=max_len, cuda_graphs=True)
+    return LLMEngine(model, tokenizer, [], cfg)
+
+
+def lay_down_depth(engine: LLMEngine, depth: int) -> None:
+    """Admit every waiting request with its first `depth` prompt tokens counted as computed, their KV and DeltaNet
+    state random (as `bench`'s Streams): the timed phase reads the same bytes as after a real prefill."""
+    sched = engine.scheduler
+    while sched.waiting:
+        req = sched.waiting.popleft()
+        req.status = RequestStatus.RUNNING
+        req.state_slot = sched.slots.allocate()
+        req.slot_epoch = next(sched._epochs)
+        sched.running.append(req)
+        sched.blocks.may_append(req.block_table, depth)
+        req.num_computed_tokens = depth
+    gen = torch.Generator(device=engine.device).manual_seed(1)
+    cache = engine.cache
+    for pool in (*cache.k.values(), *cache.v.values(), *cache.conv.values()):
+        pool.normal_(generator=gen)
+    for pool in cache.ssm.values():
+        pool.normal_(generator=gen).mul_(0.1)
+
+
+class StepTimer:
+    """Wraps the engine's step: wall time per step and the time it waited for the device (StepHandle.result)."""
+
+    def __init__(self, engine: LLMEngine):
+        self.engine, self.waited, self.walls = engine, 0.0, []
+        runner = engine.runner
+        launch = runner.launch
+
+        def timed_launch(out):
+            handle = launch(out)
+            result = handle.result
+
+            def timed_result():
+                t0 = time.perf_counter()
+                if handle.event is not None:
+                    handle.event.synchronize()
+                self.waited += time.perf_counter() - t0
+                return result()
+
+            handle.result = timed_result
+            return handle
+
+        runner.launch = timed_launch
+
+    def step(self):
+        t0 = time.perf_counter()
+        outs = self.engine.step()
+        self.walls.append(time.perf_counter() - t0)
+        return outs
+
+
+def decode_run(engine: LLMEngine, batch: int, depth: int, n: int, sampling: str, vocab: int) -> dict:
+    gen = torch.Generator().manual_seed(depth + batch)
+    params = SamplingParams(max_tokens=n, ignore_eos=True, seed=7, **SAMPLING[sampling])
+    ids = [engine.add_request(torch.randint(0, vocab, (depth + 1,), generator=gen).tolist(), params)
+           for _ in range(batch)]
+    lay_down_depth(engine, depth)
+    timer = StepTimer(engine)
+    produced, t_first = 0, None
+    while engine.has_unfinished():
+        outs = timer.step()
+        if t_first is None:
+            if any(o.new_token_ids for o in outs):  # the prefill step's first tokens are read back
+                t_first, timer.waited, timer.walls = time.perf_counter(), 0.0, []
+            continue
+        produced += sum(len(o.new_token_ids) for o in outs)
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t_first
+    steps = len(timer.walls)
+    host = (sum(timer.walls) - timer.waited) / max(steps, 1)
+    assert not engine.requests and all(i not in engine.requests for i in ids)
+    return {"tok_s": produced / seconds, "host_ms": host * 1e3, "steps": steps, "tokens": produced}
+
+
+def mixed_run(model, tokenizer, batch: int, depth: int, seconds: float, rate: float, lengths: tuple[int, int],
+              vocab: int) -> dict:
+    """The B streams' decode tok/s over `seconds`, with prompts arriving at `rate` per second (0: none)."""
+    max_len = min(max(depth + 4096, lengths[1] + 16), model.config.max_position_embeddings)
+    engine = make_engine(model, tokenizer, batch, max_len, extra_seqs=8)
+    gen = torch.Generator().manual_seed(5)
+    long = SamplingParams(max_tokens=1 << 30, ignore_eos=True, seed=3)
+    streams = {engine.add_request(torch.randint(0, vocab, (depth + 1,), generator=gen).tolist(),
+                                  long.clone(max_tokens=min(4000, engine.max_model_len - depth - 2)))
+               for _ in range(batch)}
+    lay_down_depth(engine, depth)
+    for _ in range(3):  # past the prefill step and the first decode graph captures
+        engine.step()
+    rng = random.Random(0)
+    arrivals = 0
+    next_arrival = time.perf_counter() + (1 / rate if rate else float("inf"))
+    produced, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        now = time.perf_counter()
+        if now >= next_arrival and len(engine.scheduler.waiting) < 4:
+            engine.add_request(torch.randint(0, vocab, (rng.randint(*lengths),), generator=gen).tolist(),
+                               SamplingParams(max_tokens=8, ignore_eos=True, seed=arrivals))
+            arrivals += 1
+            next_arrival = now + rng.expovariate(rate)
+        produced += sum(len(o.new_token_ids) for o in engine.step() if o.request_id in streams)
+    elapsed = time.perf_counter() - t0
+    for rid in list(engine.requests):
+        engine.abort(rid)
+    return {"tok_s": produced / elapsed, "arrivals": arrivals}
