@@ -100,34 +100,41 @@ class DecodeGraph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         # The engine's form (attach_sources): the step reads its rows' block tables from a table kept per state slot,
-        # and a row flagged `from_device` takes its input token from a per-slot token buffer (the newest sampled
-        # token, not yet read back by the host); both gathers run inside the graph.
+        # a row flagged `from_device` takes its input token from a per-slot token buffer (the newest sampled token,
+        # not yet read back by the host), and the step ends by sampling every row the plain way (greedy or
+        # temperature: kernels/triton_sampling) into `sampled` and the token buffer; all of it inside the graph, so
+        # a decode step is one host-to-device copy, the replay and one copy back.
         self.table_source: torch.Tensor | None = None  # [num_slots, max_blocks] int32
         self.token_source: torch.Tensor | None = None  # [num_slots] int64
-        self.host_ids = self.from_device = None
+        self.sampled: torch.Tensor | None = None  # [batch] int64
         self._stage = self._rows = None
 
+    ROWS = ("ids", "from_device", "positions", "context_lens", "slots", "temperature", "keys")
+
     def attach_sources(self, table_source: torch.Tensor, token_source: torch.Tensor) -> None:
-        """Switch to the engine's form (before capture): load_rows() then sets ids, from_device, positions, context
-        lengths and state slots in one asynchronous copy, and the graph derives tables, KV slots and input ids."""
+        """Switch to the engine's form (before capture): load_rows() then sets the rows' inputs in one asynchronous
+        copy, and the graph derives tables, KV slots and input ids, and samples."""
         dev = self.input_ids.device
         self.table_source, self.token_source = table_source, token_source
-        # one [5, batch] int64 row block on the device (host ids | from_device | positions | context lens | slots)
-        # whose rows are the step's inputs, and its pinned host staging
-        self._rows = torch.zeros(5, self.batch, dtype=torch.int64, device=dev)
-        self._stage = torch.zeros(5, self.batch, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        # one [7, batch] int64 block on the device whose rows are the step's inputs (ROWS; the temperature as its
+        # fp32 bits), and its pinned host staging
+        self._rows = torch.zeros(len(self.ROWS), self.batch, dtype=torch.int64, device=dev)
+        self._stage = torch.zeros(len(self.ROWS), self.batch, dtype=torch.int64, pin_memory=dev.type == "cuda")
         self._copied = torch.cuda.Event() if dev.type == "cuda" else None
-        self.host_ids, self.from_device = self._rows[0], self._rows[1]
         self.positions, self.context_lens, self.state_slots = self._rows[2], self._rows[3], self._rows[4]
         self.fb.positions, self.fb.context_lens, self.fb.state_slots = self.positions, self.context_lens, self.state_slots
+        self.sampled = torch.zeros(self.batch, dtype=torch.int64, device=dev)
 
-    def load_rows(self, ids, from_device, positions, context_lens, slots) -> None:
-        """The engine's form: each argument a host list of the bucket's `batch` values."""
+    def load_rows(self, ids, from_device, positions, context_lens, slots, temperature, keys) -> None:
+        """The engine's form: each argument the bucket's `batch` host values (temperature: floats; keys:
+        kernels/sampling.row_keys of each row's seed and sampled position)."""
         if self._copied is not None:
             self._copied.synchronize()  # the previous load's copy has read the staging (long done: a step ago)
         stage = self._stage.numpy()
         for row, values in enumerate((ids, from_device, positions, context_lens, slots)):
             stage[row] = values
+        stage[5] = np.asarray(temperature, dtype=np.float32).view(np.int32)
+        stage[6] = keys
         self._rows.copy_(self._stage, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
@@ -138,12 +145,27 @@ class DecodeGraph:
         torch.index_select(self.table_source, 0, self.state_slots, out=self.block_tables)
         self._derive_slots()
         pick = self.token_source.index_select(0, self.state_slots)
-        self.input_ids.copy_(torch.where(self.from_device != 0, pick, self.host_ids))
+        self.input_ids.copy_(torch.where(self._rows[1] != 0, pick, self._rows[0]))
+
+    def _sample(self, logits: torch.Tensor) -> None:
+        from ..kernels import backend
+        from ..kernels.sampling import sample_plain_reference
+
+        temperature, keys = self._rows[5].to(torch.int32).view(torch.float32), self._rows[6]
+        if logits.is_cuda and not backend.reference_enabled():
+            from ..kernels.triton_sampling import sample_plain
+
+            sample_plain(logits, temperature, keys, out=self.sampled)
+        else:
+            self.sampled.copy_(sample_plain_reference(logits, temperature, keys))
+        self.token_source.index_copy_(0, self.state_slots, self.sampled)
 
     def _forward(self) -> torch.Tensor:
         if self.table_source is not None:
             self._gather_sources()
         logits = self.model(self.fb, self.cache)
+        if self.table_source is not None:
+            self._sample(logits)
         if self.greedy_feedback:
             from ..kernels import triton_greedy
 
@@ -278,12 +300,15 @@ class DecodeGraphs:
         return g
 
     def _load(self, g: DecodeGraph, tokens: list[int], starts: list[int], slots: list[int],
-              from_device: list[int]) -> None:
-        """Real rows first, then padding rows (token 0, cache index 0, the scratch slot and its table)."""
-        pad = g.batch - len(tokens)
+              from_device: list[int], temperature=None, keys=None) -> None:
+        """Real rows first, then padding rows (token 0, cache index 0, the scratch slot and its table, greedy)."""
+        n = len(tokens)
+        pad = g.batch - n
         start = list(starts) + [0] * pad
+        temperature = list(temperature) + [0.0] * pad if temperature is not None else [0.0] * g.batch
+        keys = list(keys) + [0] * pad if keys is not None else [0] * g.batch
         g.load_rows(list(tokens) + [0] * pad, list(from_device) + [0] * pad, start, start,
-                    list(slots) + [self.scratch_slot] * pad)
+                    list(slots) + [self.scratch_slot] * pad, temperature, keys)
 
     def sync_tables(self, tables: list[list[int]], slots: list[int], epochs: list | None = None) -> None:
         """Bring the device tables of `slots` up to `tables` (each slot's holder given by its epoch; with no epochs,
@@ -307,15 +332,21 @@ class DecodeGraphs:
                                     self.device)), to_device(vals, torch.int32, self.device))
 
     def run(self, tokens: list[int], starts: list[int], tables: list[list[int]], slots: list[int],
-            epochs: list | None = None, from_device: list[int] | None = None) -> torch.Tensor:
+            epochs: list | None = None, from_device: list[int] | None = None, temperature=None,
+            keys=None) -> torch.Tensor:
         """One decode step of B = len(tokens) rows (token b at cache index starts[b] of the sequence with block
         table tables[b] and state slot slots[b]; where from_device[b] is set, the token is token_source[slots[b]]
         instead). Returns the real rows' fp32 logits [B, V]: a view of the graph's static output, valid until
-        this bucket's next replay (sample it first)."""
-        g = self._graph(self.bucket(len(tokens)), self.width(max(starts) + 1))
+        this bucket's next replay (sample it first). The step also samples each row the plain way with
+        temperature[b] and keys[b] (default: greedy): `last_sampled`, [B] int64 on the device, and
+        token_source[slots[b]]."""
+        n = len(tokens)
+        g = self._graph(self.bucket(n), self.width(max(starts) + 1))
         self.sync_tables(tables, slots, epochs)
-        self._load(g, tokens, starts, slots, from_device if from_device is not None else [0] * len(tokens))
-        return g.replay()[: len(tokens)]
+        self._load(g, tokens, starts, slots, from_device if from_device is not None else [0] * n, temperature, keys)
+        logits = g.replay()[:n]
+        self.last_sampled = g.sampled[:n]
+        return logits
 
 
 class PrefillGraph:

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..kernels.sampling import row_keys_host
 from ..model.cache import HybridCache
 from ..model.forward_batch import ForwardBatch
 from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .request import Request
-from .sampler import Sampler
+from .sampler import Sampler, plain_sampling
 from .scheduler import ScheduledSeq, SchedulerOutput
 from .transfer import to_device
 
@@ -75,6 +76,7 @@ class ModelRunner:
         self.graphs = graphs
         self.prefill_graphs = prefill_graphs
         self.graphs_off_device = False  # use the (eager) graph path where capture is impossible: tests on CPU
+        self._graph_sampled = False  # the last decode part's ids came from its graph (which wrote last_token too)
         self.sampler = Sampler(self.vocab_size, cache.num_state_slots, self.device)
         # the newest sampled token of each state slot's sequence: the input of its next decode step (the decode
         # graphs read the same buffer)
@@ -103,9 +105,11 @@ class ModelRunner:
         handle = StepHandle()
         ids_parts: list[torch.Tensor] = []
         if decode:
-            logits = self._decode(decode)  # [Bd, V]
             reqs = [s.request for s in decode]
-            ids_parts.append(self.sampler.sample(logits, reqs, [r.num_tokens for r in reqs]))
+            logits, ids = self._decode(decode)  # [Bd, V]; the graph's own plain sampling, when it serves the rows
+            if ids is None:
+                ids = self.sampler.sample(logits, reqs, [r.num_tokens for r in reqs])
+            ids_parts.append(ids)
             handle.sampled_reqs += reqs
         if prefill:
             reqs, logits = self._prefill(prefill, handle)
@@ -114,15 +118,16 @@ class ModelRunner:
                 handle.sampled_reqs += reqs
         if handle.sampled_reqs:
             ids = ids_parts[0] if len(ids_parts) == 1 else torch.cat(ids_parts)
-            slots = to_device([r.state_slot for r in handle.sampled_reqs], torch.int64, self.device)
-            self.last_token.index_copy_(0, slots, ids)
+            if not (decode and len(ids_parts) == 1 and self._graph_sampled):  # (the graph wrote its rows' tokens)
+                slots = to_device([r.state_slot for r in handle.sampled_reqs], torch.int64, self.device)
+                self.last_token.index_copy_(0, slots, ids)
             if ids.is_cuda:
                 handle.ids = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
                 handle.ids.copy_(ids, non_blocking=True)
                 handle.event = torch.cuda.Event()
                 handle.event.record()
             else:
-                handle.ids = ids
+                handle.ids = ids.clone()  # (a graph's static buffer: the next step overwrites it)
         return handle
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
@@ -144,23 +149,30 @@ class ModelRunner:
                 pending.append(0)
         return ids, pending
 
-    def _decode(self, rows: list[ScheduledSeq]) -> torch.Tensor:
-        """Logits [B, V] fp32 of a decode step of the rows (a view of a graph's static output: sample it before the
-        graph's next replay)."""
+    def _decode(self, rows: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits [B, V] fp32, sampled ids [B] or None) of a decode step of the rows. Through a graph the logits are
+        a view of its static output (sample them before its next replay), and the graph has sampled the rows the
+        plain way: those ids serve when every row is plain (greedy or temperature, no penalties), else None."""
         reqs = [s.request for s in rows]
         ids, pending = self._decode_inputs(rows)
+        self._graph_sampled = False
         if self._decode_by_graph(rows):
             self.graph_steps += 1
-            return self.graphs.run(ids, [s.start for s in rows], [r.block_table for r in reqs],
-                                   [r.state_slot for r in reqs], epochs=[r.slot_epoch for r in reqs],
-                                   from_device=pending)
+            plain = all(plain_sampling(r.params) for r in reqs)
+            temps = [r.params.temperature for r in reqs] if plain else None
+            keys = row_keys_host([r.seed for r in reqs], [r.num_tokens for r in reqs]) if plain else None
+            logits = self.graphs.run(ids, [s.start for s in rows], [r.block_table for r in reqs],
+                                     [r.state_slot for r in reqs], epochs=[r.slot_epoch for r in reqs],
+                                     from_device=pending, temperature=temps, keys=keys)
+            self._graph_sampled = plain
+            return logits, (self.graphs.last_sampled if plain else None)
         self.eager_steps += 1
         batch = ForwardBatch.build([[t] for t in ids], [s.start for s in rows], [r.block_table for r in reqs],
                                    [r.state_slot for r in reqs], self.cache.block_size, device=self.device)
         if any(pending):
             flags = to_device(pending, torch.bool, self.device)
             batch.input_ids = torch.where(flags, self.last_token.index_select(0, batch.state_slots), batch.input_ids)
-        return self.model(batch, self.cache)
+        return self.model(batch, self.cache), None
 
     # ---- prefill part ----------------------------------------------------------------------------------------
     def _prefill(self, chunks: list[ScheduledSeq], handle: StepHandle) -> tuple[list[Request], torch.Tensor | None]:

@@ -64,6 +64,13 @@ def uses_penalties(r: Request) -> bool:
     return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
 
 
+def plain_sampling(p) -> bool:
+    """Greedy or plain temperature sampling: no top-k / top-p / min-p, no penalties (what a decode graph samples
+    itself; the SamplingParams default)."""
+    return (p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0 and p.repetition_penalty == 1.0
+            and not p.presence_penalty and not p.frequency_penalty)
+
+
 class Sampler:
     """Samples a step's rows: `sample(logits [R, V] fp32, requests, positions)` -> ids [R] int64 on the device."""
 

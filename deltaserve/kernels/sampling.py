@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 MASK32 = 0xFFFFFFFF
@@ -49,12 +50,33 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return mix32(h ^ (positions & MASK32))
 
 
+def row_keys_host(seeds: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+    """row_keys on the host (numpy, no device work): int64 [B], for seeds in [0, 2^64) and positions >= 0."""
+    s = np.array([int(x) % (1 << 64) for x in seeds], dtype=np.uint64)
+    p = np.array(positions, dtype=np.uint64) & np.uint64(MASK32)
+
+    def mix(x):
+        x = x ^ (x >> np.uint64(16))
+        x = (x * np.uint64(_MUL1)) & np.uint64(MASK32)
+        x = x ^ (x >> np.uint64(15))
+        x = (x * np.uint64(_MUL2)) & np.uint64(MASK32)
+        return x ^ (x >> np.uint64(15))
+
+    h = mix((s & np.uint64(MASK32)) ^ np.uint64(_SEED_SALT))
+    h = mix(h ^ (s >> np.uint64(32)))
+    return mix(h ^ p).astype(np.int64)
+
+
 def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
     """u[b, v] in (0, 1), float32, a function of (seeds[b], positions[b], v) only.
 
     u = (top 24 bits of the hash + 0.5) / 2^24 is exactly representable in fp32, so every device starts from the
     same bits."""
-    keys = row_keys(seeds.to(torch.int64), positions.to(torch.int64))  # [B]
+    return noise_of_keys(row_keys(seeds.to(torch.int64), positions.to(torch.int64)), vocab)
+
+
+def noise_of_keys(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """uniform_noise from the rows' keys (row_keys of their seeds and positions), [B, V] float32."""
     tok = torch.arange(vocab, dtype=torch.int64, device=keys.device)
     tok = (tok * _TOKEN_MUL) & MASK32  # [V]
     h = mix32(mix32(keys[:, None] ^ tok[None, :]))  # [B, V]
@@ -183,6 +205,18 @@ def gumbel_argmax(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Te
     u = uniform_noise(seeds, positions, logits.shape[-1])
     gumbel = -torch.log(-torch.log(u))
     return torch.argmax(logits + gumbel, dim=-1)
+
+
+def sample_plain_reference(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """`sample` for rows without top-k / top-p / min-p and with their penalties applied already, from the rows' keys:
+    argmax(logits) where temperature <= 0, else argmax(logits / temperature + Gumbel). The same ops (hence bits)
+    as `sample` on such rows; kernels/triton_sampling.sample_plain is its GPU form."""
+    logits = logits.float()
+    greedy = temperature <= 0
+    out = torch.argmax(logits, dim=-1)
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature)
+    gumbel = -torch.log(-torch.log(noise_of_keys(keys, logits.shape[-1])))
+    return torch.where(greedy, out, torch.argmax(logits / temp[:, None] + gumbel, dim=-1))
 
 
 def sample(logits: torch.Tensor, t: SamplingTensors, flags: SamplingFlags | None = None) -> torch.Tensor:
