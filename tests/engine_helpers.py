@@ -74,11 +74,17 @@ class ScriptedModel(torch.nn.Module):
     def __init__(self, script: list[int], prompt_len: int, vocab: int = 300):
         super().__init__()
         self.script, self.prompt_len = script, prompt_len
-        self.config = SimpleNamespace(vocab_size=vocab, max_position_embeddings=4096, eos_token_ids=())
+        # no layers: a cache of no bytes (cache_spec), whose prefix-cache snapshots are nothing to copy
+        self.config = SimpleNamespace(vocab_size=vocab, max_position_embeddings=4096, eos_token_ids=(),
+                                      full_attention_layers=[], linear_attention_layers=[], head_dim=1,
+                                      num_key_value_heads=1, conv_dim=1, linear_conv_kernel_dim=1,
+                                      linear_num_value_heads=1, linear_key_head_dim=1, linear_value_head_dim=1)
         self.anchor = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
 
-    def make_cache(self, num_blocks, block_size, num_state_slots, dtype=None, device=None, kv_dtype=None):
-        return SimpleNamespace(block_size=block_size, num_blocks=num_blocks, num_state_slots=num_state_slots)
+    def make_cache(self, num_blocks, block_size, num_state_slots, dtype=None, device=None, kv_dtype=None,
+                   num_snapshots=0):
+        return SimpleNamespace(block_size=block_size, num_blocks=num_blocks, num_state_slots=num_state_slots,
+                               save_state=lambda slot, snap: None, load_state=lambda snap, slot: None)
 
     def forward(self, batch, cache) -> torch.Tensor:
         cache_index = []  # cache index of every new token, flat

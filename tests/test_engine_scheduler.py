@@ -73,29 +73,31 @@ def test_state_slots_are_unique_and_reusable():
 
 
 # ---- scheduling ----------------------------------------------------------------------------------------------
-def test_prefill_chunks_end_on_block_boundaries_and_respect_the_budget():
-    s = scheduler(block_size=4, budget=10)
-    s.add(make_request("a", 23, max_tokens=2))
-    trace = simulate(s)
-    prefill = [step[0] for step in trace if step[0][1] < 23]
-    # budget 10 -> chunks of 8 (two blocks), then the 7 that remain
-    assert prefill == [("a", 0, 8), ("a", 8, 8), ("a", 16, 7)]
-    for _, start, n in prefill:
-        assert start % 4 == 0
-    assert all(sum(n for _, _, n in step) <= 10 for step in trace)
+def test_prefill_chunks_end_on_aligned_positions_and_the_tail_is_a_chunk_of_its_own():
+    # block 4: chunks end on multiples of lcm(4, 64) = 64, so a prompt is cut the same way whatever the budget
+    s = scheduler(block_size=4, budget=100, num_blocks=64)
+    s.add(make_request("a", 150, max_tokens=2))
+    prefill = [step[0] for step in simulate(s) if step[0][1] < 150]
+    assert prefill == [("a", 0, 64), ("a", 64, 64), ("a", 128, 22)]  # budget 100 reaches 64, then 128; the tail
+    s = scheduler(block_size=4, budget=200, num_blocks=64)
+    s.add(make_request("a", 150, max_tokens=2))
+    assert [step[0] for step in simulate(s) if step[0][1] < 150] == [("a", 0, 128), ("a", 128, 22)]
+    s = scheduler(block_size=4, budget=8, num_blocks=64)  # a budget under the alignment: one aligned chunk a step
+    s.add(make_request("a", 70, max_tokens=2))
+    assert [step[0] for step in simulate(s) if step[0][1] < 70] == [("a", 0, 64), ("a", 64, 6)]
 
 
 def test_continuous_batching_decodes_first_then_admits_within_budget():
-    s = scheduler(block_size=4, budget=16, max_seqs=3)
-    for rid, n in [("a", 5), ("b", 12), ("c", 30), ("d", 3)]:
+    s = scheduler(block_size=4, budget=80, max_seqs=3, num_blocks=128)
+    for rid, n in [("a", 5), ("b", 70), ("c", 130), ("d", 3)]:
         s.add(make_request(rid, n, max_tokens=3))
     trace = simulate(s)
-    assert trace[0] == [("a", 0, 5), ("b", 0, 8)]  # b's chunk is cut to 8 (block edge within the 11 left)
-    assert trace[1] == [("a", 5, 1), ("b", 8, 4), ("c", 0, 8)]  # decode a, finish b's prompt, start c
+    assert trace[0] == [("a", 0, 5), ("b", 0, 64)]  # b's tail waits; 11 tokens of budget reach no aligned end for c
+    assert trace[1] == [("a", 5, 1), ("b", 64, 6), ("c", 0, 64)]  # decode a, b's tail, start c
     for step in trace:
-        assert len(step) <= 3 and sum(n for _, _, n in step) <= 16
+        assert len(step) <= 3 and sum(n for _, _, n in step) <= 80
     # every request computed exactly its prompt + max_tokens - 1 tokens, in order, without gaps
-    for rid, n in [("a", 5), ("b", 12), ("c", 30), ("d", 3)]:
+    for rid, n in [("a", 5), ("b", 70), ("c", 130), ("d", 3)]:
         spans = [(st, k) for step in trace for r, st, k in step if r == rid]
         pos = 0
         for st, k in spans:
@@ -127,11 +129,11 @@ def test_request_larger_than_the_cache_is_refused_at_add():
 
 
 def test_logits_only_requests_never_sample_and_finish_after_prefill():
-    s = scheduler(block_size=4, budget=8)
-    r = make_request("l", 13, logits_only=True)
+    s = scheduler(block_size=4, budget=8, num_blocks=64)
+    r = make_request("l", 150, logits_only=True)
     s.add(r)
     trace = simulate(s)
-    assert trace == [[("l", 0, 8)], [("l", 8, 5)]]
+    assert trace == [[("l", 0, 64)], [("l", 64, 64)], [("l", 128, 22)]]
     assert r.output_token_ids == [] and r.finish_reason == FinishReason.LENGTH
 
 

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import time
 from dataclasses import dataclass, replace
@@ -20,10 +21,12 @@ from tokenizers import Tokenizer
 from ..model import fast
 from ..model.cache import cache_spec, parse_kv_cache_dtype
 from ..utils.memory import cache_budget_bytes
+from . import cuda_graph
 from .block_pool import BlockPool, StateSlotPool
 from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .detokenizer import IncrementalDetokenizer
 from .outputs import RequestOutput
+from .prefix_cache import ALIGN_TOKENS, PrefixCache
 from .request import FinishReason, Request
 from .runner import ModelRunner, StepHandle
 from .sampling_params import SamplingParams
@@ -55,6 +58,15 @@ class EngineConfig:
     # or one of fast.DECODE_GEMV_MODES. Fixed for the engine's life, so a request's bits never depend on how many
     # others share its steps; engines of other sizes may differ in the last bits (DELTASERVE_DECODE_GEMV overrides).
     decode_gemv: str = "auto"
+    # Automatic prefix caching (engine/prefix_cache.py): full KV blocks shared between requests by a hash chain of
+    # their tokens, plus DeltaNet state snapshots at chosen prompt seams, so a request whose prompt starts with a
+    # cached prefix resumes after it, bit-identical to computing it (like vLLM's --enable-prefix-caching).
+    enable_prefix_caching: bool = True
+    # bytes for the DeltaNet snapshots (one is cache_spec().bytes_per_state_slot: ~60 MiB for 35B-A3B). None: 5% of
+    # the cache memory budget, between 2 and 256 snapshots
+    prefix_state_budget: int | None = None
+    # long prompts also snapshot every this many tokens (a multiple of the 64-token alignment; None: never)
+    prefix_snapshot_interval: int | None = 4096
 
 
 def resolve_decode_gemv(choice: str, max_num_seqs: int) -> str:
@@ -94,16 +106,25 @@ class LLMEngine:
         self.kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype)
         self.decode_gemv = resolve_decode_gemv(config.decode_gemv, config.max_num_seqs)
         fast.set_decode_gemv(model, self.decode_gemv)  # before any step or graph capture
+        self.num_snapshots = self._num_snapshots() if config.enable_prefix_caching else 0
         self.num_blocks = config.num_blocks or self._auto_num_blocks()
         # With graphs the cache holds one more block and one more state slot than the pools hand out: ids
         # num_blocks and max_num_seqs are the padding rows' scratch, never owned by a request.
         extra = int(config.cuda_graphs)
         self.cache = model.make_cache(self.num_blocks + extra, config.block_size, config.max_num_seqs + extra,
-                                      kv_dtype=self.kv_dtype)
+                                      kv_dtype=self.kv_dtype, num_snapshots=self.num_snapshots)
         sched_cfg = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
-        self.scheduler = Scheduler(
-            sched_cfg, BlockPool(self.num_blocks, config.block_size), StateSlotPool(config.max_num_seqs)
-        )
+        blocks = BlockPool(self.num_blocks, config.block_size)
+        self.prefix_cache = None
+        if config.enable_prefix_caching:
+            interval = config.prefix_snapshot_interval
+            align = math.lcm(config.block_size, ALIGN_TOKENS)
+            if interval is not None and (interval <= 0 or interval % align):
+                raise ValueError(f"EngineConfig.prefix_snapshot_interval must be a positive multiple of {align} "
+                                 f"(lcm of block_size and {ALIGN_TOKENS}), found {interval}")
+            salt = f"kv={self.kv_dtype or next(model.parameters()).dtype}".encode()
+            self.prefix_cache = PrefixCache(blocks, self.num_snapshots, align, salt, interval)
+        self.scheduler = Scheduler(sched_cfg, blocks, StateSlotPool(config.max_num_seqs), self.prefix_cache)
         graphs = prefill_graphs = None
         if config.cuda_graphs:
             max_blocks = -(-self.max_model_len // config.block_size)
@@ -116,12 +137,31 @@ class LLMEngine:
         self._ids = itertools.count()
         self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None  # the launched step not yet read back
 
+    def _spec(self):
+        dtype = cuda_graph.activation_param(self.model).dtype
+        return cache_spec(self.model.config, self.config.block_size, dtype, self.kv_dtype)
+
+    def _num_snapshots(self) -> int:
+        """DeltaNet snapshots the prefix cache keeps: EngineConfig.prefix_state_budget bytes' worth, or by default
+        5% of the cache budget, between 2 and 256."""
+        per = self._spec().bytes_per_state_slot
+        if per == 0:
+            return 2
+        budget = self.config.prefix_state_budget
+        if budget is not None:
+            if budget < 2 * per:
+                raise ValueError(f"EngineConfig.prefix_state_budget {budget} bytes holds fewer than 2 DeltaNet "
+                                 f"snapshots of {per} bytes")
+            return budget // per
+        auto = (self.config.cache_memory_bytes or cache_budget_bytes(self.device)) // 20
+        return int(min(max(auto // per, 2), 256))
+
     def _auto_num_blocks(self) -> int:
-        """Blocks from the memory budget, capped at what max_num_seqs full-length requests could ever use."""
+        """Blocks from the memory budget (less the prefix cache's snapshots), capped at what max_num_seqs
+        full-length requests could ever use."""
         cfg = self.config
-        dtype = next(self.model.parameters()).dtype
-        spec = cache_spec(self.model.config, cfg.block_size, dtype, self.kv_dtype)
-        budget = cfg.cache_memory_bytes or cache_budget_bytes(self.device)
+        spec = self._spec()
+        budget = (cfg.cache_memory_bytes or cache_budget_bytes(self.device)) - self.num_snapshots * spec.bytes_per_state_slot
         per_seq = -(-self.max_model_len // cfg.block_size)
         usable = cfg.max_num_seqs * per_seq
         if spec.bytes_per_block == 0:  # no full-attention layers: blocks cost nothing
@@ -144,7 +184,12 @@ class LLMEngine:
         request_id: str | None = None,
         prompt: str | None = None,
         logits_only: bool = False,
+        snapshot_hints: Sequence[int] = (),
+        cache_salt: bytes = b"",
     ) -> str:
+        """Queue a request. snapshot_hints: prompt positions where a later request may diverge (e.g. chat message
+        ends), where the prefix cache also snapshots; cache_salt: bytes that change what the prompt's KV holds
+        beyond its token ids (e.g. image content), mixed into its block hashes."""
         params = params or SamplingParams()
         ids = self._check_prompt(prompt_token_ids, logits_only)
         request_id = request_id if request_id is not None else str(next(self._ids))
@@ -161,6 +206,8 @@ class LLMEngine:
             seed=params.seed if params.seed is not None else self.rng.getrandbits(64),
             max_tokens=min(params.max_tokens or room, room),
             logits_only=logits_only,
+            snapshot_hints=[int(h) for h in snapshot_hints],
+            cache_salt=bytes(cache_salt),
         )
         req.metrics.arrival = time.perf_counter()
         self.scheduler.add(req)
@@ -213,7 +260,11 @@ class LLMEngine:
             for s in out.seqs:
                 if s.request.metrics.first_scheduled is None:
                     s.request.metrics.first_scheduled = now
+                if s.request.resume_snapshot is not None:  # a prefix hit: its DeltaNet state, before its chunk
+                    self.cache.load_state(s.request.resume_snapshot, s.request.state_slot)
+                    s.request.resume_snapshot = None
             handle = self.runner.launch(out)
+            self._take_snapshots(out)
             self.scheduler.update(out)
             for req in handle.sampled_reqs:
                 req.num_pending += 1
@@ -225,8 +276,21 @@ class LLMEngine:
         previous, self._in_flight = self._in_flight, launched
         return self._complete(*previous) if previous is not None else []
 
+    def _take_snapshots(self, out: SchedulerOutput) -> None:
+        """After a launch: each prompt chunk that ended on one of its request's seams copies the request's state
+        slot into a snapshot (queued behind the chunk's forward, before any later step touches the slot)."""
+        if self.prefix_cache is None:
+            return
+        for s in out.seqs:
+            req, end = s.request, s.start + s.num_new_tokens
+            if req.seams and end in req.seams and s.start < req.num_prompt_tokens:
+                snap = self.prefix_cache.snapshot_for(req, end)
+                if snap is not None:
+                    self.cache.save_state(req.state_slot, snap)
+
     def _complete(self, out: SchedulerOutput, handle: StepHandle) -> list[RequestOutput]:
-        """Read back a launched step and apply it: tokens appended, stops checked, outputs made."""
+        """Read back a launched step and apply it: full blocks registered in the prefix cache, tokens appended,
+        stops checked, outputs made."""
         result = handle.result()
         outputs = []
         for s in out.seqs:
@@ -235,6 +299,8 @@ class LLMEngine:
                 req.num_pending -= 1
             if req.is_finished:  # aborted, or stopped by an earlier step's token: this step's token is dropped
                 continue
+            if self.prefix_cache is not None and not req.logits_only and s.start < req.num_prompt_tokens:
+                self.prefix_cache.register(req, s.start + s.num_new_tokens)  # (a prompt chunk's blocks)
             if req.logits_only:
                 req.all_logits.append(result.logits[req.request_id])
                 if s.start + s.num_new_tokens == req.num_prompt_tokens:

@@ -28,6 +28,7 @@ class RequestMetrics:
     first_scheduled: float | None = None
     first_token: float | None = None  # when the prefill produced the first output token
     finished: float | None = None
+    num_cached_tokens: int = 0  # prompt tokens that came from the prefix cache
 
     @property
     def prefill_seconds(self) -> float | None:
@@ -64,6 +65,13 @@ class Request:
     state_slot: int = -1
     slot_epoch: int = -1  # a number unique to this admission (the runner's per-slot caches tell holders apart by it)
     all_logits: list[torch.Tensor] = field(default_factory=list)  # logits_only: [n, V] chunks in order
+    # prefix cache (engine/prefix_cache.py)
+    cache_salt: bytes = b""  # mixed into the request's block hashes (content that changes the KV: e.g. images)
+    snapshot_hints: list[int] = field(default_factory=list)  # prompt positions worth a snapshot (message ends)
+    seams: list[int] = field(default_factory=list)  # where its prompt snapshots its state (and chunks end)
+    block_hashes: list[bytes] = field(default_factory=list)  # hash chain of its full blocks, as far as computed
+    num_registered_blocks: int = 0  # leading blocks of block_table registered in the cache (or shared from it)
+    resume_snapshot: int | None = None  # snapshot to load into the state slot before its first chunk
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     @property

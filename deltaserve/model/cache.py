@@ -8,6 +8,8 @@ module only says what the storage looks like and allocates it.
   k_scale[l], v_scale[l]  [num_blocks, block_size, Hkv]  float32, one scale per cached row
   conv[l]      [num_slots, conv_dim, K-1]                activation dtype, last K-1 pre-conv qkv vectors
   ssm[l]       [num_slots, Hv, dk, dv]                   float32 recurrent state (S, read as o = S^T q)
+  snap_conv[l], snap_ssm[l]  [num_snapshots, ...]        copies of a slot's conv + recurrent state at a prompt seam
+                                                          (the prefix cache: a later request resumes from one)
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class CacheSpec:
 
     block_size: int
     bytes_per_block: int  # all full-attention layers, K and V
-    bytes_per_state_slot: int  # all DeltaNet layers, conv + recurrent
+    bytes_per_state_slot: int  # all DeltaNet layers, conv + recurrent (a prefix-cache snapshot is the same size)
 
 
 KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the activation dtype; fp8: e4m3 with a scale per (token, KV head) row
@@ -69,10 +71,12 @@ class HybridCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         kv_dtype: torch.dtype | None = None,
+        num_snapshots: int = 0,
     ):
         from ..kernels.attention.kv_fp8 import FP8
 
         self.block_size = block_size
+        self.num_snapshots = num_snapshots
         self.num_blocks = num_blocks
         self.num_state_slots = num_state_slots
         self.dtype = dtype
@@ -97,13 +101,32 @@ class HybridCache:
         for layer in config.linear_attention_layers:
             self.conv[layer] = torch.zeros(num_state_slots, config.conv_dim, km1, dtype=dtype, device=device)
             self.ssm[layer] = torch.zeros(num_state_slots, hv, dk, dv, dtype=torch.float32, device=device)
+        self.snap_conv = {l: torch.zeros(num_snapshots, *t.shape[1:], dtype=t.dtype, device=device)
+                          for l, t in self.conv.items()} if num_snapshots else {}
+        self.snap_ssm = {l: torch.zeros(num_snapshots, *t.shape[1:], dtype=t.dtype, device=device)
+                         for l, t in self.ssm.items()} if num_snapshots else {}
 
     def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(k, v, k_scale, v_scale) of a full-attention layer; the scales are None unless the cache is fp8."""
         return self.k[layer], self.v[layer], self.k_scale.get(layer), self.v_scale.get(layer)
 
     def copy_state_slot(self, src: int, dst: int) -> None:
-        """Copy one sequence's DeltaNet state (used by prefix caching and forking)."""
+        """Copy one sequence's DeltaNet state (forking)."""
         for layer in self.conv:
             self.conv[layer][dst].copy_(self.conv[layer][src])
             self.ssm[layer][dst].copy_(self.ssm[layer][src])
+
+    def save_state(self, slot: int, snapshot: int) -> None:
+        """Snapshot `snapshot` <- state slot `slot` (every DeltaNet layer's conv window and recurrent state),
+        asynchronously on the current stream."""
+        dst = [t[snapshot] for t in (*self.snap_conv.values(), *self.snap_ssm.values())]
+        src = [t[slot] for t in (*self.conv.values(), *self.ssm.values())]
+        if dst:
+            torch._foreach_copy_(dst, src)
+
+    def load_state(self, snapshot: int, slot: int) -> None:
+        """State slot `slot` <- snapshot `snapshot`, asynchronously on the current stream."""
+        dst = [t[slot] for t in (*self.conv.values(), *self.ssm.values())]
+        src = [t[snapshot] for t in (*self.snap_conv.values(), *self.snap_ssm.values())]
+        if dst:
+            torch._foreach_copy_(dst, src)

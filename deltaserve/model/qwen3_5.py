@@ -98,12 +98,13 @@ class Qwen3_5ForCausalLM(nn.Module):
 
     def make_cache(
         self, num_blocks: int, block_size: int, num_state_slots: int, dtype: torch.dtype | None = None, device=None,
-        kv_dtype: torch.dtype | None = None,
+        kv_dtype: torch.dtype | None = None, num_snapshots: int = 0,
     ) -> HybridCache:
-        """kv_dtype: None (the activation dtype) or torch.float8_e4m3fn (cache.parse_kv_cache_dtype)."""
+        """kv_dtype: None (the activation dtype) or torch.float8_e4m3fn (cache.parse_kv_cache_dtype); num_snapshots:
+        DeltaNet state snapshots for the prefix cache."""
         p = self.norm.weight
         return HybridCache(self.config, num_blocks, block_size, num_state_slots, dtype or p.dtype, device or p.device,
-                           kv_dtype)
+                           kv_dtype, num_snapshots)
 
     def hidden_states(self, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
         """Hidden states [T, H] of every new token after the last layer, before the final norm."""
