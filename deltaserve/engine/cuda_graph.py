@@ -278,11 +278,13 @@ class DecodeGraphs:
         return g
 
     def _load(self, g: DecodeGraph, tokens: list[int], starts: list[int], slots: list[int],
-              from_device: list[int]) -> None:
-        """Real rows first, then padding rows (token 0, cache index 0, the scratch slot and its table)."""
+              from_device: list[int], positions: list[int] | None = None) -> None:
+        """Real rows first, then padding rows (token 0, cache index 0, the scratch slot and its table).
+        positions: the real rows' RoPE positions (default their cache indices; requests with images differ)."""
         pad = g.batch - len(tokens)
         start = list(starts) + [0] * pad
-        g.load_rows(list(tokens) + [0] * pad, list(from_device) + [0] * pad, start, start,
+        pos = start if positions is None else list(positions) + [0] * pad
+        g.load_rows(list(tokens) + [0] * pad, list(from_device) + [0] * pad, pos, start,
                     list(slots) + [self.scratch_slot] * pad)
 
     def sync_tables(self, tables: list[list[int]], slots: list[int], epochs: list | None = None) -> None:
@@ -307,14 +309,16 @@ class DecodeGraphs:
                                     self.device)), to_device(vals, torch.int32, self.device))
 
     def run(self, tokens: list[int], starts: list[int], tables: list[list[int]], slots: list[int],
-            epochs: list | None = None, from_device: list[int] | None = None) -> torch.Tensor:
+            epochs: list | None = None, from_device: list[int] | None = None, positions: list[int] | None = None
+            ) -> torch.Tensor:
         """One decode step of B = len(tokens) rows (token b at cache index starts[b] of the sequence with block
         table tables[b] and state slot slots[b]; where from_device[b] is set, the token is token_source[slots[b]]
-        instead). Returns the real rows' fp32 logits [B, V]: a view of the graph's static output, valid until
-        this bucket's next replay (sample it first)."""
+        instead; its RoPE position positions[b], default starts[b]). Returns the real rows' fp32 logits [B, V]: a
+        view of the graph's static output, valid until this bucket's next replay (sample it first)."""
         g = self._graph(self.bucket(len(tokens)), self.width(max(starts) + 1))
         self.sync_tables(tables, slots, epochs)
-        self._load(g, tokens, starts, slots, from_device if from_device is not None else [0] * len(tokens))
+        self._load(g, tokens, starts, slots, from_device if from_device is not None else [0] * len(tokens),
+                   positions)
         return g.replay()[: len(tokens)]
 
 

@@ -23,6 +23,7 @@ from ..utils.memory import cache_budget_bytes
 from .block_pool import BlockPool, StateSlotPool
 from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .detokenizer import IncrementalDetokenizer
+from .multimodal import ImageSupport
 from .outputs import RequestOutput
 from .request import FinishReason, Request
 from .runner import ModelRunner, StepHandle
@@ -74,8 +75,10 @@ class LLMEngine:
         tokenizer: Tokenizer | None = None,
         eos_token_ids: Sequence[int] = (),
         config: EngineConfig | None = None,
+        images: ImageSupport | None = None,  # the vision tower and image processor (None: text only)
     ):
         config = config or EngineConfig()
+        self.images = images
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -144,8 +147,17 @@ class LLMEngine:
         request_id: str | None = None,
         prompt: str | None = None,
         logits_only: bool = False,
+        images: Sequence | None = None,
     ) -> str:
+        """images: one per `<|image_pad|>` placeholder of the prompt, in order (PIL images, paths, bytes, data:
+        URLs; engine/multimodal.py); each placeholder is expanded to its image's token count."""
         params = params or SamplingParams()
+        mm = None
+        if images:
+            if self.images is None:
+                raise ValueError("this engine has no vision tower (a text-only checkpoint, or loaded with "
+                                 "limit_mm_per_prompt={'image': 0}): images cannot be used")
+            prompt_token_ids, mm = self.images.prepare(prompt_token_ids, images)
         ids = self._check_prompt(prompt_token_ids, logits_only)
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.requests:
@@ -161,6 +173,7 @@ class LLMEngine:
             seed=params.seed if params.seed is not None else self.rng.getrandbits(64),
             max_tokens=min(params.max_tokens or room, room),
             logits_only=logits_only,
+            mm=mm,
         )
         req.metrics.arrival = time.perf_counter()
         self.scheduler.add(req)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -65,6 +66,7 @@ class Request:
     slot_epoch: int = -1  # a number unique to this admission (the runner's per-slot caches tell holders apart by it)
     all_logits: list[torch.Tensor] = field(default_factory=list)  # logits_only: [n, V] chunks in order
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    mm: Any = None  # engine.multimodal.RequestImages of a request with images (3-D positions, features); else None
 
     @property
     def num_prompt_tokens(self) -> int:

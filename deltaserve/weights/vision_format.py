@@ -135,3 +135,10 @@ def _bad_patch(found, want):
 
 def _fp8_bits(w: torch.Tensor) -> torch.Tensor:
     return w.view(torch.uint8)
+
+
+def checkpoint_has_vision(path) -> bool:
+    """Does the checkpoint directory hold vision tower tensors (headers only)?"""
+    from .safetensors_io import SafetensorsCheckpoint
+
+    return vision_tensor_prefix(SafetensorsCheckpoint(path).names) is not None
