@@ -68,7 +68,7 @@ class Biased(nn.Module):
         return inner(x) + self.bias.to(x.dtype)
 
 
-def BiasedLinear(module: nn.Module, out_features: int) -> nn.Module:
+def with_bias(module: nn.Module, out_features: int) -> nn.Module:
     """The factory's module as a linear with bias: a dense VisionLinear as it is, a packed one wrapped."""
     return module if isinstance(module, VisionLinear) else Biased(module, out_features)
 
@@ -88,8 +88,8 @@ class VisionAttention(nn.Module):
         super().__init__()
         D = cfg.hidden_size
         self.heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.qkv = BiasedLinear(linear(f"{p}.qkv", D, 3 * D), 3 * D)
-        self.proj = BiasedLinear(linear(f"{p}.proj", D, D), D)
+        self.qkv = with_bias(linear(f"{p}.qkv", D, 3 * D), 3 * D)
+        self.proj = with_bias(linear(f"{p}.proj", D, D), D)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bounds: list[int]) -> torch.Tensor:
         n = x.shape[0]
@@ -114,8 +114,8 @@ class VisionMLP(nn.Module):
     def __init__(self, p: str, cfg: VisionConfig, linear: Callable):
         super().__init__()
         D, inter = cfg.hidden_size, cfg.intermediate_size
-        self.linear_fc1 = BiasedLinear(linear(f"{p}.linear_fc1", D, inter), inter)
-        self.linear_fc2 = BiasedLinear(linear(f"{p}.linear_fc2", inter, D), D)
+        self.linear_fc1 = with_bias(linear(f"{p}.linear_fc1", D, inter), inter)
+        self.linear_fc2 = with_bias(linear(f"{p}.linear_fc2", inter, D), D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate="tanh"))
@@ -140,8 +140,8 @@ class PatchMerger(nn.Module):
         merged = cfg.hidden_size * cfg.spatial_merge_size**2
         self.merged = merged
         self.norm = LayerNorm(cfg.hidden_size)
-        self.linear_fc1 = BiasedLinear(linear("merger.linear_fc1", merged, merged), merged)
-        self.linear_fc2 = BiasedLinear(linear("merger.linear_fc2", merged, cfg.out_hidden_size), cfg.out_hidden_size)
+        self.linear_fc1 = with_bias(linear("merger.linear_fc1", merged, merged), merged)
+        self.linear_fc2 = with_bias(linear("merger.linear_fc2", merged, cfg.out_hidden_size), cfg.out_hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(x).view(-1, self.merged)  # m^2 consecutive rows = one window
@@ -151,7 +151,7 @@ class PatchMerger(nn.Module):
 class PatchEmbed(nn.Module):
     def __init__(self, cfg: VisionConfig, linear: Callable):
         super().__init__()
-        self.proj = BiasedLinear(linear("patch_embed.proj", cfg.patch_dim, cfg.hidden_size), cfg.hidden_size)
+        self.proj = with_bias(linear("patch_embed.proj", cfg.patch_dim, cfg.hidden_size), cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x)
