@@ -92,21 +92,32 @@ def cmd_run(args) -> int:
               cuda_graphs=False if args.enforce_eager else None, kv_cache_dtype=args.kv_cache_dtype)
     params = sampling_from_args(args, model_dir)
     chat = not args.no_chat and llm.tokenizer_info is not None and bool(llm.tokenizer_info.chat_template)
+    images = [{"type": "image", "image": p} for p in args.image]  # with the prompt, or the chat's first turn
     if args.prompt is not None:
-        messages = [{"role": "user", "content": args.prompt}]
-        stream_reply(llm, messages if chat else args.prompt, params, not args.no_thinking)
+        if not chat:
+            raw = "<|vision_start|><|image_pad|><|vision_end|>" * len(images) + args.prompt
+            stream_reply(llm, raw, params, not args.no_thinking, [p["image"] for p in images])
+            return 0
+        messages = [{"role": "user", "content": images + [{"type": "text", "text": args.prompt}]
+                     if images else args.prompt}]
+        stream_reply(llm, messages, params, not args.no_thinking)
         return 0
-    return repl(llm, params, chat, not args.no_thinking)
+    return repl(llm, params, chat, not args.no_thinking, images)
 
 
-def stream_reply(llm, conversation, params, thinking: bool) -> str:
-    """Stream one reply to stdout; print prefill and decode speed to stderr; return the reply text."""
+def stream_reply(llm, conversation, params, thinking: bool, images: list | None = None) -> str:
+    """Stream one reply to stdout; print prefill and decode speed to stderr; return the reply text.
+    conversation: raw text (images: one per <|image_pad|> of it), or chat messages (image parts inside)."""
+    from .engine.multimodal import split_images
+
     if isinstance(conversation, str):
         ids = llm.encode(conversation)
     else:
+        conversation, images = split_images(conversation)
         ids = llm.encode(llm.render_chat(conversation, enable_thinking=thinking), add_special_tokens=False)
+    prompt = {"prompt_token_ids": ids, "multi_modal_data": {"image": images}} if images else ids
     final = None
-    for out in llm.generate_stream([ids], params):
+    for out in llm.generate_stream([prompt], params):
         sys.stdout.write(out.new_text)
         sys.stdout.flush()
         final = out
@@ -127,8 +138,9 @@ def speed_line(out) -> str:
             f"{dec_rate} | finish: {out.finish_reason}]")
 
 
-def repl(llm, params, chat: bool, thinking: bool) -> int:
-    """Interactive chat: one line per user turn; /reset clears the history, /exit (or end of input) quits."""
+def repl(llm, params, chat: bool, thinking: bool, images: list | None = None) -> int:
+    """Interactive chat: one line per user turn; /reset clears the history, /exit (or end of input) quits.
+    images: image parts that go with the first user turn (--image)."""
     history: list[dict] = []
     print("deltaserve chat: type a message; /reset clears the conversation, /exit quits.", file=sys.stderr)
     while True:
@@ -148,7 +160,8 @@ def repl(llm, params, chat: bool, thinking: bool) -> int:
         if not chat:
             stream_reply(llm, line, params, thinking)
             continue
-        history.append({"role": "user", "content": line})
+        first = images if images and not any(m["role"] == "user" for m in history) else []
+        history.append({"role": "user", "content": first + [{"type": "text", "text": line}] if first else line})
         reply = stream_reply(llm, history, params, thinking)
         history.append({"role": "assistant", "content": reply})
 
@@ -257,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
                      help="attention K/V cache: auto = the activation dtype, fp8 = e4m3 with a scale per token and head")
     run.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, no chat template")
+    run.add_argument("--image", action="append", default=[], metavar="PATH",
+                     help="an image for the prompt (or the chat's first turn); repeat for several (docs/vision.md)")
     run.add_argument("--no-thinking", action="store_true", help="chat template with enable_thinking=False")
     run.set_defaults(func=cmd_run)
 

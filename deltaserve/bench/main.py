@@ -198,7 +198,12 @@ def _stats(times: list[float], tokens: int) -> tuple[float, float]:
 
 
 def main(argv=None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["vision"]:  # `deltaserve bench vision ...`: TTFT with images, encoder images/s (bench/vision.py)
+        from .vision import main as vision_main
+
+        return vision_main(argv[1:])
+    args = parse_args(argv)
     if not torch.cuda.is_available():
         print("deltaserve bench: needs a CUDA device", file=sys.stderr)
         return 2

@@ -300,14 +300,16 @@ class DecodeGraphs:
         return g
 
     def _load(self, g: DecodeGraph, tokens: list[int], starts: list[int], slots: list[int],
-              from_device: list[int], temperature=None, keys=None) -> None:
-        """Real rows first, then padding rows (token 0, cache index 0, the scratch slot and its table, greedy)."""
+              from_device: list[int], temperature=None, keys=None, positions: list[int] | None = None) -> None:
+        """Real rows first, then padding rows (token 0, cache index 0, the scratch slot and its table, greedy).
+        positions: the real rows' RoPE positions (default their cache indices; requests with images differ)."""
         n = len(tokens)
         pad = g.batch - n
         start = list(starts) + [0] * pad
+        pos = start if positions is None else list(positions) + [0] * pad
         temperature = list(temperature) + [0.0] * pad if temperature is not None else [0.0] * g.batch
         keys = list(keys) + [0] * pad if keys is not None else [0] * g.batch
-        g.load_rows(list(tokens) + [0] * pad, list(from_device) + [0] * pad, start, start,
+        g.load_rows(list(tokens) + [0] * pad, list(from_device) + [0] * pad, pos, start,
                     list(slots) + [self.scratch_slot] * pad, temperature, keys)
 
     def sync_tables(self, tables: list[list[int]], slots: list[int], epochs: list | None = None) -> None:
@@ -333,17 +335,18 @@ class DecodeGraphs:
 
     def run(self, tokens: list[int], starts: list[int], tables: list[list[int]], slots: list[int],
             epochs: list | None = None, from_device: list[int] | None = None, temperature=None,
-            keys=None) -> torch.Tensor:
+            keys=None, positions: list[int] | None = None) -> torch.Tensor:
         """One decode step of B = len(tokens) rows (token b at cache index starts[b] of the sequence with block
         table tables[b] and state slot slots[b]; where from_device[b] is set, the token is token_source[slots[b]]
-        instead). Returns the real rows' fp32 logits [B, V]: a view of the graph's static output, valid until
-        this bucket's next replay (sample it first). The step also samples each row the plain way with
-        temperature[b] and keys[b] (default: greedy): `last_sampled`, [B] int64 on the device, and
-        token_source[slots[b]]."""
+        instead; its RoPE position positions[b], default starts[b]). Returns the real rows' fp32 logits [B, V]: a
+        view of the graph's static output, valid until this bucket's next replay (sample it first). The step also
+        samples each row the plain way with temperature[b] and keys[b] (default: greedy): `last_sampled`, [B]
+        int64 on the device, and token_source[slots[b]]."""
         n = len(tokens)
         g = self._graph(self.bucket(n), self.width(max(starts) + 1))
         self.sync_tables(tables, slots, epochs)
-        self._load(g, tokens, starts, slots, from_device if from_device is not None else [0] * n, temperature, keys)
+        self._load(g, tokens, starts, slots, from_device if from_device is not None else [0] * n, temperature, keys,
+                   positions)
         logits = g.replay()[:n]
         self.last_sampled = g.sampled[:n]
         return logits

@@ -25,6 +25,8 @@ from . import cuda_graph
 from .block_pool import BlockPool, StateSlotPool
 from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .detokenizer import IncrementalDetokenizer
+from . import multimodal
+from .multimodal import ImageSupport
 from .outputs import RequestOutput
 from .prefix_cache import ALIGN_TOKENS, PrefixCache
 from .request import FinishReason, Request
@@ -86,8 +88,10 @@ class LLMEngine:
         tokenizer: Tokenizer | None = None,
         eos_token_ids: Sequence[int] = (),
         config: EngineConfig | None = None,
+        images: ImageSupport | None = None,  # the vision tower and image processor (None: text only)
     ):
         config = config or EngineConfig()
+        self.images = images
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -186,11 +190,20 @@ class LLMEngine:
         logits_only: bool = False,
         snapshot_hints: Sequence[int] = (),
         cache_salt: bytes = b"",
+        images: Sequence | None = None,
     ) -> str:
         """Queue a request. snapshot_hints: prompt positions where a later request may diverge (e.g. chat message
         ends), where the prefix cache also snapshots; cache_salt: bytes that change what the prompt's KV holds
-        beyond its token ids (e.g. image content), mixed into its block hashes."""
+        beyond its token ids, mixed into its block hashes (a request's images add their pixels' hash); images: one
+        per `<|image_pad|>` placeholder of the prompt, in order (PIL images, paths, bytes, data: URLs;
+        engine/multimodal.py); each placeholder is expanded to its image's token count."""
         params = params or SamplingParams()
+        mm = None
+        if images:
+            if self.images is None:
+                raise ValueError("this engine has no vision tower (a text-only checkpoint, or loaded with "
+                                 "limit_mm_per_prompt={'image': 0}): images cannot be used")
+            prompt_token_ids, mm = self.images.prepare(prompt_token_ids, images)
         ids = self._check_prompt(prompt_token_ids, logits_only)
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.requests:
@@ -207,7 +220,8 @@ class LLMEngine:
             max_tokens=min(params.max_tokens or room, room),
             logits_only=logits_only,
             snapshot_hints=[int(h) for h in snapshot_hints],
-            cache_salt=bytes(cache_salt),
+            cache_salt=bytes(cache_salt) + (multimodal.content_hash(mm) if mm is not None else b""),
+            mm=mm,
         )
         req.metrics.arrival = time.perf_counter()
         self.scheduler.add(req)

@@ -16,11 +16,14 @@ from ..model.cache import parse_kv_cache_dtype
 from ..model.config import ModelConfig
 from .chat import ChatTemplateError, render_chat
 from .engine import EngineConfig, LLMEngine, resolve_decode_gemv
+from .multimodal import ImageSupport, split_images
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .tokenizer import TokenizerInfo, load_tokenizer
 
-Prompt = str | Sequence[int]
+# A prompt: text, token ids, or vLLM's dict {"prompt": text | "prompt_token_ids": ids, "multi_modal_data":
+# {"image": one image or a list}} (images: PIL images, paths, bytes, data: URLs; one <|image_pad|> each).
+Prompt = str | Sequence[int] | dict
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": None}
 
 
@@ -53,36 +56,52 @@ class LLM:
         cuda_graphs: bool | None = None,
         kv_cache_dtype: str = "auto",
         decode_gemv: str = "auto",
+        limit_mm_per_prompt: dict | None = None,
+        mm_processor_kwargs: dict | None = None,
     ):
+        """limit_mm_per_prompt: {"image": N} most images per prompt (vLLM's spelling); {"image": 0} loads no vision
+        tower. mm_processor_kwargs: image processor overrides (min_pixels, max_pixels, max_input_pixels)."""
         from ..weights.loader import load_checkpoint  # lazy: loading pulls in every checkpoint format
+        from ..weights.vision_format import checkpoint_has_vision
 
         self.model_dir = Path(model_dir)
         parse_kv_cache_dtype(kv_cache_dtype)  # cheap checks first: options, config, tokenizer, then the weights
         resolve_decode_gemv(decode_gemv, max_num_seqs)
-        ModelConfig.from_dir(self.model_dir)
+        mcfg = ModelConfig.from_dir(self.model_dir)
+        max_images = _image_limit(limit_mm_per_prompt)
+        vision = max_images != 0 and mcfg.vision_config is not None and checkpoint_has_vision(self.model_dir)
         tok = load_tokenizer(self.model_dir)
-        ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype, device), progress)
+        ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype, device), progress, vision=vision)
         config = EngineConfig(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, seed=seed,
                               cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype, decode_gemv=decode_gemv)
-        self._setup(ckpt.model, tok, config)
+        images = None
+        if ckpt.vision is not None:
+            images = ImageSupport.for_model(ckpt.vision, mcfg, self.model_dir, mm_processor_kwargs, max_images)
+        self._setup(ckpt.model, tok, config, images)
 
     @classmethod
     def from_model(
-        cls, model: torch.nn.Module, tokenizer: TokenizerInfo | Tokenizer | None = None, **engine_config
+        cls, model: torch.nn.Module, tokenizer: TokenizerInfo | Tokenizer | None = None,
+        vision: torch.nn.Module | None = None, mm_processor_kwargs: dict | None = None, **engine_config
     ) -> "LLM":
-        """An LLM over an already built model (tests, tools); engine_config are EngineConfig fields."""
+        """An LLM over an already built model (tests, tools); engine_config are EngineConfig fields. vision: the
+        model's VisionTower (LoadedCheckpoint.vision) to take images."""
         self = cls.__new__(cls)
         self.model_dir = None
         if isinstance(tokenizer, Tokenizer):
             tokenizer = TokenizerInfo(tokenizer)
-        self._setup(model, tokenizer, EngineConfig(**engine_config))
+        images = None
+        if vision is not None:
+            images = ImageSupport.for_model(vision, model.config, None, mm_processor_kwargs)
+        self._setup(model, tokenizer, EngineConfig(**engine_config), images)
         return self
 
-    def _setup(self, model: torch.nn.Module, tok: TokenizerInfo | None, config: EngineConfig) -> None:
+    def _setup(self, model: torch.nn.Module, tok: TokenizerInfo | None, config: EngineConfig,
+               images: ImageSupport | None = None) -> None:
         self.tokenizer_info = tok
         eos = list(tok.eos_token_ids) if tok is not None else []
         eos += [t for t in model.config.eos_token_ids if t not in eos]
-        self.engine = LLMEngine(model, tok.tokenizer if tok is not None else None, eos, config)
+        self.engine = LLMEngine(model, tok.tokenizer if tok is not None else None, eos, config, images)
 
     def get_tokenizer(self) -> Tokenizer:
         if self.tokenizer_info is None:
@@ -129,10 +148,15 @@ class LLM:
         use_tqdm: bool = False,
         **template_kwargs,
     ) -> list[RequestOutput]:
-        """Render each conversation with the checkpoint's chat template (generation prompt on), then generate."""
+        """Render each conversation with the checkpoint's chat template (generation prompt on), then generate.
+        Image parts ({"type": "image", "image": ...}, OpenAI {"type": "image_url", "image_url": {"url": "data:..."}})
+        go to the engine with their placeholders; video parts are refused."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [self.render_chat(c, enable_thinking, tools, **template_kwargs) for c in conversations]
-        token_prompts = [self.encode(p, add_special_tokens=False) for p in prompts]
+        split = [split_images(c) for c in conversations]
+        prompts = [self.render_chat(c, enable_thinking, tools, **template_kwargs) for c, _ in split]
+        token_prompts = [{"prompt_token_ids": self.encode(p, add_special_tokens=False), "multi_modal_data":
+                          {"image": images}} if images else self.encode(p, add_special_tokens=False)
+                         for p, (_, images) in zip(prompts, split)]
         outs = self.generate(token_prompts, sampling_params, use_tqdm)
         for out, text in zip(outs, prompts):
             out.prompt = text
@@ -164,8 +188,27 @@ class LLM:
         if self.engine.has_unfinished():
             raise RuntimeError("the engine still has requests in flight (an unfinished generate_stream?)")
 
+    def _add_dict_prompt(self, p: dict, sp: SamplingParams) -> str:
+        """vLLM's prompt dict: {"prompt": text} or {"prompt_token_ids": ids}, optional multi_modal_data."""
+        unknown = sorted(set(p) - {"prompt", "prompt_token_ids", "multi_modal_data"})
+        if unknown or ("prompt" in p) == ("prompt_token_ids" in p):
+            raise ValueError("a prompt dict needs exactly one of 'prompt' / 'prompt_token_ids' (and optionally "
+                             f"'multi_modal_data'); found keys {sorted(p)}")
+        mm = dict(p.get("multi_modal_data") or {})
+        images = mm.pop("image", None)
+        if "video" in mm:
+            raise ValueError("multi_modal_data['video']: video input is not supported (images only; docs/vision.md)")
+        if mm:
+            raise ValueError(f"multi_modal_data: unsupported modality {sorted(mm)} (deltaserve takes 'image')")
+        if images is not None and not isinstance(images, (list, tuple)):
+            images = [images]
+        text = p.get("prompt")
+        ids = self.encode(text) if text is not None else list(p["prompt_token_ids"])
+        return self.engine.add_request(ids, sp, prompt=text, images=images)
+
     def _normalise(self, prompts, sampling_params) -> tuple[list[Prompt], list[SamplingParams]]:
-        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (
+                isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
@@ -184,7 +227,9 @@ class LLM:
         ids: list[str] = []
         try:
             for p, sp in zip(prompts, params):
-                if isinstance(p, str):
+                if isinstance(p, dict):
+                    ids.append(self._add_dict_prompt(p, sp))
+                elif isinstance(p, str):
                     ids.append(self.engine.add_request(self.encode(p), sp, prompt=p))
                 else:
                     ids.append(self.engine.add_request(list(p), sp))
@@ -194,6 +239,19 @@ class LLM:
         finally:  # an abandoned stream (or an error) must not leave requests holding cache memory
             for rid in ids:
                 self.engine.abort(rid)
+
+
+def _image_limit(limit_mm_per_prompt: dict | None) -> int | None:
+    """limit_mm_per_prompt -> most images per prompt (None: no limit); other modalities are refused."""
+    if not limit_mm_per_prompt:
+        return None
+    bad = sorted(set(limit_mm_per_prompt) - {"image"})
+    if bad:
+        raise ValueError(f"limit_mm_per_prompt: unsupported modality {bad} (deltaserve takes images only)")
+    n = limit_mm_per_prompt["image"]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"limit_mm_per_prompt['image'] must be a non-negative integer, found {n!r}")
+    return n
 
 
 def _progress_bar(total: int):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -73,6 +74,7 @@ class Request:
     num_registered_blocks: int = 0  # leading blocks of block_table registered in the cache (or shared from it)
     resume_snapshot: int | None = None  # snapshot to load into the state slot before its first chunk
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    mm: Any = None  # engine.multimodal.RequestImages of a request with images (3-D positions, features); else None
 
     @property
     def num_prompt_tokens(self) -> int:

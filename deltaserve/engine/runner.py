@@ -27,6 +27,7 @@ import torch
 from ..kernels.sampling import row_keys_host
 from ..model.cache import HybridCache
 from ..model.forward_batch import ForwardBatch
+from . import multimodal
 from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .request import Request
 from .sampler import Sampler, plain_sampling
@@ -161,14 +162,16 @@ class ModelRunner:
             plain = all(plain_sampling(r.params) for r in reqs)
             temps = [r.params.temperature for r in reqs] if plain else None
             keys = row_keys_host([r.seed for r in reqs], [r.num_tokens for r in reqs]) if plain else None
+            positions = multimodal.decode_positions(rows)  # requests with images: cache index + rope_delta
             logits = self.graphs.run(ids, [s.start for s in rows], [r.block_table for r in reqs],
                                      [r.state_slot for r in reqs], epochs=[r.slot_epoch for r in reqs],
-                                     from_device=pending, temperature=temps, keys=keys)
+                                     from_device=pending, temperature=temps, keys=keys, positions=positions)
             self._graph_sampled = plain
             return logits, (self.graphs.last_sampled if plain else None)
         self.eager_steps += 1
         batch = ForwardBatch.build([[t] for t in ids], [s.start for s in rows], [r.block_table for r in reqs],
                                    [r.state_slot for r in reqs], self.cache.block_size, device=self.device)
+        multimodal.apply_to_batch(batch, rows)  # requests with images: their rope_delta-shifted positions
         if any(pending):
             flags = to_device(pending, torch.bool, self.device)
             batch.input_ids = torch.where(flags, self.last_token.index_select(0, batch.state_slots), batch.input_ids)
@@ -188,7 +191,8 @@ class ModelRunner:
             sampled = [(s.request, logits[b:b + 1]) for b, s in enumerate(chunks) if s.sample]
         else:
             for s in chunks:
-                if self._graphs_usable(g) and not s.request.logits_only and self._prefill_pieces(s, sampled):
+                if (self._graphs_usable(g) and not s.request.logits_only and s.request.mm is None
+                        and self._prefill_pieces(s, sampled)):
                     continue
                 eager.append(s)
         if eager:
@@ -202,6 +206,8 @@ class ModelRunner:
     def _prefill_as_one_graph(self, chunks: list[ScheduledSeq]) -> bool:
         """Several sequences' chunks of one length making a captured step size: one batched prefill graph."""
         if len(chunks) < 2 or any(s.request.logits_only or s.num_new_tokens < 2 for s in chunks):
+            return False
+        if multimodal.has_images(chunks):  # image features and 3-D positions: the eager forward
             return False
         return self.prefill_graphs.serves([s.num_new_tokens for s in chunks], [s.request.block_table for s in chunks])
 
@@ -241,6 +247,7 @@ class ModelRunner:
         batch = ForwardBatch.build(tokens, [s.start for s in chunks], [r.block_table for r in reqs],
                                    [r.state_slot for r in reqs], self.cache.block_size, device=self.device,
                                    logits=logit_idx)
+        multimodal.apply_to_batch(batch, chunks)  # requests with images: 3-D positions, image features
         logits = self.model(batch, self.cache)  # [N, V] fp32
         sampled = []
         for s, lo, hi in rows:

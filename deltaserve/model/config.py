@@ -126,9 +126,87 @@ class ModelConfig:
     def from_dict(cls, data: dict, source: str = "config.json") -> "ModelConfig":
         return _parse(data, source)
 
+    def vision(self) -> "VisionConfig | None":
+        """The vision tower's shape (spec 2.4, 3.10) from `vision_config`, or None for a text-only config."""
+        if self.vision_config is None:
+            return None
+        return parse_vision_config(self.vision_config)
+
     def to_text_dict(self) -> dict:
         """The language-model fields in the published `text_config` spelling (used by writers)."""
         return dict(self.raw.get("text_config", self.raw))
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """The Qwen3-VL-style vision tower without deepstack (Qwen3.5 / 3.6): `vision_config` of config.json."""
+
+    depth: int
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+    out_hidden_size: int  # = the text hidden size: one merged token per 2x2 window of patches
+    num_position_embeddings: int  # a side x side learned grid (48 x 48 published)
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    in_channels: int = 3
+    hidden_act: str = "gelu_pytorch_tanh"
+    rope_theta: float = 10000.0
+    model_type: str = "qwen3_5_vision"
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        """Values of one flattened patch row: C * T * P * P (1536 published)."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size**2
+
+    @property
+    def grid_side(self) -> int:
+        return math.isqrt(self.num_position_embeddings)
+
+    @property
+    def factor(self) -> int:
+        """Image sides are resized to multiples of this (patch * merge = 32 published)."""
+        return self.patch_size * self.spatial_merge_size
+
+
+def parse_vision_config(data: dict, source: str = "config.json") -> VisionConfig:
+    f = _Fields(data, source, "vision_config")
+    deepstack = f.get("deepstack_visual_indexes", [], list)
+    if deepstack:
+        raise ConfigError(f"{source}: 'vision_config.deepstack_visual_indexes' = {deepstack}: deepstack features are "
+                          "not part of Qwen3.5/3.6 (expected [])")
+    act = f.get("hidden_act", "gelu_pytorch_tanh", str)
+    if act != "gelu_pytorch_tanh":
+        raise ConfigError(f"{source}: 'vision_config.hidden_act' = {act!r} is not supported (expected "
+                          "'gelu_pytorch_tanh')")
+    rope = f.get("rope_parameters", None, dict) or {}
+    cfg = VisionConfig(
+        depth=_positive(f, "depth", f.need("depth")),
+        hidden_size=_positive(f, "hidden_size", f.need("hidden_size")),
+        num_heads=_positive(f, "num_heads", f.need("num_heads")),
+        intermediate_size=_positive(f, "intermediate_size", f.need("intermediate_size")),
+        out_hidden_size=_positive(f, "out_hidden_size", f.need("out_hidden_size")),
+        num_position_embeddings=_positive(f, "num_position_embeddings", f.get("num_position_embeddings", 2304)),
+        patch_size=_positive(f, "patch_size", f.get("patch_size", 16)),
+        temporal_patch_size=_positive(f, "temporal_patch_size", f.get("temporal_patch_size", 2)),
+        spatial_merge_size=_positive(f, "spatial_merge_size", f.get("spatial_merge_size", 2)),
+        in_channels=_positive(f, "in_channels", f.get("in_channels", 3)),
+        hidden_act=act,
+        rope_theta=float(rope.get("rope_theta", 10000.0)),
+        model_type=f.get("model_type", "qwen3_5_vision", str),
+    )
+    if cfg.hidden_size % cfg.num_heads or cfg.head_dim % 4:
+        raise ConfigError(f"{source}: vision_config hidden_size {cfg.hidden_size} / num_heads {cfg.num_heads} must "
+                          "give a head_dim divisible by 4 (2-D rotary over (row, col) halves)")
+    if cfg.grid_side**2 != cfg.num_position_embeddings:
+        raise ConfigError(f"{source}: 'vision_config.num_position_embeddings' = {cfg.num_position_embeddings} is "
+                          "not a square (a side x side learned grid)")
+    return cfg
 
 
 # ---- the parser ------------------------------------------------------------------------------------------------

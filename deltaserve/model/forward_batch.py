@@ -15,6 +15,8 @@ Layout of one call with B sequences and T = sum(new tokens):
   state_slots    [B]  int64   slot of sequence b's DeltaNet conv + recurrent state in the state pool
   logits_indices [N]  int64   which of the T tokens get logits (default: the last new token of each sequence)
   logits_all_rows     bool    host flag: logits_indices == arange(T) (every token, in order; a decode step)
+  embeds_rows    [M]  int64   optional: rows of the T tokens whose input embedding is replaced (image tokens) ...
+  embeds         [M, H]       ... by these rows (vision features), instead of the token embedding
 
 Invariants: a sequence with context_len == 0 starts from a zero DeltaNet state whatever its slot holds (so the
 engine never has to clear slots); cache index of new token i of sequence b is context_lens[b] + i.
@@ -46,6 +48,9 @@ class ForwardBatch:
     # Host fact: logits_indices is arange(T) (every token gets logits, in order: a decode step), so the model reads
     # the hidden states as they are instead of gathering them (one launch fewer per step).
     logits_all_rows: bool = False
+    # Multimodal: token rows whose embedding is given (image features) rather than looked up; None for text.
+    embeds_rows: torch.Tensor | None = None
+    embeds: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -110,6 +110,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         """Hidden states [T, H] of every new token after the last layer, before the final norm."""
         cfg = self.config
         x = fast.embed(self.embed_tokens, batch.input_ids)  # the forward's first kernel: launched without PDL
+        if batch.embeds_rows is not None:  # image tokens: their vision features replace the placeholder's embedding
+            x = x.index_copy(0, batch.embeds_rows, batch.embeds.to(x.dtype))
         rope = None  # the fast path's attention computes its RoPE angles in-kernel
         if not fast.enabled(x):
             rope = rope_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta, cfg.mrope_section,

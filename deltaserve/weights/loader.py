@@ -21,9 +21,11 @@ from tqdm.auto import tqdm
 
 from ..model.config import ConfigError, ModelConfig
 from ..model.qwen3_5 import Qwen3_5ForCausalLM
+from ..model.vision import VisionTower
 from .formats import CheckpointError, CheckpointFormat, TensorInfo, get_format
 from .plan import LoadPlan, build_plan
 from .safetensors_io import DTYPE_BYTES, SafetensorsCheckpoint
+from .vision_format import VisionFormat
 
 log = logging.getLogger("deltaserve.weights")
 
@@ -37,6 +39,7 @@ class LoadedCheckpoint:
     format: str  # "hf" | "mlx" | "fp8"
     set_aside_info: dict[str, TensorInfo] = field(default_factory=dict)  # name -> file, shape, dtype
     num_tensors: int = 0  # file tensors loaded into parameters
+    vision: VisionTower | None = None  # loaded only when asked for (load_checkpoint(vision=True))
 
     def summary(self) -> str:
         n_params = sum(p.numel() for p in self.model.parameters())
@@ -48,6 +51,9 @@ class LoadedCheckpoint:
         for group, names in sorted(self.set_aside.items()):
             size = sum(_nbytes(self.set_aside_info[n]) for n in names)
             lines.append(f"  set aside: {group}: {len(names)} tensors ({size / 2**20:.1f} MiB), not loaded")
+        if self.vision is not None:
+            n = sum(p.numel() for p in self.vision.parameters())
+            lines.append(f"  vision tower: {self.vision.config.depth} blocks, {n:,} parameters")
         return "\n".join(lines)
 
 
@@ -56,9 +62,13 @@ def _nbytes(t: TensorInfo) -> int:
 
 
 def load_checkpoint(
-    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, progress: bool = True
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, progress: bool = True,
+    vision: bool = False,
 ) -> LoadedCheckpoint:
-    """Load a checkpoint directory. dtype None keeps the checkpoint's float dtype (the one most bytes are in)."""
+    """Load a checkpoint directory. dtype None keeps the checkpoint's float dtype (the one most bytes are in).
+
+    vision: also load the vision tower (`LoadedCheckpoint.vision`) from the tensors the text model sets aside as
+    "visual"; an error if the checkpoint has none (a text-only conversion). Off: they are only recorded."""
     path = Path(path)
     try:
         config = ModelConfig.from_dir(path)
@@ -74,11 +84,32 @@ def load_checkpoint(
     fmt.finalize(model)
     model.fuse_projections()  # shared-input projections -> one weight each (views: no memory growth)
     model.eval()
+    tower = None
+    if vision:
+        tower = _load_vision(config, ckpt, plan.set_aside.pop("visual", []), torch.device(device),
+                             dtype or plan.checkpoint_float_dtype(), str(path))
     set_aside = {g: [t.name for t in ts] for g, ts in plan.set_aside.items()}
     info = {t.name: t for ts in plan.set_aside.values() for t in ts}
-    loaded = LoadedCheckpoint(model, config, set_aside, path, fmt.name, info, len(plan.placements))
+    loaded = LoadedCheckpoint(model, config, set_aside, path, fmt.name, info, len(plan.placements), tower)
     log.info("%s", loaded.summary())
     return loaded
+
+
+def _load_vision(config: ModelConfig, ckpt: SafetensorsCheckpoint, tensors: list[TensorInfo], device: torch.device,
+                 dtype: torch.dtype, source: str) -> VisionTower:
+    """The vision tower from its tensors (every one used exactly once, as for the text model)."""
+    try:
+        vcfg = config.vision()
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+    if vcfg is None:
+        raise CheckpointError(f"{source}: config.json has no vision_config: a text-only checkpoint")
+    fmt = VisionFormat(config, vcfg, [t.name for t in tensors], source)
+    with torch.device("meta"):
+        tower = VisionTower(vcfg, fmt.linear_factory)
+    plan = build_plan(tensors, fmt, tower, source)
+    _materialise(tower, ckpt, plan, fmt, device, dtype, progress=False)
+    return tower.eval()
 
 
 def _materialise(
