@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 
 from ..model import fast
 from ..model.cache import cache_spec, parse_kv_cache_dtype
+from ..structured.matcher import COMPLETE, REJECTED
 from ..utils.memory import cache_budget_bytes
 from .block_pool import BlockPool, StateSlotPool
 from .cuda_graph import DecodeGraphs, PrefillGraphs
@@ -28,6 +29,7 @@ from .request import FinishReason, Request
 from .runner import ModelRunner, StepHandle
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from .structured import GRAMMAR_DEAD_END, StructuredOutputs
 
 DEFAULT_MAX_MODEL_LEN = 8192
 
@@ -115,6 +117,7 @@ class LLMEngine:
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None  # the launched step not yet read back
+        self.structured = StructuredOutputs(tokenizer, self.vocab_size, self.eos_token_ids)  # grammars, lazily
 
     def _auto_num_blocks(self) -> int:
         """Blocks from the memory budget, capped at what max_num_seqs full-length requests could ever use."""
@@ -163,7 +166,13 @@ class LLMEngine:
             logits_only=logits_only,
         )
         req.metrics.arrival = time.perf_counter()
-        self.scheduler.add(req)
+        if params.structured_outputs is not None:
+            self.structured.attach(req)  # parses the grammar now (a bad spec raises here); compiles it aside
+        if req.grammar is not None and not req.grammar.ready:
+            self.scheduler.check_fits(req)
+            self.structured.hold(req)  # joins the scheduler once its grammar is compiled (step)
+        else:
+            self.scheduler.add(req)
         self.requests[request_id] = req
         if self.tokenizer is not None and not logits_only:
             self.detokenizers[request_id] = IncrementalDetokenizer(
@@ -195,7 +204,7 @@ class LLMEngine:
             self.detokenizers.pop(request_id, None)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.structured.holding
 
     # ---- the step --------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -205,7 +214,13 @@ class LLMEngine:
         sequence's next input token is taken from the device, written there by step n's sampling) and only then
         waits for step n's sampled ids, appends them, detokenises and checks stops. A request that stops at step n
         has already been given one more token in step n+1; that token is dropped. Tokens are the same as a step
-        at a time: sampling is a function of (logits, seed, position) alone."""
+        at a time: sampling is a function of (logits, seed, position) alone. (A constrained row's mask needs its
+        step-n token: the runner calls back once step n+1's forward is launched, and the matchers take step n's
+        tokens there, engine/structured.py.)"""
+        outputs = []
+        for req, error in self.structured.release(self.scheduler):  # compiled grammars' requests join the scheduler
+            self._finish(req, FinishReason.ABORT, stop_reason=error)
+            outputs.append(self._output(req, []))
         out = self.scheduler.schedule()
         launched = None
         if not out.is_empty:
@@ -213,17 +228,20 @@ class LLMEngine:
             for s in out.seqs:
                 if s.request.metrics.first_scheduled is None:
                     s.request.metrics.first_scheduled = now
-            handle = self.runner.launch(out)
+            handle = self.runner.launch(out, self.structured.catch_up(out, self._in_flight))
             self.scheduler.update(out)
             for req in handle.sampled_reqs:
                 req.num_pending += 1
             launched = (out, handle)
         elif self._in_flight is None:
+            if self.structured.holding:  # only requests whose grammar is still compiling: wait for one
+                self.structured.wait()
+                return outputs
             if self.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending (cache too small?)")
-            return []
+            return outputs
         previous, self._in_flight = self._in_flight, launched
-        return self._complete(*previous) if previous is not None else []
+        return outputs + (self._complete(*previous) if previous is not None else [])
 
     def _complete(self, out: SchedulerOutput, handle: StepHandle) -> list[RequestOutput]:
         """Read back a launched step and apply it: tokens appended, stops checked, outputs made."""
@@ -242,29 +260,38 @@ class LLMEngine:
                     outputs.append(self._output(req, []))
             elif s.sample:
                 token = result.sampled[req.request_id]
-                self._append_token(req, token)
-                outputs.append(self._output(req, [token]))
+                kept = self._append_token(req, token)
+                outputs.append(self._output(req, [token] if kept else []))
         return outputs
 
-    def _append_token(self, req: Request, token: int) -> None:
+    def _append_token(self, req: Request, token: int) -> bool:
+        """Append a sampled token and end the request if it stops; False if its grammar refused the token (a dead
+        end: the token is dropped and the request ends)."""
         if req.metrics.first_token is None:
             req.metrics.first_token = time.perf_counter()
+        verdict = req.grammar.accept(token) if req.grammar is not None else None
+        if verdict == REJECTED:
+            if req.request_id in self.detokenizers:
+                self.detokenizers[req.request_id].flush()
+            self._finish(req, FinishReason.STOP, stop_reason=GRAMMAR_DEAD_END)
+            return False
         req.output_token_ids.append(token)
         p = req.params
         if token in p.stop_token_ids:
             self._finish(req, FinishReason.STOP, stop_reason=token)
-            return
-        if not p.ignore_eos and token in self.eos_token_ids:
+            return True
+        if (not p.ignore_eos and token in self.eos_token_ids) or verdict == COMPLETE:
             self._finish(req, FinishReason.STOP)
-            return
+            return True
         detok = self.detokenizers.get(req.request_id)
         if detok is not None:
             matched = detok.add_token(token)
             if matched is not None:
                 self._finish(req, FinishReason.STOP, stop_reason=matched)
-                return
+                return True
         if len(req.output_token_ids) >= req.max_tokens:
             self._finish(req, FinishReason.LENGTH)
+        return True
 
     def _finish(self, req: Request, reason: FinishReason, stop_reason: str | int | None = None) -> None:
         req.stop_reason = stop_reason

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 
 from ..model.cache import parse_kv_cache_dtype
 from ..model.config import ModelConfig
+from ..structured.params import opens_reasoning
 from .chat import ChatTemplateError, render_chat
 from .engine import EngineConfig, LLMEngine, resolve_decode_gemv
 from .outputs import RequestOutput
@@ -129,11 +130,16 @@ class LLM:
         use_tqdm: bool = False,
         **template_kwargs,
     ) -> list[RequestOutput]:
-        """Render each conversation with the checkpoint's chat template (generation prompt on), then generate."""
+        """Render each conversation with the checkpoint's chat template (generation prompt on), then generate.
+
+        A structured-output constraint applies to the answer: where the rendered prompt opens the model's reasoning
+        (enable_thinking), it starts after </think>."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self.render_chat(c, enable_thinking, tools, **template_kwargs) for c in conversations]
         token_prompts = [self.encode(p, add_special_tokens=False) for p in prompts]
-        outs = self.generate(token_prompts, sampling_params, use_tqdm)
+        _, params = self._normalise(token_prompts, sampling_params)
+        params = [_after_think(sp) if opens_reasoning(p) else sp for p, sp in zip(prompts, params)]
+        outs = self.generate(token_prompts, params, use_tqdm)
         for out, text in zip(outs, prompts):
             out.prompt = text
         return outs
@@ -194,6 +200,12 @@ class LLM:
         finally:  # an abandoned stream (or an error) must not leave requests holding cache memory
             for rid in ids:
                 self.engine.abort(rid)
+
+
+def _after_think(params: SamplingParams) -> SamplingParams:
+    """params whose structured-output constraint (if any) starts after the reasoning's </think>."""
+    so = params.structured_outputs
+    return params if so is None or so.after_think else params.clone(structured_outputs=so.clone(after_think=True))
 
 
 def _progress_bar(total: int):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..structured.matcher import RequestGrammar
 from .sampling_params import SamplingParams
 
 
@@ -64,6 +65,7 @@ class Request:
     state_slot: int = -1
     slot_epoch: int = -1  # a number unique to this admission (the runner's per-slot caches tell holders apart by it)
     all_logits: list[torch.Tensor] = field(default_factory=list)  # logits_only: [n, V] chunks in order
+    grammar: RequestGrammar | None = None  # structured output: its matcher (engine/structured.py attaches it)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     @property
