@@ -102,7 +102,7 @@ def run(args, model, name: str, quant: str, gpu: str, keep) -> None:
     for b in args.batch:
         for n in args.n_gen:
             p = args.n_prompt[0]
-            llm = LLM.from_model(model, tok, max_num_seqs=b, max_model_len=p + n + 16,
+            llm = LLM.from_model(model, tok, block_size=64, max_num_seqs=b, max_model_len=p + n + 16,
                                  max_num_batched_tokens=max(512, p), kv_cache_dtype=args.kv_cache_dtype,
                                  decode_gemv=args.decode_gemv)
             rates = compare(llm, b, p, n, args.reps)

@@ -94,9 +94,11 @@ class StructuredOutputs:
     def catch_up(self, out: SchedulerOutput,
                  in_flight: tuple[SchedulerOutput, StepHandle] | None) -> Callable[[], None] | None:
         """For a step about to launch while `in_flight` (the previous one) is not read back: if it samples a
-        constrained row, a callback that reads the previous step's ids and feeds them to its live requests'
-        matchers (the runner calls it after launching the forward, before sampling); else None."""
-        if in_flight is None or not any(s.sample and s.request.grammar is not None for s in out.seqs):
+        constrained row whose previous token is still pending, a callback that reads the previous step's ids and
+        feeds them to its live requests' matchers (the runner calls it after launching the forward, before
+        sampling); else None (the step runs fully ahead)."""
+        if in_flight is None or not any(s.sample and s.request.grammar is not None and s.request.num_pending
+                                        for s in out.seqs):
             return None
         previous, handle = in_flight
 
