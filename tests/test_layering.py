@@ -21,6 +21,7 @@ RANK = {
     "quant": 2,
     "weights": 3,
     "synthetic": 4,
+    "structured": 4,  # structured output (grammars over token ids): tokenizers + xgrammar; the engine and server use it
     "engine": 5,
     "cli": 6,
     "server": 6,

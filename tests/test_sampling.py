@@ -9,6 +9,7 @@ import torch
 
 from deltaserve.kernels.sampling import (
     SamplingTensors,
+    apply_allowed_mask,
     apply_penalties,
     filter_logits,
     mix32,
@@ -206,3 +207,52 @@ def test_seed_range_is_checked():
     with pytest.raises(ValueError, match="seed"):
         seed_to_int64(1 << 64)
     assert math.isclose(py_uniform(0, 0, 0), float(uniform_noise(torch.tensor([0]), torch.tensor([0]), 1)[0]))
+
+
+def pack_bits(allowed: torch.Tensor) -> torch.Tensor:
+    """[B, V] bool -> [B, ceil(V/32)] int32, bit v % 32 of word v // 32 (plain Python, the layout's definition)."""
+    b, v = allowed.shape
+    words = [[0] * -(-v // 32) for _ in range(b)]
+    for i, j in allowed.nonzero().tolist():
+        words[i][j // 32] |= 1 << (j % 32)
+    return torch.tensor([[w - (1 << 32) if w >= 1 << 31 else w for w in row] for row in words], dtype=torch.int32)
+
+
+def test_allowed_mask_packed_and_bool_forms_match_the_definition():
+    g = torch.Generator().manual_seed(0)
+    b, v = 5, 77  # not a multiple of 32: the last word's high bits lie past V
+    allowed = torch.rand(b, v, generator=g) < 0.3
+    allowed[2] = True  # an unconstrained row
+    packed = pack_bits(allowed)
+    packed[:, -1] |= torch.tensor(-(1 << 31), dtype=torch.int32)  # a set bit past V must be ignored
+    logits = torch.randn(b, v, generator=g)
+    expected = torch.where(allowed, logits, torch.full_like(logits, float("-inf")))
+    assert torch.equal(apply_allowed_mask(logits, packed), expected)
+    assert torch.equal(apply_allowed_mask(logits, allowed), expected)
+    assert torch.equal(apply_allowed_mask(logits, torch.full_like(packed, -1)), logits)
+    with pytest.raises(ValueError, match=r"\[B, ceil\(V/32\)\] int32 for logits 5x77, found \(5, 2\)"):
+        apply_allowed_mask(logits, packed[:, :2])
+    with pytest.raises(ValueError, match="does not match logits"):
+        apply_allowed_mask(logits, allowed[:, :10])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_masked_sampling_is_row_local_and_never_picks_a_forbidden_token(temperature):
+    g = torch.Generator().manual_seed(1)
+    b, v = 6, 100
+    logits = torch.randn(b, v, generator=g) * 3
+    allowed = torch.rand(b, v, generator=g) < 0.2
+    allowed[:, 7] = True
+    allowed[4] = True  # a free row beside constrained ones
+    t = params(b, temperature=temperature, top_p=0.9, rep=1.2, seeds=list(range(b)), positions=[3] * b)
+    t.seen = torch.rand(b, v, generator=g) < 0.1
+    t.allowed = pack_bits(allowed)
+    batched = sample(logits, t)
+    assert bool(allowed[torch.arange(b), batched].all())
+    for i in range(b):
+        one = params(1, temperature=temperature, top_p=0.9, rep=1.2, seeds=[i], positions=[3])
+        one.seen, one.allowed = t.seen[i:i + 1], t.allowed[i:i + 1]
+        assert sample(logits[i:i + 1], one).item() == batched[i].item()
+    free = params(1, temperature=temperature, top_p=0.9, rep=1.2, seeds=[4], positions=[3])
+    free.seen = t.seen[4:5]
+    assert sample(logits[4:5], free).item() == batched[4].item()  # all-ones mask == no mask

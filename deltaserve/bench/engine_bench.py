@@ -65,8 +65,8 @@ class StepTimer:
         runner = engine.runner
         launch = runner.launch
 
-        def timed_launch(out):
-            handle = launch(out)
+        def timed_launch(out, before_sampling=None):
+            handle = launch(out, before_sampling)
             result = handle.result
 
             def timed_result():

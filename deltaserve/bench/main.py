@@ -77,6 +77,9 @@ def parse_args(argv):
                    help="decode GEMV mode of the q4 linears; auto: each -b measured as a deployment for that many "
                         "streams (model/fast.py decode_gemv_for_streams: head below 4, mma from 4), as an engine "
                         "with max_num_seqs = B picks it; DELTASERVE_DECODE_GEMV overrides")
+    p.add_argument("--structured-output", action="store_true",
+                   help="decode tok/s through the engine loop with every row constrained by a mid-size JSON schema "
+                        "vs unconstrained (bench/structured.py; first -p as the prompt length, each -n and -b)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
                    help="K/V cache of the attention layers: auto = bf16, fp8 = e4m3 with a scale per (token, head) row "
                         "(records get quant '<weights>-kvfp8')")
@@ -242,6 +245,12 @@ def main(argv=None) -> int:
         why = f"a deployment for {b} stream{'s' * (b != 1)}" if args.decode_gemv == "auto" else "--decode-gemv"
         return f"; decode GEMV {runs} ({why if runs == mode else 'DELTASERVE_DECODE_GEMV'})"
 
+    if args.structured_output:
+        from .structured import run as run_structured
+
+        run_structured(args, model, name, quant, gpu, keep)
+        print(records.format_table(recs))
+        return 0
     if args.engine:
         run_engine_bench(args, model, config, name, quant, gpu, keep, deployment)
         print(records.format_table(recs))

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 
 from ..model import fast
 from ..model.cache import cache_spec, parse_kv_cache_dtype
+from ..structured.matcher import COMPLETE, REJECTED
 from ..utils.memory import cache_budget_bytes
 from . import cuda_graph
 from .block_pool import BlockPool, StateSlotPool
@@ -33,6 +34,7 @@ from .request import FinishReason, Request
 from .runner import ModelRunner, StepHandle
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from .structured import GRAMMAR_DEAD_END, StructuredOutputs
 
 DEFAULT_MAX_MODEL_LEN = 8192
 
@@ -140,6 +142,7 @@ class LLMEngine:
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None  # the launched step not yet read back
+        self.structured = StructuredOutputs(tokenizer, self.vocab_size, self.eos_token_ids)  # grammars, lazily
 
     def _spec(self):
         dtype = cuda_graph.activation_param(self.model).dtype
@@ -224,7 +227,13 @@ class LLMEngine:
             mm=mm,
         )
         req.metrics.arrival = time.perf_counter()
-        self.scheduler.add(req)
+        if params.structured_outputs is not None:
+            self.structured.attach(req)  # parses the grammar now (a bad spec raises here); compiles it aside
+        if req.grammar is not None and not req.grammar.ready:
+            self.scheduler.check_fits(req)
+            self.structured.hold(req)  # joins the scheduler once its grammar is compiled (step)
+        else:
+            self.scheduler.add(req)
         self.requests[request_id] = req
         if self.tokenizer is not None and not logits_only:
             self.detokenizers[request_id] = IncrementalDetokenizer(
@@ -256,7 +265,7 @@ class LLMEngine:
             self.detokenizers.pop(request_id, None)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.structured.holding
 
     # ---- the step --------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -266,7 +275,13 @@ class LLMEngine:
         sequence's next input token is taken from the device, written there by step n's sampling) and only then
         waits for step n's sampled ids, appends them, detokenises and checks stops. A request that stops at step n
         has already been given one more token in step n+1; that token is dropped. Tokens are the same as a step
-        at a time: sampling is a function of (logits, seed, position) alone."""
+        at a time: sampling is a function of (logits, seed, position) alone. (A constrained row's mask needs its
+        step-n token: the runner calls back once step n+1's forward is launched, and the matchers take step n's
+        tokens there, engine/structured.py.)"""
+        outputs = []
+        for req, error in self.structured.release(self.scheduler):  # compiled grammars' requests join the scheduler
+            self._finish(req, FinishReason.ABORT, stop_reason=error)
+            outputs.append(self._output(req, []))
         out = self.scheduler.schedule()
         launched = None
         if not out.is_empty:
@@ -277,18 +292,21 @@ class LLMEngine:
                 if s.request.resume_snapshot is not None:  # a prefix hit: its DeltaNet state, before its chunk
                     self.cache.load_state(s.request.resume_snapshot, s.request.state_slot)
                     s.request.resume_snapshot = None
-            handle = self.runner.launch(out)
+            handle = self.runner.launch(out, self.structured.catch_up(out, self._in_flight))
             self._take_snapshots(out)
             self.scheduler.update(out)
             for req in handle.sampled_reqs:
                 req.num_pending += 1
             launched = (out, handle)
         elif self._in_flight is None:
+            if self.structured.holding:  # only requests whose grammar is still compiling: wait for one
+                self.structured.wait()
+                return outputs
             if self.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests pending (cache too small?)")
-            return []
+            return outputs
         previous, self._in_flight = self._in_flight, launched
-        return self._complete(*previous) if previous is not None else []
+        return outputs + (self._complete(*previous) if previous is not None else [])
 
     def _take_snapshots(self, out: SchedulerOutput) -> None:
         """After a launch: each prompt chunk that ended on one of its request's seams copies the request's state
@@ -322,29 +340,38 @@ class LLMEngine:
                     outputs.append(self._output(req, []))
             elif s.sample:
                 token = result.sampled[req.request_id]
-                self._append_token(req, token)
-                outputs.append(self._output(req, [token]))
+                kept = self._append_token(req, token)
+                outputs.append(self._output(req, [token] if kept else []))
         return outputs
 
-    def _append_token(self, req: Request, token: int) -> None:
+    def _append_token(self, req: Request, token: int) -> bool:
+        """Append a sampled token and end the request if it stops; False if its grammar refused the token (a dead
+        end: the token is dropped and the request ends)."""
         if req.metrics.first_token is None:
             req.metrics.first_token = time.perf_counter()
+        verdict = req.grammar.accept(token) if req.grammar is not None else None
+        if verdict == REJECTED:
+            if req.request_id in self.detokenizers:
+                self.detokenizers[req.request_id].flush()
+            self._finish(req, FinishReason.STOP, stop_reason=GRAMMAR_DEAD_END)
+            return False
         req.output_token_ids.append(token)
         p = req.params
         if token in p.stop_token_ids:
             self._finish(req, FinishReason.STOP, stop_reason=token)
-            return
-        if not p.ignore_eos and token in self.eos_token_ids:
+            return True
+        if (not p.ignore_eos and token in self.eos_token_ids) or verdict == COMPLETE:
             self._finish(req, FinishReason.STOP)
-            return
+            return True
         detok = self.detokenizers.get(req.request_id)
         if detok is not None:
             matched = detok.add_token(token)
             if matched is not None:
                 self._finish(req, FinishReason.STOP, stop_reason=matched)
-                return
+                return True
         if len(req.output_token_ids) >= req.max_tokens:
             self._finish(req, FinishReason.LENGTH)
+        return True
 
     def _finish(self, req: Request, reason: FinishReason, stop_reason: str | int | None = None) -> None:
         req.stop_reason = stop_reason

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 
 from ..model.cache import parse_kv_cache_dtype
 from ..model.config import ModelConfig
+from ..structured.params import opens_reasoning
 from .chat import ChatTemplateError, render_chat
 from .engine import EngineConfig, LLMEngine, resolve_decode_gemv
 from .multimodal import ImageSupport, split_images
@@ -150,14 +151,18 @@ class LLM:
     ) -> list[RequestOutput]:
         """Render each conversation with the checkpoint's chat template (generation prompt on), then generate.
         Image parts ({"type": "image", "image": ...}, OpenAI {"type": "image_url", "image_url": {"url": "data:..."}})
-        go to the engine with their placeholders; video parts are refused."""
+        go to the engine with their placeholders; video parts are refused. A structured-output constraint applies to
+        the answer: where the rendered prompt opens the model's reasoning (enable_thinking), it starts after
+        </think>."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         split = [split_images(c) for c in conversations]
         prompts = [self.render_chat(c, enable_thinking, tools, **template_kwargs) for c, _ in split]
         token_prompts = [{"prompt_token_ids": self.encode(p, add_special_tokens=False), "multi_modal_data":
                           {"image": images}} if images else self.encode(p, add_special_tokens=False)
                          for p, (_, images) in zip(prompts, split)]
-        outs = self.generate(token_prompts, sampling_params, use_tqdm)
+        _, params = self._normalise(token_prompts, sampling_params)
+        params = [_after_think(sp) if opens_reasoning(p) else sp for p, sp in zip(prompts, params)]
+        outs = self.generate(token_prompts, params, use_tqdm)
         for out, text in zip(outs, prompts):
             out.prompt = text
         return outs
@@ -252,6 +257,12 @@ def _image_limit(limit_mm_per_prompt: dict | None) -> int | None:
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise ValueError(f"limit_mm_per_prompt['image'] must be a non-negative integer, found {n!r}")
     return n
+
+
+def _after_think(params: SamplingParams) -> SamplingParams:
+    """params whose structured-output constraint (if any) starts after the reasoning's </think>."""
+    so = params.structured_outputs
+    return params if so is None or so.after_think else params.clone(structured_outputs=so.clone(after_think=True))
 
 
 def _progress_bar(total: int):

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..structured.matcher import RequestGrammar
 from .sampling_params import SamplingParams
 
 
@@ -73,6 +74,7 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)  # hash chain of its full blocks, as far as computed
     num_registered_blocks: int = 0  # leading blocks of block_table registered in the cache (or shared from it)
     resume_snapshot: int | None = None  # snapshot to load into the state slot before its first chunk
+    grammar: RequestGrammar | None = None  # structured output: its matcher (engine/structured.py attaches it)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     mm: Any = None  # engine.multimodal.RequestImages of a request with images (3-D positions, features); else None
 

@@ -21,6 +21,7 @@ the same padded steps run eagerly).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -52,13 +53,16 @@ class StepHandle:
     ids: torch.Tensor | None = None  # [R] int64 host tensor (pinned on CUDA), valid once `event` completed
     event: torch.cuda.Event | None = None
     logits: dict[str, torch.Tensor] = field(default_factory=dict)  # logits_only request_id -> [n, V] (device)
+    _result: RunnerOutput | None = None  # read back once (structured output may ask before the engine does)
 
     def result(self) -> RunnerOutput:
-        if self.event is not None:
-            self.event.synchronize()
-        ids = self.ids.tolist() if self.ids is not None else []
-        return RunnerOutput({r.request_id: t for r, t in zip(self.sampled_reqs, ids)},
-                            {rid: lg.cpu() for rid, lg in self.logits.items()})
+        if self._result is None:
+            if self.event is not None:
+                self.event.synchronize()
+            ids = self.ids.tolist() if self.ids is not None else []
+            self._result = RunnerOutput({r.request_id: t for r, t in zip(self.sampled_reqs, ids)},
+                                        {rid: lg.cpu() for rid, lg in self.logits.items()})
+        return self._result
 
 
 class ModelRunner:
@@ -99,8 +103,11 @@ class ModelRunner:
 
     # ---- the step --------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def launch(self, out: SchedulerOutput) -> StepHandle:
-        """Run the step's forwards and sampling on the device; nothing here waits for the device."""
+    def launch(self, out: SchedulerOutput, before_sampling: Callable[[], None] | None = None) -> StepHandle:
+        """Run the step's forwards and sampling on the device; nothing here waits for the device, except
+        `before_sampling` (structured output's: the matchers take the previous step's tokens), called once after the
+        first forward is launched and before the first sampling, so it overlaps that forward."""
+        hooks = [before_sampling] if before_sampling is not None else []
         decode = [s for s in out.seqs if s.num_new_tokens == 1 and s.sample and not s.request.in_prefill]
         prefill = [s for s in out.seqs if not (s.num_new_tokens == 1 and s.sample and not s.request.in_prefill)]
         handle = StepHandle()
@@ -109,12 +116,16 @@ class ModelRunner:
             reqs = [s.request for s in decode]
             logits, ids = self._decode(decode)  # [Bd, V]; the graph's own plain sampling, when it serves the rows
             if ids is None:
+                while hooks:
+                    hooks.pop()()
                 ids = self.sampler.sample(logits, reqs, [r.num_tokens for r in reqs])
             ids_parts.append(ids)
             handle.sampled_reqs += reqs
         if prefill:
             reqs, logits = self._prefill(prefill, handle)
             if reqs:
+                while hooks:
+                    hooks.pop()()
                 ids_parts.append(self.sampler.sample(logits, reqs, [r.num_tokens for r in reqs]))
                 handle.sampled_reqs += reqs
         if handle.sampled_reqs:
@@ -159,7 +170,7 @@ class ModelRunner:
         self._graph_sampled = False
         if self._decode_by_graph(rows):
             self.graph_steps += 1
-            plain = all(plain_sampling(r.params) for r in reqs)
+            plain = all(plain_sampling(r.params) and r.grammar is None for r in reqs)  # (a grammar masks first)
             temps = [r.params.temperature for r in reqs] if plain else None
             keys = row_keys_host([r.seed for r in reqs], [r.num_tokens for r in reqs]) if plain else None
             positions = multimodal.decode_positions(rows)  # requests with images: cache index + rope_delta

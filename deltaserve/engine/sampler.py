@@ -17,7 +17,9 @@ from typing import Sequence
 import torch
 
 from ..kernels import backend
-from ..kernels.sampling import SamplingFlags, SamplingTensors, apply_penalties, row_keys, sample, seed_to_int64
+from ..kernels.sampling import (SamplingFlags, SamplingTensors, apply_allowed_mask, apply_penalties, row_keys, sample,
+                               seed_to_int64)
+from ..structured.matcher import token_bitmask
 from .request import Request
 from .transfer import to_device
 
@@ -95,6 +97,11 @@ class Sampler:
     def sample(self, logits: torch.Tensor, reqs: Sequence[Request], positions: Sequence[int],
                out: torch.Tensor | None = None) -> torch.Tensor:
         """Row b: request reqs[b]'s token at index positions[b], from logits[b]. Writes `out` [R] int64 if given."""
+        # structured output: the constrained rows' allowed tokens (xgrammar on the host, first: the forward is still
+        # running on the device), masked before anything else; None when no row is constrained
+        allowed = token_bitmask([r.grammar for r in reqs], self.vocab_size, self.device)
+        if allowed is not None:
+            logits = apply_allowed_mask(logits, allowed)
         t, flags = self.tensors(reqs, positions)
         penalised = [r for r in reqs if uses_penalties(r)]
         if penalised:

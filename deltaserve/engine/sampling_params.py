@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ..structured.params import StructuredOutputsError, StructuredOutputsParams
+
 
 class SamplingParamsError(ValueError):
     """A sampling parameter out of range; the message names the field, the allowed range and the value found."""
@@ -25,6 +27,10 @@ class SamplingParams:
     ignore_eos: bool = False  # do not stop at the model's end-of-sequence tokens
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True  # leave special tokens (e.g. <|im_end|>) out of the text
+    # constrain the reply to a JSON schema / regex / choice / grammar (docs/structured_output.md); a dict is read
+    # as StructuredOutputsParams' fields. guided_decoding is vLLM's earlier name for the same thing.
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -33,6 +39,7 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop) if self.stop else []
         self.stop_token_ids = list(self.stop_token_ids) if self.stop_token_ids else []
+        self._structured_outputs()
         self._validate()
 
     @property
@@ -62,6 +69,22 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise SamplingParamsError(f"SamplingParams.{name} must be a bool, found {getattr(self, name)!r}")
+
+    def _structured_outputs(self) -> None:
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None and self.structured_outputs is not self.guided_decoding:
+                raise SamplingParamsError("SamplingParams: give structured_outputs or its old name guided_decoding, "
+                                          "not both")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
+        so = self.structured_outputs
+        try:
+            if isinstance(so, dict):
+                self.structured_outputs = StructuredOutputsParams.from_dict(so)
+            elif so is not None and not isinstance(so, StructuredOutputsParams):
+                raise SamplingParamsError("SamplingParams.structured_outputs must be a StructuredOutputsParams (or a "
+                                          f"dict of its fields), found {type(so).__name__}")
+        except StructuredOutputsError as e:
+            raise SamplingParamsError(f"SamplingParams.{e}") from None
 
     def clone(self, **changes) -> "SamplingParams":
         values = {f.name: getattr(self, f.name) for f in fields(self)}

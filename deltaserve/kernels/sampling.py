@@ -5,6 +5,8 @@ device. So there is no global RNG: the noise for row b, vocabulary entry v is a 
 (seed_b, position_b, v), and every step below is row-local.
 
 Pipeline per row (vLLM/HF semantics):
+  0. structured output: tokens a row's grammar forbids are set to -inf first (`apply_allowed_mask`; rows without a
+     grammar carry an all-ones mask), so the token is the same pure function of the masked logits;
   1. penalties on the raw logits: repetition (prompt + output tokens: positive logits / p, negative * p),
      presence and frequency (output tokens only: l -= presence * [count > 0] + frequency * count);
   2. greedy rows (temperature 0): argmax of the penalised logits, ties to the lower id;
@@ -109,6 +111,26 @@ class SamplingTensors:
     positions: torch.Tensor  # int64: index of the token being sampled in its sequence
     seen: torch.Tensor | None = None
     counts: torch.Tensor | None = None
+    # structured output: [B, ceil(V / 32)] int32, bit v % 32 of word v // 32 set = token v allowed (xgrammar's packed
+    # layout; a row of -1 allows everything), or [B, V] bool. None when no row of the batch is constrained.
+    allowed: torch.Tensor | None = None
+
+
+def apply_allowed_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Logits [B, V] with every token that `mask` forbids set to -inf (a new tensor; row b reads only mask[b]).
+
+    mask: [B, V] bool (True = allowed), or the packed form [B, ceil(V / 32)] int32 where token v is allowed when bit
+    v % 32 (least significant first) of word v // 32 is set; bits past V are ignored."""
+    b, vocab = logits.shape
+    if mask.dtype != torch.bool:
+        if mask.dtype != torch.int32 or mask.shape != (b, -(-vocab // 32)):
+            raise ValueError(f"allowed-token mask must be [B, V] bool or [B, ceil(V/32)] int32 for logits {b}x{vocab}, "
+                             f"found {tuple(mask.shape)} {mask.dtype}")
+        shifts = torch.arange(32, dtype=torch.int32, device=mask.device)
+        mask = ((mask.unsqueeze(-1) >> shifts) & 1).view(b, -1)[:, :vocab].bool()  # [B, V]
+    elif mask.shape != logits.shape:
+        raise ValueError(f"allowed-token mask {tuple(mask.shape)} does not match logits {tuple(logits.shape)}")
+    return logits.masked_fill(~mask.to(logits.device), float("-inf"))
 
 
 def token_statistics(
@@ -222,7 +244,10 @@ def sample_plain_reference(logits: torch.Tensor, temperature: torch.Tensor, keys
 def sample(logits: torch.Tensor, t: SamplingTensors, flags: SamplingFlags | None = None) -> torch.Tensor:
     """Next token per row, [B] int64, from fp32 logits [B, V]; row b depends only on row b's inputs. `flags`: the
     rows' stages as host facts (else read from the tensors); the result is the same either way."""
-    logits = apply_penalties(logits.float(), t)
+    logits = logits.float()
+    if t.allowed is not None:
+        logits = apply_allowed_mask(logits, t.allowed)
+    logits = apply_penalties(logits, t)
     greedy = t.temperature <= 0
     out = torch.argmax(logits, dim=-1)  # first maximum: ties go to the lower id
     if (flags.all_greedy if flags is not None else bool(greedy.all())):
