@@ -110,12 +110,15 @@ def stream_reply(llm, conversation, params, thinking: bool, images: list | None 
     conversation: raw text (images: one per <|image_pad|> of it), or chat messages (image parts inside)."""
     from .engine.multimodal import split_images
 
+    hints = []
     if isinstance(conversation, str):
         ids = llm.encode(conversation)
     else:
         conversation, images = split_images(conversation)
         ids = llm.encode(llm.render_chat(conversation, enable_thinking=thinking), add_special_tokens=False)
-    prompt = {"prompt_token_ids": ids, "multi_modal_data": {"image": images}} if images else ids
+        hints = llm._message_ends(conversation, thinking, None)  # prefix-cache seams: the next turn resumes there
+    prompt = {"prompt_token_ids": ids, "snapshot_hints": hints, **({"multi_modal_data": {"image": images}}
+                                                                    if images else {})}
     final = None
     for out in llm.generate_stream([prompt], params):
         sys.stdout.write(out.new_text)

@@ -35,3 +35,9 @@ def test_mixed_run_counts_the_streams():
     out = eb.mixed_run(model, None, batch=2, depth=64, seconds=1.0, rate=20.0, lengths=(20, 40),
                        vocab=model.config.vocab_size)
     assert out["tok_s"] > 0 and out["arrivals"] >= 1
+
+
+def test_prefix_run_resumes_and_checks_its_tokens():
+    model = tiny_model(moe=True, seed=1)
+    out = eb.prefix_run(model, None, cached_tokens=128, new_tokens=20, vocab=model.config.vocab_size)
+    assert out["same_tokens"] and out["cold_ms"] > 0 and out["cached_ms"] > 0 and out["snapshot_mib"] > 0

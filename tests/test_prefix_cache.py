@@ -231,3 +231,28 @@ def test_prefix_caching_off_never_shares(moe):
     sp = SamplingParams(temperature=0, max_tokens=2)
     run(e, [shared], [sp], ["a"])
     assert run(e, [shared + [1]], [sp], ["b"])["b"].metrics.num_cached_tokens == 0
+
+
+def test_chat_turns_resume_through_the_api():
+    """LLM.chat: the second turn of a conversation resumes from the first turn's prompt (its message ends are
+    snapshot hints too), and its reply equals the one computed with the cache off."""
+    from engine_helpers import CHAT_TEMPLATE, byte_tokenizer
+
+    from deltaserve.engine.llm import LLM
+    from deltaserve.engine.tokenizer import TokenizerInfo
+
+    model = tiny_model(moe=True, seed=5)
+    tok = TokenizerInfo(byte_tokenizer(), CHAT_TEMPLATE, {"eos_token": "<|im_end|>"}, [258])
+    sp = SamplingParams(temperature=0, max_tokens=12)
+    turn1 = [{"role": "system", "content": "You answer briefly. " * 6}, {"role": "user", "content": "Name a sea."}]
+
+    def conversation(llm):
+        first = llm.chat(turn1, sp)[0]
+        turn2 = turn1 + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And a river?"}]
+        return first, llm.chat(turn2, sp)[0]
+
+    cfg = dict(num_blocks=64, max_model_len=512, block_size=16, cuda_graphs=False)
+    cached = conversation(LLM.from_model(model, tok, **cfg))
+    plain = conversation(LLM.from_model(model, tok, enable_prefix_caching=False, **cfg))
+    assert cached[1].metrics.num_cached_tokens >= 64 and plain[1].metrics.num_cached_tokens == 0
+    assert [o.token_ids for o in cached] == [o.token_ids for o in plain]

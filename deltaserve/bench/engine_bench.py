@@ -13,6 +13,10 @@ time it waited for the device). Sampling: greedy (temperature 0) and default (Sa
 
 --mixed: B streams decode while prompts of --mixed-prompt MIN,MAX tokens arrive at --mixed-rate per second (each
 generating 8 tokens); the streams' decode tok/s against the same streams alone.
+
+--prefix P1,P2,...: time to first token of a request of P cached + 64 new tokens against the same kind of request
+cold, both through the engine (the prefix cache), with the cached request's tokens checked against the same request
+computed without the cache; and one DeltaNet snapshot's bytes and copy time.
 """
 
 from __future__ import annotations
@@ -30,10 +34,10 @@ BLOCK_SIZE = 64
 SAMPLING = {"greedy": dict(temperature=0.0), "default": {}}
 
 
-def make_engine(model, tokenizer, batch: int, max_len: int, extra_seqs: int = 0) -> LLMEngine:
+def make_engine(model, tokenizer, batch: int, max_len: int, extra_seqs: int = 0, caching: bool = True) -> LLMEngine:
     blocks = (batch + extra_seqs) * -(-max_len // BLOCK_SIZE)
     cfg = EngineConfig(block_size=BLOCK_SIZE, num_blocks=blocks, max_num_seqs=batch + extra_seqs,
-                       max_model_len=max_len, cuda_graphs=True)
+                       max_model_len=max_len, cuda_graphs=True, enable_prefix_caching=caching)
     return LLMEngine(model, tokenizer, [], cfg)
 
 
@@ -141,3 +145,58 @@ def mixed_run(model, tokenizer, batch: int, depth: int, seconds: float, rate: fl
     for rid in list(engine.requests):
         engine.abort(rid)
     return {"tok_s": produced / elapsed, "arrivals": arrivals}
+
+
+def ttft(engine: LLMEngine, prompt: list[int], params: SamplingParams) -> tuple[float, object]:
+    """Seconds from add_request to the request's first token read back through the engine loop; its final output."""
+    t0 = time.perf_counter()
+    rid = engine.add_request(prompt, params)
+    first, final = None, None
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id == rid and out.new_token_ids and first is None:
+                first = time.perf_counter() - t0
+            if out.request_id == rid and out.finished:
+                final = out
+    return first, final
+
+
+def prefix_run(model, tokenizer, cached_tokens: int, new_tokens: int, vocab: int) -> dict:
+    """Time to first token of a request whose first `cached_tokens` are a cached prefix (a previous request's whole
+    prompt: its last aligned seam) against the same kind of request cold; the cached request's tokens against the
+    same request computed without the cache; the cost of one DeltaNet snapshot."""
+    max_len = cached_tokens + new_tokens + 64
+    engine = make_engine(model, tokenizer, 1, max_len)
+    gen = torch.Generator().manual_seed(cached_tokens)
+    rand = lambda n: torch.randint(0, vocab, (n,), generator=gen).tolist()  # noqa: E731
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    ttft(engine, rand(cached_tokens + new_tokens), params)  # warm-up: graphs of these chunk lengths captured
+    cold, _ = ttft(engine, rand(cached_tokens + new_tokens), params)  # a prefix never seen
+    prefix = rand(cached_tokens)
+    ttft(engine, prefix, params)  # the prefix alone: snapshot at its end
+    prompt = prefix + rand(new_tokens)
+    hot, out = ttft(engine, prompt, params)
+    assert out.metrics.num_cached_tokens == cached_tokens, out.metrics.num_cached_tokens
+    _, want = ttft(make_engine(model, tokenizer, 1, max_len, caching=False), prompt, params)
+    per = engine._spec().bytes_per_state_slot
+    seconds = _snapshot_seconds(engine)
+    return {"cold_ms": cold * 1e3, "cached_ms": hot * 1e3, "same_tokens": out.token_ids == want.token_ids,
+            "snapshot_mib": per / 2**20, "snapshot_ms": seconds * 1e3}
+
+
+def _snapshot_seconds(engine: LLMEngine, reps: int = 20) -> float:
+    """Device time of one state slot -> snapshot copy."""
+    cache = engine.cache
+    if engine.device.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            cache.save_state(0, 0)
+        return (time.perf_counter() - t0) / reps
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cache.save_state(0, 0)
+    start.record()
+    for _ in range(reps):
+        cache.save_state(0, 0)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps

@@ -59,9 +59,12 @@ class LLM:
         decode_gemv: str = "auto",
         limit_mm_per_prompt: dict | None = None,
         mm_processor_kwargs: dict | None = None,
+        enable_prefix_caching: bool = True,
+        prefix_state_budget: int | None = None,
     ):
         """limit_mm_per_prompt: {"image": N} most images per prompt (vLLM's spelling); {"image": 0} loads no vision
-        tower. mm_processor_kwargs: image processor overrides (min_pixels, max_pixels, max_input_pixels)."""
+        tower. mm_processor_kwargs: image processor overrides (min_pixels, max_pixels, max_input_pixels).
+        enable_prefix_caching / prefix_state_budget: the prefix cache (EngineConfig)."""
         from ..weights.loader import load_checkpoint  # lazy: loading pulls in every checkpoint format
         from ..weights.vision_format import checkpoint_has_vision
 
@@ -70,11 +73,12 @@ class LLM:
         resolve_decode_gemv(decode_gemv, max_num_seqs)
         mcfg = ModelConfig.from_dir(self.model_dir)
         max_images = _image_limit(limit_mm_per_prompt)
-        vision = max_images != 0 and mcfg.vision_config is not None and checkpoint_has_vision(self.model_dir)
         tok = load_tokenizer(self.model_dir)
+        vision = max_images != 0 and mcfg.vision_config is not None and checkpoint_has_vision(self.model_dir)
         ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype, device), progress, vision=vision)
         config = EngineConfig(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, seed=seed,
-                              cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype, decode_gemv=decode_gemv)
+                              cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype, decode_gemv=decode_gemv,
+                              enable_prefix_caching=enable_prefix_caching, prefix_state_budget=prefix_state_budget)
         images = None
         if ckpt.vision is not None:
             images = ImageSupport.for_model(ckpt.vision, mcfg, self.model_dir, mm_processor_kwargs, max_images)
@@ -157,9 +161,10 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         split = [split_images(c) for c in conversations]
         prompts = [self.render_chat(c, enable_thinking, tools, **template_kwargs) for c, _ in split]
-        token_prompts = [{"prompt_token_ids": self.encode(p, add_special_tokens=False), "multi_modal_data":
-                          {"image": images}} if images else self.encode(p, add_special_tokens=False)
-                         for p, (_, images) in zip(prompts, split)]
+        token_prompts = [{"prompt_token_ids": self.encode(p, add_special_tokens=False),
+                          "snapshot_hints": self._message_ends(c, enable_thinking, tools, **template_kwargs),
+                          **({"multi_modal_data": {"image": images}} if images else {})}
+                         for p, (c, images) in zip(prompts, split)]
         _, params = self._normalise(token_prompts, sampling_params)
         params = [_after_think(sp) if opens_reasoning(p) else sp for p, sp in zip(prompts, params)]
         outs = self.generate(token_prompts, params, use_tqdm)
@@ -193,9 +198,21 @@ class LLM:
         if self.engine.has_unfinished():
             raise RuntimeError("the engine still has requests in flight (an unfinished generate_stream?)")
 
+    def _message_ends(self, messages: Sequence[dict], enable_thinking: bool, tools, **kwargs) -> list[int]:
+        """Token positions where each message but the last ends in the rendered conversation: where a later
+        conversation that shares these messages may diverge, so the prefix cache snapshots there too."""
+        info = self.tokenizer_info
+        ends = []
+        for i in range(1, len(messages)):
+            text = render_chat(info.chat_template, messages[:i], tools, False, info.special_tokens,
+                               enable_thinking=enable_thinking, **kwargs)
+            ends.append(len(self.encode(text, add_special_tokens=False)))
+        return ends
+
     def _add_dict_prompt(self, p: dict, sp: SamplingParams) -> str:
-        """vLLM's prompt dict: {"prompt": text} or {"prompt_token_ids": ids}, optional multi_modal_data."""
-        unknown = sorted(set(p) - {"prompt", "prompt_token_ids", "multi_modal_data"})
+        """vLLM's prompt dict: {"prompt": text} or {"prompt_token_ids": ids}, optional multi_modal_data (and
+        deltaserve's snapshot_hints: prompt positions worth a prefix-cache snapshot, engine.add_request)."""
+        unknown = sorted(set(p) - {"prompt", "prompt_token_ids", "multi_modal_data", "snapshot_hints"})
         if unknown or ("prompt" in p) == ("prompt_token_ids" in p):
             raise ValueError("a prompt dict needs exactly one of 'prompt' / 'prompt_token_ids' (and optionally "
                              f"'multi_modal_data'); found keys {sorted(p)}")
@@ -209,7 +226,8 @@ class LLM:
             images = [images]
         text = p.get("prompt")
         ids = self.encode(text) if text is not None else list(p["prompt_token_ids"])
-        return self.engine.add_request(ids, sp, prompt=text, images=images)
+        return self.engine.add_request(ids, sp, prompt=text, images=images,
+                                       snapshot_hints=p.get("snapshot_hints") or ())
 
     def _normalise(self, prompts, sampling_params) -> tuple[list[Prompt], list[SamplingParams]]:
         if isinstance(prompts, (str, dict)) or (
