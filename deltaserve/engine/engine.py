@@ -24,7 +24,7 @@ from ..structured.matcher import COMPLETE, REJECTED
 from ..utils.memory import cache_budget_bytes
 from . import cuda_graph
 from .block_pool import BlockPool, StateSlotPool
-from .cuda_graph import DecodeGraphs, PrefillGraphs
+from .cuda_graph import DEFAULT_BUCKETS, DecodeGraphs, PrefillGraphs
 from .detokenizer import IncrementalDetokenizer
 from . import multimodal
 from .multimodal import ImageSupport
@@ -41,7 +41,7 @@ DEFAULT_MAX_MODEL_LEN = 8192
 
 @dataclass
 class EngineConfig:
-    block_size: int = 16
+    block_size: int | None = None  # KV block tokens; None: 64 on CUDA (the decode kernels' split), 16 on the CPU
     num_blocks: int | None = None  # None: as many as cache_memory_bytes allows (capped at what can be used)
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 512
@@ -102,6 +102,8 @@ class LLMEngine:
         self.device = next(model.parameters()).device
         if config.cuda_graphs is None:
             config = replace(config, cuda_graphs=self.device.type == "cuda")
+        if config.block_size is None:
+            config = replace(config, block_size=64 if self.device.type == "cuda" else 16)
         self.config = config
         self.max_model_len = config.max_model_len or min(mcfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
         if self.max_model_len > mcfg.max_position_embeddings:
@@ -134,7 +136,9 @@ class LLMEngine:
         graphs = prefill_graphs = None
         if config.cuda_graphs:
             max_blocks = -(-self.max_model_len // config.block_size)
-            graphs = DecodeGraphs(model, self.cache, config.max_num_seqs, self.num_blocks, max_blocks)
+            buckets = tuple(sorted(set(DEFAULT_BUCKETS) | {1 << i for i in range(config.max_num_seqs.bit_length() + 1)
+                                                           if 1 << i <= 2 * config.max_num_seqs}))
+            graphs = DecodeGraphs(model, self.cache, config.max_num_seqs, self.num_blocks, max_blocks, buckets)
             prefill_graphs = PrefillGraphs(model, self.cache, (config.max_num_batched_tokens,), max_blocks)
         self.runner = ModelRunner(model, self.cache, self.device, graphs, prefill_graphs)
         self.rng = random.Random(config.seed)

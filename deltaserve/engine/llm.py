@@ -48,7 +48,7 @@ class LLM:
         device: str = "cpu",
         dtype: str | torch.dtype | None = "auto",
         max_num_seqs: int = 8,
-        block_size: int = 16,
+        block_size: int | None = None,
         num_blocks: int | None = None,
         max_model_len: int | None = None,
         max_num_batched_tokens: int = 512,
