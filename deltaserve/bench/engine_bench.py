@@ -121,6 +121,7 @@ def mixed_run(model, tokenizer, batch: int, depth: int, seconds: float, rate: fl
     """The B streams' decode tok/s over `seconds`, with prompts arriving at `rate` per second (0: none)."""
     max_len = min(max(depth + 4096, lengths[1] + 16), model.config.max_position_embeddings)
     engine = make_engine(model, tokenizer, batch, max_len, extra_seqs=8)
+    warm = engine.warm_up() if rate else 0.0
     gen = torch.Generator().manual_seed(5)
     long = SamplingParams(max_tokens=1 << 30, ignore_eos=True, seed=3)
     streams = {engine.add_request(torch.randint(0, vocab, (depth + 1,), generator=gen).tolist(),
@@ -144,7 +145,8 @@ def mixed_run(model, tokenizer, batch: int, depth: int, seconds: float, rate: fl
     elapsed = time.perf_counter() - t0
     for rid in list(engine.requests):
         engine.abort(rid)
-    return {"tok_s": produced / elapsed, "arrivals": arrivals}
+    return {"tok_s": produced / elapsed, "arrivals": arrivals, "warm_s": warm,
+            "prefill_graphs": len(engine.runner.prefill_graphs.graphs) if engine.runner.prefill_graphs else 0}
 
 
 def ttft(engine: LLMEngine, prompt: list[int], params: SamplingParams) -> tuple[float, object]:

@@ -377,5 +377,6 @@ def run_engine_bench(args, model, config, name, quant, gpu, keep, deployment) ->
             "deltaserve", gpu, name, quant, "tg-mixed", 0, d, b, mixed["tok_s"], 0.0, 1,
             notes=f"{b} streams decoding through the engine while {mixed['arrivals']} prompts of {lo}-{hi} tokens "
                   f"arrived ({args.mixed_rate}/s, 8 tokens each) over {args.mixed_seconds:.0f} s; alone "
-                  f"{alone['tok_s']:.1f} tok/s; ratio {ratio:.3f}; sampling default"))
+                  f"{alone['tok_s']:.1f} tok/s; ratio {ratio:.3f}; sampling default; {mixed['prefill_graphs']} "
+                  f"prefill graphs captured beforehand in {mixed['warm_s']:.1f} s"))
         print(records.format_table([keep.last]).splitlines()[-1], flush=True)
