@@ -3,6 +3,7 @@
 #   bash lab/device_wave48.sh tests     the new GPU tests (engine exactness, sampling, prefix cache, vision, structured)
 #   bash lab/device_wave48.sh engine    bench --engine: d512 / d32768 at 1, 8, 64 streams, prefix TTFT, mixed load
 #   bash lab/device_wave48.sh extras    bench vision, bench --structured-output
+#   bash lab/device_wave48.sh all       tests then engine, each under its own limit (TESTS_LIMIT, LIMIT)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
@@ -12,23 +13,26 @@ mkdir -p /tmp/tcache; touch /tmp/tcache/.seeded
 t0=$SECONDS
 nvidia-smi --query-gpu=name --format=csv,noheader
 M="--preset qwen3.6-35b-a3b --quant q4"
-case "${1:-tests}" in
-tests)
+run_tests() {
   timeout ${LIMIT:-500} python3 -m pytest -m gpu -q -rf -s -p no:cacheprovider tests/gpu/test_sampling_gpu.py \
     tests/gpu/test_engine_exact_gpu.py tests/gpu/test_prefix_cache_gpu.py tests/gpu/test_engine_graph_gpu.py \
     tests/gpu/test_vision_gpu.py tests/gpu/test_structured_gpu.py tests/gpu/test_model_fast_path.py \
     > "$OUT/tests.log" 2>&1
   echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
   grep -E "^CUTS|FAILED|^E  " "$OUT/tests.log" | cut -c1-200 | head -40
-  ;;
-engine)
+}
+run_engine() {
   timeout ${LIMIT:-540} python3 -m deltaserve bench --engine $M -n 128 -d ${DEPTHS:-512,32768} -b ${BATCHES:-1,64,8} \
     -r 2 --prefix ${PREFIX:-1024,4096,16384} ${MIXED:---mixed --mixed-seconds 15} --results "$OUT" \
     > "$OUT/bench_engine.log" 2>&1
   echo "bench ($((SECONDS-t0)) s):"; grep -E "^\| deltaserve|Error|error|cold/cached" "$OUT/bench_engine.log" | cut -c1-170
   grep -ohE "sampling [a-z]+, detokenised; host [0-9.]+ ms/step; [0-9.]+ of the graph replay \([0-9.]+" "$OUT"/*.jsonl
   grep -ohE "alone [0-9.]+ tok/s; ratio [0-9.]+" "$OUT"/*.jsonl
-  ;;
+}
+case "${1:-tests}" in
+tests) run_tests ;;
+engine) run_engine ;;
+all) LIMIT=${TESTS_LIMIT:-200} run_tests; LIMIT=${ENGINE_LIMIT:-350} run_engine ;;
 extras)
   timeout ${LIMIT:-270} python3 -m deltaserve bench vision $M --images 1,4 --vit-batch 8 -r 5 --results "$OUT" \
     > "$OUT/bench_vision.log" 2>&1
