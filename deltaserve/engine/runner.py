@@ -7,8 +7,8 @@ step (so a request's bits never depend on its neighbours):
   decode   rows of one new token that sample (running requests past their prompt): the bucket's CUDA graph
            (engine/cuda_graph.DecodeGraphs) where there are graphs, else one eager decode forward;
   prefill  prompt chunks (and logits_only requests): each chunk through a captured prefill graph of its length
-           (engine/cuda_graph.PrefillGraphs; a chunk is cut at its last 64-aligned position so the lengths stay a
-           small set), or, where graphs cannot serve, one eager forward of the remaining chunks.
+           (engine/cuda_graph.PrefillGraphs; the scheduler's chunks are multiples of 64 or a prompt's tail under
+           it: a small set of lengths), or, where graphs cannot serve, one eager forward of the remaining chunks.
 Logits are taken only where needed: the last new token of a sequence that samples, and every new token of a
 logits_only request. Sampling (engine/sampler.py) runs on the logits' device; its ids go to a pinned host buffer
 and to `last_token[state slot]`, from which the next decode step of that sequence takes its input token on the
@@ -34,9 +34,6 @@ from .request import Request
 from .sampler import Sampler, plain_sampling
 from .scheduler import ScheduledSeq, SchedulerOutput
 from .transfer import to_device
-
-PIECE_ALIGN = 64  # a graph-served prefill chunk is cut at its last position aligned to this (fla's chunk length)
-
 
 @dataclass
 class RunnerOutput:
@@ -203,7 +200,7 @@ class ModelRunner:
         else:
             for s in chunks:
                 if (self._graphs_usable(g) and not s.request.logits_only and s.request.mm is None
-                        and self._prefill_pieces(s, sampled)):
+                        and self._prefill_graph(s, sampled)):
                     continue
                 eager.append(s)
         if eager:
@@ -222,21 +219,17 @@ class ModelRunner:
             return False
         return self.prefill_graphs.serves([s.num_new_tokens for s in chunks], [s.request.block_table for s in chunks])
 
-    def _prefill_pieces(self, s: ScheduledSeq, sampled: list) -> bool:
-        """One sequence's chunk through prefill graphs: cut at its last PIECE_ALIGN-aligned position (so graph
-        lengths stay few: multiples of the alignment, and remainders below it), each piece one replay. False when
-        the graphs cannot take it (the chunk then runs eagerly)."""
+    def _prefill_graph(self, s: ScheduledSeq, sampled: list) -> bool:
+        """One sequence's chunk through the prefill graph of its length (the scheduler's chunks are multiples of
+        its alignment or a prompt's tail under it, so the lengths are few). False when the graphs cannot take it
+        (the chunk then runs eagerly)."""
         g = self.prefill_graphs
         r = s.request
-        end = s.start + s.num_new_tokens
-        cut = end // PIECE_ALIGN * PIECE_ALIGN
-        bounds = [s.start, cut, end] if s.start < cut < end else [s.start, end]
-        lengths = [b - a for a, b in zip(bounds, bounds[1:])]
-        if not all(g.can_run(n, len(r.block_table)) for n in lengths):
+        if not g.can_run(s.num_new_tokens, len(r.block_table)):
             return False
         self.prefill_graph_steps += 1
-        for a, b in zip(bounds, bounds[1:]):
-            logits = g.run([r.token_slice(a, b)], [a], [r.block_table], [r.state_slot])
+        logits = g.run([r.token_slice(s.start, s.start + s.num_new_tokens)], [s.start], [r.block_table],
+                       [r.state_slot])
         if s.sample:
             sampled.append((r, logits))
         return True
