@@ -41,7 +41,7 @@ def test_dense_prefill_route_switches(monkeypatch):
     for var in ("DELTASERVE_PREFILL_DENSE", "DELTASERVE_PREFILL_DEQUANT_MIN", "DELTASERVE_DENSE_LOADS",
                 "DELTASERVE_PREFILL_FUSED_MAX"):
         monkeypatch.delenv(var, raising=False)
-    # the default (bench/NOTES.md): the fused kernel from DEQUANT_MIN_ROWS to FUSED_MAX_ROWS rows, the dequant route
+    # the default (lab/NOTES.md): the fused kernel from DEQUANT_MIN_ROWS to FUSED_MAX_ROWS rows, the dequant route
     # above, the wide kernel below
     assert ta.dense_path(ta.DEQUANT_MIN_ROWS) == "fused" and ta.dense_path(ta.DEQUANT_MIN_ROWS - 1) == "wide"
     assert ta.dense_path(ta.FUSED_MAX_ROWS) == "fused" and ta.dense_path(ta.FUSED_MAX_ROWS + 1) == "dequant"

@@ -30,7 +30,7 @@ MIN_WIDTH_TOKENS = 1024  # the narrowest decode graph's block tables (tokens); w
 def greedy_kernels(logits: torch.Tensor) -> bool:
     """Does the greedy feedback run as kernels/triton_greedy's two launches (fast-path logits: CUDA, or CPU under
     the interpreter's fast path) or as the torch sequence? Env DELTASERVE_GREEDY_FEEDBACK=kernel (default) | torch,
-    for the A/B (bench/NOTES.md)."""
+    for the A/B (lab/NOTES.md)."""
     mode = env_choice("DELTASERVE_GREEDY_FEEDBACK", "kernel", ("kernel", "torch"))
     return mode == "kernel" and fast.enabled(torch.empty(0, dtype=torch.bfloat16, device=logits.device))
 

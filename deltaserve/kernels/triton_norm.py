@@ -98,7 +98,7 @@ def norm_tree(has_residual: bool) -> bool:
     """Whether a norm launch sums x^2 by the pairwise tree (rms_inverse) or by tl.sum (the order of its layout).
     add_rms_norm takes the tree (the MoE's input norm, which the router launch can make itself: moe/triton_decode
     route_normed, the same bits); rms_norm keeps tl.sum, which no other kernel needs to repeat (the tree's three
-    barriers cost it ~0.37 us of critical time a launch on the H200: 1.88 -> 2.25 us at batch 1, bench/NOTES.md).
+    barriers cost it ~0.37 us of critical time a launch on the H200: 1.88 -> 2.25 us at batch 1, lab/NOTES.md).
     Env DELTASERVE_NORM_TREE=residual (default) | all, for the A/B; fixed for a process, so never a row's bits
     across batch sizes."""
     mode = env_choice("DELTASERVE_NORM_TREE", "residual", ("residual", "all"))

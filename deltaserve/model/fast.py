@@ -101,7 +101,7 @@ def decode_gemv_for_streams(max_streams: int) -> str:
     """The decode GEMV mode of a deployment that decodes up to `max_streams` sequences at once (an engine's
     max_num_seqs, the bench's -b): "head" below THROUGHPUT_STREAMS, "mma" from it. The choice is made once per
     deployment from its capacity, never from how many sequences a step holds, so within a deployment a row's bits
-    never depend on the batch. H200, Qwen3.6-35B-A3B q4, tg64 @ d512, one call (bench/NOTES.md), head -> mma:
+    never depend on the batch. H200, Qwen3.6-35B-A3B q4, tg64 @ d512, one call (lab/NOTES.md), head -> mma:
     B=1 643.5 -> 607.2 tok/s, B=2 943.1 -> 968.9, B=4 1,297.2 -> 1,660.5, B=8 1,637.4 -> 2,303.7, B=64 2,502.4 ->
     4,868.4: a deployment of 4 or more streams gives up 5.6% of a lone stream's speed for +28% to +95% under load."""
     if max_streams < 1:
@@ -135,7 +135,7 @@ def decode_gemv(module: nn.Module | None = None) -> str:
     `module`'s deployment fixed (set_decode_gemv: an engine's from its max_num_seqs, decode_gemv_for_streams);
     else "head". Other weight formats always take the CUDA-core GEMV. "head" is the batch-1 mode: on the H200
     (Qwen3.6-35B-A3B q4, tg128 @ d512) it gave 600.4 tok/s at batch 1 (cuda 594.0) for a 0.27 GiB copy of the
-    lm_head; "mma" wins from 2 streams on (bench/NOTES.md) for ~0.7 GiB of copies more."""
+    lm_head; "mma" wins from 2 streams on (lab/NOTES.md) for ~0.7 GiB of copies more."""
     if os.environ.get("DELTASERVE_DECODE_GEMV"):
         return env_choice("DELTASERVE_DECODE_GEMV", "head", DECODE_GEMV_MODES)
     stamped = None if module is None else module.__dict__.get(DEPLOY_GEMV_ATTR)
@@ -239,7 +239,7 @@ def moe_kernels() -> str:
     short prefills, the grouped wgmma matmul for longer prefills, on the MLX q4 layout) or "mma" (one tensor-core
     kernel family for every token count, kernels/moe/mma_moe.py, on the experts repacked once in MMA fragment
     order: the MLX copy of the routed experts is released, so the weights stay one copy). Env DELTASERVE_MOE. The
-    default is "mma": on the H200 (Qwen3.6-35B-A3B q4 g64, default GEMVs, tg @ d512, bench/NOTES.md) it gives pp512
+    default is "mma": on the H200 (Qwen3.6-35B-A3B q4 g64, default GEMVs, tg @ d512, lab/NOTES.md) it gives pp512
     15,753 tok/s (cuda 10,239), 2,441 at 64 streams (1,770) and 641.8 at batch 1 (650.6: -1.4%); "cuda" stays for
     batch-1-only serving. Blocks the tensor-core MoE cannot take (not q4 g64, widths not multiples of 64, no Gluon)
     run the CUDA-core kernels either way."""
@@ -361,7 +361,7 @@ def moe_topk_mode() -> str:
     head of every gate/up program). Same bits every way (the same routing contract on the same fp32 logits); env
     DELTASERVE_MOE_TOPK, for timing them against each other. Why split: in the model on the H200 with PDL, one
     launch more per layer costs less than the router's serial tail (its last program waiting for all the others,
-    then 8 rounds of selection): tg128 @ d512 571.3 (router) -> 580.4 (split) (bench/NOTES.md)."""
+    then 8 rounds of selection): tg128 @ d512 571.3 (router) -> 580.4 (split) (lab/NOTES.md)."""
     value = env_choice("DELTASERVE_MOE_TOPK", "split", ("router", "fused", "split"))
     return value
 
@@ -405,7 +405,7 @@ def mixer_halves(rows: int, x: torch.Tensor, kind: str = "deltanet") -> bool:
     the step, the out projection; "attention": the projection, the q/k prep, the decode attention, o_proj) as two
     halves of the rows, each on a stream of its own (run_halves). Every launch is batch invariant, so the halves
     give the bits of one launch over all rows; what changes is how the launches share the SMs. H100 probe, 30
-    DeltaNet layers at the 35B-A3B's shapes (scripts/probe_overlap.py, bench/NOTES.md): 64 rows 157.2 -> 143.1 us
+    DeltaNet layers at the 35B-A3B's shapes (lab/probe_overlap.py, lab/NOTES.md): 64 rows 157.2 -> 143.1 us
     a layer (-9%), 32 rows 82.2 -> 81.4. In the model, H100, 64 streams tg64 @ d512: none 5,065 / 5,065,
     DeltaNet layers 5,146 / 5,147 (+1.6%), attention layers too 5,186 / 5,194 (+2.5%).
     Env DELTASERVE_MIXER_HALVES: the fewest rows that split (0: never); DELTASERVE_MIXER_HALVES_ATTN=0|1: the
@@ -465,7 +465,7 @@ def moe_fork(tokens: int, x: torch.Tensor):
     """The fork (run_forked on x's device) under which an MoE block of `tokens` decode tokens runs its warpgroup-MMA
     expert tiles as two sets, even and odd tiles, each set's gate/up then down on a stream of its own
     (kernels/moe/mma_moe.moe_block_mma(fork=)), or None for the joint launches. The same bits either way (each row is
-    its own MMA column). H100 probe, 40 blocks at the 35B-A3B's shapes (scripts/probe_moe_halves.py, bench/NOTES.md
+    its own MMA column). H100 probe, 40 blocks at the 35B-A3B's shapes (lab/probe_moe_halves.py, lab/NOTES.md
     wave 46), us a block: 64 tokens joint 143.1, forked by expert halves 135.2 (-5.5%), as even and odd tiles 137.0
     (-4.3%); 32 tokens 111.4 -> 102.9 (by expert halves). In the model, H100, tg64 @ d512 in one call, joint -> sets:
     64 streams 5,313 / 5,327 / 5,311 -> 5,347 / 5,351 / 5,351 (+0.6%), 32 streams (the warpgroup-MMA kernel)
@@ -514,7 +514,7 @@ def gdn_step_prep(consumer: nn.Module, x: torch.Tensor, dv: int, hv: int) -> tup
     fast path's decode GEMV family, a packed weight of K = hv * dv whose format the step can prep, and env
     DELTASERVE_GDN_PREP=step (default) | launch (the prep launch before the GEMV). The prep's xp equals the prep
     launch's bit for bit, its group sums follow the head's tile (an order of their own, the same at every batch
-    size). H200, Qwen3.6-35B-A3B q4, tg128 @ d512, one call (bench/NOTES.md): B=1 599.2 (launch) -> 607.7 tok/s,
+    size). H200, Qwen3.6-35B-A3B q4, tg128 @ d512, one call (lab/NOTES.md): B=1 599.2 (launch) -> 607.7 tok/s,
     B=64 1,755.1 -> 1,758.2."""
     mode = env_choice("DELTASERVE_GDN_PREP", "step", ("step", "launch"))
     if mode == "launch" or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
@@ -561,7 +561,7 @@ def logits_store() -> str:
     """How the decode lm_head on the tensor-core GEMV hands over its logits: "fp32" (the default: the GEMV stores
     its bf16-rounded results widened, the same values, and compute_logits's .float() is no launch) or "bf16" (then
     .float() is a launch). Env DELTASERVE_LOGITS_STORE. H200, tg128 @ d512 B=1, four A/B pairs in three calls
-    (bench/NOTES.md): +0.33, -0.03, +0.12, +0.22%."""
+    (lab/NOTES.md): +0.33, -0.03, +0.12, +0.22%."""
     value = env_choice("DELTASERVE_LOGITS_STORE", "fp32", ("bf16", "fp32"))
     return value
 

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.gpu
 MODES = {  # name -> the environment it runs under
     "mma": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma"},
     # the tensor-core MoE with the default GEMVs (the output head alone on the tensor-core GEMV): the default
-    # layout (bench/NOTES.md)
+    # layout (lab/NOTES.md)
     "mma-moe": {"DELTASERVE_MOE": "mma"},
     # the same with every MoE block's gate/up and down on the warpgroup-MMA experts kernel (prefill sizes by
     # default; here from one row, decode included): the mma.sync kernel's bits

@@ -42,7 +42,7 @@ from .kv_fp8 import check_cache
 
 # decode: tokens per split, fixed so the merge order of a row never depends on the batch. 64: at 512 tokens the
 # split programs' chains are half as long (5.9 vs 9.8 us a layer on the H200), at 32K the merge's extra work costs
-# less than that gains everywhere else (bench/NOTES.md)
+# less than that gains everywhere else (lab/NOTES.md)
 SPLIT_TOKENS = 64
 _LOG2E = 1.4426950408889634
 
@@ -403,7 +403,7 @@ MERGE_BSP = 128  # splits per merge step (a row's summation order): 32k tokens =
 # the split program's launch shape: tokens per loop step (None: 64 for D <= 128, else 32; it sets a row's summation
 # order, the same for every row), and per cache dtype the warps (the layout of the softmax sums: a row's order, the
 # same for every row) and the software-pipeline stages of the loop's loads (None: Triton's default; no arithmetic).
-# scripts/sweep_decode_attention.py chose them: one stage keeps more programs resident (fp8: 167 registers at 1
+# lab/sweep_decode_attention.py chose them: one stage keeps more programs resident (fp8: 167 registers at 1
 # stage, 210 at 3) and a split of 64 tokens is one loop step.
 DECODE_BN = 64
 # fp8 at 8 warps (78 registers instead of 134): sweep 32K 30.5 -> 29.1 us, 512 7.3 -> 6.5; in the model (H200, tg128
@@ -416,12 +416,12 @@ DECODE_PROGRAMS = None
 # long rows' splits: (FROM, TILES) makes a row of more than FROM tokens split into TILES * SPLIT_TOKENS-token splits
 # (a program a split, LONG_BN tokens a step), so its merge reads TILES times fewer partials; None: SPLIT_TOKENS for every row. A
 # row's split length is a function of its own length, so a row's bits still never depend on the batch, but they do
-# on this setting: one per deployment. Not a default until measured in the model (bench/NOTES.md).
+# on this setting: one per deployment. Not a default until measured in the model (lab/NOTES.md).
 LONG_SPLIT = None
 LONG_SPLIT_TILES = (2, 4, 8)
 # a long split's tokens a loop step: the split program's registers are the most either kind of row needs, so the
 # long rows' steps are smaller than DECODE_BN's (sm_90, bf16 settled at 32K: 158 registers off; long splits in
-# 64-token steps 212, in 32-token steps 168, still 3 programs an SM: scripts/sass_attention.py). A long row's summation order, so part of the setting.
+# 64-token steps 212, in 32-token steps 168, still 3 programs an SM: lab/sass_attention.py). A long row's summation order, so part of the setting.
 LONG_BN = 32
 # the split launch's pipeline stages when long splits are on (None: DECODE_STAGES'): a long split's loop of LONG_BN
 # steps, its next tile's loads in flight (through shared memory) while one computes; no arithmetic
@@ -452,7 +452,7 @@ def long_split() -> tuple[int, int] | None:
 
 
 # a throughput deployment's merge (4+ streams): 16 splits a step over whole rows. H200 sweep at 64 streams
-# (bench/NOTES.md), merge us a layer: d512 21.4 (128 x 32), 9.3 (16 x 64), 9.1 (16 x 128), 5.4 (16 x 256); d4096
+# (lab/NOTES.md), merge us a layer: d512 21.4 (128 x 32), 9.3 (16 x 64), 9.1 (16 x 128), 5.4 (16 x 256); d4096
 # 27.0, 33.6, 38.1, 25.5. In the model, tg64 @ d512: 5,761 / 5,769 / 5,771 (128 x 32), 5,828 / 5,826 / 5,837 (16 x
 # 64), 5,854 / 5,849 (16 x 256); 8 streams 2,336 either way.
 THROUGHPUT_MERGE = (16, 256)
@@ -460,7 +460,7 @@ THROUGHPUT_MERGE = (16, 256)
 
 def kv_early() -> bool:
     """Whether a settled decode (paged_decode_attention(settled=True)) requests its K rows before the split programs'
-    PDL wait (never a bit). H200, tg64 B=1 (bench/NOTES.md): d512 647.8 / 648.0 -> 662.1 / 660.1 tok/s (the split
+    PDL wait (never a bit). H200, tg64 B=1 (lab/NOTES.md): d512 647.8 / 648.0 -> 662.1 / 660.1 tok/s (the split
     kernel's critical time 7.41 -> 5.53 us a layer), d32768 558.0 / 557.5 -> 559.2 / 558.3. Env
     DELTASERVE_ATTN_KV_EARLY "1" (default) | "0", for in-model A/B."""
     return env_choice("DELTASERVE_ATTN_KV_EARLY", "1", ("0", "1")) == "1"
@@ -695,7 +695,7 @@ PREFILL_LAUNCH = None  # (num_warps, num_stages or None, pair) of the prefill ke
 # default 3 stages give 2 K/V buffers (the block-table lookup takes a stage), so each step waits for the block it just
 # requested; 5 give 3 buffers (131 KB at D 256, bf16), the copy two blocks ahead. H200 probe (512 new tokens, us a
 # layer, bits equal): ctx 0 48.55 -> 40.55, ctx 512 84.45 -> 68.61, ctx 4096 343.27 -> 264.17; in the model pp512
-# B=1 d0 26,851 -> 27,346, d512 26,195 -> 27,539, d4096 24,230 -> 24,625 tok/s (bench/NOTES.md).
+# B=1 d0 26,851 -> 27,346, d512 26,195 -> 27,539, d4096 24,230 -> 24,625 tok/s (lab/NOTES.md).
 PREFILL_STAGES_WIDE = 5
 PREFILL_STAGES_SMEM = 160 * 1024  # shared memory a block may opt into that PREFILL_STAGES_WIDE needs (with headroom)
 

@@ -149,7 +149,7 @@ def causal_conv(
     b = state_slots.numel()
     if b and t:
         bt = 16 if max_seqlen > 1 else 4  # decode: one token per sequence (16 x 64 prefill tiles: larger ones
-        # were slower on the H200, 13.2 against 15.2-27.3 us at 512 tokens; bench/NOTES.md)
+        # were slower on the H200, 13.2 against 15.2-27.3 us at 512 tokens; lab/NOTES.md)
         kwp = triton.next_power_of_2(kw - 1)
         bt = max(bt, kwp)
         grid = (b, triton.cdiv(max(max_seqlen, 1), bt), triton.cdiv(c, bc))
@@ -419,7 +419,7 @@ def _gdn_step_kernel(
 
 # State columns per program of the decode step (Hv * DV / 32 programs, 128 at B = 1 for 35B-A3B); None = a head per
 # program. One shape for every batch size: the dk sums follow the program's layout, so the shape is part of a row's
-# bits. H200 (bench/NOTES.md): the kernel sweep (scripts/sweep_gdn_step.py, graph of 30 layers) had a head per
+# bits. H200 (lab/NOTES.md): the kernel sweep (lab/sweep_gdn_step.py, graph of 30 layers) had a head per
 # program at 4 warps 4.01 / 11.43 / 82.05 us at 1 / 8 / 64 sequences against 3.94 / 12.96 / 92.46 for blocks of 32,
 # but in the model, same machine, tg128 @ d512 B=1 was 565.1 against 578.8 (-2.4%) for +0.7% at B=64 (1,632.9 vs
 # 1,621.3 with blocks of 32 at 2 warps, which equal 4 warps at B=1: 578.8): blocks of 32 at 4 warps stay.
@@ -501,7 +501,7 @@ def step_dv_block(throughput: bool = False) -> int | None:
     Env DELTASERVE_GDN_STEP: "auto" (the default: DV_BLOCK = 32 columns, or THROUGHPUT_DV_BLOCK = 64 when
     `throughput`, i.e. the model's deployment decodes on the tensor-core GEMVs, fast.decode_gemv "mma"), "split"
     (32 always), "split64" (64 always) or "head". The shape is part of a row's bits (the dk sums follow it), so it
-    is fixed per deployment (from its capacity, like the decode GEMV), never per batch. H200 (bench/NOTES.md): the
+    is fixed per deployment (from its capacity, like the decode GEMV), never per batch. H200 (lab/NOTES.md): the
     step sweep at 64 streams 85.9 us (32) against 77.7 (64), at 8 streams 13.8 against 10.7, at 1 3.94 against
     4.30; earlier in the model at 64 streams head 4,844 against split 4,852 tok/s."""
     value = env_choice("DELTASERVE_GDN_STEP", "auto", ("auto", "split", "split64", "head"))
@@ -513,7 +513,7 @@ def step_dv_block(throughput: bool = False) -> int | None:
 def state_early() -> bool:
     """Does the decode step read its recurrent state before its PDL wait (overlapping the in-projection GEMV's tail;
     the same loads and arithmetic, so the same bits) or after it? Env DELTASERVE_GDN_STATE_EARLY "1" (default) |
-    "0", for the A/B (bench/NOTES.md)."""
+    "0", for the A/B (lab/NOTES.md)."""
     value = env_choice("DELTASERVE_GDN_STATE_EARLY", "1", ("0", "1"))
     return value == "1"
 
@@ -577,7 +577,7 @@ def initial_states(ssm_pool: torch.Tensor, state_slots: torch.Tensor, context_le
     """The prefill's initial states [B, Hv, dk, dv]: ssm_pool[state_slots[b]] where context_lens[b] != 0, else zeros
     (a fresh sequence, whatever its slot holds). One launch where the pool's slots are contiguous (the cache's
     layout), instead of torch's index_select, comparison, scalar fill and where (four launches, ~11 us a DeltaNet
-    layer of a 512-token prefill on the H200: bench/NOTES.md). Env DELTASERVE_GDN_INITIAL_STATES=triton|torch, for
+    layer of a 512-token prefill on the H200: lab/NOTES.md). Env DELTASERVE_GDN_INITIAL_STATES=triton|torch, for
     A/B: the same values either way (a copy or a zero)."""
     n = state_slots.numel()
     if env_choice("DELTASERVE_GDN_INITIAL_STATES", "triton", ("triton", "torch")) == "torch" or not (

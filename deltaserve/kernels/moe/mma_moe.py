@@ -11,7 +11,7 @@ program (the same arithmetic and bits as the combine launch), and down makes its
 block is router, gate/up, down, as on the CUDA-core path.
 
 Why: the CUDA-core decode MoE (triton_moe_gemv.py) spends an FMA per code and row, and at 64 streams the block is
-~17 ms of a ~40 ms step (bench/NOTES.md); on tensor cores the cost per code does not grow with the rows sharing an
+~17 ms of a ~40 ms step (lab/NOTES.md); on tensor cores the cost per code does not grow with the rows sharing an
 expert. The weights are the repacked layout (`repack_q4_experts`), which a model would hold instead of the MLX one.
 
 The shared expert: when its width equals the routed experts' (Qwen3.6-35B-A3B: 512 and 512) it is stacked as one

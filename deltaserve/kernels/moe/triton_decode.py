@@ -394,9 +394,9 @@ def _gemv_bk(spec: WeightSpec, prefer: int) -> int:
 
 # (BN or BE, BK preference, num_warps) per launch; none changes a token's arithmetic across batch sizes (the code a
 # program runs does not depend on T), only the reduction chunking, which is fixed per configuration.
-# H200, T=1, 35B-A3B shapes (bench/NOTES.md): gate_up/down (16, 512, 4) 78 us; (8, 256, 4) 103; (16, 256, 4) 109;
+# H200, T=1, 35B-A3B shapes (lab/NOTES.md): gate_up/down (16, 512, 4) 78 us; (8, 256, 4) 103; (16, 256, 4) 109;
 # (32, 256, 4) 164.
-# router: (BE experts per program, num_warps); H200 (bench/NOTES.md): the v1 router, 16 programs of 16 experts
+# router: (BE experts per program, num_warps); H200 (lab/NOTES.md): the v1 router, 16 programs of 16 experts
 # looping over K, took 20.4 us at T=1, more than the gate/up and down launches together. 4 experts per program: in
 # the model, top-k in its own launch, tg128 @ d512 577.2 (BE 1), 582.3 (BE 2), 580.4 (BE 4), within run-to-run noise
 # (~0.5%) of each other, while BE 2 nearly doubles the router programs the interpreter tests run (+100 s of CI in
@@ -552,7 +552,7 @@ def topk_select() -> str:
     max and normaliser as two reductions over the lanes: 23 barriers), or "rounds" (k dependent rounds of a max
     over the keys: 33). The same selection and weight formula; best's normaliser adds the k terms in key order, so
     its weights may differ from the others' by fp32 rounding. H200, Qwen3.6-35B-A3B q4, tg128 @ d512 B=1
-    (bench/NOTES.md): rounds 610.8 / 611.2 tok/s, bitonic 623.6 / 623.6 (+2.0%; one call), then bitonic 621.8 /
+    (lab/NOTES.md): rounds 610.8 / 611.2 tok/s, bitonic 623.6 / 623.6 (+2.0%; one call), then bitonic 621.8 /
     622.8, best 626.0 / 624.5 (+0.6%; another). The top-k folded into the gate/up launch (triton_moe_gemv
     FUSE_TOPK, not a default path) keeps the rounds. Env DELTASERVE_TOPK_SELECT, fixed for a process."""
     value = os.environ.get("DELTASERVE_TOPK_SELECT", "best")
@@ -601,7 +601,7 @@ def _router_specs(x, router, top_k, shared_gate):
 
 ROUTER_NORM_MAX_TOKENS = 16  # route_normed's launches: a scratch row of H a program, T x (E / BE + 1) of them
 # The model takes route_normed up to this many tokens (router_norm_tokens): H200, Qwen3.6-35B-A3B q4, tg64 @ d512
-# (bench/NOTES.md): batch 1 629.6 / 629.7 (split) -> 642.3 / 643.7 tok/s (+2.1%); 8 streams 2,353.6 -> 2,349.6
+# (lab/NOTES.md): batch 1 629.6 / 629.7 (split) -> 642.3 / 643.7 tok/s (+2.1%); 8 streams 2,353.6 -> 2,349.6
 # (-0.2%: 8 x 65 programs each making the norm save no more than the one launch), so the batch-1 deployments' sizes
 ROUTER_NORM_DECODE_TOKENS = 4
 

@@ -86,7 +86,7 @@ class MoeLaunch:
 
 def _env_launch() -> MoeLaunch:
     """MoeLaunch(), or the gate/up and down shapes of env DELTASERVE_MOE_LAUNCH="bn,warps,cg/bn,warps,cg" (cg 0:
-    None): a timing switch for in-model A/Bs (bench/NOTES.md)."""
+    None): a timing switch for in-model A/Bs (lab/NOTES.md)."""
     value = os.environ.get("DELTASERVE_MOE_LAUNCH")
     if not value:
         return MoeLaunch()
@@ -276,7 +276,7 @@ def down_early(x: torch.Tensor, tensor_cores: bool = False) -> bool:
     wait (the gate/up launch before it then lets it start only after every gate/up program has waited: the
     routing is complete by then). Only with PDL (without it the launches are serialised anyway). Same bits either
     way. Env DELTASERVE_MOE_DOWN_EARLY "auto" (default: the tensor-core MoE only) | "0" | "1". H200, tg128 @ d512
-    B=1 (bench/NOTES.md): the tensor-core MoE 637.8 -> 643.3 tok/s with it; the CUDA-core one 652.5 / 653.7 ->
+    B=1 (lab/NOTES.md): the tensor-core MoE 637.8 -> 643.3 tok/s with it; the CUDA-core one 652.5 / 653.7 ->
     650.6 / 650.1 (its gate/up loses what down gains: its weights' early loads ride on gate/up's time)."""
     value = env_choice("DELTASERVE_MOE_DOWN_EARLY", "auto", ("auto", "0", "1"))
     return (value == "1" or (value == "auto" and tensor_cores)) and pdl_enabled(x)
@@ -350,7 +350,7 @@ def moe_decode_v2(
     gate/up program instead, separate_topk=True gives it a launch of its own, inline_prep=False adds the prep
     launches of x and of hbuf
     (the v2 path, kept so the two can be timed against each other). launch: the kernels' launch shape (MoeLaunch;
-    None: the defaults), for sweeps (scripts/sweep_decode_kernels.py)."""
+    None: the defaults), for sweeps (lab/sweep_decode_kernels.py)."""
     launch = _env_launch() if launch is None else launch
     t, h = x.shape
     g, u, d, sg, su, sd, has_shared = expert_specs(

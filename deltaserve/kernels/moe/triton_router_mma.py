@@ -2,7 +2,7 @@
 
 Why: the prefill router had to give the per-token decode router's bits (a chunk below router_rows_min() tokens
 took that launch), so it repeated a CUDA-core FMA order (gluon_router_rows: 37 us a layer at 512 tokens, ~270 at
-4,096, for 0.27 / 2.1 GFLOP; bench/NOTES.md). A prefill's other kernels are its own family already (the dense
+4,096, for 0.27 / 2.1 GFLOP; lab/NOTES.md). A prefill's other kernels are its own family already (the dense
 projections' tiled matmul is not the decode GEMV's arithmetic), so the prefill router only has to agree with
 itself across chunk sizes: chunked == whole. This kernel serves every prefill chunk, from one token up.
 
@@ -47,7 +47,7 @@ def router_mma_pdl() -> str:
     """How the launch takes programmatic dependent launch (triton_pdl; never a bit: it moves when programs start,
     not what they compute): "off" launches it plainly (neither it nor its successor starts before its predecessor
     is done; the default), "end" waits as usual but opens the next launch only after its K loop, "early" opens it
-    first thing (the protocol's usual form). H200, 35B-A3B q4 pp512 B=1 in its prefill graph (bench/NOTES.md): the
+    first thing (the protocol's usual form). H200, 35B-A3B q4 pp512 B=1 in its prefill graph (lab/NOTES.md): the
     router's critical time a layer off 17.8 us, end 41.6, early 53.9 (20.2 alone in the probe, 13.9 with the bf16
     codes): a launch of 64 programs that each run the whole K loop is slowed by starting under PDL, not only by its
     successors starting early. pp512 B=1 with the bf16 codes: early 24,279 / 25,435, off 25,304 / 26,666; 8 prompts

@@ -2,7 +2,7 @@
 
 Why: the CUDA-core GEMVs (triton_gemv.py) spend ~5 instructions per code and row of x (shift, mask, convert, one
 FMA per row), so at 64 rows they are FMA-issue-bound, and at one row the per-program compute chain, not the bytes,
-sets their time (bench/NOTES.md). Here the codes go through `mma.sync.m16n8k16` (bf16 in, fp32 out): per 8 codes
+sets their time (lab/NOTES.md). Here the codes go through `mma.sync.m16n8k16` (bf16 in, fp32 out): per 8 codes
 one 128-bit-load share, 3 shifts and 4 LOP3s make the four bf16x2 fragment registers of the A operand in place
 (code | 0x4300 read as bf16 is exactly 128 + code), and the x rows are the B operand, 8 per MMA column tile.
 Nothing is staged in shared memory: the weight is repacked at load time so that each thread's 128-bit load holds
@@ -128,7 +128,7 @@ def default_warps(k: int) -> int:
     """Warps per program for a K: they split K (warp w takes every W-th group), so W decides the order in which
     a row's groups are added and is fixed by the weight alone, never by the rows of x. One warp below K = 1024
     (the MoE down projection, K = 512: H200 sweep of the experts kernel, 1 warp 3.6 / 12.2 / 50.9 / 118 us at
-    1 / 8 / 64 / 512 tokens against 4.4 / 16.8 / 84 / 227 with 4, bench/NOTES.md)."""
+    1 / 8 / 64 / 512 tokens against 4.4 / 16.8 / 84 / 227 with 4, lab/NOTES.md)."""
     g = k // GROUP
     if k % GROUP:
         raise ValueError(f"mma_gemv: K = {k} is not a multiple of {GROUP}")
@@ -145,7 +145,7 @@ def default_config(k: int, m: int = 1, nb: int | None = None) -> tuple[int, int,
     """(W, RB, AHEAD) for a weight of K columns (and nb row blocks of 16) at m rows of x: warps per program (they
     split K: W decides the order in which a row's groups are added, so it is fixed by the weight alone), row blocks
     of 16 per program and chunks in flight (these two never change bits, so they may follow m). H200 sweeps
-    (scripts/sweep_mma_gemv.py, bench/NOTES.md): at one row RB 1, AHEAD 1 for every decode linear of the 35B-A3B
+    (lab/sweep_mma_gemv.py, lab/NOTES.md): at one row RB 1, AHEAD 1 for every decode linear of the 35B-A3B
     (12352 x 2048 RB 1 7.78 us, RB 2 10.98, RB 4 13.03); at 64 rows, where every program re-reads all of x from L2,
     two row blocks share those reads for K <= 2048 (12352 x 2048 55.9 -> 33.9 us, the lm_head 945 -> 540; RB 4
     spills) and K = 4096 keeps one with two chunks in flight (22.7 -> 20.8 us). From 9 to 32 rows two chunks in
@@ -651,7 +651,7 @@ if HAVE_GLUON:
         chunks 0 .. AHEAD - 1 (x, words, scales, each chunk's in turn) are requested first, then chunk c + AHEAD
         before chunk c is computed, so AHEAD = NCH - 1 requests the whole slice up front in chunk order with x
         beside its words (the AHEAD >= NCH form stages x through shared memory after every weight, and its
-        barrier waits for the last of them: ncu at T = 1, bench/NOTES.md). The same arithmetic in the same order:
+        barrier waits for the last of them: ncu at T = 1, lab/NOTES.md). The same arithmetic in the same order:
         the same bits as every other AHEAD. PDL_WAIT (one weight; the caller launched with PDL and has not waited
         yet, tests/test_pdl_protocol): the first AHEAD chunks' words and scales (constant data) are requested, then
         the wait for the previous kernel, then their x. MASKED: the weight loads are predicated on w_live."""
@@ -925,7 +925,7 @@ if HAVE_GLUON:
 def split_rows(k: int, m: int) -> int:
     """Rows of x per program when mma_gemv splits a launch's m rows over programs (a second grid axis; never a
     row's bits), or 0: the weights of K >= 4096 (8 warps a program, 255 registers, one program an SM at 64 rows:
-    the out projections) past that many rows. H200 (bench/NOTES.md): the out projection at 64 rows 17.8 us
+    the out projections) past that many rows. H200 (lab/NOTES.md): the out projection at 64 rows 17.8 us
     unsplit, 16.4 split in 32s with 128 registers (two programs an SM; split_maxnreg), 19.2 uncapped, 18.8 in 16s;
     with the 8-row wgmma cap, 64 streams 5,097 -> 5,170 tok/s. Env DELTASERVE_MMA_GEMV_SPLIT_ROWS (16 or 32; 0:
     never)."""
@@ -954,7 +954,7 @@ def wg_gemv_rows(k: int = 0) -> int:
     """From how many rows of x (per launch of at most MAX_ROWS) mma_gemv runs as wgmma_experts.wg_gemv: the same
     bits (GPU tests), for weights of N % 64 == 0 and K <= 4096 on sm_90 (K = 4096, the out projections, with its K
     split over programs: wgmma_experts.wg_gemv_ksplit; the others keep this kernel). H200 probe
-    (graph timings, weights past the L2, bench/NOTES.md): the DeltaNet in_proj 12352 x 2048 at 16 / 32 / 64 rows
+    (graph timings, weights past the L2, lab/NOTES.md): the DeltaNet in_proj 12352 x 2048 at 16 / 32 / 64 rows
     11.5 / 20.8 / 35.3 us here against 14.1 / 15.1 / 25.7 there, the lm_head 157 / 352 / 535 against 149 / 237 / 472;
     in the model, 64 streams tg64 @ d512 4,915 -> 5,100 tok/s. So from 17 rows (the 32- and 64-row graph buckets).
     Env DELTASERVE_MMA_GEMV_WG_ROWS (0: never, for every weight); for a weight of K >= 4096 (k, the out
@@ -994,7 +994,7 @@ def wg_gemv_conv() -> str:
     """Where wg_gemv's launches make the DeltaNet decode conv of mma_gemv(conv=): "epilogue" (the default:
     mma_gemv's conv epilogue inside the GEMV, its arithmetic, so the bits of the GEMV then causal_conv: GPU test) or
     "launch" (causal_conv after the GEMV, in place: 30 x 9.65 us a 64-stream step). H200, tg64 @ d512 at 64 streams
-    in one call (bench/NOTES.md): launch 5,174 / 5,172, epilogue 5,193 tok/s; with the MoE's 5 slots at 8-row tiles
+    in one call (lab/NOTES.md): launch 5,174 / 5,172, epilogue 5,193 tok/s; with the MoE's 5 slots at 8-row tiles
     (wgmma_experts.wg_moe_stages) 5,171 -> 5,210. Env DELTASERVE_WG_GEMV_CONV."""
     return env_choice("DELTASERVE_WG_GEMV_CONV", "epilogue", ("launch", "epilogue"))
 
@@ -1165,7 +1165,7 @@ def default_tile_rows(m: int, num_experts: int) -> int:
     column tile: on the H200 wider tiles were slower at every token count, up to 2.3x at 16 rows per expert; the
     experts kernel's gated form at 64 tokens, 8 rows 112 us, 16 rows 146, 32 rows ~600; at 512 tokens, 16 rows a
     tile per expert on average, 8 rows 260 us, 16 rows 308, 32 rows 491, pp512 15,699 / 14,881 / 11,466 tok/s,
-    bench/NOTES.md: the kernel is bound by its programs' latency, not the dequant a wider tile shares). Env
+    lab/NOTES.md: the kernel is bound by its programs' latency, not the dequant a wider tile shares). Env
     DELTASERVE_MMA_TILE_ROWS (8, 16, 32 or 64): the sorted tiles' rows, for in-model A/B (never a row's bits)."""
     if 2 * m <= num_experts:
         return 1
@@ -1197,7 +1197,7 @@ def default_row_blocks(nbe: int, m: int, k: int) -> int:
 def default_ahead(m: int, gated: bool, chunks: int = 8) -> int:
     """Chunks in flight per warp in the experts kernel (never a row's bits) for m rows and `chunks` chunks per warp.
     Up to 16 rows (one token's picks): the register ring, 4 for the gated gate/up and chunks - 1 (the whole slice
-    up front) for down (H200, 35B-A3B q4, bench/NOTES.md: sweep at T=1 gated 8.36 -> 6.89 us, down 4.49 -> 4.36;
+    up front) for down (H200, 35B-A3B q4, lab/NOTES.md: sweep at T=1 gated 8.36 -> 6.89 us, down 4.49 -> 4.36;
     in the model, tensor-core MoE at B=1: AHEAD 2,1 569.7 -> 4,7 595.7 tok/s with the sums-only norm, 4,4 589.0,
     3,7 584.7, 5,7 588.7, 7,7 579.7). Past 16 rows: two for the gated form and down (64 tokens: gated 118.5 ->
     101.0 us, down 50.5 -> 47.1; the ring at 4 was no faster there). Env DELTASERVE_MMA_AHEAD="G,D": the gated and
@@ -1223,7 +1223,7 @@ WSTAGE_MIN_ROWS = 1024  # above a 64-stream decode's 576 rows: prefill only
 def default_wstage(m: int, gated: bool) -> int:
     """The weight words' shared-memory slots of the experts kernel (0: the words in registers, the AHEAD forms;
     never a row's bits). ncu at a 512-token prefill found down's stalls 61% on its weight words, and more chunks in
-    registers were slower (AHEAD 2 -> 3 .. 8: 111.9 -> 118.5 .. 141.2 us). H200, 35B-A3B q4 (bench/NOTES.md, the
+    registers were slower (AHEAD 2 -> 3 .. 8: 111.9 -> 118.5 .. 141.2 us). H200, 35B-A3B q4 (lab/NOTES.md, the
     sweep at 64 / 512 / 4096 tokens, 576+ rows): down with 3 slots 56.9 -> 51.8 / 133.0 -> 125.1 / 853.8 -> 853.2
     us (2: 53.4 / 125.1 / 852.9; 5 and 9 slower), the gated form slower with any (260 -> 335-373 us at 512), pp512
     B=1 18,346 -> 18,499, B=8 24,556 -> 24,772, then 17,831 -> 18,391; but 64-stream decode (576 rows) 2,451 ->

@@ -16,7 +16,7 @@ how many rows share the launch; no split-K):
                           products as W x^T with the tokens as the MMA's n), the tile fixed by the weight's shape
                           alone (never by M), so every row of every call runs the same Hopper wgmma chain (rows and
                           columns of an MMA are independent of each other). On the H200 its bits also
-                          equal the 16-row kernel's (scripts/sweep_prefill_kernels.py, every prefill shape), which
+                          equal the 16-row kernel's (lab/sweep_prefill_kernels.py, every prefill shape), which
                           the GPU tests check, but nothing here relies on that.
 
 and, for the dense projections from DEQUANT_MIN_ROWS rows (`dense_path`), two launches instead of the wide kernel:
@@ -159,7 +159,7 @@ def _affine_mm_wide_kernel(
 
 def wide_config(spec: WeightSpec) -> tuple[int, int, int, int, int, bool]:
     """(BM, BN, BK, num_warps, num_stages, SWAP) of the wide kernel for a weight: a function of the weight alone (BM
-    may not depend on M: see the module doc). H200, M = 512 (scripts/sweep_prefill_kernels.py, bench/NOTES.md):
+    may not depend on M: see the module doc). H200, M = 512 (lab/sweep_prefill_kernels.py, lab/NOTES.md):
     swapped operands over 64 weight rows x 128 tokens for the big projections (12352x2048 146 -> 112 us, 9216x2048
     140 -> 99, 2048x4096 64 -> 53 against the unswapped 128 x 128 / 128 x 64 tiles, which were 238 / 182 / 87 as
     16-row tiles); the narrow ones stay unswapped (2048x512: 32 us, swapped 56)."""
@@ -288,7 +288,7 @@ def dense_path(m: int) -> str:
     has no repack, takes "dequant" for it) or "wide" (the wide kernel, dequantising each weight tile for every 128
     rows). All three give the same bits: each chains the same bf16 products (dequant_tile's weight values) k16 step
     by k16 step in K order on the tensor cores (GPU tests, every prefill shape and several M).
-    H200, the 35B-A3B's projections (scripts/probe_dense_prefill.py, bench/NOTES.md): at 512 rows 12352 x 2048
+    H200, the 35B-A3B's projections (lab/probe_dense_prefill.py, lab/NOTES.md): at 512 rows 12352 x 2048
     wide 106.4 us, dequantise 21.7 + multiply 49 (66.6 together), fused 51.5; 9216 x 2048 97.3, 55.6, 43.2;
     2048 x 4096 52.1, 25.9, 33.1 (128 programs: model/fast.prefill_dense_weights sends launches of too few programs
     to "dequant"); at 4096 rows 12352 x 2048 807 / 307 / 417 (fused is bound by its dequantisation there, each
@@ -307,8 +307,8 @@ def dense_path(m: int) -> str:
 def dense_config(m: int) -> tuple[int, int, int, int, int, bool]:
     """(BM, BN, BK, num_warps, num_stages, TMA) of the dense kernel for m rows. The tile never changes a row's bits
     (each output element is the same chain of k16 MMAs in K order whatever the tile: GPU test over these and other
-    tiles, and scripts/probe_dense_prefill.py found every tile, cp.async or TMA, bit-equal to the wide kernel), so
-    it may follow M. H200 (bench/NOTES.md), tiles fetched by TMA: at 512 rows 128 x 64 of 4 warps, 4 stages
+    tiles, and lab/probe_dense_prefill.py found every tile, cp.async or TMA, bit-equal to the wide kernel), so
+    it may follow M. H200 (lab/NOTES.md), tiles fetched by TMA: at 512 rows 128 x 64 of 4 warps, 4 stages
     (12352 x 2048 45.4 us, 9216 x 2048 40.5, 2048 x 4096 22.8; by cp.async 52.0 / 45.0 / 23.8); at 4096 rows
     256 x 128 of 8 warps, 4 stages (287 / 216 / 93 us; cp.async 348 / 259 / 112 at 3 stages; cuBLAS on the same
     weight 273 / 205 / 88). Env DELTASERVE_DENSE_LOADS ("tma" or "cp.async"): the tile loads, for in-model A/B
@@ -355,7 +355,7 @@ def dense_mm(x2: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config=None) 
 def _expert_subtiles(m: int, num_experts: int) -> int:
     """16-row sub-tiles per expert-matmul program, from the mean rows per expert: a tile is one expert's, so at
     ~16 rows per expert (T = 512 x top-8 over 256 experts) 64-row tiles would be three quarters empty. H200, that
-    shape: SUB 1 / 2 / 4: gate/up 296 / 245 / 332 us, down 303 / 250 / 352 (scripts/sweep_prefill_kernels.py)."""
+    shape: SUB 1 / 2 / 4: gate/up 296 / 245 / 332 us, down 303 / 250 / 352 (lab/sweep_prefill_kernels.py)."""
     if m <= 16:
         return 1
     return 2 if m <= 32 * num_experts else 4
@@ -371,7 +371,7 @@ def default_config(spec: WeightSpec, m: int) -> tuple[int, int, int, int]:
     reach it only through an explicit 4-tuple config, affine_matmul runs the wide kernel). None of these changes a
     row's arithmetic (module doc), only speed.
 
-    Decode-sized M (measured when dense weights ran this kernel): measured on the H200 (bench/NOTES.md, M=1 N=8192 K=2048 q4g64): (32, 512, 4, 3) 18.1 us,
+    Decode-sized M (measured when dense weights ran this kernel): measured on the H200 (lab/NOTES.md, M=1 N=8192 K=2048 q4g64): (32, 512, 4, 3) 18.1 us,
     (32, 256, 4, 4) 18.4, (64, 256, 8, 3) 21.6, (16, 512, 4, 3) 24.1, (32, 128, 4, 4) 23.2, 8 warps with
     (16, 512|1024) 43-44 us; all bit-identical. Dense bf16 with (32, 128) reaches 66% of the copy bandwidth."""
     if m > 16:
@@ -461,7 +461,7 @@ def tiles_scan_mode() -> str:
     "parallel" (the default: per-block histograms, a scan of the counts per expert column in parallel programs,
     then each block's rows ranked pairwise, every rank program writing a share of the tile table) or "serial" (the
     block counts as one-hot sums, one program scanning them and writing the whole table, the ranks as one-hot
-    prefix sums). pp512 on the H200 (bench/NOTES.md): the serial scan was one program of ~12.5 us a layer and the
+    prefix sums). pp512 on the H200 (lab/NOTES.md): the serial scan was one program of ~12.5 us a layer and the
     one-hot order ~10 us. Env DELTASERVE_MOE_TILES_SCAN, for in-model A/B."""
     return env_choice("DELTASERVE_MOE_TILES_SCAN", "parallel", ("parallel", "serial"))
 
@@ -575,7 +575,7 @@ def _write_tile_table_share(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo
     # parts together write every entry once. By (e + j), an expert's tiles spread over the programs (pp512's shared
     # expert has 32: one program writing them all was the rank launch's longest loop), so each loops cdiv(max tiles
     # an expert, parts) times: a loop over tiles by expert, not a search per tile (the search over [tiles, EP]
-    # pairs was ~70 us at 576 rows, bench/NOTES.md).
+    # pairs was ~70 us at 576 rows, lab/NOTES.md).
     per = (total + R - 1) // R  # tiles per expert
     cum = tl.cumsum(per, 0)
     first = cum - per  # expert e's tiles are first[e] .. cum[e] - 1

@@ -2,7 +2,7 @@
 
 Why: at a 512-token prefill `mma_gemv._mma_experts_kernel` (mma.sync, 16 weight rows x 8 sorted rows of x a
 program) takes ~60% of the prefill; each program dequantises its 16 rows for 8 rows of x and re-reads 32 KB of x
-from L2, and ncu found it bound by its programs' latency and issue (bench/NOTES.md). Here a program owns 64 weight
+from L2, and ncu found it bound by its programs' latency and issue (lab/NOTES.md). Here a program owns 64 weight
 rows (four row blocks of 16, one per warp of the warpgroup) against BN sorted rows of one expert (a tile of
 `mma_expert_tiles(rows=BN)`), so a weight word is dequantised once for up to BN rows of x and x is read once per
 64 weight rows.
@@ -38,7 +38,7 @@ WG_MIN_ROWS = 144  # the MoE block's rows (tokens x slots) from which it takes t
 
 def wg_min_rows() -> int:
     """From how many rows (tokens x slots) an MoE block's gate/up and down take this kernel instead of the mma.sync
-    one (the same bits, so the choice may follow the size). H200, 35B-A3B q4, eager (bench/NOTES.md), both kernels
+    one (the same bits, so the choice may follow the size). H200, 35B-A3B q4, eager (lab/NOTES.md), both kernels
     skipping the tile table's unused tail tiles: at 512 tokens (4,608 rows) gated 267 -> 250 us, down 155 -> 123
     with 16-row tiles and 3 slots (pp512 B=1 19,176 -> 20,024 tok/s); at 4,096 tokens 1,524 -> 1,271 and 854 ->
     729; at 64 tokens (a 64-stream decode, 576 rows; before the skip) 151 -> 175 and 111 -> 108, and in the model
@@ -82,7 +82,7 @@ def wg_maxnreg(tile_rows: int, dense: bool = False) -> dict:
     64-stream decode) at 96 registers, 5 programs an SM of the gated one (116 uncapped), the 16-row forms (a prefill
     of up to ~900 tokens) at 128, 4 of the gated one (163 uncapped; 24 bytes of stack outside its loops), the
     32-row forms (prefills of thousands of tokens) at 168, 3 of the gated one instead of 2 (252 uncapped; 152 bytes
-    of stack). H200 (bench/NOTES.md): the gated launch at 512 tokens (graph probe) 163.6 -> 147.3 us with the fold,
+    of stack). H200 (lab/NOTES.md): the gated launch at 512 tokens (graph probe) 163.6 -> 147.3 us with the fold,
     159.1 with the cap alone; pp512 B=1 24,059 / 24,458 -> 24,548 / 24,883 tok/s, 8 prompts 38,811 -> 39,195; 64
     streams 6,097 / 6,099 -> 6,114 / 6,114 (128@8: 6,110). 168@32: the gated launch at 4,096 tokens 795.9 -> 750.1
     us, 8 prompts 39,223 / 39,295 -> 39,766 / 39,926 (+1.5%), 64 prompts 38,349 -> 38,231 (-0.3%). Before the fold:
@@ -102,7 +102,7 @@ def wg_moe_stages(tile_rows: int) -> int:
     """Shared-memory slots of the MoE block's launches of this kernel with tiles of tile_rows rows of x (never a
     bit): 5 for 8-row tiles (a 64-stream decode), else WG_STAGES. At 64 streams ncu found the gated form moving 2.9
     TB/s from DRAM with two groups in flight a program, 4 programs an SM; H200, tg64 @ d512 in one call
-    (bench/NOTES.md): 3 slots 5,174 / 5,172, 5 slots 5,190, 8 slots 4,965 tok/s; with wg_gemv's conv in its
+    (lab/NOTES.md): 3 slots 5,174 / 5,172, 5 slots 5,190, 8 slots 4,965 tok/s; with wg_gemv's conv in its
     epilogue 5,171 -> 5,210. Env DELTASERVE_MOE_WGMMA_STAGES=NS (every tile width) or NS@ROWS (tiles of at most
     ROWS rows; 0: WG_STAGES everywhere), for A/B. Slots of one group: with two groups a step (wg_step_groups) the
     kernel keeps the same groups in flight in fewer, wider slots (_wg_slots: 5 -> 3); there, in one call, 3 / 5 / 7
@@ -115,7 +115,7 @@ def wg_moe_down_stages(tile_rows: int) -> int:
     """Shared-memory slots (of one group) of the MoE block's down launch with tiles of tile_rows rows (never a bit):
     wg_moe_stages' unless env DELTASERVE_MOE_WGMMA_DOWN_STAGES=NS or NS@ROWS says otherwise (for A/B). Down's K is
     the experts' width (512 at 35B-A3B: 8 groups), so a program's copies are in flight for a short time; ncu at 64
-    streams (bench/NOTES.md): down 53.2 us at 55% of DRAM's throughput, the gated launch 77.5 at 73%. More slots
+    streams (lab/NOTES.md): down 53.2 us at 55% of DRAM's throughput, the gated launch 77.5 at 73%. More slots
     for down were slower, in one call at 64 streams: 5 (the gated launch's) 5,914, 7 5,847, 9 (all of K in
     flight) 5,587 / 5,587 tok/s."""
     ns = env_value_at_rows("DELTASERVE_MOE_WGMMA_DOWN_STAGES", "", "NS", 2, 16, tile_rows)
@@ -126,7 +126,7 @@ def wg_tile_rows(m: int) -> int:
     """Sorted rows of x per program for a block of m rows: 32 from WG_WIDEST_ROWS rows, WG_TILE_ROWS from
     WG_WIDE_ROWS, else 8 (a few rows per expert: H200 probe at 64 tokens, before the tail-tile skip, gated 139.5 us
     with 8-row tiles against 174.5 with 16 and 150.7 on mma.sync; down 94.2 / 108.2 / 110.8). At the current
-    launch defaults (CUDA-graph probe, bench/NOTES.md), gated / down: 512 tokens (4,608 rows, ~16 a routed expert)
+    launch defaults (CUDA-graph probe, lab/NOTES.md), gated / down: 512 tokens (4,608 rows, ~16 a routed expert)
     8 rows 200.7 / 117.0 us, 16 161.3 / 103.1, 32 185.8 / 108.8; 4,096 tokens (36,864 rows, ~128 an expert) 1,273.6
     / 765.7, 912.2 / 600.3, 810.2 / 514.9; 16 against 32 rows at 1,024 tokens (9,216 rows) 273.3 / 172.1 against
     269.4 / 163.4, at 2,048 481.4 / 310.7 against 447.3 / 276.6; in the model 8 prompts of 512 (36,864 rows a
@@ -142,7 +142,7 @@ def wg_partial_major() -> bool:
     """Whether the kernel takes a K split's groups partial sum by partial sum (warp w's groups w, w + W, ... in turn,
     one partial sum updated at a time) instead of in K order; each partial sum adds its groups in the same order, so
     the same bits. sm_90: the gated form at 16-row tiles 255 -> 165 registers (3 programs an SM instead of 2), 8-row
-    tiles 167 -> 141. The default: H200, pp512 @ d0 in one call (bench/NOTES.md), B=1 19,912 (group) -> 20,498
+    tiles 167 -> 141. The default: H200, pp512 @ d0 in one call (lab/NOTES.md), B=1 19,912 (group) -> 20,498
     tok/s, 8 prompts 27,776 -> 28,843; the GPU tests compare both orders with the mma.sync kernel bit for bit. Env
     DELTASERVE_WGMMA_ORDER=partial|group, for A/B."""
     return env_choice("DELTASERVE_WGMMA_ORDER", "partial", ("group", "partial")) == "partial"
@@ -171,7 +171,7 @@ def wg_xs_smem() -> bool:
     """Whether the kernel's launches with x's group sums given stage a tile's sums of every group in shared memory
     once (with the first group's copies) instead of loading them from global memory each step (BN / 4 loads a
     thread, each with its 64-bit address: sm_90 SASS of the 32-row dense form, 8 LDG and ~16 address instructions of
-    a step's 209). The same values, so never a bit. The default: H200 (bench/NOTES.md), the in_proj at 64 rows
+    a step's 209). The same values, so never a bit. The default: H200 (lab/NOTES.md), the in_proj at 64 rows
     25.6 -> 21.0 us, the lm_head 476 -> 392; 64 streams 5,208 -> 5,306 tok/s, with wg_slot_carry 5,421. Env
     DELTASERVE_WGMMA_XS=smem (the default) | load, for A/B."""
     return env_choice("DELTASERVE_WGMMA_XS", "smem", ("load", "smem")) == "smem"
@@ -181,7 +181,7 @@ def wg_slot_carry() -> bool:
     """Whether the kernel carries a step's shared-memory slot (and the one it refills) from step to step instead of
     computing step % NS and (step + NS - 1) % NS: at NS = 3 each is a multiply-shift division, ~18 uniform
     instructions of a step's ~170 (sm_90 SASS of the 32-row dense form). The same slots, so never a bit. The
-    default: H200, 64 streams with the staged sums 5,306 -> 5,421 tok/s (bench/NOTES.md). Env
+    default: H200, 64 streams with the staged sums 5,306 -> 5,421 tok/s (lab/NOTES.md). Env
     DELTASERVE_WGMMA_SLOTS=carry (the default) | mod, for A/B."""
     return env_choice("DELTASERVE_WGMMA_SLOTS", "carry", ("mod", "carry")) == "carry"
 
@@ -194,7 +194,7 @@ def wg_step_groups(tile_rows: int, groups: int, warps: int, dense: bool = False,
     launch: the MoE's gated gate/up DELTASERVE_MOE_WGMMA_GROUPS (default 2), its down (down=True, the plain or
     scaled launch) DELTASERVE_MOE_WGMMA_DOWN_GROUPS (default 1), wg_gemv (dense=True) DELTASERVE_WG_GEMV_GROUPS
     (default 2). sm_90 SASS at 2: the 8-row gated MoE step 166 -> ~145 instructions a group, the 32-row dense
-    step 153 -> ~127, one barrier set per two groups. H200 (bench/NOTES.md): 64 streams
+    step 153 -> ~127, one barrier set per two groups. H200 (lab/NOTES.md): 64 streams
     tg64 @ d512 5,624 / 5,636 (1) -> 5,773 / 5,770 (2 everywhere), 5,732 (2 for 8-row tiles only); at a prefill's
     16-row tiles (CUDA-graph probe, 512 / 4,096 tokens) the gated launch 175.2 -> 161.6 / 987.0 -> 910.3 us with
     2, down 113.9 -> 126.6 / 679.8 -> 826.6, hence one switch a launch; down with two row sets (wg_row_sets) at a
@@ -214,7 +214,7 @@ def wg_row_sets(tile_rows: int) -> int:
     tile_rows rows of x (never a bit: each set's MMAs and FMAs are a program's own, side by side against one copy of
     x): 1 or 2. At 2 a program reads x once per 128 weight rows instead of 64, and its tile lookup, x copies and
     barriers serve both sets (sm_90: 116 registers against 79 at 16-row tiles). A prefill's down at 512 tokens
-    (Nsight Compute, bench/NOTES.md) had 16 KB of weights a program beside 16 KB of x, 13,312 programs of 8 groups.
+    (Nsight Compute, lab/NOTES.md) had 16 KB of weights a program beside 16 KB of x, 13,312 programs of 8 groups.
     H200, CUDA-graph probe: down at 512 tokens 111.1 -> 100.2 us, at 4,096 682.5 -> 599.2, at a 64-stream decode's
     8-row tiles 58.8 -> 48.3 (two groups a step) / 54.1 -> 45.5 (one); pp512 B=1 with gated GS 2 24,132 / 24,158 ->
     24,110 / 24,529 tok/s, 8 prompts 34,885 -> 36,211; 64 streams tg64 @ d512 5,854 / 5,854 -> 5,984 / 5,983 (one
@@ -890,7 +890,7 @@ def wg_gemv_ksplit(warps: int, row_blocks: int = 0) -> int:
     the KS sums in its butterfly's order): 1, 2, 4 or 8, at most `warps`, and at least warps / 4 (a program holds
     up to four partial sums). Env DELTASERVE_WG_GEMV_KSPLIT=A,B: A for 4 warps (and fewer, capped at their
     count), B for 8 (the 2048 x 4096 out projections; 0: those stay on mma_gemv, wg_dense_fits); default 1,8.
-    H200 (graph probe, bench/NOTES.md): the out projection at 64 / 32 rows on mma.sync 16.5 / 11.3 us, here over
+    H200 (graph probe, lab/NOTES.md): the out projection at 64 / 32 rows on mma.sync 16.5 / 11.3 us, here over
     2 / 4 / 8 programs 18.6 / 14.9 / 13.8 and 13.8 / 9.9 / 7.8; the in_proj at 64 rows 24.3 (1), 21.8 (2), 24.7 (4),
     at 32 rows 15.9 / 16.9 / 17.5; in the model, 64 streams tg64 @ d512 6,126 / 6,118 (1,0) -> 6,173 (1,4), 6,180
     (1,8), 6,110 (2,4: the in_proj's split loses there).
