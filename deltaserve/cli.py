@@ -13,6 +13,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from .utils import tuning
+
 DEFAULT_PRESET = "tiny-moe"
 DEFAULT_SEED = 0
 
@@ -24,7 +26,7 @@ class CLIError(Exception):
 # ---- run -----------------------------------------------------------------------------------------------------------
 def default_model_dir() -> Path:
     """Where the built-in synthetic checkpoint lives: $DELTASERVE_CACHE/tiny-moe-seed0 or ~/.cache/deltaserve/..."""
-    root = os.environ.get("DELTASERVE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "deltaserve")
+    root = tuning.get("DELTASERVE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "deltaserve")
     return Path(root) / f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}"
 
 
@@ -89,6 +91,7 @@ def cmd_run(args) -> int:
     if not model_dir.is_dir():
         raise CLIError(f"--model {model_dir}: not a directory")
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=1,
+              moe_kernels=args.moe_kernels,
               cuda_graphs=False if args.enforce_eager else None, kv_cache_dtype=args.kv_cache_dtype)
     params = sampling_from_args(args, model_dir)
     chat = not args.no_chat and llm.tokenizer_info is not None and bool(llm.tokenizer_info.chat_template)
@@ -272,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode (default: graphs on CUDA)")
     run.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
                      help="attention K/V cache: auto = the activation dtype, fp8 = e4m3 with a scale per token and head")
+    run.add_argument("--moe-kernels", default="mma", choices=["mma", "cuda"],
+                     help="GPU kernels of q4 MoE blocks: mma (tensor cores, default) or cuda (batch-1-only serving)")
     run.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, no chat template")
     run.add_argument("--image", action="append", default=[], metavar="PATH",
                      help="an image for the prompt (or the chat's first turn); repeat for several (docs/vision.md)")

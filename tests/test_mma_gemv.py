@@ -136,15 +136,11 @@ def test_expert_tile_policy():
                                                                 (128, 576, 512), (1, 576, 512))] == [1, 1, 1, 2, 1]
 
 
-def test_expert_tile_rows_knob(monkeypatch):
-    """DELTASERVE_MMA_TILE_ROWS sets the sorted tiles' rows (an A/B knob: never a row's bits) and leaves the
-    single-row regime alone; a value that is not an MMA column-tile count is refused by name."""
-    monkeypatch.setenv("DELTASERVE_MMA_TILE_ROWS", "16")
-    assert [mg.default_tile_rows(m, 256) for m in (72, 129, 4608)] == [1, 16, 16]
+def test_expert_tile_rows():
+    """The sorted tiles' rows: single rows while the mean rows per expert stay under one half, else 8 (never a row's
+    bits)."""
+    assert [mg.default_tile_rows(m, 256) for m in (72, 128, 129, 4608)] == [1, 1, 8, 8]
     assert mg.mma_expert_tiles(torch.tensor([[3, 1], [0, 3]]), 16).rows == 1
-    monkeypatch.setenv("DELTASERVE_MMA_TILE_ROWS", "12")
-    with pytest.raises(ValueError, match="DELTASERVE_MMA_TILE_ROWS"):
-        mg.default_tile_rows(4608, 256)
 
 
 def test_pack_mma_experts_stacks_an_equal_width_shared_expert():
@@ -167,26 +163,4 @@ def test_pack_mma_experts_stacks_an_equal_width_shared_expert():
     wide = pack_mma_experts(*routed, mlx(2 * i, h), mlx(2 * i, h), mlx(h, 2 * i))
     assert not wide.shared_last and wide.gate[0].shape[0] == e and wide.shared[0][0].shape[0] == 1
     assert not pack_mma_experts(*routed).shared_last
-    # the split gate/up layout: each expert's gate rows then its up rows in one stack, the shared expert stacked last
-    su, sd = mlx(i, h), mlx(h, i)
-    gated = pack_mma_experts(*routed, sg, su, sd)
-    split = pack_mma_experts(*routed, sg, su, sd, split_gate_up=True)
-    assert split.gate is None and split.up is None and split.shared_last and split.num_experts == e + 1
-    nb = i // 16
-    assert split.gate_up[0].shape[1] == 2 * nb
-    for part in (0, 1):  # words, then (s, b)
-        assert torch.equal(split.gate_up[part][:, :nb], gated.gate[part])
-        assert torch.equal(split.gate_up[part][:, nb:], gated.up[part])
-        assert torch.equal(split.down[part], gated.down[part])
-
-
-def test_logits_store_switch(monkeypatch):
-    from deltaserve.model import fast
-
-    monkeypatch.delenv("DELTASERVE_LOGITS_STORE", raising=False)
-    assert fast.logits_store() == "fp32"
-    monkeypatch.setenv("DELTASERVE_LOGITS_STORE", "bf16")
-    assert fast.logits_store() == "bf16"
-    monkeypatch.setenv("DELTASERVE_LOGITS_STORE", "fp16")
-    with pytest.raises(ValueError, match="DELTASERVE_LOGITS_STORE"):
-        fast.logits_store()
+    assert same.num_experts == e + 1

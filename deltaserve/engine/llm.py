@@ -14,9 +14,10 @@ from tokenizers import Tokenizer
 
 from ..model.cache import parse_kv_cache_dtype
 from ..model.config import ModelConfig
+from ..model.plan import resolve_plan
 from ..structured.params import opens_reasoning
 from .chat import ChatTemplateError, render_chat
-from .engine import EngineConfig, LLMEngine, resolve_decode_gemv
+from .engine import EngineConfig, LLMEngine
 from .multimodal import ImageSupport, split_images
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -61,6 +62,7 @@ class LLM:
         mm_processor_kwargs: dict | None = None,
         enable_prefix_caching: bool = True,
         prefix_state_budget: int | None = None,
+        moe_kernels: str = "mma",
     ):
         """limit_mm_per_prompt: {"image": N} most images per prompt (vLLM's spelling); {"image": 0} loads no vision
         tower. mm_processor_kwargs: image processor overrides (min_pixels, max_pixels, max_input_pixels).
@@ -70,7 +72,7 @@ class LLM:
 
         self.model_dir = Path(model_dir)
         parse_kv_cache_dtype(kv_cache_dtype)  # cheap checks first: options, config, tokenizer, then the weights
-        resolve_decode_gemv(decode_gemv, max_num_seqs)
+        resolve_plan(decode_gemv, moe_kernels, max_num_seqs)
         mcfg = ModelConfig.from_dir(self.model_dir)
         max_images = _image_limit(limit_mm_per_prompt)
         tok = load_tokenizer(self.model_dir)
@@ -78,7 +80,8 @@ class LLM:
         ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype, device), progress, vision=vision)
         config = EngineConfig(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, seed=seed,
                               cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype, decode_gemv=decode_gemv,
-                              enable_prefix_caching=enable_prefix_caching, prefix_state_budget=prefix_state_budget)
+                              enable_prefix_caching=enable_prefix_caching, prefix_state_budget=prefix_state_budget,
+                              moe_kernels=moe_kernels)
         images = None
         if ckpt.vision is not None:
             images = ImageSupport.for_model(ckpt.vision, mcfg, self.model_dir, mm_processor_kwargs, max_images)

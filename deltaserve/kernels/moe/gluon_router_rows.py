@@ -29,12 +29,9 @@ per-group values of all MB tokens staged in shared memory for the one cross-warp
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
-from ...utils.env import env_choice, pow2_pair
 from .. import backend
 from ..quant.mma_gemv import HAVE_GLUON
 from ..quant.triton_gemv import MAGIC
@@ -50,23 +47,9 @@ WARPS = 4  # the router's row run at H = 2048, 8 bits: 4 warps over the whole K 
 K_ROUTER, BITS_ROUTER, GROUP_ROUTER = 2048, 8, 64  # the one router format this kernel reproduces
 
 
-def router_rows_kernel() -> str:
-    """Which kernel makes a prefill's router logits from router_rows_min() tokens on, where the prefill takes the
-    decode router's arithmetic (DELTASERVE_PREFILL_ROUTER=rows, or a router triton_router_mma does not serve):
-    "gluon" (this module; where it fits, rows_fit) or "triton" (`triton_gemv._gemv_kernel`, 8 tokens a program).
-    The same bits. H200, pp512 B=1
-    in one call (lab/NOTES.md): +4.0% alone, with the parallel tiles 21,681 -> 22,867 tok/s (+5.5%); 8 prompts
-    31,597 -> 33,880. Env DELTASERVE_ROUTER_ROWS_KERNEL, for in-model A/B."""
-    return env_choice("DELTASERVE_ROUTER_ROWS_KERNEL", "gluon", ("gluon", "triton"))
-
-
 def rows_launch() -> tuple[int, int]:
-    """(BN expert rows, MB tokens) a program: (ROWS_BN, ROWS_MB), or env DELTASERVE_ROUTER_ROWS_SHAPE="bn,mb" (powers
-    of two, BN 1-16, MB 1-64; never a bit), for timing."""
-    value = os.environ.get("DELTASERVE_ROUTER_ROWS_SHAPE", "").strip()
-    if not value:
-        return ROWS_BN, ROWS_MB
-    return pow2_pair("DELTASERVE_ROUTER_ROWS_SHAPE", value, "bn,mb", (16, 64))
+    """(BN expert rows, MB tokens) a program: (ROWS_BN, ROWS_MB) (never a bit)."""
+    return ROWS_BN, ROWS_MB
 
 
 def rows_fit(x: torch.Tensor, r: WeightSpec, cg: int, warps: int) -> bool:

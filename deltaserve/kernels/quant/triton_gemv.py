@@ -25,7 +25,6 @@ num_warps) only, never on M or on which rows share the program.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -35,7 +34,6 @@ from ..gated_delta.triton_decode import DecodeConv, check_decode_conv, conv_appl
 from .triton_gemv_inline import group_sums, inline_mode, row_part_inline
 from ..triton_common import DENSE_BITS, WeightSpec, code_prescale
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
-from ...utils.env import env_choice
 
 MAX_ROWS = 16  # the GEMV regime; larger M belongs to triton_affine.affine_matmul (tensor cores)
 MAGIC = 0x4B000000  # fp32 bits of 2^23: OR a code into its mantissa to read 2^23 + code
@@ -484,14 +482,8 @@ def row_run_config(spec: WeightSpec, bn: int) -> tuple[int, int, int] | None:
 
 
 def row_run_bn() -> int:
-    """BN of the default row runs: ROW_RUN_BN, or env DELTASERVE_GEMV_ROWRUN (a timing switch for in-model A/Bs:
-    a power of two up to 16, or 0 for the chunked shapes that were the default before)."""
-    value = os.environ.get("DELTASERVE_GEMV_ROWRUN", "")
-    if not value:
-        return ROW_RUN_BN
-    if value not in ("0", "1", "2", "4", "8", "16"):
-        raise ValueError(f"DELTASERVE_GEMV_ROWRUN must be 0 (off) or a power of two up to 16, found {value!r}")
-    return int(value)
+    """BN of the default row runs: ROW_RUN_BN."""
+    return ROW_RUN_BN
 
 
 def default_config(spec: WeightSpec) -> tuple[int, int, int]:
@@ -624,16 +616,10 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
         K=spec.k, BITS=spec.bits, GROUP=group, BN=bn, CG=cg, MB=mb, INLINE=inline_mode(x2, inline_prep),
         CONV=conv is not None,
         KCONV=kw, num_warps=warps, **pdl_args(x2),
-        **({"CONV_EARLY": True} if conv is not None and mb == 1 and conv_early() else {}),
+        # a one-row conv epilogue's inputs requested before the PDL wait (never a bit; H200, tg64 B=1 @ d512:
+        # 663.5 / 663.0 -> 672.8 / 675.4 tok/s, lab/NOTES.md)
+        **({"CONV_EARLY": True} if conv is not None and mb == 1 else {}),
     )
-
-
-def conv_early() -> bool:
-    """Whether a one-row GEMV with the DeltaNet decode conv in its epilogue requests the conv's inputs (weights,
-    the slot's window, slots and context lengths) before its PDL wait (never a bit). H200, tg64 B=1 @ d512
-    (lab/NOTES.md): 663.5 / 663.0 -> 672.8 / 675.4 tok/s. Env DELTASERVE_CONV_EARLY "1" (default) | "0", for
-    in-model A/B."""
-    return env_choice("DELTASERVE_CONV_EARLY", "1", ("0", "1")) == "1"
 
 
 def affine_gemv(

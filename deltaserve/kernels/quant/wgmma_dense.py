@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import torch
 
-from ...utils.env import env_int
 from .. import backend
 from ..triton_pdl import pdl_args
 from .mma_gemv import GROUP, HAVE_GLUON
@@ -45,9 +44,8 @@ FUSED_MIN_PROGRAMS = 264  # two a streaming multiprocessor of the H200 (132)
 def enough_programs(m: int, n: int) -> bool:
     """Whether m rows against an N-row weight make at least FUSED_MIN_PROGRAMS programs of the default launch
     (rows of x a program, 64 weight rows): below that the GPU is not filled (H200, 512 rows: the 2048 x 4096 out
-    projection's 128 programs 33.1 us against dequantise + multiply's 25.9; the in_proj's 772 51.5 against 66.6).
-    Env DELTASERVE_WG_DENSE_MIN_PROGRAMS, for A/B."""
-    return -(-m // dense_tile_rows()) * (n // 64) >= env_int("DELTASERVE_WG_DENSE_MIN_PROGRAMS", FUSED_MIN_PROGRAMS, 1)
+    projection's 128 programs 33.1 us against dequantise + multiply's 25.9; the in_proj's 772 51.5 against 66.6)."""
+    return -(-m // dense_tile_rows()) * (n // 64) >= FUSED_MIN_PROGRAMS
 
 
 def dense_fits(n: int, k: int, bits: int, group: int) -> bool:
@@ -255,16 +253,15 @@ if HAVE_GLUON:
 
 
 def dense_tile_rows() -> int:
-    """Rows of x a program (never a bit). Env DELTASERVE_WG_DENSE_ROWS (64, 128 or 256), for sweeps."""
-    return env_int("DELTASERVE_WG_DENSE_ROWS", DENSE_TILE_ROWS, 64)
+    """Rows of x a program (never a bit)."""
+    return DENSE_TILE_ROWS
 
 
 def dense_maxnreg() -> dict:
-    """The kernel's register cap as a launch option (never a bit: it only decides what ptxas keeps in registers),
-    or {} (the default: 138 registers at 128-row tiles, 3 programs an SM; at 128 4 fit, with 14 spill stores in
-    sm_90's SASS). Env DELTASERVE_WG_DENSE_MAXNREG=CAP, for A/B."""
-    cap = env_int("DELTASERVE_WG_DENSE_MAXNREG", 0, 0)
-    return {"maxnreg": cap} if cap else {}
+    """The kernel's register cap as a launch option (never a bit: it only decides what ptxas keeps in registers):
+    none (138 registers at 128-row tiles, 3 programs an SM; at a cap of 128 4 fit, with 14 spill stores in sm_90's
+    SASS)."""
+    return {}
 
 
 def wg_dense_mm(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | None = None,

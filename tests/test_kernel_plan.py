@@ -1,6 +1,7 @@
-"""The decode GEMV modes of model/fast.py (DELTASERVE_DECODE_GEMV): which weights each may hand to the tensor-core
-GEMV. The GEMV itself is tested in test_mma_gemv.py and on the GPU (tests/gpu/test_model_mma_path.py runs the
-"head" and "mma" modes end to end); here the mode's parsing and the model's marking of its output head."""
+"""The kernel plan (model/plan.py): a deployment's choices, resolved once from its configuration, frozen, fixed on
+every module of its model (fused projections included) and named by the engine. The decode GEMV modes decide which
+weights each may hand to the tensor-core GEMV; the GEMV itself is tested in test_mma_gemv.py and on the GPU
+(tests/gpu/test_model_mma_path.py runs the "head" and "mma" modes end to end)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,31 @@ import pytest
 import torch
 
 from deltaserve.model import fast
+from deltaserve.model.plan import KernelPlan, decode_gemv_for_streams, resolve_plan
 from engine_helpers import tiny_model
 
 
-def test_modes_parse(monkeypatch):
+def test_plan_fields_are_checked():
     for mode in ("cuda", "mma", "wide", "head"):
-        monkeypatch.setenv("DELTASERVE_DECODE_GEMV", mode)
-        assert fast.decode_gemv() == mode
-    monkeypatch.setenv("DELTASERVE_DECODE_GEMV", "lm_head")
-    with pytest.raises(ValueError, match="DELTASERVE_DECODE_GEMV must be .* found 'lm_head'"):
-        fast.decode_gemv()
+        assert KernelPlan(decode_gemv=mode).decode_gemv == mode
+    with pytest.raises(ValueError, match="decode GEMV mode must be one of mma, cuda, wide, head, found 'lm_head'"):
+        KernelPlan(decode_gemv="lm_head")
+    with pytest.raises(ValueError, match="MoE kernels must be one of mma, cuda, found 'tensor'"):
+        KernelPlan(moe="tensor")
+    with pytest.raises(Exception):  # frozen: a deployment's plan never changes under it
+        KernelPlan().moe = "cuda"
+    assert KernelPlan().describe() == "decode_gemv=head moe=mma throughput_shapes=off"
+    assert KernelPlan("mma", "cuda").describe() == "decode_gemv=mma moe=cuda throughput_shapes=on"
+
+
+def test_resolve_plan():
+    assert resolve_plan() == KernelPlan("head", "mma")
+    assert resolve_plan("auto", "cuda", max_num_seqs=8) == KernelPlan("mma", "cuda")
+    assert resolve_plan("wide", max_num_seqs=64).decode_gemv == "wide"
+    with pytest.raises(ValueError, match="decode_gemv must be 'auto' or one of .* found 'gpu'"):
+        resolve_plan("gpu")
+    with pytest.raises(ValueError, match="moe_kernels must be one of mma, cuda, found 'auto'"):
+        resolve_plan(moe_kernels="auto")
 
 
 @pytest.mark.parametrize("tie", [False, True])
@@ -28,17 +44,16 @@ def test_the_output_head_alone_is_marked(tie):
     assert marked == (["embed_tokens"] if tie else ["lm_head"])
 
 
-def test_head_mode_leaves_cpu_tensors_alone(monkeypatch):
+def test_head_mode_leaves_cpu_tensors_alone():
     """The tensor-core GEMV is CUDA-only: on the CPU every mode keeps the reference linear (no repacked copy)."""
-    monkeypatch.setenv("DELTASERVE_DECODE_GEMV", "head")
     model = tiny_model(moe=True)
+    fast.set_decode_gemv(model, "head")
     assert fast.mma_weights(model.lm_head, torch.zeros(1, model.config.hidden_size)) is None
     assert fast.MMA_ATTR not in model.lm_head.__dict__
 
 
-def test_default_is_head(monkeypatch):
-    monkeypatch.delenv("DELTASERVE_DECODE_GEMV", raising=False)
-    assert fast.decode_gemv() == "head"
+def test_default_is_head():
+    assert fast.decode_gemv() == "head" and fast.moe_kernels() == "mma"
 
 
 def _gdn_prep(model, x):
@@ -53,21 +68,11 @@ def _merge_prep(model, x):
     return fast.attn_merge_prep(attn.o_proj, x, attn.hq, attn.d)
 
 
-@pytest.mark.parametrize("knob, modes, bad, prep", [
-    ("DELTASERVE_GDN_PREP", ("step", "launch"), "kernel", _gdn_prep),
-    ("DELTASERVE_ATTN_MERGE_PREP", ("merge", "launch"), "split", _merge_prep),
-])
-def test_prep_switches(monkeypatch, knob, modes, bad, prep):
-    """The switches of the kernels that write their out projection's prep (the DeltaNet step, the attention merge)
-    name their values; on the CPU (no fast path) neither preps."""
+@pytest.mark.parametrize("prep", [_gdn_prep, _merge_prep])
+def test_no_prep_off_the_fast_path(prep):
+    """On the CPU (no fast path) neither the DeltaNet step nor the attention merge preps its out projection."""
     model = tiny_model(moe=True)
-    x = torch.zeros(1, model.config.hidden_size)
-    for mode in modes:
-        monkeypatch.setenv(knob, mode)
-        assert prep(model, x) is None
-    monkeypatch.setenv(knob, bad)
-    with pytest.raises(ValueError, match=f"{knob} must be '{modes[0]}' or '{modes[1]}', found '{bad}'"):
-        prep(model, x)
+    assert prep(model, torch.zeros(1, model.config.hidden_size)) is None
 
 
 def test_merge_prep_formats():
@@ -82,17 +87,16 @@ def test_merge_prep_formats():
 
 def test_deployment_size_picks_the_mode():
     """A deployment's capacity, never its live batch, picks the GEMV: head for 1-3 streams, mma from 4."""
-    assert [fast.decode_gemv_for_streams(n) for n in (1, 2, 3, 4, 8, 64)] == ["head"] * 3 + ["mma"] * 3
+    assert [decode_gemv_for_streams(n) for n in (1, 2, 3, 4, 8, 64)] == ["head"] * 3 + ["mma"] * 3
     with pytest.raises(ValueError, match="max_streams must be >= 1, found 0"):
-        fast.decode_gemv_for_streams(0)
+        decode_gemv_for_streams(0)
 
 
-def test_set_decode_gemv_covers_every_linear_and_env_overrides(monkeypatch):
-    """The mode is stamped on every module, the fused projections (kept outside the registered tree) included, and
-    on weights fused afterwards; DELTASERVE_DECODE_GEMV still wins; a bad mode names the allowed ones."""
+def test_the_plan_covers_every_linear():
+    """The plan is stamped on every module, the fused projections (kept outside the registered tree) included, and
+    on weights fused afterwards; a bad mode names the allowed ones."""
     from deltaserve.model import fusion
 
-    monkeypatch.delenv("DELTASERVE_DECODE_GEMV", raising=False)
     model = tiny_model(moe=True)
     assert fast.decode_gemv(model.lm_head) == "head"  # nothing fixed yet
     fast.set_decode_gemv(model, "mma")
@@ -102,27 +106,26 @@ def test_set_decode_gemv_covers_every_linear_and_env_overrides(monkeypatch):
     assert all(fast.decode_gemv(m) == "mma" for m in model.modules())
     fast.set_decode_gemv(model, "head")
     assert all(fast.decode_gemv(f) == "head" for f in fused)
-    monkeypatch.setenv("DELTASERVE_DECODE_GEMV", "cuda")
-    assert fast.decode_gemv(model.lm_head) == "cuda"
+    fast.set_plan(model, KernelPlan("cuda", "cuda"))
+    assert fast.decode_gemv(model.lm_head) == "cuda" and fast.moe_kernels(model.layers[0].mlp) == "cuda"
     with pytest.raises(ValueError, match="decode GEMV mode must be one of mma, cuda, wide, head, found 'fast'"):
         fast.set_decode_gemv(model, "fast")
 
 
 @pytest.mark.parametrize("seqs,choice,want", [(1, "auto", "head"), (3, "auto", "head"), (4, "auto", "mma"),
                                               (32, "auto", "mma"), (32, "head", "head"), (1, "wide", "wide")])
-def test_engine_fixes_its_mode_from_max_num_seqs(monkeypatch, seqs, choice, want):
+def test_engine_fixes_its_mode_from_max_num_seqs(seqs, choice, want):
     from deltaserve.engine.engine import EngineConfig, LLMEngine
 
-    monkeypatch.delenv("DELTASERVE_DECODE_GEMV", raising=False)
     model = tiny_model(moe=True)
     engine = LLMEngine(model, None, [], EngineConfig(num_blocks=8, max_num_seqs=seqs, max_model_len=64,
                                                      decode_gemv=choice))
-    assert engine.decode_gemv == want
+    assert engine.decode_gemv == want and engine.plan == KernelPlan(want, "mma")
     assert fast.decode_gemv(model.layers[0].mlp.gate) == want
 
 
 def test_engine_rejects_an_unknown_mode():
     from deltaserve.engine.engine import EngineConfig, LLMEngine
 
-    with pytest.raises(ValueError, match="EngineConfig.decode_gemv must be 'auto' or one of .* found 'gpu'"):
+    with pytest.raises(ValueError, match="decode_gemv must be 'auto' or one of .* found 'gpu'"):
         LLMEngine(tiny_model(moe=True), None, [], EngineConfig(num_blocks=8, max_model_len=64, decode_gemv="gpu"))
