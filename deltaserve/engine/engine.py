@@ -77,11 +77,6 @@ class EngineConfig:
     moe_kernels: str = "mma"
 
 
-def resolve_decode_gemv(choice: str, max_num_seqs: int) -> str:
-    """EngineConfig.decode_gemv -> the mode the engine fixes on its model ("auto": from max_num_seqs)."""
-    return resolve_plan(choice, max_num_seqs=max_num_seqs).decode_gemv
-
-
 class LLMEngine:
     def __init__(
         self,
