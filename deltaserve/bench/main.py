@@ -1,4 +1,4 @@
-"""`deltaserve bench`: prefill and decode timed separately, llama-bench style (shared/BENCH_METHOD.md).
+"""`deltaserve bench`: prefill and decode timed separately, llama-bench style (bench/README.md: the method).
 
   deltaserve bench --preset qwen3.6-35b-a3b --quant q4 -p 512 -n 128 -d 0,512,4096 -b 1,8,64 -r 5
 

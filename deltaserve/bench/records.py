@@ -1,4 +1,4 @@
-"""Benchmark result records: one JSON object per line under bench/results/ (shared/BENCH_METHOD.md)."""
+"""Benchmark result records: one JSON object per line under bench/results/ (bench/README.md: the method)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bytes a decode step must move, for the % of bandwidth roofline (shared/BENCH_METHOD.md).
+"""Bytes a decode step must move, for the % of bandwidth roofline (bench/README.md: the method).
 
 bytes(step) = weights read in their stored format (every non-expert matrix, the router, the k picked experts of
 each token — the distinct ones across the batch —, the shared expert, lm_head, one embedding row per token)

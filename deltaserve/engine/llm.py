@@ -20,12 +20,15 @@ from .chat import ChatTemplateError, render_chat
 from .engine import EngineConfig, LLMEngine
 from .multimodal import ImageSupport, split_images
 from .outputs import RequestOutput
+from .prompts import is_one_prompt, prompt_parts
 from .sampling_params import SamplingParams
-from .tokenizer import TokenizerInfo, load_tokenizer
+from .tokenizer import TokenizerInfo, load_tokenizer, read_generation_config
 
 # A prompt: text, token ids, or vLLM's dict {"prompt": text | "prompt_token_ids": ids, "multi_modal_data":
 # {"image": one image or a list}} (images: PIL images, paths, bytes, data: URLs; one <|image_pad|> each).
 Prompt = str | Sequence[int] | dict
+# the sampling fields a checkpoint's generation_config.json may set, as LLM(generation_config="auto") reads them
+GENERATION_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": None}
 
 
@@ -63,14 +66,22 @@ class LLM:
         enable_prefix_caching: bool = True,
         prefix_state_budget: int | None = None,
         moe_kernels: str = "mma",
+        generation_config: str = "auto",
     ):
         """limit_mm_per_prompt: {"image": N} most images per prompt (vLLM's spelling); {"image": 0} loads no vision
         tower. mm_processor_kwargs: image processor overrides (min_pixels, max_pixels, max_input_pixels).
-        enable_prefix_caching / prefix_state_budget: the prefix cache (EngineConfig)."""
+        enable_prefix_caching / prefix_state_budget: the prefix cache (EngineConfig).
+        generation_config (vLLM's): "auto" reads the checkpoint's generation_config.json for the sampling defaults
+        that generate() / chat() use when given no SamplingParams (get_default_sampling_params); "vllm" ignores it
+        (SamplingParams() then). An explicit SamplingParams always stands as given."""
         from ..weights.loader import load_checkpoint  # lazy: loading pulls in every checkpoint format
         from ..weights.vision_format import checkpoint_has_vision
 
         self.model_dir = Path(model_dir)
+        check_device(device)
+        if generation_config not in ("auto", "vllm"):
+            raise ValueError(f"generation_config must be 'auto' or 'vllm', found {generation_config!r}")
+        self.generation_config = generation_config
         parse_kv_cache_dtype(kv_cache_dtype)  # cheap checks first: options, config, tokenizer, then the weights
         resolve_plan(decode_gemv, moe_kernels, max_num_seqs)
         mcfg = ModelConfig.from_dir(self.model_dir)
@@ -96,6 +107,7 @@ class LLM:
         model's VisionTower (LoadedCheckpoint.vision) to take images."""
         self = cls.__new__(cls)
         self.model_dir = None
+        self.generation_config = "vllm"
         if isinstance(tokenizer, Tokenizer):
             tokenizer = TokenizerInfo(tokenizer)
         images = None
@@ -118,6 +130,15 @@ class LLM:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.get_tokenizer().encode(text, add_special_tokens=add_special_tokens).ids
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() / chat() sample with when given no SamplingParams: vLLM's SamplingParams() defaults,
+        overridden by the checkpoint's generation_config.json fields (GENERATION_FIELDS) unless
+        generation_config="vllm"."""
+        if self.generation_config != "auto" or self.model_dir is None:
+            return SamplingParams()
+        gen = read_generation_config(self.model_dir)
+        return SamplingParams(**{k: gen[k] for k in GENERATION_FIELDS if gen.get(k) is not None})
 
     # ---- generation ------------------------------------------------------------------------------------------
     def generate(
@@ -233,12 +254,11 @@ class LLM:
                                        snapshot_hints=p.get("snapshot_hints") or ())
 
     def _normalise(self, prompts, sampling_params) -> tuple[list[Prompt], list[SamplingParams]]:
-        if isinstance(prompts, (str, dict)) or (
-                isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
+        if is_one_prompt(prompts):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
         else:
@@ -252,13 +272,15 @@ class LLM:
         prompts, params = self._normalise(prompts, sampling_params)
         ids: list[str] = []
         try:
-            for p, sp in zip(prompts, params):
-                if isinstance(p, dict):
+            # every prompt checked before any runs; dicts (vLLM's, images included) by _add_dict_prompt
+            parts = [None if isinstance(p, dict) else prompt_parts(p, i) for i, p in enumerate(prompts)]
+            for p, part, sp in zip(prompts, parts, params):
+                if part is None:
                     ids.append(self._add_dict_prompt(p, sp))
-                elif isinstance(p, str):
-                    ids.append(self.engine.add_request(self.encode(p), sp, prompt=p))
+                elif part[0] is not None:
+                    ids.append(self.engine.add_request(self.encode(part[0]), sp, prompt=part[0]))
                 else:
-                    ids.append(self.engine.add_request(list(p), sp))
+                    ids.append(self.engine.add_request(part[1], sp))
             while self.engine.has_unfinished():
                 for out in self.engine.step():
                     yield ids, out
@@ -284,6 +306,18 @@ def _after_think(params: SamplingParams) -> SamplingParams:
     """params whose structured-output constraint (if any) starts after the reasoning's </think>."""
     so = params.structured_outputs
     return params if so is None or so.after_think else params.clone(structured_outputs=so.clone(after_think=True))
+
+
+def check_device(device: str | torch.device) -> None:
+    """A CUDA device asked of a torch without CUDA (or with none visible) is refused in one line naming both."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, but no GPU is visible"
+        raise ValueError(f"device {str(device)!r}: this torch {torch.__version__} is {build}; use device='cpu' "
+                         f"(--device cpu) or install a CUDA build of torch")
 
 
 def _progress_bar(total: int):
