@@ -264,6 +264,12 @@ def cmd_info(args) -> int:
     if not Path(args.dir).is_dir():
         raise CLIError(f"{args.dir}: not a directory")
     print(describe_checkpoint(args.dir))
+    if args.plan:
+        from .model.plan import resolve_plan
+
+        plan = resolve_plan(args.decode_gemv, args.moe_kernels, args.max_num_seqs)
+        print(f"deployment: max_num_seqs {args.max_num_seqs}")
+        print("\n".join(plan.details()))
     return 0
 
 
@@ -360,6 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="describe a checkpoint: architecture, parameters, bits per weight, memory")
     info.add_argument("dir", help="checkpoint directory (config.json is enough)")
+    info.add_argument("--plan", action="store_true", help="also print the kernel plan a GPU deployment would fix")
+    info.add_argument("--max-num-seqs", type=int, default=1, help="the deployment's streams (--plan; default 1)")
+    info.add_argument("--decode-gemv", default="auto", choices=["auto", "head", "mma", "wide", "cuda"],
+                      help="--plan: the decode GEMV family (auto: from --max-num-seqs)")
+    info.add_argument("--moe-kernels", default="mma", choices=["mma", "cuda"], help="--plan: the MoE family")
     info.set_defaults(func=cmd_info)
 
     q = sub.add_parser("quantize", help="quantise a checkpoint to MLX affine int4/int8")

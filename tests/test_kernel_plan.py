@@ -129,3 +129,17 @@ def test_engine_rejects_an_unknown_mode():
 
     with pytest.raises(ValueError, match="decode_gemv must be 'auto' or one of .* found 'gpu'"):
         LLMEngine(tiny_model(moe=True), None, [], EngineConfig(num_blocks=8, max_model_len=64, decode_gemv="gpu"))
+
+
+def test_info_prints_the_plan(tmp_path, capsys):
+    from deltaserve.cli import main
+
+    out = tmp_path / "cfg"
+    assert main(["make-checkpoint", str(out), "--preset", "tiny-moe", "--config-only"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(out), "--plan", "--max-num-seqs", "8"]) == 0
+    text = capsys.readouterr().out
+    assert "kernel plan: decode_gemv=mma moe=mma throughput_shapes=on" in text
+    assert "DeltaNet decode step: 64 state columns a program" in text
+    assert main(["info", str(out), "--plan", "--moe-kernels", "cuda"]) == 0
+    assert "kernel plan: decode_gemv=head moe=cuda throughput_shapes=off" in capsys.readouterr().out

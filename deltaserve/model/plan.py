@@ -57,8 +57,29 @@ class KernelPlan:
         return self.decode_gemv == "mma"
 
     def describe(self) -> str:
-        """One line for `deltaserve info --plan` and the bench records' notes."""
+        """One line for the bench records' notes (and the first of `deltaserve info --plan`)."""
         return f"decode_gemv={self.decode_gemv} moe={self.moe} throughput_shapes={'on' if self.throughput else 'off'}"
+
+    def details(self) -> list[str]:
+        """What the plan fixes, one line each (`deltaserve info --plan`)."""
+        from ..kernels.attention.triton_paged import merge_shape
+        from ..kernels.gated_delta.triton_decode import step_dv_block
+
+        gemv = {"head": "the output head on the tensor-core GEMV (a repacked copy), every other linear on the "
+                        "CUDA-core GEMV",
+                "mma": "every linear on the tensor-core GEMV (repacked copies of the weights)",
+                "wide": "linears of >= 8192 output rows on the tensor-core GEMV, the rest on the CUDA-core GEMV",
+                "cuda": "every linear on the CUDA-core GEMV (the MLX layout as stored)"}[self.decode_gemv]
+        moe = {"mma": "one tensor-core kernel family for every token count (the experts repacked once, their MLX "
+                      "copy released)",
+               "cuda": "CUDA-core decode kernels, a grouped matmul for prefill (the MLX layout as stored)"}[self.moe]
+        bsp, bd = merge_shape(throughput=self.throughput)
+        return [f"kernel plan: {self.describe()}",
+                f"  decode GEMV (q4 g64 linears): {gemv}; other formats: the CUDA-core GEMV",
+                f"  MoE blocks (q4 g64 experts): {moe}; other formats: the CUDA-core kernels",
+                f"  DeltaNet decode step: {step_dv_block(self.throughput)} state columns a program",
+                f"  decode attention merge: {bsp} splits a step, {bd} columns a program",
+                "  (the GPU fast path only: on the CPU every op is the PyTorch reference)"]
 
 
 def resolve_plan(decode_gemv: str = "auto", moe_kernels: str = "mma", max_num_seqs: int = 1) -> KernelPlan:
