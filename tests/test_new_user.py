@@ -172,3 +172,45 @@ def test_the_summary_says_the_gpu_tests_were_left_out():
                           "tests/gpu/test_engine_graph_gpu.py"], cwd=ROOT, capture_output=True, text=True,
                          timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert "gpu tests deselected: run `python -m pytest -m gpu tests/gpu` on a GPU machine" in out.stdout, out.stdout
+
+
+def test_n_samples_per_prompt(llm):
+    from deltaserve import SamplingParams
+
+    sp = SamplingParams(temperature=1.0, seed=5, max_tokens=6, ignore_eos=True)
+    one = llm.generate("The sea", sp)[0]
+    many = llm.generate(["The sea", "Hi"], sp.clone(n=3))
+    assert len(many) == 2 and [len(o.outputs) for o in many] == [3, 3]
+    first = many[0]
+    assert [c.index for c in first.outputs] == [0, 1, 2]
+    assert first.outputs[0].token_ids == one.token_ids == first.token_ids  # sample 0 keeps the seed
+    assert len({tuple(c.token_ids) for c in first.outputs}) > 1, "n samples with derived seeds should differ"
+    again = llm.generate("The sea", sp.clone(n=3))[0]
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in first.outputs]  # reproducible
+    assert llm.generate("The sea", sp)[0].outputs[0].token_ids == one.token_ids  # n=1: outputs[0] is itself
+    with pytest.raises(ValueError, match=r"SamplingParams.n must be in \[1, inf\], found 0"):
+        SamplingParams(n=0)
+
+
+def test_logprobs_of_the_sampled_and_top_tokens(llm):
+    from deltaserve import SamplingParams
+
+    prompt = llm.encode("The sea is")
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=3))[0]
+    assert out.logprobs is not None and len(out.logprobs) == len(out.token_ids) == 4
+    logits = llm.logits(prompt + out.token_ids[:-1])[-4:]  # the raw next-token logits of each output position
+    want = torch.log_softmax(logits.double(), dim=-1)
+    for step, (token, entry) in enumerate(zip(out.token_ids, out.logprobs)):
+        assert entry[token].rank == 1  # greedy: the most likely token
+        top = want[step].topk(3)
+        assert set(entry) == set(top.indices.tolist())
+        for t, lp in entry.items():
+            assert abs(lp.logprob - want[step, t].item()) < 1e-4  # fp32 log_softmax against fp64
+    completion = out.outputs[0]
+    assert completion.logprobs == out.logprobs
+    assert abs(completion.cumulative_logprob - sum(e[t].logprob for t, e in zip(out.token_ids, out.logprobs))) < 1e-9
+    sampled = llm.generate(prompt, SamplingParams(temperature=1.5, seed=3, max_tokens=3, logprobs=0))[0]
+    assert all(list(e) == [t] for t, e in zip(sampled.token_ids, sampled.logprobs))  # the sampled token alone
+    assert llm.generate(prompt, SamplingParams(max_tokens=2))[0].logprobs is None
+    with pytest.raises(ValueError, match=r"SamplingParams.logprobs must be in \[0, 20\], found 21"):
+        SamplingParams(logprobs=21)

@@ -29,7 +29,7 @@ from .cuda_graph import DEFAULT_BUCKETS, DecodeGraphs, PrefillGraphs
 from .detokenizer import IncrementalDetokenizer
 from . import multimodal
 from .multimodal import ImageSupport
-from .outputs import RequestOutput
+from .outputs import Logprob, RequestOutput
 from .prefix_cache import ALIGN_TOKENS, PrefixCache
 from .request import FinishReason, Request
 from .runner import ModelRunner, StepHandle
@@ -282,6 +282,7 @@ class LLMEngine:
         if req is not None:
             self.scheduler.finish(req, FinishReason.ABORT)
             self.detokenizers.pop(request_id, None)
+            self.runner.sampler.forget(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self.structured.holding
@@ -359,7 +360,10 @@ class LLMEngine:
                     outputs.append(self._output(req, []))
             elif s.sample:
                 token = result.sampled[req.request_id]
+                lp = self.runner.sampler.pop_logprobs(req.request_id) if req.params.logprobs is not None else None
                 kept = self._append_token(req, token)
+                if lp is not None and kept:
+                    req.output_logprobs.append({t: Logprob(v, rank) for t, (v, rank) in lp.items()})
                 outputs.append(self._output(req, [token] if kept else []))
         return outputs
 
@@ -425,8 +429,10 @@ class LLMEngine:
             new_text=new_text,
             new_token_ids=new_tokens,
             metrics=req.metrics,
+            logprobs=list(req.output_logprobs) if req.params.logprobs is not None else None,
         )
         if finished:
+            self.runner.sampler.forget(req.request_id)
             self.requests.pop(req.request_id, None)
             self.detokenizers.pop(req.request_id, None)
             if req.logits_only:

@@ -147,7 +147,8 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Final outputs, in the order of the prompts."""
+        """Final outputs, one per prompt in the order of the prompts; with SamplingParams.n > 1 a prompt's n
+        completions are its output's `outputs` (the first also its own text and tokens), as vLLM's."""
         final: dict[str, RequestOutput] = {}
         ids = None
         bar = None
@@ -159,7 +160,15 @@ class LLM:
                     bar.update(1)
         if bar is not None:
             bar.close()
-        return [final[i] for i in ids] if ids is not None else []
+        if ids is None:
+            return []
+        outs = []
+        for group in self._groups:
+            first = final[group[0]]
+            if len(group) > 1:
+                first.outputs = [final[rid].completion(j) for j, rid in enumerate(group)]
+            outs.append(first)
+        return outs
 
     def generate_stream(
         self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
@@ -274,13 +283,13 @@ class LLM:
         try:
             # every prompt checked before any runs; dicts (vLLM's, images included) by _add_dict_prompt
             parts = [None if isinstance(p, dict) else prompt_parts(p, i) for i, p in enumerate(prompts)]
+            self._groups = []  # the request ids of each prompt's n samples, in order
             for p, part, sp in zip(prompts, parts, params):
-                if part is None:
-                    ids.append(self._add_dict_prompt(p, sp))
-                elif part[0] is not None:
-                    ids.append(self.engine.add_request(self.encode(part[0]), sp, prompt=part[0]))
-                else:
-                    ids.append(self.engine.add_request(part[1], sp))
+                tokens = None if part is None else self.encode(part[0]) if part[0] is not None else part[1]
+                group = [self._add_dict_prompt(p, sample) if part is None else
+                         self.engine.add_request(tokens, sample, prompt=part[0]) for sample in samples_of(sp)]
+                self._groups.append(group)
+                ids += group
             while self.engine.has_unfinished():
                 for out in self.engine.step():
                     yield ids, out
@@ -306,6 +315,27 @@ def _after_think(params: SamplingParams) -> SamplingParams:
     """params whose structured-output constraint (if any) starts after the reasoning's </think>."""
     so = params.structured_outputs
     return params if so is None or so.after_think else params.clone(structured_outputs=so.clone(after_think=True))
+
+
+def samples_of(params: SamplingParams) -> list[SamplingParams]:
+    """The n requests of a prompt (SamplingParams.n), each n=1: sample 0 keeps the seed; sample j > 0 takes a seed
+    derived from (seed, j) (splitmix64), so the n samples differ and are reproducible; without a seed each draws
+    its own from the engine's seeded RNG."""
+    if params.n == 1:
+        return [params]
+    out = []
+    for j in range(params.n):
+        seed = params.seed if params.seed is None or j == 0 else _splitmix64(params.seed + j)
+        out.append(params.clone(n=1, seed=seed))
+    return out
+
+
+def _splitmix64(x: int) -> int:
+    mask = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
 
 
 def check_device(device: str | torch.device) -> None:
