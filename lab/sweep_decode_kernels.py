@@ -74,7 +74,7 @@ def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
     The quick grid: the default, the chunked gate/up that was the default before the row runs, and the row-run
     shapes the 2026-11-30 sweep left close (lab/NOTES.md); register caps, other BN/warps, BC and the top-k in
     gate/up (all slower on 2026-11-29) are in the full grid. The default top-k is the model's: its own launch
-    (model/fast.py::moe_topk_mode)."""
+    (moe_route(separate_topk=True), the model's)."""
     base = dict(gu=(4, 2, "row"), dn=(8, 2, None), cb=(256, 4), topk="split", inline=True, regs=(None, None))
     out = [base]
     if quick:

@@ -133,7 +133,8 @@ def compile_only(quick: bool = False) -> int:
             print(f"EXPERTS N={n} K={k} {'gated' if gated else 'scaled'} {'single' if single else 'sorted'} RB={rb}"
                   f"{' self-xs' if self_xs else ''}{' combine' if comb else ''}: {len(lines)} SASS, {hmma} HMMA, "
                   f"{sts} STS, {atom} ATOM")
-    # the split gate/up layout: the plain launch over [gate; up] rows with h at each block pair's second arrival
+    # the plain launch over [gate; up] rows with h at each block pair's second arrival (the split gate/up layout the
+    # model no longer uses; the kernel keeps the forms)
     # (PAIR), and down making h from g | u as it loads (GLU), single-row tiles at one token
     t1 = slots
     for n, k, pair, glu in ((1024, 2048, 32, 0), (2048, 512, 0, 512)):
@@ -194,7 +195,6 @@ def moe_section(args, sink) -> None:
     x0, kw, ref = moe_problem(dev, tmax, 2048, 256, 512, 512, 4, 64)
     parts = [kw[k] for k in ("gate", "up", "down", "shared_gate_proj", "shared_up", "shared_down")]
     experts = pack_mma_experts(*parts)
-    experts_split = pack_mma_experts(*parts, split_gate_up=True)  # gate | up stacked, h at the pair's 2nd arrival
     res_all = kw.pop("residual")
     inputs = [x0] + [torch.randn_like(x0) for _ in range(9)]
 
@@ -224,8 +224,7 @@ def moe_section(args, sink) -> None:
     for t in (int(v) for v in args.ms.split(",")):
         want = reference(t)
         variants = [("moe_decode_v2", "default", cuda_block)] if t <= 64 else []
-        variants += [("moe_block_mma", "default", mma_block),
-                     ("moe_block_mma", "split", lambda x, res: mma_block(x, res, ex=experts_split))]
+        variants += [("moe_block_mma", "default", mma_block)]
         variants += [("moe_block_mma", f"tiles{rows}", lambda x, res, rows=rows: mma_block(x, res, rows))
                      for rows in (1, 8, 16, 32) if args.moe_tiles]
         for kernel, config, fn in variants:

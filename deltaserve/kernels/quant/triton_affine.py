@@ -286,7 +286,7 @@ def dense_path(m: int) -> str:
     has no repack, takes "dequant" for it) or "wide" (the wide kernel, dequantising each weight tile for every 128
     rows). All three give the same bits: each chains the same bf16 products (dequant_tile's weight values) k16 step
     by k16 step in K order on the tensor cores (GPU tests, every prefill shape and several M).
-    H200, the 35B-A3B's projections (lab/probe_dense_prefill.py, lab/NOTES.md): at 512 rows 12352 x 2048
+    H200, the 35B-A3B's projections (a probe, lab/NOTES.md): at 512 rows 12352 x 2048
     wide 106.4 us, dequantise 21.7 + multiply 49 (66.6 together), fused 51.5; 9216 x 2048 97.3, 55.6, 43.2;
     2048 x 4096 52.1, 25.9, 33.1 (128 programs: model/fast.prefill_dense_weights sends launches of too few programs
     to "dequant"); at 4096 rows 12352 x 2048 807 / 307 / 417 (fused is bound by its dequantisation there, each
@@ -300,7 +300,7 @@ def dense_path(m: int) -> str:
 def dense_config(m: int) -> tuple[int, int, int, int, int, bool]:
     """(BM, BN, BK, num_warps, num_stages, TMA) of the dense kernel for m rows. The tile never changes a row's bits
     (each output element is the same chain of k16 MMAs in K order whatever the tile: GPU test over these and other
-    tiles, and lab/probe_dense_prefill.py found every tile, cp.async or TMA, bit-equal to the wide kernel), so
+    tiles, and a probe (lab/NOTES.md) found every tile, cp.async or TMA, bit-equal to the wide kernel), so
     it may follow M. H200 (lab/NOTES.md), tiles fetched by TMA: at 512 rows 128 x 64 of 4 warps, 4 stages
     (12352 x 2048 45.4 us, 9216 x 2048 40.5, 2048 x 4096 22.8; by cp.async 52.0 / 45.0 / 23.8); at 4096 rows
     256 x 128 of 8 warps, 4 stages (287 / 216 / 93 us; cp.async 348 / 259 / 112 at 3 stages; cuBLAS on the same

@@ -16,7 +16,7 @@ each thread's 128-bit load of a row block's group is its A fragments of the grou
 
 Batch invariance: a row of x is an MMA column; nothing mixes columns, so a row's bits never depend on M.
 
-H200 (lab/probe_dense_prefill.py, CUDA graph past the L2, lab/NOTES.md), at 512 rows against dequantise +
+H200 (a probe, CUDA graph past the L2, lab/NOTES.md), at 512 rows against dequantise +
 multiply: 12352 x 2048 51.5 us / 66.6, 9216 x 2048 43.2 / 55.6, 2048 x 4096 33.1 / 25.9 (128 programs: too few,
 enough_programs); the fp32 dequantisation instead of the bf16x2 fma 58.4 / 49.6 / 38.1. At 4,096 rows it is bound by
 its dequantisation (each weight once per 128 rows of x): 417 / 307 us for the in_proj, hence dense_path's
