@@ -36,7 +36,7 @@ def test_wgmma_experts_policy():
     assert wx.wg_min_rows() == wx.WG_MIN_ROWS == 144  # from 16 tokens: a 16-stream decode, not an 8-stream one
     assert (wx.wg_tile_rows(4096), wx.wg_tile_rows(4095), wx.wg_tile_rows(576)) == (16, 8, 8)
     assert (wx.wg_tile_rows(8192), wx.wg_tile_rows(8191)) == (32, 16)
-    assert wx.wg_partial_major() and wx.wg_fold_pair() and not wx.wg_split_wait()
+    assert wx.wg_partial_major() and wx.wg_fold_pair()
     assert wx.wg_xs_smem() and wx.wg_slot_carry()
     # register caps: 96 for 8-row tiles, 128 for 16-row ones, 168 for 32-row ones, none wider; wg_gemv none past 16
     assert [wx.wg_maxnreg(r) for r in (8, 16, 32, 64)] == [{"maxnreg": 96}, {"maxnreg": 128}, {"maxnreg": 168}, {}]
@@ -129,13 +129,13 @@ def test_router_policy_and_experiments(monkeypatch):
         monkeypatch.setenv("DELTASERVE_ROUTER_ROW_BLOCKS", bad)
         with pytest.raises(ValueError, match="DELTASERVE_ROUTER_ROW_BLOCKS"):
             md.router_row_blocks()
-    monkeypatch.delenv("DELTASERVE_ROUTER_NORM_READ", raising=False)
     assert md.router_norm_read() == "scratch"
-    monkeypatch.setenv("DELTASERVE_ROUTER_NORM_READ", "tiles")
-    assert md.router_norm_read() == "tiles"
-    monkeypatch.setenv("DELTASERVE_ROUTER_NORM_READ", "smem")
-    with pytest.raises(ValueError, match="DELTASERVE_ROUTER_NORM_READ"):
-        md.router_norm_read()
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.delenv("DELTASERVE_WGMMA_SPLIT_WAIT", raising=False)
+    assert wx.wg_split_wait() is False  # an experiment, off until measured in the model
+    monkeypatch.setenv("DELTASERVE_WGMMA_SPLIT_WAIT", "1")
+    assert wx.wg_split_wait() is True
 
 
 def test_route_tiles_bad_requests():

@@ -58,9 +58,9 @@ def test_typed_values_and_errors(monkeypatch):
     monkeypatch.setenv("DELTASERVE_PDL", "maybe")
     with pytest.raises(ValueError, match="DELTASERVE_PDL must be 0 or 1, found 'maybe'"):
         tuning.get("DELTASERVE_PDL")
-    monkeypatch.setenv("DELTASERVE_ROUTER_NORM_READ", "smem")
-    with pytest.raises(ValueError, match="DELTASERVE_ROUTER_NORM_READ must be 'scratch' or 'tiles', found 'smem'"):
-        tuning.get("DELTASERVE_ROUTER_NORM_READ")
+    monkeypatch.setenv("DELTASERVE_ATTN_LONG_SPLIT", "8192")
+    with pytest.raises(ValueError, match="DELTASERVE_ATTN_LONG_SPLIT must be off or FROMxTILES"):
+        tuning.get("DELTASERVE_ATTN_LONG_SPLIT")
     monkeypatch.setenv("DELTASERVE_ROUTER_ROW_BLOCKS", "65")
     with pytest.raises(ValueError, match=r"DELTASERVE_ROUTER_ROW_BLOCKS must be an integer in \[1, 64\], found '65'"):
         tuning.get("DELTASERVE_ROUTER_ROW_BLOCKS")

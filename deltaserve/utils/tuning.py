@@ -92,10 +92,9 @@ VARIABLES: tuple[Var, ...] = (
         "Decode attention: rows longer than FROM tokens take splits of TILES x 64 tokens (FROMxTILES), 'off', or "
         "'auto' (triton_paged.LONG_SPLIT: off). A row's bits depend on its own length and this, never on the batch.",
         parse=lambda raw: "auto" if raw == "auto" else _long_split(raw)),
-    Var("DELTASERVE_ROUTER_NORM_READ", "choice", "scratch",
-        "The batch-1 MoE router launch that makes its input norm reads the norm's row back from a scratch row "
-        "('scratch') or makes its values again at its x loads ('tiles'); the same bits.",
-        choices=("scratch", "tiles")),
+    Var("DELTASERVE_WGMMA_SPLIT_WAIT", "bool", False,
+        "1: the warpgroup-MMA experts kernel's gated step waits for gate's MMAs alone first and makes gate's FMAs "
+        "while up's run (the same bits; -1% for the launch in a probe, not yet measured in the model)."),
     Var("DELTASERVE_ROUTER_ROW_BLOCKS", "int", 1,
         "Row blocks a program of the many-token router GEMV (a power of two up to 64; the same bits).",
         low=1, high=64),

@@ -965,10 +965,8 @@ def check_router_norm(mods, device, ts=(1, 3, 16), h=128, e=12, top_k=3, group=3
     sums_only=True) then moe_route on its output, bit for bit: y, the residual sum, y's group sums, ids, weights and
     the shared weight, with and without the stacked shared slot (shared_slot = E) and at both norm offsets (HF's 1,
     MLX's 0), on repeated calls with the last call's outputs poisoned, both ways of reading the norm's row for the
-    dot product (DELTASERVE_ROUTER_NORM_READ: a scratch row, or made again at the x loads); and y against fp64."""
-    import os
-    from unittest import mock
-
+    dot product (router_norm_read: a scratch row, or made again at the x loads, the kernel's two forms); and y
+    against fp64."""
     from deltaserve.kernels import norm as norm_ref
 
     md, nm = mods["moe"], mods["norm"]
@@ -984,7 +982,7 @@ def check_router_norm(mods, device, ts=(1, 3, 16), h=128, e=12, top_k=3, group=3
             what = f"router norm T={t} offset={offset} slot={slot}"
             close(y, norm_ref.rms_norm(r.double(), w.double(), 1e-6, offset), 2 * BF16_EPS, what + ": y vs fp64")
             for rep, read in enumerate(("scratch", "tiles") * reps):
-                with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_NORM_READ": read}):
+                with mock.patch.object(md, "router_norm_read", lambda read=read: read):
                     got, gy, gr, gxs = md.route_normed(x, res, w, 1e-6, offset, kw["router"], top_k, True,
                                                        kw["shared_gate"], shared_slot=slot)
                 for name, a, b in (("y", gy, y), ("r", gr, r), ("xs", gxs, xs), ("ids", got.ids, want.ids),

@@ -583,11 +583,11 @@ ROUTER_NORM_DECODE_TOKENS = 4
 
 
 def router_norm_read() -> str:
-    """How route_normed's programs read the norm's row for their dot product: "scratch" (the default: each stores y
-    to a scratch row of its own and reads it back after a barrier) or "tiles" (each makes y's values again at the
-    dot product's x loads, from the mixer output, the residual and the norm weight: no store, barrier or reload; the
-    same values, the same bits). Prepared, not yet timed on the GPU: DELTASERVE_ROUTER_NORM_READ (utils/tuning.py)."""
-    return tuning.get("DELTASERVE_ROUTER_NORM_READ")
+    """How route_normed's programs read the norm's row for their dot product: "scratch" (each stores y to a scratch
+    row of its own and reads it back after a barrier). Making y's values again at the dot product's x loads (the
+    kernel's NORM 2, the same bits) was refuted on the H200: batch 1 650.2 / 651.5 -> 643.2 / 646.0 tok/s
+    (lab/NOTES.md)."""
+    return "scratch"
 
 
 def router_norm_tokens() -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ...utils import tuning
 from .. import backend
 from ..triton_pdl import pdl_args
 from .mma_gemv import GROUP, HAVE_GLUON, MmaTiles, experts_operands
@@ -140,8 +141,10 @@ def wg_fold_pair() -> bool:
 
 def wg_split_wait() -> bool:
     """Whether the gated launch's step waits for gate's MMAs alone first and makes gate's FMAs while up's MMAs run,
-    then waits for up's (instead of one wait for both): the same FMAs in the same order, so never a bit. Off."""
-    return False
+    then waits for up's (instead of one wait for both): the same FMAs in the same order, so never a bit. An
+    experiment (utils/tuning.py DELTASERVE_WGMMA_SPLIT_WAIT, off): the gated launch at 512 tokens 149.1 -> 147.7 us
+    in a probe (lab/NOTES.md), not yet measured in the model."""
+    return tuning.get("DELTASERVE_WGMMA_SPLIT_WAIT")
 
 
 def wg_xs_smem() -> bool:
