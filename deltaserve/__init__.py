@@ -11,7 +11,7 @@ tokenizers and jinja2.
 """
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
 
 
 def __getattr__(name: str):
@@ -23,10 +23,10 @@ def __getattr__(name: str):
         from .engine.sampling_params import SamplingParams
 
         return SamplingParams
-    if name == "RequestOutput":
-        from .engine.outputs import RequestOutput
+    if name in ("RequestOutput", "CompletionOutput"):
+        from .engine import outputs
 
-        return RequestOutput
+        return getattr(outputs, name)
     raise AttributeError(f"module 'deltaserve' has no attribute {name!r}")
 
 

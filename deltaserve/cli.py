@@ -13,6 +13,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from .utils import tuning
+
 DEFAULT_PRESET = "tiny-moe"
 DEFAULT_SEED = 0
 
@@ -24,7 +26,7 @@ class CLIError(Exception):
 # ---- run -----------------------------------------------------------------------------------------------------------
 def default_model_dir() -> Path:
     """Where the built-in synthetic checkpoint lives: $DELTASERVE_CACHE/tiny-moe-seed0 or ~/.cache/deltaserve/..."""
-    root = os.environ.get("DELTASERVE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "deltaserve")
+    root = tuning.get("DELTASERVE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "deltaserve")
     return Path(root) / f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}"
 
 
@@ -62,47 +64,75 @@ def set_threads(threads: int | None, builtin: bool) -> None:
         torch.set_num_threads(1)
 
 
-def sampling_from_args(args, model_dir: Path):
-    """Flags win; otherwise the checkpoint's generation_config.json (temperature, top_k, top_p); then vLLM's."""
-    from .engine.sampling_params import SamplingParams
-    from .engine.tokenizer import read_generation_config
+def sampling_from_args(args, llm):
+    """Flags win; otherwise LLM.get_default_sampling_params(): the checkpoint's generation_config.json, then vLLM's
+    SamplingParams() defaults (the same defaults LLM.generate uses when given no SamplingParams)."""
+    flags = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    return llm.get_default_sampling_params().clone(seed=args.seed, max_tokens=args.max_tokens,
+                                                   **{k: v for k, v in flags.items() if v is not None})
 
-    gen = read_generation_config(model_dir)
 
-    def pick(flag, key, fallback):
-        return flag if flag is not None else gen.get(key, fallback)
+def prompt_from_args(args) -> str | None:
+    """The one prompt of `run`: --prompt TEXT, --prompt - (all of stdin) or --prompt-file PATH; None: chat. Text
+    that is not valid UTF-8 is refused in one line naming where it came from and the byte."""
+    if args.prompt is not None and args.prompt_file is not None:
+        raise CLIError("give --prompt or --prompt-file, not both")
+    if args.prompt_file is not None:
+        try:
+            data = Path(args.prompt_file).read_bytes()
+        except OSError as e:
+            raise CLIError(f"--prompt-file {args.prompt_file}: {e.strerror or e}") from None
+        return utf8(data, f"--prompt-file {args.prompt_file}")
+    if args.prompt == "-":
+        return utf8(sys.stdin.buffer.read(), "--prompt - (stdin)")
+    if args.prompt is not None:  # argv: undecodable bytes arrive as surrogate escapes
+        return utf8(os.fsencode(args.prompt), "--prompt")
+    return None
 
-    return SamplingParams(
-        temperature=pick(args.temperature, "temperature", 1.0),
-        top_p=pick(args.top_p, "top_p", 1.0),
-        top_k=pick(args.top_k, "top_k", 0),
-        seed=args.seed,
-        max_tokens=args.max_tokens,
-    )
+
+def utf8(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CLIError(f"{where} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                       f"convert it first, e.g. iconv -t UTF-8") from None
 
 
 def cmd_run(args) -> int:
-    from .engine.llm import LLM
+    from .engine.llm import LLM, check_device
 
+    check_device(args.device)  # before anything is made or loaded
     set_threads(args.threads, builtin=not args.model)
     model_dir = Path(args.model) if args.model else ensure_default_checkpoint()
     if not model_dir.is_dir():
         raise CLIError(f"--model {model_dir}: not a directory")
+    prompt = prompt_from_args(args)  # read (and checked) before the model is loaded
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=1,
+              moe_kernels=args.moe_kernels,
               cuda_graphs=False if args.enforce_eager else None, kv_cache_dtype=args.kv_cache_dtype)
-    params = sampling_from_args(args, model_dir)
+    params = sampling_from_args(args, llm)
     chat = not args.no_chat and llm.tokenizer_info is not None and bool(llm.tokenizer_info.chat_template)
     images = [{"type": "image", "image": p} for p in args.image]  # with the prompt, or the chat's first turn
-    if args.prompt is not None:
+    if prompt is not None:
         if not chat:
-            raw = "<|vision_start|><|image_pad|><|vision_end|>" * len(images) + args.prompt
+            raw = "<|vision_start|><|image_pad|><|vision_end|>" * len(images) + prompt
             stream_reply(llm, raw, params, not args.no_thinking, [p["image"] for p in images])
             return 0
-        messages = [{"role": "user", "content": images + [{"type": "text", "text": args.prompt}]
-                     if images else args.prompt}]
+        messages = [{"role": "user", "content": images + [{"type": "text", "text": prompt}]
+                     if images else prompt}]
         stream_reply(llm, messages, params, not args.no_thinking)
         return 0
     return repl(llm, params, chat, not args.no_thinking, images)
+
+
+def prompt_ids(llm, conversation, thinking: bool) -> list[int]:
+    """The prompt's token ids as stream_reply makes them (the chat template's for messages; image parts aside)."""
+    from .engine.multimodal import split_images
+
+    if isinstance(conversation, str):
+        return llm.encode(conversation)
+    conversation, _ = split_images(conversation)
+    return llm.encode(llm.render_chat(conversation, enable_thinking=thinking), add_special_tokens=False)
 
 
 def stream_reply(llm, conversation, params, thinking: bool, images: list | None = None) -> str:
@@ -141,30 +171,66 @@ def speed_line(out) -> str:
             f"{dec_rate} | finish: {out.finish_reason}]")
 
 
+def fit_history(llm, history: list[dict], thinking: bool) -> list[int] | None:
+    """The prompt ids of the conversation, its oldest turns dropped (said on stderr) until the prompt leaves room
+    in max_model_len for at least one new token; None (said too) when the last message alone does not fit."""
+    limit = llm.engine.max_model_len
+    dropped = 0
+    while True:
+        ids = prompt_ids(llm, history, thinking)
+        if len(ids) < limit:
+            if dropped:
+                print(f"(the conversation outgrew max_model_len {limit}: dropped its oldest {dropped} message"
+                      f"{'s' * (dropped != 1)}; /reset starts afresh)", file=sys.stderr)
+            return ids
+        if len(history) == 1:
+            print(f"(that message alone is {len(ids)} tokens, more than max_model_len {limit} allows: shorten it, "
+                  f"or run with a larger --max-model-len)", file=sys.stderr)
+            history.clear()
+            return None
+        drop = 2 if len(history) > 2 and history[1].get("role") == "assistant" else 1  # a user turn and its reply
+        del history[:drop]
+        dropped += drop
+
+
 def repl(llm, params, chat: bool, thinking: bool, images: list | None = None) -> int:
     """Interactive chat: one line per user turn; /reset clears the history, /exit (or end of input) quits.
     images: image parts that go with the first user turn (--image)."""
     history: list[dict] = []
     print("deltaserve chat: type a message; /reset clears the conversation, /exit quits.", file=sys.stderr)
+    if hasattr(sys.stdin, "reconfigure"):  # undecodable bytes reach us as surrogate escapes, to be named below
+        sys.stdin.reconfigure(errors="surrogateescape")
     while True:
         try:
             line = input("> ")
         except EOFError:
             print(file=sys.stderr)
             return 0
-        line = line.strip()
+        try:
+            line = utf8(line.encode("utf-8", "surrogateescape"), "that line").strip()
+        except CLIError as e:
+            print(f"({e}; type it again)", file=sys.stderr)
+            continue
         if not line:
             continue
         if line in ("/exit", "/quit"):
             return 0
         if line == "/reset":
             history.clear()
+            print("(conversation cleared)", file=sys.stderr)
             continue
         if not chat:
+            ids = prompt_ids(llm, line, thinking)
+            if len(ids) >= llm.engine.max_model_len:
+                print(f"(that line is {len(ids)} tokens, more than max_model_len {llm.engine.max_model_len} "
+                      f"allows)", file=sys.stderr)
+                continue
             stream_reply(llm, line, params, thinking)
             continue
         first = images if images and not any(m["role"] == "user" for m in history) else []
         history.append({"role": "user", "content": first + [{"type": "text", "text": line}] if first else line})
+        if fit_history(llm, history, thinking) is None:
+            continue
         reply = stream_reply(llm, history, params, thinking)
         history.append({"role": "assistant", "content": reply})
 
@@ -198,6 +264,12 @@ def cmd_info(args) -> int:
     if not Path(args.dir).is_dir():
         raise CLIError(f"{args.dir}: not a directory")
     print(describe_checkpoint(args.dir))
+    if args.plan:
+        from .model.plan import resolve_plan
+
+        plan = resolve_plan(args.decode_gemv, args.moe_kernels, args.max_num_seqs)
+        print(f"deployment: max_num_seqs {args.max_num_seqs}")
+        print("\n".join(plan.details()))
     return 0
 
 
@@ -258,9 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Stream a reply to --prompt, or chat interactively. Without --model, uses a "
                          "built-in tiny synthetic checkpoint (random weights) created once in the cache dir.")
     run.add_argument("--model", help="checkpoint directory (default: the built-in tiny-moe synthetic one)")
-    run.add_argument("--prompt", help="one prompt; without it, an interactive chat on stdin")
+    run.add_argument("--prompt", help="one prompt ('-': read it from stdin); without it, an interactive chat on stdin")
+    run.add_argument("--prompt-file", metavar="PATH", help="read the one prompt from a UTF-8 text file")
     run.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
-    run.add_argument("--temperature", type=float, help="0 = greedy (default: generation_config.json, else 1.0)")
+    run.add_argument("--temperature", type=float, help="0 = greedy (default: generation_config.json, else 1.0; "
+                     "as LLM.generate without SamplingParams)")
     run.add_argument("--top-p", type=float, help="nucleus mass in (0, 1] (default: generation_config.json)")
     run.add_argument("--top-k", type=int, help="keep the k most likely tokens, 0 = off (default: generation_config)")
     run.add_argument("--seed", type=int, help="sampling seed (default: drawn from the engine's seeded RNG)")
@@ -272,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode (default: graphs on CUDA)")
     run.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
                      help="attention K/V cache: auto = the activation dtype, fp8 = e4m3 with a scale per token and head")
+    run.add_argument("--moe-kernels", default="mma", choices=["mma", "cuda"],
+                     help="GPU kernels of q4 MoE blocks: mma (tensor cores, default) or cuda (batch-1-only serving)")
     run.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, no chat template")
     run.add_argument("--image", action="append", default=[], metavar="PATH",
                      help="an image for the prompt (or the chat's first turn); repeat for several (docs/vision.md)")
@@ -290,6 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="describe a checkpoint: architecture, parameters, bits per weight, memory")
     info.add_argument("dir", help="checkpoint directory (config.json is enough)")
+    info.add_argument("--plan", action="store_true", help="also print the kernel plan a GPU deployment would fix")
+    info.add_argument("--max-num-seqs", type=int, default=1, help="the deployment's streams (--plan; default 1)")
+    info.add_argument("--decode-gemv", default="auto", choices=["auto", "head", "mma", "wide", "cuda"],
+                      help="--plan: the decode GEMV family (auto: from --max-num-seqs)")
+    info.add_argument("--moe-kernels", default="mma", choices=["mma", "cuda"], help="--plan: the MoE family")
     info.set_defaults(func=cmd_info)
 
     q = sub.add_parser("quantize", help="quantise a checkpoint to MLX affine int4/int8")

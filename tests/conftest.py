@@ -20,3 +20,18 @@ import torch  # noqa: E402  (after the thread variables: they are read when torc
 
 if _WORKERS > 1:
     torch.set_num_threads(_THREADS)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say that the GPU tests were left out (pyproject's addopts: -m 'not gpu') and how to run them: a green run on
+    a CPU machine has not run them. Counted from the deselected items where this process collected them; under
+    pytest-xdist the workers collect, and the line says so without a count."""
+    markexpr = config.option.markexpr or ""
+    deselected = terminalreporter.stats.get("deselected", [])
+    gpu = sum(1 for item in deselected if "gpu" in getattr(item, "keywords", ()))
+    how = "run `python -m pytest -m gpu tests/gpu` on a GPU machine (lab/README.md says how)"
+    if gpu:
+        terminalreporter.write_line(f"{gpu} gpu tests deselected: {how}")
+    elif "not gpu" in markexpr and getattr(config, "workerinput", None) is None and config.pluginmanager.hasplugin(
+            "dsession"):
+        terminalreporter.write_line(f"the gpu tests were deselected (-m '{markexpr}'): {how}")

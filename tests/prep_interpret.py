@@ -52,14 +52,15 @@ def spy_and_count(module, name: str) -> tuple[list, dict]:
     return preps, made
 
 
-def prefilled_decoder(ckpt: str, prompts: list[list[int]], tables: list[list[int]], env: str):
+def prefilled_decoder(ckpt: str, prompts: list[list[int]], tables: list[list[int]], chooser: str):
     """The checkpoint's model (bf16) with the prompts prefilled through the reference path (no interpreter time)
-    into one cache; returns decode(mode): one fast-path decode step of every row from a copy of that cache with
-    env=mode, its logits in fp32."""
+    into one cache; returns decode(fused): one fast-path decode step of every row from a copy of that cache, its
+    logits in fp32, with the kernel's prep (fused) or with model/fast.py's `chooser` answering None (the prep
+    launch before the GEMV, the path of formats the kernel cannot prep)."""
     import torch
 
     from deltaserve.kernels import backend
-    from deltaserve.model import ForwardBatch
+    from deltaserve.model import ForwardBatch, fast
     from deltaserve.weights.loader import load_checkpoint
 
     model = load_checkpoint(ckpt, dtype=torch.bfloat16, progress=False).model
@@ -70,12 +71,17 @@ def prefilled_decoder(ckpt: str, prompts: list[list[int]], tables: list[list[int
             model(ForwardBatch.build([p], [0], [tables[i]], [i], 16), cache)
     backend.use_reference(False)
 
-    def decode(mode: str) -> torch.Tensor:
-        os.environ[env] = mode
+    chosen = getattr(fast, chooser)
+
+    def decode(fused: bool) -> torch.Tensor:
+        setattr(fast, chooser, chosen if fused else (lambda *args, **kwargs: None))
         fb = ForwardBatch.build([[p[-1]] for p in prompts], [len(p) for p in prompts], tables,
                                 list(range(len(prompts))), 16)
-        with torch.no_grad():
-            return model(fb, copy.deepcopy(cache)).float()
+        try:
+            with torch.no_grad():
+                return model(fb, copy.deepcopy(cache)).float()
+        finally:
+            setattr(fast, chooser, chosen)
 
     return decode
 

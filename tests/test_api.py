@@ -30,7 +30,7 @@ def llm(ckpt):
 
 
 def test_public_names():
-    assert sorted(deltaserve.__all__) == ["LLM", "RequestOutput", "SamplingParams"]
+    assert sorted(deltaserve.__all__) == ["CompletionOutput", "LLM", "RequestOutput", "SamplingParams"]
     with pytest.raises(AttributeError):
         deltaserve.Scheduler  # noqa: B018
 

@@ -1,6 +1,5 @@
-"""The decode attention's merge writing its out projection's GEMV prep (fast.attn_merge_prep,
-DELTASERVE_ATTN_MERGE_PREP=merge), end to end on the model's fast path through Triton's interpreter: a q4 g64 model
-of one full-attention layer whose heads are one q4 group wide (head_dim 64) decodes a step of two rows, one merged
+"""The decode attention's merge writing its out projection's GEMV prep (fast.attn_merge_prep), end to end on the
+model's fast path through Triton's interpreter: a q4 g64 model of one full-attention layer whose heads are one q4 group wide (head_dim 64) decodes a step of two rows, one merged
 over two splits (a 70-token context) and one finished by its split program, with logits equal to the prep launch's
 bit for bit (the merge's prep is prep_row's arithmetic on the same values), the prep really made by the merge and
 no prep launch for the out projection. (The kernel itself, bit for bit against prep_x with poisoned buffers:
@@ -24,11 +23,11 @@ def _child(ckpt: str) -> None:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, 32, (70,), generator=g).tolist(), [8, 30, 5]]
     tables = [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]  # 80 tokens a row: the host bound spans two splits of 64
-    decode = prefilled_decoder(ckpt, prompts, tables, "DELTASERVE_ATTN_MERGE_PREP")
-    launch = decode("launch")
+    decode = prefilled_decoder(ckpt, prompts, tables, "attn_merge_prep")
+    launch = decode(False)
     assert preps == [None], preps
     counts, preps[:] = dict(made), []
-    merged = decode("merge")
+    merged = decode(True)
     assert preps == [(4, 64)], f"the merge's prep was not in use: {preps}"
     # the out projection took the merge's prep instead of a prep launch; every other GEMV as before
     assert made["prep_x"] - counts["prep_x"] == counts["prep_x"] - 1, (counts, made)

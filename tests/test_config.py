@@ -222,3 +222,20 @@ def test_tie_word_embeddings_top_level_or_text():
     assert ModelConfig.from_dict(raw).tie_word_embeddings  # from text_config
     raw["tie_word_embeddings"] = False
     assert not ModelConfig.from_dict(raw).tie_word_embeddings  # top level wins (transformers reads it there)
+
+
+def test_model_registry_builds_every_supported_type():
+    """model/registry.py: every supported model_type has its class (the loader, quantiser, info and bench build
+    through it); an unknown type is refused by name."""
+    import torch
+
+    from deltaserve.model.config import SUPPORTED_MODEL_TYPES
+    from deltaserve.model.registry import MODELS, build_model, model_class
+
+    assert set(MODELS) == set(SUPPORTED_MODEL_TYPES)
+    with pytest.raises(ConfigError, match="no model class for model_type 'llama'"):
+        model_class("llama")
+    config = ModelConfig.from_dict(PRESETS["tiny-moe"].config)
+    with torch.device("meta"):
+        model = build_model(config)
+    assert type(model) is MODELS[config.model_type] and model.config is config

@@ -93,10 +93,9 @@ def _child(ckpt: str) -> None:
         return taken
 
     fast_path.mixer_halves = spy
-    os.environ.update(DELTASERVE_MIXER_HALVES="2", DELTASERVE_MIXER_HALVES_ATTN="1")
+    rows_at, fast_path.MIXER_HALVES_ROWS = fast_path.MIXER_HALVES_ROWS, 2  # a 4-row step splits
     halves = decode(True, [0, 1, 2, 3], 1)
-    for name in ("DELTASERVE_MIXER_HALVES", "DELTASERVE_MIXER_HALVES_ATTN"):
-        del os.environ[name]
+    fast_path.MIXER_HALVES_ROWS = rows_at
     fast_path.mixer_halves = mixer_halves
     taken = {kind for rows, kind, ok in halves_run if ok and rows == 4}
     assert taken == {"deltanet", "attention"}, f"the halves were not taken: {halves_run}"
@@ -165,39 +164,11 @@ if __name__ == "__main__":
     _child(sys.argv[1])
 
 
-def test_kernel_choice_env_vars_are_checked(monkeypatch):
-    from deltaserve.model import fast
-
-    monkeypatch.delenv("DELTASERVE_MOE_TOPK", raising=False)
-    monkeypatch.delenv("DELTASERVE_DECODE_KERNELS", raising=False)
-    monkeypatch.delenv("DELTASERVE_DECODE_CONV", raising=False)
-    assert fast.moe_topk_mode() == "split" and fast.decode_kernels() == "gemv"  # the defaults
-    for mode in ("fused", "split"):
-        monkeypatch.setenv("DELTASERVE_MOE_TOPK", mode)
-        assert fast.moe_topk_mode() == mode
-    monkeypatch.setenv("DELTASERVE_MOE_TOPK", "sorted")
-    with pytest.raises(ValueError, match="DELTASERVE_MOE_TOPK must be 'router', 'fused' or 'split', found 'sorted'"):
-        fast.moe_topk_mode()
+def test_kernel_choices_off_the_gpu():
     import torch
+
+    from deltaserve.model import fast
 
     pool, x = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.bfloat16)
     assert fast.conv_in_gemv(pool, x) and not fast.conv_in_gemv(pool.float(), x)  # the pool must match x's dtype
-    monkeypatch.setenv("DELTASERVE_DECODE_CONV", "kernel")
-    assert not fast.conv_in_gemv(pool, x)
-    monkeypatch.setenv("DELTASERVE_DECODE_CONV", "epilogue")
-    with pytest.raises(ValueError, match="DELTASERVE_DECODE_CONV must be 'gemv' or 'kernel', found 'epilogue'"):
-        fast.conv_in_gemv(pool, x)
-    monkeypatch.delenv("DELTASERVE_MOE", raising=False)
     assert fast.moe_kernels() == "mma" and fast.mma_moe_weights(None, x) is None  # CPU tensors: never repacked
-    monkeypatch.setenv("DELTASERVE_MOE", "cuda")
-    assert fast.moe_kernels() == "cuda" and fast.mma_moe_weights(None, x) is None
-    monkeypatch.delenv("DELTASERVE_MMA_GATE_UP", raising=False)
-    assert not fast.mma_gate_up_split()
-    monkeypatch.setenv("DELTASERVE_MMA_GATE_UP", "split")
-    assert fast.mma_gate_up_split()
-    monkeypatch.setenv("DELTASERVE_MMA_GATE_UP", "fused")
-    with pytest.raises(ValueError, match="DELTASERVE_MMA_GATE_UP must be 'gated' or 'split', found 'fused'"):
-        fast.mma_gate_up_split()
-    monkeypatch.setenv("DELTASERVE_MOE", "tensor")
-    with pytest.raises(ValueError, match="DELTASERVE_MOE must be 'cuda' or 'mma', found 'tensor'"):
-        fast.moe_kernels()

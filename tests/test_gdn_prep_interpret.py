@@ -1,4 +1,4 @@
-"""The DeltaNet decode step writing its out projection's GEMV prep (fast.gdn_step_prep, DELTASERVE_GDN_PREP=step),
+"""The DeltaNet decode step writing its out projection's GEMV prep (fast.gdn_step_prep),
 end to end on the model's fast path through Triton's interpreter: a q4 g64 model whose value heads are one q4
 group wide (dv = 64, the smallest the step can prep) decodes the same greedy tokens with logits equal to the prep
 launch's within fp32 rounding of the group sums, the prep really in use at every DeltaNet layer. (The kernel itself,
@@ -20,11 +20,11 @@ def _child(ckpt: str) -> None:
     from deltaserve.kernels.gated_delta import triton_decode
 
     preps, made = spy_and_count(triton_decode, "gdn_decode_step")
-    decode = prefilled_decoder(ckpt, [[3, 5, 7], [8, 30]], [[0, 1], [2, 3]], "DELTASERVE_GDN_PREP")
-    launch = decode("launch")
+    decode = prefilled_decoder(ckpt, [[3, 5, 7], [8, 30]], [[0, 1], [2, 3]], "gdn_step_prep")
+    launch = decode(False)
     assert set(preps) == {None}, preps
     counts, preps[:] = dict(made), []
-    step = decode("step")
+    step = decode(True)
     assert set(preps) == {(4, 64)} and len(preps) == 2, f"the step's prep was not in use at every layer: {preps}"
     # each DeltaNet layer's out projection took the step's prep instead of a prep launch
     assert made["prep_x"] - counts["prep_x"] == counts["prep_x"] - 2, (counts, made)

@@ -8,11 +8,11 @@ launched 24 (DeltaNet+MoE) and 45 (attention+MoE) before fusion (with the GEMV t
 in one launch, the output gate in the attention epilogue, RoPE angles in-kernel), 9 and 10 with the DeltaNet decode
 conv in the input projection's GEMV epilogue; one more each with the MoE top-k in its own launch (measured on the
 H200 against the top-k recomputed in every gate/up program), and 9 and 10 again with the top-k done by the router
-launch's last-arriving program (model/fast.py::moe_topk_mode "router", kernels/triton_sync.py).
+launch's last-arriving program (kernels/triton_sync.py).
 The packed (q4) decoder GEMVs then went back to a prep launch each (+2 per layer, 11 and 12: with PDL the prep
 launch is hidden and the GEMV's x reads get cheaper, tg128 @ d512 421.5 -> 452.3 tok/s on the H200; bf16 weights
 have no prep, 9 and 10). The input norm then wrote its GEMV's prep itself (model/fast.py::norm_for_gemv): 10 and 11.
-The MoE top-k then went back to a launch of its own (model/fast.py::moe_topk_mode "split": with PDL the launch
+The MoE top-k then went back to a launch of its own (moe_route(separate_topk=True): with PDL the launch
 costs less than the router's serial last-arrival tail, tg128 @ d512 571.3 -> 580.4 tok/s on the H200): 11 and 12,
 bf16 10 and 11.
 A change that adds a launch per layer fails here: lower the bound when a change removes one.

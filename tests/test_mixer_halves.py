@@ -59,30 +59,18 @@ def test_rows_of_slices_the_carried_prep():
     assert getattr(plain, fast.GEMV_PREP_ATTR, None) is None
 
 
-def test_mixer_halves_switch(monkeypatch):
+def test_mixer_halves_threshold(monkeypatch):
     x = torch.zeros(2, 4, dtype=torch.bfloat16)  # a CPU tensor: the fast path is off (no interpreter here)
-    monkeypatch.setattr(fast, "enabled", lambda t: True)
-    monkeypatch.delenv("DELTASERVE_MIXER_HALVES", raising=False)
-    assert not fast.mixer_halves(fast.MIXER_HALVES_ROWS - 1, x) and fast.mixer_halves(fast.MIXER_HALVES_ROWS, x)
-    monkeypatch.setenv("DELTASERVE_MIXER_HALVES", "0")
     assert not fast.mixer_halves(64, x)
-    monkeypatch.setenv("DELTASERVE_MIXER_HALVES", "1")
+    monkeypatch.setattr(fast, "enabled", lambda t: True)
+    assert not fast.mixer_halves(fast.MIXER_HALVES_ROWS - 1, x) and fast.mixer_halves(fast.MIXER_HALVES_ROWS, x)
+    assert fast.mixer_halves(fast.MIXER_HALVES_ROWS, x, "attention") == fast.MIXER_HALVES_ATTN
+    monkeypatch.setattr(fast, "MIXER_HALVES_ROWS", 1)
     assert not fast.mixer_halves(1, x) and fast.mixer_halves(2, x)  # one row has no halves
-    monkeypatch.setenv("DELTASERVE_MIXER_HALVES", "2")
-    monkeypatch.delenv("DELTASERVE_MIXER_HALVES_ATTN", raising=False)
-    assert fast.mixer_halves(2, x, "attention") == bool(fast.MIXER_HALVES_ATTN)
-    monkeypatch.setenv("DELTASERVE_MIXER_HALVES_ATTN", "1")
-    assert fast.mixer_halves(2, x, "attention") and not fast.mixer_halves(1, x, "attention")
-    monkeypatch.setenv("DELTASERVE_MIXER_HALVES_ATTN", "0")
+    monkeypatch.setattr(fast, "MIXER_HALVES_ATTN", False)
     assert not fast.mixer_halves(2, x, "attention") and fast.mixer_halves(2, x, "deltanet")
     with pytest.raises(ValueError, match="kind 'deltanet' or 'attention', found 'moe'"):
         fast.mixer_halves(2, x, "moe")
-    monkeypatch.setenv("DELTASERVE_MIXER_HALVES_ATTN", "2")
-    with pytest.raises(ValueError, match=r"DELTASERVE_MIXER_HALVES_ATTN must be an integer in \[0, 1\], found '2'"):
-        fast.mixer_halves(2, x, "attention")
-    monkeypatch.setenv("DELTASERVE_MIXER_HALVES", "-4")
-    with pytest.raises(ValueError, match="DELTASERVE_MIXER_HALVES must be an integer >= 0, found '-4'"):
-        fast.mixer_halves(64, x)
 
 
 def test_linear_out_needs_the_decode_gemv():
@@ -102,9 +90,8 @@ def test_run_forked_off_cuda_runs_both_branches_in_order_under_their_lanes():
         fast.run_forked([branch("a")] * 3, torch.device("cpu"))
 
 
-def test_moe_fork_switch(monkeypatch):
+def test_moe_fork_threshold(monkeypatch):
     x = torch.zeros(2, 4, dtype=torch.bfloat16)
-    monkeypatch.delenv("DELTASERVE_MOE_HALVES", raising=False)
     assert fast.moe_fork(64, x) is None  # a CPU tensor without the interpreter: the fast path is off
     monkeypatch.setattr(fast, "enabled", lambda t: True)
     assert fast.moe_fork(fast.MOE_HALVES_TOKENS - 1, x) is None
@@ -112,10 +99,5 @@ def test_moe_fork_switch(monkeypatch):
     seen = []
     fork([lambda: seen.append(1), lambda: seen.append(2)])  # run_forked on x's device: here in order
     assert seen == [1, 2]
-    monkeypatch.setenv("DELTASERVE_MOE_HALVES", "0")
-    assert fast.moe_fork(64, x) is None
-    monkeypatch.setenv("DELTASERVE_MOE_HALVES", "1")
+    monkeypatch.setattr(fast, "MOE_HALVES_TOKENS", 1)
     assert fast.moe_fork(1, x) is None and fast.moe_fork(2, x) is not None  # one token has no two sets
-    monkeypatch.setenv("DELTASERVE_MOE_HALVES", "-1")
-    with pytest.raises(ValueError, match="DELTASERVE_MOE_HALVES"):
-        fast.moe_fork(64, x)

@@ -19,7 +19,7 @@ def test_pyflakes_clean():
     import io
 
     out, err = io.StringIO(), io.StringIO()
-    files = [str(p) for d in ("deltaserve", "scripts", "tests") for p in sorted((ROOT / d).rglob("*.py"))]
+    files = [str(p) for d in ("deltaserve", "lab", "tests") for p in sorted((ROOT / d).rglob("*.py"))]
     count = api.checkRecursive(files, reporter_mod.Reporter(out, err))
     # backend.triton_available imports triton.language only to see whether it imports
     lines = [ln for ln in out.getvalue().splitlines() if not ln.endswith("'triton.language' imported but unused")]

@@ -1,4 +1,4 @@
-"""`deltaserve bench`: prefill and decode timed separately, llama-bench style (shared/BENCH_METHOD.md).
+"""`deltaserve bench`: prefill and decode timed separately, llama-bench style (bench/README.md: the method).
 
   deltaserve bench --preset qwen3.6-35b-a3b --quant q4 -p 512 -n 128 -d 0,512,4096 -b 1,8,64 -r 5
 
@@ -15,7 +15,6 @@ inside the device budget. Records say so in their notes.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 from ..engine.cuda_graph import DecodeGraph
 from ..model import ForwardBatch, ModelConfig
 from ..model.cache import parse_kv_cache_dtype
+from ..utils import tuning
 from . import records, roofline
 from .random_model import build_random_model
 
@@ -78,8 +78,11 @@ def parse_args(argv):
     p.add_argument("--device", default="cuda")
     p.add_argument("--decode-gemv", default="auto", choices=["auto", "mma", "cuda", "wide", "head"],
                    help="decode GEMV mode of the q4 linears; auto: each -b measured as a deployment for that many "
-                        "streams (model/fast.py decode_gemv_for_streams: head below 4, mma from 4), as an engine "
-                        "with max_num_seqs = B picks it; DELTASERVE_DECODE_GEMV overrides")
+                        "streams (model/plan.py decode_gemv_for_streams: head below 4, mma from 4), as an engine "
+                        "with max_num_seqs = B picks it")
+    p.add_argument("--moe-kernels", default="mma", choices=["mma", "cuda"],
+                   help="kernel family of the q4 MoE blocks: mma (tensor cores, every token count) or cuda "
+                        "(CUDA-core decode kernels: batch-1-only serving)")
     p.add_argument("--structured-output", action="store_true",
                    help="decode tok/s through the engine loop with every row constrained by a mid-size JSON schema "
                         "vs unconstrained (bench/structured.py; first -p as the prompt length, each -n and -b)")
@@ -228,9 +231,9 @@ def main(argv=None) -> int:
     recs = []
     max_len = max(args.depth) + max(max(args.n_prompt), max(args.n_gen)) + 8
     note = "depth laid down synthetically (random KV/state)"
-    knobs = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("DELTASERVE_") and k != "DELTASERVE_COMMIT")
+    knobs = sorted(f"{k}={v}" for k, v in tuning.set_in_environment().items())
     if knobs:
-        note += "; " + " ".join(knobs)  # kernel choices made by environment (model/fast.py) travel with the numbers
+        note += "; " + " ".join(knobs)  # debugging switches and experiments (utils/tuning.py) travel with the numbers
     def keep(rec: dict) -> None:
         # appended as soon as measured: a run cut short by a device time limit keeps what it finished
         recs.append(rec)
@@ -239,14 +242,14 @@ def main(argv=None) -> int:
             records.append_records([rec], args.results, gpu)
 
     from ..model import fast
+    from ..model.plan import resolve_plan
 
     def deployment(b: int) -> str:
-        """The decode GEMV mode a deployment for b streams runs (fixed on the model before its runs), and the note."""
-        mode = fast.decode_gemv_for_streams(b) if args.decode_gemv == "auto" else args.decode_gemv
-        fast.set_decode_gemv(model, mode)
-        runs = fast.decode_gemv(model)  # DELTASERVE_DECODE_GEMV overrides the deployment's choice
+        """The kernel plan of a deployment for b streams (fixed on the model before its runs), as the records' note."""
+        plan = resolve_plan(args.decode_gemv, args.moe_kernels, max_num_seqs=b)
+        fast.set_plan(model, plan)
         why = f"a deployment for {b} stream{'s' * (b != 1)}" if args.decode_gemv == "auto" else "--decode-gemv"
-        return f"; decode GEMV {runs} ({why if runs == mode else 'DELTASERVE_DECODE_GEMV'})"
+        return f"; plan {plan.describe()} ({why})"
 
     if args.structured_output:
         from .structured import run as run_structured
@@ -309,7 +312,7 @@ def main(argv=None) -> int:
     from ..model.fast import decode_copy_bytes
 
     copies = decode_copy_bytes(model) / 2**30
-    # counted again now: DELTASERVE_MOE=mma released the MLX experts once it had repacked them
+    # counted again now: the tensor-core MoE released the MLX experts once it had repacked them
     held = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
     print(f"# peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB; weights now {held:.2f} GiB (at load "
           f"{weight_gib:.2f}) + {copies:.2f} GiB of tensor-core repacked weights = {held + copies:.2f} GiB")

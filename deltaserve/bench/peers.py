@@ -1,4 +1,4 @@
-"""Peers beside our numbers (shared/BENCH_METHOD.md): llama.cpp and transformers results as our JSON records, and
+"""Peers beside our numbers (bench/README.md: the method): llama.cpp and transformers results as our JSON records, and
 one side-by-side table.
 
   python -m deltaserve.bench.peers llama-bench RESULT.json --model qwen3.6-35b-a3b   # llama-bench -o json/jsonl

@@ -13,8 +13,9 @@ import math
 import torch
 from torch import nn
 
-from ..model import ModelConfig, Qwen3_5ForCausalLM
+from ..model import ModelConfig
 from ..model.layers import DenseWeights
+from ..model.registry import build_model
 from ..quant.affine import AffineSpec, AffineWeights, QuantScheme
 
 GATE_SUFFIXES = (".mlp.gate", ".mlp.shared_expert_gate")
@@ -32,14 +33,14 @@ def quant_scheme(config: ModelConfig, bits: int, group_size: int = 64) -> QuantS
 
 def build_random_model(
     config: ModelConfig, quant: str | None, device: torch.device | str, dtype=torch.bfloat16, seed: int = 0
-) -> Qwen3_5ForCausalLM:
+) -> nn.Module:
     if quant in (None, "bf16"):
         factory = DenseWeights()
     else:
         bits = {"q4": 4, "q8": 8}[quant]
         factory = AffineWeights(quant_scheme(config, bits), model_type=config.model_type)
     with torch.device("meta"):
-        model = Qwen3_5ForCausalLM(config, factory)
+        model = build_model(config, factory)
     gen = torch.Generator(device=device).manual_seed(seed)
     for mod_name, module in model.named_modules():
         for name, param in list(module.named_parameters(recurse=False)):

@@ -1,18 +1,19 @@
-"""Benchmark result records: one JSON object per line under bench/results/ (shared/BENCH_METHOD.md)."""
+"""Benchmark result records: one JSON object per line under bench/results/ (bench/README.md: the method)."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import subprocess
 from pathlib import Path
+
+from ..utils import tuning
 
 
 def git_commit(cwd: str | Path | None = None) -> str:
     """The short commit of the tree being measured; $DELTASERVE_COMMIT wins (device copies carry no .git)."""
-    if os.environ.get("DELTASERVE_COMMIT"):
-        return os.environ["DELTASERVE_COMMIT"]
+    if tuning.get("DELTASERVE_COMMIT"):
+        return tuning.get("DELTASERVE_COMMIT")
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=cwd, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,

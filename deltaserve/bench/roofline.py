@@ -1,4 +1,4 @@
-"""Bytes a decode step must move, for the % of bandwidth roofline (shared/BENCH_METHOD.md).
+"""Bytes a decode step must move, for the % of bandwidth roofline (bench/README.md: the method).
 
 bytes(step) = weights read in their stored format (every non-expert matrix, the router, the k picked experts of
 each token — the distinct ones across the batch —, the shared expert, lm_head, one embedding row per token)
@@ -13,7 +13,7 @@ from ..model.config import ModelConfig
 
 # Measured device-to-device copy bandwidth (bytes read + written) of each GPU we have timed on, by a substring of
 # torch.cuda.get_device_name(): the roofline's ceiling. H200: 4 GiB bf16 buffer, shared/GPU_NOTES.md. H100 80GB HBM3:
-# a 2 GiB uint8 copy, median of 20 after 3 warm-ups, 1.431 ms (2026-12-05, bench/NOTES.md). A GPU not listed gets
+# a 2 GiB uint8 copy, median of 20 after 3 warm-ups, 1.431 ms (2026-12-05, lab/NOTES.md). A GPU not listed gets
 # no % of roofline (a datasheet figure is not a measured ceiling).
 COPY_BYTES_PER_S = {"H200": 4.29e12, "H100 80GB HBM3": 3.00e12}
 

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from ..model import ForwardBatch, HybridCache, fast
-from ..utils.env import env_choice
 from .transfer import to_device
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -29,10 +28,8 @@ MIN_WIDTH_TOKENS = 1024  # the narrowest decode graph's block tables (tokens); w
 
 def greedy_kernels(logits: torch.Tensor) -> bool:
     """Does the greedy feedback run as kernels/triton_greedy's two launches (fast-path logits: CUDA, or CPU under
-    the interpreter's fast path) or as the torch sequence? Env DELTASERVE_GREEDY_FEEDBACK=kernel (default) | torch,
-    for the A/B (bench/NOTES.md)."""
-    mode = env_choice("DELTASERVE_GREEDY_FEEDBACK", "kernel", ("kernel", "torch"))
-    return mode == "kernel" and fast.enabled(torch.empty(0, dtype=torch.bfloat16, device=logits.device))
+    the interpreter's fast path) or as the torch sequence (the same values)?"""
+    return fast.enabled(torch.empty(0, dtype=torch.bfloat16, device=logits.device))
 
 
 def activation_param(model) -> torch.Tensor | None:

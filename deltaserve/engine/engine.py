@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 from ..model import fast
 from ..model.cache import cache_spec, parse_kv_cache_dtype
 from ..structured.matcher import COMPLETE, REJECTED
+from ..model.plan import resolve_plan
 from ..utils.memory import cache_budget_bytes
 from . import cuda_graph
 from .block_pool import BlockPool, StateSlotPool
@@ -28,7 +29,7 @@ from .cuda_graph import DEFAULT_BUCKETS, DecodeGraphs, PrefillGraphs
 from .detokenizer import IncrementalDetokenizer
 from . import multimodal
 from .multimodal import ImageSupport
-from .outputs import RequestOutput
+from .outputs import Logprob, RequestOutput
 from .prefix_cache import ALIGN_TOKENS, PrefixCache
 from .request import FinishReason, Request
 from .runner import ModelRunner, StepHandle
@@ -58,9 +59,9 @@ class EngineConfig:
     # (token, KV head) row: half the bytes per token, kernels/attention/kv_fp8.py), like vLLM's --kv-cache-dtype
     kv_cache_dtype: str = "auto"
     # The decode GEMV family of the q4 linears (model/fast.py decode_gemv): "auto" picks it from max_num_seqs
-    # (fast.decode_gemv_for_streams: the batch-1 "head" mode for 1-3 streams, the tensor-core "mma" mode from 4),
-    # or one of fast.DECODE_GEMV_MODES. Fixed for the engine's life, so a request's bits never depend on how many
-    # others share its steps; engines of other sizes may differ in the last bits (DELTASERVE_DECODE_GEMV overrides).
+    # (model/plan.py decode_gemv_for_streams: the batch-1 "head" mode for 1-3 streams, the tensor-core "mma" mode from 4),
+    # or one of plan.DECODE_GEMV_MODES. Fixed for the engine's life, so a request's bits never depend on how many
+    # others share its steps; engines of other sizes may differ in the last bits.
     decode_gemv: str = "auto"
     # Automatic prefix caching (engine/prefix_cache.py): full KV blocks shared between requests by a hash chain of
     # their tokens, plus DeltaNet state snapshots at chosen prompt seams, so a request whose prompt starts with a
@@ -71,16 +72,9 @@ class EngineConfig:
     prefix_state_budget: int | None = None
     # long prompts also snapshot every this many tokens (a multiple of the 64-token alignment; None: never)
     prefix_snapshot_interval: int | None = 4096
-
-
-def resolve_decode_gemv(choice: str, max_num_seqs: int) -> str:
-    """EngineConfig.decode_gemv -> the mode the engine fixes on its model ("auto": from max_num_seqs)."""
-    if choice == "auto":
-        return fast.decode_gemv_for_streams(max_num_seqs)
-    if choice not in fast.DECODE_GEMV_MODES:
-        raise ValueError(f"EngineConfig.decode_gemv must be 'auto' or one of {', '.join(fast.DECODE_GEMV_MODES)}, "
-                         f"found {choice!r}")
-    return choice
+    # The MoE blocks' kernel family for q4 experts (model/plan.py KernelPlan.moe): "mma" (tensor cores, every token
+    # count) or "cuda" (CUDA-core decode kernels: 1.4% faster at batch 1, much slower prefill and batched decode).
+    moe_kernels: str = "mma"
 
 
 class LLMEngine:
@@ -112,8 +106,10 @@ class LLMEngine:
                 f"{mcfg.max_position_embeddings}"
             )
         self.kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype)
-        self.decode_gemv = resolve_decode_gemv(config.decode_gemv, config.max_num_seqs)
-        fast.set_decode_gemv(model, self.decode_gemv)  # before any step or graph capture
+        # the kernel plan, resolved once and fixed on the model before any step or graph capture
+        self.plan = resolve_plan(config.decode_gemv, config.moe_kernels, config.max_num_seqs)
+        self.decode_gemv = self.plan.decode_gemv
+        fast.set_plan(model, self.plan)
         self.num_snapshots = self._num_snapshots() if config.enable_prefix_caching else 0
         self.num_blocks = config.num_blocks or self._auto_num_blocks()
         # With graphs the cache holds one more block and one more state slot than the pools hand out: ids
@@ -286,6 +282,7 @@ class LLMEngine:
         if req is not None:
             self.scheduler.finish(req, FinishReason.ABORT)
             self.detokenizers.pop(request_id, None)
+            self.runner.sampler.forget(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self.structured.holding
@@ -363,7 +360,10 @@ class LLMEngine:
                     outputs.append(self._output(req, []))
             elif s.sample:
                 token = result.sampled[req.request_id]
+                lp = self.runner.sampler.pop_logprobs(req.request_id) if req.params.logprobs is not None else None
                 kept = self._append_token(req, token)
+                if lp is not None and kept:
+                    req.output_logprobs.append({t: Logprob(v, rank) for t, (v, rank) in lp.items()})
                 outputs.append(self._output(req, [token] if kept else []))
         return outputs
 
@@ -429,8 +429,10 @@ class LLMEngine:
             new_text=new_text,
             new_token_ids=new_tokens,
             metrics=req.metrics,
+            logprobs=list(req.output_logprobs) if req.params.logprobs is not None else None,
         )
         if finished:
+            self.runner.sampler.forget(req.request_id)
             self.requests.pop(req.request_id, None)
             self.detokenizers.pop(req.request_id, None)
             if req.logits_only:

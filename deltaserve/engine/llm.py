@@ -14,17 +14,21 @@ from tokenizers import Tokenizer
 
 from ..model.cache import parse_kv_cache_dtype
 from ..model.config import ModelConfig
+from ..model.plan import resolve_plan
 from ..structured.params import opens_reasoning
 from .chat import ChatTemplateError, render_chat
-from .engine import EngineConfig, LLMEngine, resolve_decode_gemv
+from .engine import EngineConfig, LLMEngine
 from .multimodal import ImageSupport, split_images
 from .outputs import RequestOutput
+from .prompts import is_one_prompt, prompt_parts
 from .sampling_params import SamplingParams
-from .tokenizer import TokenizerInfo, load_tokenizer
+from .tokenizer import TokenizerInfo, load_tokenizer, read_generation_config
 
 # A prompt: text, token ids, or vLLM's dict {"prompt": text | "prompt_token_ids": ids, "multi_modal_data":
 # {"image": one image or a list}} (images: PIL images, paths, bytes, data: URLs; one <|image_pad|> each).
 Prompt = str | Sequence[int] | dict
+# the sampling fields a checkpoint's generation_config.json may set, as LLM(generation_config="auto") reads them
+GENERATION_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": None}
 
 
@@ -61,16 +65,25 @@ class LLM:
         mm_processor_kwargs: dict | None = None,
         enable_prefix_caching: bool = True,
         prefix_state_budget: int | None = None,
+        moe_kernels: str = "mma",
+        generation_config: str = "auto",
     ):
         """limit_mm_per_prompt: {"image": N} most images per prompt (vLLM's spelling); {"image": 0} loads no vision
         tower. mm_processor_kwargs: image processor overrides (min_pixels, max_pixels, max_input_pixels).
-        enable_prefix_caching / prefix_state_budget: the prefix cache (EngineConfig)."""
+        enable_prefix_caching / prefix_state_budget: the prefix cache (EngineConfig).
+        generation_config (vLLM's): "auto" reads the checkpoint's generation_config.json for the sampling defaults
+        that generate() / chat() use when given no SamplingParams (get_default_sampling_params); "vllm" ignores it
+        (SamplingParams() then). An explicit SamplingParams always stands as given."""
         from ..weights.loader import load_checkpoint  # lazy: loading pulls in every checkpoint format
         from ..weights.vision_format import checkpoint_has_vision
 
         self.model_dir = Path(model_dir)
+        check_device(device)
+        if generation_config not in ("auto", "vllm"):
+            raise ValueError(f"generation_config must be 'auto' or 'vllm', found {generation_config!r}")
+        self.generation_config = generation_config
         parse_kv_cache_dtype(kv_cache_dtype)  # cheap checks first: options, config, tokenizer, then the weights
-        resolve_decode_gemv(decode_gemv, max_num_seqs)
+        resolve_plan(decode_gemv, moe_kernels, max_num_seqs)
         mcfg = ModelConfig.from_dir(self.model_dir)
         max_images = _image_limit(limit_mm_per_prompt)
         tok = load_tokenizer(self.model_dir)
@@ -78,7 +91,8 @@ class LLM:
         ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype, device), progress, vision=vision)
         config = EngineConfig(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, seed=seed,
                               cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype, decode_gemv=decode_gemv,
-                              enable_prefix_caching=enable_prefix_caching, prefix_state_budget=prefix_state_budget)
+                              enable_prefix_caching=enable_prefix_caching, prefix_state_budget=prefix_state_budget,
+                              moe_kernels=moe_kernels)
         images = None
         if ckpt.vision is not None:
             images = ImageSupport.for_model(ckpt.vision, mcfg, self.model_dir, mm_processor_kwargs, max_images)
@@ -93,6 +107,7 @@ class LLM:
         model's VisionTower (LoadedCheckpoint.vision) to take images."""
         self = cls.__new__(cls)
         self.model_dir = None
+        self.generation_config = "vllm"
         if isinstance(tokenizer, Tokenizer):
             tokenizer = TokenizerInfo(tokenizer)
         images = None
@@ -116,6 +131,15 @@ class LLM:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.get_tokenizer().encode(text, add_special_tokens=add_special_tokens).ids
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() / chat() sample with when given no SamplingParams: vLLM's SamplingParams() defaults,
+        overridden by the checkpoint's generation_config.json fields (GENERATION_FIELDS) unless
+        generation_config="vllm"."""
+        if self.generation_config != "auto" or self.model_dir is None:
+            return SamplingParams()
+        gen = read_generation_config(self.model_dir)
+        return SamplingParams(**{k: gen[k] for k in GENERATION_FIELDS if gen.get(k) is not None})
+
     # ---- generation ------------------------------------------------------------------------------------------
     def generate(
         self,
@@ -123,7 +147,8 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Final outputs, in the order of the prompts."""
+        """Final outputs, one per prompt in the order of the prompts; with SamplingParams.n > 1 a prompt's n
+        completions are its output's `outputs` (the first also its own text and tokens), as vLLM's."""
         final: dict[str, RequestOutput] = {}
         ids = None
         bar = None
@@ -135,7 +160,15 @@ class LLM:
                     bar.update(1)
         if bar is not None:
             bar.close()
-        return [final[i] for i in ids] if ids is not None else []
+        if ids is None:
+            return []
+        outs = []
+        for group in self._groups:
+            first = final[group[0]]
+            if len(group) > 1:
+                first.outputs = [final[rid].completion(j) for j, rid in enumerate(group)]
+            outs.append(first)
+        return outs
 
     def generate_stream(
         self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
@@ -230,12 +263,11 @@ class LLM:
                                        snapshot_hints=p.get("snapshot_hints") or ())
 
     def _normalise(self, prompts, sampling_params) -> tuple[list[Prompt], list[SamplingParams]]:
-        if isinstance(prompts, (str, dict)) or (
-                isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
+        if is_one_prompt(prompts):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
         else:
@@ -249,13 +281,15 @@ class LLM:
         prompts, params = self._normalise(prompts, sampling_params)
         ids: list[str] = []
         try:
-            for p, sp in zip(prompts, params):
-                if isinstance(p, dict):
-                    ids.append(self._add_dict_prompt(p, sp))
-                elif isinstance(p, str):
-                    ids.append(self.engine.add_request(self.encode(p), sp, prompt=p))
-                else:
-                    ids.append(self.engine.add_request(list(p), sp))
+            # every prompt checked before any runs; dicts (vLLM's, images included) by _add_dict_prompt
+            parts = [None if isinstance(p, dict) else prompt_parts(p, i) for i, p in enumerate(prompts)]
+            self._groups = []  # the request ids of each prompt's n samples, in order
+            for p, part, sp in zip(prompts, parts, params):
+                tokens = None if part is None else self.encode(part[0]) if part[0] is not None else part[1]
+                group = [self._add_dict_prompt(p, sample) if part is None else
+                         self.engine.add_request(tokens, sample, prompt=part[0]) for sample in samples_of(sp)]
+                self._groups.append(group)
+                ids += group
             while self.engine.has_unfinished():
                 for out in self.engine.step():
                     yield ids, out
@@ -281,6 +315,39 @@ def _after_think(params: SamplingParams) -> SamplingParams:
     """params whose structured-output constraint (if any) starts after the reasoning's </think>."""
     so = params.structured_outputs
     return params if so is None or so.after_think else params.clone(structured_outputs=so.clone(after_think=True))
+
+
+def samples_of(params: SamplingParams) -> list[SamplingParams]:
+    """The n requests of a prompt (SamplingParams.n), each n=1: sample 0 keeps the seed; sample j > 0 takes a seed
+    derived from (seed, j) (splitmix64), so the n samples differ and are reproducible; without a seed each draws
+    its own from the engine's seeded RNG."""
+    if params.n == 1:
+        return [params]
+    out = []
+    for j in range(params.n):
+        seed = params.seed if params.seed is None or j == 0 else _splitmix64(params.seed + j)
+        out.append(params.clone(n=1, seed=seed))
+    return out
+
+
+def _splitmix64(x: int) -> int:
+    mask = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def check_device(device: str | torch.device) -> None:
+    """A CUDA device asked of a torch without CUDA (or with none visible) is refused in one line naming both."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, but no GPU is visible"
+        raise ValueError(f"device {str(device)!r}: this torch {torch.__version__} is {build}; use device='cpu' "
+                         f"(--device cpu) or install a CUDA build of torch")
 
 
 def _progress_bar(total: int):

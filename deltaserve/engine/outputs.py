@@ -2,11 +2,35 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from .request import RequestMetrics
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One token's log-probability under the model's raw logits and its rank among the vocabulary (1: the most
+    likely), as vLLM's."""
+
+    logprob: float
+    rank: int
+
+
+@dataclass
+class CompletionOutput:
+    """One of a prompt's n completions (SamplingParams.n), as vLLM's: index j of n, its text and tokens, why it
+    ended, and with SamplingParams.logprobs one {token_id: Logprob} per output token (and their sum)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
 
 
 class RequestOutput:
@@ -29,6 +53,7 @@ class RequestOutput:
         new_token_ids: list[int] | None = None,
         metrics: RequestMetrics | None = None,
         prompt_logits: torch.Tensor | None = None,  # LLM.logits requests only: [len, vocab] float32
+        logprobs: list[dict[int, Logprob]] | None = None,  # SamplingParams.logprobs: one dict per output token
     ):
         self.request_id = request_id
         self.prompt = prompt
@@ -42,6 +67,8 @@ class RequestOutput:
         self.new_token_ids = new_token_ids if new_token_ids is not None else []
         self.metrics = metrics
         self.prompt_logits = prompt_logits
+        self.logprobs = logprobs
+        self._outputs: list[CompletionOutput] | None = None
 
     @property
     def text(self) -> str:
@@ -63,6 +90,26 @@ class RequestOutput:
     @token_ids.setter
     def token_ids(self, value: list[int]) -> None:
         self._token_ids = value
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """The prompt's completions, vLLM's shape: this request's own as outputs[0] (with SamplingParams.n > 1,
+        LLM.generate sets all n)."""
+        if self._outputs is None:
+            return [self.completion(0)]
+        return self._outputs
+
+    @outputs.setter
+    def outputs(self, value: list[CompletionOutput]) -> None:
+        self._outputs = value
+
+    def completion(self, index: int) -> CompletionOutput:
+        """This request's output as completion `index` of its prompt."""
+        lps = self.logprobs
+        total = None
+        if lps is not None:
+            total = sum(d[t].logprob for d, t in zip(lps, self.token_ids) if t in d)
+        return CompletionOutput(index, self.text, self.token_ids, self.finish_reason, self.stop_reason, lps, total)
 
     def __repr__(self) -> str:
         return (

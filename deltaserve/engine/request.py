@@ -75,6 +75,8 @@ class Request:
     num_registered_blocks: int = 0  # leading blocks of block_table registered in the cache (or shared from it)
     resume_snapshot: int | None = None  # snapshot to load into the state slot before its first chunk
     grammar: RequestGrammar | None = None  # structured output: its matcher (engine/structured.py attaches it)
+    # SamplingParams.logprobs: per read-back output token {token_id: Logprob} (engine/outputs.py)
+    output_logprobs: list[dict] = field(default_factory=list)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     mm: Any = None  # engine.multimodal.RequestImages of a request with images (3-D positions, features); else None
 

@@ -12,6 +12,7 @@ decides how to compute it cheaply:
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Sequence
 
 import torch
@@ -67,10 +68,10 @@ def uses_penalties(r: Request) -> bool:
 
 
 def plain_sampling(p) -> bool:
-    """Greedy or plain temperature sampling: no top-k / top-p / min-p, no penalties (what a decode graph samples
-    itself; the SamplingParams default)."""
+    """Greedy or plain temperature sampling: no top-k / top-p / min-p, no penalties, no logprobs asked (what a
+    decode graph samples itself; the SamplingParams default)."""
     return (p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0 and p.repetition_penalty == 1.0
-            and not p.presence_penalty and not p.frequency_penalty)
+            and not p.presence_penalty and not p.frequency_penalty and p.logprobs is None)
 
 
 class Sampler:
@@ -79,6 +80,8 @@ class Sampler:
     def __init__(self, vocab_size: int, num_slots: int, device: torch.device):
         self.vocab_size, self.num_slots, self.device = vocab_size, num_slots, device
         self.penalties: PenaltyState | None = None  # made when the first request with a penalty samples
+        # request_id -> its sampled rows' log-probabilities (device tensors), oldest first: SamplingParams.logprobs
+        self.logprobs: dict[str, deque] = {}
 
     def tensors(self, reqs: Sequence[Request], positions: Sequence[int]) -> tuple[SamplingTensors, SamplingFlags]:
         """The rows' parameters on the device (two asynchronous copies) and their stages as host facts."""
@@ -122,4 +125,35 @@ class Sampler:
                 ids = out
         if penalised:
             self.penalties.record(reqs, ids)
+        if any(r.params.logprobs is not None for r in reqs):
+            self._keep_logprobs(logits, reqs, ids)
         return ids
+
+    def _keep_logprobs(self, logits: torch.Tensor, reqs: Sequence[Request], ids: torch.Tensor) -> None:
+        """The raw log-probabilities (log_softmax of the model's logits, before temperature and every filter) of
+        each asking row's sampled token, its rank, and its `logprobs` most likely tokens, kept on the device until
+        the engine reads the step back (pop_logprobs)."""
+        rows = [b for b, r in enumerate(reqs) if r.params.logprobs is not None]
+        at = to_device(rows, torch.int64, logits.device)
+        lp = torch.log_softmax(logits.index_select(0, at).float(), dim=-1)  # [R, V]
+        chosen = ids.index_select(0, at).long()
+        chosen_lp = lp.gather(1, chosen[:, None])[:, 0]
+        rank = (lp > chosen_lp[:, None]).sum(-1) + 1
+        k = max(reqs[b].params.logprobs for b in rows)
+        top_lp, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], chosen[:, None][:, :0])
+        for j, b in enumerate(rows):
+            r = reqs[b]
+            self.logprobs.setdefault(r.request_id, deque()).append(
+                (chosen[j], chosen_lp[j], rank[j], top_ids[j, :r.params.logprobs], top_lp[j, :r.params.logprobs]))
+
+    def pop_logprobs(self, request_id: str) -> dict[int, tuple[float, int]]:
+        """{token_id: (logprob, rank)} of the request's oldest kept row: its sampled token, then the most likely."""
+        chosen, chosen_lp, rank, top_ids, top_lp = (t.tolist() for t in self.logprobs[request_id].popleft())
+        out = {chosen: (chosen_lp, rank)}
+        for i, (t, v) in enumerate(zip(top_ids, top_lp)):
+            out.setdefault(t, (v, i + 1))
+        return out
+
+    def forget(self, request_id: str) -> None:
+        """Drop what is kept for a finished request (rows of steps whose tokens were dropped)."""
+        self.logprobs.pop(request_id, None)

@@ -7,6 +7,9 @@ from dataclasses import dataclass, fields
 from ..structured.params import StructuredOutputsError, StructuredOutputsParams
 
 
+MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
+
+
 class SamplingParamsError(ValueError):
     """A sampling parameter out of range; the message names the field, the allowed range and the value found."""
 
@@ -31,6 +34,11 @@ class SamplingParams:
     # as StructuredOutputsParams' fields. guided_decoding is vLLM's earlier name for the same thing.
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: StructuredOutputsParams | None = None
+    n: int = 1  # completions per prompt (LLM.generate: RequestOutput.outputs); sample j's seed from `seed` and j
+    # top log-probabilities per output token (RequestOutput.logprobs): the sampled token's and the `logprobs` most
+    # likely tokens', from the model's raw logits (log_softmax before temperature, penalties or top-k/p, as vLLM's
+    # default "raw_logprobs"); None: none, 0: the sampled token's alone
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -58,6 +66,9 @@ class SamplingParams:
             _integer(self, "seed", lo=0, hi=(1 << 64) - 1)
         if self.max_tokens is not None:
             _integer(self, "max_tokens", lo=1)
+        _integer(self, "n", lo=1)
+        if self.logprobs is not None:
+            _integer(self, "logprobs", lo=0, hi=MAX_LOGPROBS)
         for i, s in enumerate(self.stop):
             if not isinstance(s, str) or not s:
                 raise SamplingParamsError(f"SamplingParams.stop[{i}] must be a non-empty string, found {s!r}")

@@ -15,11 +15,12 @@ given tensor is on a device the Triton path can serve is the caller's check (`tr
 from __future__ import annotations
 
 import functools
-import os
 from contextlib import contextmanager
 from typing import Iterator
 
 import torch
+
+from ..utils import tuning
 
 _forced: bool | None = None
 
@@ -44,12 +45,7 @@ def reference(flag: bool = True) -> Iterator[None]:
 
 
 def _env_reference() -> bool:
-    value = os.environ.get("DELTASERVE_REFERENCE", "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    if value in ("1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"DELTASERVE_REFERENCE must be 0 or 1, found {value!r}")
+    return tuning.get("DELTASERVE_REFERENCE")
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,7 +61,7 @@ def triton_available() -> bool:
 
 def interpreting() -> bool:
     """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return tuning.interpreting()
 
 
 def reference_enabled() -> bool:

@@ -7,7 +7,7 @@ Same meaning and rounding points as `kernels/norm.py`:
 One program per row (or per block of rows), the whole row in registers: a row's result never depends on others.
 add_rms_norm sums x^2 by one pairwise tree (sum_of_squares), not tl.sum's layout-dependent order, so a kernel that
 makes that norm itself from the row in another layout (the MoE router launch, moe/triton_decode NORM) gets the same
-bits; rms_norm keeps tl.sum (norm_tree).
+bits; rms_norm keeps tl.sum (TREE).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils.env import env_choice
 from .quant.triton_gemv import pairwise_sums, prep_row
 from .triton_common import residual_sum, rms_scaled
 from .triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -68,7 +67,7 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, ro_ptr, N, stride_x, stride_r, 
         x = residual_sum(x, r, y_ptr.dtype.element_ty)
         tl.store(ro_ptr + row * stride_ro + cols, x, mask=m)
     xf = x.to(tl.float32)
-    if TREE:  # the order another kernel can make (norm_tree)
+    if TREE:  # the order another kernel can make (add_rms_norm's)
         inv = rms_inverse(xf, N, eps, BLOCK)
     else:
         inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
@@ -92,17 +91,6 @@ def _rows(x: torch.Tensor, n: int, name: str) -> torch.Tensor:
         raise ValueError(f"{name}: last axis {x.shape[-1]} != weight size {n}")
     x2 = x.reshape(-1, n)
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
-
-
-def norm_tree(has_residual: bool) -> bool:
-    """Whether a norm launch sums x^2 by the pairwise tree (rms_inverse) or by tl.sum (the order of its layout).
-    add_rms_norm takes the tree (the MoE's input norm, which the router launch can make itself: moe/triton_decode
-    route_normed, the same bits); rms_norm keeps tl.sum, which no other kernel needs to repeat (the tree's three
-    barriers cost it ~0.37 us of critical time a launch on the H200: 1.88 -> 2.25 us at batch 1, bench/NOTES.md).
-    Env DELTASERVE_NORM_TREE=residual (default) | all, for the A/B; fixed for a process, so never a row's bits
-    across batch sizes."""
-    mode = env_choice("DELTASERVE_NORM_TREE", "residual", ("residual", "all"))
-    return has_residual or mode == "all"
 
 
 PREP_MAX_N = 8192  # the prep runs in the norm's one 4-warp program per row (prep_row's layout and bits)
@@ -135,7 +123,7 @@ def _launch_norm(x2: torch.Tensor, res2: torch.Tensor | None, weight: torch.Tens
         _rms_norm_kernel[(x2.shape[0],)](x2, r_in, weight, y, r_o, n, x2.stride(0), r_in.stride(0) if has_res else 0,
                                          y.stride(0), r_o.stride(0) if has_res else 0, eps, offset, xp, xs,
                                          HAS_RES=has_res, BLOCK=triton.next_power_of_2(n), PREP_BITS=bits,
-                                         PREP_GROUP=group, PREP_XP=not sums_only, TREE=norm_tree(has_res),
+                                         PREP_GROUP=group, PREP_XP=not sums_only, TREE=has_res,
                                          num_warps=4 if n <= 4096 or prep else 8,
                                          **pdl_args(x2))  # prep: the prep kernel's 4 warps (prep_row's bits)
     if prep is None:

@@ -33,12 +33,13 @@ Exactness: PDL moves when a program starts, never what it computes: the same ins
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from ..utils import tuning
 
 
 @triton.jit
@@ -63,9 +64,7 @@ def _device_supports(index: int) -> bool:
 def pdl_enabled(t: torch.Tensor) -> bool:
     """PDL for kernels whose operands live with t: CUDA, sm_90 or newer, not switched off by DELTASERVE_PDL=0,
     never in the Triton interpreter (it cannot run the griddepcontrol instructions)."""
-    if not t.is_cuda or os.environ.get("DELTASERVE_PDL", "1") == "0":
-        return False
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if not t.is_cuda or not tuning.get("DELTASERVE_PDL") or tuning.interpreting():
         return False
     return _device_supports(t.device.index if t.device.index is not None else torch.cuda.current_device())
 

@@ -127,8 +127,7 @@ class GatedAttention(nn.Module):
     def _forward_fast(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
         """Decode: fused projection, one kernel for q/k norms + RoPE + KV append, decode attention with the sigmoid
         gate in its epilogue, o_proj (3 launches between the projections). Prefill: the same prep kernel, varlen
-        attention with the gate in its epilogue too (the gate read in place: no copy, sigmoid or product by torch;
-        fast.prefill_copies)."""
+        attention with the gate in its epilogue too (the gate read in place: no copy, sigmoid or product by torch)."""
         from ..kernels.attention import triton_paged as tp
 
         t, d = x.shape[0], self.d
@@ -137,11 +136,8 @@ class GatedAttention(nn.Module):
             return fast.mixer_decode(self, "attention", x, batch, cache)  # all rows, or two halves on two streams
         q, gate, (k_cache, v_cache, k_scale, v_scale) = self._project_and_write(
             x, batch.positions, batch.slot_mapping, cache, decode)
-        copies = fast.prefill_copies()
         o = tp.paged_prefill_attention(
             q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens, batch.context_lens, self.scale, batch.max_seqlen,
-            k_scale=k_scale, v_scale=v_scale, gate=None if copies else gate,
+            k_scale=k_scale, v_scale=v_scale, gate=gate,
         ).reshape(t, self.hq * d)
-        if gate is not None and copies:
-            o = o * torch.sigmoid(gate.reshape(t, self.hq * d))
         return fast.linear(self.o_proj, o, decode)

@@ -10,13 +10,14 @@ Weight modules are read by duck typing (the model may not import `quant`): a mod
 
 from __future__ import annotations
 
-import os
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from ..kernels import backend
-from ..utils.env import env_choice
+from ..utils import tuning
+from .plan import KernelPlan
 
 
 def enabled(x: torch.Tensor) -> bool:
@@ -26,7 +27,7 @@ def enabled(x: torch.Tensor) -> bool:
         return False  # the kernels take 16-bit activations; an fp32 model on the GPU runs the reference ops
     if x.is_cuda:
         return True
-    return backend.interpreting() and os.environ.get("DELTASERVE_FAST_INTERPRET", "0") == "1"
+    return backend.interpreting() and tuning.get("DELTASERVE_FAST_INTERPRET")
 
 
 def weight_spec(module: nn.Module, attr: str = "weight"):
@@ -49,10 +50,9 @@ def weight_spec(module: nn.Module, attr: str = "weight"):
 def embed(module: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """module(ids), the token embedding. On the fast path a packed affine table (bits 2, 4, 8) is looked up by one
     kernel (kernels/quant/triton_embed: the same bits as the module's gather, which is ~13 torch launches), launched
-    without PDL: the forward's first kernel. Env DELTASERVE_EMBED=kernel (default) | torch, for the A/B."""
-    mode = env_choice("DELTASERVE_EMBED", "kernel", ("kernel", "torch"))
+    without PDL: the forward's first kernel."""
     scales = getattr(module, "scales", None)
-    if mode == "torch" or scales is None or not hasattr(module, "spec") or not enabled(scales):
+    if scales is None or not hasattr(module, "spec") or not enabled(scales):
         return module(ids)
     from ..kernels.quant.triton_embed import affine_embed, embed_supported
 
@@ -70,7 +70,7 @@ def stacked_specs(experts: nn.Module):
     cached = experts.__dict__.get("_fast_specs")
     if cached is None:
         if experts.__dict__.get(RELEASED_ATTR):
-            raise RuntimeError("these experts were repacked for the tensor-core MoE (DELTASERVE_MOE=mma) and their MLX "
+            raise RuntimeError("these experts were repacked for the tensor-core MoE (moe_kernels='mma') and their MLX "
                                "tensors released; only that path can run them")
         if hasattr(experts, "gate_up_proj"):
             i = experts.intermediate
@@ -82,31 +82,9 @@ def stacked_specs(experts: nn.Module):
     return cached
 
 
-def decode_kernels() -> str:
-    """Which kernels serve decode steps: "gemv" (the full-K GEMV family, kernels/quant/triton_gemv.py and
-    kernels/moe/triton_moe_gemv.py) or "matmul" (the tiled matmul family). Env DELTASERVE_DECODE_KERNELS."""
-    value = env_choice("DELTASERVE_DECODE_KERNELS", "gemv", ("gemv", "matmul"))
-    return value
-
-
 WIDE_ROWS = 8192  # "wide": the tensor-core GEMV for weights of at least this many output rows
-
-
-DECODE_GEMV_MODES = ("mma", "cuda", "wide", "head")
-DEPLOY_GEMV_ATTR = "_fast_decode_gemv"  # module.__dict__ key: the decode GEMV mode its model's deployment chose
-THROUGHPUT_STREAMS = 4  # a deployment for at least this many streams decodes on the tensor-core GEMV ("mma")
-
-
-def decode_gemv_for_streams(max_streams: int) -> str:
-    """The decode GEMV mode of a deployment that decodes up to `max_streams` sequences at once (an engine's
-    max_num_seqs, the bench's -b): "head" below THROUGHPUT_STREAMS, "mma" from it. The choice is made once per
-    deployment from its capacity, never from how many sequences a step holds, so within a deployment a row's bits
-    never depend on the batch. H200, Qwen3.6-35B-A3B q4, tg64 @ d512, one call (bench/NOTES.md), head -> mma:
-    B=1 643.5 -> 607.2 tok/s, B=2 943.1 -> 968.9, B=4 1,297.2 -> 1,660.5, B=8 1,637.4 -> 2,303.7, B=64 2,502.4 ->
-    4,868.4: a deployment of 4 or more streams gives up 5.6% of a lone stream's speed for +28% to +95% under load."""
-    if max_streams < 1:
-        raise ValueError(f"decode_gemv_for_streams: max_streams must be >= 1, found {max_streams}")
-    return "mma" if max_streams >= THROUGHPUT_STREAMS else "head"
+PLAN_ATTR = "_fast_plan"  # module.__dict__ key: the KernelPlan its model's deployment fixed (set_plan)
+DEFAULT_PLAN = KernelPlan()
 
 
 def all_modules(model: nn.Module):
@@ -116,36 +94,34 @@ def all_modules(model: nn.Module):
         yield from (v for v in m.__dict__.values() if isinstance(v, nn.Module))
 
 
-def set_decode_gemv(model: nn.Module, mode: str) -> None:
-    """Fix the decode GEMV mode of `model`'s linears (one of DECODE_GEMV_MODES; an engine does this once, before
-    its first step and its graph captures, from decode_gemv_for_streams). DELTASERVE_DECODE_GEMV, when set, still
-    overrides it (decode_gemv)."""
-    if mode not in DECODE_GEMV_MODES:
-        raise ValueError(f"decode GEMV mode must be one of {', '.join(DECODE_GEMV_MODES)}, found {mode!r}")
+def set_plan(model: nn.Module, plan: KernelPlan) -> None:
+    """Fix `model`'s kernel plan (an engine does this once, before its first step and its graph captures)."""
     for m in all_modules(model):
-        m.__dict__[DEPLOY_GEMV_ATTR] = mode
+        m.__dict__[PLAN_ATTR] = plan
+
+
+def plan_of(module: nn.Module | None) -> KernelPlan:
+    """The plan `module`'s deployment fixed, or DEFAULT_PLAN (the batch-1 GEMVs, the tensor-core MoE)."""
+    return (None if module is None else module.__dict__.get(PLAN_ATTR)) or DEFAULT_PLAN
+
+
+def set_decode_gemv(model: nn.Module, mode: str) -> None:
+    """Fix the decode GEMV mode of `model`'s plan (one of DECODE_GEMV_MODES), keeping its other choices."""
+    set_plan(model, replace(plan_of(model), decode_gemv=mode))
 
 
 def decode_gemv(module: nn.Module | None = None) -> str:
-    """Which GEMV serves a decode step's q4 g64 linears: "mma" (the tensor-core GEMV on a copy of the weight
-    repacked in MMA fragment order, kernels/quant/mma_gemv.py: one kernel for 1 to 64 rows), "cuda" (the
-    CUDA-core GEMV, kernels/quant/triton_gemv.py), "wide" (mma for weights of >= WIDE_ROWS output rows, cuda for
-    the rest) or "head" (mma for the output head only, cuda for the rest). The choice is per weight, never per
-    batch size, so a row's bits never depend on the batch. Env DELTASERVE_DECODE_GEMV when set; else the mode
-    `module`'s deployment fixed (set_decode_gemv: an engine's from its max_num_seqs, decode_gemv_for_streams);
-    else "head". Other weight formats always take the CUDA-core GEMV. "head" is the batch-1 mode: on the H200
-    (Qwen3.6-35B-A3B q4, tg128 @ d512) it gave 600.4 tok/s at batch 1 (cuda 594.0) for a 0.27 GiB copy of the
-    lm_head; "mma" wins from 2 streams on (bench/NOTES.md) for ~0.7 GiB of copies more."""
-    if os.environ.get("DELTASERVE_DECODE_GEMV"):
-        return env_choice("DELTASERVE_DECODE_GEMV", "head", DECODE_GEMV_MODES)
-    stamped = None if module is None else module.__dict__.get(DEPLOY_GEMV_ATTR)
-    return stamped or "head"
+    """Which GEMV serves a decode step's q4 g64 linears (KernelPlan.decode_gemv): the mode `module`'s deployment
+    fixed, else "head". The choice is per weight, never per batch size, so a row's bits never depend on the batch.
+    "head" is the batch-1 mode: on the H200 (Qwen3.6-35B-A3B q4, tg128 @ d512) it gave 600.4 tok/s at batch 1
+    (cuda 594.0) for a 0.27 GiB copy of the lm_head; "mma" wins from 2 streams on (lab/NOTES.md)."""
+    return plan_of(module).decode_gemv
 
 
 def throughput_deployment(module: nn.Module | None = None) -> bool:
     """Whether `module`'s deployment is a throughput one (decode_gemv "mma": 4+ streams), whose other per-deployment
     launch shapes (the DeltaNet step's state columns, the decode attention merge) follow it."""
-    return decode_gemv(module) == "mma"
+    return plan_of(module).throughput
 
 
 OUTPUT_HEAD_ATTR = "_fast_output_head"  # module.__dict__ key: this linear makes the logits (decode_gemv "head")
@@ -219,12 +195,12 @@ ROUTER_CODES_ATTR = "_fast_router_codes"  # module.__dict__ key: the router's co
 
 def router_codes(module: nn.Module) -> torch.Tensor | None:
     """The MoE router `module`'s codes as bf16 [E, K] for the tensor-core prefill router where its codes are read
-    from a copy (kernels/moe/triton_router_mma.router_mma_codes() == "bf16"; the same bits as unpacking the words),
-    else None. Built on first use and cached on the module (weights never move after loading); counted by
+    from a copy (kernels/moe/triton_router_mma: the same bits as unpacking the words, 13.9 against 20.2 us at 512
+    tokens on the H200), else None. Built on first use and cached on the module (weights never move after loading); counted by
     decode_copy_bytes."""
-    from ..kernels.moe.triton_router_mma import router_codes_bf16, router_mma_codes
+    from ..kernels.moe.triton_router_mma import router_codes_bf16
 
-    if router_mma_codes() != "bf16" or not hasattr(module, "scales"):
+    if not hasattr(module, "scales"):
         return None
     cached = module.__dict__.get(ROUTER_CODES_ATTR)
     if cached is None:
@@ -234,26 +210,15 @@ def router_codes(module: nn.Module) -> torch.Tensor | None:
     return cached if isinstance(cached, torch.Tensor) else None
 
 
-def moe_kernels() -> str:
-    """Which kernels serve an MoE block on the GPU: "cuda" (the CUDA-core decode kernels for decode steps and
-    short prefills, the grouped wgmma matmul for longer prefills, on the MLX q4 layout) or "mma" (one tensor-core
-    kernel family for every token count, kernels/moe/mma_moe.py, on the experts repacked once in MMA fragment
-    order: the MLX copy of the routed experts is released, so the weights stay one copy). Env DELTASERVE_MOE. The
-    default is "mma": on the H200 (Qwen3.6-35B-A3B q4 g64, default GEMVs, tg @ d512, bench/NOTES.md) it gives pp512
-    15,753 tok/s (cuda 10,239), 2,441 at 64 streams (1,770) and 641.8 at batch 1 (650.6: -1.4%); "cuda" stays for
-    batch-1-only serving. Blocks the tensor-core MoE cannot take (not q4 g64, widths not multiples of 64, no Gluon)
-    run the CUDA-core kernels either way."""
-    value = env_choice("DELTASERVE_MOE", "mma", ("cuda", "mma"))
-    return value
-
-
-def mma_gate_up_split() -> bool:
-    """The tensor-core MoE's gate/up layout: "gated" (default: gate and up as two stacks, one launch computing both
-    and SiLU(g) * u per row block) or "split" (one stack of 2 I rows per expert, a plain launch of twice the
-    programs, and down making SiLU(g) * u as it loads: the same bits; kernels/moe/mma_moe.MmaExperts.gate_up).
-    Env DELTASERVE_MMA_GATE_UP, read when a block is first repacked."""
-    value = env_choice("DELTASERVE_MMA_GATE_UP", "gated", ("gated", "split"))
-    return value == "split"
+def moe_kernels(module: nn.Module | None = None) -> str:
+    """Which kernels serve `module`'s MoE blocks on the GPU (KernelPlan.moe, its deployment's): "mma" (one
+    tensor-core kernel family for every token count, kernels/moe/mma_moe.py, on the experts repacked once in MMA
+    fragment order; the MLX copy of the routed experts is released, so the weights stay one copy) or "cuda" (the
+    CUDA-core decode kernels for decode steps and short prefills, the grouped wgmma matmul for longer prefills, on
+    the MLX q4 layout). "mma" by default: on the H200 (Qwen3.6-35B-A3B q4 g64, tg @ d512, lab/NOTES.md) pp512
+    15,753 tok/s (cuda 10,239), 2,441 at 64 streams (1,770), 641.8 at batch 1 (650.6: -1.4%). Blocks the
+    tensor-core MoE cannot take (not q4 g64, widths not multiples of 64, no Gluon) run the CUDA-core kernels."""
+    return plan_of(module).moe
 
 
 RELEASED_ATTR = "_released_for_mma"  # experts.__dict__ key: the MLX tensors were released after the repack
@@ -264,7 +229,7 @@ def mma_moe_weights(block: nn.Module, x: torch.Tensor):
     are q4 g64 (stacked affine, I and H multiples of 64) on CUDA, else None. Built on first use: the routed experts
     are repacked (the shared expert stacked last when it has their width), then their MLX tensors are released,
     so every later forward of this block must take this path (stacked_specs refuses them)."""
-    if moe_kernels() != "mma" or not x.is_cuda:
+    if moe_kernels(block) != "mma" or not x.is_cuda:
         return None
     cached = block.__dict__.get(MMA_ATTR)
     if cached is None:
@@ -281,7 +246,7 @@ def mma_moe_weights(block: nn.Module, x: torch.Tensor):
             return None
         se = block.shared_expert
         shared = [weight_spec(p) for p in (se.gate_proj, se.up_proj, se.down_proj)] if se is not None else []
-        cached = pack_mma_experts(*specs, *shared, split_gate_up=mma_gate_up_split())
+        cached = pack_mma_experts(*specs, *shared)
         block.__dict__[MMA_ATTR] = cached
         for proj in (experts.gate_proj, experts.up_proj, experts.down_proj):  # one copy of the weights
             proj.__dict__.pop("_fast_spec_weight", None)
@@ -295,14 +260,6 @@ def mma_moe_weights(block: nn.Module, x: torch.Tensor):
 
 MOE_PREP = (4, 64)  # the tensor-core MoE's prep format: the group sums of x over groups of 64
 MOE_SUMS = ("group-sums", 64)  # the tag of a prep of the group sums alone (xp None): no GEMV format matches it
-
-
-def moe_norm_sums_only() -> bool:
-    """Whether the norm before a tensor-core MoE block writes x's group sums alone (the only part of the prep its
-    kernels read; the same bits as the full prep's) instead of the whole GEMV prep. Env DELTASERVE_MOE_NORM_PREP:
-    "sums" (default) | "full", for timing them against each other."""
-    value = env_choice("DELTASERVE_MOE_NORM_PREP", "sums", ("sums", "full"))
-    return value == "sums"
 
 
 def moe_prep(block: nn.Module, x: torch.Tensor) -> tuple[int, int] | None:
@@ -338,32 +295,11 @@ def decode_copy_bytes(model: nn.Module) -> int:
     return total
 
 
-def prefill_copies() -> bool:
-    """Whether the prefill copies its column views first (torch: the DeltaNet gated norm's z made contiguous, the
-    attention output gate applied by torch's sigmoid and product) instead of the kernels reading them in place
-    (triton_norm.gated_rms_norm's token and head pitches, paged_prefill_attention(gate=)). The norm's bits are the
-    same either way. Env DELTASERVE_PREFILL_COPIES=none (default) | torch, for in-model A/B."""
-    return env_choice("DELTASERVE_PREFILL_COPIES", "none", ("none", "torch")) == "torch"
-
-
-def conv_in_gemv(pool: torch.Tensor, x: torch.Tensor, proj: nn.Module | None = None) -> bool:
-    """Run the DeltaNet decode conv in the input projection's GEMV epilogue (one launch fewer per layer)? Needs the
-    decode GEMV family (either GEMV has the epilogue: triton_gemv's and mma_gemv's, each equal to its GEMV followed
-    by the conv kernel bit for bit) and a conv pool in the activation dtype; env DELTASERVE_DECODE_CONV=gemv
-    (default) | kernel."""
-    value = env_choice("DELTASERVE_DECODE_CONV", "gemv", ("gemv", "kernel"))
-    return value == "gemv" and decode_kernels() == "gemv" and pool.dtype == x.dtype
-
-
-def moe_topk_mode() -> str:
-    """Where the decode MoE's top-k runs: "split" (the default: its own launch between the router and gate/up),
-    "router" (at each token's last-arriving router program, no launch of its own) or "fused" (recomputed at the
-    head of every gate/up program). Same bits every way (the same routing contract on the same fp32 logits); env
-    DELTASERVE_MOE_TOPK, for timing them against each other. Why split: in the model on the H200 with PDL, one
-    launch more per layer costs less than the router's serial tail (its last program waiting for all the others,
-    then 8 rounds of selection): tg128 @ d512 571.3 (router) -> 580.4 (split) (bench/NOTES.md)."""
-    value = env_choice("DELTASERVE_MOE_TOPK", "split", ("router", "fused", "split"))
-    return value
+def conv_in_gemv(pool: torch.Tensor, x: torch.Tensor) -> bool:
+    """Run the DeltaNet decode conv in the input projection's GEMV epilogue (one launch fewer per layer)? Either
+    decode GEMV has the epilogue (triton_gemv's and mma_gemv's, each equal to its GEMV followed by the conv kernel
+    bit for bit); it needs a conv pool in the activation dtype."""
+    return pool.dtype == x.dtype
 
 
 GEMV_PREP_ATTR = "_deltaserve_gemv_prep"  # on a norm's output tensor: ((bits, group), (xp, xs)) its kernel made
@@ -374,7 +310,7 @@ def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, 
     path (a packed weight: triton_gemv.use_inline_prep), the norm kernel also writes that GEMV's prep of its rows
     (the prep kernel's code on the same values: the same bits) and the returned tensor carries it (GEMV_PREP_ATTR);
     `linear` then skips the prep launch. Any other case: plain norm(x)."""
-    if consumer is None or not decode or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
+    if consumer is None or not decode or not enabled(x) or not hasattr(consumer, "scales"):
         return norm(x)
     from ..kernels.quant.triton_gemv import use_inline_prep
     from ..kernels.triton_norm import prep_supported, rms_norm
@@ -387,17 +323,14 @@ def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, 
     return attach_prep(y, (s.bits, s.group), prep)
 
 
-def _splits_at(name: str, default: int, rows: int, x: torch.Tensor) -> bool:
-    """Whether a decode step of `rows` rows reaches env `name`'s fewest rows that split in two (default `default`;
-    0: never; one row has no two parts) on the fast path: mixer_halves' and moe_fork's threshold."""
-    from ..utils.env import env_int
-
-    least = env_int(name, default, 0)
+def _splits_at(least: int, rows: int, x: torch.Tensor) -> bool:
+    """Whether a decode step of `rows` rows reaches `least`, the fewest rows that split in two (0: never; one row
+    has no two parts), on the fast path: mixer_halves' and moe_fork's threshold."""
     return bool(least) and rows >= max(least, 2) and enabled(x)
 
 
 MIXER_HALVES_ROWS = 48  # decode rows from which a mixer runs as two halves on two streams (mixer_halves)
-MIXER_HALVES_ATTN = 1  # whether the attention layers' mixers do too (DELTASERVE_MIXER_HALVES_ATTN)
+MIXER_HALVES_ATTN = True  # whether the attention layers' mixers do too
 
 
 def mixer_halves(rows: int, x: torch.Tensor, kind: str = "deltanet") -> bool:
@@ -405,19 +338,15 @@ def mixer_halves(rows: int, x: torch.Tensor, kind: str = "deltanet") -> bool:
     the step, the out projection; "attention": the projection, the q/k prep, the decode attention, o_proj) as two
     halves of the rows, each on a stream of its own (run_halves). Every launch is batch invariant, so the halves
     give the bits of one launch over all rows; what changes is how the launches share the SMs. H100 probe, 30
-    DeltaNet layers at the 35B-A3B's shapes (scripts/probe_overlap.py, bench/NOTES.md): 64 rows 157.2 -> 143.1 us
+    DeltaNet layers at the 35B-A3B's shapes (lab/probe_overlap.py, lab/NOTES.md): 64 rows 157.2 -> 143.1 us
     a layer (-9%), 32 rows 82.2 -> 81.4. In the model, H100, 64 streams tg64 @ d512: none 5,065 / 5,065,
     DeltaNet layers 5,146 / 5,147 (+1.6%), attention layers too 5,186 / 5,194 (+2.5%).
-    Env DELTASERVE_MIXER_HALVES: the fewest rows that split (0: never); DELTASERVE_MIXER_HALVES_ATTN=0|1: the
-    attention layers too. Off CUDA the halves run one after the other (the same code path, for the CPU tests)."""
-    from ..utils.env import env_int
-
+    Off CUDA the halves run one after the other (the same code path, for the CPU tests)."""
     if kind not in ("deltanet", "attention"):
         raise ValueError(f"mixer_halves: kind 'deltanet' or 'attention', found {kind!r}")
-    splits = _splits_at("DELTASERVE_MIXER_HALVES", MIXER_HALVES_ROWS, rows, x)
-    if kind == "attention" and not env_int("DELTASERVE_MIXER_HALVES_ATTN", MIXER_HALVES_ATTN, 0, 1):
+    if kind == "attention" and not MIXER_HALVES_ATTN:
         return False
-    return splits
+    return _splits_at(MIXER_HALVES_ROWS, rows, x)
 
 
 _SIDE_STREAMS: dict[int, tuple] = {}  # device index -> the two side streams (made once, outside any capture)
@@ -465,14 +394,13 @@ def moe_fork(tokens: int, x: torch.Tensor):
     """The fork (run_forked on x's device) under which an MoE block of `tokens` decode tokens runs its warpgroup-MMA
     expert tiles as two sets, even and odd tiles, each set's gate/up then down on a stream of its own
     (kernels/moe/mma_moe.moe_block_mma(fork=)), or None for the joint launches. The same bits either way (each row is
-    its own MMA column). H100 probe, 40 blocks at the 35B-A3B's shapes (scripts/probe_moe_halves.py, bench/NOTES.md
+    its own MMA column). H100 probe, 40 blocks at the 35B-A3B's shapes (lab/probe_moe_halves.py, lab/NOTES.md
     wave 46), us a block: 64 tokens joint 143.1, forked by expert halves 135.2 (-5.5%), as even and odd tiles 137.0
     (-4.3%); 32 tokens 111.4 -> 102.9 (by expert halves). In the model, H100, tg64 @ d512 in one call, joint -> sets:
     64 streams 5,313 / 5,327 / 5,311 -> 5,347 / 5,351 / 5,351 (+0.6%), 32 streams (the warpgroup-MMA kernel)
     3,861 -> 3,928 (+1.7%), 16 streams 2,764 -> 2,859 (+3.4%); 8 streams take the mma.sync kernel (wg_min_rows),
-    which has no sets. Env DELTASERVE_MOE_HALVES: the fewest tokens that fork (0: never). Off CUDA the sets run
-    one after the other."""
-    if not _splits_at("DELTASERVE_MOE_HALVES", MOE_HALVES_TOKENS, tokens, x):
+    which has no sets. Off CUDA the sets run one after the other."""
+    if not _splits_at(MOE_HALVES_TOKENS, tokens, x):
         return None
     return lambda fns: run_forked(fns, x.device)
 
@@ -511,13 +439,11 @@ def attach_prep(y: torch.Tensor, fmt: tuple[int, int], prep: tuple) -> torch.Ten
 def gdn_step_prep(consumer: nn.Module, x: torch.Tensor, dv: int, hv: int) -> tuple[int, int] | None:
     """(bits, group) when the DeltaNet decode step should write its out projection's prep (gdn_decode_step(prep=):
     each head's last-arriving program preps the head's outputs, so that GEMV needs no prep launch), else None: the
-    fast path's decode GEMV family, a packed weight of K = hv * dv whose format the step can prep, and env
-    DELTASERVE_GDN_PREP=step (default) | launch (the prep launch before the GEMV). The prep's xp equals the prep
+    fast path and a packed weight of K = hv * dv whose format the step can prep. The prep's xp equals the prep
     launch's bit for bit, its group sums follow the head's tile (an order of their own, the same at every batch
-    size). H200, Qwen3.6-35B-A3B q4, tg128 @ d512, one call (bench/NOTES.md): B=1 599.2 (launch) -> 607.7 tok/s,
-    B=64 1,755.1 -> 1,758.2."""
-    mode = env_choice("DELTASERVE_GDN_PREP", "step", ("step", "launch"))
-    if mode == "launch" or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
+    size). H200, Qwen3.6-35B-A3B q4, tg128 @ d512, one call (lab/NOTES.md): B=1 599.2 (a prep launch) -> 607.7
+    tok/s, B=64 1,755.1 -> 1,758.2."""
+    if not enabled(x) or not hasattr(consumer, "scales"):
         return None
     from ..kernels.gated_delta.triton_decode import prep_supported
 
@@ -531,11 +457,10 @@ def attn_merge_prep(consumer: nn.Module, x: torch.Tensor, hq: int, d: int) -> tu
     """(bits, group) when the decode attention's merge launch should write its output projection's prep
     (paged_decode_attention(prep=): each merge block preps its columns, prep_row's arithmetic, so the GEMV gets the
     prep launch's bits without that launch), else None: the fast path's CUDA-core decode GEMV for this weight (the
-    tensor-core GEMV reads group sums only, and makes its own), a packed weight of K = hq * d whose format the merge
-    can prep, and env DELTASERVE_ATTN_MERGE_PREP=merge (the default) | launch (the prep launch before the GEMV;
-    the same bits)."""
-    mode = env_choice("DELTASERVE_ATTN_MERGE_PREP", "merge", ("merge", "launch"))
-    if mode == "launch" or not enabled(x) or decode_kernels() != "gemv" or not hasattr(consumer, "scales"):
+    tensor-core GEMV reads group sums only, and makes its own) and a packed weight of K = hq * d whose format the
+    merge can prep. On an H100 at batch 1 the graph's step 1,593.5 -> 1,581.0 us against the prep launch
+    (lab/NOTES.md)."""
+    if not enabled(x) or not hasattr(consumer, "scales"):
         return None
     if mma_weights(consumer, x) is not None:
         return None
@@ -555,24 +480,6 @@ def carried_prep(x: torch.Tensor, fmt: tuple[int, int]) -> tuple | None:
     if carried is None or carried[0] != fmt:
         return None
     return carried[1]
-
-
-def logits_store() -> str:
-    """How the decode lm_head on the tensor-core GEMV hands over its logits: "fp32" (the default: the GEMV stores
-    its bf16-rounded results widened, the same values, and compute_logits's .float() is no launch) or "bf16" (then
-    .float() is a launch). Env DELTASERVE_LOGITS_STORE. H200, tg128 @ d512 B=1, four A/B pairs in three calls
-    (bench/NOTES.md): +0.33, -0.03, +0.12, +0.22%."""
-    value = env_choice("DELTASERVE_LOGITS_STORE", "fp32", ("bf16", "fp32"))
-    return value
-
-
-def logits_kernels() -> str:
-    """Which kernels make the logits of a prefill's rows: "gemv" (the default: the decode GEMV family and the final
-    norm's GEMV prep, exactly as a decode step makes them, so a row's logits have the same bits whether its forward
-    was a prefill, a decode step or a mix; a prefill needs logits for a few rows, the last prompt token of each
-    sequence, where the matmul kernel read the 0.27 GiB lm_head at ~0.5 TB/s: 536 us at one row on the H200
-    against the GEMV's 84) or "matmul" (the prefill's tiled matmul). Env DELTASERVE_PREFILL_LOGITS, for A/B."""
-    return env_choice("DELTASERVE_PREFILL_LOGITS", "gemv", ("gemv", "matmul"))
 
 
 def _decode_out(out: torch.Tensor | None, x: torch.Tensor, n: int, new: bool = False) -> torch.Tensor | None:
@@ -599,17 +506,15 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
     fp32_out: the tensor-core GEMV stores fp32 (its bf16 results widened); any other path returns x's dtype.
     out: where the decode GEMVs write (x's dtype, [rows, N] with unit column stride; e.g. rows of a larger output),
     returned as a view of x's leading shape; the decode GEMV family only."""
-    if out is not None and not (decode and decode_kernels() == "gemv" and enabled(x) and hasattr(module, "weight")
-                                and not fp32_out):
-        raise ValueError("fast.linear: out= needs the fast path's decode GEMV (decode=True, DELTASERVE_DECODE_KERNELS"
-                         "=gemv) and x's dtype")
+    if out is not None and not (decode and enabled(x) and hasattr(module, "weight") and not fp32_out):
+        raise ValueError("fast.linear: out= needs the fast path's decode GEMV (decode=True) and x's dtype")
     if not enabled(x) or not hasattr(module, "weight"):
         if conv is not None:
             raise ValueError("fast.linear: conv= needs the fast path's decode GEMV")
         return module(x)
     s = weight_spec(module)
     scales, biases = (None, None) if s.bits == 16 else (s.scales, s.biases)
-    mma = mma_weights(module, x) if decode and decode_kernels() == "gemv" else None
+    mma = mma_weights(module, x) if decode else None
     if mma is not None:
         from ..kernels.quant.mma_gemv import MAX_ROWS as MMA_ROWS
         from ..kernels.quant.mma_gemv import mma_gemv
@@ -630,7 +535,7 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
             mma_gemv(x2[start:stop], *mma, out=out[start:stop], xs=None if xs is None else xs[start:stop],
                      conv=(w, pool, slots[start:stop], ctx[start:stop], channels))
         return out.view(*x.shape[:-1], s.n)
-    if decode and decode_kernels() == "gemv":
+    if decode:
         from ..kernels.quant.triton_gemv import MAX_ROWS, affine_gemv
 
         prep = carried_prep(x, (s.bits, s.group))  # [R, K] and [R, K / group]: sliced with the rows below
@@ -647,7 +552,7 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
                         prep=rows_prep)
         return out.view(*x.shape[:-1], s.n)
     if conv is not None:
-        raise ValueError("fast.linear: conv= needs the decode GEMV (decode=True, DELTASERVE_DECODE_KERNELS=gemv)")
+        raise ValueError("fast.linear: conv= needs the decode GEMV (decode=True)")
     dense = None if decode else prefill_dense_weights(module, x)
     if dense is not None:
         from ..kernels.quant.triton_affine import tma_ok

@@ -130,7 +130,7 @@ class GatedDeltaNet(nn.Module):
         conv_pool, ssm_pool = cache.conv[self.layer], cache.ssm[self.layer]
         conv_w = self.conv1d.weight[:, 0, :]
         proj = fusion.fused(self, "in_proj")
-        if decode and proj is not None and fast.conv_in_gemv(conv_pool, x, proj):
+        if decode and proj is not None and fast.conv_in_gemv(conv_pool, x):
             return fast.mixer_decode(self, "deltanet", x, batch, cache)  # all rows, or two halves on two streams
         qkv, z, b, a = self._project(x, decode)
         # prefill: q, k and v as three contiguous tensors (fla-core would copy column views to make them so)
@@ -149,5 +149,5 @@ class GatedDeltaNet(nn.Module):
             cu_seqlens_cpu=batch.cu_seqlens_cpu,  # fla's chunk indices without a device -> host copy per layer
         )
         z = z.view(t, self.hv, self.dv)  # a column view of the projection's output, which the norm reads in place
-        y = self.norm(o.to(x.dtype), z.contiguous() if fast.prefill_copies() else z).reshape(t, self.value_dim)
+        y = self.norm(o.to(x.dtype), z).reshape(t, self.value_dim)
         return fast.linear(self.out_proj, y)

@@ -66,7 +66,7 @@ class SparseMoeBlock(nn.Module):
         if fast.enabled(x):
             return self._forward_fast(x, decode, residual)
         if self.experts.__dict__.get(fast.RELEASED_ATTR):
-            raise RuntimeError("SparseMoeBlock: the experts were repacked for the tensor-core MoE (DELTASERVE_MOE=mma) "
+            raise RuntimeError("SparseMoeBlock: the experts were repacked for the tensor-core MoE (moe_kernels='mma') "
                                "and their MLX tensors released; this block runs on the GPU fast path only")
         logits = self.gate(x.float())  # [N, E] fp32: the router runs in fp32 whatever the activation dtype
         weights, ids = route_topk(logits, self.top_k, self.normalize)
@@ -91,16 +91,15 @@ class SparseMoeBlock(nn.Module):
     def routes_normed(self, x: torch.Tensor, decode: bool) -> bool:
         """Whether this block on the fast path takes its input norm inside its router launch (forward(norm=)):
         the tensor-core MoE with the shared expert stacked, a router launch without tiles (decode-sized blocks),
-        up to kernels/moe/triton_decode.router_norm_tokens() tokens (4: the batch-1 deployments' steps),
-        DELTASERVE_ROUTER_NORM=fused. The same bits as the norm kernel then the router (one norm arithmetic), so the
+        up to kernels/moe/triton_decode.router_norm_tokens() tokens (4: the batch-1 deployments' steps; H200, batch 1
+        +2.1%, 8 streams -0.2%, lab/NOTES.md). The same bits as the norm kernel then the router (one norm arithmetic), so the
         choice may follow the token count. Never for a prefill whose router logits come from the tensor-core router
         (triton_decode.prefill_routes_mma): its launch makes no norm."""
         from ..kernels.moe.mma_moe import wg_block_tile_rows
-        from ..kernels.moe.triton_decode import (prefill_routes_mma, route_normed_fits, router_norm_mode,
-                                                 router_norm_tokens)
+        from ..kernels.moe.triton_decode import prefill_routes_mma, route_normed_fits, router_norm_tokens
 
         mma = fast.mma_moe_weights(self, x)
-        if mma is None or not mma.shared_last or router_norm_mode() != "fused":  # shared_last: a shared expert
+        if mma is None or not mma.shared_last:  # shared_last: a shared expert
             return False
         if not decode and prefill_routes_mma(x, fast.weight_spec(self.gate)):  # a prefill's router: its own
             return False
@@ -132,22 +131,21 @@ class SparseMoeBlock(nn.Module):
             # the warpgroup-MMA launches' tiles from the router (at decode sizes, in its launch: the same tiles)
             tile_rows = None if slot is None else wg_block_tile_rows(mma, x.shape[0] * (self.top_k + 1))
             routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"),
-                                separate_topk=fast.moe_topk_mode() == "split", shared_slot=slot, tile_rows=tile_rows,
+                                separate_topk=True, shared_slot=slot, tile_rows=tile_rows,
                                 prefill=not decode, router_codes=None if decode else fast.router_codes(self.gate))
-            # the norm's prep (fast.moe_prep): x's group sums, alone (MOE_SUMS) or with the GEMV's xp
-            carried = fast.carried_prep(x, fast.MOE_SUMS) or fast.carried_prep(x, fast.MOE_PREP)
+            # the norm's prep (fast.moe_prep): x's group sums alone (MOE_SUMS)
+            carried = fast.carried_prep(x, fast.MOE_SUMS)
             xs = None if carried is None else carried[1]
             # a decode step's expert tiles as two sets on two streams from fast.moe_fork's tokens (the same bits)
             fork = fast.moe_fork(x.shape[0], x) if decode else None
             return moe_block_mma(x, routing.ids, routing.weights, routing.shared_weight, mma, residual=residual,
                                  xs=xs, shared_slotted=slot is not None, tiles=routing.tiles, fork=fork)
         gate, up, down = fast.stacked_specs(self.experts)
-        if decode and fast.decode_kernels() == "gemv":
+        if decode:
             from ..kernels.moe.triton_moe_gemv import moe_decode_v2
 
             return moe_decode_v2(x, router, gate, up, down, self.top_k, normalize=self.normalize, residual=residual,
-                                 fuse_topk=fast.moe_topk_mode() == "fused",
-                                 separate_topk=fast.moe_topk_mode() == "split", **shared)
+                                 separate_topk=True, **shared)
         if decode or x.shape[0] <= MOE_GEMV_MAX_TOKENS:
             return moe_decode(x, router, gate, up, down, self.top_k, normalize=self.normalize, residual=residual,
                               **shared)

@@ -64,14 +64,13 @@ class DecoderLayer(nn.Module):
             h = self.linear_attn(h, batch, cache)
         post = self.post_attention_layernorm
         prep = fast.moe_prep(self.mlp, h)  # the tensor-core MoE reads x's group sums: the norm makes them
-        if prep is not None and fast.moe_norm_sums_only() and self.mlp.routes_normed(h, decode):
+        if prep is not None and self.mlp.routes_normed(h, decode):
             return self.mlp(h, decode=decode, residual=x, norm=post)  # the norm inside the router's launch
         if prep is None:
             h, x = add_rms_norm(h, x, post.weight, post.eps, post.offset)  # (norm(x + h), x + h), both [T, H]
         else:
-            sums = fast.moe_norm_sums_only()
-            h, x, made = add_rms_norm(h, x, post.weight, post.eps, post.offset, prep=prep, sums_only=sums)
-            setattr(h, fast.GEMV_PREP_ATTR, (fast.MOE_SUMS if sums else prep, made))
+            h, x, made = add_rms_norm(h, x, post.weight, post.eps, post.offset, prep=prep, sums_only=True)
+            setattr(h, fast.GEMV_PREP_ATTR, (fast.MOE_SUMS, made))
         return self.mlp(h, decode=decode, residual=x)
 
 
@@ -120,12 +119,14 @@ class Qwen3_5ForCausalLM(nn.Module):
             x = layer(x, batch, cache, rope)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor, decode: bool = False) -> torch.Tensor:
-        # every row's logits through the decode GEMV path, prefill or not (fast.logits_kernels): one set of bits
-        decode = decode or fast.logits_kernels() == "gemv"
+    def compute_logits(self, hidden: torch.Tensor, decode: bool = True) -> torch.Tensor:
+        # every row's logits through the decode GEMV path, prefill or not: one set of bits whether a row's forward
+        # was a prefill, a decode step or a mix (the prefill matmul read the 0.27 GiB lm_head at ~0.5 TB/s: 536 us
+        # for one row on the H200 against the GEMV's 84, lab/NOTES.md)
+        decode = True
         h = fast.norm_for_gemv(self.norm, hidden, self.lm_head, decode)  # + the lm_head GEMV's prep
-        if self.lm_head is not None:  # fp32 straight from the tensor-core GEMV when logits_store() says so
-            logits = fast.linear(self.lm_head, h, decode, fp32_out=fast.logits_store() == "fp32")
+        if self.lm_head is not None:  # fp32 straight from the tensor-core GEMV (its bf16 results widened)
+            logits = fast.linear(self.lm_head, h, decode, fp32_out=True)
         elif fast.enabled(h):  # the tied table read as a [V, H] matrix by the fast matmul
             logits = fast.linear(self.embed_tokens, h, decode)
         else:

@@ -162,13 +162,13 @@ class CheckpointFormat(Protocol):
 # ---- registry --------------------------------------------------------------------------------------------------
 
 # Plug-in modules, tried in this order before the built-in HF format; each exposes FORMAT (a CheckpointFormat
-# class). A module that does not exist (yet) is skipped; an import error INSIDE it is raised.
+# class). A module that does not exist (yet) is skipped; an import error INSIDE it is raised. Every format module
+# imports this one for its base types, so this one names them and imports them when asked (no import cycle).
 PLUGIN_MODULES = ("deltaserve.weights.mlx_format", "deltaserve.weights.fp8_format")
+BUILTIN_MODULE = "deltaserve.weights.hf_format"
 
 
 def registered_formats() -> list[type]:
-    from .hf_format import HFFormat  # built in; imported here so plug-ins can import this module freely
-
     found = []
     for mod_name in PLUGIN_MODULES:
         try:
@@ -178,7 +178,7 @@ def registered_formats() -> list[type]:
                 continue
             raise
         found.append(mod.FORMAT)
-    return found + [HFFormat]
+    return found + [importlib.import_module(BUILTIN_MODULE).FORMAT]
 
 
 def _quantised_hint(config: ModelConfig, names: Collection[str]) -> str | None:

@@ -54,3 +54,6 @@ class HFFormat:
 
     def finalize(self, model: nn.Module) -> None:
         pass
+
+
+FORMAT = HFFormat

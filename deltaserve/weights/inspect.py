@@ -22,7 +22,7 @@ from torch import nn
 
 from ..model.config import ModelConfig
 from ..model.layers import DenseWeights
-from ..model.qwen3_5 import Qwen3_5ForCausalLM
+from ..model.registry import build_model
 from ..quant import AffineWeights, Fp8BlockWeights
 from .formats import get_format
 from .plan import build_plan
@@ -78,7 +78,7 @@ def checkpoint_sizes(path: str | Path) -> CheckpointSizes:
     else:
         factory, offset, kind = _factory_from_config(config)
     with torch.device("meta"):
-        model = Qwen3_5ForCausalLM(config, factory, offset)
+        model = build_model(config, factory, offset)
     float_dtype = DTYPES.get(config.dtype, torch.bfloat16)
     if ckpt is not None:  # the dtype the loader would pick: the float dtype most mapped bytes are in
         infos = [s.info for _, stored in ckpt.by_file() for s in stored]

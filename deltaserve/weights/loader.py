@@ -1,4 +1,4 @@
-"""load_checkpoint: a checkpoint directory -> a ready `Qwen3_5ForCausalLM` (eval mode, on `device`).
+"""load_checkpoint: a checkpoint directory -> a ready model (model/registry.py by model_type; eval mode, on `device`).
 
 Steps: parse config.json; validate every safetensors header; pick the format plug-in; build the model on the meta
 device (no memory); map and check every tensor against the meta parameters (`plan.build_plan`: nothing read yet);
@@ -20,7 +20,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..model.config import ConfigError, ModelConfig
-from ..model.qwen3_5 import Qwen3_5ForCausalLM
+from ..model.registry import build_model
 from ..model.vision import VisionTower
 from .formats import CheckpointError, CheckpointFormat, TensorInfo, get_format
 from .plan import LoadPlan, build_plan
@@ -32,7 +32,7 @@ log = logging.getLogger("deltaserve.weights")
 
 @dataclass
 class LoadedCheckpoint:
-    model: Qwen3_5ForCausalLM
+    model: nn.Module  # the model_type's causal LM (model/registry.py)
     config: ModelConfig
     set_aside: dict[str, list[str]]  # group ("mtp", "visual", "tied_lm_head") -> file tensor names
     path: Path
@@ -78,7 +78,7 @@ def load_checkpoint(
     infos = [s.info for _, stored in ckpt.by_file() for s in stored]
     fmt = get_format(config, ckpt.names, source=str(path))
     with torch.device("meta"):
-        model = Qwen3_5ForCausalLM(config, fmt.weight_factory(), fmt.norm_offset)
+        model = build_model(config, fmt.weight_factory(), fmt.norm_offset)
     plan = build_plan(infos, fmt, model, str(path))
     _materialise(model, ckpt, plan, fmt, torch.device(device), dtype or plan.checkpoint_float_dtype(), progress)
     fmt.finalize(model)

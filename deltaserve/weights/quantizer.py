@@ -33,7 +33,7 @@ from ..kernels.quant import affine_dequantize, affine_quantize, check_affine_spe
 from ..model.config import ModelConfig
 from ..model.layers import Embedding, Experts, Linear
 from ..model.norm import RMSNorm
-from ..model.qwen3_5 import Qwen3_5ForCausalLM
+from ..model.registry import build_model
 from ..quant import mlx_names
 from ..quant.affine import AffineEmbedding, AffineLinear, AffineStacked
 from ..quant.fp8 import Fp8Linear, Fp8Stacked
@@ -126,7 +126,7 @@ def write_mlx_checkpoint(
     check_affine_spec(bits, group_size, "quantize")
     fmt = get_format(config, [t.name for t in source.infos], source=source.label)
     with torch.device("meta"):
-        model = Qwen3_5ForCausalLM(config, fmt.weight_factory(), fmt.norm_offset)
+        model = build_model(config, fmt.weight_factory(), fmt.norm_offset)
     plan = build_plan(source.infos, fmt, model, source.label)
     feeds: dict[str, list[tuple[TensorInfo, Placement]]] = {}
     by_name = {t.name: t for t in source.infos}

@@ -233,7 +233,7 @@ def check_dense_dequant(mods, device, bits, group, n, k, ms, configs, dense=Fals
     x = torch.randn(max(ms), k, device=device).bfloat16()
     wide_cfg = ta.wide_config(spec)
     # every M through the dequant route, for the alone check
-    with env_values(DELTASERVE_PREFILL_DENSE="dequant", DELTASERVE_PREFILL_DEQUANT_MIN="1"):
+    with mock.patch.object(ta, "dense_path", lambda m: "dequant"):
         alone = ta.affine_matmul(x[:1], packed, s, b, bits, group)
         for m in ms:
             what = f"dense path bits={bits} g={group} {n}x{k} M={m}"
@@ -293,11 +293,9 @@ def check_expert_tiles(mods, device, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32
             ids[8::9] = e - 1
         ids = ids.to(device)
         ref = ta.expert_tiles_reference(ids, e, r)
-        for mode in ("parallel", "serial"):
-            with mock.patch.dict(os.environ, {"DELTASERVE_MOE_TILES_SCAN": mode}):
-                got = ta.expert_tiles(ids, e, r)
-            for name, a, b in zip(("tile_e", "tile_lo", "tile_hi", "order"), got, ref):
-                assert torch.equal(a, b), f"expert_tiles {name}: M={m} E={e} R={r}, {mode} scan"
+        got = ta.expert_tiles(ids, e, r)
+        for name, a, b in zip(("tile_e", "tile_lo", "tile_hi", "order"), got, ref):
+            assert torch.equal(a, b), f"expert_tiles {name}: M={m} E={e} R={r}"
 
 
 # ---------------------------------------------------------------- MoE decode
@@ -457,10 +455,11 @@ def check_initial_states(mods, device, hv=4, dk=16, dv=32, num_slots=6, ctx=(3, 
         if cl == 0:
             pool[slots[b]] = float("nan")
     want = torch.stack([pool[int(s)] if cl else torch.zeros(hv, dk, dv, device=device) for s, cl in zip(slots, ctx)])
-    for mode in ("triton", "torch"):
+    strided = torch.empty(num_slots, hv, dk, 2 * dv, device=device)[..., ::2]  # torch's form serves this pool
+    strided.copy_(pool)
+    for mode, p in (("one launch", pool), ("torch", strided)):
         for dtype in (torch.int32, torch.int64):  # the cache's slots, and gdn_prefill's int64 copy of them
-            with env_values(DELTASERVE_GDN_INITIAL_STATES=mode):
-                got = gd.initial_states(pool, slots.to(dtype), ctx_t)
+            got = gd.initial_states(p, slots.to(dtype), ctx_t)
             assert got.shape == want.shape and torch.equal(got, want), f"initial states ({mode}, {dtype})"
 
 
@@ -535,26 +534,6 @@ def check_moe_down_early(mods, device, t, h, e, i, top_k, bits, group, shared=Tr
     (y0, rt0), (y1, rt1) = got[False], got[True]
     assert torch.equal(rt0.ids, rt1.ids) and torch.equal(rt0.weights, rt1.weights), "down early: routing differs"
     assert torch.equal(y0, y1), f"down early: outputs differ at T={t} shared={shared}"
-
-
-def check_gdn_state_early(mods, device, b, hk, hv, dk, dv, dv_block="default"):
-    """The decode step reading its state before its PDL wait (DELTASERVE_GDN_STATE_EARLY=1, the default) == after
-    it (0): outputs and the updated pool bit for bit, rows fresh and resumed; outputs poisoned first."""
-    gd = mods["gdn"]
-    kw = {} if dv_block == "default" else dict(dv_block=dv_block)
-    inp = gdn_inputs(device, b, hk, hv, dk, dv, b + 3)
-    slots = torch.randperm(b + 3)[:b].to(device)
-    ctx = torch.tensor([0 if i == 1 else 3 + i for i in range(b)], device=device)
-    got = {}
-    for early in ("1", "0"):
-        with env_values(DELTASERVE_GDN_STATE_EARLY=early):
-            pool = inp["ssm"].clone()
-            out = poisoned((b, hv * dv), torch.bfloat16, device)
-            gd.gdn_decode_step(inp["qkv"], inp["z"], inp["a"], inp["b"], inp["a_log"], inp["dt_bias"], inp["norm_w"],
-                               pool, slots, ctx, hk, 1e-6, out=out, **kw)
-            got[early] = (out, pool)
-    assert torch.equal(got["1"][0], got["0"][0]), "state read before the wait: outputs differ"
-    assert torch.equal(got["1"][1], got["0"][1]), "state read before the wait: states differ"
 
 
 def check_gdn_prep(mods, device, b, hk, hv, dk, dv, dv_block="default", bits=4, group=64):
@@ -649,10 +628,9 @@ def paged_problem(device, ctx, seqs, hq, hkv, d, bs, num_blocks=None):
 
 def settled_decode(tp, *args, **kw):
     """paged_decode_attention's settled form (the K rows of every position but a row's newest requested before the
-    split programs' PDL wait; DELTASERVE_ATTN_KV_EARLY=1 for the call) into a NaN-poisoned output."""
+    split programs' PDL wait) into a NaN-poisoned output."""
     q = args[0]
-    with env_values(DELTASERVE_ATTN_KV_EARLY="1"):
-        return tp.paged_decode_attention(*args, out=poisoned(q.shape, q.dtype, q.device), settled=True, **kw)
+    return tp.paged_decode_attention(*args, out=poisoned(q.shape, q.dtype, q.device), settled=True, **kw)
 
 
 def check_attention(mods, device, ctx, seqs, hq, hkv, d, bs):
@@ -677,9 +655,9 @@ def check_attention(mods, device, ctx, seqs, hq, hkv, d, bs):
                                     scale, max(seqs), out=poisoned(p["q"].shape, torch.bfloat16, device), gate=gate)
     want = o.double() * torch.sigmoid(gate.double())
     close(og, want, 4 * BF16_EPS, "paged prefill attention, gated")
-    # the kernel's launch (warps, pipeline stages, two key blocks a loop step) never changes a bit (prefill_launch;
-    # the interpreter ignores warps and stages, so it checks the pair alone; Triton's 3 stages and 2, 5, 7)
-    launches = ((8, None, True), (8, None, False), (8, 2, False), (8, 5, False), (8, 7, False))
+    # the kernel's launch (warps, pipeline stages) never changes a bit (prefill_launch; the interpreter ignores
+    # warps and stages, so it checks one launch; Triton's 3 stages and 2, 5, 7)
+    launches = ((8, None), (4, None), (8, 2), (8, 5), (8, 7))
     for launch in launches if torch.device(device).type == "cuda" else launches[:1]:
         alt = tp.paged_prefill_attention(p["q"], p["kc"], p["vc"], p["tables"], p["cu"],
                                          torch.tensor(ctx, device=device), scale, max(seqs),
@@ -870,10 +848,9 @@ def check_gemv_conv(mods, device, bits, group, m, c, extra, k, kw=4, fresh=(1,),
 
 
 def check_gemv_conv_early(mods, device, bits, group, c, extra, k, kw=4, fresh=(1,)):
-    """check_gemv_conv at one row with the conv's inputs requested before the GEMV's PDL wait
-    (DELTASERVE_CONV_EARLY=1, the one-row form): the same bits as the GEMV then causal_conv, and fp64."""
-    with env_values(DELTASERVE_CONV_EARLY="1"):
-        check_gemv_conv(mods, device, bits, group, 1, c, extra, k, kw=kw, fresh=fresh)
+    """check_gemv_conv at one row, the form whose conv inputs are requested before the GEMV's PDL wait: the same
+    bits as the GEMV then causal_conv, and fp64."""
+    check_gemv_conv(mods, device, bits, group, 1, c, extra, k, kw=kw, fresh=fresh)
 
 
 def check_gemv_conv_invariance(mods, device, c, extra, k, others=(1, 3, 15), gemv=None):
@@ -930,11 +907,9 @@ def check_router_last_arrival(mods, device, ts=(1, 7, 64), h=64, e=12, top_k=3, 
     """moe_route's top-k at each token's last-arriving router program == the top-k in its own launch, bit for bit,
     for several T and on repeated calls (the arrival counters must be back at zero after every launch), with
     the logits poisoned between calls so that a top-k reading stale values would show. select: the top-k's
-    selection (DELTASERVE_TOPK_SELECT) in both launches."""
-    import os
-    from unittest import mock
-
-    with mock.patch.dict(os.environ, {"DELTASERVE_TOPK_SELECT": select}):
+    selection (_topk's BITONIC, triton_decode.TOPK_SELECTS) in both launches."""
+    md = mods["moe"]
+    with mock.patch.object(md, "topk_bitonic", lambda: md.TOPK_SELECTS.index(select)):
         _router_last_arrival(mods, device, ts, h, e, top_k)
 
 
@@ -955,14 +930,11 @@ def _router_last_arrival(mods, device, ts, h, e, top_k):
 
 
 def check_route_tiles(mods, device, ts=(1, 33), h=64, e=12, top_k=3, rows=(8, 16), group=32, reps=3):
-    """moe_route's tiles from the router's one launch (DELTASERVE_MOE_ROUTE_TILES=fused, triton_route_tiles) == the
-    split path's (the top-k launch with the shared slot, then mma_expert_tiles), bit for bit: ids, weights, the
+    """moe_route's tiles from the router's one launch (triton_route_tiles) == the split path's (the top-k launch with the shared slot, then mma_expert_tiles), bit for bit: ids, weights, the
     shared weight and the four tile tensors, for T on both sides of the bitmap's first word (32 tokens) and several
     rows per tile, on repeated calls with the last call's outputs poisoned (their blocks come back from the caching
     allocator), and the arrival counters (the bitmap and the starts' scratch among them) back at zero."""
-    import os
-    from unittest import mock
-
+    from deltaserve.kernels.moe import triton_route_tiles as rt
     from deltaserve.kernels.moe.triton_route_tiles import BITMAP_AT
     from deltaserve.kernels.triton_sync import arrival_counters
 
@@ -971,12 +943,11 @@ def check_route_tiles(mods, device, ts=(1, 33), h=64, e=12, top_k=3, rows=(8, 16
     for t in ts:
         x = torch.randn(t, h, device=device).bfloat16()
         for r in rows:
-            with mock.patch.dict(os.environ, {"DELTASERVE_MOE_ROUTE_TILES": "split"}):
+            with mock.patch.object(rt, "route_tiles_fit", lambda *args: False):  # the split path
                 want = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], separate_topk=True,
                                     shared_slot=e, tile_rows=r)
             for rep in range(reps):
-                with mock.patch.dict(os.environ, {"DELTASERVE_MOE_ROUTE_TILES": "fused"}):
-                    got = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], shared_slot=e, tile_rows=r)
+                got = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], shared_slot=e, tile_rows=r)
                 what = f"route tiles T={t} rows={r} call {rep}"
                 assert torch.equal(got.ids, want.ids), f"{what}: ids {got.ids.tolist()} != {want.ids.tolist()}"
                 assert torch.equal(got.weights, want.weights), f"{what}: weights differ"
@@ -994,10 +965,8 @@ def check_router_norm(mods, device, ts=(1, 3, 16), h=128, e=12, top_k=3, group=3
     sums_only=True) then moe_route on its output, bit for bit: y, the residual sum, y's group sums, ids, weights and
     the shared weight, with and without the stacked shared slot (shared_slot = E) and at both norm offsets (HF's 1,
     MLX's 0), on repeated calls with the last call's outputs poisoned, both ways of reading the norm's row for the
-    dot product (DELTASERVE_ROUTER_NORM_READ: a scratch row, or made again at the x loads); and y against fp64."""
-    import os
-    from unittest import mock
-
+    dot product (router_norm_read: a scratch row, or made again at the x loads, the kernel's two forms); and y
+    against fp64."""
     from deltaserve.kernels import norm as norm_ref
 
     md, nm = mods["moe"], mods["norm"]
@@ -1013,7 +982,7 @@ def check_router_norm(mods, device, ts=(1, 3, 16), h=128, e=12, top_k=3, group=3
             what = f"router norm T={t} offset={offset} slot={slot}"
             close(y, norm_ref.rms_norm(r.double(), w.double(), 1e-6, offset), 2 * BF16_EPS, what + ": y vs fp64")
             for rep, read in enumerate(("scratch", "tiles") * reps):
-                with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_NORM_READ": read}):
+                with mock.patch.object(md, "router_norm_read", lambda read=read: read):
                     got, gy, gr, gxs = md.route_normed(x, res, w, 1e-6, offset, kw["router"], top_k, True,
                                                        kw["shared_gate"], shared_slot=slot)
                 for name, a, b in (("y", gy, y), ("r", gr, r), ("xs", gxs, xs), ("ids", got.ids, want.ids),
@@ -1035,10 +1004,10 @@ def check_router_norm(mods, device, ts=(1, 3, 16), h=128, e=12, top_k=3, group=3
 
 def check_router_rows(mods, device, ts=(1, 13, 40), h=64, e=12, router_bits=8, group=32, blocks=(1, 4),
                       gluon_shapes=()):
-    """The router's logits and shared-gate sigmoid from the multi-row GEMV launch (DELTASERVE_ROUTER_ROWS_MIN: from
-    that many tokens on) == the per-token router launch's, bit for bit (the same per-row arithmetic), for T on both
+    """The router's logits and shared-gate sigmoid from the multi-row GEMV launch (router_rows_min(): from that many
+    tokens on) == the per-token router launch's, bit for bit (the same per-row arithmetic), for T on both
     sides of a row block (8 tokens a program) and with the shared gate, with each program taking `blocks` row
-    blocks of experts in turn (DELTASERVE_ROUTER_ROW_BLOCKS; the last program's blocks past E masked); and a dense
+    blocks of experts in turn (DELTASERVE_ROUTER_ROW_BLOCKS, an experiment; the last program's blocks past E masked); and a dense
     router keeps the per-token launch (the same result either way). gluon_shapes: "bn,mb" program shapes of the
     Gluon rows kernel (moe/gluon_router_rows; the router must be the format it serves, asserted) compared the same
     way, with its output poisoned first."""
@@ -1050,17 +1019,17 @@ def check_router_rows(mods, device, ts=(1, 13, 40), h=64, e=12, router_bits=8, g
     be, warps = md.merged_config(None)["router"]
     for t in ts:
         x = torch.randn(t + 3, h, device=device).bfloat16()[2 : 2 + t]  # an offset view: rows at a stride of h
-        with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_ROWS_MIN": "0"}):
+        with mock.patch.object(md, "router_rows_min", lambda: 1 << 62):  # the per-token launch
             want = md._router_logits(x, r, g, True, md.merged_config(None))
             ref = md.moe_route(x, kw["router"], 3, True, kw["shared_gate"], separate_topk=True)
-        variants = [{"DELTASERVE_ROUTER_ROWS_KERNEL": "triton", "DELTASERVE_ROUTER_ROW_BLOCKS": str(nb)}
-                    for nb in blocks]
-        variants += [{"DELTASERVE_ROUTER_ROWS_KERNEL": "gluon", "DELTASERVE_ROUTER_ROWS_SHAPE": sh}
-                     for sh in gluon_shapes]
-        for env in variants:
-            label = ", ".join(f"{k.split('_')[-1].lower()} {v}" for k, v in env.items())
-            with mock.patch.dict(os.environ, {"DELTASERVE_ROUTER_ROWS_MIN": "1", **env}):
-                if "DELTASERVE_ROUTER_ROWS_SHAPE" in env:
+        variants = [("triton", {"DELTASERVE_ROUTER_ROW_BLOCKS": str(nb)}, None) for nb in blocks]
+        variants += [("gluon", {}, tuple(int(v) for v in sh.split(","))) for sh in gluon_shapes]
+        for kernel, env, shape in variants:
+            label = f"{kernel} {env or shape}"
+            with mock.patch.dict(os.environ, env), mock.patch.object(md, "router_rows_min", lambda: 1), \
+                    mock.patch.object(md, "rows_fit", md.rows_fit if kernel == "gluon" else (lambda *args: False)), \
+                    mock.patch.object(grr, "rows_launch", (lambda: shape) if shape else grr.rows_launch):
+                if shape:
                     assert grr.rows_fit(x, r, md._router_cg(r, be, warps), warps), "the Gluon rows kernel must serve"
                     direct = poisoned((t, r.n), torch.float32, device)
                     grr.router_rows_logits(x, r, direct)
@@ -1090,7 +1059,7 @@ def check_topk_contract(mods, device, e, k, warps=4, select="rounds", normalize=
     """The in-kernel top-k (_topk, used by moe_route and inside the fused gate/up) on adversarial fp32 logits:
     ties among negatives, -0 against +0, integer-valued logits (many ties), E not a power of two. Ids must equal
     route_topk's (ties to the lower id) in ascending order, weights to fp32 rounding; at any num_warps (the split
-    launch's DELTASERVE_TOPK_WARPS) and by every selection (DELTASERVE_TOPK_SELECT: rounds, bitonic, best)."""
+    launch's TOPK_WARPS) and by every selection (_topk's BITONIC: rounds, bitonic, best)."""
     md = mods["moe"]
     bitonic = md.TOPK_SELECTS.index(select)
     lg = torch.randn(4, e, device=device) * 3
@@ -1159,13 +1128,11 @@ def check_router_mma(mods, device, ts=(1, 13, 70), h=128, e=40, bits=8, group=64
     via = poisoned((n, e), torch.float32, device)
     rm.router_mma_logits(xs, r, via, codes=codes)
     assert torch.equal(via, whole), "router mma: the bf16 codes changed a bit"
-    for mode in rm.ROUTER_MMA_PDL_MODES:  # where the launch opens its successor (PDL): never a bit
-        with env_values(DELTASERVE_ROUTER_MMA_PDL=mode):
-            fresh = xs.clone()  # written by the launch just before, as the model's norm writes x
-            got = poisoned((n, e), torch.float32, device)
-            rm.router_mma_logits(fresh, r, got)
-            after = torch.empty_like(got).copy_(got)  # the successor reads what the router wrote
-        assert torch.equal(after, whole), f"router mma: PDL {mode} changed a bit"
+    fresh = xs.clone()  # written by the launch just before, as the model's norm writes x
+    got = poisoned((n, e), torch.float32, device)
+    rm.router_mma_logits(fresh, r, got)
+    after = torch.empty_like(got).copy_(got)  # the successor reads what the router wrote
+    assert torch.equal(after, whole), "router mma: after a writer of its x, a bit changed"
     try:
         rm.router_mma_logits(xs, r, codes=codes.float())
     except ValueError as exc:
@@ -1196,35 +1163,35 @@ def check_route_prefill_mma(mods, device, ts=(1, 3, 64, 515), h=2048, e=256, top
     r, _ = md._router_specs(torch.zeros(1, h, device=device).bfloat16(), kw["router"], top_k, kw["shared_gate"])
     xs = torch.randn(max(ts), h, device=device).bfloat16()
     first = None
-    with env_values(DELTASERVE_PREFILL_ROUTER="mma"):
-        for t in ts:
-            x = xs[:t]
-            rows = 8 if t <= 64 else None
-            got = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], shared_slot=e, tile_rows=rows,
-                               prefill=True)
-            dec = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], shared_slot=e, separate_topk=True)
-            logits = rm.router_mma_logits(x, r)
-            rw, rid = route_topk(logits.double().cpu(), top_k, True)
-            order = rid.sort(-1)
-            what = f"prefill route T={t}"
-            assert torch.equal(got.ids[:, :top_k].long().cpu(), order.values), f"{what}: ids"
-            close(got.weights[:, :top_k].cpu(), rw.gather(1, order.indices), 1e-6, f"{what}: weights")
-            assert (got.ids[:, top_k] == e).all() and torch.equal(got.weights[:, top_k], dec.weights[:, top_k])
-            assert torch.equal(got.shared_weight, dec.shared_weight), f"{what}: shared weight"
-            if rows is not None:
-                want = mma_expert_tiles(got.ids, e + 1, rows)
-                for name, a, b in zip(("tile_e", "tile_lo", "tile_hi", "order"), got.tiles[:4], want[:4]):
-                    assert torch.equal(a, b), f"{what}: {name}"
-            if first is None:
-                first = got
-                via = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], shared_slot=e, tile_rows=rows,
-                                   prefill=True, router_codes=rm.router_codes_bf16(r))  # the codes' bf16 copy
-                assert torch.equal(via.ids, got.ids) and torch.equal(via.weights, got.weights), f"{what}: codes"
-            assert torch.equal(got.ids[:1], first.ids[:1]) and torch.equal(got.weights[:1], first.weights[:1])
-        try:
-            md.moe_route(xs[:2], kw["router"], top_k, True, kw["shared_gate"], prefill=True,
-                         norm=(xs[:2], xs[0], 1e-6, 1.0, ()))
-        except ValueError as exc:
-            assert "norm" in str(exc), str(exc)
-        else:
-            raise AssertionError("moe_route(prefill=True, norm=...) accepted")
+    for t in ts:
+        x = xs[:t]
+        rows = 8 if t <= 64 else None
+        got = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], shared_slot=e, tile_rows=rows,
+                           prefill=True)
+        dec = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], shared_slot=e, separate_topk=True)
+        logits = rm.router_mma_logits(x, r)
+        rw, rid = route_topk(logits.double().cpu(), top_k, True)
+        order = rid.sort(-1)
+        what = f"prefill route T={t}"
+        assert torch.equal(got.ids[:, :top_k].long().cpu(), order.values), f"{what}: ids"
+        close(got.weights[:, :top_k].cpu(), rw.gather(1, order.indices), 1e-6, f"{what}: weights")
+        assert (got.ids[:, top_k] == e).all() and torch.equal(got.weights[:, top_k], dec.weights[:, top_k])
+        assert torch.equal(got.shared_weight, dec.shared_weight), f"{what}: shared weight"
+        if rows is not None:
+            want = mma_expert_tiles(got.ids, e + 1, rows)
+            for name, a, b in zip(("tile_e", "tile_lo", "tile_hi", "order"), got.tiles[:4], want[:4]):
+                assert torch.equal(a, b), f"{what}: {name}"
+        if first is None:
+            first = got
+            via = md.moe_route(x, kw["router"], top_k, True, kw["shared_gate"], shared_slot=e, tile_rows=rows,
+                               prefill=True, router_codes=rm.router_codes_bf16(r))  # the codes' bf16 copy
+            assert torch.equal(via.ids, got.ids) and torch.equal(via.weights, got.weights), f"{what}: codes"
+        assert torch.equal(got.ids[:1], first.ids[:1]) and torch.equal(got.weights[:1], first.weights[:1])
+    try:
+        md.moe_route(xs[:2], kw["router"], top_k, True, kw["shared_gate"], prefill=True,
+                     norm=(xs[:2], xs[0], 1e-6, 1.0, ()))
+    except ValueError as exc:
+        assert "norm" in str(exc), str(exc)
+    else:
+        raise AssertionError("moe_route(prefill=True, norm=...) accepted")
+

@@ -26,9 +26,8 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module", params=["bf16", "q4-mma-moe"])
 def model(request, tmp_path_factory):
     """A tiny MoE checkpoint loaded in bf16 on the GPU: the fast path. "bf16": fused layout, bf16-exact weights.
-    "q4-mma-moe": quantised to q4 g64 with expert widths of 64, under DELTASERVE_MOE=mma (every MoE block, decode
-    and prefill, on the tensor-core kernels over the repacked experts; the environment stays set while the model is
-    in use, as its released MLX experts require)."""
+    "q4-mma-moe": quantised to q4 g64 with expert widths of 64, on the tensor-core MoE (the plan's default: every
+    MoE block, decode and prefill, on the tensor-core kernels over the repacked experts)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device (the engine's prefill needs fla's GPU kernels)")
     ckpt = tmp_path_factory.mktemp("ckpt")
@@ -44,11 +43,9 @@ def model(request, tmp_path_factory):
                        linear_num_value_heads=8)
     ours_from_checkpoint(hf, ckpt)
     q4 = quantize_checkpoint(ckpt, tmp_path_factory.mktemp("q4"), 4, 64, progress=False)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DELTASERVE_MOE", "mma")
-        m = load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
-        m.__dict__["_test_mode"] = request.param
-        yield m
+    m = load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
+    m.__dict__["_test_mode"] = request.param
+    yield m
 
 
 def _mma_moe_in_use(model) -> bool:
@@ -111,7 +108,7 @@ def test_engine_graphs_equal_eager(model, n):
     assert all(g.graph is not None for g in runner.graphs.graphs.values())  # captured, not eager replays
     # the mode really served the model (the bf16 experts cannot take the tensor-core MoE)
     assert _mma_moe_in_use(model) == (model.__dict__["_test_mode"] == "q4-mma-moe")
-    # a deployment for 32 streams decodes its q4 linears on the tensor-core GEMV (fast.decode_gemv_for_streams)
+    # a deployment for 32 streams decodes its q4 linears on the tensor-core GEMV (plan.decode_gemv_for_streams)
     assert g_engine.decode_gemv == e_engine.decode_gemv == "mma"
     assert _mma_gemv_in_use(model) == (model.__dict__["_test_mode"] == "q4-mma-moe")
 

@@ -251,7 +251,7 @@ def test_gemv_conv(fused_mods, dev, small):
 
 
 def test_gemv_conv_early(fused_mods, dev, small):
-    """The one-row conv GEMV with the conv's inputs requested before its PDL wait (DELTASERVE_CONV_EARLY=1)."""
+    """The one-row conv GEMV, its conv's inputs requested before its PDL wait."""
     c, extra, k = (40, 24, 128) if small else (8192, 4160, 2048)
     kc.check_gemv_conv_early(fused_mods, dev, 4, 64, c=c, extra=extra, k=k, fresh=(1,))
     kc.check_gemv_conv_early(fused_mods, dev, 4, 64, c=c, extra=extra, k=k, fresh=(0,))

@@ -141,12 +141,6 @@ def test_gdn_decode_step(mods, dev, small, dv_block):
     kc.check_gdn_decode(mods, dev, 5, *dims, fresh_rows=(0, 3), num_slots=9, dv_block=dv_block)
 
 
-@pytest.mark.parametrize("dv_block", ["default", None])
-def test_gdn_decode_state_early_same_bits(mods, dev, small, dv_block):
-    dims = (2, 4, 16, 32) if small else (16, 32, 128, 128)
-    kc.check_gdn_state_early(mods, dev, 5, *dims, dv_block=dv_block)
-
-
 @pytest.mark.parametrize("dv_block,bits", [("default", 4), (None, 4), ("default", 8)])
 def test_gdn_decode_prep(mods, dev, small, dv_block, bits):
     dims = (2, 4, 16, 64) if small else (16, 32, 128, 128)
@@ -447,7 +441,6 @@ def test_decode_attention_settled_reads_the_newest_token_after_its_wait(mods, de
     q = p["q"].clone()
     slots, rows = p["slots"].to(torch.int32), torch.arange(len(seqs), device=dev, dtype=torch.int32)
     got = kc.poisoned(q.shape, q.dtype, dev)
-    monkeypatch.setenv("DELTASERVE_ATTN_KV_EARLY", "1")
     torch.cuda.synchronize()
     # nothing but the writers and the decode between here and the sync: no torch launch that would serialise them
     for src, dst, at in ((new_k, p["kc"], slots), (new_v, p["vc"], slots), (new_q, q, rows)):

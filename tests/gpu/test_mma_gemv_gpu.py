@@ -46,7 +46,7 @@ def test_mma_gemv_batch_invariant(dev, n, k):
 
 @pytest.mark.parametrize("m", [1, 8, 64, 70])
 def test_mma_gemv_fp32_out_is_the_bf16_result_widened(dev, m):
-    """An fp32 out (the lm_head's logits, fast.logits_store "fp32") holds the bf16 results widened, bit for bit,
+    """An fp32 out (the lm_head's logits) holds the bf16 results widened, bit for bit,
     at one launch and past MAX_ROWS (two); conv= with an fp32 out is refused."""
     from deltaserve.kernels.quant import mma_gemv as mg
 
@@ -229,7 +229,7 @@ def test_mma_experts_batch_invariant(dev):
             assert torch.equal(alone[j : j + 1], gemv), f"token {tok} pick {j}: experts kernel != mma_gemv"
 
 
-def _moe_block(dev, t, h=2048, e=256, i=512, i_s=512, top_k=8, seed=0, split=False):
+def _moe_block(dev, t, h=2048, e=256, i=512, i_s=512, top_k=8, seed=0):
     from types import SimpleNamespace
 
     from deltaserve.kernels.moe.mma_moe import pack_mma_experts
@@ -245,44 +245,9 @@ def _moe_block(dev, t, h=2048, e=256, i=512, i_s=512, top_k=8, seed=0, split=Fal
     res = torch.randn(t, h, device=dev).bfloat16()
     w, ids = route_topk(torch.randn(t, e, device=dev), top_k)
     sw = torch.sigmoid(torch.randn(t, device=dev))
-    experts = pack_mma_experts(*mlx, split_gate_up=split)
+    experts = pack_mma_experts(*mlx)
     assert experts.shared_last == (i_s == i) and (experts.shared is None) == (i_s == i)
     return x, res, ids.int(), w.float(), sw, experts, w64
-
-
-@pytest.mark.parametrize("t", [1, 3, 64])
-def test_moe_block_mma_split_gate_up_same_bits(dev, t):
-    """The split gate/up layout (one plain launch over stacked [gate; up] rows, h = SiLU(g) * u at each block
-    pair's second arrival) gives the gated launch's hidden and the block's output bit for bit, in single-row and
-    sorted tiles; so does its fallback (down making h from g | u as it loads, glu=True). Counters back at zero."""
-    from deltaserve.kernels.moe.mma_moe import moe_block_mma
-    from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant.triton_gemv import prep_x
-    from deltaserve.kernels.triton_sync import arrival_counters
-
-    x, res, ids, w, sw, gated, _ = _moe_block(dev, t, seed=3)
-    *_, split, _ = _moe_block(dev, t, seed=3, split=True)
-    assert split.gate is None and split.gate_up[0].shape[1] == 2 * gated.gate[0].shape[1]
-    for rows in (None, 1, 8):
-        want = moe_block_mma(x, ids, w, sw, gated, residual=res, tile_rows=rows)
-        assert torch.equal(moe_block_mma(x, ids, w, sw, split, residual=res, tile_rows=rows), want), rows
-    slots_ids = torch.cat([ids, torch.full_like(ids[:, :1], gated.num_experts - 1)], 1)
-    m = slots_ids.numel()
-    tiles = mg.mma_expert_tiles(slots_ids, gated.num_experts)
-    xs = prep_x(x, 4, 64)[1]
-    hid = mg.mma_matmul_experts(x, *gated.gate, slots_ids, 9, xs=xs, tiles=tiles, up=gated.up)
-    h = torch.full_like(hid, float("nan"))
-    gu = mg.mma_matmul_experts(x, *split.gate_up, slots_ids, 9, xs=xs, tiles=tiles, config=(4, 1, 2), pair_out=h)
-    assert torch.equal(h, hid), "h at the pair's second arrival != the gated launch's"
-    i = hid.shape[1]
-    for half, weight in ((slice(0, i), gated.gate), (slice(i, 2 * i), gated.up)):  # g | u: each projection's bits
-        plain = mg.mma_matmul_experts(x, *weight, slots_ids, 9, xs=xs, tiles=tiles, config=(4, 1, 2))
-        assert torch.equal(gu[:, half], plain), "g | u != the gate / up projections launched alone"
-    scale = torch.rand(m, device=dev)
-    down_h = mg.mma_matmul_experts(hid, *gated.down, slots_ids, 1, tiles=tiles, scale=scale)
-    down_glu = mg.mma_matmul_experts(gu, *split.down, slots_ids, 1, tiles=tiles, scale=scale, glu=True)
-    assert torch.equal(down_glu, down_h), "down with h made at load (glu) != down over the gated hidden"
-    assert not arrival_counters(dev, mg.PAIR_COUNTERS)[: mg.PAIR_COUNTERS].any(), "a pair counter was left set"
 
 
 @pytest.mark.parametrize("t", [1, 3])
@@ -474,25 +439,25 @@ def test_mma_experts_staged_weights_same_bits(dev, t):
             assert torch.equal(got, base_d), f"down, {rows}-row tiles, {ns} slots"
 
 
-@pytest.mark.parametrize("split,cap", [("16", "0"), ("32", "0"), ("32", "128")])
+@pytest.mark.parametrize("split,cap", [(16, {}), (32, {}), (32, {"maxnreg": 128})])
 def test_mma_gemv_row_split_same_bits(dev, split, cap, monkeypatch):
-    """The K = 4096 weights' rows of x split over programs (DELTASERVE_MMA_GEMV_SPLIT_ROWS, with and without a
-    register cap) give the unsplit launch's bits at 64 and 37 rows (a ragged last block), the group sums given or
+    """The K = 4096 weights' rows of x split over programs (mma_gemv.SPLIT_ROWS, with and without a register
+    cap) give the unsplit launch's bits at 64 and 37 rows (a ragged last block), the group sums given or
     the kernel's own, every element of a NaN-poisoned output written."""
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
-    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "0")  # the mma.sync kernel's row split (not wg_gemv's K split)
+    monkeypatch.setattr(mg, "wg_gemv_rows", lambda k=0: 1 << 62)  # the mma.sync kernel's row split (not wg_gemv's)
     p, s, b, _ = kc.affine_weight((2048, 4096), 4, 64, dev)
     words, sb = mg.repack_q4(p, s, b)
     x = torch.randn(64, 4096, device=dev).bfloat16()
     xs_all = prep_x(x, 4, 64)[1]
     for m in (64, 37):
         for xs in (None, xs_all[:m]):
-            monkeypatch.setenv("DELTASERVE_MMA_GEMV_SPLIT_ROWS", "0")
+            monkeypatch.setattr(mg, "SPLIT_ROWS", 1 << 30)  # no split
             ref = mg.mma_gemv(x[:m], words, sb, xs=xs)
-            monkeypatch.setenv("DELTASERVE_MMA_GEMV_SPLIT_ROWS", split)
-            monkeypatch.setenv("DELTASERVE_MMA_GEMV_SPLIT_MAXNREG", cap)
-            assert mg.split_rows(4096, m) == int(split)
+            monkeypatch.setattr(mg, "SPLIT_ROWS", split)
+            monkeypatch.setattr(mg, "split_maxnreg", lambda: cap)
+            assert mg.split_rows(4096, m) == split
             got = mg.mma_gemv(x[:m], words, sb, xs=xs, out=kc.poisoned((m, 2048), torch.bfloat16, dev))
             assert torch.equal(got, ref), f"split {split} cap {cap}, {m} rows, own sums {xs is None}"

@@ -1,7 +1,8 @@
-"""End-to-end GPU tests of the tensor-core paths on a q4 g64 model: DELTASERVE_MOE=mma (every MoE block through
-kernels/moe/mma_moe.py, the experts repacked once and their MLX tensors released) with DELTASERVE_DECODE_GEMV=mma
-(the decode linears through kernels/quant/mma_gemv.py), and DELTASERVE_DECODE_GEMV=head (the CUDA-core paths with
-the output head alone on the tensor-core GEMV). The tiny bf16 model of test_model_fast_path cannot reach
+"""End-to-end GPU tests of the tensor-core paths on a q4 g64 model, each mode a kernel plan (model/plan.py) fixed on
+the model: moe "mma" (every MoE block through kernels/moe/mma_moe.py, the experts repacked once and their MLX
+tensors released) with decode_gemv "mma" (the decode linears through kernels/quant/mma_gemv.py), and moe "cuda" with
+decode_gemv "head" (the CUDA-core paths with the output head alone on the tensor-core GEMV); some modes also lower a
+kernel's size threshold (a module constant) so that the tiny model reaches it. The tiny bf16 model of test_model_fast_path cannot reach
 these paths (they serve q4 g64 weights only), so this one is quantised by our quantiser first, with expert widths
 that are multiples of 64.
 
@@ -16,8 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from deltaserve.kernels.quant import mma_gemv as mg
+from deltaserve.kernels.quant import wgmma_experts as wx
 from deltaserve.model import fast, fusion
 from deltaserve.model.gated_deltanet import GatedDeltaNet
+from deltaserve.model.plan import KernelPlan
 from deltaserve.model.mlp import SparseMoeBlock
 from deltaserve.weights.loader import load_checkpoint
 from deltaserve.weights.quantizer import quantize_checkpoint
@@ -32,23 +36,23 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from model_helpers import make_hf_model, ours_from_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-MODES = {  # name -> the environment it runs under
-    "mma": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma"},
+MODES = {  # name -> (the deployment's kernel plan, {(module, constant): value} for the mode)
+    "mma": (KernelPlan("mma", "mma"), {}),
     # the tensor-core MoE with the default GEMVs (the output head alone on the tensor-core GEMV): the default
-    # layout (bench/NOTES.md)
-    "mma-moe": {"DELTASERVE_MOE": "mma"},
+    # layout (lab/NOTES.md)
+    "mma-moe": (KernelPlan("head", "mma"), {}),
     # the same with every MoE block's gate/up and down on the warpgroup-MMA experts kernel (prefill sizes by
     # default; here from one row, decode included): the mma.sync kernel's bits
-    "mma-moe-wgmma": {"DELTASERVE_MOE": "mma", "DELTASERVE_MOE_WGMMA_MIN_ROWS": "1"},
+    "mma-moe-wgmma": (KernelPlan("head", "mma"), {(wx, "WG_MIN_ROWS"): 1}),
     # the tensor-core GEMVs with every weight wgmma_experts.wg_gemv can take on it from one row (the same bits)
-    "mma-wg-gemv": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma", "DELTASERVE_MMA_GEMV_WG_ROWS": "1"},
-    # the same with the MoE on the wgmma experts kernel too, x's group sums staged in shared memory and the slots
-    # carried (the same bits)
-    "mma-wg-xs": {"DELTASERVE_MOE": "mma", "DELTASERVE_DECODE_GEMV": "mma", "DELTASERVE_MMA_GEMV_WG_ROWS": "1",
-                  "DELTASERVE_MOE_WGMMA_MIN_ROWS": "1", "DELTASERVE_WGMMA_XS": "smem", "DELTASERVE_WGMMA_SLOTS": "carry"},
+    "mma-wg-gemv": (KernelPlan("mma", "mma"), {(mg, "WG_GEMV_ROWS"): 1}),
+    # the same with the MoE on the wgmma experts kernel too (x's group sums staged in shared memory, the slots
+    # carried: the kernel's forms; the same bits)
+    "mma-wg-xs": (KernelPlan("mma", "mma"), {(mg, "WG_GEMV_ROWS"): 1, (wx, "WG_MIN_ROWS"): 1}),
     # the CUDA-core paths but the output head on the tensor-core GEMV
-    "head": {"DELTASERVE_MOE": "cuda", "DELTASERVE_DECODE_GEMV": "head"},
+    "head": (KernelPlan("head", "cuda"), {}),
 }
+DEFAULTS = {key: getattr(*key) for _, patches in MODES.values() for key in patches}
 
 
 @pytest.fixture(scope="module", params=sorted(MODES))
@@ -69,10 +73,12 @@ def models(request, tmp_path_factory):
     ours_from_checkpoint(hf, src)
     q4 = quantize_checkpoint(src, tmp_path_factory.mktemp("q4"), 4, 64, progress=False)
     cpu = load_checkpoint(q4, dtype=torch.float32, progress=False).model
+    plan, patches = MODES[request.param]
     with pytest.MonkeyPatch.context() as mp:
-        for k, v in MODES[request.param].items():
-            mp.setenv(k, v)
+        for (module, name), value in patches.items():
+            mp.setattr(module, name, value)
         gpu = load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
+        fast.set_plan(gpu, plan)
         yield cpu, gpu, request.param
 
 
@@ -97,9 +103,7 @@ def test_tensor_core_paths_in_use(models):
         assert b.experts.__dict__.get(fast.RELEASED_ATTR) and b.experts.gate_proj.weight.numel() == 0
     assert fast.decode_copy_bytes(gpu) > 0
     if mode == "mma-moe-wgmma":  # moe_block_mma's condition for the warpgroup-MMA experts kernel, from one row
-        from deltaserve.kernels.quant import wgmma_experts as wx
-
-        assert wx.wg_min_rows() == 1 and all(b.__dict__[fast.MMA_ATTR].gate_up is None and wx.wg_fits(
+        assert wx.wg_min_rows() == 1 and all(wx.wg_fits(
             b.__dict__[fast.MMA_ATTR].gate[0], b.__dict__[fast.MMA_ATTR].down[0]) for b in blocks)
     if mode in ("mma-moe", "mma-moe-wgmma"):  # the decode linears stay on CUDA cores
         assert not any(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers)
@@ -129,9 +133,8 @@ def test_q4_mma_graph_replay_equals_eager(models):
 
 
 def test_router_norm_in_use_and_equal_to_the_norm_launch(models, monkeypatch):
-    """DELTASERVE_ROUTER_NORM=fused (each decode-sized MoE block's router launch makes the block's input norm
-    itself: kernels/moe/triton_decode.route_normed) == split (the norm kernel, then the router): decode logits bit
-    for bit, eager and from a graph; and the fused form really ran at 1 and 3 rows (not in the mode whose MoE takes
+    """Each decode-sized MoE block's router launch making the block's input norm itself
+    (kernels/moe/triton_decode.route_normed) == the norm kernel, then the router: decode logits bit for bit, eager and from a graph; and the fused form really ran at 1 and 3 rows (not in the mode whose MoE takes
     the warpgroup-MMA kernel's tiles from one row: mma-moe-wgmma and mma-wg-xs)."""
     from deltaserve.kernels.moe import triton_decode as md
 
@@ -148,11 +151,11 @@ def test_router_norm_in_use_and_equal_to_the_norm_launch(models, monkeypatch):
     fused = [decode_logits(gpu, p, 4, graph=g) for p in (prompts[:1], prompts) for g in (False, True)]
     blocks = [m for m in gpu.modules() if isinstance(m, SparseMoeBlock)]
     # the CUDA-core MoE, and every mode whose MoE takes the warpgroup-MMA kernel (and its tiles) from one row
-    if mode == "head" or MODES[mode].get("DELTASERVE_MOE_WGMMA_MIN_ROWS") == "1":
+    if mode == "head" or (wx, "WG_MIN_ROWS") in MODES[mode][1]:
         assert not rows, f"{mode}: the router made the norm at {sorted(set(rows))} rows"
     else:
         assert {1, 3} <= set(rows) and len(rows) >= 4 * 2 * len(blocks), f"{mode}: route_normed at {rows[:8]}"
-    monkeypatch.setenv("DELTASERVE_ROUTER_NORM", "split")
+    monkeypatch.setattr(md, "router_norm_tokens", lambda: 0)  # the norm kernel, then the router
     rows.clear()
     split = [decode_logits(gpu, p, 4, graph=g) for p in (prompts[:1], prompts) for g in (False, True)]
     assert not rows
@@ -160,28 +163,24 @@ def test_router_norm_in_use_and_equal_to_the_norm_launch(models, monkeypatch):
         assert torch.equal(a, b), f"{mode}: fused router norm != the norm launch (run {i})"
 
 
-MODE_KEYS = sorted({k for env in MODES.values() for k in env})
-
-
 def _without_modes(mp: pytest.MonkeyPatch) -> None:
-    """Every mode's variable unset. The module-scoped `models` keeps its last mode's environment set until the
+    """Every mode's constant at its default. The module-scoped `models` keeps its last mode's constants until the
     module ends (pytest finalises a parametrized fixture only for its next param), and the tests below run after
-    its tests: without this, the "default paths" models would load and run under that mode (mma-wg-xs: the decode
-    GEMVs on tensor cores, so no merge prep)."""
-    for key in MODE_KEYS:
-        mp.delenv(key, raising=False)
+    its tests: without this, the "default paths" models would run under that mode's thresholds."""
+    for (module, name), value in DEFAULTS.items():
+        mp.setattr(module, name, value)
 
 
 @pytest.fixture
 def default_paths(monkeypatch):
-    """A test of the default paths: no mode's variable set (restored after the test)."""
+    """A test of the default paths: every mode's constant at its default (restored after the test)."""
     _without_modes(monkeypatch)
 
 
 @pytest.fixture(scope="module")
 def prep_model(tmp_path_factory):
     """The default paths on a q4 g64 model whose DeltaNet value heads are one q4 group wide (dv = 64), so the decode
-    step writes its out projection's prep (fast.gdn_step_prep, DELTASERVE_GDN_PREP=step). The models above have
+    step writes its out projection's prep (fast.gdn_step_prep). The models above have
     dv = 16, which the step cannot prep (the out projection's prep launch runs instead)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -197,13 +196,15 @@ def prep_model(tmp_path_factory):
 
 def test_gdn_step_prep_in_use_and_equal_to_the_prep_launch(prep_model, default_paths, monkeypatch):
     """With the step's prep the decode logits are the prep launch's to fp32 rounding of the group sums (the same
-    greedy tokens); it is in use (the mixers' format is (4, 64)), and the launch mode really differs in path."""
+    greedy tokens); it is in use (the mixers' format is (4, 64)), and without it (the prep launch, the path of
+    formats the step cannot prep) the path really differs."""
     mixers = [m for m in prep_model.modules() if isinstance(m, GatedDeltaNet)]
     x = torch.zeros(1, prep_model.config.hidden_size, dtype=torch.bfloat16, device="cuda")
     prompts = [[3, 5, 7, 9, 11, 2, 4], [8, 8, 1, 30, 22, 6, 6, 6, 9]]
     runs = {}
+    chosen = fast.gdn_step_prep
     for mode in ("step", "launch"):
-        monkeypatch.setenv("DELTASERVE_GDN_PREP", mode)
+        monkeypatch.setattr(fast, "gdn_step_prep", chosen if mode == "step" else (lambda *args: None))
         want = (4, 64) if mode == "step" else None
         assert all(fast.gdn_step_prep(m.out_proj, x, m.dv, m.hv) == want for m in mixers), mode
         runs[mode] = decode_logits(prep_model, prompts, 6, graph=False)
@@ -217,7 +218,7 @@ def test_gdn_step_prep_in_use_and_equal_to_the_prep_launch(prep_model, default_p
 @pytest.fixture(scope="module")
 def merge_prep_model(tmp_path_factory):
     """The default paths on a q4 g64 model whose attention heads are one q4 group wide (head_dim 64), so the decode
-    attention's merge writes its out projection's prep (fast.attn_merge_prep, DELTASERVE_ATTN_MERGE_PREP=merge)."""
+    attention's merge writes its out projection's prep (fast.attn_merge_prep)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     src = tmp_path_factory.mktemp("bf16_hd64")
@@ -235,7 +236,7 @@ def merge_prep_model(tmp_path_factory):
 def test_attn_merge_prep_equals_the_prep_launch(merge_prep_model, default_paths, monkeypatch):
     """With the merge's prep the decode logits are the prep launch's bit for bit (prep_row's arithmetic on the same
     values), eager and replayed, over a merged row (a 70-token prompt) and single-split rows; it is in use at the
-    attention layer and off under launch; batch invariance and graph == eager hold with it."""
+    attention layer and off without it (the prep launch); batch invariance and graph == eager hold with it."""
     from deltaserve.model.attention import GatedAttention
 
     layers = [m for m in merge_prep_model.modules() if isinstance(m, GatedAttention)]
@@ -243,38 +244,26 @@ def test_attn_merge_prep_equals_the_prep_launch(merge_prep_model, default_paths,
     gen = torch.Generator().manual_seed(12)
     prompts = [torch.randint(0, 32, (n,), generator=gen).tolist() for n in (70, 9, 33)]
     runs = {}
+    chosen = fast.attn_merge_prep
     for mode in ("merge", "launch"):
-        monkeypatch.setenv("DELTASERVE_ATTN_MERGE_PREP", mode)
+        monkeypatch.setattr(fast, "attn_merge_prep", chosen if mode == "merge" else (lambda *args: None))
         want = (4, 64) if mode == "merge" else None
         assert layers and all(fast.attn_merge_prep(m.o_proj, x, m.hq, m.d) == want for m in layers), mode
         runs[mode] = [decode_logits(merge_prep_model, prompts, 4, graph=g) for g in (False, True)]
     assert torch.isfinite(runs["merge"][0]).all()
     assert torch.equal(runs["merge"][0], runs["launch"][0]) and torch.equal(runs["merge"][1], runs["launch"][1])
-    monkeypatch.setenv("DELTASERVE_ATTN_MERGE_PREP", "merge")
+    monkeypatch.setattr(fast, "attn_merge_prep", chosen)
     check_batch_invariance(merge_prep_model)
     check_graph_equals_eager(merge_prep_model)
 
 
-@pytest.mark.parametrize("shape", ["split", "head"])
-def test_gdn_step_prep_batch_invariance_and_graphs(prep_model, default_paths, monkeypatch, shape):
-    """dv = 64: the step in blocks of 32 state columns (split, two programs a head) or a head per program
-    (DELTASERVE_GDN_STEP), each batch-invariant bit for bit and graph == eager."""
-    monkeypatch.setenv("DELTASERVE_GDN_PREP", "step")
-    monkeypatch.setenv("DELTASERVE_GDN_STEP", shape)
+@pytest.mark.parametrize("plan", [KernelPlan("head"), KernelPlan("mma")])
+def test_gdn_step_prep_batch_invariance_and_graphs(prep_model, default_paths, plan):
+    """dv = 64: the step in blocks of 32 state columns (a batch-1 deployment's, two programs a head) or 64 (a
+    throughput deployment's, one), each batch-invariant bit for bit and graph == eager."""
+    fast.set_plan(prep_model, plan)
     check_batch_invariance(prep_model)
     check_graph_equals_eager(prep_model)
-
-
-def test_logits_stored_fp32_by_the_head_equal_bf16_then_float(models, monkeypatch):
-    """DELTASERVE_LOGITS_STORE=fp32 (the lm_head's tensor-core GEMV stores its bf16 results widened, no .float()
-    launch) gives the decode logits of "bf16" bit for bit, eager and replayed."""
-    gpu = models[1]
-    prompts = [[3, 5, 7, 9, 11, 2, 4], [8, 8, 1, 30, 22, 6, 6, 6, 9]]
-    runs = {}
-    for store in ("bf16", "fp32"):
-        monkeypatch.setenv("DELTASERVE_LOGITS_STORE", store)
-        runs[store] = (decode_logits(gpu, prompts, 4, graph=False), decode_logits(gpu, prompts, 4, graph=True))
-    assert torch.equal(runs["fp32"][0], runs["bf16"][0]) and torch.equal(runs["fp32"][1], runs["bf16"][1])
 
 
 def _fifty_prompts(seed: int) -> list[list[int]]:
@@ -285,7 +274,7 @@ def _fifty_prompts(seed: int) -> list[list[int]]:
 
 def test_mixer_halves_equal_one_launch(models, monkeypatch):
     """Each mixer (DeltaNet and attention) of a 50-row decode as two halves of the rows on two streams
-    (fast.mixer_halves, from 48 rows by default) == one launch over all rows (DELTASERVE_MIXER_HALVES=0), bit for
+    (fast.mixer_halves, from 48 rows by default) == one launch over all rows (MIXER_HALVES_ROWS = 0), bit for
     bit, eager and replayed from a graph (the two streams captured as two branches); the halves really taken."""
     _, gpu, mode = models
     prompts = _fifty_prompts(12)
@@ -297,11 +286,9 @@ def test_mixer_halves_equal_one_launch(models, monkeypatch):
         return ok
 
     monkeypatch.setattr(fast, "mixer_halves", spy)
-    monkeypatch.delenv("DELTASERVE_MIXER_HALVES", raising=False)
-    monkeypatch.setenv("DELTASERVE_MIXER_HALVES_ATTN", "1")
     halves = {graph: decode_logits(gpu, prompts, 4, graph=graph) for graph in (False, True)}
     assert set(taken) == {(50, "deltanet"), (50, "attention")}, f"{mode}: the halves were not taken ({set(taken)})"
-    monkeypatch.setenv("DELTASERVE_MIXER_HALVES", "0")
+    monkeypatch.setattr(fast, "MIXER_HALVES_ROWS", 0)
     taken.clear()
     one = decode_logits(gpu, prompts, 4, graph=False)
     assert not taken
@@ -313,7 +300,7 @@ def test_mixer_halves_equal_one_launch(models, monkeypatch):
 def test_moe_tile_sets_equal_joint_launches(models, monkeypatch):
     """A 50-token decode's MoE blocks with their expert tiles as two sets on two streams (fast.moe_fork, from 16
     tokens by default: even and odd tiles, each set's gate/up then down a chain of its own) == the joint launches
-    (DELTASERVE_MOE_HALVES=0), bit for bit, eager and replayed from a graph; in the modes whose MoE takes the
+    (MOE_HALVES_TOKENS = 0), bit for bit, eager and replayed from a graph; in the modes whose MoE takes the
     warpgroup-MMA kernel at 50 tokens (all but the head mode's CUDA-core MoE) the two sets' launches really ran."""
     from deltaserve.kernels.moe import mma_moe
 
@@ -326,7 +313,6 @@ def test_moe_tile_sets_equal_joint_launches(models, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(mma_moe, "wg_matmul_experts", spy)
-    monkeypatch.delenv("DELTASERVE_MOE_HALVES", raising=False)
     forked = {graph: decode_logits(gpu, prompts, 4, graph=graph) for graph in (False, True)}
     # whether these blocks take the warpgroup-MMA kernel at 50 tokens (from 16 by default; never in the head mode)
     from deltaserve.kernels.moe.mma_moe import wg_block_tile_rows
@@ -339,7 +325,7 @@ def test_moe_tile_sets_equal_joint_launches(models, monkeypatch):
         assert {(0, 2), (1, 2)} <= set(sets), f"{mode}: the MoE's tile sets were not taken ({set(sets)})"
     else:
         assert not sets, f"{mode}: the warpgroup-MMA experts kernel ran ({set(sets)})"
-    monkeypatch.setenv("DELTASERVE_MOE_HALVES", "0")
+    monkeypatch.setattr(fast, "MOE_HALVES_TOKENS", 0)
     sets.clear()
     joint = decode_logits(gpu, prompts, 4, graph=False)
     assert all(s == (0, 1) for s in sets) and (bool(sets) == wg)

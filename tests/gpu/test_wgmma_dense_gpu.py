@@ -115,25 +115,24 @@ def q4_model(tmp_path_factory):
                        linear_num_value_heads=8)
     ours_from_checkpoint(hf, src)
     q4 = quantize_checkpoint(src, tmp_path_factory.mktemp("q4"), 4, 64, progress=False)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DELTASERVE_MOE", "mma")
-        yield load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
+    yield load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
 
 
 def test_model_prefill_fused_equals_dequant(q4_model, monkeypatch):
     """A prefill's logits at every position (whole, and in chunks of 64) with the dense projections on the fused
-    kernel == on dequantise-then-multiply, bit for bit, from one row (DELTASERVE_PREFILL_DEQUANT_MIN=1); the
+    kernel == on dequantise-then-multiply, bit for bit, from one row (triton_affine.dense_path patched); the
     fused kernel really served the projections it can take (their natural-order copies built and counted)."""
     from test_model_fast_path import run_all_logits
 
+    from deltaserve.kernels.quant import triton_affine as ta
+    from deltaserve.kernels.quant import wgmma_dense as wd
     from deltaserve.model import fast
 
-    monkeypatch.setenv("DELTASERVE_PREFILL_DEQUANT_MIN", "1")
-    monkeypatch.setenv("DELTASERVE_WG_DENSE_MIN_PROGRAMS", "1")  # the tiny model's launches are a few programs
+    monkeypatch.setattr(wd, "FUSED_MIN_PROGRAMS", 1)  # the tiny model's launches are a few programs
     prompt = [(7 * i + 3) % 32 for i in range(300)]
     runs = {}
     for mode in ("dequant", "fused"):
-        monkeypatch.setenv("DELTASERVE_PREFILL_DENSE", mode)
+        monkeypatch.setattr(ta, "dense_path", lambda m, mode=mode: mode)
         runs[mode] = [run_all_logits(q4_model, prompt, "cuda", torch.bfloat16, chunk) for chunk in (None, 64)]
     for chunk, want, got in zip((None, 64), runs["dequant"], runs["fused"]):
         assert torch.equal(got, want), f"chunk {chunk}: fused != dequant ({(got != want).sum().item()} logits)"

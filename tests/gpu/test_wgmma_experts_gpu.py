@@ -44,7 +44,7 @@ def test_wg_experts_same_bits_as_mma(dev, t, monkeypatch):
             # the groups in K order, or partial sum by partial sum (in order, or 0, 2 folded first, then 1, 3);
             # one wait for gate's and up's MMAs, or gate's FMAs between two (split)
             for pm, fold, split in ((False, False, "0"), (True, False, "0"), (True, True, "0"), (True, True, "1")):
-                monkeypatch.setenv("DELTASERVE_WGMMA_SPLIT_WAIT", split)
+                monkeypatch.setattr(wx, "wg_split_wait", lambda split=split: split == "1")
                 out = torch.full_like(ref_g, float("nan"))
                 got = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb), out=out, stages=ns,
                                            partial_major=pm, fold=fold)
@@ -78,7 +78,7 @@ def test_wg_experts_plain_vs_fp64(dev, e, n, k, top_k):
 
 @pytest.mark.parametrize("t", [1, 64, 512])
 def test_wg_row_sets_same_bits(dev, t, monkeypatch):
-    """Two 64-row sets a program (row_sets=2, DELTASERVE_MOE_WGMMA_DOWN_SETS: one copy of x for 128 weight rows)
+    """Two 64-row sets a program (row_sets=2, WG_DOWN_ROW_SETS: one copy of x for 128 weight rows)
     never changes a bit: the scaled down at the 35B-A3B's shapes (every tile width, 2 / 3 / 5 slots, one and two
     groups a step) equals one set a program, writing every element of a NaN-poisoned output; the plain form (own
     group sums and given ones) against fp64 too; a weight of 4 row blocks is refused."""
@@ -91,7 +91,7 @@ def test_wg_row_sets_same_bits(dev, t, monkeypatch):
     for rows in (8, 16, 32):
         tiles = mg.mma_expert_tiles(ids, e, rows)
         for gs in ("1", "2"):
-            monkeypatch.setenv("DELTASERVE_MOE_WGMMA_DOWN_GROUPS", gs)
+            monkeypatch.setattr(wx, "WG_MOE_DOWN_STEP_GROUPS", int(gs))
             for ns in (2, 3, 5):
                 ref = wx.wg_matmul_experts(h, dw, dsb, ids, tiles, 1, scale=scale, stages=ns, row_sets=1)
                 out = kc.poisoned(tuple(ref.shape), ref.dtype, dev)
@@ -124,9 +124,11 @@ def test_moe_block_wgmma_same_bits(dev, t, monkeypatch):
     from deltaserve.kernels.moe.mma_moe import moe_block_mma
 
     x, res, ids, w, sw, experts, _ = _moe_block(dev, t)
-    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_MIN_ROWS", "0")
+    from deltaserve.kernels.quant import wgmma_experts as wx
+
+    monkeypatch.setattr(wx, "WG_MIN_ROWS", 1 << 62)  # never: the mma.sync kernel
     base = moe_block_mma(x, ids, w, sw, experts, residual=res)
-    monkeypatch.setenv("DELTASERVE_MOE_WGMMA_MIN_ROWS", "1")
+    monkeypatch.setattr(wx, "WG_MIN_ROWS", 1)
     assert torch.equal(moe_block_mma(x, ids, w, sw, experts, residual=res), base)
     # the tiles as two sets (fork=): one after the other, and on the model's two side streams
     from deltaserve.model.fast import run_forked
@@ -171,7 +173,8 @@ def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k, monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
-    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "0")  # the references: mma_gemv's own kernel at every size
+    monkeypatch.setattr(mg, "WG_GEMV_ROWS", 1 << 62)  # the references: mma_gemv's own kernel at every size
+    monkeypatch.setattr(mg, "WG_GEMV_ROWS_K4096", 1 << 62)
     p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
     words, sb = mg.repack_q4(p, s, b)
     assert wx.wg_dense_fits(words)
@@ -205,7 +208,8 @@ def test_wg_gemv_ksplit_same_bits(dev, n, k, monkeypatch):
     from deltaserve.kernels.quant.triton_gemv import prep_x
     from deltaserve.kernels.triton_sync import arrival_counters
 
-    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "0")  # the references: mma_gemv's own kernel at every size
+    monkeypatch.setattr(mg, "WG_GEMV_ROWS", 1 << 62)  # the references: mma_gemv's own kernel at every size
+    monkeypatch.setattr(mg, "WG_GEMV_ROWS_K4096", 1 << 62)
     p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
     words, sb = mg.repack_q4(p, s, b)
     warps = mg.default_warps(k)
@@ -220,7 +224,7 @@ def test_wg_gemv_ksplit_same_bits(dev, n, k, monkeypatch):
             for ks in (1, 2, 4) if warps == 4 else (2, 4, 8):
                 for rows in (16, 32):
                     for gs in ("1", "2"):
-                        monkeypatch.setenv("DELTASERVE_WG_GEMV_GROUPS", gs)
+                        monkeypatch.setattr(wx, "WG_GEMV_STEP_GROUPS", int(gs))
                         out = kc.poisoned((m, n), torch.bfloat16, dev)
                         got = wx.wg_gemv(x[:m], words, sb, xs=xs, out=out, tile_rows=rows, ksplit=ks)
                         assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref), \
@@ -231,20 +235,19 @@ def test_wg_gemv_ksplit_same_bits(dev, n, k, monkeypatch):
             wx.wg_gemv(x, words, sb, ksplit=bad)
 
 
-@pytest.mark.parametrize("conv_mode", ["launch", "epilogue"])
 @pytest.mark.parametrize("m", [16, 64])
-def test_mma_gemv_through_wg_gemv(dev, m, conv_mode, monkeypatch):
-    """mma_gemv from DELTASERVE_MMA_GEMV_WG_ROWS rows runs as wg_gemv (the conv as its own launch, or in wg_gemv's
-    epilogue: DELTASERVE_WG_GEMV_CONV): the conv check of kernel_cases (== the GEMV then causal_conv, the other slots
+def test_mma_gemv_through_wg_gemv(dev, m, monkeypatch):
+    """mma_gemv from WG_GEMV_ROWS rows runs as wg_gemv (the conv in its epilogue): the conv check of kernel_cases (== the GEMV then causal_conv, the other slots
     untouched, against fp64), and the same outputs and conv pool as the mma.sync forms, plain and with the DeltaNet
     in_proj's conv (the in_proj's K also split over two programs, its conv at their last arrival; the K = 4096 out
     projections' over wg_gemv_ksplit's default eight, and over four); weights it cannot take (N % 64) keep mma.sync."""
     from deltaserve.kernels.gated_delta import triton_decode as td
     from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import wgmma_experts as wx
     from test_mma_gemv_gpu import _mma_gemv_of
 
-    monkeypatch.setenv("DELTASERVE_WG_GEMV_CONV", conv_mode)
-    monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", "1")
+    monkeypatch.setattr(mg, "WG_GEMV_ROWS", 1)
+    monkeypatch.setattr(mg, "WG_GEMV_ROWS_K4096", 1)
     kc.check_gemv_conv({"gdn": td}, dev, 4, 64, m=m, c=8192, extra=4160, k=2048, fresh=(1,), gemv=_mma_gemv_of)
     for n, k, c in ((12352, 2048, 8192), (2048, 4096, 1024), (80, 256, 64)):
         p, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
@@ -256,8 +259,10 @@ def test_mma_gemv_through_wg_gemv(dev, m, conv_mode, monkeypatch):
         # through wg_gemv (the default splits, and the 4-warp one over two programs), and mma.sync with the conv in
         # its epilogue
         for rows, split in (("1", "1,8"), ("1", "2,4"), ("0", "1,8")):
-            monkeypatch.setenv("DELTASERVE_MMA_GEMV_WG_ROWS", rows)
-            monkeypatch.setenv("DELTASERVE_WG_GEMV_KSPLIT", split)
+            never = rows == "0"
+            monkeypatch.setattr(mg, "WG_GEMV_ROWS", 1 << 62 if never else 1)
+            monkeypatch.setattr(mg, "WG_GEMV_ROWS_K4096", 1 << 62 if never else 1)
+            monkeypatch.setattr(wx, "WG_GEMV_KSPLIT", tuple(int(v) for v in split.split(",")))
             pl = pool.clone()
             outs[rows, split] = (mg.mma_gemv(x, words, sb), mg.mma_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c)),
                                  pl)
@@ -269,8 +274,8 @@ def test_mma_gemv_through_wg_gemv(dev, m, conv_mode, monkeypatch):
 @pytest.mark.parametrize("slots_mode", ["mod", "carry"])
 @pytest.mark.parametrize("t", [64, 512])
 def test_wg_xs_smem_same_bits(dev, t, slots_mode, monkeypatch):
-    """x's group sums staged in shared memory (xs_smem, DELTASERVE_WGMMA_XS=smem), with the slots computed or
-    carried (DELTASERVE_WGMMA_SLOTS), never change a bit: the MoE's gate/up at the 35B-A3B's shapes (every tile
+    """x's group sums staged in shared memory (xs_smem), with the slots computed or carried (wg_slot_carry), never
+    change a bit: the MoE's gate/up at the 35B-A3B's shapes (every tile
     width, 3 and 5 slots, both group orders) and wg_gemv (1 to 100 rows, every tile width, K of 1 - 32 groups, a
     group count that is not a power of two included) equal the loads from global memory with computed slots, which
     equal the mma.sync kernels (test_wg_experts_same_bits_as_mma, test_wg_gemv_same_bits_as_mma_gemv), writing every
@@ -279,9 +284,9 @@ def test_wg_xs_smem_same_bits(dev, t, slots_mode, monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     def both(fn):  # (the reference: loads, computed slots; the form under test)
-        monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", "mod")
+        monkeypatch.setattr(wx, "wg_slot_carry", lambda: False)
         ref = fn(False)
-        monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", slots_mode)
+        monkeypatch.setattr(wx, "wg_slot_carry", lambda: slots_mode == "carry")
         return ref, fn(True)
 
     e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
@@ -315,10 +320,11 @@ def test_wg_xs_smem_same_bits(dev, t, slots_mode, monkeypatch):
                     f"wg_gemv N={n} K={k} m={m} {rows}-row tiles, slots {slots_mode}"
 
 
-@pytest.mark.parametrize("cap,fold", [("128", "0"), ("128@8", "0"), ("96@8,128@16,168@32", "1")])
+@pytest.mark.parametrize("cap,fold", [(((64, 128),), False), (((8, 128),), False),
+                                      (((8, 96), (16, 128), (32, 168)), True)])
 def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
-    """DELTASERVE_WGMMA_MAXNREG (a register cap for the launches, spilling what does not fit), with or without
-    DELTASERVE_WGMMA_FOLD, never changes a bit: the MoE's gate/up and down at a 64-stream decode's 64 tokens (8-,
+    """A register cap for the launches (WG_MAXNREG, spilling what does not fit), with or without the folded partial
+    sums (wg_fold_pair), never changes a bit: the MoE's gate/up and down at a 64-stream decode's 64 tokens (8-,
     16- and 32-row tiles) and wg_gemv at 64 rows (8- and 32-row tiles), capped (and folded) == neither."""
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
@@ -336,11 +342,13 @@ def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
                     wx.wg_gemv(x, words, sb, xs=xs, tile_rows=dense_rows)]
         return out
 
-    monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", "0")  # no cap
-    monkeypatch.setenv("DELTASERVE_WGMMA_FOLD", "0")
+    monkeypatch.setattr(wx, "WG_MAXNREG", ())  # no cap
+    monkeypatch.setattr(wx, "WG_GEMV_MAXNREG", ())
+    monkeypatch.setattr(wx, "wg_fold_pair", lambda: False)
     base = run()
-    monkeypatch.setenv("DELTASERVE_WGMMA_MAXNREG", cap)
-    monkeypatch.setenv("DELTASERVE_WGMMA_FOLD", fold)
+    monkeypatch.setattr(wx, "WG_MAXNREG", cap)
+    monkeypatch.setattr(wx, "WG_GEMV_MAXNREG", cap)
+    monkeypatch.setattr(wx, "wg_fold_pair", lambda: fold)
     whats = [f"{w} ({r}-row tiles)" for r in (8, 16, 32) for w in ("gated", "down", "wg_gemv")]
     for what, a, b in zip(whats, run(), base):
         assert torch.equal(a, b), f"{what} with the register cap {cap}, fold {fold}"
@@ -348,7 +356,7 @@ def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
 
 @pytest.mark.parametrize("t,slots_mode", [(1, "mod"), (1, "carry"), (64, "carry"), (512, "carry")])
 def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
-    """Two groups a loop step (DELTASERVE_MOE_WGMMA_GROUPS, _DOWN_GROUPS and DELTASERVE_WG_GEMV_GROUPS=2: one
+    """Two groups a loop step (WG_MOE_STEP_GROUPS, WG_MOE_DOWN_STEP_GROUPS and WG_GEMV_STEP_GROUPS = 2: one
     cp.async group, wait and barrier per two groups) never changes a bit: the MoE's gate/up and down at the
     35B-A3B's shapes (every tile width, 2 and 5 slots, both group orders, computed or carried slots) and wg_gemv
     (1 to 100 rows, 8- / 32- / 64-row tiles, sums given and its own, K of 2 - 32 groups) equal one group a step,
@@ -356,15 +364,15 @@ def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
 
-    monkeypatch.setenv("DELTASERVE_WGMMA_SLOTS", slots_mode)
+    monkeypatch.setattr(wx, "wg_slot_carry", lambda: slots_mode == "carry")
 
     def both(fn, poison):  # (one group a step, two)
-        names = ("DELTASERVE_MOE_WGMMA_GROUPS", "DELTASERVE_MOE_WGMMA_DOWN_GROUPS", "DELTASERVE_WG_GEMV_GROUPS")
+        names = ("WG_MOE_STEP_GROUPS", "WG_MOE_DOWN_STEP_GROUPS", "WG_GEMV_STEP_GROUPS")
         for name in names:
-            monkeypatch.setenv(name, "1")
+            monkeypatch.setattr(wx, name, 1)
         ref = fn(None)
         for name in names:
-            monkeypatch.setenv(name, "2")
+            monkeypatch.setattr(wx, name, 2)
         out = kc.poisoned(tuple(ref.shape), ref.dtype, dev) if poison else None
         got = fn(out)
         assert out is None or got.data_ptr() == out.data_ptr()

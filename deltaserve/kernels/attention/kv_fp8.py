@@ -1,7 +1,7 @@
 """fp8 (e4m3) K/V cache: one scale per cached (token, KV head) row.
 
 Why: decode attention reads the whole K/V of a sequence every step. On the 35B-A3B at 32K tokens that is 671 MB of
-bf16 per step (0.156 ms at the H200's copy bandwidth, bench/NOTES.md), which keeps batch-1 decode at 32K well below
+bf16 per step (0.156 ms at the H200's copy bandwidth, lab/NOTES.md), which keeps batch-1 decode at 32K well below
 its speed at 512 tokens. fp8 halves those bytes (and doubles the tokens a cache budget holds), at the cost of 3
 mantissa bits per cached element: an opt-in mode, like vLLM's `--kv-cache-dtype fp8` or llama.cpp's `-ctk q8_0`.
 

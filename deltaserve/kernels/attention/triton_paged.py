@@ -27,13 +27,12 @@ Optional attention output gate (Qwen3.5 gated attention), applied in the epilogu
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from ...utils.env import env_choice
+from ...utils import tuning
 from ..quant.triton_gemv import pairwise_sums, prep_x
 from ..triton_common import code_prescale, dot_f32, mma
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -42,7 +41,7 @@ from .kv_fp8 import check_cache
 
 # decode: tokens per split, fixed so the merge order of a row never depends on the batch. 64: at 512 tokens the
 # split programs' chains are half as long (5.9 vs 9.8 us a layer on the H200), at 32K the merge's extra work costs
-# less than that gains everywhere else (bench/NOTES.md)
+# less than that gains everywhere else (lab/NOTES.md)
 SPLIT_TOKENS = 64
 _LOG2E = 1.4426950408889634
 
@@ -403,7 +402,7 @@ MERGE_BSP = 128  # splits per merge step (a row's summation order): 32k tokens =
 # the split program's launch shape: tokens per loop step (None: 64 for D <= 128, else 32; it sets a row's summation
 # order, the same for every row), and per cache dtype the warps (the layout of the softmax sums: a row's order, the
 # same for every row) and the software-pipeline stages of the loop's loads (None: Triton's default; no arithmetic).
-# scripts/sweep_decode_attention.py chose them: one stage keeps more programs resident (fp8: 167 registers at 1
+# lab/sweep_decode_attention.py chose them: one stage keeps more programs resident (fp8: 167 registers at 1
 # stage, 210 at 3) and a split of 64 tokens is one loop step.
 DECODE_BN = 64
 # fp8 at 8 warps (78 registers instead of 134): sweep 32K 30.5 -> 29.1 us, 512 7.3 -> 6.5; in the model (H200, tg128
@@ -416,12 +415,12 @@ DECODE_PROGRAMS = None
 # long rows' splits: (FROM, TILES) makes a row of more than FROM tokens split into TILES * SPLIT_TOKENS-token splits
 # (a program a split, LONG_BN tokens a step), so its merge reads TILES times fewer partials; None: SPLIT_TOKENS for every row. A
 # row's split length is a function of its own length, so a row's bits still never depend on the batch, but they do
-# on this setting: one per deployment. Not a default until measured in the model (bench/NOTES.md).
+# on this setting: one per deployment. Not a default until measured in the model (lab/NOTES.md).
 LONG_SPLIT = None
 LONG_SPLIT_TILES = (2, 4, 8)
 # a long split's tokens a loop step: the split program's registers are the most either kind of row needs, so the
 # long rows' steps are smaller than DECODE_BN's (sm_90, bf16 settled at 32K: 158 registers off; long splits in
-# 64-token steps 212, in 32-token steps 168, still 3 programs an SM: scripts/sass_attention.py). A long row's summation order, so part of the setting.
+# 64-token steps 212, in 32-token steps 168, still 3 programs an SM: lab/sass_attention.py). A long row's summation order, so part of the setting.
 LONG_BN = 32
 # the split launch's pipeline stages when long splits are on (None: DECODE_STAGES'): a long split's loop of LONG_BN
 # steps, its next tile's loads in flight (through shared memory) while one computes; no arithmetic
@@ -429,63 +428,32 @@ LONG_STAGES = None
 
 
 def long_split() -> tuple[int, int] | None:
-    """The decode attention's long-row splits (FROM, TILES), or None. Env DELTASERVE_ATTN_LONG_SPLIT: "auto" (the
-    default: LONG_SPLIT), "off", or "FROMxTILES" (FROM >= SPLIT_TOKENS tokens, TILES one of LONG_SPLIT_TILES), for
-    A/B."""
-    value = os.environ.get("DELTASERVE_ATTN_LONG_SPLIT", "auto").strip() or "auto"
-    if value == "off":
-        return None
-    if value == "auto":
-        chosen = LONG_SPLIT
-    else:
-        first, _, tiles = value.partition("x")
-        try:
-            chosen = int(first), int(tiles)
-        except ValueError:
-            raise ValueError(f"DELTASERVE_ATTN_LONG_SPLIT must be auto, off or FROMxTILES (e.g. 8192x2), found "
-                             f"{value!r}") from None
+    """The decode attention's long-row splits (FROM, TILES), or None: DELTASERVE_ATTN_LONG_SPLIT (utils/tuning.py;
+    an experiment not yet measured in the model): "auto" (LONG_SPLIT), "off", or "FROMxTILES" (FROM >=
+    SPLIT_TOKENS tokens, TILES one of LONG_SPLIT_TILES)."""
+    setting = tuning.get("DELTASERVE_ATTN_LONG_SPLIT")
+    chosen = LONG_SPLIT if setting == "auto" else setting
     if chosen is not None and (chosen[0] < SPLIT_TOKENS or chosen[1] not in LONG_SPLIT_TILES):
-        where = "triton_paged.LONG_SPLIT" if value == "auto" else "DELTASERVE_ATTN_LONG_SPLIT"
+        where = "triton_paged.LONG_SPLIT" if setting == "auto" else "DELTASERVE_ATTN_LONG_SPLIT"
         raise ValueError(f"{where}: long splits {chosen} need FROM >= SPLIT_TOKENS ({SPLIT_TOKENS}) and TILES one of "
                          f"{LONG_SPLIT_TILES}")
     return chosen
 
 
 # a throughput deployment's merge (4+ streams): 16 splits a step over whole rows. H200 sweep at 64 streams
-# (bench/NOTES.md), merge us a layer: d512 21.4 (128 x 32), 9.3 (16 x 64), 9.1 (16 x 128), 5.4 (16 x 256); d4096
+# (lab/NOTES.md), merge us a layer: d512 21.4 (128 x 32), 9.3 (16 x 64), 9.1 (16 x 128), 5.4 (16 x 256); d4096
 # 27.0, 33.6, 38.1, 25.5. In the model, tg64 @ d512: 5,761 / 5,769 / 5,771 (128 x 32), 5,828 / 5,826 / 5,837 (16 x
 # 64), 5,854 / 5,849 (16 x 256); 8 streams 2,336 either way.
 THROUGHPUT_MERGE = (16, 256)
-
-
-def kv_early() -> bool:
-    """Whether a settled decode (paged_decode_attention(settled=True)) requests its K rows before the split programs'
-    PDL wait (never a bit). H200, tg64 B=1 (bench/NOTES.md): d512 647.8 / 648.0 -> 662.1 / 660.1 tok/s (the split
-    kernel's critical time 7.41 -> 5.53 us a layer), d32768 558.0 / 557.5 -> 559.2 / 558.3. Env
-    DELTASERVE_ATTN_KV_EARLY "1" (default) | "0", for in-model A/B."""
-    return env_choice("DELTASERVE_ATTN_KV_EARLY", "1", ("0", "1")) == "1"
 
 
 def merge_shape(throughput: bool = False) -> tuple[int, int]:
     """The decode merge's (BSP splits a step, BD columns a program) for a deployment. Both set a row's summation
     order (the tree of a step's sums over BSP, the tile's layout), so the shape is fixed per deployment (from its
     capacity, like the decode GEMV and the DeltaNet step's columns), never per batch; `throughput`: the deployment
-    decodes on the tensor-core GEMVs (4+ streams). Env DELTASERVE_ATTN_MERGE: "auto" (the default: THROUGHPUT_MERGE
-    when `throughput`, else (MERGE_BSP, MERGE_BD): at batch 1 a row's 9 splits at 512 tokens are 128 programs of 8
-    columns' blocks, and at 32K its 512 splits 4 steps of 128) or "BSPxBD" (powers of two, BSP 2 - 256, BD 16 -
-    256), for A/B."""
-    value = os.environ.get("DELTASERVE_ATTN_MERGE", "auto").strip() or "auto"
-    if value == "auto":
-        return THROUGHPUT_MERGE if throughput else (MERGE_BSP, MERGE_BD)
-    bsp, _, bd = value.partition("x")
-    try:
-        shape = int(bsp), int(bd)
-    except ValueError:
-        raise ValueError(f"DELTASERVE_ATTN_MERGE must be auto or BSPxBD (e.g. 16x64), found {value!r}") from None
-    if any(v & (v - 1) for v in shape) or not (2 <= shape[0] <= 256 and 16 <= shape[1] <= 256):
-        raise ValueError(f"DELTASERVE_ATTN_MERGE: BSP a power of two in 2 - 256 and BD one in 16 - 256, found "
-                         f"{value!r}")
-    return shape
+    decodes on the tensor-core GEMVs (4+ streams): THROUGHPUT_MERGE, else (MERGE_BSP, MERGE_BD): at batch 1 a row's
+    9 splits at 512 tokens are 128 programs of 8 columns' blocks, and at 32K its 512 splits 4 steps of 128."""
+    return THROUGHPUT_MERGE if throughput else (MERGE_BSP, MERGE_BD)
 
 
 def paged_decode_attention(
@@ -557,7 +525,9 @@ def paged_decode_attention(
                          "split programs (DECODE_PROGRAMS) are alternatives; set one")
     # the grid and the partials stay sized for SPLIT_TOKENS-token splits: a long row fills the first of them
     long_args = {} if long is None else {"LONG_FROM": long[0], "LONG_TILES": long[1]}
-    early_kv = settled and not fp8 and bn == SPLIT_TOKENS and not strided and kv_early()  # the settled form's launch
+    # the settled form's launch: its K rows requested before the PDL wait (never a bit). H200, tg64 B=1
+    # (lab/NOTES.md): d512 647.8 / 648.0 -> 662.1 / 660.1 tok/s, d32768 558.0 / 557.5 -> 559.2 / 558.3
+    early_kv = settled and not fp8 and bn == SPLIT_TOKENS and not strided
     per_head = min(n_split, max(1, -(-DECODE_PROGRAMS // (bsz * hkv)))) if strided else n_split
     _decode_split_kernel[(bsz, hkv, per_head)](
         q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl, out, gt, k_scale if fp8 else pm,
@@ -639,12 +609,11 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_tb, stride_cr, stride_ch, stride_ot, stride_oh, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
     FP8: tl.constexpr = False, gate_ptr=None, stride_gt=0, stride_gh=0, HAS_GATE: tl.constexpr = False,
-    PAIR: tl.constexpr = False,
 ):
     # grid (B, cdiv(max new tokens, BM), Hq): BM new tokens of one sequence, one query head; HAS_GATE: the output
-    # times sigmoid(gate) (the decode epilogue's _gated, gate [T, Hq, D] read in place). PAIR: the key blocks of BN
-    # taken two a loop step (both blocks' scores requested before the first block's softmax), each block's
-    # online-softmax step as alone and in the same order, so the same bits; a tail of one or two blocks alone.
+    # times sigmoid(gate) (the decode epilogue's _gated, gate [T, Hq, D] read in place). One key block a loop step
+    # (two a step, their scores requested before the first block's softmax, measured slower on the H200: 47.98 ->
+    # 63.2 us at ctx 0, lab/NOTES.md).
     b = tl.program_id(0)
     tb = tl.program_id(1)
     h = tl.program_id(2)
@@ -665,19 +634,7 @@ def _prefill_kernel(
     l_i = tl.zeros((BM,), dtype=tl.float32)
     acc = tl.zeros((BM, D), dtype=tl.float32)
     end = ctx + tl.minimum((tb + 1) * BM, n)  # keys beyond the tile's last query are all masked
-    tail = 0
-    if PAIR:
-        tail = (end // (2 * BN)) * (2 * BN)  # the blocks before it in pairs
-        for n0 in tl.range(0, tail, 2 * BN):
-            s1, off1, rows1, valid1 = _prefill_scores(q, kc_ptr, ks_ptr, table_row, n0, end, q_pos, kvh, rd,
-                                                      stride_cr, stride_ch, qk_scale, BS, BN, D, F32, FP8)
-            s2, off2, rows2, valid2 = _prefill_scores(q, kc_ptr, ks_ptr, table_row, n0 + BN, end, q_pos, kvh, rd,
-                                                      stride_cr, stride_ch, qk_scale, BS, BN, D, F32, FP8)
-            m_i, l_i, acc = _prefill_accumulate(s1, vc_ptr, vs_ptr, off1, rows1, valid1, kvh, m_i, l_i, acc,
-                                                stride_cr, q.dtype, D, F32, FP8)
-            m_i, l_i, acc = _prefill_accumulate(s2, vc_ptr, vs_ptr, off2, rows2, valid2, kvh, m_i, l_i, acc,
-                                                stride_cr, q.dtype, D, F32, FP8)
-    for n0 in tl.range(tail, end, BN):
+    for n0 in tl.range(0, end, BN):
         s, kv_off, rows, valid = _prefill_scores(q, kc_ptr, ks_ptr, table_row, n0, end, q_pos, kvh, rd, stride_cr,
                                                  stride_ch, qk_scale, BS, BN, D, F32, FP8)
         m_i, l_i, acc = _prefill_accumulate(s, vc_ptr, vs_ptr, kv_off, rows, valid, kvh, m_i, l_i, acc, stride_cr,
@@ -690,12 +647,12 @@ def _prefill_kernel(
              o.to(o_ptr.dtype.element_ty), mask=i_mask[:, None])
 
 
-PREFILL_LAUNCH = None  # (num_warps, num_stages or None, pair) of the prefill kernel; None: prefill_launch's default
+PREFILL_LAUNCH = None  # (num_warps, num_stages or None) of the prefill kernel; None: prefill_launch's default
 # past D 128, the pipeline stages of the prefill loop's loads where the GPU has the shared memory for them: Triton's
 # default 3 stages give 2 K/V buffers (the block-table lookup takes a stage), so each step waits for the block it just
 # requested; 5 give 3 buffers (131 KB at D 256, bf16), the copy two blocks ahead. H200 probe (512 new tokens, us a
 # layer, bits equal): ctx 0 48.55 -> 40.55, ctx 512 84.45 -> 68.61, ctx 4096 343.27 -> 264.17; in the model pp512
-# B=1 d0 26,851 -> 27,346, d512 26,195 -> 27,539, d4096 24,230 -> 24,625 tok/s (bench/NOTES.md).
+# B=1 d0 26,851 -> 27,346, d512 26,195 -> 27,539, d4096 24,230 -> 24,625 tok/s (lab/NOTES.md).
 PREFILL_STAGES_WIDE = 5
 PREFILL_STAGES_SMEM = 160 * 1024  # shared memory a block may opt into that PREFILL_STAGES_WIDE needs (with headroom)
 
@@ -716,28 +673,17 @@ def _block_smem(device: torch.device | None = None) -> int:
     return _smem_optin(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def prefill_launch(d: int, device: torch.device | None = None) -> tuple[int, int | None, bool]:
-    """The prefill attention kernel's (num_warps, num_stages (None: Triton's), PAIR) for head_dim d: none of them
-    changes a row's arithmetic (each key block's online-softmax step is the same ops in the same order; GPU test:
-    every launch equals the default bit for bit). Default: past D 128, 8 warps and PREFILL_STAGES_WIDE stages where
-    the device has PREFILL_STAGES_SMEM of shared memory a block (Triton's stages elsewhere); else 4 warps and
-    Triton's stages; one block a step (two a step, PAIR, measured slower: 47.98 -> 63.2 us at ctx 0). Env
-    DELTASERVE_PREFILL_ATTN=W,S,P (S 0: Triton's; P 0 / 1), for probes and in-model A/B."""
-    value = os.environ.get("DELTASERVE_PREFILL_ATTN", "").strip()
-    if not value:
-        if PREFILL_LAUNCH:
-            return PREFILL_LAUNCH
-        if d <= 128:
-            return 4, None, False
-        return 8, (PREFILL_STAGES_WIDE if _block_smem(device) >= PREFILL_STAGES_SMEM else None), False
-    try:
-        w, st, pair = (int(v) for v in value.split(","))
-    except ValueError:
-        raise ValueError(f"DELTASERVE_PREFILL_ATTN must be W,S,P (integers), found {value!r}") from None
-    if w not in (1, 2, 4, 8, 16) or st < 0 or pair not in (0, 1):
-        raise ValueError(f"DELTASERVE_PREFILL_ATTN: warps 1 - 16 (a power of two), stages >= 0 and P 0 or 1, found "
-                         f"{value!r}")
-    return w, st or None, bool(pair)
+def prefill_launch(d: int, device: torch.device | None = None) -> tuple[int, int | None]:
+    """The prefill attention kernel's (num_warps, num_stages (None: Triton's)) for head_dim d: neither changes a
+    row's arithmetic (each key block's online-softmax step is the same ops in the same order; GPU test: every
+    launch equals the default bit for bit). Past D 128, 8 warps and PREFILL_STAGES_WIDE stages where the device
+    has PREFILL_STAGES_SMEM of shared memory a block (Triton's stages elsewhere); else 4 warps and Triton's
+    stages. PREFILL_LAUNCH, when set, wins (probes)."""
+    if PREFILL_LAUNCH:
+        return PREFILL_LAUNCH
+    if d <= 128:
+        return 4, None
+    return 8, (PREFILL_STAGES_WIDE if _block_smem(device) >= PREFILL_STAGES_SMEM else None)
 
 
 def paged_prefill_attention(
@@ -751,7 +697,7 @@ def paged_prefill_attention(
     host bound on the new tokens per sequence. k_scale, v_scale: an fp8 cache's scales (kv_fp8.py). gate [T, Hq, D]
     (unit stride along D, any other pitches): the output times sigmoid(gate), as paged_decode_attention(gate=)
     makes it (the output rounded to the gate's dtype, times bf16(sigmoid), rounded once). Returns [T, Hq, D] in q's
-    dtype (= reference.paged_attention, then the gate). launch: (num_warps, num_stages, pair) instead of
+    dtype (= reference.paged_attention, then the gate). launch: (num_warps, num_stages) instead of
     prefill_launch(D)'s (never a bit)."""
     t, hq, d = q.shape
     nb, bs, hkv, dc = k_cache.shape
@@ -771,13 +717,13 @@ def paged_prefill_attention(
     bm = 64 if d <= 128 else 64
     bn = 64 if d <= 128 else 32
     grid = (bsz, triton.cdiv(max(max_seqlen, 1), bm), hq)
-    warps, stages, pair = launch or prefill_launch(d, q.device)
+    warps, stages = launch or prefill_launch(d, q.device)
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, cu_seqlens, context_lens, out, k_scale if fp8 else out,
         v_scale if fp8 else out, q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, out.stride(0), out.stride(1),
         scale * _LOG2E, G=hq // hkv, D=d, BS=bs, BM=bm, BN=bn, F32=dot_f32(), FP8=fp8,
         **({} if gate is None else dict(gate_ptr=gate, stride_gt=gate.stride(0), stride_gh=gate.stride(1),
                                        HAS_GATE=True)),
-        **({"PAIR": True} if pair else {}), **({} if stages is None else {"num_stages": stages}), num_warps=warps,
+        **({} if stages is None else {"num_stages": stages}), num_warps=warps,
     )
     return out

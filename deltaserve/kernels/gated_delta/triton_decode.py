@@ -26,7 +26,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ...utils.env import env_choice
 from ..triton_common import code_prescale
 from ..triton_sync import arrival_counters, last_arrival
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -149,7 +148,7 @@ def causal_conv(
     b = state_slots.numel()
     if b and t:
         bt = 16 if max_seqlen > 1 else 4  # decode: one token per sequence (16 x 64 prefill tiles: larger ones
-        # were slower on the H200, 13.2 against 15.2-27.3 us at 512 tokens; bench/NOTES.md)
+        # were slower on the H200, 13.2 against 15.2-27.3 us at 512 tokens; lab/NOTES.md)
         kwp = triton.next_power_of_2(kw - 1)
         bt = max(bt, kwp)
         grid = (b, triton.cdiv(max(max_seqlen, 1), bt), triton.cdiv(c, bc))
@@ -274,14 +273,12 @@ def _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, 
 
 @triton.jit
 def _state_and_wait(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK: tl.constexpr,
-                    STATE_EARLY: tl.constexpr, PDL_WAIT: tl.constexpr):
-    """_state_columns read before the kernel's PDL wait (STATE_EARLY: the state's HBM read overlaps the
-    predecessor's tail) or after it, and the wait itself (PDL_WAIT: the kernel's PDL); writes nothing."""
-    if STATE_EARLY:
-        s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
+                    PDL_WAIT: tl.constexpr):
+    """_state_columns read before the kernel's PDL wait (the state's HBM read overlaps the predecessor's tail; the
+    same loads and arithmetic as after it. H200, tg64 B=1 @ d512, lab/NOTES.md), then the wait itself (PDL_WAIT:
+    the kernel's PDL); writes nothing."""
+    s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
     pdl_wait(PDL_WAIT)
-    if not STATE_EARLY:
-        s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
     return s, sp
 
 
@@ -348,7 +345,7 @@ def _decode_kernel(
     stride_ot, stride_pt, stride_st,
     key_dim, scale, eps,
     HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, STATE_EARLY: tl.constexpr = True,
+    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64,
     PDL: tl.constexpr = False,
 ):
     # grid (B, Hv): one program owns state[slot, h] ([DK, DV] fp32, read once, written once). PREP_BITS > 0: also
@@ -357,7 +354,7 @@ def _decode_kernel(
     bi = tl.program_id(0)
     h = tl.program_id(1)
     rv = tl.arange(0, DV)
-    s, sp = _state_and_wait(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK, STATE_EARLY,
+    s, sp = _state_and_wait(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK,
                             PDL)
     o = _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, rv, stride_qt, stride_at,
                             stride_bt, key_dim, scale, R, DK, DV)
@@ -380,7 +377,7 @@ def _gdn_step_kernel(
     stride_ot, stride_pt, stride_st,
     key_dim, scale, eps,
     HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, STATE_EARLY: tl.constexpr = True,
+    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64,
     PDL: tl.constexpr = False,
 ):
     # grid (B, Hv, DV / BV): one program owns columns [j*BV, (j+1)*BV) of state[slot, h] ([DK, BV] fp32, read once,
@@ -395,7 +392,7 @@ def _gdn_step_kernel(
     j = tl.program_id(2)
     NS: tl.constexpr = DV // BV
     rv = j * BV + tl.arange(0, BV)
-    s, sp = _state_and_wait(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK, STATE_EARLY,
+    s, sp = _state_and_wait(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK,
                             PDL)
     o = _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, rv, stride_qt, stride_at,
                             stride_bt, key_dim, scale, R, DK, DV)
@@ -419,7 +416,7 @@ def _gdn_step_kernel(
 
 # State columns per program of the decode step (Hv * DV / 32 programs, 128 at B = 1 for 35B-A3B); None = a head per
 # program. One shape for every batch size: the dk sums follow the program's layout, so the shape is part of a row's
-# bits. H200 (bench/NOTES.md): the kernel sweep (scripts/sweep_gdn_step.py, graph of 30 layers) had a head per
+# bits. H200 (lab/NOTES.md): the kernel sweep (lab/sweep_gdn_step.py, graph of 30 layers) had a head per
 # program at 4 warps 4.01 / 11.43 / 82.05 us at 1 / 8 / 64 sequences against 3.94 / 12.96 / 92.46 for blocks of 32,
 # but in the model, same machine, tg128 @ d512 B=1 was 565.1 against 578.8 (-2.4%) for +0.7% at B=64 (1,632.9 vs
 # 1,621.3 with blocks of 32 at 2 warps, which equal 4 warps at B=1: 578.8): blocks of 32 at 4 warps stay.
@@ -480,7 +477,7 @@ def gdn_decode_step(
             qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
             ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), key_dim, dk ** -0.5, eps,
             HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=dv_block, PREP_BITS=bits, PREP_GROUP=group,
-            STATE_EARLY=state_early(), num_warps=num_warps or 4, **pdl_args(o),
+            num_warps=num_warps or 4, **pdl_args(o),
         )
         return done
     _decode_kernel[(bsz, hv)](
@@ -488,7 +485,7 @@ def gdn_decode_step(
         qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
         ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), key_dim, dk ** -0.5, eps,
         HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, PREP_BITS=bits, PREP_GROUP=group,
-        STATE_EARLY=state_early(), num_warps=num_warps or HEAD_WARPS, **pdl_args(o),
+        num_warps=num_warps or HEAD_WARPS, **pdl_args(o),
     )
     return done
 
@@ -496,26 +493,13 @@ def gdn_decode_step(
 THROUGHPUT_DV_BLOCK = 64  # the split step's columns a program in a throughput deployment (fast.decode_gemv "mma")
 
 
-def step_dv_block(throughput: bool = False) -> int | None:
-    """The decode step's shape in the model: state columns a program (the split form) or a head per program (None).
-    Env DELTASERVE_GDN_STEP: "auto" (the default: DV_BLOCK = 32 columns, or THROUGHPUT_DV_BLOCK = 64 when
-    `throughput`, i.e. the model's deployment decodes on the tensor-core GEMVs, fast.decode_gemv "mma"), "split"
-    (32 always), "split64" (64 always) or "head". The shape is part of a row's bits (the dk sums follow it), so it
-    is fixed per deployment (from its capacity, like the decode GEMV), never per batch. H200 (bench/NOTES.md): the
+def step_dv_block(throughput: bool = False) -> int:
+    """The decode step's state columns a program in the model: DV_BLOCK = 32, or THROUGHPUT_DV_BLOCK = 64 when
+    `throughput` (the deployment decodes on the tensor-core GEMVs, KernelPlan.throughput). The shape is part of a
+    row's bits (the dk sums follow it), so it is fixed per deployment, never per batch. H200 (lab/NOTES.md): the
     step sweep at 64 streams 85.9 us (32) against 77.7 (64), at 8 streams 13.8 against 10.7, at 1 3.94 against
-    4.30; earlier in the model at 64 streams head 4,844 against split 4,852 tok/s."""
-    value = env_choice("DELTASERVE_GDN_STEP", "auto", ("auto", "split", "split64", "head"))
-    if value == "auto":
-        return THROUGHPUT_DV_BLOCK if throughput else DV_BLOCK
-    return {"split": DV_BLOCK, "split64": THROUGHPUT_DV_BLOCK, "head": None}[value]
-
-
-def state_early() -> bool:
-    """Does the decode step read its recurrent state before its PDL wait (overlapping the in-projection GEMV's tail;
-    the same loads and arithmetic, so the same bits) or after it? Env DELTASERVE_GDN_STATE_EARLY "1" (default) |
-    "0", for the A/B (bench/NOTES.md)."""
-    value = env_choice("DELTASERVE_GDN_STATE_EARLY", "1", ("0", "1"))
-    return value == "1"
+    4.30; a head per program (dv_block None) at 64 streams 4,844 against the split form's 4,852 tok/s."""
+    return THROUGHPUT_DV_BLOCK if throughput else DV_BLOCK
 
 
 def prep_supported(dv: int, bits: int, group: int) -> bool:
@@ -577,11 +561,10 @@ def initial_states(ssm_pool: torch.Tensor, state_slots: torch.Tensor, context_le
     """The prefill's initial states [B, Hv, dk, dv]: ssm_pool[state_slots[b]] where context_lens[b] != 0, else zeros
     (a fresh sequence, whatever its slot holds). One launch where the pool's slots are contiguous (the cache's
     layout), instead of torch's index_select, comparison, scalar fill and where (four launches, ~11 us a DeltaNet
-    layer of a 512-token prefill on the H200: bench/NOTES.md). Env DELTASERVE_GDN_INITIAL_STATES=triton|torch, for
-    A/B: the same values either way (a copy or a zero)."""
+    layer of a 512-token prefill on the H200: lab/NOTES.md; 2.1 us in one). The same values either way (a copy or
+    a zero)."""
     n = state_slots.numel()
-    if env_choice("DELTASERVE_GDN_INITIAL_STATES", "triton", ("triton", "torch")) == "torch" or not (
-            ssm_pool.is_contiguous() and n):
+    if not (ssm_pool.is_contiguous() and n):
         h0 = ssm_pool.index_select(0, state_slots.to(torch.int64))
         return torch.where((context_lens != 0).view(n, 1, 1, 1), h0, torch.zeros((), dtype=h0.dtype, device=h0.device))
     per = ssm_pool[0].numel()

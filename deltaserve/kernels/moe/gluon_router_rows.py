@@ -1,7 +1,7 @@
 """The router's logits for many tokens (a prefill chunk) in Gluon, with the bits of the per-token router launch.
 
 Why: the multi-row Triton GEMV (`triton_gemv._gemv_kernel`, 8 tokens a program, the router's BE = 4 rows) took
-66 us a layer at pp512 on the H200 (bench/NOTES.md), ~10% of the prefill, for 0.27 GFLOP. Its sm_90 SASS has 111
+66 us a layer at pp512 on the H200 (lab/NOTES.md), ~10% of the prefill, for 0.27 GFLOP. Its sm_90 SASS has 111
 block barriers a program: per token, Triton moves every x tile it reads from the load's layout to the weight
 tile's, and the group sums between layouts, each through shared memory. Here the layouts are chosen, so x is read
 straight into the weight tile's layout (no move), the x group sums and the per-group values stay in registers,
@@ -29,19 +29,16 @@ per-group values of all MB tokens staged in shared memory for the one cross-warp
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
-from ...utils.env import env_choice, pow2_pair
 from .. import backend
 from ..quant.mma_gemv import HAVE_GLUON
 from ..quant.triton_gemv import MAGIC
 from ..triton_common import WeightSpec
 from ..triton_pdl import pdl_args
 
-# Expert rows and tokens a program (rows_launch). H200, the 35B router, CUDA graphs (bench/NOTES.md): at 512 tokens
+# Expert rows and tokens a program (rows_launch). H200, the 35B router, CUDA graphs (lab/NOTES.md): at 512 tokens
 # 8 x 16 36.9 us, 4 x 16 42.3, 4 x 8 39.7, 8 x 8 40.1, 4 x 32 70.8 (147 KB of shared memory: one program an SM),
 # 16 x 4 59.1 (spills), the Triton rows GEMV 64.5; at 4,096 tokens 271 / 310 / 302 / 299 / 537 / 457 against 493.
 ROWS_BN = 8
@@ -50,23 +47,9 @@ WARPS = 4  # the router's row run at H = 2048, 8 bits: 4 warps over the whole K 
 K_ROUTER, BITS_ROUTER, GROUP_ROUTER = 2048, 8, 64  # the one router format this kernel reproduces
 
 
-def router_rows_kernel() -> str:
-    """Which kernel makes a prefill's router logits from router_rows_min() tokens on, where the prefill takes the
-    decode router's arithmetic (DELTASERVE_PREFILL_ROUTER=rows, or a router triton_router_mma does not serve):
-    "gluon" (this module; where it fits, rows_fit) or "triton" (`triton_gemv._gemv_kernel`, 8 tokens a program).
-    The same bits. H200, pp512 B=1
-    in one call (bench/NOTES.md): +4.0% alone, with the parallel tiles 21,681 -> 22,867 tok/s (+5.5%); 8 prompts
-    31,597 -> 33,880. Env DELTASERVE_ROUTER_ROWS_KERNEL, for in-model A/B."""
-    return env_choice("DELTASERVE_ROUTER_ROWS_KERNEL", "gluon", ("gluon", "triton"))
-
-
 def rows_launch() -> tuple[int, int]:
-    """(BN expert rows, MB tokens) a program: (ROWS_BN, ROWS_MB), or env DELTASERVE_ROUTER_ROWS_SHAPE="bn,mb" (powers
-    of two, BN 1-16, MB 1-64; never a bit), for timing."""
-    value = os.environ.get("DELTASERVE_ROUTER_ROWS_SHAPE", "").strip()
-    if not value:
-        return ROWS_BN, ROWS_MB
-    return pow2_pair("DELTASERVE_ROUTER_ROWS_SHAPE", value, "bn,mb", (16, 64))
+    """(BN expert rows, MB tokens) a program: (ROWS_BN, ROWS_MB) (never a bit)."""
+    return ROWS_BN, ROWS_MB
 
 
 def rows_fit(x: torch.Tensor, r: WeightSpec, cg: int, warps: int) -> bool:

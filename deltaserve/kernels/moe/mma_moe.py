@@ -11,7 +11,7 @@ program (the same arithmetic and bits as the combine launch), and down makes its
 block is router, gate/up, down, as on the CUDA-core path.
 
 Why: the CUDA-core decode MoE (triton_moe_gemv.py) spends an FMA per code and row, and at 64 streams the block is
-~17 ms of a ~40 ms step (bench/NOTES.md); on tensor cores the cost per code does not grow with the rows sharing an
+~17 ms of a ~40 ms step (lab/NOTES.md); on tensor cores the cost per code does not grow with the rows sharing an
 expert. The weights are the repacked layout (`repack_q4_experts`), which a model would hold instead of the MLX one.
 
 The shared expert: when its width equals the routed experts' (Qwen3.6-35B-A3B: 512 and 512) it is stacked as one
@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 from ..quant.mma_gemv import (GROUP, ROW_BLOCK, default_ahead, default_row_blocks, default_warps, mma_expert_tiles,
-                              mma_matmul_experts, pair_counters_fit, repack_q4, repack_q4_experts)
+                              mma_matmul_experts, repack_q4, repack_q4_experts)
 from ..quant.wgmma_experts import (wg_fits, wg_matmul_experts, wg_min_rows, wg_moe_down_stages, wg_moe_stages,
                                    wg_tile_rows)
 from ..triton_sync import MIN_COUNTERS
@@ -42,30 +42,25 @@ from .triton_moe_gemv import down_early
 class MmaExperts(NamedTuple):
     """Repacked weights of one MoE block, each (words, sb): gate/up [E', I/16, H/64, ...], down [E', H/16, I/64,
     ...]. shared_last: expert E' - 1 is the shared expert (slot k of every token). shared: (gate, up, down) of a
-    shared expert of another width, each a one-expert stack; None without one (or when stacked).
-    gate_up: the split layout (gate and up None): one stack [E', 2 I/16, H/64, ...] whose expert rows are the gate's
-    then the up's, run as one plain launch whose (gate, up) row-block pairs make h = SiLU(g) * u at their second
-    arrival (mma_matmul_experts(pair_out=)); past the counters, down makes h as it loads its input (glu=True).
-    Either way the gated launch's bits."""
+    shared expert of another width, each a one-expert stack; None without one (or when stacked). Gate and up are
+    two stacks run by one gated launch (one stack of 2 I rows a plain launch made h at its row-block pairs' second
+    arrival: slower at every token count on the H200, B=1 596 -> 579 tok/s, pp512 18,816 -> 14,470; lab/NOTES.md)."""
 
-    gate: tuple | None
-    up: tuple | None
+    gate: tuple
+    up: tuple
     down: tuple
     shared_last: bool = False
     shared: tuple | None = None
-    gate_up: tuple | None = None
 
     @property
     def num_experts(self) -> int:
-        return (self.gate if self.gate_up is None else self.gate_up)[0].shape[0]
+        return self.gate[0].shape[0]
 
 
-def pack_mma_experts(gate, up, down, shared_gate=None, shared_up=None, shared_down=None,
-                     split_gate_up: bool = False) -> MmaExperts:
+def pack_mma_experts(gate, up, down, shared_gate=None, shared_up=None, shared_down=None) -> MmaExperts:
     """MmaExperts from MLX q4 g64 weights (objects with .w, .scales, .biases: stacked [E, N, ...] for the routed
     experts, [N, ...] for the shared one). The shared expert is stacked last when its width equals the routed
-    experts' (one copy either way: the stack is built from the repacked parts). split_gate_up: gate and up in one
-    stack of 2 I rows per expert (MmaExperts.gate_up)."""
+    experts' (one copy either way: the stack is built from the repacked parts)."""
     parts = [repack_q4_experts(s.w, s.scales, s.biases) for s in (gate, up, down)]
     shared_last, shared = False, None
     if shared_gate is not None:
@@ -75,9 +70,6 @@ def pack_mma_experts(gate, up, down, shared_gate=None, shared_up=None, shared_do
             shared_last = True
         else:
             shared = tuple(tuple(t[None] for t in s) for s in sh)
-    if split_gate_up:
-        gate_up = tuple(torch.cat([g, u], dim=1) for g, u in zip(parts[0], parts[1]))
-        return MmaExperts(None, None, parts[2], shared_last, shared, gate_up)
     return MmaExperts(*parts, shared_last=shared_last, shared=shared)
 
 
@@ -89,9 +81,8 @@ def _down_early_fits(m: int, k: int) -> bool:
 
 def wg_block_tile_rows(experts: MmaExperts, rows: int) -> int | None:
     """The rows per tile of moe_block_mma's warpgroup-MMA launches for a block of `rows` (token, slot) rows, or None
-    where the block takes the mma.sync kernel (fewer than wg_min_rows rows, the split gate/up layout, or a stack
-    the kernel does not fit). The router can then build the block's tiles (moe_route(tile_rows=))."""
-    if experts.gate_up is None and rows >= wg_min_rows() and wg_fits(experts.gate[0], experts.down[0]):
+    where the block takes the mma.sync kernel (fewer than wg_min_rows rows, or a stack the kernel does not fit). The router can then build the block's tiles (moe_route(tile_rows=))."""
+    if rows >= wg_min_rows() and wg_fits(experts.gate[0], experts.down[0]):
         return wg_tile_rows(rows)
     return None
 
@@ -156,35 +147,18 @@ def moe_block_mma(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, sha
             fork([lambda: chain((0, 2)), lambda: chain((1, 2))])
         return _with_shared(part.view(t, slots, -1), x, xs, shared_weight, experts, residual)
     tiles = mma_expert_tiles(ids, num_e, tile_rows)  # the mma.sync kernel's own (single-row at decode sizes)
-    glu = False  # down makes h = SiLU(g) * u from g | u as it loads its input
-    if experts.gate_up is not None:
-        # g | u in one plain launch of twice the gated launch's programs; h at each (gate, up) block pair's second
-        # arrival, or (too many pairs for the counters) at down's loads: the gated launch's bits either way
-        k = x.shape[1]
-        w = default_warps(k)
-        m, nbe_gu = ids.numel(), experts.gate_up[0].shape[1]
-        config = (w, 1, default_ahead(m, True, k // GROUP // w))
-        if pair_counters_fit(tiles, nbe_gu):
-            hid = torch.empty(m, nbe_gu * 8, dtype=x.dtype, device=x.device)
-            mma_matmul_experts(x, *experts.gate_up, ids, slots, xs=xs, tiles=tiles, config=config, pair_out=hid)
-        else:
-            hid = mma_matmul_experts(x, *experts.gate_up, ids, slots, xs=xs, tiles=tiles, config=config)
-            glu = True
     # down: hid's group sums are the kernel's own (no prep launch); with single-row tiles (decode-sized batches)
     # the combine runs at each token's last-arriving down program (no launch either; the same bits as the launch)
     nbe, groups = experts.down[0].shape[1:3]
     columns = nbe // default_row_blocks(nbe, ids.numel(), groups * GROUP)  # the down launch's programs per row
     single = experts.shared is None and tiles.rows == 1 and t * columns <= MIN_COUNTERS  # counters exist already
     # down's early form (the ids and its weights read before its wait) right after the gated launch only
-    early = single and experts.gate_up is None and _down_early_fits(ids.numel(), groups * GROUP) \
-        and down_early(x, tensor_cores=True)
-    if experts.gate_up is None:
-        hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up, open_late=early)
+    early = single and _down_early_fits(ids.numel(), groups * GROUP) and down_early(x, tensor_cores=True)
+    hid = mma_matmul_experts(x, *experts.gate, ids, slots, xs=xs, tiles=tiles, up=experts.up, open_late=early)
     if single:
         return mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1),
-                                  combine=(residual, torch.empty_like(x)), glu=glu, early=early)
-    part = mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1),
-                              glu=glu).view(t, slots, -1)
+                                  combine=(residual, torch.empty_like(x)), early=early)
+    part = mma_matmul_experts(hid, *experts.down, ids, 1, tiles=tiles, scale=weights.reshape(-1)).view(t, slots, -1)
     return _with_shared(part, x, xs, shared_weight, experts, residual)
 
 

@@ -19,19 +19,18 @@ the other tokens of the launch. Meant for T <= ~16 tokens; larger batches belong
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ...utils.env import env_choice, env_int, pow2_pair
+from ...utils import tuning
 from ..quant.triton_gemv import (MAGIC, chunk_groups, gemv_row, gemv_row_chunks, gemv_row_from, launch_gemv,
                                   pairwise_sums, row_run_config)
 from ..quant.triton_gemv_inline import inline_mode
-from .gluon_router_rows import router_rows_kernel, router_rows_logits, rows_fit
-from .triton_router_mma import prefill_router_mode, router_mma_fits, router_mma_logits
+from .gluon_router_rows import router_rows_logits, rows_fit
+from .triton_router_mma import router_mma_fits, router_mma_logits
 from ..triton_common import WeightSpec, dequant_tile, residual_sum, rms_scaled
 from ..triton_sync import arrival_counters, last_arrival
 from ..triton_norm import rms_inverse
@@ -394,9 +393,9 @@ def _gemv_bk(spec: WeightSpec, prefer: int) -> int:
 
 # (BN or BE, BK preference, num_warps) per launch; none changes a token's arithmetic across batch sizes (the code a
 # program runs does not depend on T), only the reduction chunking, which is fixed per configuration.
-# H200, T=1, 35B-A3B shapes (bench/NOTES.md): gate_up/down (16, 512, 4) 78 us; (8, 256, 4) 103; (16, 256, 4) 109;
+# H200, T=1, 35B-A3B shapes (lab/NOTES.md): gate_up/down (16, 512, 4) 78 us; (8, 256, 4) 103; (16, 256, 4) 109;
 # (32, 256, 4) 164.
-# router: (BE experts per program, num_warps); H200 (bench/NOTES.md): the v1 router, 16 programs of 16 experts
+# router: (BE experts per program, num_warps); H200 (lab/NOTES.md): the v1 router, 16 programs of 16 experts
 # looping over K, took 20.4 us at T=1, more than the gate/up and down launches together. 4 experts per program: in
 # the model, top-k in its own launch, tg128 @ d512 577.2 (BE 1), 582.3 (BE 2), 580.4 (BE 4), within run-to-run noise
 # (~0.5%) of each other, while BE 2 nearly doubles the router programs the interpreter tests run (+100 s of CI in
@@ -408,25 +407,28 @@ ROUTER_ROWS = 8  # tokens per program of the many-token router logits (_gemv_ker
 def router_row_blocks() -> int:
     """Row blocks of BE experts per program of the many-token router logits (1: _gemv_kernel, one block a program;
     more: _gemv_blocks_kernel, the program's 8 tokens' x read from L1 by every block after the first; never a
-    token's bits). Not yet timed, so 1 by default; env DELTASERVE_ROUTER_ROW_BLOCKS (a power of two up to 64), for
-    in-model A/B."""
-    value = env_int("DELTASERVE_ROUTER_ROW_BLOCKS", 1, 1, 64)
+    token's bits). Not yet timed, so 1 by default; DELTASERVE_ROUTER_ROW_BLOCKS (utils/tuning.py: an experiment,
+    a power of two up to 64)."""
+    value = tuning.get("DELTASERVE_ROUTER_ROW_BLOCKS")
     if value & (value - 1):
         raise ValueError(f"DELTASERVE_ROUTER_ROW_BLOCKS must be a power of two up to 64, found {value}")
     return value
 
 
 def prefill_routes_mma(x: torch.Tensor, r: WeightSpec) -> bool:
-    """Whether a prefill chunk x's router logits come from the tensor-core router (triton_router_mma): its mode
-    "mma" and a router it serves. The choice is per weight and mode, never per T, so every chunk of a prompt gets
-    the same arithmetic (chunked == whole)."""
-    return prefill_router_mode() == "mma" and router_mma_fits(x, r)
+    """Whether a prefill chunk x's router logits come from the tensor-core router (triton_router_mma): a router it
+    serves. The choice is per weight, never per T, so every chunk of a prompt gets the same arithmetic (chunked ==
+    whole). H200 against the decode router's arithmetic: 8 prompts +9.6%, 64 prompts +7.3% (lab/NOTES.md)."""
+    return router_mma_fits(x, r)
+
+
+ROUTER_ROWS_MIN = 128  # from this many tokens the router's logits come from the multi-row GEMV
 
 
 def router_rows_min() -> int:
     """From how many tokens the router's logits come from the multi-row GEMV (_router_logits; the same bits as the
-    per-token launch, so the choice may follow T). Env DELTASERVE_ROUTER_ROWS_MIN (0: never), for in-model A/B."""
-    return env_int("DELTASERVE_ROUTER_ROWS_MIN", 128, 0) or 1 << 62
+    per-token launch, so the choice may follow T): ROUTER_ROWS_MIN."""
+    return ROUTER_ROWS_MIN
 
 
 @triton.jit
@@ -476,8 +478,9 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
         # gate's column of the router launch alone
         if mma:
             router_mma_logits(x, r, logits, codes=codes)  # a prefill's arithmetic: tensor-core MMAs, the same at any T
-        elif router_rows_kernel() == "gluon" and rows_fit(x, r, r_cg, warps):
-            router_rows_logits(x, r, logits)  # the same bits in a Gluon program: no per-token layout moves
+        elif rows_fit(x, r, r_cg, warps):  # the same bits in a Gluon program: no per-token layout moves (H200, pp512
+            # B=1 +4.0% against the Triton rows GEMV below, lab/NOTES.md)
+            router_rows_logits(x, r, logits)
         else:
             launch_gemv(x, r, logits, config=(be, r_cg, warps), inline_prep=True, rows=ROUTER_ROWS,
                         blocks=router_row_blocks())
@@ -522,58 +525,31 @@ def _no_norm_args(x: torch.Tensor) -> tuple:
 
 
 def merged_config(config: dict | None) -> dict:
-    """The launch configuration of the MoE decode kernels: DEFAULT_CONFIG, its router shape through the
-    DELTASERVE_ROUTER_LAUNCH timing switch (router_launch), overridden by an explicit `config` (sweeps)."""
-    return {**DEFAULT_CONFIG, "router": router_launch(DEFAULT_CONFIG["router"]), **(config or {})}
+    """The launch configuration of the MoE decode kernels: DEFAULT_CONFIG, overridden by an explicit `config`
+    (sweeps)."""
+    return {**DEFAULT_CONFIG, **(config or {})}
 
 
 TOPK_WARPS = 4  # warps of the split top-k launch: the layout of its softmax sums (a row's order, every row the same)
 
 
 def topk_warps() -> int:
-    """num_warps of the split top-k launch: TOPK_WARPS, or env DELTASERVE_TOPK_WARPS (1, 2, 4 or 8; a timing switch
-    for in-model A/Bs). The selection does not depend on it; the weights' softmax sum follows its layout, so it is
-    fixed for a process and never depends on the batch."""
-    value = os.environ.get("DELTASERVE_TOPK_WARPS")
-    if not value:
-        return TOPK_WARPS
-    if value not in ("1", "2", "4", "8"):
-        raise ValueError(f"DELTASERVE_TOPK_WARPS={value!r}: expected 1, 2, 4 or 8")
-    return int(value)
+    """num_warps of the split top-k launch: TOPK_WARPS. The selection does not depend on it; the weights' softmax
+    sum follows its layout, so it is fixed and never depends on the batch."""
+    return TOPK_WARPS
 
 
-TOPK_SELECTS = ("rounds", "bitonic", "best")  # topk_select's values, in _topk's BITONIC order
-
-
-def topk_select() -> str:
-    """How the routing contract finds a token's k experts in the router's last arrival and the split top-k launch
-    (_topk): "best" (the default: Triton's bitonic top-k finds the k-th key, and the weights' max and normaliser
-    come from the k best keys every thread then holds: 17 barriers on sm_90), "bitonic" (the same selection, the
-    max and normaliser as two reductions over the lanes: 23 barriers), or "rounds" (k dependent rounds of a max
-    over the keys: 33). The same selection and weight formula; best's normaliser adds the k terms in key order, so
-    its weights may differ from the others' by fp32 rounding. H200, Qwen3.6-35B-A3B q4, tg128 @ d512 B=1
-    (bench/NOTES.md): rounds 610.8 / 611.2 tok/s, bitonic 623.6 / 623.6 (+2.0%; one call), then bitonic 621.8 /
-    622.8, best 626.0 / 624.5 (+0.6%; another). The top-k folded into the gate/up launch (triton_moe_gemv
-    FUSE_TOPK, not a default path) keeps the rounds. Env DELTASERVE_TOPK_SELECT, fixed for a process."""
-    value = os.environ.get("DELTASERVE_TOPK_SELECT", "best")
-    if value not in TOPK_SELECTS:
-        raise ValueError(f"DELTASERVE_TOPK_SELECT={value!r}: expected one of {', '.join(TOPK_SELECTS)}")
-    return value
+TOPK_SELECTS = ("rounds", "bitonic", "best")  # _topk's BITONIC values, in order
 
 
 def topk_bitonic() -> int:
-    """_topk's BITONIC constexpr for topk_select()'s choice (its index in TOPK_SELECTS)."""
-    return TOPK_SELECTS.index(topk_select())
-
-
-def router_launch(default: tuple[int, int]) -> tuple[int, int]:
-    """(BE experts per program, num_warps) of the router launch: `default`, or env DELTASERVE_ROUTER_LAUNCH="be,warps"
-    (a timing switch for in-model A/Bs, powers of two; with the row-run CG held, a row's bits do not change).
-    It replaces the default only (merged_config): a configuration given explicitly wins."""
-    value = os.environ.get("DELTASERVE_ROUTER_LAUNCH")
-    if not value:
-        return default
-    return pow2_pair("DELTASERVE_ROUTER_LAUNCH", value, "be,warps")
+    """_topk's BITONIC constexpr: "best" (Triton's bitonic top-k finds the k-th key, and the weights' max and
+    normaliser come from the k best keys every thread then holds: 17 barriers on sm_90), against "bitonic" (the
+    max and normaliser as two reductions over the lanes: 23 barriers) and "rounds" (k dependent rounds of a max
+    over the keys: 33). The same selection and weight formula; best's normaliser adds the k terms in key order.
+    H200, Qwen3.6-35B-A3B q4, tg128 @ d512 B=1 (lab/NOTES.md): rounds 610.8 / 611.2 tok/s, bitonic 623.6 / 623.6
+    (+2.0%; one call), then bitonic 621.8 / 622.8, best 626.0 / 624.5 (+0.6%; another)."""
+    return TOPK_SELECTS.index("best")
 
 
 def _router_cg(spec: WeightSpec, be: int, warps: int) -> int:
@@ -601,31 +577,23 @@ def _router_specs(x, router, top_k, shared_gate):
 
 ROUTER_NORM_MAX_TOKENS = 16  # route_normed's launches: a scratch row of H a program, T x (E / BE + 1) of them
 # The model takes route_normed up to this many tokens (router_norm_tokens): H200, Qwen3.6-35B-A3B q4, tg64 @ d512
-# (bench/NOTES.md): batch 1 629.6 / 629.7 (split) -> 642.3 / 643.7 tok/s (+2.1%); 8 streams 2,353.6 -> 2,349.6
+# (lab/NOTES.md): batch 1 629.6 / 629.7 (split) -> 642.3 / 643.7 tok/s (+2.1%); 8 streams 2,353.6 -> 2,349.6
 # (-0.2%: 8 x 65 programs each making the norm save no more than the one launch), so the batch-1 deployments' sizes
 ROUTER_NORM_DECODE_TOKENS = 4
 
 
-def router_norm_mode() -> str:
-    """Whether a decode-sized tensor-core MoE block's router launch makes the block's input norm itself ("fused":
-    route_normed, one launch fewer a layer) or the norm kernel runs first ("split"). The same bits either way (one
-    norm arithmetic: triton_norm.rms_inverse). Env DELTASERVE_ROUTER_NORM."""
-    return env_choice("DELTASERVE_ROUTER_NORM", "fused", ("fused", "split"))
-
-
 def router_norm_read() -> str:
-    """How route_normed's programs read the norm's row for their dot product: "scratch" (the default: each stores y
-    to a scratch row of its own and reads it back after a barrier) or "tiles" (each makes y's values again at the
-    dot product's x loads, from the mixer output, the residual and the norm weight: no store, barrier or reload; the
-    same values, the same bits). Prepared, not yet timed on the GPU. Env DELTASERVE_ROUTER_NORM_READ."""
-    return env_choice("DELTASERVE_ROUTER_NORM_READ", "scratch", ("scratch", "tiles"))
+    """How route_normed's programs read the norm's row for their dot product: "scratch" (each stores y to a scratch
+    row of its own and reads it back after a barrier). Making y's values again at the dot product's x loads (the
+    kernel's NORM 2, the same bits) was refuted on the H200: batch 1 650.2 / 651.5 -> 643.2 / 646.0 tok/s
+    (lab/NOTES.md)."""
+    return "scratch"
 
 
 def router_norm_tokens() -> int:
-    """Up to how many tokens the model's MoE blocks take route_normed (when router_norm_mode() is "fused"):
-    ROUTER_NORM_DECODE_TOKENS, or env DELTASERVE_ROUTER_NORM_TOKENS (1 .. ROUTER_NORM_MAX_TOKENS), for A/B. Never
-    a token's bits."""
-    return env_int("DELTASERVE_ROUTER_NORM_TOKENS", ROUTER_NORM_DECODE_TOKENS, 1, ROUTER_NORM_MAX_TOKENS)
+    """Up to how many tokens the model's MoE blocks take route_normed (the router launch making the block's input
+    norm: one launch fewer a layer, the same bits): ROUTER_NORM_DECODE_TOKENS. Never a token's bits."""
+    return ROUTER_NORM_DECODE_TOKENS
 
 
 def route_normed_fits(t: int, h: int) -> bool:
@@ -666,8 +634,8 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
     and weights get k + 1 slots, the last (shared_slot, the shared gate's sigmoid) for every token, written by the
     separate top-k launch (taken then whatever separate_topk says: the same bits). tile_rows (with shared_slot):
     the routing's tiles too (MoeRouting.tiles: mma_expert_tiles(ids, shared_slot + 1, tile_rows)'s tensors), for up
-    to ROUTE_TILES_MAX_TOKENS tokens from the router's one launch (triton_route_tiles; route_tiles_mode), else
-    from the tiles' own launch. norm: the router launch makes its input's norm first (route_normed).
+    to ROUTE_TILES_MAX_TOKENS tokens from the router's one launch (triton_route_tiles: H200, 64 streams +1.6%
+    against the split top-k and tiles launches, lab/NOTES.md), else from the tiles' own launch. norm: the router launch makes its input's norm first (route_normed).
     prefill: x is a prefill chunk's rows; where prefill_routes_mma, its logits come from the tensor-core router
     (triton_router_mma: a prefill's own arithmetic at every chunk size), then the top-k and tiles launches;
     router_codes: the router's codes as bf16 for that kernel (the same bits; fast.router_codes)."""
@@ -686,7 +654,7 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
             raise ValueError("moe_route: tile_rows needs shared_slot (the tiles are over the stacked experts)")
         from . import triton_route_tiles as rt
 
-        if not mma_logits and rt.route_tiles_mode() == "fused" and rt.route_tiles_fit(t, shared_slot + 1):
+        if not mma_logits and rt.route_tiles_fit(t, shared_slot + 1):
             return MoeRouting(*rt.route_with_tiles(x, r, g, top_k, normalize, shared_slot, tile_rows, config))
         from ..quant.mma_gemv import mma_expert_tiles
 

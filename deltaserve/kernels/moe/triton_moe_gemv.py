@@ -20,7 +20,6 @@ so a token's output never depends on the other tokens of the launch.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +30,6 @@ from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, gemv_row_pair, pr
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import DENSE_BITS, WeightSpec
 from ..triton_pdl import pdl_args, pdl_enabled, pdl_open, pdl_wait
-from ...utils.env import env_choice
 from .triton_decode import (
     MoeRouting,
     _router_logits,
@@ -82,20 +80,6 @@ class MoeLaunch:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or not 24 <= v <= 255 or v % 8):
                 raise ValueError(f"MoeLaunch.{name} = {v!r}: must be None or a multiple of 8 in 24..255")
-
-
-def _env_launch() -> MoeLaunch:
-    """MoeLaunch(), or the gate/up and down shapes of env DELTASERVE_MOE_LAUNCH="bn,warps,cg/bn,warps,cg" (cg 0:
-    None): a timing switch for in-model A/Bs (bench/NOTES.md)."""
-    value = os.environ.get("DELTASERVE_MOE_LAUNCH")
-    if not value:
-        return MoeLaunch()
-    try:
-        (gb, gw, gc), (db, dw, dc) = (tuple(int(v) for v in part.split(",")) for part in value.split("/"))
-    except ValueError:
-        raise ValueError(f"DELTASERVE_MOE_LAUNCH={value!r}: expected 'bn,warps,cg/bn,warps,cg'") from None
-    return MoeLaunch(gate_up_bn=gb, gate_up_warps=gw, gate_up_cg=gc or None, gate_up_row_run=False, down_bn=db,
-                     down_warps=dw, down_cg=dc or None)
 
 
 def _gate_up_shape(g: WeightSpec, sg: WeightSpec, launch: MoeLaunch) -> tuple[int, int, int]:
@@ -274,12 +258,11 @@ def _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk: bool, 
 def down_early(x: torch.Tensor, tensor_cores: bool = False) -> bool:
     """Whether the decode MoE's down launch reads the routing and requests its experts' weights before its PDL
     wait (the gate/up launch before it then lets it start only after every gate/up program has waited: the
-    routing is complete by then). Only with PDL (without it the launches are serialised anyway). Same bits either
-    way. Env DELTASERVE_MOE_DOWN_EARLY "auto" (default: the tensor-core MoE only) | "0" | "1". H200, tg128 @ d512
-    B=1 (bench/NOTES.md): the tensor-core MoE 637.8 -> 643.3 tok/s with it; the CUDA-core one 652.5 / 653.7 ->
-    650.6 / 650.1 (its gate/up loses what down gains: its weights' early loads ride on gate/up's time)."""
-    value = env_choice("DELTASERVE_MOE_DOWN_EARLY", "auto", ("auto", "0", "1"))
-    return (value == "1" or (value == "auto" and tensor_cores)) and pdl_enabled(x)
+    routing is complete by then): the tensor-core MoE's, with PDL (without it the launches are serialised anyway).
+    Same bits either way. H200, tg128 @ d512 B=1 (lab/NOTES.md): the tensor-core MoE 637.8 -> 643.3 tok/s with it;
+    the CUDA-core one 652.5 / 653.7 -> 650.6 / 650.1 (its gate/up loses what down gains: its weights' early loads
+    ride on gate/up's time), so the CUDA-core MoE keeps it off."""
+    return tensor_cores and pdl_enabled(x)
 
 
 def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch,
@@ -350,8 +333,8 @@ def moe_decode_v2(
     gate/up program instead, separate_topk=True gives it a launch of its own, inline_prep=False adds the prep
     launches of x and of hbuf
     (the v2 path, kept so the two can be timed against each other). launch: the kernels' launch shape (MoeLaunch;
-    None: the defaults), for sweeps (scripts/sweep_decode_kernels.py)."""
-    launch = _env_launch() if launch is None else launch
+    None: the defaults), for sweeps (lab/sweep_decode_kernels.py)."""
+    launch = MoeLaunch() if launch is None else launch
     t, h = x.shape
     g, u, d, sg, su, sd, has_shared = expert_specs(
         x, router, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual

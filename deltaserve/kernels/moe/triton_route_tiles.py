@@ -2,7 +2,7 @@
 
 A 64-stream step's block took four launches before its experts: the router's logits, the top-k, and one program
 sorting the 576 (token, slot) rows by expert (`triton_affine._tiles_one_kernel`: ~8.8 us a layer, a bitonic sort of
-1,024 keys, bench/NOTES.md). Here the router launch does all of it, as two levels of last arrival
+1,024 keys, lab/NOTES.md). Here the router launch does all of it, as two levels of last arrival
 (`triton_sync.last_arrival`):
 
 - each token's last-arriving router program applies the routing contract (`_topk`: the split launch's code, so the
@@ -23,7 +23,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ...utils.env import env_choice
 from ..quant.triton_affine import _write_tile_table
 from ..quant.triton_gemv import MAGIC
 from ..quant.triton_gemv_inline import inline_mode
@@ -34,15 +33,6 @@ from .triton_decode import _router_cg, _router_column, _topk, topk_bitonic
 ROUTE_TILES_MAX_TOKENS = 64  # a 64-stream decode step
 BITMAP_WORDS = ROUTE_TILES_MAX_TOKENS // 32  # the most int32 words of tokens an expert's bitmap row holds
 BITMAP_AT = 128  # the bitmap's offset in the arrival counters (the per-token counters and the launch's one before it)
-ROUTE_TILES_MODES = ("fused", "split")
-
-
-def route_tiles_mode() -> str:
-    """Whether a decode-sized tensor-core MoE block's tiles come from its router launch ("fused") or from the split
-    top-k launch and the tiles' own ("split"; the same ids, weights and tiles, bit for bit). H200, 35B-A3B q4, tg64
-    @ d512 at 64 streams in one call (bench/NOTES.md): split 5,830.7 / 5,827.7 tok/s, fused 5,921.3 / 5,920.9
-    (+1.6%); the graph profile's routing 22.8 -> 19.0 us a layer. Env DELTASERVE_MOE_ROUTE_TILES, for A/B."""
-    return env_choice("DELTASERVE_MOE_ROUTE_TILES", "fused", ROUTE_TILES_MODES)
 
 
 def route_tiles_fit(tokens: int, tile_experts: int) -> bool:

@@ -2,7 +2,7 @@
 
 Why: the prefill router had to give the per-token decode router's bits (a chunk below router_rows_min() tokens
 took that launch), so it repeated a CUDA-core FMA order (gluon_router_rows: 37 us a layer at 512 tokens, ~270 at
-4,096, for 0.27 / 2.1 GFLOP; bench/NOTES.md). A prefill's other kernels are its own family already (the dense
+4,096, for 0.27 / 2.1 GFLOP; lab/NOTES.md). A prefill's other kernels are its own family already (the dense
 projections' tiled matmul is not the decode GEMV's arithmetic), so the prefill router only has to agree with
 itself across chunk sizes: chunked == whole. This kernel serves every prefill chunk, from one token up.
 
@@ -22,46 +22,19 @@ import torch
 import triton
 import triton.language as tl
 
-from ...utils.env import env_choice
 from ..triton_common import WeightSpec, dot_f32, mma
-from ..triton_pdl import pdl_args, pdl_open, pdl_wait
 
 BT = 64  # tokens a program (the MMA's M)
 BE = 32  # experts a program (the MMA's N)
 WARPS = 4
 STAGES = 3  # the K loop's software pipeline (never a bit)
-PREFILL_ROUTER_MODES = ("mma", "rows")
-
-
-def prefill_router_mode() -> str:
-    """Which kernels make a prefill chunk's router logits on the tensor-core MoE: "mma" (this module, every chunk
-    size, where router_mma_fits) or "rows" (the decode router's arithmetic: the per-token launch below
-    router_rows_min() tokens, the multi-row kernels from there). Env DELTASERVE_PREFILL_ROUTER, for in-model A/B."""
-    return env_choice("DELTASERVE_PREFILL_ROUTER", "mma", PREFILL_ROUTER_MODES)
-
-
-ROUTER_MMA_PDL_MODES = ("off", "end", "early")
-
-
-def router_mma_pdl() -> str:
-    """How the launch takes programmatic dependent launch (triton_pdl; never a bit: it moves when programs start,
-    not what they compute): "off" launches it plainly (neither it nor its successor starts before its predecessor
-    is done; the default), "end" waits as usual but opens the next launch only after its K loop, "early" opens it
-    first thing (the protocol's usual form). H200, 35B-A3B q4 pp512 B=1 in its prefill graph (bench/NOTES.md): the
-    router's critical time a layer off 17.8 us, end 41.6, early 53.9 (20.2 alone in the probe, 13.9 with the bf16
-    codes): a launch of 64 programs that each run the whole K loop is slowed by starting under PDL, not only by its
-    successors starting early. pp512 B=1 with the bf16 codes: early 24,279 / 25,435, off 25,304 / 26,666; 8 prompts
-    (512 programs) the same each way. Env DELTASERVE_ROUTER_MMA_PDL, for A/B."""
-    return env_choice("DELTASERVE_ROUTER_MMA_PDL", "off", ROUTER_MMA_PDL_MODES)
-
-
-def router_mma_codes() -> str:
-    """Where the kernel reads the router's codes: "bf16" (a bf16 copy [E, K] made once, router_codes_bf16: 1 MiB a
-    35B-A3B router, 40 MiB for the model, copied into shared memory as the MMA's operand with no unpacking in the
-    loop; the default) or "words" (the packed weight, unpacked in the loop). The same values, so the same bits.
-    H200 probe at the 35B router: 512 tokens 20.2 -> 13.9 us, 4,096 54.9 -> 42.3; 8 prompts 43,353 / 43,237 ->
-    43,983 / 43,881 (+1.5%). Env DELTASERVE_ROUTER_MMA_CODES, for A/B."""
-    return env_choice("DELTASERVE_ROUTER_MMA_CODES", "bf16", ("bf16", "words"))
+# Launched without PDL (neither it nor its successor starts before its predecessor is done): a launch of 64 programs
+# that each run the whole K loop is slowed by starting under PDL, not only by its successors starting early. H200,
+# 35B-A3B q4 pp512 B=1 in its prefill graph (lab/NOTES.md): the router's critical time a layer without PDL 17.8 us,
+# opening its successor after its K loop 41.6, first thing 53.9; pp512 B=1 early 24,279 / 25,435, off 25,304 /
+# 26,666. Its codes come from a bf16 copy made once (router_codes_bf16, model/fast.router_codes: 1 MiB a 35B-A3B
+# router), copied into shared memory as the MMA's operand with no unpacking in the loop (the same values, so the
+# same bits as unpacking the words): H200 probe, 512 tokens 20.2 -> 13.9 us, 4,096 54.9 -> 42.3; 8 prompts +1.5%.
 
 
 def router_codes_bf16(r: WeightSpec) -> torch.Tensor:
@@ -110,14 +83,11 @@ def _group_term(d, xs, s_ptr, b_ptr, re, e_mask, stride_sn, g):
 def _router_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, c_ptr, out_ptr, T, E, stride_xt, stride_wn, stride_sn,
                        stride_cn, stride_ot, K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
                        BT: tl.constexpr, BE: tl.constexpr, STAGES: tl.constexpr, F32: tl.constexpr,
-                       CODES: tl.constexpr = False, PDL: tl.constexpr = False, OPEN_LATE: tl.constexpr = False):
+                       CODES: tl.constexpr = False):
     # grid (cdiv(T, BT), cdiv(E, BE)): program (i, j) writes logits [i BT .. i BT + BT, j BE .. j BE + BE] fp32.
     # x [T, K] bf16 rows; w [E, K / PACK] int32 words, code k of a row at bits (k % PACK) * BITS of word k // PACK;
     # s, b [E, K / GROUP]. Rows past T and experts past E read zeros and are not stored. CODES: the codes read from
-    # c [E, K] bf16 (the same values as the words' codes, so never a bit), w unused. OPEN_LATE: the next launch
-    # opens after the K loop (router_mma_pdl "end"), so its programs start as these finish.
-    if not OPEN_LATE:
-        pdl_open(PDL)
+    # c [E, K] bf16 (the same values as the words' codes, so never a bit), w unused. Launched without PDL (above).
     rt = tl.program_id(0) * BT + tl.arange(0, BT)
     re = tl.program_id(1) * BE + tl.arange(0, BE)
     t_mask = rt < T
@@ -127,12 +97,9 @@ def _router_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, c_ptr, out_ptr, T, E, stride_
     c_rows = c_ptr + re[:, None] * stride_cn
     ones = tl.full((GROUP, BE), 1.0, tl.float32).to(tl.bfloat16)
     acc = tl.zeros((BT, BE), dtype=tl.float32)
-    pdl_wait(PDL)  # x is the previous kernel's output
     for g in tl.range(0, K // GROUP, num_stages=STAGES):
         d, xs = _group_dots(x_rows, w_rows, c_rows, g, t_mask, e_mask, ones, BITS, GROUP, BT, BE, F32, CODES)
         acc = acc + _group_term(d, xs, s_ptr, b_ptr, re, e_mask, stride_sn, g)
-    if OPEN_LATE:
-        pdl_open(PDL)
     out = out_ptr + rt.to(tl.int64)[:, None] * stride_ot + re[None, :]
     tl.store(out, acc, mask=t_mask[:, None] & e_mask[None, :])
 
@@ -157,12 +124,8 @@ def router_mma_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor | None =
                          f"{codes.dtype} {tuple(codes.shape)} strides {codes.stride()}")
     if t:
         c = r.w if codes is None else codes
-        pdl = router_mma_pdl()
-        launch = {} if pdl == "off" else pdl_args(x)
-        if launch and pdl == "end":
-            launch["OPEN_LATE"] = True
         _router_mma_kernel[(triton.cdiv(t, BT), triton.cdiv(r.n, BE))](
             x, r.w, r.scales, r.biases, c, out, t, r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), c.stride(0),
             out.stride(0), K=r.k, BITS=r.bits, GROUP=r.group, BT=BT, BE=BE, STAGES=STAGES,
-            F32=dot_f32(), CODES=codes is not None, num_warps=WARPS, **launch)
+            F32=dot_f32(), CODES=codes is not None, num_warps=WARPS)
     return out

@@ -2,7 +2,7 @@
 
 Why: the CUDA-core GEMVs (triton_gemv.py) spend ~5 instructions per code and row of x (shift, mask, convert, one
 FMA per row), so at 64 rows they are FMA-issue-bound, and at one row the per-program compute chain, not the bytes,
-sets their time (bench/NOTES.md). Here the codes go through `mma.sync.m16n8k16` (bf16 in, fp32 out): per 8 codes
+sets their time (lab/NOTES.md). Here the codes go through `mma.sync.m16n8k16` (bf16 in, fp32 out): per 8 codes
 one 128-bit-load share, 3 shifts and 4 LOP3s make the four bf16x2 fragment registers of the A operand in place
 (code | 0x4300 read as bf16 is exactly 128 + code), and the x rows are the B operand, 8 per MMA column tile.
 Nothing is staged in shared memory: the weight is repacked at load time so that each thread's 128-bit load holds
@@ -35,13 +35,11 @@ fixed per K (default_warps).
 
 from __future__ import annotations
 
-import os
 
 from typing import NamedTuple
 
 import torch
 
-from ...utils.env import env_choice
 from .. import backend
 from ..triton_pdl import pdl_args
 
@@ -128,7 +126,7 @@ def default_warps(k: int) -> int:
     """Warps per program for a K: they split K (warp w takes every W-th group), so W decides the order in which
     a row's groups are added and is fixed by the weight alone, never by the rows of x. One warp below K = 1024
     (the MoE down projection, K = 512: H200 sweep of the experts kernel, 1 warp 3.6 / 12.2 / 50.9 / 118 us at
-    1 / 8 / 64 / 512 tokens against 4.4 / 16.8 / 84 / 227 with 4, bench/NOTES.md)."""
+    1 / 8 / 64 / 512 tokens against 4.4 / 16.8 / 84 / 227 with 4, lab/NOTES.md)."""
     g = k // GROUP
     if k % GROUP:
         raise ValueError(f"mma_gemv: K = {k} is not a multiple of {GROUP}")
@@ -145,7 +143,7 @@ def default_config(k: int, m: int = 1, nb: int | None = None) -> tuple[int, int,
     """(W, RB, AHEAD) for a weight of K columns (and nb row blocks of 16) at m rows of x: warps per program (they
     split K: W decides the order in which a row's groups are added, so it is fixed by the weight alone), row blocks
     of 16 per program and chunks in flight (these two never change bits, so they may follow m). H200 sweeps
-    (scripts/sweep_mma_gemv.py, bench/NOTES.md): at one row RB 1, AHEAD 1 for every decode linear of the 35B-A3B
+    (lab/sweep_mma_gemv.py, lab/NOTES.md): at one row RB 1, AHEAD 1 for every decode linear of the 35B-A3B
     (12352 x 2048 RB 1 7.78 us, RB 2 10.98, RB 4 13.03); at 64 rows, where every program re-reads all of x from L2,
     two row blocks share those reads for K <= 2048 (12352 x 2048 55.9 -> 33.9 us, the lm_head 945 -> 540; RB 4
     spills) and K = 4096 keeps one with two chunks in flight (22.7 -> 20.8 us). From 9 to 32 rows two chunks in
@@ -651,7 +649,7 @@ if HAVE_GLUON:
         chunks 0 .. AHEAD - 1 (x, words, scales, each chunk's in turn) are requested first, then chunk c + AHEAD
         before chunk c is computed, so AHEAD = NCH - 1 requests the whole slice up front in chunk order with x
         beside its words (the AHEAD >= NCH form stages x through shared memory after every weight, and its
-        barrier waits for the last of them: ncu at T = 1, bench/NOTES.md). The same arithmetic in the same order:
+        barrier waits for the last of them: ncu at T = 1, lab/NOTES.md). The same arithmetic in the same order:
         the same bits as every other AHEAD. PDL_WAIT (one weight; the caller launched with PDL and has not waited
         yet, tests/test_pdl_protocol): the first AHEAD chunks' words and scales (constant data) are requested, then
         the wait for the previous kernel, then their x. MASKED: the weight loads are predicated on w_live."""
@@ -922,28 +920,23 @@ if HAVE_GLUON:
                                       zero_w, W, RB, N8, mma, dot_a, dot_b, SELF_XS)
         return acc, acc2
 
+SPLIT_ROWS = 32  # rows of x a program of a split launch (split_rows)
+SPLIT_MAXNREG = 128  # the split launches' register cap (split_maxnreg)
+
+
 def split_rows(k: int, m: int) -> int:
     """Rows of x per program when mma_gemv splits a launch's m rows over programs (a second grid axis; never a
     row's bits), or 0: the weights of K >= 4096 (8 warps a program, 255 registers, one program an SM at 64 rows:
-    the out projections) past that many rows. H200 (bench/NOTES.md): the out projection at 64 rows 17.8 us
-    unsplit, 16.4 split in 32s with 128 registers (two programs an SM; split_maxnreg), 19.2 uncapped, 18.8 in 16s;
-    with the 8-row wgmma cap, 64 streams 5,097 -> 5,170 tok/s. Env DELTASERVE_MMA_GEMV_SPLIT_ROWS (16 or 32; 0:
-    never)."""
-    from ...utils.env import env_int
-
-    rows = env_int("DELTASERVE_MMA_GEMV_SPLIT_ROWS", 32, 0, MAX_ROWS)
-    if rows not in (0, 16, 32):
-        raise ValueError(f"DELTASERVE_MMA_GEMV_SPLIT_ROWS must be 16 or 32 (0: never), found {rows}")
-    return rows if rows and k >= 4096 and m > rows else 0
+    the out projections) past SPLIT_ROWS rows. H200 (lab/NOTES.md): the out projection at 64 rows 17.8 us
+    unsplit, 16.4 split in 32s with 128 registers (two programs an SM; SPLIT_MAXNREG), 19.2 uncapped, 18.8 in 16s;
+    with the 8-row wgmma cap, 64 streams 5,097 -> 5,170 tok/s."""
+    return SPLIT_ROWS if k >= 4096 and m > SPLIT_ROWS else 0
 
 
 def split_maxnreg() -> dict:
-    """The split launches' register cap as a launch option (never a bit): 128, two 8-warp programs an SM at 32 rows
-    (142 registers uncapped, 56 bytes of stack capped). Env DELTASERVE_MMA_GEMV_SPLIT_MAXNREG (0: none)."""
-    from ...utils.env import env_int
-
-    cap = env_int("DELTASERVE_MMA_GEMV_SPLIT_MAXNREG", 128, 0, 255)
-    return {"maxnreg": cap} if cap else {}
+    """The split launches' register cap as a launch option (never a bit): SPLIT_MAXNREG = 128, two 8-warp programs
+    an SM at 32 rows (142 registers uncapped, 56 bytes of stack capped)."""
+    return {"maxnreg": SPLIT_MAXNREG}
 
 
 WG_GEMV_ROWS = 17  # rows of x from which mma_gemv runs as wg_gemv (wg_gemv_rows)
@@ -954,19 +947,14 @@ def wg_gemv_rows(k: int = 0) -> int:
     """From how many rows of x (per launch of at most MAX_ROWS) mma_gemv runs as wgmma_experts.wg_gemv: the same
     bits (GPU tests), for weights of N % 64 == 0 and K <= 4096 on sm_90 (K = 4096, the out projections, with its K
     split over programs: wgmma_experts.wg_gemv_ksplit; the others keep this kernel). H200 probe
-    (graph timings, weights past the L2, bench/NOTES.md): the DeltaNet in_proj 12352 x 2048 at 16 / 32 / 64 rows
+    (graph timings, weights past the L2, lab/NOTES.md): the DeltaNet in_proj 12352 x 2048 at 16 / 32 / 64 rows
     11.5 / 20.8 / 35.3 us here against 14.1 / 15.1 / 25.7 there, the lm_head 157 / 352 / 535 against 149 / 237 / 472;
     in the model, 64 streams tg64 @ d512 4,915 -> 5,100 tok/s. So from 17 rows (the 32- and 64-row graph buckets).
-    Env DELTASERVE_MMA_GEMV_WG_ROWS (0: never, for every weight); for a weight of K >= 4096 (k, the out
-    projections, their K split over programs) DELTASERVE_MMA_GEMV_WG_ROWS_K4096, default 9: the 2048 x 4096 out
-    projection at 8 / 16 / 32 / 64 rows 6.33 / 10.31 / 11.33 / 16.54 us here, 6.62 / 7.85 / 7.76 / 13.78 there
-    over eight programs (8 streams tg64 @ d512 2,368 / 2,374 -> 2,377 / 2,376 from 1 row: nothing to gain at 8)."""
-    from ...utils.env import env_int
-
-    rows = env_int("DELTASERVE_MMA_GEMV_WG_ROWS", WG_GEMV_ROWS, 0)
-    if rows and k >= 4096:
-        rows = env_int("DELTASERVE_MMA_GEMV_WG_ROWS_K4096", WG_GEMV_ROWS_K4096, 0)
-    return rows or 1 << 62
+    For a weight of K >= 4096 (k, the out projections, their K split over programs) WG_GEMV_ROWS_K4096 = 9: the
+    2048 x 4096 out projection at 8 / 16 / 32 / 64 rows 6.33 / 10.31 / 11.33 / 16.54 us here, 6.62 / 7.85 / 7.76 /
+    13.78 there over eight programs (8 streams tg64 @ d512 2,368 / 2,374 -> 2,377 / 2,376 from 1 row: nothing to
+    gain at 8)."""
+    return WG_GEMV_ROWS_K4096 if k >= 4096 else WG_GEMV_ROWS
 
 
 def wg_gemv_tile_rows(m: int, nb: int) -> int:
@@ -974,9 +962,7 @@ def wg_gemv_tile_rows(m: int, nb: int) -> int:
     lm_head's thousands of row blocks past 32 rows, 32 past 32 rows and for the lm_head below, else 16 (H200 probe
     at 32 / 64 rows: the in_proj 15.1 / 28.8 us with 16, 23.9 / 25.7 with 32, 32.4 / 36.4 with 64; the lm_head 270 /
     530, 237 / 472, 454 / 519; with x's group sums staged in shared memory the lm_head at 64 rows 392 with 32, 353
-    with 64, which no longer spills). Env DELTASERVE_MMA_GEMV_WG_BN (8, 16, 32 or 64) for A/B."""
-    if os.environ.get("DELTASERVE_MMA_GEMV_WG_BN"):
-        return int(env_choice("DELTASERVE_MMA_GEMV_WG_BN", "16", ("8", "16", "32", "64")))
+    with 64, which no longer spills)."""
     if nb >= RING_MAX_BLOCKS:
         return 64 if m > 32 else 32
     return 32 if m > 32 else 16 if m > 8 else 8  # (8 rows and fewer: only under a lower _K4096 threshold)
@@ -984,19 +970,8 @@ def wg_gemv_tile_rows(m: int, nb: int) -> int:
 
 def wg_gemv_stages() -> int:
     """Shared-memory slots per wg_gemv program (never a row's bits): 3 (H200, 64 streams, BN 32: 3 / 5 / 8 slots
-    5,100 / 5,087 / 5,044 tok/s). Env DELTASERVE_MMA_GEMV_WG_NS."""
-    from ...utils.env import env_int
-
-    return env_int("DELTASERVE_MMA_GEMV_WG_NS", 3, 2, 16)
-
-
-def wg_gemv_conv() -> str:
-    """Where wg_gemv's launches make the DeltaNet decode conv of mma_gemv(conv=): "epilogue" (the default:
-    mma_gemv's conv epilogue inside the GEMV, its arithmetic, so the bits of the GEMV then causal_conv: GPU test) or
-    "launch" (causal_conv after the GEMV, in place: 30 x 9.65 us a 64-stream step). H200, tg64 @ d512 at 64 streams
-    in one call (bench/NOTES.md): launch 5,174 / 5,172, epilogue 5,193 tok/s; with the MoE's 5 slots at 8-row tiles
-    (wgmma_experts.wg_moe_stages) 5,171 -> 5,210. Env DELTASERVE_WG_GEMV_CONV."""
-    return env_choice("DELTASERVE_WG_GEMV_CONV", "epilogue", ("launch", "epilogue"))
+    5,100 / 5,087 / 5,044 tok/s)."""
+    return 3
 
 
 def decode_conv_args(conv: tuple | None, m: int, n: int, dtype: torch.dtype, placeholder: torch.Tensor):
@@ -1076,18 +1051,11 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
         from .wgmma_experts import wg_dense_fits, wg_gemv
 
         if wg_dense_fits(words):
-            # the same bits through warpgroup MMAs (x read once per 64 weight rows), then the conv as its own launch
-            # (this GEMV's conv epilogue equals the GEMV followed by causal_conv, bit for bit) or in its epilogue
-            in_epilogue = conv is not None and wg_gemv_conv() == "epilogue"
+            # the same bits through warpgroup MMAs (x read once per 64 weight rows), the conv in its epilogue (this
+            # GEMV's conv epilogue equals the GEMV followed by causal_conv, bit for bit; H200, 64 streams 5,174 ->
+            # 5,193 tok/s against the conv's own launch, lab/NOTES.md)
             out = wg_gemv(x2, words, sb, xs=xs, out=out, tile_rows=wg_gemv_tile_rows(m, nb),
-                          stages=wg_gemv_stages(), conv=conv if in_epilogue else None)
-            if conv is not None and not in_epilogue:
-                from ..gated_delta.triton_decode import causal_conv
-
-                _, (cw, pool, slots, ctx, channels, *_) = decode_conv_args(conv, m, n, x.dtype, x2)
-                mixed = out[:, :channels]
-                cu = torch.arange(m + 1, dtype=torch.int32, device=x.device)
-                causal_conv(mixed, cw, pool, cu, slots, ctx, 1, out=mixed)
+                          stages=wg_gemv_stages(), conv=conv)
             return out.reshape(*lead, n)
     self_xs = xs is None
     if self_xs:
@@ -1098,12 +1066,6 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     warps, rb, ahead = config or default_config(k, m, nb)
-    env = os.environ.get("DELTASERVE_MMA_GEMV_AHEAD")
-    if env and config is None and m <= 8:  # in-model A/B of the register ring at decode's row counts
-        try:
-            ahead = max(1, min(int(env), g // warps - 1))
-        except ValueError:
-            raise ValueError(f"DELTASERVE_MMA_GEMV_AHEAD must be a chunk count, found {env!r}") from None
     if g % warps or nb % rb:
         raise ValueError(f"mma_gemv: config W={warps}, RB={rb} does not divide the {g} groups / {nb} row blocks")
     if ahead < 0:
@@ -1165,11 +1127,11 @@ def default_tile_rows(m: int, num_experts: int) -> int:
     column tile: on the H200 wider tiles were slower at every token count, up to 2.3x at 16 rows per expert; the
     experts kernel's gated form at 64 tokens, 8 rows 112 us, 16 rows 146, 32 rows ~600; at 512 tokens, 16 rows a
     tile per expert on average, 8 rows 260 us, 16 rows 308, 32 rows 491, pp512 15,699 / 14,881 / 11,466 tok/s,
-    bench/NOTES.md: the kernel is bound by its programs' latency, not the dequant a wider tile shares). Env
-    DELTASERVE_MMA_TILE_ROWS (8, 16, 32 or 64): the sorted tiles' rows, for in-model A/B (never a row's bits)."""
+    lab/NOTES.md: the kernel is bound by its programs' latency, not the dequant a wider tile shares). Never a
+    row's bits."""
     if 2 * m <= num_experts:
         return 1
-    return int(env_choice("DELTASERVE_MMA_TILE_ROWS", "8", ("8", "16", "32", "64")))
+    return 8
 
 
 def mma_expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows: int | None = None) -> MmaTiles:
@@ -1197,21 +1159,12 @@ def default_row_blocks(nbe: int, m: int, k: int) -> int:
 def default_ahead(m: int, gated: bool, chunks: int = 8) -> int:
     """Chunks in flight per warp in the experts kernel (never a row's bits) for m rows and `chunks` chunks per warp.
     Up to 16 rows (one token's picks): the register ring, 4 for the gated gate/up and chunks - 1 (the whole slice
-    up front) for down (H200, 35B-A3B q4, bench/NOTES.md: sweep at T=1 gated 8.36 -> 6.89 us, down 4.49 -> 4.36;
+    up front) for down (H200, 35B-A3B q4, lab/NOTES.md: sweep at T=1 gated 8.36 -> 6.89 us, down 4.49 -> 4.36;
     in the model, tensor-core MoE at B=1: AHEAD 2,1 569.7 -> 4,7 595.7 tok/s with the sums-only norm, 4,4 589.0,
     3,7 584.7, 5,7 588.7, 7,7 579.7). Past 16 rows: two for the gated form and down (64 tokens: gated 118.5 ->
-    101.0 us, down 50.5 -> 47.1; the ring at 4 was no faster there). Env DELTASERVE_MMA_AHEAD="G,D": the gated and
-    the down launch's chunks in flight up to 16 rows, for in-model A/B."""
-    env = os.environ.get("DELTASERVE_MMA_AHEAD")
+    101.0 us, down 50.5 -> 47.1; the ring at 4 was no faster there)."""
     if m <= 16:
-        if env:
-            try:
-                g_ahead, d_ahead = (int(v) for v in env.split(","))
-            except ValueError:
-                raise ValueError(f"DELTASERVE_MMA_AHEAD must be two chunk counts 'G,D', found {env!r}") from None
-        else:
-            g_ahead, d_ahead = 4, chunks - 1
-        return max(1, min(g_ahead if gated else d_ahead, chunks - 1)) if chunks > 1 else 1
+        return max(1, min(4 if gated else chunks - 1, chunks - 1)) if chunks > 1 else 1
     return 2
 
 
@@ -1223,24 +1176,14 @@ WSTAGE_MIN_ROWS = 1024  # above a 64-stream decode's 576 rows: prefill only
 def default_wstage(m: int, gated: bool) -> int:
     """The weight words' shared-memory slots of the experts kernel (0: the words in registers, the AHEAD forms;
     never a row's bits). ncu at a 512-token prefill found down's stalls 61% on its weight words, and more chunks in
-    registers were slower (AHEAD 2 -> 3 .. 8: 111.9 -> 118.5 .. 141.2 us). H200, 35B-A3B q4 (bench/NOTES.md, the
+    registers were slower (AHEAD 2 -> 3 .. 8: 111.9 -> 118.5 .. 141.2 us). H200, 35B-A3B q4 (lab/NOTES.md, the
     sweep at 64 / 512 / 4096 tokens, 576+ rows): down with 3 slots 56.9 -> 51.8 / 133.0 -> 125.1 / 853.8 -> 853.2
     us (2: 53.4 / 125.1 / 852.9; 5 and 9 slower), the gated form slower with any (260 -> 335-373 us at 512), pp512
     B=1 18,346 -> 18,499, B=8 24,556 -> 24,772, then 17,831 -> 18,391; but 64-stream decode (576 rows) 2,451 ->
-    2,303 tok/s: down takes WSTAGE_DOWN slots from WSTAGE_MIN_ROWS rows (prefill sizes), the gated form none.
-    Env DELTASERVE_MMA_WSTAGE="G,D": the gated and the down launch's slots past 16 rows, for in-model A/B."""
-    env = os.environ.get("DELTASERVE_MMA_WSTAGE", "").strip()
-    if m <= 16:
+    2,303 tok/s: down takes WSTAGE_DOWN slots from WSTAGE_MIN_ROWS rows (prefill sizes), the gated form none."""
+    if m <= 16 or gated or m < WSTAGE_MIN_ROWS:
         return 0
-    if not env:
-        return 0 if gated or m < WSTAGE_MIN_ROWS else WSTAGE_DOWN
-    try:
-        g_slots, d_slots = (int(v) for v in env.split(","))
-    except ValueError:
-        raise ValueError(f"DELTASERVE_MMA_WSTAGE must be two slot counts 'G,D' (0: registers), found {env!r}") from None
-    if min(g_slots, d_slots) < 0 or 1 in (g_slots, d_slots):
-        raise ValueError(f"DELTASERVE_MMA_WSTAGE: slot counts are 0 (registers) or at least 2, found {env!r}")
-    return g_slots if gated else d_slots
+    return WSTAGE_DOWN
 
 
 def pair_counters_fit(tiles: MmaTiles, nbe: int) -> bool:
@@ -1419,7 +1362,7 @@ def mma_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, e
 
 
 def skip_empty_tiles() -> bool:
-    """Whether the experts kernel's programs on the tile table's unused tail tiles return at once (the default)
-    instead of running the K loop on masked loads (never a row's bits; single-row, pair and combine launches always
-    run it). Env DELTASERVE_MMA_SKIP_EMPTY=0, for in-model A/B."""
-    return env_choice("DELTASERVE_MMA_SKIP_EMPTY", "1", ("0", "1")) == "1"
+    """Whether the experts kernel's programs on the tile table's unused tail tiles return at once instead of
+    running the K loop on masked loads (never a row's bits; single-row, pair and combine launches always run it):
+    yes, pp512 +4.6% on the H200 (lab/NOTES.md)."""
+    return True

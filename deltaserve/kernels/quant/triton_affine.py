@@ -16,7 +16,7 @@ how many rows share the launch; no split-K):
                           products as W x^T with the tokens as the MMA's n), the tile fixed by the weight's shape
                           alone (never by M), so every row of every call runs the same Hopper wgmma chain (rows and
                           columns of an MMA are independent of each other). On the H200 its bits also
-                          equal the 16-row kernel's (scripts/sweep_prefill_kernels.py, every prefill shape), which
+                          equal the 16-row kernel's (lab/sweep_prefill_kernels.py, every prefill shape), which
                           the GPU tests check, but nothing here relies on that.
 
 and, for the dense projections from DEQUANT_MIN_ROWS rows (`dense_path`), two launches instead of the wide kernel:
@@ -36,7 +36,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ...utils.env import env_choice, env_int
 from ..triton_common import DENSE_BITS, WeightSpec, dequant_tile, dot_f32, mma
 
 ROWS_PER_SUBTILE = 16
@@ -159,7 +158,7 @@ def _affine_mm_wide_kernel(
 
 def wide_config(spec: WeightSpec) -> tuple[int, int, int, int, int, bool]:
     """(BM, BN, BK, num_warps, num_stages, SWAP) of the wide kernel for a weight: a function of the weight alone (BM
-    may not depend on M: see the module doc). H200, M = 512 (scripts/sweep_prefill_kernels.py, bench/NOTES.md):
+    may not depend on M: see the module doc). H200, M = 512 (lab/sweep_prefill_kernels.py, lab/NOTES.md):
     swapped operands over 64 weight rows x 128 tokens for the big projections (12352x2048 146 -> 112 us, 9216x2048
     140 -> 99, 2048x4096 64 -> 53 against the unswapped 128 x 128 / 128 x 64 tiles, which were 238 / 182 / 87 as
     16-row tiles); the narrow ones stay unswapped (2048x512: 32 us, swapped 56)."""
@@ -277,7 +276,6 @@ def dequantize(spec: WeightSpec, out: torch.Tensor | None = None, dtype=torch.bf
 
 DENSE_BK = 64  # dense_mm's K step (every dense_config); weights whose K it does not divide stay on the wide kernel
 DEQUANT_MIN_ROWS = 256  # from this many rows the dense prefill projections dequantise the weight once (dense_path)
-PREFILL_DENSE_DEFAULT = "fused"  # dense_path's mode from DEQUANT_MIN_ROWS rows
 FUSED_MAX_ROWS = 1024  # up to this many rows "fused" (above it "dequant": dense_path)
 
 
@@ -288,35 +286,28 @@ def dense_path(m: int) -> str:
     has no repack, takes "dequant" for it) or "wide" (the wide kernel, dequantising each weight tile for every 128
     rows). All three give the same bits: each chains the same bf16 products (dequant_tile's weight values) k16 step
     by k16 step in K order on the tensor cores (GPU tests, every prefill shape and several M).
-    H200, the 35B-A3B's projections (scripts/probe_dense_prefill.py, bench/NOTES.md): at 512 rows 12352 x 2048
+    H200, the 35B-A3B's projections (a probe, lab/NOTES.md): at 512 rows 12352 x 2048
     wide 106.4 us, dequantise 21.7 + multiply 49 (66.6 together), fused 51.5; 9216 x 2048 97.3, 55.6, 43.2;
     2048 x 4096 52.1, 25.9, 33.1 (128 programs: model/fast.prefill_dense_weights sends launches of too few programs
     to "dequant"); at 4096 rows 12352 x 2048 807 / 307 / 417 (fused is bound by its dequantisation there, each
     weight once per 128 rows), hence "fused" only up to FUSED_MAX_ROWS rows, "dequant" above. Below DEQUANT_MIN_ROWS
-    rows the dequantisation of the whole weight costs more than it saves: "wide". Env DELTASERVE_PREFILL_DENSE
-    ("fused", "dequant" or "wide"), DELTASERVE_PREFILL_DEQUANT_MIN and DELTASERVE_PREFILL_FUSED_MAX (rows), for
-    in-model A/B."""
-    mode = env_choice("DELTASERVE_PREFILL_DENSE", PREFILL_DENSE_DEFAULT, ("dequant", "wide", "fused"))
-    if mode == "wide" or m < env_int("DELTASERVE_PREFILL_DEQUANT_MIN", DEQUANT_MIN_ROWS, 1):
+    rows the dequantisation of the whole weight costs more than it saves: "wide"."""
+    if m < DEQUANT_MIN_ROWS:
         return "wide"
-    if mode == "fused" and m > env_int("DELTASERVE_PREFILL_FUSED_MAX", FUSED_MAX_ROWS, 1):
-        return "dequant"
-    return mode
+    return "dequant" if m > FUSED_MAX_ROWS else "fused"
 
 
 def dense_config(m: int) -> tuple[int, int, int, int, int, bool]:
     """(BM, BN, BK, num_warps, num_stages, TMA) of the dense kernel for m rows. The tile never changes a row's bits
     (each output element is the same chain of k16 MMAs in K order whatever the tile: GPU test over these and other
-    tiles, and scripts/probe_dense_prefill.py found every tile, cp.async or TMA, bit-equal to the wide kernel), so
-    it may follow M. H200 (bench/NOTES.md), tiles fetched by TMA: at 512 rows 128 x 64 of 4 warps, 4 stages
+    tiles, and a probe (lab/NOTES.md) found every tile, cp.async or TMA, bit-equal to the wide kernel), so
+    it may follow M. H200 (lab/NOTES.md), tiles fetched by TMA: at 512 rows 128 x 64 of 4 warps, 4 stages
     (12352 x 2048 45.4 us, 9216 x 2048 40.5, 2048 x 4096 22.8; by cp.async 52.0 / 45.0 / 23.8); at 4096 rows
     256 x 128 of 8 warps, 4 stages (287 / 216 / 93 us; cp.async 348 / 259 / 112 at 3 stages; cuBLAS on the same
-    weight 273 / 205 / 88). Env DELTASERVE_DENSE_LOADS ("tma" or "cp.async"): the tile loads, for in-model A/B
-    (never a row's bits)."""
-    tma = env_choice("DELTASERVE_DENSE_LOADS", "tma", ("tma", "cp.async")) == "tma"  # in-model A/B of the forms
+    weight 273 / 205 / 88). Where TMA cannot serve (tma_ok), dense_mm fetches the same tiles by cp.async."""
     if m >= 2048:
-        return 256, 128, DENSE_BK, 8, 4 if tma else 3, tma
-    return 128, 64, DENSE_BK, 4, 4, tma
+        return 256, 128, DENSE_BK, 8, 4, True
+    return 128, 64, DENSE_BK, 4, 4, True
 
 
 def tma_ok(t: torch.Tensor) -> bool:
@@ -355,7 +346,7 @@ def dense_mm(x2: torch.Tensor, w: torch.Tensor, out: torch.Tensor, config=None) 
 def _expert_subtiles(m: int, num_experts: int) -> int:
     """16-row sub-tiles per expert-matmul program, from the mean rows per expert: a tile is one expert's, so at
     ~16 rows per expert (T = 512 x top-8 over 256 experts) 64-row tiles would be three quarters empty. H200, that
-    shape: SUB 1 / 2 / 4: gate/up 296 / 245 / 332 us, down 303 / 250 / 352 (scripts/sweep_prefill_kernels.py)."""
+    shape: SUB 1 / 2 / 4: gate/up 296 / 245 / 332 us, down 303 / 250 / 352 (lab/sweep_prefill_kernels.py)."""
     if m <= 16:
         return 1
     return 2 if m <= 32 * num_experts else 4
@@ -371,7 +362,7 @@ def default_config(spec: WeightSpec, m: int) -> tuple[int, int, int, int]:
     reach it only through an explicit 4-tuple config, affine_matmul runs the wide kernel). None of these changes a
     row's arithmetic (module doc), only speed.
 
-    Decode-sized M (measured when dense weights ran this kernel): measured on the H200 (bench/NOTES.md, M=1 N=8192 K=2048 q4g64): (32, 512, 4, 3) 18.1 us,
+    Decode-sized M (measured when dense weights ran this kernel): measured on the H200 (lab/NOTES.md, M=1 N=8192 K=2048 q4g64): (32, 512, 4, 3) 18.1 us,
     (32, 256, 4, 4) 18.4, (64, 256, 8, 3) 21.6, (16, 512, 4, 3) 24.1, (32, 128, 4, 4) 23.2, 8 warps with
     (16, 512|1024) 43-44 us; all bit-identical. Dense bf16 with (32, 128) reaches 66% of the copy bandwidth."""
     if m > 16:
@@ -456,54 +447,6 @@ TILE_COLUMNS = 32  # experts per program of the parallel scan (_tiles_columns_ke
 TILE_COLUMN_BLOCKS = 64  # blocks of counts per load of the parallel scan
 
 
-def tiles_scan_mode() -> str:
-    """How the expert tiles of more than TILES_ONE_MAX rows are built (the same four tensors either way):
-    "parallel" (the default: per-block histograms, a scan of the counts per expert column in parallel programs,
-    then each block's rows ranked pairwise, every rank program writing a share of the tile table) or "serial" (the
-    block counts as one-hot sums, one program scanning them and writing the whole table, the ranks as one-hot
-    prefix sums). pp512 on the H200 (bench/NOTES.md): the serial scan was one program of ~12.5 us a layer and the
-    one-hot order ~10 us. Env DELTASERVE_MOE_TILES_SCAN, for in-model A/B."""
-    return env_choice("DELTASERVE_MOE_TILES_SCAN", "parallel", ("parallel", "serial"))
-
-
-@triton.jit
-def _tiles_count_kernel(ids_ptr, counts_ptr, M, EP: tl.constexpr, BLOCK: tl.constexpr):
-    # grid (cdiv(M, BLOCK),): counts[pid, e] = rows of this block routed to expert e
-    pid = tl.program_id(0)
-    r = pid * BLOCK + tl.arange(0, BLOCK)
-    ex = tl.arange(0, EP)
-    ids = tl.load(ids_ptr + r, mask=r < M, other=-1)
-    hit = (ids[:, None] == ex[None, :]).to(tl.int32)  # [BLOCK, EP] one-hot
-    tl.store(counts_ptr + pid * EP + ex, tl.sum(hit, axis=0))
-
-
-@triton.jit
-def _tiles_scan_kernel(
-    counts_ptr, offsets_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, NB, E, MAX_TILES,
-    R: tl.constexpr, EP: tl.constexpr, TB: tl.constexpr, NBC: tl.constexpr,
-):
-    # one program: per-expert totals, the sorted start of each (block, expert) run, and the tile table. The counts
-    # [NB, EP] are read NBC blocks at a time (a [NBC, EP] load, its prefix over the blocks by tl.cumsum): NB / NBC
-    # loads in each pass instead of NB dependent ones (pp512: 36 blocks, ~25 us a layer read one block at a time).
-    # Integer sums: the same offsets in any order.
-    ex = tl.arange(0, EP)
-    rb = tl.arange(0, NBC)
-    total = tl.zeros((EP,), dtype=tl.int32)
-    for b0 in range(0, NB, NBC):
-        live = (b0 + rb) < NB
-        total += tl.sum(tl.load(counts_ptr + (b0 + rb)[:, None] * EP + ex[None, :], mask=live[:, None], other=0),
-                        axis=0)
-    starts = tl.cumsum(total, 0) - total  # experts >= E hold no rows
-    run = starts
-    for b0 in range(0, NB, NBC):  # offsets[b, e]: where block b's first row of expert e goes (ascending blocks: stable)
-        live = (b0 + rb) < NB
-        at = (b0 + rb)[:, None] * EP + ex[None, :]
-        c = tl.load(counts_ptr + at, mask=live[:, None], other=0)
-        tl.store(offsets_ptr + at, run[None, :] + tl.cumsum(c, 0) - c, mask=live[:, None])
-        run += tl.sum(c, axis=0)
-    _write_tile_table(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, R, TB)
-
-
 @triton.jit
 def _write_tile_table(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, R: tl.constexpr,
                       TB: tl.constexpr):
@@ -575,7 +518,7 @@ def _write_tile_table_share(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo
     # parts together write every entry once. By (e + j), an expert's tiles spread over the programs (pp512's shared
     # expert has 32: one program writing them all was the rank launch's longest loop), so each loops cdiv(max tiles
     # an expert, parts) times: a loop over tiles by expert, not a search per tile (the search over [tiles, EP]
-    # pairs was ~70 us at 576 rows, bench/NOTES.md).
+    # pairs was ~70 us at 576 rows, lab/NOTES.md).
     per = (total + R - 1) // R  # tiles per expert
     cum = tl.cumsum(per, 0)
     first = cum - per  # expert e's tiles are first[e] .. cum[e] - 1
@@ -607,7 +550,7 @@ def _write_tile_table_share(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo
 def _tiles_one_kernel(ids_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, order_ptr, M, E, MAX_TILES, R: tl.constexpr,
                       EP: tl.constexpr, MP: tl.constexpr, TB: tl.constexpr):
     # one program for up to MP rows: the per-expert counts (a histogram), and the stable order as a sort of the
-    # unique keys id * MP + row (padding rows sort last), then the tile table as _tiles_scan_kernel writes it
+    # unique keys id * MP + row (padding rows sort last), then the tile table (_write_tile_table)
     r = tl.arange(0, MP)
     live = r < M
     ids = tl.load(ids_ptr + r, mask=live, other=EP).to(tl.int32)
@@ -617,19 +560,6 @@ def _tiles_one_kernel(ids_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, order_ptr, 
     sk = tl.sort(ids * MP + r)
     tl.store(order_ptr + r, sk % MP, mask=live)
     _write_tile_table(starts, total, ex, E, MAX_TILES, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, R, TB)
-
-
-@triton.jit
-def _tiles_order_kernel(ids_ptr, offsets_ptr, order_ptr, M, EP: tl.constexpr, BLOCK: tl.constexpr):
-    # grid (cdiv(M, BLOCK),): each row's sorted position = its (block, expert) run start + its rank in that run
-    pid = tl.program_id(0)
-    r = pid * BLOCK + tl.arange(0, BLOCK)
-    ex = tl.arange(0, EP)
-    ids = tl.load(ids_ptr + r, mask=r < M, other=-1)
-    hit = (ids[:, None] == ex[None, :]).to(tl.int32)
-    rank = tl.sum((tl.cumsum(hit, 0) - hit) * hit, axis=1)  # earlier rows of this block with the same expert
-    base = tl.sum(hit * tl.load(offsets_ptr + pid * EP + ex)[None, :], axis=1)
-    tl.store(order_ptr + base + rank, r, mask=r < M)
 
 
 def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int):
@@ -658,21 +588,13 @@ def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int)
     elif m:  # three launches over blocks of TILE_BLOCK rows: counts [NB, EP] of each block, then offsets from them
         counts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
         offsets = torch.empty(nb, ep, dtype=torch.int32, device=dev)
-        if tiles_scan_mode() == "parallel":
-            starts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
-            totals = torch.empty(ep, dtype=torch.int32, device=dev)
-            _tiles_hist_kernel[(nb,)](ids, counts, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=4)
-            _tiles_columns_kernel[(triton.cdiv(num_experts, TILE_COLUMNS),)](
-                counts, offsets, totals, nb, num_experts, EP=ep, EB=TILE_COLUMNS, NBC=TILE_COLUMN_BLOCKS,
-                num_warps=4)
-            _tiles_rank_kernel[(nb,)](ids, offsets, totals, starts, order, tile_e, lo, hi, m, num_experts,
-                                      max_tiles, EP=ep, BLOCK=TILE_BLOCK, R=rows_per_tile, TB=64, num_warps=4)
-        else:
-            warps = 8 if ep >= 256 else 4
-            _tiles_count_kernel[(nb,)](ids, counts, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=warps)
-            _tiles_scan_kernel[(1,)](counts, offsets, tile_e, lo, hi, nb, num_experts, max_tiles, R=rows_per_tile,
-                                     EP=ep, TB=64, NBC=max(1, 4096 // ep), num_warps=warps)
-            _tiles_order_kernel[(nb,)](ids, offsets, order, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=warps)
+        starts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
+        totals = torch.empty(ep, dtype=torch.int32, device=dev)
+        _tiles_hist_kernel[(nb,)](ids, counts, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=4)
+        _tiles_columns_kernel[(triton.cdiv(num_experts, TILE_COLUMNS),)](
+            counts, offsets, totals, nb, num_experts, EP=ep, EB=TILE_COLUMNS, NBC=TILE_COLUMN_BLOCKS, num_warps=4)
+        _tiles_rank_kernel[(nb,)](ids, offsets, totals, starts, order, tile_e, lo, hi, m, num_experts,
+                                  max_tiles, EP=ep, BLOCK=TILE_BLOCK, R=rows_per_tile, TB=64, num_warps=4)
     return tile_e, lo, hi, order
 
 

@@ -25,7 +25,6 @@ num_warps) only, never on M or on which rows share the program.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -35,7 +34,6 @@ from ..gated_delta.triton_decode import DecodeConv, check_decode_conv, conv_appl
 from .triton_gemv_inline import group_sums, inline_mode, row_part_inline
 from ..triton_common import DENSE_BITS, WeightSpec, code_prescale
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
-from ...utils.env import env_choice
 
 MAX_ROWS = 16  # the GEMV regime; larger M belongs to triton_affine.affine_matmul (tensor cores)
 MAGIC = 0x4B000000  # fp32 bits of 2^23: OR a code into its mantissa to read 2^23 + code
@@ -463,7 +461,7 @@ def row_cap(spec: WeightSpec, inline_prep: bool, conv: bool) -> int:
     return ROW_BLOCK_INLINE if inline_prep else ROW_BLOCK
 
 
-ROW_RUN_BN = 4  # packed weights: row_run_config(spec, 4) (H200 sweep 2026-11-30, bench/NOTES.md)
+ROW_RUN_BN = 4  # packed weights: row_run_config(spec, 4) (H200 sweep 2026-11-30, lab/NOTES.md)
 FEW_PROGRAMS = 512  # below this many BN = 8 programs a packed weight takes BN = 4 programs of 2 warps
 
 
@@ -484,20 +482,14 @@ def row_run_config(spec: WeightSpec, bn: int) -> tuple[int, int, int] | None:
 
 
 def row_run_bn() -> int:
-    """BN of the default row runs: ROW_RUN_BN, or env DELTASERVE_GEMV_ROWRUN (a timing switch for in-model A/Bs:
-    a power of two up to 16, or 0 for the chunked shapes that were the default before)."""
-    value = os.environ.get("DELTASERVE_GEMV_ROWRUN", "")
-    if not value:
-        return ROW_RUN_BN
-    if value not in ("0", "1", "2", "4", "8", "16"):
-        raise ValueError(f"DELTASERVE_GEMV_ROWRUN must be 0 (off) or a power of two up to 16, found {value!r}")
-    return int(value)
+    """BN of the default row runs: ROW_RUN_BN."""
+    return ROW_RUN_BN
 
 
 def default_config(spec: WeightSpec) -> tuple[int, int, int]:
     """(BN, CG, num_warps). CG = groups per chunk (dense: CG * 64 elements per chunk). Depends on the weight
     only, never on M. Packed weights with rows of >= 128 words: row_run_config(spec, ROW_RUN_BN), BN = 4 rows per
-    program over the whole K (H200 sweep, bench/NOTES.md: 12352 x 2048 8.66 -> 8.52 us at M = 1 and 37.6 -> 27.3
+    program over the whole K (H200 sweep, lab/NOTES.md: 12352 x 2048 8.66 -> 8.52 us at M = 1 and 37.6 -> 27.3
     at M = 8; 2048 x 4096 9.81 -> 4.59 us). Otherwise chunks of BN * CG * GROUP codes, ~32 per thread at 4 warps;
     BN = 8 keeps >= 4 programs per SM from N = 4096, and a packed weight with fewer rows takes twice the programs
     at half the warps (2048 x 4096 before the row runs: 9.50 -> 7.35 us)."""
@@ -569,7 +561,7 @@ def use_inline_prep(spec: WeightSpec, inline_prep: bool | None) -> bool:
     """The prep choice for a weight: explicit, or auto (None): the prep launch for every packed weight. Never by
     M, so a row's arithmetic stays independent of the batch, and not by whether PDL is on, so the bits are the
     same with serial launches. Why prep: in the model on the H200 with PDL (triton_pdl), every decoder GEMV
-    through prep_x gave tg128 @ d512 452.3 tok/s against 421.5 with x read inline (bench/NOTES.md), the extra
+    through prep_x gave tg128 @ d512 452.3 tok/s against 421.5 with x read inline (lab/NOTES.md), the extra
     launch hidden by PDL while the GEMV's x reads get cheaper; without PDL the inline path was the faster one
     (the sweep: 2048x4096 7.1 vs 10.1 us)."""
     return bool(inline_prep) and spec.bits != DENSE_BITS  # None (auto) -> prep
@@ -624,16 +616,10 @@ def launch_gemv(x2: torch.Tensor, spec: WeightSpec, out: torch.Tensor, config=No
         K=spec.k, BITS=spec.bits, GROUP=group, BN=bn, CG=cg, MB=mb, INLINE=inline_mode(x2, inline_prep),
         CONV=conv is not None,
         KCONV=kw, num_warps=warps, **pdl_args(x2),
-        **({"CONV_EARLY": True} if conv is not None and mb == 1 and conv_early() else {}),
+        # a one-row conv epilogue's inputs requested before the PDL wait (never a bit; H200, tg64 B=1 @ d512:
+        # 663.5 / 663.0 -> 672.8 / 675.4 tok/s, lab/NOTES.md)
+        **({"CONV_EARLY": True} if conv is not None and mb == 1 else {}),
     )
-
-
-def conv_early() -> bool:
-    """Whether a one-row GEMV with the DeltaNet decode conv in its epilogue requests the conv's inputs (weights,
-    the slot's window, slots and context lengths) before its PDL wait (never a bit). H200, tg64 B=1 @ d512
-    (bench/NOTES.md): 663.5 / 663.0 -> 672.8 / 675.4 tok/s. Env DELTASERVE_CONV_EARLY "1" (default) | "0", for
-    in-model A/B."""
-    return env_choice("DELTASERVE_CONV_EARLY", "1", ("0", "1")) == "1"
 
 
 def affine_gemv(

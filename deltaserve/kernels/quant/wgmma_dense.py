@@ -2,7 +2,7 @@
 
 Why: from DEQUANT_MIN_ROWS rows the dense projections (triton_affine.dense_path "dequant") write the whole weight
 to bf16 first (`dequantize`, ~3.2 TB/s: the in_proj's 50 MB in ~20 us) and then multiply (`dense_mm`); at a
-512-token prefill of the 35B-A3B that is ~1.1 ms of ~19.4 (bench/NOTES.md). Here the weight never exists in bf16
+512-token prefill of the 35B-A3B that is ~1.1 ms of ~19.4 (lab/NOTES.md). Here the weight never exists in bf16
 outside registers: a program owns 64 weight rows (RS = 2: two sets of 64) against BT rows of x, each weight group
 is dequantised once per BT rows of x straight into the wgmma's A operand, and x is the B operand in shared memory.
 
@@ -10,13 +10,13 @@ Same bits as dequantise-then-multiply (and so as the wide kernel, whatever M): e
 value, fma(q, s, b) in fp32 rounded once to bf16, and each output element is the chain of k16 MMAs over
 consecutive 16-column steps in K order from zero, rounded once to bf16, which is what dense_mm's tl.dot chains
 (the H200 computes a k16 MMA's result the same whatever the tile, the operand order or the load path:
-bench/NOTES.md, and the GPU test compares the two bit for bit). That needs each k16 step's 16 columns to be 16
+lab/NOTES.md, and the GPU test compares the two bit for bit). That needs each k16 step's 16 columns to be 16
 consecutive columns, so the weight is repacked in the "natural" order (mma_gemv.repack_q4(order="natural")):
 each thread's 128-bit load of a row block's group is its A fragments of the group's four k16 steps.
 
 Batch invariance: a row of x is an MMA column; nothing mixes columns, so a row's bits never depend on M.
 
-H200 (scripts/probe_dense_prefill.py, CUDA graph past the L2, bench/NOTES.md), at 512 rows against dequantise +
+H200 (a probe, CUDA graph past the L2, lab/NOTES.md), at 512 rows against dequantise +
 multiply: 12352 x 2048 51.5 us / 66.6, 9216 x 2048 43.2 / 55.6, 2048 x 4096 33.1 / 25.9 (128 programs: too few,
 enough_programs); the fp32 dequantisation instead of the bf16x2 fma 58.4 / 49.6 / 38.1. At 4,096 rows it is bound by
 its dequantisation (each weight once per 128 rows of x): 417 / 307 us for the in_proj, hence dense_path's
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import torch
 
-from ...utils.env import env_int
 from .. import backend
 from ..triton_pdl import pdl_args
 from .mma_gemv import GROUP, HAVE_GLUON
@@ -45,9 +44,8 @@ FUSED_MIN_PROGRAMS = 264  # two a streaming multiprocessor of the H200 (132)
 def enough_programs(m: int, n: int) -> bool:
     """Whether m rows against an N-row weight make at least FUSED_MIN_PROGRAMS programs of the default launch
     (rows of x a program, 64 weight rows): below that the GPU is not filled (H200, 512 rows: the 2048 x 4096 out
-    projection's 128 programs 33.1 us against dequantise + multiply's 25.9; the in_proj's 772 51.5 against 66.6).
-    Env DELTASERVE_WG_DENSE_MIN_PROGRAMS, for A/B."""
-    return -(-m // dense_tile_rows()) * (n // 64) >= env_int("DELTASERVE_WG_DENSE_MIN_PROGRAMS", FUSED_MIN_PROGRAMS, 1)
+    projection's 128 programs 33.1 us against dequantise + multiply's 25.9; the in_proj's 772 51.5 against 66.6)."""
+    return -(-m // dense_tile_rows()) * (n // 64) >= FUSED_MIN_PROGRAMS
 
 
 def dense_fits(n: int, k: int, bits: int, group: int) -> bool:
@@ -255,16 +253,15 @@ if HAVE_GLUON:
 
 
 def dense_tile_rows() -> int:
-    """Rows of x a program (never a bit). Env DELTASERVE_WG_DENSE_ROWS (64, 128 or 256), for sweeps."""
-    return env_int("DELTASERVE_WG_DENSE_ROWS", DENSE_TILE_ROWS, 64)
+    """Rows of x a program (never a bit)."""
+    return DENSE_TILE_ROWS
 
 
 def dense_maxnreg() -> dict:
-    """The kernel's register cap as a launch option (never a bit: it only decides what ptxas keeps in registers),
-    or {} (the default: 138 registers at 128-row tiles, 3 programs an SM; at 128 4 fit, with 14 spill stores in
-    sm_90's SASS). Env DELTASERVE_WG_DENSE_MAXNREG=CAP, for A/B."""
-    cap = env_int("DELTASERVE_WG_DENSE_MAXNREG", 0, 0)
-    return {"maxnreg": cap} if cap else {}
+    """The kernel's register cap as a launch option (never a bit: it only decides what ptxas keeps in registers):
+    none (138 registers at 128-row tiles, 3 programs an SM; at a cap of 128 4 fit, with 14 spill stores in sm_90's
+    SASS)."""
+    return {}
 
 
 def wg_dense_mm(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | None = None,

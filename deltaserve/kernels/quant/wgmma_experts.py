@@ -2,7 +2,7 @@
 
 Why: at a 512-token prefill `mma_gemv._mma_experts_kernel` (mma.sync, 16 weight rows x 8 sorted rows of x a
 program) takes ~60% of the prefill; each program dequantises its 16 rows for 8 rows of x and re-reads 32 KB of x
-from L2, and ncu found it bound by its programs' latency and issue (bench/NOTES.md). Here a program owns 64 weight
+from L2, and ncu found it bound by its programs' latency and issue (lab/NOTES.md). Here a program owns 64 weight
 rows (four row blocks of 16, one per warp of the warpgroup) against BN sorted rows of one expert (a tile of
 `mma_expert_tiles(rows=BN)`), so a weight word is dequantised once for up to BN rows of x and x is read once per
 64 weight rows.
@@ -20,11 +20,10 @@ values in the same positions as the mma.sync kernel does.
 
 from __future__ import annotations
 
-import os
 
 import torch
 
-from ...utils.env import env_choice, env_int
+from ...utils import tuning
 from .. import backend
 from ..triton_pdl import pdl_args
 from .mma_gemv import GROUP, HAVE_GLUON, MmaTiles, experts_operands
@@ -38,7 +37,7 @@ WG_MIN_ROWS = 144  # the MoE block's rows (tokens x slots) from which it takes t
 
 def wg_min_rows() -> int:
     """From how many rows (tokens x slots) an MoE block's gate/up and down take this kernel instead of the mma.sync
-    one (the same bits, so the choice may follow the size). H200, 35B-A3B q4, eager (bench/NOTES.md), both kernels
+    one (the same bits, so the choice may follow the size). H200, 35B-A3B q4, eager (lab/NOTES.md), both kernels
     skipping the tile table's unused tail tiles: at 512 tokens (4,608 rows) gated 267 -> 250 us, down 155 -> 123
     with 16-row tiles and 3 slots (pp512 B=1 19,176 -> 20,024 tok/s); at 4,096 tokens 1,524 -> 1,271 and 854 ->
     729; at 64 tokens (a 64-stream decode, 576 rows; before the skip) 151 -> 175 and 111 -> 108, and in the model
@@ -46,94 +45,75 @@ def wg_min_rows() -> int:
     one call (wave 46), mma.sync -> this kernel joint -> as two tile sets on two streams (fast.moe_fork): 32 streams
     3,586 -> 3,861 -> 3,928 tok/s, 16 streams 2,678 -> 2,764 -> 2,859, 8 streams 2,154 -> 2,109 -> 2,046, batch 1
     639 -> 421; so 144 (16 tokens) is the default: decodes of 16+ streams and prefill chunks of 16+ tokens take it,
-    8 streams and fewer keep mma.sync. Env DELTASERVE_MOE_WGMMA_MIN_ROWS (0: never), for in-model A/B."""
-    return env_int("DELTASERVE_MOE_WGMMA_MIN_ROWS", WG_MIN_ROWS, 0) or 1 << 62
+    8 streams and fewer keep mma.sync."""
+    return WG_MIN_ROWS
 
 
-def env_value_at_rows(name: str, default: str, what: str, low: int, high: int, tile_rows: int) -> int | None:
-    """An env knob of the form N (every tile width) or N@ROWS (tiles of at most ROWS rows of x only): N for tiles of
-    tile_rows rows, None where it does not apply (unset, empty or 0, or wider tiles). Errors name the variable."""
-    return _value_at_rows(name, os.environ.get(name, default).strip(), what, low, high, tile_rows)
+def _at_rows(table: tuple[tuple[int, int], ...], tile_rows: int) -> int | None:
+    """The value of the first (ROWS, VALUE) entry of `table` that applies to tiles of tile_rows rows of x (tile_rows
+    <= ROWS), or None where none does."""
+    return next((value for rows, value in table if tile_rows <= rows), None)
 
 
-def _value_at_rows(name: str, value: str, what: str, low: int, high: int, tile_rows: int) -> int | None:
-    """env_value_at_rows of one value of the variable `name`."""
-    if value in ("", "0"):
-        return None
-    n, at, rows = value.partition("@")
-    try:
-        n_v, rows_n = int(n), int(rows) if at else 64
-    except ValueError:
-        raise ValueError(f"{name} must be {what} or {what}@ROWS (integers), found {value!r}") from None
-    if not low <= n_v <= high:
-        raise ValueError(f"{name}: {what} of {low} - {high}, found {n_v}")
-    return n_v if tile_rows <= rows_n else None
-
-
-WG_MAXNREG_DEFAULT = "96@8,128@16,168@32"  # the experts launches'
-WG_GEMV_MAXNREG_DEFAULT = "96@8,128@16"  # wg_gemv's (at 168 its 32-row form takes 150 registers, not 125)
+WG_MAXNREG = ((8, 96), (16, 128), (32, 168))  # the experts launches' register caps: (tile rows up to, cap)
+WG_GEMV_MAXNREG = ((8, 96), (16, 128))  # wg_gemv's (at 168 its 32-row form takes 150 registers, not 125)
+WG_MOE_STAGES = ((8, 5),)  # the MoE launches' slots of one group for tiles of up to 8 rows; WG_STAGES for wider
+WG_MOE_STEP_GROUPS = 2  # groups of 64 columns a loop step of the MoE's gated launch (wg_step_groups)
+WG_MOE_DOWN_STEP_GROUPS = 1  # ... of its down launch
+WG_GEMV_STEP_GROUPS = 2  # ... of wg_gemv's
+WG_DOWN_ROW_SETS = 2  # row sets of 64 weight rows a program of the MoE's down launch (wg_row_sets)
 
 
 def wg_maxnreg(tile_rows: int, dense: bool = False) -> dict:
     """The kernel's register cap as a launch option for tiles of tile_rows rows of x (never a bit: it only decides
-    what ptxas keeps in registers), or {}: env DELTASERVE_WGMMA_MAXNREG=CAP (every launch) or CAP@ROWS (tiles of at
-    most ROWS rows only; 0: none); several, comma-separated: the first that applies to the tile width. Default
-    96@8,128@16,168@32, with the partial sums folded (wg_fold_pair; sm_90 without stack): the 8-row forms (a
+    what ptxas keeps in registers), or {}: the first entry of WG_MAXNREG that applies to the tile width, with the partial sums folded (wg_fold_pair; sm_90 without stack): the 8-row forms (a
     64-stream decode) at 96 registers, 5 programs an SM of the gated one (116 uncapped), the 16-row forms (a prefill
     of up to ~900 tokens) at 128, 4 of the gated one (163 uncapped; 24 bytes of stack outside its loops), the
     32-row forms (prefills of thousands of tokens) at 168, 3 of the gated one instead of 2 (252 uncapped; 152 bytes
-    of stack). H200 (bench/NOTES.md): the gated launch at 512 tokens (graph probe) 163.6 -> 147.3 us with the fold,
+    of stack). H200 (lab/NOTES.md): the gated launch at 512 tokens (graph probe) 163.6 -> 147.3 us with the fold,
     159.1 with the cap alone; pp512 B=1 24,059 / 24,458 -> 24,548 / 24,883 tok/s, 8 prompts 38,811 -> 39,195; 64
     streams 6,097 / 6,099 -> 6,114 / 6,114 (128@8: 6,110). 168@32: the gated launch at 4,096 tokens 795.9 -> 750.1
     us, 8 prompts 39,223 / 39,295 -> 39,766 / 39,926 (+1.5%), 64 prompts 38,349 -> 38,231 (-0.3%). Before the fold:
     128@8 alone (the 8-row gated form at 141 registers, 3 -> 4 programs an SM) 64 streams 5,103 -> 5,131; every
     launch capped (the 16- and 32-row forms spill 104-136 bytes) 4,921, and pp512 20,847 -> 20,252.
-    dense (wg_gemv's launches): default 96@8,128@16 (sm_90: its 32-row form, a 64-stream decode's, 125 registers
-    uncapped, 4 programs an SM, and 150 under a 168 cap); the env sets both."""
-    name = "DELTASERVE_WGMMA_MAXNREG"
-    for value in os.environ.get(name, WG_GEMV_MAXNREG_DEFAULT if dense else WG_MAXNREG_DEFAULT).split(","):
-        cap = _value_at_rows(name, value.strip(), "CAP", 24, 255, tile_rows)
-        if cap is not None:
-            return {"maxnreg": cap}
-    return {}
+    dense (wg_gemv's launches): WG_GEMV_MAXNREG (sm_90: its 32-row form, a 64-stream decode's, 125 registers
+    uncapped, 4 programs an SM, and 150 under a 168 cap)."""
+    cap = _at_rows(WG_GEMV_MAXNREG if dense else WG_MAXNREG, tile_rows)
+    return {} if cap is None else {"maxnreg": cap}
 
 
 def wg_moe_stages(tile_rows: int) -> int:
     """Shared-memory slots of the MoE block's launches of this kernel with tiles of tile_rows rows of x (never a
     bit): 5 for 8-row tiles (a 64-stream decode), else WG_STAGES. At 64 streams ncu found the gated form moving 2.9
     TB/s from DRAM with two groups in flight a program, 4 programs an SM; H200, tg64 @ d512 in one call
-    (bench/NOTES.md): 3 slots 5,174 / 5,172, 5 slots 5,190, 8 slots 4,965 tok/s; with wg_gemv's conv in its
-    epilogue 5,171 -> 5,210. Env DELTASERVE_MOE_WGMMA_STAGES=NS (every tile width) or NS@ROWS (tiles of at most
-    ROWS rows; 0: WG_STAGES everywhere), for A/B. Slots of one group: with two groups a step (wg_step_groups) the
+    (lab/NOTES.md): 3 slots 5,174 / 5,172, 5 slots 5,190, 8 slots 4,965 tok/s; with wg_gemv's conv in its
+    epilogue 5,171 -> 5,210 (WG_MOE_STAGES). Slots of one group: with two groups a step (wg_step_groups) the
     kernel keeps the same groups in flight in fewer, wider slots (_wg_slots: 5 -> 3); there, in one call, 3 / 5 / 7
     such slots gave 5,506 / 5,778 / 5,721 tok/s."""
-    ns = env_value_at_rows("DELTASERVE_MOE_WGMMA_STAGES", "5@8", "NS", 2, 16, tile_rows)
+    ns = _at_rows(WG_MOE_STAGES, tile_rows)
     return WG_STAGES if ns is None else ns
 
 
 def wg_moe_down_stages(tile_rows: int) -> int:
     """Shared-memory slots (of one group) of the MoE block's down launch with tiles of tile_rows rows (never a bit):
-    wg_moe_stages' unless env DELTASERVE_MOE_WGMMA_DOWN_STAGES=NS or NS@ROWS says otherwise (for A/B). Down's K is
+    wg_moe_stages'. Down's K is
     the experts' width (512 at 35B-A3B: 8 groups), so a program's copies are in flight for a short time; ncu at 64
-    streams (bench/NOTES.md): down 53.2 us at 55% of DRAM's throughput, the gated launch 77.5 at 73%. More slots
+    streams (lab/NOTES.md): down 53.2 us at 55% of DRAM's throughput, the gated launch 77.5 at 73%. More slots
     for down were slower, in one call at 64 streams: 5 (the gated launch's) 5,914, 7 5,847, 9 (all of K in
     flight) 5,587 / 5,587 tok/s."""
-    ns = env_value_at_rows("DELTASERVE_MOE_WGMMA_DOWN_STAGES", "", "NS", 2, 16, tile_rows)
-    return wg_moe_stages(tile_rows) if ns is None else ns
+    return wg_moe_stages(tile_rows)
 
 
 def wg_tile_rows(m: int) -> int:
     """Sorted rows of x per program for a block of m rows: 32 from WG_WIDEST_ROWS rows, WG_TILE_ROWS from
     WG_WIDE_ROWS, else 8 (a few rows per expert: H200 probe at 64 tokens, before the tail-tile skip, gated 139.5 us
     with 8-row tiles against 174.5 with 16 and 150.7 on mma.sync; down 94.2 / 108.2 / 110.8). At the current
-    launch defaults (CUDA-graph probe, bench/NOTES.md), gated / down: 512 tokens (4,608 rows, ~16 a routed expert)
+    launch defaults (CUDA-graph probe, lab/NOTES.md), gated / down: 512 tokens (4,608 rows, ~16 a routed expert)
     8 rows 200.7 / 117.0 us, 16 161.3 / 103.1, 32 185.8 / 108.8; 4,096 tokens (36,864 rows, ~128 an expert) 1,273.6
     / 765.7, 912.2 / 600.3, 810.2 / 514.9; 16 against 32 rows at 1,024 tokens (9,216 rows) 273.3 / 172.1 against
     269.4 / 163.4, at 2,048 481.4 / 310.7 against 447.3 / 276.6; in the model 8 prompts of 512 (36,864 rows a
-    forward) 36,259 -> 38,893 tok/s, 64 prompts 34,961 -> 38,087. Never a row's bits. Env
-    DELTASERVE_MOE_WGMMA_ROWS32 (rows from which tiles of 32; 0: never), for A/B."""
-    widest = env_int("DELTASERVE_MOE_WGMMA_ROWS32", WG_WIDEST_ROWS, 0)
-    if widest and m >= widest:
+    forward) 36,259 -> 38,893 tok/s, 64 prompts 34,961 -> 38,087. Never a row's bits."""
+    if m >= WG_WIDEST_ROWS:
         return 32
     return WG_TILE_ROWS if m >= WG_WIDE_ROWS else 8
 
@@ -142,10 +122,9 @@ def wg_partial_major() -> bool:
     """Whether the kernel takes a K split's groups partial sum by partial sum (warp w's groups w, w + W, ... in turn,
     one partial sum updated at a time) instead of in K order; each partial sum adds its groups in the same order, so
     the same bits. sm_90: the gated form at 16-row tiles 255 -> 165 registers (3 programs an SM instead of 2), 8-row
-    tiles 167 -> 141. The default: H200, pp512 @ d0 in one call (bench/NOTES.md), B=1 19,912 (group) -> 20,498
-    tok/s, 8 prompts 27,776 -> 28,843; the GPU tests compare both orders with the mma.sync kernel bit for bit. Env
-    DELTASERVE_WGMMA_ORDER=partial|group, for A/B."""
-    return env_choice("DELTASERVE_WGMMA_ORDER", "partial", ("group", "partial")) == "partial"
+    tiles 167 -> 141. The default: H200, pp512 @ d0 in one call (lab/NOTES.md), B=1 19,912 (group) -> 20,498
+    tok/s, 8 prompts 27,776 -> 28,843; the GPU tests compare both orders with the mma.sync kernel bit for bit."""
+    return True
 
 
 def wg_fold_pair() -> bool:
@@ -156,56 +135,47 @@ def wg_fold_pair() -> bool:
     tiles 124 / 167 / 255 (+16 bytes of stack) -> 116 / 163 / 252 registers, wg_gemv at 32-row tiles 164 -> 125; what
     it buys is the register caps it lets through without spills in the loops (wg_maxnreg). H200, graph probe: the
     gated launch at 512 tokens 163.6 -> 160.3 us alone, 147.3 with the 128 cap; at 4,096 (32-row tiles) 807.3 ->
-    797.4. Env DELTASERVE_WGMMA_FOLD=1 (the default) | 0, for A/B."""
-    return env_choice("DELTASERVE_WGMMA_FOLD", "1", ("0", "1")) == "1"
+    797.4."""
+    return True
 
 
 def wg_split_wait() -> bool:
     """Whether the gated launch's step waits for gate's MMAs alone first and makes gate's FMAs while up's MMAs run,
-    then waits for up's (instead of one wait for both): the same FMAs in the same order, so never a bit. Env
-    DELTASERVE_WGMMA_SPLIT_WAIT=1 | 0 (the default), for A/B."""
-    return env_choice("DELTASERVE_WGMMA_SPLIT_WAIT", "0", ("0", "1")) == "1"
+    then waits for up's (instead of one wait for both): the same FMAs in the same order, so never a bit. An
+    experiment (utils/tuning.py DELTASERVE_WGMMA_SPLIT_WAIT, off): the gated launch at 512 tokens 149.1 -> 147.7 us
+    in a probe (lab/NOTES.md), not yet measured in the model."""
+    return tuning.get("DELTASERVE_WGMMA_SPLIT_WAIT")
 
 
 def wg_xs_smem() -> bool:
     """Whether the kernel's launches with x's group sums given stage a tile's sums of every group in shared memory
     once (with the first group's copies) instead of loading them from global memory each step (BN / 4 loads a
     thread, each with its 64-bit address: sm_90 SASS of the 32-row dense form, 8 LDG and ~16 address instructions of
-    a step's 209). The same values, so never a bit. The default: H200 (bench/NOTES.md), the in_proj at 64 rows
-    25.6 -> 21.0 us, the lm_head 476 -> 392; 64 streams 5,208 -> 5,306 tok/s, with wg_slot_carry 5,421. Env
-    DELTASERVE_WGMMA_XS=smem (the default) | load, for A/B."""
-    return env_choice("DELTASERVE_WGMMA_XS", "smem", ("load", "smem")) == "smem"
+    a step's 209). The same values, so never a bit. The default: H200 (lab/NOTES.md), the in_proj at 64 rows
+    25.6 -> 21.0 us, the lm_head 476 -> 392; 64 streams 5,208 -> 5,306 tok/s, with wg_slot_carry 5,421."""
+    return True
 
 
 def wg_slot_carry() -> bool:
     """Whether the kernel carries a step's shared-memory slot (and the one it refills) from step to step instead of
     computing step % NS and (step + NS - 1) % NS: at NS = 3 each is a multiply-shift division, ~18 uniform
     instructions of a step's ~170 (sm_90 SASS of the 32-row dense form). The same slots, so never a bit. The
-    default: H200, 64 streams with the staged sums 5,306 -> 5,421 tok/s (bench/NOTES.md). Env
-    DELTASERVE_WGMMA_SLOTS=carry (the default) | mod, for A/B."""
-    return env_choice("DELTASERVE_WGMMA_SLOTS", "carry", ("mod", "carry")) == "carry"
+    default: H200, 64 streams with the staged sums 5,306 -> 5,421 tok/s (lab/NOTES.md)."""
+    return True
 
 
 def wg_step_groups(tile_rows: int, groups: int, warps: int, dense: bool = False, down: bool = False) -> int:
     """Groups of 64 columns a loop step of the kernel takes for tiles of tile_rows rows of x over `groups` groups
     with the K split `warps` (never a bit: each group's MMAs and FMAs are the same, in the same order; only the
     copies' grouping and the barriers per group change): 1 or 2, where it divides the groups of a K split's run
-    (groups // warps), else 1. Env N (every tile width) or N@ROWS (tiles of at most ROWS rows; 0: 1), one per
-    launch: the MoE's gated gate/up DELTASERVE_MOE_WGMMA_GROUPS (default 2), its down (down=True, the plain or
-    scaled launch) DELTASERVE_MOE_WGMMA_DOWN_GROUPS (default 1), wg_gemv (dense=True) DELTASERVE_WG_GEMV_GROUPS
-    (default 2). sm_90 SASS at 2: the 8-row gated MoE step 166 -> ~145 instructions a group, the 32-row dense
-    step 153 -> ~127, one barrier set per two groups. H200 (bench/NOTES.md): 64 streams
+    (groups // warps), else 1, one per launch: the MoE's gated gate/up WG_MOE_STEP_GROUPS, its down (down=True, the
+    plain or scaled launch) WG_MOE_DOWN_STEP_GROUPS, wg_gemv (dense=True) WG_GEMV_STEP_GROUPS. sm_90 SASS at 2: the 8-row gated MoE step 166 -> ~145 instructions a group, the 32-row dense
+    step 153 -> ~127, one barrier set per two groups. H200 (lab/NOTES.md): 64 streams
     tg64 @ d512 5,624 / 5,636 (1) -> 5,773 / 5,770 (2 everywhere), 5,732 (2 for 8-row tiles only); at a prefill's
     16-row tiles (CUDA-graph probe, 512 / 4,096 tokens) the gated launch 175.2 -> 161.6 / 987.0 -> 910.3 us with
     2, down 113.9 -> 126.6 / 679.8 -> 826.6, hence one switch a launch; down with two row sets (wg_row_sets) at a
     64-stream decode's 8-row tiles 48.3 us with 2, 45.5 with 1, and in the model 5,983 / 6,017 tok/s."""
-    if dense:
-        name, default = "DELTASERVE_WG_GEMV_GROUPS", "2"
-    elif down:
-        name, default = "DELTASERVE_MOE_WGMMA_DOWN_GROUPS", ""
-    else:
-        name, default = "DELTASERVE_MOE_WGMMA_GROUPS", "2"
-    gs = env_value_at_rows(name, default, "N", 1, 2, tile_rows) or 1
+    gs = WG_GEMV_STEP_GROUPS if dense else WG_MOE_DOWN_STEP_GROUPS if down else WG_MOE_STEP_GROUPS
     return gs if (groups // warps) % gs == 0 else 1
 
 
@@ -214,13 +184,12 @@ def wg_row_sets(tile_rows: int) -> int:
     tile_rows rows of x (never a bit: each set's MMAs and FMAs are a program's own, side by side against one copy of
     x): 1 or 2. At 2 a program reads x once per 128 weight rows instead of 64, and its tile lookup, x copies and
     barriers serve both sets (sm_90: 116 registers against 79 at 16-row tiles). A prefill's down at 512 tokens
-    (Nsight Compute, bench/NOTES.md) had 16 KB of weights a program beside 16 KB of x, 13,312 programs of 8 groups.
+    (Nsight Compute, lab/NOTES.md) had 16 KB of weights a program beside 16 KB of x, 13,312 programs of 8 groups.
     H200, CUDA-graph probe: down at 512 tokens 111.1 -> 100.2 us, at 4,096 682.5 -> 599.2, at a 64-stream decode's
     8-row tiles 58.8 -> 48.3 (two groups a step) / 54.1 -> 45.5 (one); pp512 B=1 with gated GS 2 24,132 / 24,158 ->
     24,110 / 24,529 tok/s, 8 prompts 34,885 -> 36,211; 64 streams tg64 @ d512 5,854 / 5,854 -> 5,984 / 5,983 (one
-    group a step: 6,018 / 6,017, the default with it, wg_step_groups). Env DELTASERVE_MOE_WGMMA_DOWN_SETS=N or
-    N@ROWS (default 2; 0: 1), for A/B; weights of N % 128 != 0 take 1."""
-    return env_value_at_rows("DELTASERVE_MOE_WGMMA_DOWN_SETS", "2", "N", 1, 2, tile_rows) or 1
+    group a step: 6,018 / 6,017, the default with it, wg_step_groups); weights of N % 128 != 0 take 1."""
+    return WG_DOWN_ROW_SETS
 
 
 def _wg_slots(stages: int, groups: int, gs: int) -> int:
@@ -880,7 +849,7 @@ def wg_ksplit_fits(warps: int, ks: int) -> bool:
     return ks in (1, 2, 4, 8) and warps % ks == 0 and warps // ks <= 4
 
 
-WG_GEMV_KSPLIT = "1,8"  # programs a row block for the K splits of 4 (K 1024 - 2048) and 8 (K = 4096) warps
+WG_GEMV_KSPLIT = (1, 8)  # programs a row block for the K splits of 4 (K 1024 - 2048) and 8 (K = 4096) warps
 WG_GEMV_KSPLIT_MAX_BLOCKS = 4096  # row blocks of 16 from which a weight is split no further than it must be
 
 
@@ -888,23 +857,15 @@ def wg_gemv_ksplit(warps: int, row_blocks: int = 0) -> int:
     """Programs over which wg_gemv splits a row block's K for a weight whose mma_gemv K split is `warps` (never a
     bit: program j adds the partial sums j, j + KS, ... as the mma.sync kernel's warps do, the last arrival adds
     the KS sums in its butterfly's order): 1, 2, 4 or 8, at most `warps`, and at least warps / 4 (a program holds
-    up to four partial sums). Env DELTASERVE_WG_GEMV_KSPLIT=A,B: A for 4 warps (and fewer, capped at their
-    count), B for 8 (the 2048 x 4096 out projections; 0: those stay on mma_gemv, wg_dense_fits); default 1,8.
-    H200 (graph probe, bench/NOTES.md): the out projection at 64 / 32 rows on mma.sync 16.5 / 11.3 us, here over
+    up to four partial sums). WG_GEMV_KSPLIT = (A, B): A for 4 warps (and fewer, capped at their count), B for 8
+    (the 2048 x 4096 out projections; 0: those stay on mma_gemv, wg_dense_fits).
+    H200 (graph probe, lab/NOTES.md): the out projection at 64 / 32 rows on mma.sync 16.5 / 11.3 us, here over
     2 / 4 / 8 programs 18.6 / 14.9 / 13.8 and 13.8 / 9.9 / 7.8; the in_proj at 64 rows 24.3 (1), 21.8 (2), 24.7 (4),
     at 32 rows 15.9 / 16.9 / 17.5; in the model, 64 streams tg64 @ d512 6,126 / 6,118 (1,0) -> 6,173 (1,4), 6,180
     (1,8), 6,110 (2,4: the in_proj's split loses there).
     Weights of row_blocks >= 4096 (the lm_head: thousands of programs already, and a scratch of M x 248,320 fp32
     a split) take the fewest programs their K split allows."""
-    name = "DELTASERVE_WG_GEMV_KSPLIT"
-    value = os.environ.get(name, WG_GEMV_KSPLIT)
-    try:
-        four, eight = (int(v) for v in value.split(","))
-    except ValueError:
-        raise ValueError(f"{name} must be two split counts A,B (for 4 and 8 warps), found {value!r}") from None
-    if four not in (1, 2, 4, 8) or eight not in (0, 2, 4, 8):
-        raise ValueError(f"{name}: split counts 1, 2, 4 or 8 for 4 warps, and 2, 4 or 8 for 8 (4 partial sums a "
-                         f"program at most; 0: mma_gemv), found {value!r}")
+    four, eight = WG_GEMV_KSPLIT
     if row_blocks >= WG_GEMV_KSPLIT_MAX_BLOCKS:
         return max(warps // 4, 1)
     return min(eight if warps >= 8 else four, warps)

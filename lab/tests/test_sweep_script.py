@@ -1,0 +1,192 @@
+"""lab/sweep_decode_kernels.py: its checking half, on CPU. The dry run (a child under TRITON_INTERPRET=1, tiny
+shapes, the --quick grid at T = 2) must check every configuration of both grids and pass them all, while the
+deliberately corrupted --canary configuration must be flagged; the judging helper is unit-tested on hand-made
+outputs (wrong values, NaN, a batch-dependent row, 1-ulp differences). MoeLaunch's validation is tested too."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "lab" / "sweep_decode_kernels.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("sweep_decode_kernels", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # module level imports torch only (triton comes in the sections)
+    return mod
+
+
+sweep = _load()
+
+
+def _ref(t=2, n=64):
+    torch.manual_seed(0)
+    ref = torch.randn(t, n, dtype=torch.float64)
+    return ref, ref.bfloat16()
+
+
+def test_judge_accepts_correct_output():
+    ref, y = _ref()
+    v = sweep.judge(y, ref, y.clone(), {0: y[:1].clone(), 1: y[1:].clone()}, 8 * sweep.EPS, 2 * sweep.EPS)
+    assert v["ok"] and v["same_bits"] and v["batch_invariant"] and v["err_base"] == 0.0
+
+
+def test_judge_flags_a_wrong_value():
+    ref, y = _ref()
+    bad = y.clone()
+    bad[1, 5] += 0.25 * ref.abs().max().item()
+    v = sweep.judge(bad, ref, y, {}, 8 * sweep.EPS, 2 * sweep.EPS)
+    assert not v["ok"] and v["err_ref"] > 8 * sweep.EPS and not v["same_bits"]
+
+
+def test_judge_flags_nan_poison():
+    ref, y = _ref()
+    bad = y.clone()
+    bad[0, 0] = float("nan")
+    v = sweep.judge(bad, ref, y, {}, 8 * sweep.EPS, 2 * sweep.EPS)
+    assert not v["ok"] and v["err_ref"] == float("inf")
+
+
+def test_judge_flags_batch_dependence_even_within_tolerance():
+    ref, y = _ref()
+    alone = y[1:].clone()
+    alone.view(torch.int16)[0, 3] += 1  # the next bf16 value: 1 ulp off, far inside every tolerance
+    v = sweep.judge(y, ref, y, {0: y[:1].clone(), 1: alone}, 8 * sweep.EPS, 2 * sweep.EPS)
+    assert not v["batch_invariant"] and not v["ok"]
+
+
+def test_judge_one_ulp_from_default_is_close_not_identical():
+    ref, y = _ref()
+    other = y.clone()
+    other[0, 0] = (other[0, 0].float() * (1 + sweep.EPS)).bfloat16()
+    v = sweep.judge(other, ref, y, {}, 8 * sweep.EPS, 2 * sweep.EPS)
+    assert v["ok"] and not v["same_bits"]
+
+
+def test_grids_start_with_the_default_and_bits_expectation():
+    moe = sweep.moe_grid(True, 8, 8)
+    assert moe[0] == dict(gu=(4, 2, "row"), dn=(8, 2, None), cb=(256, 4), topk="split", inline=True,
+                          regs=(None, None))
+    assert len({sweep.moe_label(c) for c in moe}) == len(moe)  # labels identify configurations
+    assert len(sweep.moe_grid(False, 8, 8)) > len(moe)
+
+    def cg_of(bn, cg):  # K = 2048, group 64: chunk_groups gives 4096 codes per chunk, "row" the whole K
+        return {"row": 32, "half": 16}.get(cg, cg) or min(32, 4096 // (bn * 64))
+
+    base = moe[0]
+    assert sweep.moe_bits_expected(base, cg_of, cg_of)
+    assert sweep.moe_bits_expected({**base, "gu": (16, 4, 32)}, cg_of, cg_of)  # CG held (32 = the row): shape only
+    assert sweep.moe_bits_expected({**base, "dn": (8, 8, None)}, cg_of, cg_of)  # warps only
+    assert not sweep.moe_bits_expected({**base, "gu": (8, 4, None)}, cg_of, cg_of)  # chunked: regrouped
+    assert not sweep.moe_bits_expected({**base, "dn": (16, 2, None)}, cg_of, cg_of)  # CG follows BN: regrouped
+    assert sweep.moe_bits_expected({**base, "dn": (16, 2, None)}, cg_of, lambda bn, cg: 1)  # ... unless it cannot
+    assert not sweep.moe_bits_expected({**base, "inline": False}, cg_of, cg_of)
+    gemv = sweep.gemv_grid(True)
+    assert gemv[0] == dict(bn=None, warps=None, inline=None)  # the library's default_config
+
+
+def test_moe_launch_defaults_and_validation():
+    m2 = pytest.importorskip("deltaserve.kernels.moe.triton_moe_gemv")
+    d = m2.MoeLaunch()
+    assert (d.gate_up_bn, d.down_bn, d.combine_bc) == (m2.GATE_UP_BN, m2.BN, m2.BC)
+    assert (d.gate_up_warps, d.down_warps, d.combine_warps, d.gate_up_cg, d.down_cg) == (4, 2, 4, None, None)
+    assert d.gate_up_row_run
+    for bad in (dict(gate_up_bn=12), dict(down_warps=0), dict(combine_bc=100), dict(down_cg=3),
+                dict(gate_up_maxnreg=100), dict(down_maxnreg=16)):
+        with pytest.raises(ValueError):
+            m2.MoeLaunch(**bad)
+
+
+@pytest.mark.slow
+def test_dry_run_checks_every_configuration(tmp_path):
+    pytest.importorskip("triton")
+    out = tmp_path / "sweep.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("OUT", None)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--quick", "--canary", "--ts", "2",
+                           "--out", str(out)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          check=False)
+    tail = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 1, f"the canary must make the run fail (rc {proc.returncode}):\n{tail}"
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    moe = [r for r in recs if r["kernel"] == "moe_decode_v2"]
+    gemv = [r for r in recs if r["kernel"] == "affine_gemv"]
+    n_moe = len(sweep.moe_grid(True, 1, 1)) + 1  # + the canary
+    assert len(moe) == n_moe and len(gemv) == len(sweep.gemv_grid(True)) * len(sweep.TINY["gemv"]), tail
+    assert not [r for r in recs if r.get("skipped") or r.get("error")], tail
+    canary = [r for r in moe if "CANARY" in r["config"]]
+    assert len(canary) == 1 and canary[0]["ok"] is False and canary[0]["err_ref"] > 0.1, canary
+    failing = [r["config"] for r in recs if r["ok"] is not True and r not in canary]
+    assert not failing, f"configurations failing their checks: {failing}\n{tail}"
+    assert all(r["batch_invariant"] for r in recs if r not in canary)
+    # the default configuration is the base of the comparison: it equals itself bit for bit
+    assert moe[0]["same_bits"] and gemv[0]["same_bits"]
+
+
+def test_row_run_defaults_and_timing_switches(monkeypatch):
+    """Packed decoder GEMVs default to row runs of 4 rows over the whole K; DELTASERVE_GEMV_ROWRUN=0 gives the
+    chunked shapes back (in-model A/Bs), DELTASERVE_MOE_LAUNCH sets the MoE shapes, DELTASERVE_ROUTER_LAUNCH the
+    router's; bad values name the variable."""
+    torch = pytest.importorskip("torch")
+    tg = pytest.importorskip("deltaserve.kernels.quant.triton_gemv")
+    m2 = pytest.importorskip("deltaserve.kernels.moe.triton_moe_gemv")
+
+    def spec(n, k, bits=4):
+        w = torch.zeros(n, k * bits // 32, dtype=torch.int32)
+        s = torch.zeros(n, k // 64, dtype=torch.bfloat16)
+        return tg.gemv_spec(w, s, s, bits, 64, "w")
+
+    monkeypatch.delenv("DELTASERVE_GEMV_ROWRUN", raising=False)
+    assert tg.default_config(spec(12352, 2048)) == (4, 32, 2)  # 256 words per row: 2 warps x 32 x 4 words
+    assert tg.default_config(spec(2048, 4096)) == (4, 64, 4)
+    assert tg.default_config(spec(512, 2048, bits=8)) == (4, 32, 4)  # q8: 512 words per row, 4 warps, all 32 groups
+    assert tg.row_run_config(spec(64, 512), 4) is None  # 64 words per row: too short for a row run
+    monkeypatch.setenv("DELTASERVE_GEMV_ROWRUN", "0")
+    assert tg.default_config(spec(12352, 2048)) == (8, 8, 4) and tg.default_config(spec(2048, 4096)) == (4, 16, 2)
+    monkeypatch.setenv("DELTASERVE_GEMV_ROWRUN", "3")
+    with pytest.raises(ValueError, match="DELTASERVE_GEMV_ROWRUN"):
+        tg.default_config(spec(12352, 2048))
+    monkeypatch.setenv("DELTASERVE_MOE_LAUNCH", "8,4,0/16,1,8")
+    got = m2._env_launch()
+    assert (got.gate_up_bn, got.gate_up_warps, got.gate_up_cg, got.gate_up_row_run) == (8, 4, None, False)
+    assert (got.down_bn, got.down_warps, got.down_cg) == (16, 1, 8)
+    monkeypatch.setenv("DELTASERVE_MOE_LAUNCH", "8,4")
+    with pytest.raises(ValueError, match="DELTASERVE_MOE_LAUNCH"):
+        m2._env_launch()
+    md = pytest.importorskip("deltaserve.kernels.moe.triton_decode")
+    monkeypatch.delenv("DELTASERVE_ROUTER_LAUNCH", raising=False)
+    assert md.router_launch(md.DEFAULT_CONFIG["router"]) == (4, 4)
+    monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", "2,4")
+    assert md.router_launch(md.DEFAULT_CONFIG["router"]) == (2, 4)
+    assert md.merged_config(None)["router"] == (2, 4)  # the switch replaces the default shape ...
+    assert md.merged_config({"router": (8, 4)})["router"] == (8, 4)  # ... never an explicit configuration
+    for bad in ("3,4", "2", "2,x"):
+        monkeypatch.setenv("DELTASERVE_ROUTER_LAUNCH", bad)
+        with pytest.raises(ValueError, match="DELTASERVE_ROUTER_LAUNCH"):
+            md.router_launch((4, 4))
+    monkeypatch.delenv("DELTASERVE_ROUTER_ROWS_MIN", raising=False)
+    assert md.router_rows_min() == 128  # the many-token router from a prefill's worth of tokens (lab/NOTES.md)
+    monkeypatch.setenv("DELTASERVE_ROUTER_ROWS_MIN", "0")
+    assert md.router_rows_min() > 1 << 40  # off: no token count reaches it
+    monkeypatch.setenv("DELTASERVE_ROUTER_ROWS_MIN", "-4")
+    with pytest.raises(ValueError, match="DELTASERVE_ROUTER_ROWS_MIN"):
+        md.router_rows_min()
+    monkeypatch.delenv("DELTASERVE_ROUTER_ROWS_MIN")
+    monkeypatch.delenv("DELTASERVE_TOPK_SELECT", raising=False)
+    assert md.topk_select() == "best"  # the default (H200 A/B in lab/NOTES.md)
+    for value in md.TOPK_SELECTS:
+        monkeypatch.setenv("DELTASERVE_TOPK_SELECT", value)
+        assert md.topk_select() == value
+    monkeypatch.setenv("DELTASERVE_TOPK_SELECT", "sort")
+    with pytest.raises(ValueError, match="DELTASERVE_TOPK_SELECT='sort': expected one of rounds, bitonic, best"):
+        md.topk_select()
