@@ -1,4 +1,4 @@
-"""The `deltaserve` command: run | make-checkpoint | info | quantize | export-gguf | bench.
+"""The `deltaserve` command: run | serve | make-checkpoint | info | quantize | export-gguf | bench | bench-serve.
 
 Every command imports what it needs inside its function, so `deltaserve --help` is instant and a missing optional
 piece only affects its own command. Errors a person can fix (bad directory, bad config, bad value) print one line
@@ -235,6 +235,27 @@ def repl(llm, params, chat: bool, thinking: bool, images: list | None = None) ->
         history.append({"role": "assistant", "content": reply})
 
 
+# ---- serve ---------------------------------------------------------------------------------------------------------
+def cmd_serve(args) -> int:
+    from .server.launch import serve
+
+    if args.preset and args.model:
+        raise CLIError("--preset builds random weights; it cannot be combined with --model")
+    set_threads(args.threads, builtin=not args.model and not args.preset)
+    model_dir = None
+    if not args.preset:
+        model_dir = Path(args.model) if args.model else ensure_default_checkpoint()
+        if not model_dir.is_dir():
+            raise CLIError(f"--model {model_dir}: not a directory")
+    return serve(args, model_dir)
+
+
+def cmd_bench_serve(args) -> int:
+    from .bench.serve import main as bench_serve_main
+
+    return int(bench_serve_main(args.bench_args) or 0)
+
+
 # ---- checkpoints -----------------------------------------------------------------------------------------------------
 def cmd_make_checkpoint(args) -> int:
     from .synthetic import PRESETS
@@ -392,9 +413,20 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--quiet", action="store_true", help="no progress bar")
     ex.set_defaults(func=cmd_export_gguf)
 
+    srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat page at /)",
+                         description="Serve the model over an OpenAI-compatible HTTP API (docs/server.md). Without "
+                         "--model, the built-in tiny synthetic checkpoint (random weights).")
+    from .server.args import add_serve_arguments
+
+    add_serve_arguments(srv)
+    srv.set_defaults(func=cmd_serve)
+
     # Listed for --help only: main() hands everything after `bench` to deltaserve.bench.main untouched.
     bench = sub.add_parser("bench", help="GPU benchmarks (needs the GPU benchmark module)", add_help=False)
     bench.set_defaults(func=cmd_bench)
+    bs = sub.add_parser("bench-serve", help="load generator for OpenAI-compatible servers (deltaserve, llama-server)",
+                        add_help=False)
+    bs.set_defaults(func=cmd_bench_serve)
     return p
 
 
@@ -403,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if argv and argv[0] == "bench":  # everything after `bench` belongs to deltaserve.bench.main
         args = argparse.Namespace(func=cmd_bench, bench_args=argv[1:])
+    elif argv and argv[0] == "bench-serve":  # and after `bench-serve` to deltaserve.bench.serve
+        args = argparse.Namespace(func=cmd_bench_serve, bench_args=argv[1:])
     else:
         args = parser.parse_args(argv)
     try:
