@@ -3,7 +3,9 @@ device as `deltaserve bench` does), wrap it in the async engine, and run the app
 
 from __future__ import annotations
 
+import atexit
 import logging
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -41,6 +43,7 @@ def load_engine(args, model_dir: Path | None) -> tuple[LLM, Path, str]:
     from ..synthetic.presets import get_preset
 
     files = Path(tempfile.mkdtemp(prefix=f"deltaserve-{args.preset}-"))
+    atexit.register(shutil.rmtree, files, True)
     make_checkpoint(files, args.preset, config_only=True, progress=False)  # config + the synthetic tokenizer
     config = ModelConfig.from_dict(get_preset(args.preset).config)
     logger.info("building %s (%s, random weights) on %s", args.preset, args.quant, device)
