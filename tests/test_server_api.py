@@ -23,6 +23,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nMünchen\n</parameter>\n<parameter=days>\n3\n"
         "</parameter>\n<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>")
 ARGS = {"city": "München", "days": 3, "metric": True}
+PING = {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}
+PING_CALL = "<tool_call>\n<function=ping>\n</function>\n</tool_call>"
 
 
 @pytest.fixture(scope="module")
@@ -173,12 +175,13 @@ def test_reasoning_and_a_tool_call_streamed_and_not(served, client):
 
 
 def test_text_around_calls_and_tool_choice_none(served, client):
-    served.force("Let me look.\n\n" + CALL + "\n" + CALL)
-    kw = dict(messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER], temperature=0,
+    served.force("Let me look.\n\n" + CALL + "\n" + PING_CALL)
+    kw = dict(messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER, PING], temperature=0,
               extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     r = client.chat.completions.create(model=MODEL_NAME, **kw)
     assert r.choices[0].message.content == "Let me look."
-    assert [json.loads(c.function.arguments) for c in r.choices[0].message.tool_calls] == [ARGS, ARGS]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls] == [
+        ("get_weather", ARGS), ("ping", {})]
     s = stream_chat(client, **kw)
     assert sorted(s["calls"]) == [0, 1] and s["content"] == "Let me look."
     r = client.chat.completions.create(model=MODEL_NAME, tool_choice="none", **kw)

@@ -23,7 +23,6 @@ import asyncio
 import json
 import math
 import random
-import statistics
 import subprocess
 import sys
 import time

@@ -16,7 +16,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from .chat import create_chat_completion, render_prompt, resolve_tools
 from .completions import create_completion
 from .errors import APIError, install_handlers, parse_model, read_body
-from .metrics import CONTENT_TYPE_LATEST
 from .protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
 from .serving import ServerState
 
@@ -89,7 +88,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+        return Response(state.metrics.exposition(), media_type=state.metrics.content_type)
 
     @app.get("/", response_class=HTMLResponse)
     async def index():

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401 (re-exported for the route)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..engine.async_engine import EngineStats
 from ..engine.outputs import RequestOutput
@@ -57,6 +56,8 @@ class ServerMetrics:
         self._submitted: dict[str, float] = {}  # engine thread only, like everything below
         self._last_token: dict[str, float] = {}
 
+    content_type = CONTENT_TYPE_LATEST
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -70,12 +71,13 @@ class ServerMetrics:
         self.waiting.set(stats.waiting)
         self.kv_usage.set(stats.kv_blocks_used / max(stats.kv_blocks_total, 1))
         self.slot_usage.set(stats.state_slots_used / max(stats.state_slots_total, 1))
+        generated = 0
         for out in outputs:
             rid = out.request_id
             submitted = self._submitted.get(rid, now)
             n = len(out.new_token_ids)
             if n:
-                self.generation_tokens.inc(n)
+                generated += n
                 last = self._last_token.get(rid)
                 if last is None:
                     self.ttft.observe(now - submitted)
@@ -90,6 +92,8 @@ class ServerMetrics:
                 self.req_prompt.observe(len(out.prompt_token_ids))
                 self.req_generation.observe(len(out.token_ids))
                 self._forget(rid)
+        if generated:
+            self.generation_tokens.inc(generated)
 
     def on_abort(self, request_id: str) -> None:
         self.aborted.inc()
