@@ -31,7 +31,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="attention K/V cache: auto = the activation dtype, fp8 = e4m3 with a scale per token and head")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (default: graphs on CUDA)")
     p.add_argument("--dtype", default="auto",
-                   help="float32 | bfloat16 | float16 | auto (auto: float32 on CPU, the checkpoint's on CUDA)")
+                   help="auto | float32 | bfloat16 | float16 (default auto: bfloat16 on CUDA, float32 on the CPU)")
     p.add_argument("--device", default="auto", help="cpu | cuda | auto (default: cuda when there is one)")
     p.add_argument("--decode-gemv", default="auto", choices=["auto", "mma", "cuda", "wide", "head"],
                    help="decode GEMV mode of q4 linears (default auto: from --max-num-seqs)")

@@ -29,13 +29,12 @@ def resolve_device(device: str) -> str:
 def load_engine(args, model_dir: Path | None) -> tuple[LLM, Path, str]:
     """The LLM (engine + tokenizer), the directory its tokenizer files came from, and its default served name."""
     device = resolve_device(args.device)
-    dtype = "float32" if args.dtype == "auto" and device == "cpu" else args.dtype
     engine_kw = dict(max_num_seqs=args.max_num_seqs, block_size=args.block_size, max_model_len=args.max_model_len,
                      max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed,
                      cuda_graphs=False if args.enforce_eager else None, kv_cache_dtype=args.kv_cache_dtype,
                      decode_gemv=args.decode_gemv)
     if args.preset is None:
-        llm = LLM(model_dir, device=device, dtype=dtype, **engine_kw)
+        llm = LLM(model_dir, device=device, dtype=args.dtype, **engine_kw)
         return llm, model_dir, model_dir.name
     from ..bench.random_model import build_random_model
     from ..model import ModelConfig
