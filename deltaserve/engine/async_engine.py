@@ -125,8 +125,8 @@ class AsyncLLMEngine:
 
     # ---- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> "AsyncLLMEngine":
+        self._publish_stats()  # before the engine thread owns the engine
         self._thread.start()
-        self._publish_stats()
         return self
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
