@@ -4,7 +4,8 @@ a model wrapper that forces a reply's text (a tiny random model never writes a t
 ForcedTextModel runs the real model (so the caches and the engine path are the real ones) and then, while `script`
 is set, replaces each sampled row's logits so that output token j of every request is script[j] (then <|im_end|>).
 It tells requests apart by their DeltaNet state slot: a sequence whose context starts at 0 is a new request in that
-slot, and its first sampled position marks where its output begins.
+slot, and its first sampled position marks where its output begins. A prefix-cache hit starts a request past 0, so
+a forcing server runs without the prefix cache (Served.force checks).
 """
 
 from __future__ import annotations
@@ -99,11 +100,15 @@ class Served:
     """A running test server: its URL, state (engine, metrics), and the forcing model."""
 
     def __init__(self, ckpt, api_key: str | None = None, max_queued_requests: int | None = 1024,
-                 max_request_bytes: int = 1 << 20, **engine):
+                 max_request_bytes: int = 1 << 20, forcing: bool = True, **engine):
+        """forcing: serve through ForcedTextModel (text only, no vision tower); else the checkpoint's own LLM."""
         base = LLM(ckpt, **engine)
-        self.forced = ForcedTextModel(base.engine.model, base.get_tokenizer().token_to_id("<|im_end|>"))
-        self.llm = LLM.from_model(self.forced, base.tokenizer_info, **{k: v for k, v in engine.items()
-                                                                        if k not in ("dtype", "device")})
+        self.forced = None
+        self.llm = base
+        if forcing:
+            self.forced = ForcedTextModel(base.engine.model, base.get_tokenizer().token_to_id("<|im_end|>"))
+            self.llm = LLM.from_model(self.forced, base.tokenizer_info, **{k: v for k, v in engine.items()
+                                                                            if k not in ("dtype", "device")})
         self.tokenizer = base.get_tokenizer()
         config = ServerConfig([MODEL_NAME], api_key=api_key, max_request_bytes=max_request_bytes,
                               model_root=str(ckpt), generation_defaults={})
@@ -112,6 +117,10 @@ class Served:
         self.url = self.thread.url
 
     def force(self, text: str | None) -> None:
+        assert text is None or self.llm.engine.prefix_cache is None, "forcing needs enable_prefix_caching=False"
+        if self.forced is None:
+            assert text is None, "this server was started with forcing=False"
+            return
         self.forced.script = None if text is None else self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def idle_and_free(self, timeout: float = 10.0) -> bool:

@@ -34,7 +34,7 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(ckpt):
-    s = Served(ckpt, **ENGINE)
+    s = Served(ckpt, enable_prefix_caching=False, **ENGINE)  # forcing (ForcedTextModel) needs it off
     yield s
     s.stop()
 
@@ -232,3 +232,70 @@ def test_metrics_count_what_was_served(served, client):
                  "prompt_tokens_total", "e2e_request_latency_seconds_count", "request_queue_time_seconds_count",
                  "num_aborted_requests_total", "request_success_total"):
         assert f"deltaserve:{name}" in after
+
+
+# ---- structured output (deltaserve/structured: the reply constrained while it is sampled) -----------------------
+SWITCH = {"type": "function", "function": {"name": "set_switch", "parameters": {
+    "type": "object", "properties": {"on": {"type": "boolean"}, "room": {"type": "string", "enum": ["hall", "attic"]}},
+    "required": ["on", "room"]}}}
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+SWITCH_CALL = ("<tool_call>\n<function=set_switch>\n<parameter=on>\ntrue\n</parameter>\n<parameter=room>\nattic\n"
+               "</parameter>\n</function>\n</tool_call>")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_calls(served, client, stream):
+    kw = dict(messages=[{"role": "user", "content": "Lights on in the attic"}], tools=[SWITCH, PING],
+              temperature=0, extra_body=NO_THINKING, parallel_tool_calls=False)
+
+    def ask(**more):
+        if stream:
+            s = stream_chat(client, **kw, **more)
+            return ([(c["name"], json.loads(c["arguments"])) for c in s["calls"].values()], s["content"],
+                    s["finish"])
+        r = client.chat.completions.create(model=MODEL_NAME, **kw, **more)
+        msg = r.choices[0].message
+        return ([(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls or []],
+                msg.content or "", r.choices[0].finish_reason)
+
+    # the model's own reply under the constraint: a random model never starts a call by chance (this one spells
+    # the tags character by character and then pads with whitespace, which the grammar allows: it rarely finishes)
+    for choice, names in (("required", ("set_switch", "ping")),
+                          ({"type": "function", "function": {"name": "set_switch"}}, ("set_switch",))):
+        calls, content, finish = ask(tool_choice=choice, max_tokens=45)
+        if finish == "tool_calls":
+            assert content == "" and len(calls) == 1 and calls[0][0] in names
+        else:
+            assert finish == "length" and calls == []
+            assert any(content.startswith(f"<tool_call>\n<function={n}>") for n in names), content
+    # a complete call (forced text that the grammar allows) comes back parsed and typed
+    served.force(SWITCH_CALL)
+    calls, content, finish = ask(tool_choice={"type": "function", "function": {"name": "set_switch"}},
+                                 max_tokens=100)
+    assert (calls, content, finish) == ([("set_switch", {"on": True, "room": "attic"})], "", "tool_calls")
+
+
+def test_json_and_choice_constraints(client):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": [1, 2, 3]}},
+              "required": ["ok", "size"], "additionalProperties": False}
+    r = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, temperature=0, max_tokens=40,
+                                       extra_body=dict(NO_THINKING, structured_outputs={
+                                           "json": schema, "disable_any_whitespace": True}))
+    assert r.choices[0].finish_reason == "stop"
+    value = json.loads(r.choices[0].message.content)
+    assert set(value) == {"ok", "size"} and isinstance(value["ok"], bool) and value["size"] in (1, 2, 3)
+    r = client.completions.create(model=MODEL_NAME, prompt="Answer:", temperature=0.9, seed=1, max_tokens=10, n=3,
+                                  extra_body={"guided_choice": ["yes", "no", "maybe"]})
+    assert all(c.text in ("yes", "no", "maybe") and c.finish_reason == "stop" for c in r.choices)
+    r = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, temperature=0, max_tokens=60,
+                                       response_format={"type": "json_schema", "json_schema": {
+                                           "name": "r", "schema": {"type": "object", "properties": {
+                                               "ok": {"type": "boolean"}}, "required": ["ok"],
+                                               "additionalProperties": False}}},
+                                       extra_body=NO_THINKING)
+    if r.choices[0].finish_reason == "stop":  # whitespace between JSON tokens is allowed: it may run to the limit
+        assert isinstance(json.loads(r.choices[0].message.content)["ok"], bool)
+    else:
+        assert r.choices[0].message.content.lstrip().startswith("{")

@@ -33,7 +33,7 @@ new MutationObserver(() => {
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    s = Served(tiny_checkpoint(tmp_path_factory), max_model_len=512, max_num_seqs=2)
+    s = Served(tiny_checkpoint(tmp_path_factory), max_model_len=512, max_num_seqs=2, enable_prefix_caching=False)
     yield s
     s.stop()
 

@@ -32,8 +32,8 @@ def test_serve_starts_answers_and_stops(tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-m", "deltaserve", "serve", "--model", str(ckpt), "--port", str(port),
                              "--served-model-name", "mine", "alias", "--api-key", "k", "--max-model-len", "256",
-                             "--max-num-seqs", "2", "--threads", "1"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                             "--max-num-seqs", "2", "--threads", "1", "--no-enable-prefix-caching"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
@@ -58,7 +58,8 @@ def test_serve_starts_answers_and_stops(tmp_path_factory):
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
-    assert "serving mine: max_model_len 256, max_num_seqs 2" in out and "Traceback" not in out
+    assert "serving mine: max_model_len 256, max_num_seqs 2" in out and "prefix cache off" in out
+    assert "Traceback" not in out
 
 
 def test_serve_flag_errors_are_one_line(capsys, tmp_path):

@@ -53,11 +53,22 @@ CASES = [
     ("empty prompt", "POST", COMP, comp(prompt=""), 400, "prompt", "invalid_value"),
     ("empty stop string", "POST", COMP, comp(stop=[""]), 400, "stop", "value_error"),
     ("logprobs", "POST", CHAT, chat(logprobs=True), 400, "logprobs", "unsupported"),
-    ("forced tool choice", "POST", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}],
-                                              tool_choice="required"), 400, "tool_choice", "unsupported"),
-    ("image part", "POST", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url",
-                                                                             "image_url": {"url": "x"}}]}]), 400,
-     "messages[0].content[0].type", "unsupported"),
+    ("forced call of an unknown tool", "POST", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}],
+                                                         tool_choice={"type": "function", "function": {"name": "g"}}),
+     400, "tool_choice", "invalid_structured_output"),
+    ("bad response_format", "POST", CHAT, chat(response_format={"type": "xml"}), 400, "response_format",
+     "invalid_structured_output"),
+    ("two constraints", "POST", COMP, comp(guided_regex="a+", guided_choice=["a"]), 400, "guided_choice",
+     "invalid_structured_output"),
+    ("image on a text-only model", "POST", CHAT, chat(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]), 400, None, "invalid_request"),
+    ("image from a server file", "POST", CHAT, chat(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "/etc/passwd"}}]}]), 400, "messages", "invalid_image"),
+    ("image over http", "POST", CHAT, chat(messages=[{"role": "user", "content": [
+        {"type": "image", "url": "https://example.com/a.png"}]}]), 400, "messages", "invalid_image"),
+    ("video part", "POST", CHAT, chat(messages=[{"role": "user", "content": [{"type": "video_url",
+                                                                             "video_url": {"url": "x"}}]}]), 400,
+     "messages", "invalid_messages"),
     ("tool call arguments not JSON", "POST", CHAT, chat(messages=MSG + [{"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]), 400,
      "messages[1].tool_calls[0].function.arguments", "invalid_json"),

@@ -18,6 +18,7 @@ from deltaserve.engine.sampling_params import SamplingParams
 
 ENGINE = dict(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64)  # chunked, mixed steps
 PER_CLIENT = 2  # requests per client and round of the load test
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +28,14 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(ckpt):
-    s = Served(ckpt, **ENGINE)
+    s = Served(ckpt, forcing=False, **ENGINE)  # the checkpoint's own LLM: prefix cache on, vision tower loaded
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
 def served_wide(ckpt):
-    s = Served(ckpt, max_model_len=256, max_num_seqs=32, max_num_batched_tokens=256)
+    s = Served(ckpt, forcing=False, max_model_len=256, max_num_seqs=32, max_num_batched_tokens=256)
     yield s
     s.stop()
 
@@ -175,3 +176,48 @@ def test_a_client_gone_before_a_non_streamed_answer_frees_its_request(served):
         httpx.post(served.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.3))
     assert served.idle_and_free(timeout=5)
     assert metric(served.url, "deltaserve:num_aborted_requests_total") == aborted + 1
+
+
+def test_a_repeated_conversation_is_served_from_the_prefix_cache(served, oracle):
+    system = "You are a careful assistant. " * 12  # past the cache's 64-token seams
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}]
+    body = {"model": MODEL_NAME, "messages": messages, "max_tokens": 6, "temperature": 0, "return_token_ids": True,
+            "chat_template_kwargs": {"enable_thinking": False}}
+    hits = metric(served.url, "deltaserve:prefix_cache_hits_total")
+    first = httpx.post(served.url + "/v1/chat/completions", json=body, timeout=60).json()
+    second = httpx.post(served.url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert first["choices"][0]["token_ids"] == second["choices"][0]["token_ids"]  # resumed == computed
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 64 <= cached < second["usage"]["prompt_tokens"] and cached % 64 == 0
+    assert metric(served.url, "deltaserve:prefix_cache_hits_total") - hits >= cached
+    assert metric(served.url, "deltaserve:prefix_cache_queries_total") > 0
+    assert served.idle_and_free()
+
+
+def test_image_chat_equals_llm_chat(served, oracle, tmp_path):
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(buf, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "What is this?"}]}]
+    ref = oracle.chat(messages, SamplingParams(temperature=0, max_tokens=6), enable_thinking=False)[0]
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    r = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=6, temperature=0,
+                                       extra_body={"return_token_ids": True, **NO_THINKING})
+    assert r.choices[0].model_extra["token_ids"] == ref.token_ids
+    assert r.usage.prompt_tokens == len(ref.prompt_token_ids)  # the image's placeholder tokens counted
+    (tmp_path / "red.png").write_bytes(buf.getvalue())  # a file under --allowed-local-media-path: the same image
+    messages[0]["content"][0] = {"type": "image", "path": str(tmp_path / "red.png")}
+    served.state.config.allowed_local_media_path = str(tmp_path)
+    try:
+        r = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=6, temperature=0,
+                                           extra_body={"return_token_ids": True, **NO_THINKING})
+    finally:
+        served.state.config.allowed_local_media_path = None
+    assert r.choices[0].model_extra["token_ids"] == ref.token_ids
+    assert served.idle_and_free()

@@ -50,6 +50,8 @@ class EngineStats:
     kv_blocks_total: int = 1
     state_slots_used: int = 0
     state_slots_total: int = 1
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache so far (cumulative; 0 without one)
+    prefix_hits: int = 0  # of those, tokens served from it
 
 
 class EngineObserver(Protocol):
@@ -115,7 +117,7 @@ class AsyncLLMEngine:
         self.max_queued_requests = max_queued_requests
         self.stats = EngineStats()
         self._cond = threading.Condition()
-        self._inbox: deque[tuple] = deque()  # ("add", rid, ids, params, prompt, submitted) | ("abort", rid)
+        self._inbox: deque[tuple] = deque()  # ("add", rid, ids, params, prompt, submitted, kwargs) | ("abort", rid)
         self._streams: dict[str, RequestStream] = {}  # guarded by _cond's lock
         self._live: set[str] = set()  # engine thread only: ids added to the engine and not yet finished/aborted
         self._stopping = False
@@ -155,12 +157,14 @@ class AsyncLLMEngine:
 
     # ---- requests ----------------------------------------------------------------------------------------------
     async def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str,
-                          prompt: str | None = None) -> RequestStream:
+                          prompt: str | None = None, **engine_kwargs) -> RequestStream:
         """Queue a request; returns its stream once the engine thread accepted it (the engine's ValueError if it
-        refused it: a prompt too long, a token id out of range, a cache too small for it)."""
+        refused it: a prompt too long, a token id out of range, a cache too small for it, a bad image).
+        engine_kwargs go to LLMEngine.add_request (snapshot_hints, images, cache_salt)."""
         stream = self._register(request_id)
         with self._cond:
-            self._inbox.append(("add", request_id, list(prompt_token_ids), params, prompt, time.perf_counter()))
+            self._inbox.append(("add", request_id, list(prompt_token_ids), params, prompt, time.perf_counter(),
+                                engine_kwargs))
             self._cond.notify()
         try:
             await stream.accepted
@@ -246,13 +250,13 @@ class AsyncLLMEngine:
                 self.engine.abort(rid)  # frees its KV blocks and state slot now
                 self._observe("on_abort", rid)
             return
-        _, rid, ids, params, prompt, submitted = item
+        _, rid, ids, params, prompt, submitted, engine_kwargs = item
         with self._cond:
             stream = self._streams.get(rid)
         if stream is None:  # aborted before the engine saw it
             return
         try:
-            self.engine.add_request(ids, params, request_id=rid, prompt=prompt)
+            self.engine.add_request(ids, params, request_id=rid, prompt=prompt, **engine_kwargs)
         except (ValueError, TypeError) as e:  # a bad request: only its caller hears of it
             with self._cond:
                 self._streams.pop(rid, None)
@@ -287,10 +291,12 @@ class AsyncLLMEngine:
 
     def _publish_stats(self) -> None:
         s = self.engine.scheduler
+        cache = getattr(self.engine, "prefix_cache", None)
         self.stats = EngineStats(
             running=len(s.running), waiting=len(s.waiting),
             kv_blocks_used=s.blocks.num_blocks - s.blocks.num_free, kv_blocks_total=s.blocks.num_blocks,
             state_slots_used=s.slots.num_slots - s.slots.num_free, state_slots_total=s.slots.num_slots,
+            prefix_queries=cache.queries if cache is not None else 0, prefix_hits=cache.hits if cache is not None else 0,
         )
 
     def _fail_all(self, error: BaseException) -> None:

@@ -67,7 +67,7 @@ def build_app(state: ServerState) -> FastAPI:
         else:
             chat = ChatCompletionRequest(messages=req.messages, tools=req.tools,
                                          chat_template_kwargs=req.chat_template_kwargs)
-            ids = state.encode(render_prompt(state, chat, resolve_tools(chat)), add_special_tokens=False)
+            ids = state.encode(render_prompt(state, chat, resolve_tools(chat)).text, add_special_tokens=False)
         return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 
     @app.post("/detokenize", dependencies=guarded)

@@ -4,6 +4,7 @@ this parser without importing torch or the web stack."""
 from __future__ import annotations
 
 import argparse
+import json
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 2**20
 
@@ -22,7 +23,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, help="context length (default min(model's, 8192))")
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once (default 64)")
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (default 512)")
-    p.add_argument("--block-size", type=int, default=16, help="KV-cache block size in tokens (default 16)")
+    p.add_argument("--block-size", type=int, help="KV-cache block size in tokens (default: 64 on CUDA, 16 on the CPU)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="share the KV blocks and DeltaNet snapshots of common prompt prefixes (default on)")
+    p.add_argument("--allowed-local-media-path", help="image parts may name files under this directory (default: "
+                   "data: URLs only)")
+    p.add_argument("--limit-mm-per-prompt", type=json.loads,
+                   help='most images per prompt as JSON, e.g. \'{"image": 2}\'; {"image": 0} loads no vision tower')
     p.add_argument("--max-queued-requests", type=int, default=1024,
                    help="requests allowed to wait beyond --max-num-seqs; more get 503 (default 1024)")
     p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,

@@ -14,8 +14,9 @@ from fastapi.responses import JSONResponse, Response
 from ..engine.async_engine import RequestStream
 from .errors import APIError, parse_model, read_body
 from .protocol import CompletionRequest
-from .serving import (SSE_DONE, Choice, ClientGone, EventStream, ServerState, collect, engine_error, max_tokens_for,
-                      merged, new_id, refuse_unsupported, sampling_params, sse, submit, unless_disconnected, usage)
+from .serving import (SSE_DONE, Choice, ClientGone, EventStream, ServerState, cached_tokens, collect, engine_error, max_tokens_for,
+                      merged, new_id, refuse_unsupported, sampling_params, sse, structured_outputs, submit,
+                      unless_disconnected, usage)
 
 MAX_PROMPTS = 64
 
@@ -30,6 +31,7 @@ def prompt_choices(state: ServerState, req: CompletionRequest) -> tuple[list[Cho
                        param="prompt", code="invalid_value")
     choices, texts, num_prompt = [], [], 0
     vocab = state.engine.engine.vocab_size
+    structured = structured_outputs(req, enable_thinking=False)
     for p_index, p in enumerate(prompts):
         name = "prompt" if len(prompts) == 1 else f"prompt[{p_index}]"
         if isinstance(p, str):
@@ -43,7 +45,7 @@ def prompt_choices(state: ServerState, req: CompletionRequest) -> tuple[list[Cho
         if not ids:
             raise APIError(400, f"{name}: the prompt is empty (no tokens)", param=name, code="invalid_value")
         max_tokens = max_tokens_for(len(ids), req.max_tokens, state.max_model_len, name)
-        for k, params in enumerate(sampling_params(req, max_tokens, state.config.generation_defaults)):
+        for k, params in enumerate(sampling_params(req, max_tokens, state.config.generation_defaults, structured)):
             choices.append(Choice(p_index * req.n + k, ids, params, text))
         if req.echo and text is None:
             text = state.tokenizer.tokenizer.decode(ids, skip_special_tokens=False)
@@ -63,7 +65,7 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         events = completion_events(rid, model, int(time.time()), streams, echo, include_usage, num_prompt,
-                                   req.return_token_ids)
+                                   req.return_token_ids, req.n)
         return EventStream(events, streams)
     try:
         finals = await unless_disconnected(request, collect(streams))
@@ -77,13 +79,20 @@ async def create_completion(state: ServerState, request: Request) -> Response:
         for c, out, choice in zip(out_choices, finals, choices):
             c["token_ids"], c["prompt_token_ids"] = out.token_ids, choice.prompt_ids
     return JSONResponse({"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-                         "choices": out_choices, "usage": usage(num_prompt, sum(len(o.token_ids) for o in finals))})
+                         "choices": out_choices, "usage": usage(num_prompt, sum(len(o.token_ids) for o in finals),
+                                                                _cached_per_prompt(finals, req.n))})
+
+
+def _cached_per_prompt(finals, n: int) -> int:
+    """Prompt tokens served from the prefix cache, counted once per prompt (its choices share the prompt)."""
+    return sum(max(cached_tokens(o) for o in finals[k:k + n]) for k in range(0, len(finals), n))
 
 
 async def completion_events(rid: str, model: str, created: int, streams: list[RequestStream], echo: list[str],
-                            include_usage: bool, num_prompt: int, token_ids: bool = False):
+                            include_usage: bool, num_prompt: int, token_ids: bool = False, n: int = 1):
     pending_echo = list(echo)
     completion_tokens = [0] * len(streams)
+    finals: list = [None] * len(streams)
 
     def chunk(i: int, text: str, finish: str | None = None, stop_reason=None, ids=None) -> str:
         choice = {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
@@ -96,6 +105,8 @@ async def completion_events(rid: str, model: str, created: int, streams: list[Re
     try:
         async for i, out in merged(streams):
             completion_tokens[i] = len(out.token_ids)
+            if out.finished:
+                finals[i] = out
             text, pending_echo[i] = pending_echo[i] + out.new_text, ""
             if out.finished:
                 yield chunk(i, text, out.finish_reason, out.stop_reason, out.new_token_ids)
@@ -103,7 +114,7 @@ async def completion_events(rid: str, model: str, created: int, streams: list[Re
                 yield chunk(i, text, ids=out.new_token_ids)
         if include_usage:
             yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-                       "usage": usage(num_prompt, sum(completion_tokens))})
+                       "usage": usage(num_prompt, sum(completion_tokens), _cached_per_prompt(finals, n))})
     except asyncio.CancelledError:
         raise
     except Exception as e:  # noqa: BLE001

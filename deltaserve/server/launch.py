@@ -32,9 +32,10 @@ def load_engine(args, model_dir: Path | None) -> tuple[LLM, Path, str]:
     engine_kw = dict(max_num_seqs=args.max_num_seqs, block_size=args.block_size, max_model_len=args.max_model_len,
                      max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed,
                      cuda_graphs=False if args.enforce_eager else None, kv_cache_dtype=args.kv_cache_dtype,
-                     decode_gemv=args.decode_gemv)
+                     decode_gemv=args.decode_gemv, enable_prefix_caching=args.enable_prefix_caching)
     if args.preset is None:
-        llm = LLM(model_dir, device=device, dtype=args.dtype, **engine_kw)
+        llm = LLM(model_dir, device=device, dtype=args.dtype, limit_mm_per_prompt=args.limit_mm_per_prompt,
+                  **engine_kw)
         return llm, model_dir, model_dir.name
     from ..bench.random_model import build_random_model
     from ..model import ModelConfig
@@ -71,12 +72,17 @@ def serve(args, model_dir: Path | None) -> int:
     gen = read_generation_config(files) if args.generation_config == "auto" else {}
     config = ServerConfig(served_model_names=args.served_model_name or [default_name], api_key=args.api_key,
                           max_request_bytes=args.max_request_bytes, model_root=str(model_dir or args.preset),
+                          allowed_local_media_path=args.allowed_local_media_path,
                           generation_defaults={k: gen[k] for k in GENERATION_DEFAULTS if k in gen})
+    warm = llm.engine.warm_up()  # the prefill graphs every chunk length needs, before the first client (CUDA only)
+    if warm:
+        logger.info("captured the prefill graphs in %.1f s", warm)
     state = build_state(llm, config, args.max_queued_requests)
     e = llm.engine
-    logger.info("serving %s: max_model_len %d, max_num_seqs %d, %d KV blocks of %d, %s on %s; http://%s:%d/",
-                config.served_model_names[0], e.max_model_len, e.config.max_num_seqs, e.num_blocks,
-                e.config.block_size, "CUDA graphs" if e.config.cuda_graphs else "eager", e.device, args.host, args.port)
+    logger.info("serving %s: max_model_len %d, max_num_seqs %d, %d KV blocks of %d, %s, prefix cache %s, on %s; "
+                "http://%s:%d/", config.served_model_names[0], e.max_model_len, e.config.max_num_seqs, e.num_blocks,
+                e.config.block_size, "CUDA graphs" if e.config.cuda_graphs else "eager",
+                "on" if e.prefix_cache is not None else "off", e.device, args.host, args.port)
     try:
         uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                     timeout_graceful_shutdown=5)

@@ -47,6 +47,8 @@ class ServerMetrics:
         self.success = counter("request_success", "Requests finished, by finish reason.", ["finished_reason"])
         self.aborted = counter("num_aborted_requests", "Requests aborted (client gone, or cancelled).")
         self.rejected = counter("num_rejected_requests", "Requests refused because the waiting queue was full.")
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
         self.ttft = hist("time_to_first_token_seconds", "Time to first token (from submission).", _LATENCY)
         self.itl = hist("inter_token_latency_seconds", "Time between consecutive output tokens.", _ITL)
         self.e2e = hist("e2e_request_latency_seconds", "End-to-end request latency (from submission).", _LATENCY)
@@ -55,6 +57,7 @@ class ServerMetrics:
         self.req_generation = hist("request_generation_tokens", "Generated tokens per finished request.", _TOKENS)
         self._submitted: dict[str, float] = {}  # engine thread only, like everything below
         self._last_token: dict[str, float] = {}
+        self._prefix_seen = (0, 0)  # the engine's cumulative (queries, hits) already counted
 
     content_type = CONTENT_TYPE_LATEST
 
@@ -71,6 +74,12 @@ class ServerMetrics:
         self.waiting.set(stats.waiting)
         self.kv_usage.set(stats.kv_blocks_used / max(stats.kv_blocks_total, 1))
         self.slot_usage.set(stats.state_slots_used / max(stats.state_slots_total, 1))
+        queries, hits = self._prefix_seen
+        if stats.prefix_queries > queries:
+            self.prefix_queries.inc(stats.prefix_queries - queries)
+        if stats.prefix_hits > hits:
+            self.prefix_hits.inc(stats.prefix_hits - hits)
+        self._prefix_seen = (stats.prefix_queries, stats.prefix_hits)
         generated = 0
         for out in outputs:
             rid = out.request_id

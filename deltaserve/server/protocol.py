@@ -50,10 +50,19 @@ class SamplingFields(_Strict):
     return_token_ids: bool = False  # vLLM's extension: each choice's token ids (and the prompt's) in the answer
     user: str | None = None
     logit_bias: dict[str, float] | None = None
+    # structured output (deltaserve/structured/openai_request.py reads them): OpenAI's response_format, vLLM's
+    # structured_outputs object and its older guided_* fields
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None  # accepted and ignored: there is one backend (xgrammar)
     # not served (yet): refused with a clear message when set (see `unsupported`)
     logprobs: Any = None
     top_logprobs: int | None = None
-    response_format: dict | None = None
 
     @field_validator("stop")
     @classmethod
@@ -73,8 +82,6 @@ class SamplingFields(_Strict):
             return "top_logprobs", "logprobs are not supported by this server yet"
         if self.logit_bias:
             return "logit_bias", "logit_bias is not supported by this server"
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            return "response_format", "only response_format {'type': 'text'} is supported by this server"
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed with stream: true"
         return None
@@ -96,7 +103,10 @@ class ToolCallIn(_Loose):
     function: ToolCallFunction
 
 
-class ContentPart(_Loose):
+class ContentPart(BaseModel):
+    """A message content part; image parts keep their fields (image_url, image) for engine/multimodal.py."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
 

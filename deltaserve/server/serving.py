@@ -17,6 +17,8 @@ from ..engine.async_engine import AsyncLLMEngine, EngineDeadError, QueueFullErro
 from ..engine.outputs import RequestOutput
 from ..engine.sampling_params import SamplingParams, SamplingParamsError
 from ..engine.tokenizer import TokenizerInfo
+from ..structured.openai_request import request_structured_outputs
+from ..structured.params import StructuredOutputsError, StructuredOutputsParams
 from .args import DEFAULT_MAX_REQUEST_BYTES
 from .errors import APIError
 from .metrics import ServerMetrics
@@ -32,6 +34,7 @@ class ServerConfig:
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     model_root: str = ""  # where the weights came from (/v1/models "root")
+    allowed_local_media_path: str | None = None  # image parts may name files under this directory
     generation_defaults: dict = field(default_factory=dict)
 
 
@@ -85,7 +88,17 @@ def max_tokens_for(num_prompt: int, requested: int | None, max_model_len: int, p
     return requested
 
 
-def sampling_params(req: SamplingFields, max_tokens: int | None, defaults: dict) -> list[SamplingParams]:
+def structured_outputs(req: SamplingFields, enable_thinking: bool) -> StructuredOutputsParams | None:
+    """The request's output constraint (response_format, forced tool calls, structured_outputs, guided_*), if any;
+    with the reasoning open in the prompt it starts after </think>."""
+    try:
+        return request_structured_outputs(req.model_dump(exclude_none=True), enable_thinking)
+    except StructuredOutputsError as e:
+        raise APIError(400, str(e), param=e.param, code="invalid_structured_output") from None
+
+
+def sampling_params(req: SamplingFields, max_tokens: int | None, defaults: dict,
+                    structured: StructuredOutputsParams | None = None) -> list[SamplingParams]:
     """One SamplingParams per choice (n): with a seed, choice i samples with seed + i."""
 
     def pick(name, fallback):
@@ -99,7 +112,7 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, defaults: dict)
             presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
             seed=req.seed, max_tokens=max_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids,
             ignore_eos=req.ignore_eos, include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens,
+            skip_special_tokens=req.skip_special_tokens, structured_outputs=structured,
         )
     except SamplingParamsError as e:
         text = str(e)
@@ -117,6 +130,7 @@ class Choice:
     prompt_ids: list[int]
     params: SamplingParams
     prompt: str | None = None
+    engine_kwargs: dict = field(default_factory=dict)  # LLMEngine.add_request's snapshot_hints, images
 
 
 async def submit(state: ServerState, request_id: str, choices: Sequence[Choice]) -> list[RequestStream]:
@@ -130,7 +144,8 @@ async def submit(state: ServerState, request_id: str, choices: Sequence[Choice])
     streams: list[RequestStream] = []
     try:
         for c in choices:
-            streams.append(await engine.add_request(c.prompt_ids, c.params, f"{request_id}-{c.index}", c.prompt))
+            streams.append(await engine.add_request(c.prompt_ids, c.params, f"{request_id}-{c.index}", c.prompt,
+                                                    **c.engine_kwargs))
     except BaseException as e:
         for s in streams:
             s.abort()
@@ -243,7 +258,12 @@ class EventStream(StreamingResponse):
                     s.abort()
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0}}  # no prefix cache yet: nothing is ever reused
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def cached_tokens(out: RequestOutput) -> int:
+    """Prompt tokens of a request that the prefix cache served."""
+    return out.metrics.num_cached_tokens if out.metrics is not None else 0
