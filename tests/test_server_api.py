@@ -109,9 +109,10 @@ def test_chat_token_ids_and_seeded_n(client, oracle):
                                        top_p=0.9, seed=7, n=3, extra_body={"return_token_ids": True, "top_k": 40})
     assert [c.index for c in r.choices] == [0, 1, 2]
     prompt = oracle.render_chat(MESSAGES)
-    for i, c in enumerate(r.choices):
-        sp = SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=7 + i, max_tokens=6)
-        assert c.model_extra["token_ids"] == oracle.generate([oracle.encode(prompt, False)], sp)[0].token_ids
+    sp = SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=7, max_tokens=6, n=3)
+    ref = oracle.generate([oracle.encode(prompt, False)], sp)[0].outputs  # LLM.generate's n samples, same seeds
+    assert [c.model_extra["token_ids"] for c in r.choices] == [o.token_ids for o in ref]
+    assert len({tuple(o.token_ids) for o in ref}) > 1
     assert r.usage.completion_tokens == sum(len(c.model_extra["token_ids"]) for c in r.choices)
 
 
@@ -299,3 +300,41 @@ def test_json_and_choice_constraints(client):
         assert isinstance(json.loads(r.choices[0].message.content)["ok"], bool)
     else:
         assert r.choices[0].message.content.lstrip().startswith("{")
+
+
+# ---- log-probabilities -------------------------------------------------------------------------------------------
+def test_chat_logprobs_streamed_and_not(client, oracle):
+    kw = dict(model=MODEL_NAME, messages=MESSAGES, max_tokens=6, temperature=0.7, seed=5, logprobs=True,
+              top_logprobs=3, extra_body=NO_THINKING)
+    r = client.chat.completions.create(**kw)
+    entries = r.choices[0].logprobs.content
+    ref = oracle.chat(MESSAGES, SamplingParams(temperature=0.7, seed=5, max_tokens=6, logprobs=3),
+                      enable_thinking=False)[0]
+    assert len(entries) == len(ref.token_ids) == r.usage.completion_tokens
+    for e, t, d in zip(entries, ref.token_ids, ref.logprobs):
+        assert e.logprob == pytest.approx(d[t].logprob, abs=1e-5) and e.logprob <= 0
+        assert len(e.top_logprobs) == 3
+        assert [x.logprob for x in e.top_logprobs] == sorted((x.logprob for x in e.top_logprobs), reverse=True)
+        assert e.top_logprobs[0].logprob >= e.logprob
+    streamed = []
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            streamed += c.logprobs.content if c.logprobs is not None else []
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
+
+
+def test_completion_logprobs_streamed_and_not(client):
+    kw = dict(model=MODEL_NAME, prompt="Once upon a time", max_tokens=6, temperature=0, logprobs=2)
+    r = client.completions.create(**kw)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == r.usage.completion_tokens
+    assert all(len(top) <= 2 and max(top.values()) == pytest.approx(v) for top, v in   # greedy: the top token
+               zip(lp.top_logprobs, lp.token_logprobs))
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    tokens, values = [], []
+    for chunk in client.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            if c.logprobs is not None:
+                tokens += c.logprobs.tokens
+                values += c.logprobs.token_logprobs
+    assert (tokens, values) == (lp.tokens, lp.token_logprobs)

@@ -22,6 +22,7 @@ from ..engine.chat import ChatTemplateError, render_chat
 from ..engine.multimodal import split_images
 from .errors import APIError, parse_model, read_body
 from .protocol import ChatCompletionRequest, Message
+from .logprobs import LogprobFormatter, new_logprobs
 from .reasoning import prompt_opens_reasoning
 from .reply import ReplyDelta, ReplyParser, parse_reply
 from .serving import (SSE_DONE, Choice, ClientGone, EventStream, cached_tokens, ServerState, collect, engine_error, max_tokens_for, merged,
@@ -146,7 +147,8 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     streams = await submit(state, rid, [Choice(i, ids, p, prompt.text, extra) for i, p in enumerate(params)])
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        events = chat_events(rid, model, int(time.time()), streams, opens, tools, include_usage, req.return_token_ids)
+        events = chat_events(rid, model, int(time.time()), streams, opens, tools, include_usage, req.return_token_ids,
+                             formatter(state, req))
         return EventStream(events, streams)
     try:
         finals = await unless_disconnected(request, collect(streams))
@@ -154,13 +156,17 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
         return Response(status_code=499)
     except Exception as e:  # noqa: BLE001 - the engine failed under this request
         raise engine_error(e) from None
+    fmt = formatter(state, req)
     choices = []
     for i, out in enumerate(finals):
         reply = parse_reply(out.text, opens, tools)
         message = {"role": "assistant", "content": reply.content if reply.content or not reply.tool_calls else None,
                    "reasoning_content": reply.reasoning or None,
                    "tool_calls": [c.to_openai() for c in reply.tool_calls] or None}
-        choices.append({"index": i, "message": message, "logprobs": None,
+        lps = None
+        if fmt is not None and out.logprobs is not None:
+            lps = {"content": fmt.chat_entries(out.token_ids, out.logprobs)}
+        choices.append({"index": i, "message": message, "logprobs": lps,
                         "finish_reason": _finish_reason(out.finish_reason, bool(reply.tool_calls)),
                         "stop_reason": out.stop_reason})
         if req.return_token_ids:
@@ -171,6 +177,11 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     if req.return_token_ids:
         body["prompt_token_ids"] = finals[0].prompt_token_ids
     return JSONResponse(body)
+
+
+def formatter(state: ServerState, req) -> LogprobFormatter | None:
+    top = req.engine_logprobs()
+    return None if top is None else LogprobFormatter(state.tokenizer.tokenizer, top)
 
 
 def _finish_reason(reason: str | None, called: bool) -> str | None:
@@ -189,14 +200,19 @@ def _delta(parts: ReplyDelta, first_tool_index: int) -> dict:
 
 
 async def chat_events(rid: str, model: str, created: int, streams: list[RequestStream], opens: bool,
-                      tools: list[dict] | None, include_usage: bool, token_ids: bool = False):
+                      tools: list[dict] | None, include_usage: bool, token_ids: bool = False,
+                      fmt: LogprobFormatter | None = None):
     parsers = [ReplyParser(opens, tools) for _ in streams]
+    pending_lps: list[list[dict]] = [[] for _ in streams]  # entries of tokens whose text is not out yet
     calls_sent = [0] * len(streams)
     completion_tokens = [0] * len(streams)
     num_prompt = cached = 0
 
     def chunk(i: int, delta: dict, finish: str | None = None, stop_reason=None, ids=None) -> str:
-        choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+        lps = None
+        if pending_lps[i]:
+            lps, pending_lps[i] = {"content": pending_lps[i]}, []
+        choice = {"index": i, "delta": delta, "logprobs": lps, "finish_reason": finish}
         if finish is not None:
             choice["stop_reason"] = stop_reason
         if token_ids and ids:
@@ -210,6 +226,8 @@ async def chat_events(rid: str, model: str, created: int, streams: list[RequestS
         async for i, out in merged(streams):
             completion_tokens[i] = len(out.token_ids)
             num_prompt, cached = len(out.prompt_token_ids), max(cached, cached_tokens(out))
+            if fmt is not None:
+                pending_lps[i] += fmt.chat_entries(*new_logprobs(out))
             parts = parsers[i].feed(out.new_text)
             if out.finished:
                 parts.add(parsers[i].finish())

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..engine.async_engine import RequestStream
 from .errors import APIError, parse_model, read_body
+from .logprobs import LogprobFormatter, new_logprobs
 from .protocol import CompletionRequest
 from .serving import (SSE_DONE, Choice, ClientGone, EventStream, ServerState, cached_tokens, collect, engine_error, max_tokens_for,
                       merged, new_id, refuse_unsupported, sampling_params, sse, structured_outputs, submit,
@@ -64,8 +65,9 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     echo = [texts[c.index // req.n] if req.echo else "" for c in choices]
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        fmt = None if req.logprobs is None else LogprobFormatter(state.tokenizer.tokenizer, req.logprobs)
         events = completion_events(rid, model, int(time.time()), streams, echo, include_usage, num_prompt,
-                                   req.return_token_ids, req.n)
+                                   req.return_token_ids, req.n, fmt)
         return EventStream(events, streams)
     try:
         finals = await unless_disconnected(request, collect(streams))
@@ -73,8 +75,10 @@ async def create_completion(state: ServerState, request: Request) -> Response:
         return Response(status_code=499)
     except Exception as e:  # noqa: BLE001
         raise engine_error(e) from None
-    out_choices = [{"index": i, "text": echo[i] + out.text, "logprobs": None, "finish_reason": out.finish_reason,
-                    "stop_reason": out.stop_reason} for i, out in enumerate(finals)]
+    fmt = None if req.logprobs is None else LogprobFormatter(state.tokenizer.tokenizer, req.logprobs)
+    out_choices = [{"index": i, "text": echo[i] + out.text,
+                    "logprobs": None if fmt is None else fmt.completion(out.token_ids, out.logprobs, len(echo[i])),
+                    "finish_reason": out.finish_reason, "stop_reason": out.stop_reason} for i, out in enumerate(finals)]
     if req.return_token_ids:
         for c, out, choice in zip(out_choices, finals, choices):
             c["token_ids"], c["prompt_token_ids"] = out.token_ids, choice.prompt_ids
@@ -89,13 +93,21 @@ def _cached_per_prompt(finals, n: int) -> int:
 
 
 async def completion_events(rid: str, model: str, created: int, streams: list[RequestStream], echo: list[str],
-                            include_usage: bool, num_prompt: int, token_ids: bool = False, n: int = 1):
+                            include_usage: bool, num_prompt: int, token_ids: bool = False, n: int = 1,
+                            fmt: LogprobFormatter | None = None):
     pending_echo = list(echo)
+    pending_lps: list[tuple[list, list]] = [([], []) for _ in streams]  # tokens whose text is not out yet
+    offsets = [len(e) for e in echo]  # text_offset of each choice's next reported token (its tokens' texts summed)
     completion_tokens = [0] * len(streams)
     finals: list = [None] * len(streams)
 
     def chunk(i: int, text: str, finish: str | None = None, stop_reason=None, ids=None) -> str:
-        choice = {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+        lps = None
+        if fmt is not None:
+            lps = fmt.completion(*pending_lps[i], offsets[i])
+            offsets[i] += sum(len(t) for t in lps["tokens"])
+            pending_lps[i] = ([], [])
+        choice = {"index": i, "text": text, "logprobs": lps, "finish_reason": finish}
         if finish is not None:
             choice["stop_reason"] = stop_reason
         if token_ids:
@@ -108,6 +120,10 @@ async def completion_events(rid: str, model: str, created: int, streams: list[Re
             if out.finished:
                 finals[i] = out
             text, pending_echo[i] = pending_echo[i] + out.new_text, ""
+            if fmt is not None:
+                new_ids, new_lps = new_logprobs(out)
+                pending_lps[i][0].extend(new_ids)
+                pending_lps[i][1].extend(new_lps)
             if out.finished:
                 yield chunk(i, text, out.finish_reason, out.stop_reason, out.new_token_ids)
             elif text or (token_ids and out.new_token_ids):

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_N = 16  # choices per request (each is a request of its own in the engine)
+MAX_LOGPROBS = 20  # the engine's limit (SamplingParams.logprobs), as vLLM's default max_logprobs
 MAX_STOP = 16
 
 
@@ -60,9 +61,6 @@ class SamplingFields(_Strict):
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
     guided_decoding_backend: str | None = None  # accepted and ignored: there is one backend (xgrammar)
-    # not served (yet): refused with a clear message when set (see `unsupported`)
-    logprobs: Any = None
-    top_logprobs: int | None = None
 
     @field_validator("stop")
     @classmethod
@@ -74,12 +72,12 @@ class SamplingFields(_Strict):
             raise ValueError("stop strings must not be empty")
         return v
 
+    def engine_logprobs(self) -> int | None:
+        """SamplingParams.logprobs for this request (None: no log-probabilities)."""
+        return None
+
     def unsupported(self) -> tuple[str, str] | None:
         """(field, why) of the first field set to something this server does not do."""
-        if self.logprobs not in (None, False, 0):
-            return "logprobs", "logprobs are not supported by this server yet"
-        if self.top_logprobs not in (None, 0):
-            return "top_logprobs", "logprobs are not supported by this server yet"
         if self.logit_bias:
             return "logit_bias", "logit_bias is not supported by this server"
         if self.stream_options is not None and not self.stream:
@@ -138,12 +136,23 @@ class NamedToolChoice(_Strict):
 
 
 class ChatCompletionRequest(SamplingFields):
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs: true"
+        return super().unsupported()
+
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def engine_logprobs(self) -> int | None:
+        """SamplingParams.logprobs: the top tokens listed per position (None: no log-probabilities)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # ---- completions ----------------------------------------------------------------------------------------------------
@@ -152,6 +161,10 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def engine_logprobs(self) -> int | None:
+        return self.logprobs
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.suffix:

@@ -13,6 +13,7 @@ from typing import AsyncIterator, Awaitable, Sequence
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from ..engine.llm import samples_of
 from ..engine.async_engine import AsyncLLMEngine, EngineDeadError, QueueFullError, RequestStream
 from ..engine.outputs import RequestOutput
 from ..engine.sampling_params import SamplingParams, SamplingParamsError
@@ -99,7 +100,8 @@ def structured_outputs(req: SamplingFields, enable_thinking: bool) -> Structured
 
 def sampling_params(req: SamplingFields, max_tokens: int | None, defaults: dict,
                     structured: StructuredOutputsParams | None = None) -> list[SamplingParams]:
-    """One SamplingParams per choice (n): with a seed, choice i samples with seed + i."""
+    """One SamplingParams per choice (n), seeded as LLM.generate seeds a prompt's n samples (engine.llm.samples_of:
+    choice 0 takes the seed, choice j one derived from it)."""
 
     def pick(name, fallback):
         value = getattr(req, name)
@@ -113,14 +115,13 @@ def sampling_params(req: SamplingFields, max_tokens: int | None, defaults: dict,
             seed=req.seed, max_tokens=max_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids,
             ignore_eos=req.ignore_eos, include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens, structured_outputs=structured,
+            logprobs=req.engine_logprobs(), n=req.n,
         )
     except SamplingParamsError as e:
         text = str(e)
         param = text.split(" ", 1)[0].removeprefix("SamplingParams.").split("[", 1)[0]
         raise APIError(400, text.removeprefix("SamplingParams."), param=param, code="invalid_value") from None
-    if req.seed is None:
-        return [base] * req.n
-    return [base.clone(seed=(req.seed + i) % 2**64) for i in range(req.n)]
+    return samples_of(base)
 
 
 # ---- running the choices ------------------------------------------------------------------------------------------
