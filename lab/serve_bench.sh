@@ -59,7 +59,7 @@ if (has 8 || has 64) && ds 64; then
   stop
 fi
 # 256 streams, generation-heavy (vLLM's H200 figure for this model: 12,259 total tok/s, FP8 weights)
-if has 256 && ds 256 --max-model-len 4096 --max-num-batched-tokens 2048; then
+if has 256 && ds 256 --max-model-len 4096; then
   load 150 $q q4g64 --input-len 1000 --output-len 2000 --max-concurrency 256 --num-prompts 200
   stop
 fi
