@@ -16,7 +16,8 @@ M="--preset qwen3.6-35b-a3b --quant q4"
 run_tests() {
   timeout ${LIMIT:-500} python3 -m pytest -m gpu -q -rf -s -p no:cacheprovider tests/gpu/test_sampling_gpu.py \
     tests/gpu/test_engine_exact_gpu.py tests/gpu/test_prefix_cache_gpu.py tests/gpu/test_engine_graph_gpu.py \
-    tests/gpu/test_vision_gpu.py tests/gpu/test_structured_gpu.py tests/gpu/test_model_fast_path.py \
+    tests/gpu/test_server_gpu.py tests/gpu/test_vision_gpu.py tests/gpu/test_structured_gpu.py \
+    tests/gpu/test_model_fast_path.py \
     > "$OUT/tests.log" 2>&1
   echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
   grep -E "^CUTS|FAILED|^E  " "$OUT/tests.log" | cut -c1-200 | head -40
@@ -32,7 +33,7 @@ run_engine() {
 case "${1:-tests}" in
 tests) run_tests ;;
 engine) run_engine ;;
-all) LIMIT=${TESTS_LIMIT:-200} run_tests; LIMIT=${ENGINE_LIMIT:-350} run_engine ;;
+all) LIMIT=${TESTS_LIMIT:-250} run_tests; LIMIT=${ENGINE_LIMIT:-320} run_engine ;;
 extras)
   timeout ${LIMIT:-270} python3 -m deltaserve bench vision $M --images 1,4 --vit-batch 8 -r 5 --results "$OUT" \
     > "$OUT/bench_vision.log" 2>&1
