@@ -13,12 +13,11 @@ mkdir -p /tmp/tcache; touch /tmp/tcache/.seeded
 t0=$SECONDS
 nvidia-smi --query-gpu=name --format=csv,noheader
 M="--preset qwen3.6-35b-a3b --quant q4"
+TESTS=${TESTS:-"tests/gpu/test_sampling_gpu.py tests/gpu/test_engine_exact_gpu.py tests/gpu/test_prefix_cache_gpu.py
+  tests/gpu/test_engine_graph_gpu.py tests/gpu/test_server_gpu.py tests/gpu/test_vision_gpu.py
+  tests/gpu/test_structured_gpu.py tests/gpu/test_model_fast_path.py"}
 run_tests() {
-  timeout ${LIMIT:-500} python3 -m pytest -m gpu -q -rf -s -p no:cacheprovider tests/gpu/test_sampling_gpu.py \
-    tests/gpu/test_engine_exact_gpu.py tests/gpu/test_prefix_cache_gpu.py tests/gpu/test_engine_graph_gpu.py \
-    tests/gpu/test_server_gpu.py tests/gpu/test_vision_gpu.py tests/gpu/test_structured_gpu.py \
-    tests/gpu/test_model_fast_path.py \
-    > "$OUT/tests.log" 2>&1
+  timeout ${LIMIT:-500} python3 -m pytest -m gpu -q -rf -s -p no:cacheprovider $TESTS > "$OUT/tests.log" 2>&1
   echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
   grep -E "^CUTS|FAILED|^E  " "$OUT/tests.log" | cut -c1-200 | head -40
 }
