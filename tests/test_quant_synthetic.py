@@ -42,7 +42,9 @@ def test_direct_mlx_write_equals_mlx_lm_convert(tmp_path):
     direct = write_quantized_synthetic(tmp_path / "direct", "tiny-moe", "q4", seed=1, progress=False)
     bf16 = make_checkpoint(tmp_path / "bf16", "tiny-moe", seed=1, progress=False)
     convert(str(bf16), str(tmp_path / "mlx"), quantize=True, q_bits=4, q_group_size=64)
-    assert same_tensors(shards(direct), shards(tmp_path / "mlx")) == []
+    ours = shards(direct)
+    body = {k: v for k, v in ours.items() if not k.startswith("mtp.")}  # mlx_lm.convert drops the MTP head; we keep it
+    assert len(body) < len(ours) and same_tensors(body, shards(tmp_path / "mlx")) == []
 
 
 @pytest.mark.parametrize("preset,quant", [("tiny-moe", "q4"), ("tiny-dense", "q8"), ("tiny-next", "q4")])

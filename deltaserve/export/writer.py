@@ -87,7 +87,7 @@ def export_gguf(model_dir: str | Path, out: str | Path, file_type: str = "f16", 
     config = ModelConfig.from_dir(model_dir)
     arch_of(config)  # unsupported model types fail before any weight is read
     vocab = read_vocab(model_dir, config)
-    loaded = load_checkpoint(model_dir, progress=progress)
+    loaded = load_checkpoint(model_dir, progress=progress, mtp=False)  # llama.cpp files here carry no MTP head
     if loaded.format != "hf":
         raise ExportError(f"{model_dir}: export-gguf reads unquantised checkpoints (Hugging Face layout); this one "
                           f"is {loaded.format!r}. Export its bf16 original instead")

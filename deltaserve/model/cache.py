@@ -4,7 +4,9 @@ The engine decides which blocks and slots a sequence owns (block tables, slot in
 module only says what the storage looks like and allocates it.
 
   k[l], v[l]   [num_blocks, block_size, Hkv, head_dim]   kv dtype (default: the activation dtype), per full-attention
-                                                          layer; fp8 e4m3 (kernels/attention/kv_fp8.py) adds
+                                                          layer (with mtp_layers: also l = L .. L + mtp_layers - 1,
+                                                          the MTP head's, L = num_hidden_layers; model/mtp.py);
+                                                          fp8 e4m3 (kernels/attention/kv_fp8.py) adds
   k_scale[l], v_scale[l]  [num_blocks, block_size, Hkv]  float32, one scale per cached row
   conv[l]      [num_slots, conv_dim, K-1]                activation dtype, last K-1 pre-conv qkv vectors
   ssm[l]       [num_slots, Hv, dk, dv]                   float32 recurrent state (S, read as o = S^T q)
@@ -45,12 +47,13 @@ def parse_kv_cache_dtype(name: str | None) -> torch.dtype | None:
     raise ValueError(f"kv_cache_dtype {name!r} is not supported; use one of {', '.join(KV_CACHE_DTYPES)}")
 
 
-def cache_spec(config: ModelConfig, block_size: int, dtype: torch.dtype, kv_dtype: torch.dtype | None = None
-               ) -> CacheSpec:
+def cache_spec(config: ModelConfig, block_size: int, dtype: torch.dtype, kv_dtype: torch.dtype | None = None,
+               mtp_layers: int = 0) -> CacheSpec:
+    """mtp_layers: the MTP head's attention layers share the blocks (HybridCache(mtp_layers=))."""
     from ..kernels.attention.kv_fp8 import FP8
 
     elt = torch.tensor([], dtype=dtype).element_size()
-    n_attn = len(config.full_attention_layers)
+    n_attn = len(config.full_attention_layers) + mtp_layers
     n_gdn = len(config.linear_attention_layers)
     row = config.head_dim + 4 if kv_dtype == FP8 else config.head_dim * elt  # fp8: D bytes and an fp32 scale
     kv = n_attn * 2 * block_size * config.num_key_value_heads * row
@@ -72,6 +75,7 @@ class HybridCache:
         device: torch.device | str = "cpu",
         kv_dtype: torch.dtype | None = None,
         num_snapshots: int = 0,
+        mtp_layers: int = 0,
     ):
         from ..kernels.attention.kv_fp8 import FP8
 
@@ -90,7 +94,8 @@ class HybridCache:
         self.conv: dict[int, torch.Tensor] = {}
         self.ssm: dict[int, torch.Tensor] = {}
         hkv, d = config.num_key_value_heads, config.head_dim
-        for layer in config.full_attention_layers:
+        mtp = range(config.num_hidden_layers, config.num_hidden_layers + mtp_layers)  # model/mtp.mtp_cache_layer
+        for layer in [*config.full_attention_layers, *mtp]:
             self.k[layer] = torch.zeros(num_blocks, block_size, hkv, d, dtype=self.kv_dtype, device=device)
             self.v[layer] = torch.zeros(num_blocks, block_size, hkv, d, dtype=self.kv_dtype, device=device)
             if self.kv_dtype == FP8:

@@ -19,22 +19,27 @@ from .forward_batch import ForwardBatch
 from .gated_deltanet import GatedDeltaNet
 from .layers import DenseWeights, WeightFactory
 from .mlp import MLP, SparseMoeBlock
+from .mtp import MTPHead, mtp_cache_layer
 from .norm import RMSNorm
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, layer: int, config: ModelConfig, weights: WeightFactory, norm_offset: float):
+    """layer: the cache index of its state (KV or DeltaNet slots); prefix, attention, sparse: its parameter path and
+    kind when they are not those of main layer `layer` (the MTP head's layers, model/mtp.py)."""
+
+    def __init__(self, layer: int, config: ModelConfig, weights: WeightFactory, norm_offset: float,
+                 prefix: str | None = None, attention: bool | None = None, sparse: bool | None = None):
         super().__init__()
-        p = f"layers.{layer}"
+        p = prefix or f"layers.{layer}"
         eps = config.rms_norm_eps
-        self.is_attention = config.is_full_attention(layer)
+        self.is_attention = config.is_full_attention(layer) if attention is None else attention
         self.input_layernorm = RMSNorm(config.hidden_size, eps, norm_offset)
         if self.is_attention:
             self.self_attn = GatedAttention(f"{p}.self_attn", layer, config, weights, norm_offset)
         else:
             self.linear_attn = GatedDeltaNet(f"{p}.linear_attn", layer, config, weights)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, norm_offset)
-        if config.sparse_layers[layer]:
+        if config.sparse_layers[layer] if sparse is None else sparse:
             self.mlp = SparseMoeBlock(f"{p}.mlp", config, weights)
         else:
             self.mlp = MLP(f"{p}.mlp", config.hidden_size, config.intermediate_size, weights)
@@ -75,9 +80,13 @@ class DecoderLayer(nn.Module):
 
 
 class Qwen3_5ForCausalLM(nn.Module):
-    """forward(batch, cache) -> fp32 logits [N, vocab] for the tokens batch.logits_indices selects."""
+    """forward(batch, cache) -> fp32 logits [N, vocab] for the tokens batch.logits_indices selects.
 
-    def __init__(self, config: ModelConfig, weights: WeightFactory | None = None, norm_offset: float = 1.0):
+    mtp_layers > 0: the model also holds the MTP draft head (`self.mtp`, model/mtp.py; None without it), run by
+    `draft`; `forward_with_hidden` gives the target's final-norm hidden states it starts from."""
+
+    def __init__(self, config: ModelConfig, weights: WeightFactory | None = None, norm_offset: float = 1.0,
+                 mtp_layers: int = 0):
         super().__init__()
         weights = weights or DenseWeights()
         self.config = config
@@ -88,6 +97,7 @@ class Qwen3_5ForCausalLM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = weights.linear("lm_head", config.hidden_size, config.vocab_size)
         fast.mark_output_head(self.lm_head if self.lm_head is not None else self.embed_tokens)
+        self.mtp = MTPHead(config, weights, norm_offset, mtp_layers) if mtp_layers > 0 else None
 
     def fuse_projections(self) -> int:
         """Fuse the projections that share an input into one weight each (model/fusion.py); idempotent."""
@@ -97,13 +107,16 @@ class Qwen3_5ForCausalLM(nn.Module):
 
     def make_cache(
         self, num_blocks: int, block_size: int, num_state_slots: int, dtype: torch.dtype | None = None, device=None,
-        kv_dtype: torch.dtype | None = None, num_snapshots: int = 0,
+        kv_dtype: torch.dtype | None = None, num_snapshots: int = 0, mtp: bool = False,
     ) -> HybridCache:
         """kv_dtype: None (the activation dtype) or torch.float8_e4m3fn (cache.parse_kv_cache_dtype); num_snapshots:
-        DeltaNet state snapshots for the prefix cache."""
+        DeltaNet state snapshots for the prefix cache; mtp: also the MTP head's KV (one more attention layer per MTP
+        layer, same blocks), for drafting."""
+        if mtp and self.mtp is None:
+            raise ValueError("make_cache(mtp=True): this model was loaded without an MTP head")
         p = self.norm.weight
         return HybridCache(self.config, num_blocks, block_size, num_state_slots, dtype or p.dtype, device or p.device,
-                           kv_dtype, num_snapshots)
+                           kv_dtype, num_snapshots, mtp_layers=self.mtp.num_layers if mtp else 0)
 
     def hidden_states(self, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
         """Hidden states [T, H] of every new token after the last layer, before the final norm."""
@@ -120,11 +133,18 @@ class Qwen3_5ForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor, decode: bool = True) -> torch.Tensor:
+        return self._head(hidden)[0]
+
+    def _head(self, hidden: torch.Tensor, decode: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(fp32 logits [N, V], the final norm's output [N, H] they were made from)."""
         # every row's logits through the decode GEMV path, prefill or not: one set of bits whether a row's forward
         # was a prefill, a decode step or a mix (the prefill matmul read the 0.27 GiB lm_head at ~0.5 TB/s: 536 us
         # for one row on the H200 against the GEMV's 84, lab/NOTES.md)
-        decode = True
-        h = fast.norm_for_gemv(self.norm, hidden, self.lm_head, decode)  # + the lm_head GEMV's prep
+        h = fast.norm_for_gemv(self.norm, hidden, self.lm_head, True)  # + the lm_head GEMV's prep
+        return self._lm_head(h), h
+
+    def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        decode = True  # the decode GEMV family for every row (compute_logits)
         if self.lm_head is not None:  # fp32 straight from the tensor-core GEMV (its bf16 results widened)
             logits = fast.linear(self.lm_head, h, decode, fp32_out=True)
         elif fast.enabled(h):  # the tied table read as a [V, H] matrix by the fast matmul
@@ -134,6 +154,32 @@ class Qwen3_5ForCausalLM(nn.Module):
         return logits.float()
 
     def forward(self, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
+        return self.forward_with_hidden(batch, cache)[0]
+
+    def forward_with_hidden(self, batch: ForwardBatch, cache: HybridCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """(forward's logits [N, V], the hidden states [N, H] of the same rows AFTER the final norm: the h_i the MTP
+        head drafts from, spec 3.9). The logits are forward's, bit for bit."""
         hidden = self.hidden_states(batch, cache)
         picked = hidden if batch.logits_all_rows else hidden[batch.logits_indices]  # the identity: no gather
-        return self.compute_logits(picked, decode=batch.max_seqlen == 1)
+        return self._head(picked)
+
+    def draft(self, batch: ForwardBatch, cache: HybridCache, hidden: torch.Tensor, step: int = 0
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One MTP step (model/mtp.py) over batch's rows: batch.input_ids the next tokens t_{i+1}, batch.positions
+        the positions i (their MTP KV slots), hidden [T, H] the h_i (forward_with_hidden's) or the previous step's
+        y. The cache must hold the MTP KV (make_cache(mtp=True)). Returns (draft logits fp32 [N, V] of the rows
+        batch.logits_indices selects, y [T, H] of every row, the next step's hidden)."""
+        if self.mtp is None:
+            raise RuntimeError("draft: this model has no MTP head (the checkpoint lacks one, or it was loaded with "
+                               "mtp=False), so speculative decoding with the model's own draft head is unavailable")
+        cfg = self.config
+        if mtp_cache_layer(cfg, step % self.mtp.num_layers) not in cache.k:
+            raise ValueError("draft: the cache holds no KV for the MTP head; make it with make_cache(mtp=True)")
+        embedded = fast.embed(self.embed_tokens, batch.input_ids)
+        rope = None
+        if not fast.enabled(embedded):
+            rope = rope_cos_sin(batch.positions, cfg.rotary_dim, cfg.rope_theta, cfg.mrope_section,
+                                cfg.mrope_interleaved)
+        y = self.mtp(embedded, hidden, batch, cache, rope, step)
+        picked = y if batch.logits_all_rows else y[batch.logits_indices]
+        return self._lm_head(picked), y

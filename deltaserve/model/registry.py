@@ -27,9 +27,12 @@ def model_class(model_type: str) -> type[nn.Module]:
     return cls
 
 
-def build_model(config: ModelConfig, weights: WeightFactory | None = None, norm_offset: float = 1.0) -> nn.Module:
-    """config's model with its parameters from `weights` (a checkpoint format's factory; None: dense), not loaded."""
-    return model_class(config.model_type)(config, weights, norm_offset)
+def build_model(config: ModelConfig, weights: WeightFactory | None = None, norm_offset: float = 1.0,
+                mtp_layers: int = 0) -> nn.Module:
+    """config's model with its parameters from `weights` (a checkpoint format's factory; None: dense), not loaded.
+    mtp_layers: also the MTP draft head's layers (model/mtp.py; loaded for speculative decoding only)."""
+    extra = {"mtp_layers": mtp_layers} if mtp_layers else {}
+    return model_class(config.model_type)(config, weights, norm_offset, **extra)
 
 
 assert set(MODELS) == set(SUPPORTED_MODEL_TYPES), "every supported model_type has a class and no other has one"

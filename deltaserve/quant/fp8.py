@@ -53,8 +53,9 @@ def parse_fp8_config(qc: dict, source: str = "config.json") -> Fp8Spec:
 
 
 def hf_module_path(name: str) -> str:
-    """Our module path -> the published HF module path (what modules_to_not_convert lists)."""
-    return name if name.startswith("lm_head") else f"model.language_model.{name}"
+    """Our module path -> the published HF module path (what modules_to_not_convert lists); the MTP head and the
+    lm_head are top level."""
+    return name if name.startswith(("lm_head", "mtp.")) else f"model.language_model.{name}"
 
 
 def listed(path: str, entries: Collection[str]) -> bool:

@@ -14,7 +14,7 @@ import torch
 
 from ..model.config import ModelConfig
 from ..weights.formats import TensorInfo
-from ..weights.quantizer import write_mlx_checkpoint
+from ..weights.quantizer import MLX_KEEPS_MTP, write_mlx_checkpoint
 from .init import Rng
 from .layout import TensorSpec, checkpoint_tensors
 from .presets import Preset, get_preset
@@ -44,7 +44,8 @@ def write_quantized_synthetic(
     """Write `preset` (random weights from `seed`) to `out_dir` as an MLX affine checkpoint.
 
     quant: "q4" | "q8" (also "q2", "q3", "q5", "q6"); group_size 32 | 64 | 128. Writes config.json (with the
-    `quantization` entry), tokenizer files and model*.safetensors. Loads in mlx_lm and deltaserve. Returns out_dir.
+    `quantization` entry), tokenizer files and model*.safetensors, the MTP head included (as `deltaserve quantize`
+keeps it). Loads in mlx_lm and deltaserve. Returns out_dir.
     """
     m = _QUANT.match(quant)
     if m is None:
@@ -52,7 +53,9 @@ def write_quantized_synthetic(
     preset = get_preset(preset)
     out = make_checkpoint(out_dir, preset, seed=seed, dtype="bf16", config_only=True, progress=False)
     cfg = ModelConfig.from_dir(out)
-    specs = checkpoint_tensors(cfg, None, preset.expert_layout, 0)  # no vision, no MTP: MLX drops them
+    mtp = cfg.mtp_num_hidden_layers if preset.mtp_layers is None else preset.mtp_layers  # as make_checkpoint
+    mtp = mtp if cfg.model_type in MLX_KEEPS_MTP else 0
+    specs = checkpoint_tensors(cfg, None, preset.expert_layout, mtp)  # no vision (mlx_lm drops it); the MTP head kept
     source = _SyntheticSource(specs, seed, f"<synthetic {preset.name} seed {seed}>")
     write_mlx_checkpoint(cfg, source, out, int(m.group(1)), group_size, progress)
     return out

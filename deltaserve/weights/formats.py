@@ -13,7 +13,7 @@ A format is a class with this shape (`CheckpointFormat` below is the typing prot
         @classmethod
         def detect(cls, config, names) -> bool: ...    # ModelConfig + every tensor name of the checkpoint
 
-        def __init__(self, config, names): ...
+        def __init__(self, config, names, mtp=False): ...  # mtp: the model holds the MTP head (`mtp.*` mapped)
         norm_offset: float                             # 1.0 for HF zero-centred norms, 0.0 when +1 is baked in
         def weight_factory(self) -> WeightFactory: ... # the modules the model is built with (dense or quantised)
         def map_tensor(self, t: TensorInfo) -> Mapped | SetAside | None: ...
@@ -27,7 +27,8 @@ A format is a class with this shape (`CheckpointFormat` below is the typing prot
   parameter, (e, slice(0, I)) = expert e's gate rows) and an optional `transform` applied to the file tensor first
   (reshape/transpose/split; it MUST also work on a meta tensor, because the loader runs it on a meta tensor of the
   file shape to check shapes before loading). `dtypes` are the safetensors dtype strings the file tensor may have.
-- `SetAside(group)`: a known tensor this model does not use (MTP head, vision tower, a redundant tied lm_head);
+- `SetAside(group)`: a known tensor this model does not use (the MTP head when the model is built without it, the
+  vision tower, a redundant tied lm_head);
   the loader records it (file, shape, dtype) and reports it; it is never silently dropped.
 - `None`: an unknown tensor; the loader raises CheckpointError naming file and tensor.
 
@@ -41,7 +42,7 @@ conv weights are stored channels-last [C, K, 1]:
         def detect(cls, config, names):
             return any(n.startswith("transformer.") for n in names)
 
-        def __init__(self, config, names):
+        def __init__(self, config, names, mtp=False):
             self.config, self.norm_offset = config, 1.0
 
         def weight_factory(self):
@@ -191,11 +192,13 @@ def _quantised_hint(config: ModelConfig, names: Collection[str]) -> str | None:
     return None
 
 
-def get_format(config: ModelConfig, names: Collection[str], source: str = "checkpoint") -> CheckpointFormat:
-    """The format instance for this checkpoint (first registered format whose detect() says yes)."""
+def get_format(config: ModelConfig, names: Collection[str], source: str = "checkpoint", mtp: bool = False
+               ) -> CheckpointFormat:
+    """The format instance for this checkpoint (first registered format whose detect() says yes). mtp: the model
+    is built with the MTP head, whose `mtp.*` tensors the format then maps instead of setting them aside."""
     for fmt in registered_formats():
         if fmt.detect(config, names):
-            return fmt(config, names)
+            return fmt(config, names, mtp=mtp)
     hint = _quantised_hint(config, names)
     if hint:
         raise CheckpointError(

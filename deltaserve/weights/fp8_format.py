@@ -7,6 +7,8 @@ Routed experts are stored per expert (`mlp.experts.{e}.{gate,up,down}_proj.*`) a
 `mlp.experts.{gate,up,down}_proj.*` [E, ...] slice by slice. Unconverted layers (in_proj_a/b, routers,
 shared_expert_gate, embeddings, lm_head in the releases) are plain bf16 and load as dense modules.
 A module is converted iff its `weight_scale_inv` is in the checkpoint; a float8 weight without one is an error.
+The MTP head (`mtp.*`, kept by the releases with per-expert FP8 experts) follows the same rules under its own
+top-level names when the model is built with it.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from .hf_format import FP32_PARAMS
 from .names import Aside, hf_source_name, map_hf_name, strip_language_prefix
 
 FP8_DTYPES = frozenset({"F8_E4M3"})
-_EXPERT = re.compile(r"^(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv)$")
-_FUSED_EXPERTS = re.compile(r"^(layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+_EXPERT = re.compile(
+    r"^((?:mtp\.)?layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv)$")
+_FUSED_EXPERTS = re.compile(r"^((?:mtp\.)?layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 
 
 def _module_of(ours: str) -> str:
@@ -46,8 +49,8 @@ class Fp8Format:
         qc = config.quantization_config or {}
         return config.quantization is None and qc.get("quant_method") == "fp8"
 
-    def __init__(self, config: ModelConfig, names: Collection[str] = ()):
-        self.config = config
+    def __init__(self, config: ModelConfig, names: Collection[str] = (), mtp: bool = False):
+        self.config, self.mtp = config, mtp
         self.names = set(names)
         try:
             spec = parse_fp8_config(config.quantization_config)
@@ -56,7 +59,7 @@ class Fp8Format:
         converted = set()
         for n in self.names:
             if n.endswith(".weight_scale_inv"):
-                ours = strip_language_prefix(n)
+                ours = strip_language_prefix(n, mtp)
                 if ours is not None:
                     converted.add(_module_of(ours))
         for module in sorted(converted):
@@ -73,7 +76,7 @@ class Fp8Format:
         return self.factory
 
     def map_tensor(self, t: TensorInfo) -> Mapped | SetAside | None:
-        ours = strip_language_prefix(t.name)
+        ours = strip_language_prefix(t.name, self.mtp)
         if ours is not None:
             if ours == "lm_head.weight" and self.config.tie_word_embeddings:
                 return SetAside("tied_lm_head")
@@ -91,7 +94,7 @@ class Fp8Format:
     def _hf(self, t: TensorInfo) -> Mapped | SetAside | None:
         if t.dtype in FP8_DTYPES:
             self._missing_scale(t)
-        m = map_hf_name(t.name, self.config)
+        m = map_hf_name(t.name, self.config, self.mtp)
         if m is None:
             return None
         if isinstance(m, Aside):
@@ -150,9 +153,11 @@ class Fp8Format:
         return default
 
     def source_name(self, param: str) -> str:
-        m = re.match(r"^(layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv)$", param)
+        m = re.match(r"^((mtp\.)?layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv)$",
+                     param)
         if m:
-            return f"model.language_model.{m.group(1)}.{{e}}.{m.group(2)}.{m.group(3)}"
+            prefix = "" if m.group(2) else "model.language_model."
+            return f"{prefix}{m.group(1)}.{{e}}.{m.group(3)}.{m.group(4)}"
         return hf_source_name(param, self.config)
 
     def finalize(self, model: nn.Module) -> None:

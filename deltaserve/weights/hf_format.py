@@ -29,14 +29,14 @@ class HFFormat:
             return False
         return any(strip_language_prefix(n) not in (None, "lm_head.weight") for n in names)
 
-    def __init__(self, config: ModelConfig, names: Collection[str] = ()):
-        self.config = config
+    def __init__(self, config: ModelConfig, names: Collection[str] = (), mtp: bool = False):
+        self.config, self.mtp = config, mtp
 
     def weight_factory(self) -> WeightFactory:
         return DenseWeights()
 
     def map_tensor(self, t: TensorInfo) -> Mapped | SetAside | None:
-        m = map_hf_name(t.name, self.config)
+        m = map_hf_name(t.name, self.config, self.mtp)
         if m is None:
             return None
         if isinstance(m, Aside):

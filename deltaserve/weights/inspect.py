@@ -25,6 +25,7 @@ from ..model.layers import DenseWeights
 from ..model.registry import build_model
 from ..quant import AffineWeights, Fp8BlockWeights
 from .formats import get_format
+from .loader import mtp_layers_to_load
 from .plan import build_plan
 from .safetensors_io import DTYPE_BYTES, SafetensorsCheckpoint
 
@@ -32,6 +33,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 # (class, pattern on our parameter path); first match wins.
 LAYER_CLASSES = (
+    ("mtp head (drafting)", r"^mtp\."),
     ("embedding", r"^embed_tokens\."),
     ("lm_head", r"^lm_head\."),
     ("attention q/k/v/o", r"\.self_attn\.[qkvo]_proj\."),
@@ -57,6 +59,7 @@ class CheckpointSizes:
     disk_bytes: int | None = None  # all safetensors tensors (MTP / vision included), None when config-only
     files: int = 0
     tensors: int = 0
+    mtp_layers: int = 0  # MTP layers the checkpoint holds (loaded by default: in rows and resident_bytes)
 
     @property
     def parameters(self) -> float:
@@ -72,18 +75,20 @@ def checkpoint_sizes(path: str | Path) -> CheckpointSizes:
     path = Path(path)
     config = ModelConfig.from_dir(path)
     ckpt = SafetensorsCheckpoint(path) if any(path.glob("*.safetensors")) else None
+    mtp_layers = 0
     if ckpt is not None:
-        fmt = get_format(config, ckpt.names, source=str(path))
+        mtp_layers = mtp_layers_to_load(config, ckpt.names, None, str(path))  # what load_checkpoint loads
+        fmt = get_format(config, ckpt.names, source=str(path), mtp=mtp_layers > 0)
         factory, offset, kind = fmt.weight_factory(), fmt.norm_offset, fmt.name
     else:
         factory, offset, kind = _factory_from_config(config)
     with torch.device("meta"):
-        model = build_model(config, factory, offset)
+        model = build_model(config, factory, offset, mtp_layers=mtp_layers)
     float_dtype = DTYPES.get(config.dtype, torch.bfloat16)
     if ckpt is not None:  # the dtype the loader would pick: the float dtype most mapped bytes are in
         infos = [s.info for _, stored in ckpt.by_file() for s in stored]
         float_dtype = build_plan(infos, fmt, model, str(path)).checkpoint_float_dtype()
-    sizes = CheckpointSizes(config, kind, ckpt is None, _account(model, float_dtype))
+    sizes = CheckpointSizes(config, kind, ckpt is None, _account(model, float_dtype), mtp_layers=mtp_layers)
     if ckpt is not None:
         sizes.disk_bytes = sum(math.prod(s.info.shape) * DTYPE_BYTES[s.info.dtype] for s in ckpt.tensors.values())
         sizes.files, sizes.tensors = len(ckpt.files), len(ckpt.tensors)
@@ -95,11 +100,22 @@ def describe_checkpoint(path: str | Path) -> str:
     class, resident size. Works on a config-only directory (sizes computed from config.json and its quantization
     entry, no weights needed)."""
     s = checkpoint_sizes(path)
-    lines = [_header(Path(path), s.config, s.kind, s.config_only)] + _table(s.rows)
+    lines = [_header(Path(path), s.config, s.kind, s.config_only), _mtp_line(s)] + _table(s.rows)
     if s.disk_bytes is not None:
         lines.append(f"  on disk: {_size(s.disk_bytes)} in {s.files} file(s), {s.tensors} tensors "
                      "(incl. any MTP/vision)")  # fmt: skip
     return "\n".join(lines)
+
+
+def _mtp_line(s: CheckpointSizes) -> str:
+    """Whether the checkpoint can draft with its own MTP head (speculative decoding)."""
+    declared = s.config.mtp_num_hidden_layers
+    if s.config_only:
+        return f"  MTP head: config.json declares {declared} layer(s); not counted (no weights to check)"
+    if s.mtp_layers:
+        return f"  MTP head: {s.mtp_layers} layer(s) (speculative decoding with the model's own draft head available)"
+    return ("  MTP head: none in this checkpoint (speculative decoding with the model's own draft head unavailable; "
+            "mlx-community conversions drop it)")
 
 
 def _factory_from_config(config: ModelConfig):

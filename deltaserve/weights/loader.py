@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from ..model.config import ConfigError, ModelConfig
 from ..model.registry import build_model
 from ..model.vision import VisionTower
 from .formats import CheckpointError, CheckpointFormat, TensorInfo, get_format
+from .names import MTP_PREFIX
 from .plan import LoadPlan, build_plan
 from .safetensors_io import DTYPE_BYTES, SafetensorsCheckpoint
 from .vision_format import VisionFormat
@@ -48,6 +50,8 @@ class LoadedCheckpoint:
             f"{self.path}: format {self.format}, {self.num_tensors} tensors -> {n_params:,} parameters "
             f"({n_bytes / 2**20:.1f} MiB)"
         ]
+        if self.model.mtp is not None:
+            lines.append(f"  mtp head: {self.model.mtp.num_layers} layer(s) loaded (speculative decoding available)")
         for group, names in sorted(self.set_aside.items()):
             size = sum(_nbytes(self.set_aside_info[n]) for n in names)
             lines.append(f"  set aside: {group}: {len(names)} tensors ({size / 2**20:.1f} MiB), not loaded")
@@ -57,18 +61,52 @@ class LoadedCheckpoint:
         return "\n".join(lines)
 
 
+_MTP_LAYER = re.compile(r"^mtp\.layers\.(\d+)\.")
+
+
+def has_mtp_tensors(names) -> bool:
+    """Whether a checkpoint's tensor names hold an MTP head in the published layout (top-level `mtp.*`)."""
+    return any(n.startswith(MTP_PREFIX) for n in names)
+
+
+def mtp_layers_to_load(config: ModelConfig, names, mtp: bool | None, source: str) -> int:
+    """How many MTP layers to build the model with: config.mtp_num_hidden_layers when the head is wanted (mtp True,
+    or None and the checkpoint has it), else 0. mtp True and no head: CheckpointError saying drafting is
+    unavailable and why."""
+    present = has_mtp_tensors(names)
+    n = config.mtp_num_hidden_layers
+    if n == 0 and config.model_type == "qwen3_next" and present:
+        # Qwen3-Next configs carry no MTP field although the checkpoints hold the head (vLLM's
+        # num_nextn_predict_layers defaults to 1): count its layers from the names.
+        n = len({m.group(1) for m in map(_MTP_LAYER.match, names) if m})
+    if mtp is False or (mtp is None and not (present and n > 0)):
+        return 0
+    if n <= 0:
+        raise CheckpointError(f"{source}: config.json declares no MTP layers (mtp_num_hidden_layers is {n}), so "
+                              "speculative decoding with the model's own draft head is unavailable")
+    if not present:
+        raise CheckpointError(
+            f"{source}: no MTP head in this checkpoint (no 'mtp.*' tensors; config.json declares {n} MTP layer(s)), "
+            "so speculative decoding with the model's own draft head is unavailable. mlx-community conversions drop "
+            "the head: quantize the Hugging Face release with `deltaserve quantize`, which keeps it")
+    return n
+
+
 def _nbytes(t: TensorInfo) -> int:
     return math.prod(t.shape) * DTYPE_BYTES[t.dtype]
 
 
 def load_checkpoint(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, progress: bool = True,
-    vision: bool = False,
+    vision: bool = False, mtp: bool | None = False,
 ) -> LoadedCheckpoint:
     """Load a checkpoint directory. dtype None keeps the checkpoint's float dtype (the one most bytes are in).
 
     vision: also load the vision tower (`LoadedCheckpoint.vision`) from the tensors the text model sets aside as
-    "visual"; an error if the checkpoint has none (a text-only conversion). Off: they are only recorded."""
+    "visual"; an error if the checkpoint has none (a text-only conversion). Off: they are only recorded.
+    mtp: also load the MTP head (`model.mtp`, the draft head of speculative decoding): True requires it (a
+    CheckpointError saying drafting is unavailable and why), None loads it when the checkpoint has one, False (the
+    default, as for the vision tower) sets its tensors aside."""
     path = Path(path)
     try:
         config = ModelConfig.from_dir(path)
@@ -76,9 +114,10 @@ def load_checkpoint(
         raise CheckpointError(str(e)) from None
     ckpt = SafetensorsCheckpoint(path)
     infos = [s.info for _, stored in ckpt.by_file() for s in stored]
-    fmt = get_format(config, ckpt.names, source=str(path))
+    mtp_layers = mtp_layers_to_load(config, ckpt.names, mtp, str(path))
+    fmt = get_format(config, ckpt.names, source=str(path), mtp=mtp_layers > 0)
     with torch.device("meta"):
-        model = build_model(config, fmt.weight_factory(), fmt.norm_offset)
+        model = build_model(config, fmt.weight_factory(), fmt.norm_offset, mtp_layers=mtp_layers)
     plan = build_plan(infos, fmt, model, str(path))
     _materialise(model, ckpt, plan, fmt, torch.device(device), dtype or plan.checkpoint_float_dtype(), progress)
     fmt.finalize(model)

@@ -10,7 +10,9 @@ What differs from the HF layout (spec 4.1), and what this format does about it:
   was never zero-centred, is unchanged in both layouts);
 - qwen3_next keeps the group-interleaved fused `in_proj_qkvz` / `in_proj_ba`; packing is per row, so the packed
   rows (and their scales/biases rows) are regrouped exactly like the dense ones (names._group_rows).
-`vision_tower.*` (mlx-vlm) and `mtp.*` are set aside; `language_model.lm_head` is set aside when tied.
+The MTP head, `mtp.*` with the body's conventions (switch_mlp experts, +1 norms; what `deltaserve quantize`
+writes), is mapped when the model is built with it, else set aside like the head of other layouts (`.mtp.` inside
+a name). `vision_tower.*` (mlx-vlm) is set aside; `language_model.lm_head` is set aside when tied.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ class MLXFormat:
             return True
         return any(n.startswith("language_model.model.") or ".switch_mlp." in n or n.endswith(".scales") for n in names)
 
-    def __init__(self, config: ModelConfig, names: Collection[str] = ()):
-        self.config, self.model_type = config, config.model_type
+    def __init__(self, config: ModelConfig, names: Collection[str] = (), mtp: bool = False):
+        self.config, self.model_type, self.mtp = config, config.model_type, mtp
         names = set(names)
         try:
             scheme = parse_quantization(config.quantization, self.model_type) if config.quantization else None
@@ -108,7 +110,7 @@ class MLXFormat:
     def map_tensor(self, t: TensorInfo) -> Mapped | SetAside | None:
         if t.name.startswith(("vision_tower.", "model.visual.")):
             return SetAside("visual")
-        if t.name.startswith("mtp.") or ".mtp." in t.name:
+        if (t.name.startswith("mtp.") and not self.mtp) or ".mtp." in t.name:
             return SetAside("mtp")
         ours = mlx_names.to_ours(t.name, self.model_type)
         if ours is None:

@@ -11,8 +11,11 @@ Layouts handled here:
   `in_proj_qkvz` [Hk*(2dk + 2r*dv), H] and `in_proj_ba` [Hk*2r, H] (r = Hv/Hk), split into our flat
   `in_proj_qkv` ([Q; K; V]), `in_proj_z`, `in_proj_b`, `in_proj_a`. Per key-head group g the rows are
   [q_g (dk), k_g (dk), v_g (r*dv), z_g (r*dv)] and [b_g (r), a_g (r)].
-- set aside (known, unused by the text model): `mtp.*` (MTP head), `model.visual.*` (vision tower), and
-  `lm_head.weight` when embeddings are tied (transformers ties it to the embedding and ignores the file copy).
+- the MTP head `mtp.*` (top level, spec 2.3): ours under the same names (`mtp.fc.weight`, `mtp.layers.0.self_attn.
+  q_proj.weight`, ...; its experts fused or per expert like the body's) when the model is built with it (mtp=True),
+  else set aside;
+- set aside (known, unused by the text model): `model.visual.*` (vision tower), and `lm_head.weight` when
+  embeddings are tied (transformers ties it to the embedding and ignores the file copy).
 Anything else is unknown (None) and the loader refuses it.
 """
 
@@ -27,9 +30,10 @@ import torch
 from ..model.config import ModelConfig
 
 LANGUAGE_PREFIXES = ("model.language_model.", "model.")  # nested qwen3_5*, flat qwen3_next
+MTP_PREFIX = "mtp."  # the MTP head: top level in every published layout, our names unchanged
 SET_ASIDE_PREFIXES = (("mtp.", "mtp"), ("model.visual.", "visual"))
 
-_EXPERT = re.compile(r"^(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT = re.compile(r"^((?:mtp\.)?layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _QKVZ = re.compile(r"^(layers\.\d+\.linear_attn)\.in_proj_(qkvz|ba)\.weight$")
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -50,9 +54,10 @@ class Aside:
     group: str
 
 
-def strip_language_prefix(name: str) -> str | None:
-    """Our name for a language-model tensor, or None if the name has no language-model prefix."""
-    if name == "lm_head.weight":
+def strip_language_prefix(name: str, mtp: bool = False) -> str | None:
+    """Our name for a language-model tensor (with mtp: an MTP head tensor too), or None if the name has no
+    language-model prefix."""
+    if name == "lm_head.weight" or (mtp and name.startswith(MTP_PREFIX)):
         return name
     for prefix in LANGUAGE_PREFIXES:
         if name.startswith(prefix):
@@ -62,12 +67,13 @@ def strip_language_prefix(name: str) -> str | None:
     return None
 
 
-def map_hf_name(name: str, config: ModelConfig) -> list[Target] | Aside | None:
-    """Where file tensor `name` goes (list of Targets), that it is set aside (Aside), or None if unknown."""
+def map_hf_name(name: str, config: ModelConfig, mtp: bool = False) -> list[Target] | Aside | None:
+    """Where file tensor `name` goes (list of Targets), that it is set aside (Aside), or None if unknown.
+    mtp: the model holds the MTP head, so `mtp.*` tensors are mapped rather than set aside."""
     for prefix, group in SET_ASIDE_PREFIXES:
-        if name.startswith(prefix):
+        if name.startswith(prefix) and not (mtp and prefix == MTP_PREFIX):
             return Aside(group)
-    ours = strip_language_prefix(name)
+    ours = strip_language_prefix(name, mtp)
     if ours is None:
         return None
     if ours == "lm_head.weight" and config.tie_word_embeddings:
@@ -86,6 +92,8 @@ def hf_source_name(param: str, config: ModelConfig) -> str:
     if param == "lm_head.weight":
         return param
     prefix = "model." if config.model_type == "qwen3_next" else "model.language_model."
+    if param.startswith(MTP_PREFIX):
+        prefix = ""  # the MTP head is top level in every layout
     if config.model_type == "qwen3_next":
         param = re.sub(r"in_proj_(qkv|z)\.weight$", "in_proj_qkvz.weight", param)
         param = re.sub(r"in_proj_(a|b)\.weight$", "in_proj_ba.weight", param)

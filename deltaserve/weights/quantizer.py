@@ -11,8 +11,13 @@ MLX layout written (spec 4.1, what mlx_lm.convert writes, tensor for tensor):
   affine rule (kernels.quant.affine_quantize, bit-exact with mx.quantize); MoE routers (`mlp.gate`) and
   `shared_expert_gate` get 8 bits, group 64, recorded as per-layer overrides;
 - conv1d as [C, K, 1]; zero-centred norms with +1 baked in (linear_attn.norm unchanged);
-- floats cast to the config's dtype first (as mlx_lm does), except A_log; MTP and vision tensors are not written
-  (mlx_lm drops them too) and `vision_config` is removed from config.json.
+- floats cast to the config's dtype first (as mlx_lm does), except A_log; vision tensors are not written (mlx_lm
+  drops them too) and `vision_config` is removed from config.json;
+- the MTP head (`mtp.*`, the draft head of speculative decoding), when the input has one, is kept under its
+  top-level names with the body's conventions (quant.mlx_names: switch_mlp experts, +1 norms, 8-bit router and
+  shared gate overrides) for qwen3_5*: mlx_lm drops every `mtp.` key when it loads those, so the output still
+  loads there. Not for qwen3_next, whose mlx_lm loader keeps an MLX checkpoint's `mtp.` keys and then refuses
+  them.
 """
 
 from __future__ import annotations
@@ -39,11 +44,13 @@ from ..quant.affine import AffineEmbedding, AffineLinear, AffineStacked
 from ..quant.fp8 import Fp8Linear, Fp8Stacked
 from ..quant.modules import DenseEmbedding, DenseLinear, DenseStacked
 from .formats import Placement, TensorInfo, get_format
+from .loader import mtp_layers_to_load
 from .plan import build_plan
 from .safetensors_io import SafetensorsCheckpoint, ShardReader
 
 SHARD_BYTES = 5 << 30  # as mlx_lm (max_file_size_gb=5); shards are streamed to disk, not held in RAM
 _NEXT_FUSED = (".in_proj_qkv", ".in_proj_z", ".in_proj_b", ".in_proj_a")
+MLX_KEEPS_MTP = ("qwen3_5", "qwen3_5_moe")  # model types whose MLX output keeps the MTP head (mlx_lm drops it)
 GATE_OVERRIDE = {"group_size": 64, "bits": 8}  # mlx_lm's qwen3_5 quant_predicate for routers and shared gates
 OUTPUT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 COPIED_FILES = (
@@ -124,9 +131,12 @@ def write_mlx_checkpoint(
     """Write `source` (any loadable layout of `config`) to `out` as an MLX affine checkpoint: shards, index and
     config.json. Returns the `quantization` entry written."""
     check_affine_spec(bits, group_size, "quantize")
-    fmt = get_format(config, [t.name for t in source.infos], source=source.label)
+    names = [t.name for t in source.infos]
+    keep = None if config.model_type in MLX_KEEPS_MTP else False  # keep the head when the input has one
+    mtp_layers = mtp_layers_to_load(config, names, keep, source.label)
+    fmt = get_format(config, names, source=source.label, mtp=mtp_layers > 0)
     with torch.device("meta"):
-        model = build_model(config, fmt.weight_factory(), fmt.norm_offset)
+        model = build_model(config, fmt.weight_factory(), fmt.norm_offset, mtp_layers=mtp_layers)
     plan = build_plan(source.infos, fmt, model, source.label)
     feeds: dict[str, list[tuple[TensorInfo, Placement]]] = {}
     by_name = {t.name: t for t in source.infos}
