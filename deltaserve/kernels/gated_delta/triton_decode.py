@@ -36,13 +36,14 @@ def _conv_kernel(
     x_ptr, w_ptr, state_ptr, cu_ptr, slot_ptr, ctx_ptr, y_ptr,
     C, stride_xt, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk, stride_yt, T, S1, S2,
     KW: tl.constexpr, KWP: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, SECTIONS: tl.constexpr = False,
+    STATE: tl.constexpr = True,
 ):
     # grid (B, cdiv(max new tokens, BT), cdiv(C, BC)). Token i of sequence b reads inputs i-KW+1..i; a negative
     # index reads the conv state (zeros when fresh). Only token block 0 reads the state (BT >= KW-1), and that same
     # program writes the new state after a barrier, so no other program can see a half-updated state.
     # SECTIONS: y is three contiguous [T, width] blocks one after another, channels [0, S1), [S1, S1 + S2) and
     # [S1 + S2, C) (BC divides S1 and S2, so a program's channels lie in one); else y [T, C] with row stride
-    # stride_yt.
+    # stride_yt. STATE False: the conv state is read, never written (a verify: triton_verify.conv_commit writes it).
     b = tl.program_id(0)
     tb = tl.program_id(1)
     start = tl.load(cu_ptr + b)
@@ -82,7 +83,7 @@ def _conv_kernel(
         y_at = y_ptr + T.to(tl.int64) * col0 + (start + ri).to(tl.int64)[:, None] * width + (rc - col0)[None, :]
     else:
         y_at = y_ptr + (start + ri).to(tl.int64)[:, None] * stride_yt + rc[None, :]
-    if tb == 0:
+    if STATE and tb == 0:
         # new state[j] = ([state ; x])[n + j], j < KW-1
         rj = tl.arange(0, KWP)  # KWP = next power of two >= KW-1
         j_mask = rj < KW - 1
@@ -114,7 +115,7 @@ def conv_section_block(s1: int, s2: int, widest: int = 64) -> int:
 def causal_conv(
     x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, cu_seqlens: torch.Tensor,
     state_slots: torch.Tensor, context_lens: torch.Tensor, max_seqlen: int, out: torch.Tensor | None = None,
-    sections: tuple[int, int] | None = None,
+    sections: tuple[int, int] | None = None, write_state: bool = True,
 ):
     """SiLU(causal depthwise conv) for B sequences packed in x [T, C] (cu_seqlens [B+1]); updates conv_pool
     [S, C, K-1] at state_slots [B] in place (context_lens [B] == 0: start from zeros). weight [C, K] (any strides; pass
@@ -123,7 +124,9 @@ def causal_conv(
     when max_seqlen == 1 (one token per sequence: each program reads all of its x before it writes y).
     sections (S1, S2): instead, y's channels [0, S1), [S1, S1 + S2), [S1 + S2, C) as three contiguous tensors
     [T, S1], [T, S2], [T, C - S1 - S2] (one buffer, no out=): the DeltaNet prefill's q, k, v, which fla-core would
-    otherwise copy to make contiguous (its input guard: 3 copies a layer). The same values as y's column slices."""
+    otherwise copy to make contiguous (its input guard: 3 copies a layer). The same values as y's column slices.
+    write_state False: conv_pool is only read (a speculative verify's rows: triton_verify.conv_commit writes the
+    window of the rows kept); the same outputs."""
     t, c = x.shape
     kw = weight.shape[1]
     if weight.shape[0] != c or tuple(conv_pool.shape[1:]) != (c, kw - 1):
@@ -156,7 +159,7 @@ def causal_conv(
             x, weight, conv_pool, cu_seqlens, state_slots, context_lens, y,
             c, x.stride(0), weight.stride(0), weight.stride(1), conv_pool.stride(0), conv_pool.stride(1),
             conv_pool.stride(2), c if sections is not None else y.stride(0), t, s1, s2, KW=kw, KWP=kwp, BT=bt, BC=bc,
-            SECTIONS=sections is not None, num_warps=4,
+            SECTIONS=sections is not None, num_warps=4, **({} if write_state else {"STATE": False}),
         )
     if sections is None:
         return y
@@ -288,6 +291,18 @@ def _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, 
     """One decode token of sequence bi, value head h, on the state columns rv (all DV of them or a block) given
     their values s and addresses sp (_state_columns): L2-normed q/k of key head h // R, the gates,
     S <- exp(g) S + k (beta (v - S^T k))^T written back in place (fp32), and returns o = S^T q over rv (fp32)."""
+    s, q = delta_rule_update(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, bi, h, rv, stride_qt, stride_at, stride_bt,
+                             key_dim, scale, R, DK, DV)
+    tl.store(sp, s)
+    return tl.sum(s * q[:, None], axis=0)  # S^T q
+
+
+@triton.jit
+def delta_rule_update(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, bi, h, rv, stride_qt, stride_at, stride_bt,
+                      key_dim, scale, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
+    """The delta rule of one token (row bi of qkv/a/b) on state columns s [DK, len(rv)] (fp32) of value head h:
+    (the updated columns, the token's L2-normed and scaled q [DK]); o = sum(s * q[:, None], axis=0). Shared by the
+    decode step and the verify kernels (triton_verify.py), so a token's state and output are one arithmetic."""
     kh = h // R
     rk = tl.arange(0, DK)
     row = qkv_ptr + bi.to(tl.int64) * stride_qt
@@ -304,8 +319,7 @@ def _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, 
     mem = tl.sum(s * k[:, None], axis=0)  # S^T k
     u = beta * (v - mem)
     s = s + k[:, None] * u[None, :]
-    tl.store(sp, s)
-    return tl.sum(s * q[:, None], axis=0)  # S^T q
+    return s, q
 
 
 @triton.jit
