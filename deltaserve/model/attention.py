@@ -43,7 +43,7 @@ class GatedAttention(nn.Module):
         if fast.enabled(x):
             return self._forward_fast(x, batch, cache)
         t = x.shape[0]
-        decode = batch.max_seqlen == 1
+        decode = batch.decode_rows
         qg, k, v = self._project(x, decode)
         if self.gated:
             qg = qg.view(t, self.hq, 2 * self.d)
@@ -104,19 +104,24 @@ class GatedAttention(nn.Module):
                     out: torch.Tensor | None = None) -> torch.Tensor:
         """Rows lo .. hi-1 of a decode step of one token a sequence (x: those rows; fast.mixer_decode): the fused
         projection, one kernel for q/k norms + RoPE + KV append, decode attention with the sigmoid gate in its
-        epilogue, o_proj (into out when given)."""
+        epilogue, o_proj (into out when given). A verification's rows (batch.verify) are decode rows too, each with
+        its own length and its sequence's table."""
         from ..kernels.attention import triton_paged as tp
 
         t, d = x.shape[0], self.d
         q, gate, (k_cache, v_cache, k_scale, v_scale) = self._project_and_write(
             x, batch.positions[..., lo:hi], batch.slot_mapping[lo:hi], cache, True)
-        block_tables = batch.block_tables[lo:hi]
+        tables, lens = (batch.row_block_tables, batch.row_context_lens) if batch.verify else (batch.block_tables,
+                                                                                             batch.context_lens)
+        block_tables = tables[lo:hi]
         max_kv = block_tables.shape[1] * batch.block_size
         fmt = fast.attn_merge_prep(self.o_proj, x, self.hq, d)  # the out projection's prep, made by the merge
         o = tp.paged_decode_attention(
-            q, k_cache, v_cache, block_tables, batch.context_lens[lo:hi], self.scale, max_kv, gate=gate, lens_add=1,
+            q, k_cache, v_cache, block_tables, lens[lo:hi], self.scale, max_kv, gate=gate, lens_add=1,
             k_scale=k_scale, v_scale=v_scale, merge=tp.merge_shape(throughput=fast.throughput_deployment(self)),
-            settled=True,  # earlier forwards wrote every position but the new token's (each starts without PDL)
+            # earlier forwards wrote every position but the new token's (each starts without PDL); not so for a
+            # verification's rows, which read the K/V of the rows before them, written by this forward
+            settled=not batch.verify,
             prep=fmt,
         )
         if fmt is not None:
@@ -131,8 +136,8 @@ class GatedAttention(nn.Module):
         from ..kernels.attention import triton_paged as tp
 
         t, d = x.shape[0], self.d
-        decode = batch.max_seqlen == 1
-        if decode and batch.num_tokens == batch.num_seqs:  # one token per sequence
+        decode = batch.decode_rows
+        if batch.verify or (decode and batch.num_tokens == batch.num_seqs):  # one token per sequence, or rows
             return fast.mixer_decode(self, "attention", x, batch, cache)  # all rows, or two halves on two streams
         q, gate, (k_cache, v_cache, k_scale, v_scale) = self._project_and_write(
             x, batch.positions, batch.slot_mapping, cache, decode)

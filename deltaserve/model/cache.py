@@ -93,6 +93,10 @@ class HybridCache:
         self.v_scale: dict[int, torch.Tensor] = {}
         self.conv: dict[int, torch.Tensor] = {}
         self.ssm: dict[int, torch.Tensor] = {}
+        # The last verification forward's (ForwardBatch.verify) per-DeltaNet-layer record, until
+        # Qwen3_5ForCausalLM.commit_verified consumes it: the fast path's inputs to replay, or the reference path's
+        # states after each row of each sequence.
+        self.verify_inputs: dict[int, tuple] = {}
         hkv, d = config.num_key_value_heads, config.head_dim
         mtp = range(config.num_hidden_layers, config.num_hidden_layers + mtp_layers)  # model/mtp.mtp_cache_layer
         for layer in [*config.full_attention_layers, *mtp]:

@@ -18,6 +18,16 @@ Layout of one call with B sequences and T = sum(new tokens):
   embeds_rows    [M]  int64   optional: rows of the T tokens whose input embedding is replaced (image tokens) ...
   embeds         [M, H]       ... by these rows (vision features), instead of the token embedding
 
+Speculative verification (verify=True): every new token is a DECODE ROW. Token i of sequence b (the last sampled
+token, then the drafts) gets the bits a one-token decode step at cache index context_lens[b] + i would give it
+after tokens 0 .. i-1 were decoded; the decode kernels serve it, each attention row reading its own length:
+  row_context_lens  [T]  int64   context_lens[b] + i of each row
+  row_block_tables  [T, max_blocks] int32  the row's sequence's block table (as wide as its decode steps' tables:
+                                          the width sizes the attention's split grid, part of a row's bits)
+The DeltaNet state of a sequence of several rows is NOT advanced by the forward: the engine calls
+`model.commit_verified(batch, cache, keep)` with the rows to keep once the acceptance is known (until then the
+slots of such sequences are unspecified). A sequence of one row is an ordinary decode step.
+
 Invariants: a sequence with context_len == 0 starts from a zero DeltaNet state whatever its slot holds (so the
 engine never has to clear slots); cache index of new token i of sequence b is context_lens[b] + i.
 """
@@ -51,6 +61,14 @@ class ForwardBatch:
     # Multimodal: token rows whose embedding is given (image features) rather than looked up; None for text.
     embeds_rows: torch.Tensor | None = None
     embeds: torch.Tensor | None = None
+    verify: bool = False  # host flag: every token a decode row (speculative verification; see the module doc)
+    row_context_lens: torch.Tensor | None = None  # [T], verify only
+    row_block_tables: torch.Tensor | None = None  # [T, max_blocks], verify only
+
+    @property
+    def decode_rows(self) -> bool:
+        """Every token runs the decode kernels as a row of its own: a decode step, or a verification."""
+        return self.verify or self.max_seqlen == 1
 
     @property
     def num_seqs(self) -> int:
@@ -86,6 +104,7 @@ class ForwardBatch:
         device: torch.device | str = "cpu",
         positions: Sequence[Sequence[int]] | None = None,
         logits: str | Sequence[int] = "last",
+        verify: bool = False,
     ) -> "ForwardBatch":
         """Build a batch from plain lists.
 
@@ -94,6 +113,8 @@ class ForwardBatch:
         block_tables[b] the KV blocks of b, enough to hold context_lens[b] + len(token_ids[b]) tokens
         positions[b]    RoPE positions of the new tokens (default: their cache indices)
         logits          "last" (last new token of each sequence), "all", or explicit flat token indices
+        verify          every token a decode row (speculative verification): fills row_context_lens and
+                        row_block_tables
         """
         n = len(token_ids)
         if not (len(context_lens) == len(block_tables) == len(state_slots) == n):
@@ -133,6 +154,8 @@ class ForwardBatch:
         def as_tensor(x, dtype=torch.int64):
             return torch.tensor(x, dtype=dtype, device=device)
 
+        row_seq = [b for b in range(n) for _ in range(seq_lens[b])]
+        row_ctx = [context_lens[b] + i for b in range(n) for i in range(seq_lens[b])]
         return cls(
             input_ids=as_tensor(flat_ids),
             positions=as_tensor(flat_pos),
@@ -146,4 +169,7 @@ class ForwardBatch:
             context_lens_cpu=list(context_lens),
             block_size=block_size,
             logits_all_rows=logit_idx == list(range(cu[-1])),
+            verify=verify,
+            row_context_lens=as_tensor(row_ctx) if verify else None,
+            row_block_tables=tables[row_seq].to(device) if verify else None,
         )

@@ -80,6 +80,38 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = fast.linear(proj, x, True, conv=conv).split(proj.sizes, dim=-1)
         return self._step_and_out(x, mixed, z, b, a, cache.ssm[self.layer], slots, ctx, out=out)
 
+    def verify_rows(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
+        """A verification's rows (batch.verify; fast path): each sequence's rows through the decode arithmetic in
+        order (kernels/gated_delta/triton_verify.py), with the decode step's bits: the decode GEMV of the in
+        projection, the conv over the rows without writing the window (its multi-token path equals the GEMV's conv
+        epilogue), the verify step with the deployment's step shape and out-projection prep, the out projection.
+        The state is left for commit_verify, which replays the kept rows from the inputs kept in the cache."""
+        from ..kernels.gated_delta import triton_decode as td
+        from ..kernels.gated_delta import triton_verify as tv
+
+        qkv, z, b, a = self._project(x, True)
+        conv_w = self.conv1d.weight[:, 0, :]
+        mixed = td.causal_conv(qkv, conv_w, cache.conv[self.layer], batch.cu_seqlens, batch.state_slots,
+                               batch.context_lens, batch.max_seqlen, write_state=False)
+        fmt = fast.gdn_step_prep(self.out_proj, x, self.dv, self.hv)
+        dv_block = td.step_dv_block(throughput=fast.throughput_deployment(self))
+        y = tv.gdn_verify_step(mixed, z, a, b, self.A_log, self.dt_bias, self.norm.weight, cache.ssm[self.layer],
+                               batch.cu_seqlens, batch.state_slots, batch.context_lens, self.hk, self.norm.eps,
+                               prep=fmt, dv_block=dv_block)
+        if fmt is not None:
+            y = fast.attach_prep(y[0], fmt, y[1])
+        cache.verify_inputs[self.layer] = (qkv, mixed, a, b, dv_block)  # what commit_verify replays
+        return fast.linear(self.out_proj, y, True)
+
+    def commit_verify(self, batch: ForwardBatch, cache: HybridCache, keep: torch.Tensor) -> None:
+        """After verify_rows: each sequence's conv window and state after its first keep[b] rows ([B] device)."""
+        from ..kernels.gated_delta import triton_verify as tv
+
+        qkv, mixed, a, b, dv_block = cache.verify_inputs.pop(self.layer)
+        tv.conv_commit(qkv, cache.conv[self.layer], batch.cu_seqlens, batch.state_slots, batch.context_lens, keep)
+        tv.gdn_verify_commit(mixed, a, b, self.A_log, self.dt_bias, cache.ssm[self.layer], batch.cu_seqlens,
+                             batch.state_slots, batch.context_lens, keep, self.hk, dv_block=dv_block)
+
     def _step_and_out(self, x: torch.Tensor, mixed, z, b, a, ssm_pool: torch.Tensor, slots: torch.Tensor,
                       ctx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """The DeltaNet decode step over the conv's output, then the out projection (its prep made by the step)."""
@@ -126,6 +158,8 @@ class GatedDeltaNet(nn.Module):
         from ..kernels.gated_delta import triton_decode as td
 
         t = x.shape[0]
+        if batch.verify:
+            return self.verify_rows(x, batch, cache)
         decode = batch.max_seqlen == 1
         conv_pool, ssm_pool = cache.conv[self.layer], cache.ssm[self.layer]
         conv_w = self.conv1d.weight[:, 0, :]

@@ -53,14 +53,14 @@ class DecoderLayer(nn.Module):
         else:
             h = self.linear_attn(h, batch, cache)
         x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x), decode=batch.max_seqlen == 1)
+        return x + self.mlp(self.post_attention_layernorm(x), decode=batch.decode_rows)
 
     def _forward_fast(self, x, batch: ForwardBatch, cache: HybridCache, rope) -> torch.Tensor:
         """Same math, fewer launches: add_rms_norm writes x + h and its post-attention norm in one kernel, and the
         feed-forward block adds the residual itself (the MoE decode kernels inside their combine launch)."""
         from ..kernels.triton_norm import add_rms_norm
 
-        decode = batch.max_seqlen == 1
+        decode = batch.decode_rows
         mixer, group = (self.self_attn, "qkv_proj") if self.is_attention else (self.linear_attn, "in_proj")
         h = fast.norm_for_gemv(self.input_layernorm, x, fusion.fused(mixer, group), decode)  # + the GEMV's prep
         if self.is_attention:
@@ -121,6 +121,8 @@ class Qwen3_5ForCausalLM(nn.Module):
     def hidden_states(self, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
         """Hidden states [T, H] of every new token after the last layer, before the final norm."""
         cfg = self.config
+        if batch.verify and not fast.enabled(self.norm.weight):
+            return self._verify_reference(batch, cache)[0]
         x = fast.embed(self.embed_tokens, batch.input_ids)  # the forward's first kernel: launched without PDL
         if batch.embeds_rows is not None:  # image tokens: their vision features replace the placeholder's embedding
             x = x.index_copy(0, batch.embeds_rows, batch.embeds.to(x.dtype))
@@ -159,9 +161,69 @@ class Qwen3_5ForCausalLM(nn.Module):
     def forward_with_hidden(self, batch: ForwardBatch, cache: HybridCache) -> tuple[torch.Tensor, torch.Tensor]:
         """(forward's logits [N, V], the hidden states [N, H] of the same rows AFTER the final norm: the h_i the MTP
         head drafts from, spec 3.9). The logits are forward's, bit for bit."""
+        if batch.verify and not fast.enabled(self.norm.weight):
+            _, logits, normed = self._verify_reference(batch, cache, head=True)
+            return logits[batch.logits_indices], normed[batch.logits_indices]
         hidden = self.hidden_states(batch, cache)
         picked = hidden if batch.logits_all_rows else hidden[batch.logits_indices]  # the identity: no gather
         return self._head(picked)
+
+    def _verify_reference(self, batch: ForwardBatch, cache: HybridCache, head: bool = False):
+        """A verification (batch.verify) on the reference path, as what it promises: decode steps, step i taking
+        token i of every sequence that has one. (hidden states [T, H], and with head each step's logits [T, V] and
+        final-norm output [T, H], else None twice), rows in the batch's order; for sequences of several rows the
+        DeltaNet states after each row are kept in the cache for commit_verified."""
+        starts = batch.cu_seqlens_cpu.tolist()
+        hidden, logits, normed = [None] * batch.num_tokens, [None] * batch.num_tokens, [None] * batch.num_tokens
+        states: dict[int, list] = {}  # sequence -> [(conv, ssm) of every DeltaNet layer after row i, ...]
+        for i in range(batch.max_seqlen):
+            seqs = [b for b, n in enumerate(batch.seq_lens_cpu) if n > i]
+            rows = torch.tensor([starts[b] + i for b in seqs], device=batch.input_ids.device)
+            pick = torch.tensor(seqs, device=batch.input_ids.device)
+            step = ForwardBatch(
+                input_ids=batch.input_ids[rows], positions=batch.positions[..., rows],
+                cu_seqlens=torch.arange(len(seqs) + 1, device=rows.device), context_lens=batch.context_lens[pick] + i,
+                block_tables=batch.block_tables[pick], slot_mapping=batch.slot_mapping[rows],
+                state_slots=batch.state_slots[pick], logits_indices=torch.arange(len(seqs), device=rows.device),
+                seq_lens_cpu=[1] * len(seqs), context_lens_cpu=[batch.context_lens_cpu[b] + i for b in seqs],
+                block_size=batch.block_size, logits_all_rows=True,
+            )
+            h = self.hidden_states(step, cache)
+            made = self._head(h) if head else (h, h)  # per step, as the decode steps make them
+            for j, row in enumerate(rows.tolist()):
+                hidden[row], logits[row], normed[row] = h[j], made[0][j], made[1][j]
+            for b in seqs:
+                if batch.seq_lens_cpu[b] > 1:
+                    slot = int(batch.state_slots[b])
+                    states.setdefault(b, []).append({l: (cache.conv[l][slot].clone(), cache.ssm[l][slot].clone())
+                                                     for l in cache.conv})
+        cache.verify_inputs[-1] = states  # the reference path's record: one entry for every layer
+        if not head:
+            return torch.stack(hidden), None, None
+        return torch.stack(hidden), torch.stack(logits), torch.stack(normed)
+
+    def commit_verified(self, batch: ForwardBatch, cache: HybridCache, keep: torch.Tensor) -> None:
+        """After a verification forward (batch.verify): set each sequence's DeltaNet conv windows and states to those
+        after its first keep[b] rows (a device tensor [B], >= 1: the token verified first is always kept; it is
+        clipped to the sequence's rows). Every sequence of the batch needs its entry, one-row ones included."""
+        if not batch.verify:
+            raise ValueError("commit_verified: the batch is not a verification (ForwardBatch.verify)")
+        if keep.numel() != batch.num_seqs:
+            raise ValueError(f"commit_verified: keep has {keep.numel()} entries for {batch.num_seqs} sequences")
+        states = cache.verify_inputs.pop(-1, None)
+        if states is not None:  # the reference path: the states after row keep - 1
+            for b, per_row in states.items():
+                k = min(int(keep[b]), len(per_row))
+                if k < 1:
+                    raise ValueError(f"commit_verified: keep[{b}] is {int(keep[b])}; the first row is always kept")
+                slot = int(batch.state_slots[b])
+                for layer, (conv, ssm) in per_row[k - 1].items():
+                    cache.conv[layer][slot].copy_(conv)
+                    cache.ssm[layer][slot].copy_(ssm)
+            return
+        for layer in self.layers:
+            if not layer.is_attention:
+                layer.linear_attn.commit_verify(batch, cache, keep)
 
     def draft(self, batch: ForwardBatch, cache: HybridCache, hidden: torch.Tensor, step: int = 0
               ) -> tuple[torch.Tensor, torch.Tensor]:
