@@ -11,7 +11,7 @@ import torch
 
 from deltaserve.model import ForwardBatch
 from model_helpers import make_hf_model, ours_from_state_dict
-from test_verify_interpret import ROWS, decode_rows
+from verify_helpers import ROWS, check_verify_equals_decode, decode_rows
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,10 @@ def test_build_fills_the_rows_metadata():
     assert fb.row_block_tables.tolist() == [[0, 1], [0, 1], [0, 1], [2, 3]]
     plain = ForwardBatch.build([[1, 2, 3]], [5], [[0, 1]], [0], 4)
     assert not plain.verify and not plain.decode_rows and plain.row_context_lens is None
+
+
+def test_verify_equals_decode_steps_fp32(model):
+    check_verify_equals_decode(model, torch.float32, batch_invariant=False)
 
 
 @torch.no_grad()
