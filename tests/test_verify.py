@@ -1,6 +1,6 @@
 """Speculative verification on the reference path (fp32, CPU): a verify forward (ForwardBatch.verify) is the decode
 steps it stands for, and commit_verified(keep) leaves the cache of decoding exactly the kept rows. (The fast path,
-bit for bit against its decode kernels: test_verify_interpret.py and tests/gpu/test_verify_gpu.py.)"""
+bit for bit against its decode kernels: test_verify_interpret.py, and on CUDA the GPU model tests.)"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (ForwardBatch.verify: each sequence's last token and its drafts as decode rows) gives every row the logits of a
 one-token decode step at that position, bit for bit; after commit_verified(keep) the cache (DeltaNet conv windows
 and states, the K/V of the kept positions) is the cache of decoding exactly the kept rows, so every later step's
-logits are the same bits too (verify_helpers.check_verify_equals_decode). On CUDA: tests/gpu/test_verify_gpu.py.
+logits are the same bits too (verify_helpers.check_verify_equals_decode). On CUDA: test_verify_equals_decode_steps in tests/gpu/test_model_fast_path.py and test_model_mma_path.py.
 The reference path's verify: tests/test_verify.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shared parts of the verification tests (test_verify.py, test_verify_interpret.py, tests/gpu/test_verify_gpu.py):
+"""Shared parts of the verification tests (test_verify.py, test_verify_interpret.py, the GPU model tests):
 rows of drafts, decoding them token after token, and the whole check of a verify forward against those decode steps
 (logits bit for bit) and of its commit against decoding exactly the kept rows (DeltaNet windows and states, K/V)."""
 

@@ -162,3 +162,11 @@ def test_pdl_equals_serial_launches(models, monkeypatch):
     serial = decode_logits(gpu, prompts, 5, graph=True)
     assert torch.equal(with_pdl, serial)
     assert torch.equal(with_pdl_eager, serial)
+
+
+def test_verify_equals_decode_steps(models):
+    """Speculative verification (docs/speculative.md): a verify forward's logits == the decode steps' bit for bit,
+    and its commit == decoding the kept rows (verify_helpers.check_verify_equals_decode)."""
+    from verify_helpers import check_verify_equals_decode
+
+    check_verify_equals_decode(models[1], torch.bfloat16, "cuda", reference_prefill=False)

@@ -333,3 +333,25 @@ def test_moe_tile_sets_equal_joint_launches(models, monkeypatch):
     for graph, got in forked.items():
         how = "graph" if graph else "eager"
         assert torch.equal(got, joint), f"{mode}: the MoE's tile sets ({how}) change the logits"
+
+
+@pytest.mark.parametrize("deployment", [None, "head", "mma"])
+def test_verify_equals_decode_steps(models, deployment):
+    """Speculative verification on the q4 model in every mode (and each deployment, which fixes the step shape, the
+    merge shape and the GEMV family: fast.set_decode_gemv): a verify forward's logits == the decode steps' bit for
+    bit, and its commit == decoding the kept rows (verify_helpers.check_verify_equals_decode)."""
+    from verify_helpers import check_verify_equals_decode
+
+    if deployment is not None:
+        fast.set_decode_gemv(models[1], deployment)
+    try:
+        check_verify_equals_decode(models[1], torch.bfloat16, "cuda", reference_prefill=False)
+    finally:
+        fast.set_decode_gemv(models[1], "head")
+
+
+def test_verify_with_the_step_prep(prep_model, default_paths):
+    """The same where the DeltaNet step writes its out projection's prep: the verify step writes it the same way."""
+    from verify_helpers import check_verify_equals_decode
+
+    check_verify_equals_decode(prep_model, torch.bfloat16, "cuda", reference_prefill=False)
