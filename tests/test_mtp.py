@@ -28,7 +28,7 @@ def ckpt(request, tmp_path_factory):
     files = {}
     for f in sorted(path.glob("model*.safetensors")):
         files.update({k: v.double() for k, v in load_file(str(f)).items()})
-    return load_checkpoint(path, progress=False), files
+    return load_checkpoint(path, progress=False, mtp=True), files
 
 
 # ---- the spec's equations in fp64 ----------------------------------------------------------------------------------

@@ -31,9 +31,10 @@ from .safetensors_io import DTYPE_BYTES, SafetensorsCheckpoint
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
+MTP_CLASS = "mtp head (drafting)"  # resident only when loaded for speculative decoding (load_checkpoint(mtp=True))
 # (class, pattern on our parameter path); first match wins.
 LAYER_CLASSES = (
-    ("mtp head (drafting)", r"^mtp\."),
+    (MTP_CLASS, r"^mtp\."),
     ("embedding", r"^embed_tokens\."),
     ("lm_head", r"^lm_head\."),
     ("attention q/k/v/o", r"\.self_attn\.[qkvo]_proj\."),
@@ -59,15 +60,17 @@ class CheckpointSizes:
     disk_bytes: int | None = None  # all safetensors tensors (MTP / vision included), None when config-only
     files: int = 0
     tensors: int = 0
-    mtp_layers: int = 0  # MTP layers the checkpoint holds (loaded by default: in rows and resident_bytes)
+    mtp_layers: int = 0  # MTP layers the checkpoint holds: their row MTP_CLASS, resident only when drafting
 
     @property
     def parameters(self) -> float:
-        return sum(r[0] for r in self.rows.values())
+        """The text model's parameters, as load_checkpoint loads it by default (without the MTP head)."""
+        return sum(r[0] for k, r in self.rows.items() if k != MTP_CLASS)
 
     @property
     def resident_bytes(self) -> float:
-        return sum(r[1] for r in self.rows.values())
+        """What load_checkpoint allocates by default (the MTP head, loaded for drafting only, apart: rows[MTP_CLASS])."""
+        return sum(r[1] for k, r in self.rows.items() if k != MTP_CLASS)
 
 
 def checkpoint_sizes(path: str | Path) -> CheckpointSizes:
@@ -77,7 +80,7 @@ def checkpoint_sizes(path: str | Path) -> CheckpointSizes:
     ckpt = SafetensorsCheckpoint(path) if any(path.glob("*.safetensors")) else None
     mtp_layers = 0
     if ckpt is not None:
-        mtp_layers = mtp_layers_to_load(config, ckpt.names, None, str(path))  # what load_checkpoint loads
+        mtp_layers = mtp_layers_to_load(config, ckpt.names, None, str(path))  # the head, when there is one
         fmt = get_format(config, ckpt.names, source=str(path), mtp=mtp_layers > 0)
         factory, offset, kind = fmt.weight_factory(), fmt.norm_offset, fmt.name
     else:
@@ -180,14 +183,20 @@ def _table(rows: dict[str, list[float]]) -> list[str]:
     out = [f"  {'layer class':<24}{'parameters':>16}{'bits/weight':>13}{'resident':>14}"]
     total_p = total_b = 0
     for name, _ in LAYER_CLASSES:
-        if name not in rows:
+        if name not in rows or name == MTP_CLASS:
             continue
         params, nbytes = rows[name]
         total_p, total_b = total_p + params, total_b + nbytes
-        out.append(f"  {name:<24}{_count(params):>16}{8 * nbytes / max(params, 1):>13.2f}{_size(nbytes):>14}")
+        out.append(_row(name, params, nbytes))
     out.append(f"  {'total (text model)':<24}{_count(total_p):>16}{8 * total_b / max(total_p, 1):>13.2f}"
                f"{_size(total_b):>14}  ({total_b / 2**30:.2f} GiB resident)")  # fmt: skip
+    if MTP_CLASS in rows:
+        out.append(_row(MTP_CLASS, *rows[MTP_CLASS]) + "  (+ when loaded to draft)")
     return out
+
+
+def _row(name: str, params: float, nbytes: float) -> str:
+    return f"  {name:<24}{_count(params):>16}{8 * nbytes / max(params, 1):>13.2f}{_size(nbytes):>14}"
 
 
 def _count(n: float) -> str:
