@@ -109,7 +109,8 @@ def cmd_run(args) -> int:
     prompt = prompt_from_args(args)  # read (and checked) before the model is loaded
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=1,
               moe_kernels=args.moe_kernels,
-              cuda_graphs=False if args.enforce_eager else None, kv_cache_dtype=args.kv_cache_dtype)
+              cuda_graphs=False if args.enforce_eager else None, kv_cache_dtype=args.kv_cache_dtype,
+              speculative_tokens=args.speculative_tokens)
     params = sampling_from_args(args, llm)
     chat = not args.no_chat and llm.tokenizer_info is not None and bool(llm.tokenizer_info.chat_template)
     images = [{"type": "image", "image": p} for p in args.image]  # with the prompt, or the chat's first turn
@@ -369,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="attention K/V cache: auto = the activation dtype, fp8 = e4m3 with a scale per token and head")
     run.add_argument("--moe-kernels", default="mma", choices=["mma", "cuda"],
                      help="GPU kernels of q4 MoE blocks: mma (tensor cores, default) or cuda (batch-1-only serving)")
+    run.add_argument("--speculative-tokens", type=int, default=0, choices=range(0, 5), metavar="K",
+                     help="draft K = 1..4 tokens a step with the checkpoint's MTP head (the same reply; default 0)")
     run.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, no chat template")
     run.add_argument("--image", action="append", default=[], metavar="PATH",
                      help="an image for the prompt (or the chat's first turn); repeat for several (docs/vision.md)")

@@ -35,6 +35,7 @@ from .request import FinishReason, Request
 from .runner import ModelRunner, StepHandle
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from .speculative import MTPDrafter, SpeculativeDecoder, check_speculative_tokens
 from .structured import GRAMMAR_DEAD_END, StructuredOutputs
 
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -75,6 +76,10 @@ class EngineConfig:
     # The MoE blocks' kernel family for q4 experts (model/plan.py KernelPlan.moe): "mma" (tensor cores, every token
     # count) or "cuda" (CUDA-core decode kernels: 1.4% faster at batch 1, much slower prefill and batched decode).
     moe_kernels: str = "mma"
+    # Speculative decoding with the checkpoint's MTP head (engine/speculative.py, docs/speculative.md): k = 1..4
+    # drafts a step, verified in one forward; the reply is bit for bit the undrafted one. 0: off. Drafting steps
+    # run eagerly and wait for their own read-back (no decode graphs, no one-step lookahead while it is on).
+    speculative_tokens: int = 0
 
 
 class LLMEngine:
@@ -85,8 +90,16 @@ class LLMEngine:
         eos_token_ids: Sequence[int] = (),
         config: EngineConfig | None = None,
         images: ImageSupport | None = None,  # the vision tower and image processor (None: text only)
+        draft_source=None,  # speculative decoding's drafts (engine/speculative.DraftSource); None: the MTP head
     ):
         config = config or EngineConfig()
+        spec_k = check_speculative_tokens(config.speculative_tokens)
+        if spec_k and getattr(model, "mtp", None) is None and draft_source is None:
+            raise ValueError("speculative_tokens > 0 needs the model's MTP head: this model has none (the checkpoint "
+                             "lacks one, e.g. an mlx-community conversion, or it was loaded with mtp=False)")
+        self.mtp_kv = bool(spec_k) and draft_source is None  # the MTP head drafts: its KV in the cache
+        if spec_k:
+            config = replace(config, cuda_graphs=False)  # drafting steps run eagerly (docs/speculative.md)
         self.images = images
         self.model = model
         self.tokenizer = tokenizer
@@ -116,7 +129,8 @@ class LLMEngine:
         # num_blocks and max_num_seqs are the padding rows' scratch, never owned by a request.
         extra = int(config.cuda_graphs)
         self.cache = model.make_cache(self.num_blocks + extra, config.block_size, config.max_num_seqs + extra,
-                                      kv_dtype=self.kv_dtype, num_snapshots=self.num_snapshots)
+                                      kv_dtype=self.kv_dtype, num_snapshots=self.num_snapshots,
+                                      **({"mtp": True} if self.mtp_kv else {}))
         sched_cfg = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
         blocks = BlockPool(self.num_blocks, config.block_size)
         self.prefix_cache = None
@@ -137,6 +151,12 @@ class LLMEngine:
             graphs = DecodeGraphs(model, self.cache, config.max_num_seqs, self.num_blocks, max_blocks, buckets)
             prefill_graphs = PrefillGraphs(model, self.cache, (config.max_num_batched_tokens,), max_blocks)
         self.runner = ModelRunner(model, self.cache, self.device, graphs, prefill_graphs)
+        self.spec = None
+        if spec_k:
+            reserve = lambda req, tokens: blocks.may_append(req.block_table, tokens)  # noqa: E731 (draft KV rows)
+            source = draft_source or MTPDrafter(model, self.cache, config.block_size, self.device, reserve)
+            self.spec = SpeculativeDecoder(model, self.cache, self.runner.sampler, self.device, spec_k, source)
+            self.runner.spec = self.spec
         self.rng = random.Random(config.seed)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -146,7 +166,14 @@ class LLMEngine:
 
     def _spec(self):
         dtype = cuda_graph.activation_param(self.model).dtype
-        return cache_spec(self.model.config, self.config.block_size, dtype, self.kv_dtype)
+        mtp = self.model.mtp.num_layers if self.mtp_kv else 0
+        return cache_spec(self.model.config, self.config.block_size, dtype, self.kv_dtype, mtp_layers=mtp)
+
+    @property
+    def spec_stats(self):
+        """Speculative decoding's totals (engine/speculative.SpecStats: drafted, accepted, mean acceptance length),
+        None when the engine does not draft."""
+        return self.spec.stats if self.spec is not None else None
 
     def _num_snapshots(self) -> int:
         """DeltaNet snapshots the prefix cache keeps: EngineConfig.prefix_state_budget bytes' worth, or by default
@@ -318,6 +345,8 @@ class LLMEngine:
             for req in handle.sampled_reqs:
                 req.num_pending += 1
             launched = (out, handle)
+            if self.spec is not None:  # drafting: each step is read back before the next is scheduled
+                return outputs + self._complete(out, handle)
         elif self._in_flight is None:
             if self.structured.holding:  # only requests whose grammar is still compiling: wait for one
                 self.structured.wait()
@@ -347,7 +376,7 @@ class LLMEngine:
         outputs = []
         for s in out.seqs:
             req = s.request
-            if s.sample:
+            if s.sample and req.request_id not in handle.spec_tokens:
                 req.num_pending -= 1
             if req.is_finished:  # aborted, or stopped by an earlier step's token: this step's token is dropped
                 continue
@@ -358,6 +387,20 @@ class LLMEngine:
                 if s.start + s.num_new_tokens == req.num_prompt_tokens:
                     self._finish(req, FinishReason.LENGTH)
                     outputs.append(self._output(req, []))
+            elif req.request_id in handle.spec_tokens:  # a verified row: its accepted drafts and the bonus token
+                tokens = handle.spec_tokens[req.request_id]
+                req.num_computed_tokens += len(tokens) - 1  # the accepted drafts are in the cache now
+                # (a request asking for logprobs does not draft: one token, its logprobs as a decode step's)
+                lp = self.runner.sampler.pop_logprobs(req.request_id) if req.params.logprobs is not None else None
+                new = []
+                for token in tokens:
+                    if self._append_token(req, token):
+                        new.append(token)
+                        if lp is not None:
+                            req.output_logprobs.append({t: Logprob(v, rank) for t, (v, rank) in lp.items()})
+                    if req.is_finished:  # a stop inside the accepted run: the rest is dropped
+                        break
+                outputs.append(self._output(req, new))
             elif s.sample:
                 token = result.sampled[req.request_id]
                 lp = self.runner.sampler.pop_logprobs(req.request_id) if req.params.logprobs is not None else None

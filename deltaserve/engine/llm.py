@@ -22,6 +22,7 @@ from .multimodal import ImageSupport, split_images
 from .outputs import RequestOutput
 from .prompts import is_one_prompt, prompt_parts
 from .sampling_params import SamplingParams
+from .speculative import check_speculative_tokens
 from .tokenizer import TokenizerInfo, load_tokenizer, read_generation_config
 
 # A prompt: text, token ids, or vLLM's dict {"prompt": text | "prompt_token_ids": ids, "multi_modal_data":
@@ -67,13 +68,16 @@ class LLM:
         prefix_state_budget: int | None = None,
         moe_kernels: str = "mma",
         generation_config: str = "auto",
+        speculative_tokens: int = 0,
     ):
         """limit_mm_per_prompt: {"image": N} most images per prompt (vLLM's spelling); {"image": 0} loads no vision
         tower. mm_processor_kwargs: image processor overrides (min_pixels, max_pixels, max_input_pixels).
         enable_prefix_caching / prefix_state_budget: the prefix cache (EngineConfig).
         generation_config (vLLM's): "auto" reads the checkpoint's generation_config.json for the sampling defaults
         that generate() / chat() use when given no SamplingParams (get_default_sampling_params); "vllm" ignores it
-        (SamplingParams() then). An explicit SamplingParams always stands as given."""
+        (SamplingParams() then). An explicit SamplingParams always stands as given.
+        speculative_tokens: k = 1..4 drafts a step from the checkpoint's MTP head (docs/speculative.md; the same
+        replies, bit for bit); a checkpoint without the head is refused with a clear error when k > 0."""
         from ..weights.loader import load_checkpoint  # lazy: loading pulls in every checkpoint format
         from ..weights.vision_format import checkpoint_has_vision
 
@@ -88,11 +92,13 @@ class LLM:
         max_images = _image_limit(limit_mm_per_prompt)
         tok = load_tokenizer(self.model_dir)
         vision = max_images != 0 and mcfg.vision_config is not None and checkpoint_has_vision(self.model_dir)
-        ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype, device), progress, vision=vision)
+        check_speculative_tokens(speculative_tokens)
+        ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype, device), progress, vision=vision,
+                               mtp=speculative_tokens > 0)  # the MTP head only to draft with
         config = EngineConfig(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, seed=seed,
                               cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype, decode_gemv=decode_gemv,
                               enable_prefix_caching=enable_prefix_caching, prefix_state_budget=prefix_state_budget,
-                              moe_kernels=moe_kernels)
+                              moe_kernels=moe_kernels, speculative_tokens=speculative_tokens)
         images = None
         if ckpt.vision is not None:
             images = ImageSupport.for_model(ckpt.vision, mcfg, self.model_dir, mm_processor_kwargs, max_images)

@@ -31,6 +31,16 @@ class RequestMetrics:
     first_token: float | None = None  # when the prefill produced the first output token
     finished: float | None = None
     num_cached_tokens: int = 0  # prompt tokens that came from the prefix cache
+    # speculative decoding (engine/speculative.py): drafts verified, drafts accepted, drafting steps
+    num_drafted: int = 0
+    num_accepted: int = 0
+    num_spec_steps: int = 0
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens a drafting step gave this request on average (accepted drafts + the target's own); None if it
+        never drafted."""
+        return (self.num_accepted + self.num_spec_steps) / self.num_spec_steps if self.num_spec_steps else None
 
     @property
     def prefill_seconds(self) -> float | None:
@@ -79,6 +89,7 @@ class Request:
     output_logprobs: list[dict] = field(default_factory=list)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     mm: Any = None  # engine.multimodal.RequestImages of a request with images (3-D positions, features); else None
+    draft_token_ids: list[int] = field(default_factory=list)  # speculative decoding: drafts its next step verifies
 
     @property
     def num_prompt_tokens(self) -> int:

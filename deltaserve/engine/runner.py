@@ -50,6 +50,10 @@ class StepHandle:
     ids: torch.Tensor | None = None  # [R] int64 host tensor (pinned on CUDA), valid once `event` completed
     event: torch.cuda.Event | None = None
     logits: dict[str, torch.Tensor] = field(default_factory=dict)  # logits_only request_id -> [n, V] (device)
+    # speculative decoding (engine/speculative.py): each drafting row's new tokens (read back already), and the
+    # prompt chunks' final-norm hidden states for the draft source
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)
+    hidden: dict[str, torch.Tensor] = field(default_factory=dict)
     _result: RunnerOutput | None = None  # read back once (structured output may ask before the engine does)
 
     def result(self) -> RunnerOutput:
@@ -78,6 +82,7 @@ class ModelRunner:
         self.graphs = graphs
         self.prefill_graphs = prefill_graphs
         self.graphs_off_device = False  # use the (eager) graph path where capture is impossible: tests on CPU
+        self.spec = None  # engine/speculative.SpeculativeDecoder when the engine drafts (its decode rows verify)
         self._graph_sampled = False  # the last decode part's ids came from its graph (which wrote last_token too)
         self.sampler = Sampler(self.vocab_size, cache.num_state_slots, self.device)
         # the newest sampled token of each state slot's sequence: the input of its next decode step (the decode
@@ -105,10 +110,16 @@ class ModelRunner:
         `before_sampling` (structured output's: the matchers take the previous step's tokens), called once after the
         first forward is launched and before the first sampling, so it overlaps that forward."""
         hooks = [before_sampling] if before_sampling is not None else []
-        decode = [s for s in out.seqs if s.num_new_tokens == 1 and s.sample and not s.request.in_prefill]
-        prefill = [s for s in out.seqs if not (s.num_new_tokens == 1 and s.sample and not s.request.in_prefill)]
+        is_decode = [s.num_new_tokens - s.num_drafts == 1 and s.sample and not s.request.in_prefill for s in out.seqs]
+        decode = [s for s, d in zip(out.seqs, is_decode) if d]
+        prefill = [s for s, d in zip(out.seqs, is_decode) if not d]
         handle = StepHandle()
         ids_parts: list[torch.Tensor] = []
+        if decode and self.spec is not None:  # verify the drafts (a decode step for rows without): synchronous
+            while hooks:
+                hooks.pop()()
+            handle.spec_tokens = self.spec.run(decode, self.cache.block_size).tokens
+            decode = []
         if decode:
             reqs = [s.request for s in decode]
             logits, ids = self._decode(decode)  # [Bd, V]; the graph's own plain sampling, when it serves the rows
@@ -125,6 +136,10 @@ class ModelRunner:
                     hooks.pop()()
                 ids_parts.append(self.sampler.sample(logits, reqs, [r.num_tokens for r in reqs]))
                 handle.sampled_reqs += reqs
+            if self.spec is not None:  # the draft source sees the prompt's pairs, and drafts after the last chunk
+                first = {r.request_id: ids_parts[-1][j] for j, r in enumerate(reqs)} if reqs else {}
+                self.spec.observe_prompt([(s, handle.hidden.pop(s.request.request_id, None)) for s in prefill
+                                          if not s.request.logits_only], first)
         if handle.sampled_reqs:
             ids = ids_parts[0] if len(ids_parts) == 1 else torch.cat(ids_parts)
             if not (decode and len(ids_parts) == 1 and self._graph_sampled):  # (the graph wrote its rows' tokens)
@@ -191,6 +206,8 @@ class ModelRunner:
         sampled: list[tuple[Request, torch.Tensor]] = []
         eager: list[ScheduledSeq] = []
         g = self.prefill_graphs
+        if self.spec is not None and self.spec.source is not None and self.spec.source.needs_hidden:
+            g = None  # the draft source needs the chunks' hidden states: the eager forward gives them
         if self._graphs_usable(g) and self._prefill_as_one_graph(chunks):
             self.prefill_graph_steps += 1
             reqs = [s.request for s in chunks]
@@ -252,7 +269,17 @@ class ModelRunner:
                                    [r.state_slot for r in reqs], self.cache.block_size, device=self.device,
                                    logits=logit_idx)
         multimodal.apply_to_batch(batch, chunks)  # requests with images: 3-D positions, image features
-        logits = self.model(batch, self.cache)  # [N, V] fp32
+        if self.spec is not None and self.spec.source is not None and self.spec.source.needs_hidden:
+            # forward's logits (the same calls: hidden states, then compute_logits of the picked rows), and every
+            # row's final-norm hidden state for the draft source
+            hidden = self.model.hidden_states(batch, self.cache)
+            picked = hidden if batch.logits_all_rows else hidden[batch.logits_indices]
+            logits = self.model.compute_logits(picked, decode=batch.decode_rows)
+            normed = self.model.norm(hidden)
+            for s, start in zip(chunks, batch.cu_seqlens_cpu.tolist()):
+                handle.hidden[s.request.request_id] = normed[start: start + s.num_new_tokens]
+        else:
+            logits = self.model(batch, self.cache)  # [N, V] fp32
         sampled = []
         for s, lo, hi in rows:
             if s.request.logits_only:

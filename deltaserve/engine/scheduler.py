@@ -51,6 +51,7 @@ class ScheduledSeq:
     start: int  # tokens already in the cache (= the new tokens' first cache index)
     num_new_tokens: int
     sample: bool  # the chunk reaches the end of the known tokens: a next token is sampled from its last logits
+    num_drafts: int = 0  # speculative decoding: the last num_drafts new tokens are drafts to verify
 
 
 @dataclass
@@ -135,11 +136,12 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        for req in self.running:  # decodes: one token each, unless outputs (pending ones too) reach max_tokens
+        for req in self.running:  # decodes: one token each (and its drafts), unless outputs reach max_tokens
             if not req.in_prefill and not req.logits_only and req.num_outputs < req.max_tokens:
-                out.seqs.append(self._scheduled(req, 1))
+                drafts = len(req.draft_token_ids)
+                out.seqs.append(self._scheduled(req, 1 + drafts, drafts))
         # prompt tokens: what the budget leaves, but at least one aligned chunk a step
-        budget = max(self.config.max_num_batched_tokens - len(out.seqs), self.align)
+        budget = max(self.config.max_num_batched_tokens - out.num_tokens, self.align)
         for req in self.running:
             if budget <= 0:
                 break
@@ -185,15 +187,15 @@ class Scheduler:
             req.resume_snapshot = match.snapshot
             self.prefix.hits += match.tokens
 
-    def _scheduled(self, req: Request, n: int) -> ScheduledSeq:
+    def _scheduled(self, req: Request, n: int, drafts: int = 0) -> ScheduledSeq:
         start = req.num_computed_tokens
-        reaches_end = start + n == req.num_tokens
-        return ScheduledSeq(req, start, n, sample=reaches_end and not req.logits_only)
+        reaches_end = start + n - drafts == req.num_tokens
+        return ScheduledSeq(req, start, n, sample=reaches_end and not req.logits_only, num_drafts=drafts)
 
     def update(self, out: SchedulerOutput) -> None:
-        """Record that the scheduled tokens are now in the cache."""
+        """Record that the scheduled tokens are now in the cache (drafts not: the engine counts those accepted)."""
         for s in out.seqs:
-            s.request.num_computed_tokens = s.start + s.num_new_tokens
+            s.request.num_computed_tokens = s.start + s.num_new_tokens - s.num_drafts
 
     def finish(self, req: Request, reason: FinishReason) -> None:
         """Finish a request (running or waiting) and give back its blocks and state slot."""

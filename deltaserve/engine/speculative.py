@@ -1,0 +1,239 @@
+"""Speculative decoding: draft k tokens, verify them in one target forward, keep the longest prefix the target agrees
+with. The contract is exactness: a drafted reply is bit for bit the undrafted one, whatever the acceptance.
+
+How a step of a drafting request goes (`SpeculativeDecoder.run`, the decode part of an engine step):
+  1. verify: its newest token t and its drafts d_1 .. d_k as k + 1 decode rows of one forward
+     (ForwardBatch.verify: each row has the logits of a one-token decode step at its position, bit for bit);
+  2. sample every row as a decode step would (the pure function of logits, seed and position): s_0 .. s_k;
+  3. accept: a = the number of leading drafts with d_{i+1} == s_i; the new tokens are s_0 .. s_a (s_a the
+     "bonus" token the target samples after the last accepted draft). Every token is the target's own sample at its
+     position from logits of a decode step's bits, so the reply is the undrafted one;
+  4. commit: the DeltaNet state after the a + 1 kept rows (model.commit_verified); the K/V rows of rejected
+     positions are simply written over by the next step (their blocks stay the request's: it grows into them);
+  5. draft: the draft source sees the kept rows (the MTP head: the target's final-norm hidden states and the next
+     tokens) and proposes the next k drafts.
+Requests with penalties, a grammar or logprobs do not draft (their sampling state or outputs follow each token);
+they still take one row of the verify forward, a decode step. A request's drafts never go past its last allowed token.
+
+Draft sources: `MTPDrafter` (the checkpoint's own head, model/mtp.py); anything with `propose` (tests use one that
+proposes the reply's own recorded tokens, right up to a chosen position).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+
+from ..model.forward_batch import ForwardBatch
+from .request import Request
+from .sampler import Sampler, uses_penalties
+from .transfer import to_device
+
+MAX_SPECULATIVE_TOKENS = 4
+
+
+def check_speculative_tokens(k: int) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise ValueError(f"speculative_tokens must be an integer in 0..{MAX_SPECULATIVE_TOKENS}, found {k!r}")
+    return k
+
+
+@dataclass
+class DraftRows:
+    """What a draft source sees of one request after a forward: the pairs (h_i, t_{i+1}) for positions i = start ..
+    start + n - 1, h the target's final-norm hidden state (what lm_head reads) and t the next token."""
+
+    request: Request
+    start: int
+    next_tokens: torch.Tensor  # [n] int64, on the device
+    hidden: torch.Tensor | None  # [n, H] (None where the source said it needs none)
+    frontier: bool  # the last next token is the request's newest: a draft chain can start from it
+    k: int = 0  # drafts wanted (0: only observe)
+
+
+class DraftSource(Protocol):
+    needs_hidden: bool  # whether the engine must hand it the target's hidden states (prefill chunks included)
+
+    def propose(self, rows: Sequence[DraftRows]) -> dict[str, list[int]]:
+        """Take in the rows (in position order per request), and return up to row.k drafts for each frontier row
+        (request_id -> draft ids)."""
+        ...
+
+
+def drafts_allowed(req: Request, k: int) -> int:
+    """Drafts the request may take: none with penalties or a grammar; never past its last allowed token (the bonus
+    token counts)."""
+    if uses_penalties(req) or req.grammar is not None or req.logits_only or req.params.logprobs is not None:
+        return 0
+    return max(0, min(k, req.max_tokens - req.num_outputs - 1))
+
+
+class MTPDrafter:
+    """The MTP head as the draft source: one pass over every request's new pairs (filling its KV at their
+    positions), then k - 1 one-row steps from each frontier row (hidden := the previous step's output, spec 3.9).
+    Drafts are the head's argmax: acceptance compares them with the target's own samples, so the output is exact
+    whatever the drafts are."""
+
+    needs_hidden = True
+
+    def __init__(self, model, cache, block_size: int, device: torch.device, reserve_blocks=None):
+        if getattr(model, "mtp", None) is None:
+            raise ValueError("speculative decoding with the model's own draft head needs its MTP head: this model has "
+                             "none (load the checkpoint with mtp=True; mlx-community conversions drop the head)")
+        self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
+        self.reserve_blocks = reserve_blocks  # (request, tokens) -> None: blocks for the chain's KV rows
+
+    @torch.inference_mode()
+    def propose(self, rows: Sequence[DraftRows]) -> dict[str, list[int]]:
+        if not rows:
+            return {}
+        flat, idx = 0, []
+        for r in rows:
+            flat += r.next_tokens.numel()
+            if r.frontier and r.k > 0:
+                idx.append((r, flat - 1))
+        batch = ForwardBatch.build([[0] * r.next_tokens.numel() for r in rows], [r.start for r in rows],
+                                   [r.request.block_table for r in rows], [r.request.state_slot for r in rows],
+                                   self.block_size, device=self.device, logits=[i for _, i in idx] or [0])
+        batch.input_ids = torch.cat([r.next_tokens for r in rows])
+        logits, y = self.model.draft(batch, self.cache, torch.cat([r.hidden for r in rows]))
+        if not idx:
+            return {}
+        chain = [(r, r.start + r.next_tokens.numel() - 1) for r, _ in idx]  # (request rows, last position q)
+        ids = logits.argmax(-1)
+        hidden = y[torch.tensor([i for _, i in idx], device=y.device)]
+        drafts = [ids]
+        for step in range(1, max(r.k for r, _ in chain)):
+            live = [j for j, (r, _) in enumerate(chain) if r.k > step]
+            if not live:
+                break
+            pick = torch.tensor(live, device=ids.device)
+            for j in live:  # the chain's row at position q + step writes the MTP KV there
+                r, q = chain[j]
+                if self.reserve_blocks is not None:
+                    self.reserve_blocks(r.request, q + step + 1)
+            sub = ForwardBatch.build([[0]] * len(live), [chain[j][1] + step for j in live],
+                                     [chain[j][0].request.block_table for j in live],
+                                     [chain[j][0].request.state_slot for j in live], self.block_size,
+                                     device=self.device)
+            sub.input_ids = drafts[-1].index_select(0, pick)
+            logits, y = self.model.draft(sub, self.cache, hidden.index_select(0, pick), step=step)
+            full = torch.zeros_like(ids)
+            full[pick] = logits.argmax(-1)
+            drafts.append(full)
+            hidden = hidden.clone()
+            hidden[pick] = y
+        table = torch.stack(drafts, 1).tolist()  # [F, steps]: the one read-back of the drafts
+        return {r.request.request_id: table[j][: r.k] for j, (r, _) in enumerate(chain)}
+
+
+@dataclass
+class SpecStats:
+    """The engine's totals: drafted and accepted tokens, verify steps (a drafting request's step)."""
+
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens a drafting step gave on average (accepted drafts + the target's own token)."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+
+@dataclass
+class SpecResult:
+    tokens: dict[str, list[int]] = field(default_factory=dict)  # request_id -> s_0 .. s_a
+
+
+class SpeculativeDecoder:
+    """The decode part of a speculative engine step (see the module doc), for rows of one new token plus drafts."""
+
+    def __init__(self, model, cache, sampler: Sampler, device: torch.device, k: int, source: DraftSource | None):
+        self.model, self.cache, self.sampler, self.device = model, cache, sampler, device
+        self.k = check_speculative_tokens(k)
+        self.source = source
+        self.stats = SpecStats()
+
+    def run(self, seqs, block_size: int) -> SpecResult:
+        """seqs: ScheduledSeq rows (start = the newest token's position, its token known on the host, the
+        request's draft_token_ids its drafts). Verifies, samples, accepts, commits, drafts again."""
+        reqs = [s.request for s in seqs]
+        rows = [[r.token_slice(s.start, s.start + 1)[0]] + r.draft_token_ids for s, r in zip(seqs, reqs)]
+        batch = ForwardBatch.build(rows, [s.start for s in seqs], [r.block_table for r in reqs],
+                                   [r.state_slot for r in reqs], block_size, device=self.device, logits="all",
+                                   verify=True)
+        logits, hidden = self.model.forward_with_hidden(batch, self.cache)
+        flat_reqs = [r for r, row in zip(reqs, rows) for _ in row]
+        positions = [r.num_tokens + i for r, row in zip(reqs, rows) for i in range(len(row))]
+        ids = self.sampler.sample(logits, flat_reqs, positions)
+        sampled = ids.tolist()  # the step's one read-back
+        result, keep, observed, at = SpecResult(), [], [], 0
+        for s, r, row in zip(seqs, reqs, rows):
+            got = sampled[at: at + len(row)]
+            a = 0
+            while a < len(row) - 1 and row[a + 1] == got[a]:
+                a += 1
+            result.tokens[r.request_id] = got[: a + 1]
+            keep.append(a + 1)
+            if len(row) > 1:
+                self.stats.drafted += len(row) - 1
+                self.stats.accepted += a
+                self.stats.steps += 1
+                r.metrics.num_drafted += len(row) - 1
+                r.metrics.num_accepted += a
+                r.metrics.num_spec_steps += 1
+            observed.append((s, r, at, a))
+            at += len(row)
+        self.model.commit_verified(batch, self.cache, to_device(keep, torch.int64, self.device))
+        self._draft_after_verify(observed, ids, hidden)
+        return result
+
+    def _draft_after_verify(self, observed, ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        """The draft source sees each request's kept rows (h_{start+i}, s_i), i <= a, and proposes the next drafts."""
+        if self.source is None:
+            return
+        rows = []
+        for s, r, at, a in observed:
+            k = drafts_allowed_after(r, self.k, a + 1)
+            h = hidden[at: at + a + 1] if self.source.needs_hidden else None
+            rows.append(DraftRows(r, s.start, ids[at: at + a + 1], h, frontier=True, k=k))
+        self.propose(rows)
+
+    def observe_prompt(self, chunks: Sequence[tuple], ids_by_request: dict[str, torch.Tensor]) -> None:
+        """After prompt chunks: chunks are (ScheduledSeq, hidden [n, H] or None); a chunk that sampled ends with
+        the pair (h_{P-1}, its sampled token, ids_by_request[request_id] on the device)."""
+        if self.source is None:
+            return
+        rows = []
+        for s, h in chunks:
+            r = s.request
+            end = s.start + s.num_new_tokens
+            nxt = r.prompt_token_ids[s.start + 1: end + 1] if end < r.num_prompt_tokens else r.prompt_token_ids[
+                s.start + 1: end]
+            tokens = to_device(nxt, torch.int64, self.device) if nxt else torch.empty(0, dtype=torch.int64,
+                                                                                      device=self.device)
+            frontier = end >= r.num_prompt_tokens and r.request_id in ids_by_request
+            if frontier:
+                tokens = torch.cat([tokens, ids_by_request[r.request_id].view(1)])
+            if tokens.numel() == 0:
+                continue
+            n = tokens.numel()
+            rows.append(DraftRows(r, s.start, tokens, None if h is None else h[:n], frontier,
+                                  k=drafts_allowed_after(r, self.k, 1) if frontier else 0))
+        self.propose(rows)
+
+    def propose(self, rows: list[DraftRows]) -> None:
+        drafts = self.source.propose(rows) if rows else {}
+        for row in rows:
+            if row.frontier:
+                row.request.draft_token_ids = list(drafts.get(row.request.request_id, []))[: row.k]
+
+
+def drafts_allowed_after(req: Request, k: int, new_tokens: int) -> int:
+    """drafts_allowed once the step's new_tokens (not yet appended to the request) are counted."""
+    if uses_penalties(req) or req.grammar is not None or req.logits_only or req.params.logprobs is not None:
+        return 0
+    return max(0, min(k, req.max_tokens - req.num_outputs - new_tokens - 1))

@@ -1,0 +1,137 @@
+"""Speculative decoding through the engine (engine/speculative.py): drafted replies == undrafted ones, token for
+token, greedy and seeded, whatever the acceptance (drafts that are the reply's own recorded tokens, right up to
+position j for every j, all right, all wrong), in batches of mixed rows (penalties, which do not draft; different
+lengths and max_tokens; stop token ids inside an accepted run), with aborts; and the MTP head as the draft source.
+CPU, fp32 reference path (its verify is the decode steps themselves: model/qwen3_5._verify_reference)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deltaserve.engine.engine import EngineConfig, LLMEngine
+from deltaserve.engine.llm import LLM
+from deltaserve.engine.sampling_params import SamplingParams
+from deltaserve.model import Qwen3_5ForCausalLM
+from engine_helpers import drain, random_prompt, tiny_config, tiny_model
+from spec_helpers import RecordedDrafts
+
+LENGTHS = [3, 17, 40, 5]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(moe=True, seed=3)
+
+
+def params_for(kind: str, n: int, max_tokens: int = 14) -> list[SamplingParams]:
+    if kind == "greedy":
+        return [SamplingParams(temperature=0, max_tokens=max_tokens - i) for i in range(n)]
+    return [SamplingParams(temperature=1.0, top_k=50, top_p=0.95, seed=100 + i, max_tokens=max_tokens - i)
+            for i in range(n)]
+
+
+def run(model, prompts, params, k=0, source=None, **cfg) -> tuple[list[list[int]], LLMEngine]:
+    cfg = dict(dict(num_blocks=128, max_model_len=256, speculative_tokens=k), **cfg)
+    engine = LLMEngine(model, None, [], EngineConfig(**cfg), draft_source=source)
+    return drain(engine, prompts, params), engine
+
+
+@pytest.mark.parametrize("kind", ["greedy", "seeded"])
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_drafted_equals_undrafted_for_every_acceptance(model, kind, k):
+    prompts = [random_prompt(n, seed=n) for n in LENGTHS]
+    params = params_for(kind, len(prompts))
+    want, _ = run(model, prompts, params)
+    recorded = {str(i): t for i, t in enumerate(want)}
+    for right in [None, *range(k)]:  # all right, then right up to position j (j = 0: all wrong)
+        source = RecordedDrafts(recorded, model.config.vocab_size, right)
+        got, engine = run(model, prompts, params, k, source)
+        assert got == want, f"k={k}, drafts right up to {right}"
+        stats = engine.spec_stats
+        assert stats.drafted > 0 and source.proposed >= stats.drafted
+        if right is None:
+            assert stats.accepted == stats.drafted  # every draft the reply's own token: all accepted
+        else:
+            assert stats.accepted <= right * stats.steps
+            assert stats.mean_acceptance_length <= right + 1
+
+
+def test_mixed_rows_stops_and_max_tokens_inside_an_accepted_run(model):
+    """Penalties (no drafts), a stop token id met inside an accepted run, max_tokens reached inside one, beside
+    plain drafting rows: each request's tokens as undrafted, and the stop / length reasons the same."""
+    prompts = [random_prompt(n, seed=n + 7) for n in (6, 19, 33, 9)]
+    base = [SamplingParams(temperature=0, max_tokens=20), SamplingParams(temperature=1.0, seed=4, max_tokens=20,
+                                                                         repetition_penalty=1.3),
+            SamplingParams(temperature=0.8, seed=9, max_tokens=7), SamplingParams(temperature=0, max_tokens=3)]
+    want, _ = run(model, prompts, base)
+    stop = want[0][5]  # a token of request 0's reply, met inside an accepted run of 4 drafts
+    params = list(base)
+    params[0] = SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop])
+    want, _ = run(model, prompts, params)
+    assert want[0][-1] == stop and len(want[0]) <= 6
+    engine = LLMEngine(model, None, [], EngineConfig(num_blocks=128, max_model_len=256, speculative_tokens=4),
+                       draft_source=RecordedDrafts({str(i): t for i, t in enumerate(want)}, model.config.vocab_size))
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    finals = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+    assert [finals[i].token_ids for i in ids] == want
+    assert finals[ids[0]].finish_reason == "stop" and finals[ids[0]].stop_reason == stop
+    assert finals[ids[3]].finish_reason == "length" and len(finals[ids[3]].token_ids) == 3
+    m = finals[ids[1]].metrics
+    assert m.num_drafted == 0 and m.mean_acceptance_length is None  # penalties: no drafts
+    m = finals[ids[2]].metrics
+    assert m.num_drafted > 0 and m.num_accepted == m.num_drafted and m.mean_acceptance_length > 1
+
+
+def test_abort_while_drafting(model):
+    prompts = [random_prompt(n, seed=n + 3) for n in (8, 21)]
+    params = params_for("greedy", 2, max_tokens=16)
+    want, _ = run(model, prompts, params)
+    engine = LLMEngine(model, None, [], EngineConfig(num_blocks=128, max_model_len=256, speculative_tokens=3),
+                       draft_source=RecordedDrafts({str(i): t for i, t in enumerate(want)}, model.config.vocab_size))
+    a, b = (engine.add_request(p, sp) for p, sp in zip(prompts, params))
+    got = {a: [], b: []}
+    steps = 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+        steps += 1
+        if steps == 3:
+            engine.abort(a)
+    assert got[b] == want[1] and got[a] == want[0][: len(got[a])] and len(got[a]) < len(want[0])
+    assert engine.scheduler.blocks.num_free == engine.num_blocks  # every block back
+
+
+@pytest.fixture(scope="module")
+def mtp_model():
+    """The tiny MoE with an MTP head (random weights)."""
+    model = Qwen3_5ForCausalLM(tiny_config(True), mtp_layers=1)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            std = 0.5 if ("embed_tokens" in name or "lm_head" in name or "mlp.gate." in name) else 0.2
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind", ["greedy", "seeded"])
+def test_mtp_head_drafts_replies_equal_undrafted(mtp_model, kind):
+    prompts = [random_prompt(n, seed=n) for n in LENGTHS]
+    params = params_for(kind, len(prompts))
+    want, _ = run(mtp_model, prompts, params)
+    got, engine = run(mtp_model, prompts, params, 2, max_num_batched_tokens=32)  # chunked prompts feed the head too
+    assert got == want
+    assert engine.spec_stats.drafted > 0 and engine.cache.k.keys() > set(mtp_model.config.full_attention_layers)
+
+
+def test_speculative_tokens_checked_and_a_headless_model_refused(model):
+    with pytest.raises(ValueError, match="speculative_tokens must be an integer in 0..4"):
+        LLMEngine(model, None, [], EngineConfig(num_blocks=64, max_model_len=128, speculative_tokens=5))
+    with pytest.raises(ValueError, match="needs the model's MTP head"):
+        LLMEngine(model, None, [], EngineConfig(num_blocks=64, max_model_len=128, speculative_tokens=2))
+    with pytest.raises(ValueError, match="speculative_tokens must be an integer"):
+        LLM.from_model(model, num_blocks=64, max_model_len=128, speculative_tokens=-1)
