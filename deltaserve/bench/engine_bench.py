@@ -53,12 +53,32 @@ def lay_down_depth(engine: LLMEngine, depth: int) -> None:
         sched.running.append(req)
         sched.blocks.may_append(req.block_table, depth)
         req.num_computed_tokens = depth
+    # Random values per request, layer after layer, whatever the pools' sizes (an engine with graphs has a scratch
+    # block and slot more, one drafting with the MTP head a KV layer more): the same requests find the same values,
+    # so replies can be compared across engines (bench/spec_bench.py). The MTP head's KV comes last.
     gen = torch.Generator(device=engine.device).manual_seed(1)
     cache = engine.cache
-    for pool in (*cache.k.values(), *cache.v.values(), *cache.conv.values()):
-        pool.normal_(generator=gen)
-    for pool in cache.ssm.values():
-        pool.normal_(generator=gen).mul_(0.1)
+    main = [layer for layer in cache.k if layer < engine.model.config.num_hidden_layers]
+    extra = [layer for layer in cache.k if layer not in main]
+
+    def fill(pool, index, scale=1.0):
+        shape = (index.numel(), *pool.shape[1:])
+        pool[index] = (torch.randn(shape, generator=gen, device=pool.device) * scale).to(pool.dtype)
+
+    for req in sched.running:
+        blocks = torch.tensor(req.block_table, dtype=torch.int64, device=engine.device)
+        slot = torch.tensor([req.state_slot], dtype=torch.int64, device=engine.device)
+        for layer in main:
+            fill(cache.k[layer], blocks)
+            fill(cache.v[layer], blocks)
+        for layer in cache.conv:
+            fill(cache.conv[layer], slot)
+            fill(cache.ssm[layer], slot, 0.1)
+    for req in sched.running:  # after every request's own values
+        blocks = torch.tensor(req.block_table, dtype=torch.int64, device=engine.device)
+        for layer in extra:
+            fill(cache.k[layer], blocks)
+            fill(cache.v[layer], blocks)
 
 
 class StepTimer:
@@ -100,8 +120,11 @@ def decode_run(engine: LLMEngine, batch: int, depth: int, n: int, sampling: str,
     lay_down_depth(engine, depth)
     timer = StepTimer(engine)
     produced, t_first = 0, None
+    outputs = {i: [] for i in ids}
     while engine.has_unfinished():
         outs = timer.step()
+        for o in outs:
+            outputs[o.request_id] += o.new_token_ids
         if t_first is None:
             if any(o.new_token_ids for o in outs):  # the prefill step's first tokens are read back
                 t_first, timer.waited, timer.walls = time.perf_counter(), 0.0, []
@@ -113,7 +136,8 @@ def decode_run(engine: LLMEngine, batch: int, depth: int, n: int, sampling: str,
     steps = len(timer.walls)
     host = (sum(timer.walls) - timer.waited) / max(steps, 1)
     assert not engine.requests and all(i not in engine.requests for i in ids)
-    return {"tok_s": produced / seconds, "host_ms": host * 1e3, "steps": steps, "tokens": produced}
+    return {"tok_s": produced / seconds, "host_ms": host * 1e3, "steps": steps, "tokens": produced,
+            "outputs": outputs}
 
 
 def mixed_run(model, tokenizer, batch: int, depth: int, seconds: float, rate: float, lengths: tuple[int, int],

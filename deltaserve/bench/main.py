@@ -73,6 +73,11 @@ def parse_args(argv):
     p.add_argument("--prefix", type=_ints, default=[],
                    help="--engine: cached-prefix time to first token for these prefix lengths (P cached + 64 new "
                         "tokens) against cold, through the engine's prefix cache")
+    p.add_argument("--speculative-tokens", type=_ints, default=[],
+                   help="--engine: also decode with these k drafts a step from the MTP head, at each --acceptance "
+                        "(SIMULATED: drafts replaced by the reply's recorded tokens; deltaserve/bench/spec_bench.py)")
+    p.add_argument("--acceptance", type=lambda t: [float(x) for x in t.split(",") if x], default=[0.6, 0.8, 1.0],
+                   help="--speculative-tokens: simulated per-draft acceptance rates (comma list)")
     p.add_argument("--results", default="bench/results", help="directory for the JSON-line records")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--device", default="cuda")
@@ -97,11 +102,13 @@ def load_model(args):
         from ..synthetic.presets import get_preset
 
         config = ModelConfig.from_dict(get_preset(args.preset).config)
-        model = build_random_model(config, args.quant, args.device)
+        mtp = config.mtp_num_hidden_layers if getattr(args, "speculative_tokens", None) else 0  # the draft head
+        model = build_random_model(config, args.quant, args.device, mtp_layers=mtp)
         return model, config, args.preset, {"q4": "q4g64", "q8": "q8g64"}.get(args.quant, args.quant)
     from ..weights.loader import load_checkpoint
 
-    loaded = load_checkpoint(args.model, device=args.device, dtype=torch.bfloat16)
+    loaded = load_checkpoint(args.model, device=args.device, dtype=torch.bfloat16,
+                             mtp=True if getattr(args, "speculative_tokens", None) else False)
     quant = "bf16"
     if loaded.config.quantization:
         quant = f"q{loaded.config.quantization.get('bits')}g{loaded.config.quantization.get('group_size')}"
@@ -358,6 +365,8 @@ def run_engine_bench(args, model, config, name, quant, gpu, keep, deployment) ->
                           f"{best['host_ms']:.3f} ms/step; {statistics.median(rates) / replay:.3f} of the graph "
                           f"replay ({replay:.1f} tok/s, same run); depth laid down synthetically" + gemv))
                 print(records.format_table([keep.last]).splitlines()[-1], flush=True)
+    if args.speculative_tokens:
+        run_spec_bench(args, model, config, name, quant, gpu, keep, deployment, tokenizer, samplings)
     for p in args.prefix:
         deployment(1)
         r = eb.prefix_run(model, tokenizer, p, 64, config.vocab_size)
@@ -383,3 +392,36 @@ def run_engine_bench(args, model, config, name, quant, gpu, keep, deployment) ->
                   f"{alone['tok_s']:.1f} tok/s; ratio {ratio:.3f}; sampling default; {mixed['prefill_graphs']} "
                   f"prefill graphs captured beforehand in {mixed['warm_s']:.1f} s"))
         print(records.format_table([keep.last]).splitlines()[-1], flush=True)
+
+
+def run_spec_bench(args, model, config, name, quant, gpu, keep, deployment, tokenizer, samplings) -> None:
+    """--speculative-tokens: per -b, -d and --sampling, the engine with drafting off (its replies recorded), then
+    with each k at each simulated acceptance (bench/spec_bench.py)."""
+    from . import engine_bench as eb
+    from . import spec_bench as sb
+
+    n = args.n_gen[0]
+    for b in args.batch:
+        gemv = deployment(b)
+        for d in args.depth:
+            for sampling in samplings:
+                engine = eb.make_engine(model, tokenizer, b, sb.max_len(d, n), caching=False)
+                off = eb.decode_run(engine, b, d, n, sampling, config.vocab_size)
+                del engine
+                torch.cuda.empty_cache()
+                keep(records.make_record(
+                    "deltaserve", gpu, name, quant, "tg-engine", n, d, b, off["tok_s"], 0.0, 1,
+                    notes=f"drafting off (the --speculative-tokens baseline), sampling {sampling}; depth laid down "
+                          "synthetically" + gemv))
+                print(records.format_table([keep.last]).splitlines()[-1], flush=True)
+                for k in args.speculative_tokens:
+                    for a in args.acceptance:
+                        r = sb.spec_run(model, tokenizer, b, d, n, sampling, config.vocab_size, k, a, off["outputs"])
+                        keep(records.make_record(
+                            "deltaserve", gpu, name, quant, f"tg-spec{k}", n, d, b, r["tok_s"], 0.0, 1,
+                            notes=f"SIMULATED ACCEPTANCE a={a}: MTP drafts (its compute run) replaced by the reply's "
+                                  f"recorded tokens with probability a; k={k}; mean acceptance length "
+                                  f"{r['mean_acceptance_length']:.2f}; replies equal drafting off: {r['exact']}; "
+                                  f"{r['tok_s'] / off['tok_s']:.3f} of drafting off ({off['tok_s']:.1f} tok/s, same "
+                                  f"run); sampling {sampling}; drafting steps eager (no graphs)" + gemv))
+                        print(records.format_table([keep.last]).splitlines()[-1], flush=True)

@@ -21,26 +21,30 @@ from ..quant.affine import AffineSpec, AffineWeights, QuantScheme
 GATE_SUFFIXES = (".mlp.gate", ".mlp.shared_expert_gate")
 
 
-def quant_scheme(config: ModelConfig, bits: int, group_size: int = 64) -> QuantScheme:
-    """mlx-community style: `bits` everywhere, 8-bit routers and shared-expert gates."""
+def quant_scheme(config: ModelConfig, bits: int, group_size: int = 64, mtp_layers: int = 0) -> QuantScheme:
+    """mlx-community style: `bits` everywhere, 8-bit routers and shared-expert gates (the MTP head's too)."""
     overrides = {}
     if config.is_moe:
-        for i in range(config.num_hidden_layers):
+        layers = [f"layers.{i}" for i in range(config.num_hidden_layers)] + [f"mtp.layers.{j}" for j in
+                                                                             range(mtp_layers)]
+        for layer in layers:
             for suffix in GATE_SUFFIXES:
-                overrides[f"layers.{i}{suffix}"] = AffineSpec(8, group_size)
+                overrides[f"{layer}{suffix}"] = AffineSpec(8, group_size)
     return QuantScheme(AffineSpec(bits, group_size), overrides)
 
 
 def build_random_model(
-    config: ModelConfig, quant: str | None, device: torch.device | str, dtype=torch.bfloat16, seed: int = 0
+    config: ModelConfig, quant: str | None, device: torch.device | str, dtype=torch.bfloat16, seed: int = 0,
+    mtp_layers: int = 0,
 ) -> nn.Module:
+    """mtp_layers: also the MTP draft head (model/mtp.py), for speculative decoding's benchmark."""
     if quant in (None, "bf16"):
         factory = DenseWeights()
     else:
         bits = {"q4": 4, "q8": 8}[quant]
-        factory = AffineWeights(quant_scheme(config, bits), model_type=config.model_type)
+        factory = AffineWeights(quant_scheme(config, bits, mtp_layers=mtp_layers), model_type=config.model_type)
     with torch.device("meta"):
-        model = build_model(config, factory)
+        model = build_model(config, factory, mtp_layers=mtp_layers)
     gen = torch.Generator(device=device).manual_seed(seed)
     for mod_name, module in model.named_modules():
         for name, param in list(module.named_parameters(recurse=False)):
