@@ -19,7 +19,6 @@ import time
 import torch
 
 from ..engine.engine import EngineConfig, LLMEngine
-from ..engine.sampling_params import SamplingParams
 from . import engine_bench as eb
 
 
