@@ -135,3 +135,33 @@ def test_speculative_tokens_checked_and_a_headless_model_refused(model):
         LLMEngine(model, None, [], EngineConfig(num_blocks=64, max_model_len=128, speculative_tokens=2))
     with pytest.raises(ValueError, match="speculative_tokens must be an integer"):
         LLM.from_model(model, num_blocks=64, max_model_len=128, speculative_tokens=-1)
+
+
+def test_stop_string_inside_an_accepted_run(model):
+    """A stop string completed by a token inside an accepted run of drafts: the same text, tokens and stop reason as
+    undrafted (the byte tokenizer: one token a byte)."""
+    from engine_helpers import byte_tokenizer
+
+    tok = byte_tokenizer()
+    prompt = random_prompt(12, seed=41)
+    plain = SamplingParams(temperature=0, max_tokens=16)
+    want, _ = run(model, [prompt], [plain])
+    text = tok.decode(want[0][:6])
+    pick = next(j for j in range(2, 6) if want[0][j] < 128 and chr(want[0][j]) not in tok.decode(want[0][:j]))
+    params = SamplingParams(temperature=0, max_tokens=16, stop=[chr(want[0][pick])])
+
+    def final(k, source=None):
+        engine = LLMEngine(model, tok, [], EngineConfig(num_blocks=64, max_model_len=128, speculative_tokens=k),
+                           draft_source=source)
+        engine.add_request(prompt, params)
+        last = None
+        while engine.has_unfinished():
+            for out in engine.step():
+                last = out
+        return last
+
+    off = final(0)
+    on = final(4, RecordedDrafts({"0": want[0]}, model.config.vocab_size))
+    assert (on.token_ids, on.text, on.finish_reason, on.stop_reason) == (off.token_ids, off.text, off.finish_reason,
+                                                                        off.stop_reason)
+    assert off.finish_reason == "stop" and len(off.token_ids) == pick + 1 and text.startswith(off.text)
