@@ -27,6 +27,7 @@ from typing import Protocol, Sequence
 import torch
 
 from ..model.forward_batch import ForwardBatch
+from . import multimodal
 from .request import Request
 from .sampler import Sampler, uses_penalties
 from .transfer import to_device
@@ -165,6 +166,7 @@ class SpeculativeDecoder:
         batch = ForwardBatch.build(rows, [s.start for s in seqs], [r.block_table for r in reqs],
                                    [r.state_slot for r in reqs], block_size, device=self.device, logits="all",
                                    verify=True)
+        multimodal.apply_to_batch(batch, seqs)  # requests with images: their rope_delta-shifted positions
         logits, hidden = self.model.forward_with_hidden(batch, self.cache)
         flat_reqs = [r for r, row in zip(reqs, rows) for _ in row]
         positions = [r.num_tokens + i for r, row in zip(reqs, rows) for i in range(len(row))]

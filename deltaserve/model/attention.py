@@ -137,7 +137,9 @@ class GatedAttention(nn.Module):
 
         t, d = x.shape[0], self.d
         decode = batch.decode_rows
-        if batch.verify or (decode and batch.num_tokens == batch.num_seqs):  # one token per sequence, or rows
+        if batch.verify:  # rows read the K/V the rows before them write: one launch of each (no halves on streams)
+            return self.decode_rows(x, batch, cache, 0, t)
+        if decode and batch.num_tokens == batch.num_seqs:  # one token per sequence
             return fast.mixer_decode(self, "attention", x, batch, cache)  # all rows, or two halves on two streams
         q, gate, (k_cache, v_cache, k_scale, v_scale) = self._project_and_write(
             x, batch.positions, batch.slot_mapping, cache, decode)
