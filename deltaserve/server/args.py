@@ -37,6 +37,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
                    help="attention K/V cache: auto = the activation dtype, fp8 = e4m3 with a scale per token and head")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (default: graphs on CUDA)")
+    p.add_argument("--speculative-tokens", type=int, default=0, choices=range(0, 5), metavar="K",
+                   help="draft K = 1..4 tokens a step with the checkpoint's MTP head (the same replies; default 0)")
     p.add_argument("--dtype", default="auto",
                    help="auto | float32 | bfloat16 | float16 (default auto: bfloat16 on CUDA, float32 on the CPU)")
     p.add_argument("--device", default="auto", help="cpu | cuda | auto (default: cuda when there is one)")

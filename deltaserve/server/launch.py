@@ -32,7 +32,8 @@ def load_engine(args, model_dir: Path | None) -> tuple[LLM, Path, str]:
     engine_kw = dict(max_num_seqs=args.max_num_seqs, block_size=args.block_size, max_model_len=args.max_model_len,
                      max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed,
                      cuda_graphs=False if args.enforce_eager else None, kv_cache_dtype=args.kv_cache_dtype,
-                     decode_gemv=args.decode_gemv, enable_prefix_caching=args.enable_prefix_caching)
+                     decode_gemv=args.decode_gemv, enable_prefix_caching=args.enable_prefix_caching,
+                     speculative_tokens=args.speculative_tokens)
     if args.preset is None:
         llm = LLM(model_dir, device=device, dtype=args.dtype, limit_mm_per_prompt=args.limit_mm_per_prompt,
                   **engine_kw)
@@ -47,7 +48,8 @@ def load_engine(args, model_dir: Path | None) -> tuple[LLM, Path, str]:
     make_checkpoint(files, args.preset, config_only=True, progress=False)  # config + the synthetic tokenizer
     config = ModelConfig.from_dict(get_preset(args.preset).config)
     logger.info("building %s (%s, random weights) on %s", args.preset, args.quant, device)
-    model = build_random_model(config, args.quant, device)
+    mtp = config.mtp_num_hidden_layers if args.speculative_tokens else 0  # the draft head, random too
+    model = build_random_model(config, args.quant, device, mtp_layers=mtp)
     return LLM.from_model(model, load_tokenizer(files), **engine_kw), files, args.preset
 
 
