@@ -40,6 +40,27 @@ def _triton_interpreted() -> bool:
 
 
 @pytest.fixture(scope="session")
+def bf16_moe_checkpoint(tmp_path_factory):
+    """A tiny MoE checkpoint with bf16-exact weights (model_helpers.bf16_exact_moe_checkpoint), written once."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from model_helpers import bf16_exact_moe_checkpoint
+
+    d = tmp_path_factory.mktemp("bf16_moe")
+    bf16_exact_moe_checkpoint(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def bf16_moe_model(bf16_moe_checkpoint):
+    """That checkpoint loaded in bf16 on the GPU: the fast path."""
+    from deltaserve.weights.loader import load_checkpoint
+
+    return load_checkpoint(bf16_moe_checkpoint, device="cuda", dtype=torch.bfloat16, progress=False).model
+
+
+@pytest.fixture(scope="session")
 def small() -> bool:
     """True in the interpreter dry run: tests shrink their problems to toy sizes."""
     return INTERPRET

@@ -9,19 +9,13 @@ import torch
 
 from deltaserve.engine.engine import EngineConfig, LLMEngine
 from deltaserve.engine.sampling_params import SamplingParams
-from deltaserve.weights.loader import load_checkpoint
-from model_helpers import bf16_exact_moe_checkpoint
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    ckpt = tmp_path_factory.mktemp("ckpt")
-    bf16_exact_moe_checkpoint(ckpt)
-    return load_checkpoint(ckpt, device="cuda", dtype=torch.bfloat16, progress=False).model
+def model(bf16_moe_model):
+    return bf16_moe_model
 
 
 def engine(model, caching, kv):

@@ -22,7 +22,6 @@ from deltaserve.weights.loader import load_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from engine_helpers import drain, random_prompt  # noqa: E402
-from model_helpers import bf16_exact_moe_checkpoint  # noqa: E402
 from spec_helpers import RecordedDrafts  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -30,12 +29,8 @@ LENGTHS = [3, 17, 70, 5, 130, 9]
 
 
 @pytest.fixture(scope="module")
-def bf16_model(tmp_path_factory):
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    ckpt = tmp_path_factory.mktemp("ckpt")
-    bf16_exact_moe_checkpoint(ckpt)
-    return load_checkpoint(ckpt, device="cuda", dtype=torch.bfloat16, progress=False).model
+def bf16_model(bf16_moe_model):
+    return bf16_moe_model
 
 
 @pytest.fixture(scope="module", params=["bf16", "q4"])
