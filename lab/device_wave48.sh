@@ -8,6 +8,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tcache
+# the measured commit: pass DELTASERVE_COMMIT=$(git rev-parse --short HEAD) (the copy's .git may be older)
 [ -f .tcache.tgz ] && [ ! -f /tmp/tcache/.seeded ] && tar xzf .tcache.tgz -C /tmp
 mkdir -p /tmp/tcache; touch /tmp/tcache/.seeded
 t0=$SECONDS
