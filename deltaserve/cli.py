@@ -110,20 +110,40 @@ def cmd_run(args) -> int:
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=1,
               moe_kernels=args.moe_kernels,
               cuda_graphs=False if args.enforce_eager else None, kv_cache_dtype=args.kv_cache_dtype,
-              speculative_tokens=args.speculative_tokens)
-    params = sampling_from_args(args, llm)
-    chat = not args.no_chat and llm.tokenizer_info is not None and bool(llm.tokenizer_info.chat_template)
-    images = [{"type": "image", "image": p} for p in args.image]  # with the prompt, or the chat's first turn
-    if prompt is not None:
-        if not chat:
-            raw = "<|vision_start|><|image_pad|><|vision_end|>" * len(images) + prompt
-            stream_reply(llm, raw, params, not args.no_thinking, [p["image"] for p in images])
-            return 0
-        messages = [{"role": "user", "content": images + [{"type": "text", "text": prompt}]
-                     if images else prompt}]
-        stream_reply(llm, messages, params, not args.no_thinking)
+              speculative_tokens=args.speculative_tokens, **parallel_from_args(args))
+    if not llm.is_driver:  # a torchrun rank > 0: it served rank 0's steps until rank 0 finished
         return 0
-    return repl(llm, params, chat, not args.no_thinking, images)
+    try:
+        params = sampling_from_args(args, llm)
+        chat = not args.no_chat and llm.tokenizer_info is not None and bool(llm.tokenizer_info.chat_template)
+        images = [{"type": "image", "image": p} for p in args.image]  # with the prompt, or the chat's first turn
+        if prompt is not None:
+            if not chat:
+                raw = "<|vision_start|><|image_pad|><|vision_end|>" * len(images) + prompt
+                stream_reply(llm, raw, params, not args.no_thinking, [p["image"] for p in images])
+                return 0
+            messages = [{"role": "user", "content": images + [{"type": "text", "text": prompt}]
+                         if images else prompt}]
+            stream_reply(llm, messages, params, not args.no_thinking)
+            return 0
+        return repl(llm, params, chat, not args.no_thinking, images)
+    finally:
+        llm.shutdown()  # tensor parallelism: the other ranks leave their loop
+
+
+def parallel_from_args(args) -> dict:
+    """LLM keyword arguments of the tensor-parallel flags (docs/parallel.md)."""
+    return dict(tensor_parallel_size=args.tensor_parallel_size, enable_expert_parallel=args.enable_expert_parallel,
+                distributed_executor_backend=args.distributed_executor_backend)
+
+
+def add_parallel_flags(parser) -> None:
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="split the model over N devices, one process each (default 1; docs/parallel.md)")
+    parser.add_argument("--enable-expert-parallel", action="store_true",
+                        help="partition the MoE experts over the ranks instead of splitting each expert")
+    parser.add_argument("--distributed-executor-backend", choices=["mp", "external_launcher"],
+                        help="mp (default): this process starts the other ranks; external_launcher: torchrun did")
 
 
 def prompt_ids(llm, conversation, thinking: bool) -> list[int]:
@@ -283,9 +303,19 @@ def cmd_make_checkpoint(args) -> int:
 def cmd_info(args) -> int:
     from .weights.inspect import describe_checkpoint
 
-    if not Path(args.dir).is_dir():
+    tp, ep = args.tensor_parallel_size, args.enable_expert_parallel
+    if tp < 1:
+        raise CLIError(f"--tensor-parallel-size must be >= 1, found {tp}")
+    if (args.dir is None) == (args.preset is None):
+        raise CLIError("info: give a checkpoint directory or --preset NAME (one of them)")
+    if args.quant and args.preset is None:
+        raise CLIError("--quant describes a preset in a release format: use it with --preset")
+    if args.preset is not None:
+        print(describe_preset(args.preset, args.quant, tp, ep))
+    elif not Path(args.dir).is_dir():
         raise CLIError(f"{args.dir}: not a directory")
-    print(describe_checkpoint(args.dir))
+    else:
+        print(describe_checkpoint(args.dir, tp, ep))
     if args.plan:
         from .model.plan import resolve_plan
 
@@ -293,6 +323,24 @@ def cmd_info(args) -> int:
         print(f"deployment: max_num_seqs {args.max_num_seqs}")
         print("\n".join(plan.details()))
     return 0
+
+
+def describe_preset(name: str, quant: str | None, tp: int, ep: bool) -> str:
+    """`info --preset NAME [--quant Q]`: the preset's config written aside (with a release's quantisation entry)."""
+    import json
+    import tempfile
+
+    from .synthetic import PRESETS, make_checkpoint
+    from .weights.inspect import describe_checkpoint, with_quantization
+
+    if name not in PRESETS:
+        raise CLIError(f"--preset {name!r} is not known; presets: {', '.join(PRESETS)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = make_checkpoint(Path(tmp) / name, name, config_only=True, progress=False)
+        if quant:
+            cfg = with_quantization(json.loads((out / "config.json").read_text()), quant)
+            (out / "config.json").write_text(json.dumps(cfg))
+        return describe_checkpoint(out, tp, ep)
 
 
 def cmd_quantize(args) -> int:
@@ -376,11 +424,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--image", action="append", default=[], metavar="PATH",
                      help="an image for the prompt (or the chat's first turn); repeat for several (docs/vision.md)")
     run.add_argument("--no-thinking", action="store_true", help="chat template with enable_thinking=False")
+    add_parallel_flags(run)
     run.set_defaults(func=cmd_run)
 
     mk = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint (published layout, random weights)")
     mk.add_argument("out", help="output directory")
-    mk.add_argument("--preset", required=True, help="tiny-moe | tiny-dense | tiny-next | qwen3.5-0.8b | qwen3.6-35b-a3b")
+    mk.add_argument("--preset", required=True, help="tiny-moe | tiny-dense | tiny-next | qwen3.5-0.8b | qwen3.6-35b-a3b "
+                    "(qwen3.5-122b-a10b, qwen3.5-397b-a17b: with --config-only)")
     mk.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
     mk.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="tensor dtype (default bf16)")
     mk.add_argument("--config-only", action="store_true", help="config and tokenizer files only, no weights")
@@ -389,7 +439,11 @@ def build_parser() -> argparse.ArgumentParser:
     mk.set_defaults(func=cmd_make_checkpoint)
 
     info = sub.add_parser("info", help="describe a checkpoint: architecture, parameters, bits per weight, memory")
-    info.add_argument("dir", help="checkpoint directory (config.json is enough)")
+    info.add_argument("dir", nargs="?", help="checkpoint directory (config.json is enough)")
+    info.add_argument("--preset", help="describe a preset's shapes instead (e.g. qwen3.5-397b-a17b)")
+    info.add_argument("--quant", choices=["q4", "q8", "fp8"], help="with --preset: in this release format")
+    info.add_argument("--tensor-parallel-size", type=int, default=1, help="one rank's share and cache budget")
+    info.add_argument("--enable-expert-parallel", action="store_true", help="experts partitioned over the ranks")
     info.add_argument("--plan", action="store_true", help="also print the kernel plan a GPU deployment would fix")
     info.add_argument("--max-num-seqs", type=int, default=1, help="the deployment's streams (--plan; default 1)")
     info.add_argument("--decode-gemv", default="auto", choices=["auto", "head", "mma", "wide", "cuda"],

@@ -17,6 +17,7 @@ from ..model.config import ModelConfig
 from ..model.plan import resolve_plan
 from ..structured.params import opens_reasoning
 from .chat import ChatTemplateError, render_chat
+from .distributed import ParallelOptions
 from .engine import EngineConfig, LLMEngine
 from .multimodal import ImageSupport, split_images
 from .outputs import RequestOutput
@@ -47,6 +48,9 @@ def parse_dtype(dtype: str | torch.dtype | None, device: str | torch.device = "c
 
 
 class LLM:
+    is_driver = True  # False on a tensor-parallel rank > 0 (external launcher): it served rank 0's steps
+    _channel = None  # tensor parallelism, rank 0: the step channel to the other ranks
+
     def __init__(
         self,
         model_dir: str | Path,
@@ -69,6 +73,10 @@ class LLM:
         moe_kernels: str = "mma",
         generation_config: str = "auto",
         speculative_tokens: int = 0,
+        tensor_parallel_size: int = 1,
+        enable_expert_parallel: bool = False,
+        distributed_executor_backend: str | None = None,
+        distributed_timeout_s: float = 600.0,
     ):
         """limit_mm_per_prompt: {"image": N} most images per prompt (vLLM's spelling); {"image": 0} loads no vision
         tower. mm_processor_kwargs: image processor overrides (min_pixels, max_pixels, max_input_pixels).
@@ -77,7 +85,9 @@ class LLM:
         that generate() / chat() use when given no SamplingParams (get_default_sampling_params); "vllm" ignores it
         (SamplingParams() then). An explicit SamplingParams always stands as given.
         speculative_tokens: k = 1..4 drafts a step from the checkpoint's MTP head (docs/speculative.md; the same
-        replies, bit for bit); a checkpoint without the head is refused with a clear error when k > 0."""
+        replies, bit for bit); a checkpoint without the head is refused with a clear error when k > 0.
+        tensor_parallel_size > 1: one process per device (docs/parallel.md); distributed_executor_backend "mp"
+        (default: this process is rank 0 and starts the others) or "external_launcher" (torchrun started every rank)."""
         from ..weights.loader import load_checkpoint  # lazy: loading pulls in every checkpoint format
         from ..weights.vision_format import checkpoint_has_vision
 
@@ -89,20 +99,34 @@ class LLM:
         parse_kv_cache_dtype(kv_cache_dtype)  # cheap checks first: options, config, tokenizer, then the weights
         resolve_plan(decode_gemv, moe_kernels, max_num_seqs)
         mcfg = ModelConfig.from_dir(self.model_dir)
+        options = ParallelOptions(tensor_parallel_size, enable_expert_parallel, distributed_executor_backend,
+                                  distributed_timeout_s)
+        options.check_for(mcfg, speculative_tokens)  # before anything is loaded or started
         max_images = _image_limit(limit_mm_per_prompt)
         tok = load_tokenizer(self.model_dir)
         vision = max_images != 0 and mcfg.vision_config is not None and checkpoint_has_vision(self.model_dir)
         check_speculative_tokens(speculative_tokens)
-        ckpt = load_checkpoint(self.model_dir, device, parse_dtype(dtype, device), progress, vision=vision,
-                               mtp=speculative_tokens > 0)  # the MTP head only to draft with
         config = EngineConfig(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, seed=seed,
                               cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype, decode_gemv=decode_gemv,
                               enable_prefix_caching=enable_prefix_caching, prefix_state_budget=prefix_state_budget,
                               moe_kernels=moe_kernels, speculative_tokens=speculative_tokens)
-        images = None
-        if ckpt.vision is not None:
-            images = ImageSupport.for_model(ckpt.vision, mcfg, self.model_dir, mm_processor_kwargs, max_images)
-        self._setup(ckpt.model, tok, config, images)
+
+        def load(dev, parallel=None, tower: bool = vision):  # the MTP head only to draft with
+            return load_checkpoint(self.model_dir, dev, parse_dtype(dtype, device), progress, vision=tower,
+                                   mtp=speculative_tokens > 0, parallel=parallel)
+
+        def setup(ckpt) -> None:
+            images = None
+            if ckpt.vision is not None:
+                images = ImageSupport.for_model(ckpt.vision, mcfg, self.model_dir, mm_processor_kwargs, max_images)
+            self._setup(ckpt.model, tok, config, images)
+
+        if tensor_parallel_size > 1 or enable_expert_parallel:  # the vision tower, if any, on rank 0 alone
+            from .tp_steps import start_parallel_llm
+
+            start_parallel_llm(self, tok, options, device, parse_dtype(dtype, device), load, setup)
+            return
+        setup(load(device))
 
     @classmethod
     def from_model(
@@ -233,7 +257,17 @@ class LLM:
         raise RuntimeError("the logits request ended without output")
 
     # ---- plumbing ----------------------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Tensor parallelism: stop the other ranks (also done at interpreter exit). A no-op otherwise."""
+        if self._channel is not None:
+            from .tp_steps import stop_workers
+
+            stop_workers(self._channel)
+
     def _require_idle(self) -> None:
+        if not self.is_driver:
+            raise RuntimeError("this is a tensor-parallel rank > 0: only rank 0 generates (this LLM served rank 0's "
+                               "steps until it shut down)")
         if self.engine.has_unfinished():
             raise RuntimeError("the engine still has requests in flight (an unfinished generate_stream?)")
 

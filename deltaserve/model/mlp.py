@@ -10,6 +10,7 @@ from ..kernels.moe import moe_combine_reference, route_topk
 from . import fast, fusion
 from .config import ModelConfig
 from .layers import WeightFactory
+from .parallel import SINGLE, Parallel
 
 # Prefill calls of up to this many tokens run the MoE block as per-token GEMVs; more go through the grouped expert
 # matmul. Decode steps always take the GEMV kernels, whatever the batch, so a decoded token's bits never depend on
@@ -43,9 +44,10 @@ class MLP(nn.Module):
 class SparseMoeBlock(nn.Module):
     """Router (fp32 logits, routing contract) + routed experts + sigmoid-gated shared expert."""
 
-    def __init__(self, prefix: str, config: ModelConfig, weights: WeightFactory):
+    def __init__(self, prefix: str, config: ModelConfig, weights: WeightFactory, parallel: Parallel = SINGLE):
         super().__init__()
         h = config.hidden_size
+        self.parallel, self.num_experts = parallel, config.num_experts  # expert parallelism: the bank holds E/N
         self.top_k = config.num_experts_per_tok
         self.normalize = config.norm_topk_prob
         self.gate = weights.linear(f"{prefix}.gate", h, config.num_experts)
@@ -74,7 +76,8 @@ class SparseMoeBlock(nn.Module):
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
             gate = self.shared_expert_gate(x.float())
-        out = moe_combine_reference(x, weights, ids, self.experts.forward_expert, shared, gate)
+        expert = self.parallel.expert_fn(self.experts, self.num_experts)  # by global id (this rank's, under EP)
+        out = moe_combine_reference(x, weights, ids, expert, shared, gate)
         return out if residual is None else residual + out
 
     def _shared_specs(self) -> dict:
@@ -123,6 +126,11 @@ class SparseMoeBlock(nn.Module):
 
         router = fast.weight_spec(self.gate)
         shared = self._shared_specs()
+        if self.parallel.expert_parallel:  # this rank's experts through the grouped matmul, other picks zeroed
+            gate, up, down = fast.stacked_specs(self.experts)
+            routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"))
+            ids, mine = self.parallel.local_routes(routing.ids, self.num_experts)
+            return self._grouped(x, routing._replace(ids=ids), gate, up, down, residual, mine)
         mma = fast.mma_moe_weights(self, x)
         if mma is not None:  # every token count, decode or prefill: one experts family (a prefill's router: its own)
             from ..kernels.moe.mma_moe import moe_block_mma, wg_block_tile_rows
@@ -152,10 +160,12 @@ class SparseMoeBlock(nn.Module):
         routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"))
         return self._grouped(x, routing, gate, up, down, residual)
 
-    def _grouped(self, x: torch.Tensor, routing, gate, up, down, residual: torch.Tensor | None) -> torch.Tensor:
+    def _grouped(self, x: torch.Tensor, routing, gate, up, down, residual: torch.Tensor | None,
+                 mine: torch.Tensor | None = None) -> torch.Tensor:
         """Prefill: every (token, pick) row through the grouped expert matmul (rows sorted into expert tiles once
         for gate, up and down), then one combine launch: the k picks in pick order (ascending expert id), then the
-        shared expert, summed in fp32 and rounded once, + residual rounded once (the reference's two roundings)."""
+        shared expert, summed in fp32 and rounded once, + residual rounded once (the reference's two roundings).
+        mine [T, k] (expert parallelism): the picks this rank holds; the others' terms are zeroed."""
         from ..kernels.moe.triton_combine import combine_slots
         from ..kernels.quant.triton_affine import affine_matmul_experts, expert_tiles_for
 
@@ -171,6 +181,8 @@ class SparseMoeBlock(nn.Module):
 
         h = linear_ops.silu_mul(run(gate, x, k), run(up, x, k))  # [T*k, I]
         y = run(down, h, 1).view(t, k, -1)  # [T*k, H] -> [T, k, H]
+        if mine is not None:
+            y = y.masked_fill(~mine[:, :, None], 0)
         slots = k + int(self.shared_expert is not None)
         part = torch.empty(t, slots, x.shape[1], dtype=torch.float32, device=x.device)  # w_s * bf16 y_s, fp32
         torch.mul(routing.weights[:, :, None], y, out=part[:, :k])

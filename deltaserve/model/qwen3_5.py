@@ -21,15 +21,19 @@ from .layers import DenseWeights, WeightFactory
 from .mlp import MLP, SparseMoeBlock
 from .mtp import MTPHead, mtp_cache_layer
 from .norm import RMSNorm
+from .parallel import SINGLE, Parallel
 
 
 class DecoderLayer(nn.Module):
     """layer: the cache index of its state (KV or DeltaNet slots); prefix, attention, sparse: its parameter path and
-    kind when they are not those of main layer `layer` (the MTP head's layers, model/mtp.py)."""
+    kind when they are not those of main layer `layer` (the MTP head's layers, model/mtp.py). parallel: tensor
+    parallelism, under which the mixer's and the feed-forward's outputs are partial sums (model/parallel.py)."""
 
     def __init__(self, layer: int, config: ModelConfig, weights: WeightFactory, norm_offset: float,
-                 prefix: str | None = None, attention: bool | None = None, sparse: bool | None = None):
+                 prefix: str | None = None, attention: bool | None = None, sparse: bool | None = None,
+                 parallel: Parallel = SINGLE):
         super().__init__()
+        self.parallel = parallel
         p = prefix or f"layers.{layer}"
         eps = config.rms_norm_eps
         self.is_attention = config.is_full_attention(layer) if attention is None else attention
@@ -40,7 +44,7 @@ class DecoderLayer(nn.Module):
             self.linear_attn = GatedDeltaNet(f"{p}.linear_attn", layer, config, weights)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, norm_offset)
         if config.sparse_layers[layer] if sparse is None else sparse:
-            self.mlp = SparseMoeBlock(f"{p}.mlp", config, weights)
+            self.mlp = SparseMoeBlock(f"{p}.mlp", config, weights, parallel)
         else:
             self.mlp = MLP(f"{p}.mlp", config.hidden_size, config.intermediate_size, weights)
 
@@ -52,8 +56,8 @@ class DecoderLayer(nn.Module):
             h = self.self_attn(h, batch, cache, rope)
         else:
             h = self.linear_attn(h, batch, cache)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x), decode=batch.decode_rows)
+        x = x + self.parallel.reduce(h)
+        return x + self.parallel.reduce(self.mlp(self.post_attention_layernorm(x), decode=batch.decode_rows))
 
     def _forward_fast(self, x, batch: ForwardBatch, cache: HybridCache, rope) -> torch.Tensor:
         """Same math, fewer launches: add_rms_norm writes x + h and its post-attention norm in one kernel, and the
@@ -67,15 +71,19 @@ class DecoderLayer(nn.Module):
             h = self.self_attn(h, batch, cache, rope)
         else:
             h = self.linear_attn(h, batch, cache)
+        tp = self.parallel.size > 1
+        h = self.parallel.reduce(h)  # tensor parallelism: the ranks' partial sums, before the residual joins
         post = self.post_attention_layernorm
         prep = fast.moe_prep(self.mlp, h)  # the tensor-core MoE reads x's group sums: the norm makes them
-        if prep is not None and self.mlp.routes_normed(h, decode):
+        if not tp and prep is not None and self.mlp.routes_normed(h, decode):
             return self.mlp(h, decode=decode, residual=x, norm=post)  # the norm inside the router's launch
         if prep is None:
             h, x = add_rms_norm(h, x, post.weight, post.eps, post.offset)  # (norm(x + h), x + h), both [T, H]
         else:
             h, x, made = add_rms_norm(h, x, post.weight, post.eps, post.offset, prep=prep, sums_only=True)
             setattr(h, fast.GEMV_PREP_ATTR, (fast.MOE_SUMS, made))
+        if tp:  # the residual is added once, after the sum over ranks: not inside the feed-forward's last launch
+            return x + self.parallel.reduce(self.mlp(h, decode=decode))
         return self.mlp(h, decode=decode, residual=x)
 
 
@@ -83,15 +91,19 @@ class Qwen3_5ForCausalLM(nn.Module):
     """forward(batch, cache) -> fp32 logits [N, vocab] for the tokens batch.logits_indices selects.
 
     mtp_layers > 0: the model also holds the MTP draft head (`self.mtp`, model/mtp.py; None without it), run by
-    `draft`; `forward_with_hidden` gives the target's final-norm hidden states it starts from."""
+    `draft`; `forward_with_hidden` gives the target's final-norm hidden states it starts from. parallel: this
+    instance's rank among tensor-parallel ranks (model/parallel.py); config and weights are then the rank's
+    (model/tp_layout.py, weights/shard.py)."""
 
     def __init__(self, config: ModelConfig, weights: WeightFactory | None = None, norm_offset: float = 1.0,
-                 mtp_layers: int = 0):
+                 mtp_layers: int = 0, parallel: Parallel = SINGLE):
         super().__init__()
         weights = weights or DenseWeights()
         self.config = config
+        self.parallel = parallel
         self.embed_tokens = weights.embedding("embed_tokens", config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(i, config, weights, norm_offset) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(i, config, weights, norm_offset, parallel=parallel)
+                                    for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_offset)
         self.lm_head = None
         if not config.tie_word_embeddings:
@@ -123,7 +135,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         cfg = self.config
         if batch.verify and not fast.enabled(self.norm.weight):
             return self._verify_reference(batch, cache)[0]
-        x = fast.embed(self.embed_tokens, batch.input_ids)  # the forward's first kernel: launched without PDL
+        # the forward's first kernel: launched without PDL (vocabulary-parallel under tensor parallelism)
+        x = self.parallel.embed(lambda ids: fast.embed(self.embed_tokens, ids), batch.input_ids, cfg.vocab_size)
         if batch.embeds_rows is not None:  # image tokens: their vision features replace the placeholder's embedding
             x = x.index_copy(0, batch.embeds_rows, batch.embeds.to(x.dtype))
         rope = None  # the fast path's attention computes its RoPE angles in-kernel
@@ -153,7 +166,7 @@ class Qwen3_5ForCausalLM(nn.Module):
             logits = fast.linear(self.embed_tokens, h, decode)
         else:
             logits = self.embed_tokens.as_linear(h)
-        return logits.float()
+        return self.parallel.gather_vocab(logits).float()
 
     def forward(self, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
         return self.forward_with_hidden(batch, cache)[0]

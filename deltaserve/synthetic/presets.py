@@ -1,9 +1,10 @@
 """Presets: the full config.json of each synthetic checkpoint, in the published structure.
 
 Two presets copy published models field for field (values from the spec, sections 1.2 and 1.3):
-`qwen3.6-35b-a3b` (qwen3_5_moe) and `qwen3.5-0.8b` (qwen3_5, tied embeddings). Three tiny presets keep the same
-structure at shapes that run in seconds on a CPU: `tiny-moe`, `tiny-dense` and `tiny-next` (the flat
-qwen3_next config). Every token id a config names (eos, bos, image/video/vision ids) comes from
+`qwen3.6-35b-a3b` (qwen3_5_moe) and `qwen3.5-0.8b` (qwen3_5, tied embeddings); two more give the text shapes
+of the larger MoE releases (spec 1.4: `qwen3.5-122b-a10b`, `qwen3.5-397b-a17b`), for config-only use. Three tiny
+presets keep the same structure at shapes that run in seconds on a CPU: `tiny-moe`, `tiny-dense` and `tiny-next`
+(the flat qwen3_next config). Every token id a config names (eos, bos, image/video/vision ids) comes from
 `SPECIAL_TOKENS` placed after the BPE vocabulary of the preset's tokenizer, so config and tokenizer agree.
 
 A preset is data only; `writer.make_checkpoint` turns it into files.
@@ -253,6 +254,37 @@ def _qwen36_35b_a3b() -> Preset:
     )  # fmt: skip
 
 
+def _qwen35_large_moe(name: str, hidden: int, layers: int, heads: int, lin_v_heads: int, experts: int, top_k: int,
+                      expert_inter: int) -> Preset:
+    """The larger published MoE sizes of spec section 1.4 (Qwen3.5-122B-A10B, Qwen3.5-397B-A17B), for config-only
+    use (`deltaserve info`, `--config-only`, GGUF shapes): text fields as published; the vision tower beyond its
+    output width is not published (spec: UNCERTAIN), so the 35B-A3B tower is assumed."""
+    ids = special_ids(PUBLISHED_BPE_SIZE)
+    vision = VisionDims(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, out_hidden_size=hidden)
+    text = _text_common(
+        hidden=hidden, layers=layers, heads=heads, kv_heads=2, head_dim=256, lin_k_heads=16, lin_v_heads=lin_v_heads,
+        lin_dim=128, vocab=248320, tie=False, max_pos=262144, rope=_rope_parameters(10000000, 0.25, [11, 11, 10]),
+        model_type="qwen3_5_moe_text",
+    )  # fmt: skip
+    text.update(_moe_fields(experts, top_k, expert_inter, expert_inter))
+    text.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|endoftext|>"], pad_token_id=None)
+    cfg = _nested_config(
+        "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", text,
+        _vision_config(vision, "qwen3_5_moe_vision", {"dtype": "bfloat16"}), ids, tie=False,
+        top={"dtype": "bfloat16", "transformers_version": "4.57.1"},
+    )  # fmt: skip
+    return Preset(name, cfg, PUBLISHED_BPE_SIZE, vision, shard_bytes=4 << 30, expert_layout="fused",
+                  generation=_generation(ids))
+
+
+def _qwen35_122b_a10b() -> Preset:
+    return _qwen35_large_moe("qwen3.5-122b-a10b", 3072, 48, 32, 64, 256, 8, 1024)
+
+
+def _qwen35_397b_a17b() -> Preset:
+    return _qwen35_large_moe("qwen3.5-397b-a17b", 4096, 60, 32, 64, 512, 10, 1024)
+
+
 def _qwen35_0_8b() -> Preset:
     ids = special_ids(PUBLISHED_BPE_SIZE)
     vision = VisionDims(depth=12, hidden_size=768, num_heads=12, intermediate_size=3072, out_hidden_size=1024)
@@ -378,6 +410,8 @@ def _tiny_next() -> Preset:
 _BUILDERS = {
     "qwen3.6-35b-a3b": _qwen36_35b_a3b,
     "qwen3.5-0.8b": _qwen35_0_8b,
+    "qwen3.5-122b-a10b": _qwen35_122b_a10b,  # config-only sizes (spec 1.4): `deltaserve info`, tensor parallelism
+    "qwen3.5-397b-a17b": _qwen35_397b_a17b,
     "tiny-moe": _tiny_moe,
     "tiny-dense": _tiny_dense,
     "tiny-next": _tiny_next,

@@ -20,13 +20,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..model.cache import cache_spec
 from ..model.config import ModelConfig
+from ..model.parallel import Parallel
 from ..model.layers import DenseWeights
 from ..model.registry import build_model
 from ..quant import AffineWeights, Fp8BlockWeights
 from .formats import get_format
 from .loader import mtp_layers_to_load
 from .plan import build_plan
+from .shard import build_rank_model
 from .safetensors_io import DTYPE_BYTES, SafetensorsCheckpoint
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -61,6 +64,9 @@ class CheckpointSizes:
     files: int = 0
     tensors: int = 0
     mtp_layers: int = 0  # MTP layers the checkpoint holds: their row MTP_CLASS, resident only when drafting
+    tensor_parallel_size: int = 1  # > 1: rows are ONE rank's share (every rank holds the same sizes)
+    expert_parallel: bool = False
+    local_config: ModelConfig | None = None  # the rank's config (its heads: what its cache holds)
 
     @property
     def parameters(self) -> float:
@@ -73,37 +79,50 @@ class CheckpointSizes:
         return sum(r[1] for k, r in self.rows.items() if k != MTP_CLASS)
 
 
-def checkpoint_sizes(path: str | Path) -> CheckpointSizes:
-    """Parameters and resident bytes by layer class, from config.json (+ safetensors headers when present)."""
+def checkpoint_sizes(path: str | Path, tensor_parallel_size: int = 1, expert_parallel: bool = False
+                     ) -> CheckpointSizes:
+    """Parameters and resident bytes by layer class, from config.json (+ safetensors headers when present); with
+    tensor_parallel_size N > 1, those of one rank's shard (weights/shard.py: the shard loading would allocate)."""
     path = Path(path)
     config = ModelConfig.from_dir(path)
     ckpt = SafetensorsCheckpoint(path) if any(path.glob("*.safetensors")) else None
     mtp_layers = 0
+    tp = tensor_parallel_size > 1 or expert_parallel
     if ckpt is not None:
-        mtp_layers = mtp_layers_to_load(config, ckpt.names, None, str(path))  # the head, when there is one
+        # the head, when there is one (never under tensor parallelism: its layers are not split)
+        mtp_layers = 0 if tp else mtp_layers_to_load(config, ckpt.names, None, str(path))
         fmt = get_format(config, ckpt.names, source=str(path), mtp=mtp_layers > 0)
         factory, offset, kind = fmt.weight_factory(), fmt.norm_offset, fmt.name
     else:
         factory, offset, kind = _factory_from_config(config)
-    with torch.device("meta"):
-        model = build_model(config, factory, offset, mtp_layers=mtp_layers)
+    if tp:
+        model, fmt = build_rank_model(config, _SizesOnly(factory, offset, kind), _sizes_only(tensor_parallel_size,
+                                                                                              expert_parallel))
+        factory = fmt.weight_factory()
+    else:
+        with torch.device("meta"):
+            model = build_model(config, factory, offset, mtp_layers=mtp_layers)
     float_dtype = DTYPES.get(config.dtype, torch.bfloat16)
     if ckpt is not None:  # the dtype the loader would pick: the float dtype most mapped bytes are in
         infos = [s.info for _, stored in ckpt.by_file() for s in stored]
         float_dtype = build_plan(infos, fmt, model, str(path)).checkpoint_float_dtype()
-    sizes = CheckpointSizes(config, kind, ckpt is None, _account(model, float_dtype), mtp_layers=mtp_layers)
+    sizes = CheckpointSizes(config, kind, ckpt is None, _account(model, float_dtype), mtp_layers=mtp_layers,
+                            tensor_parallel_size=tensor_parallel_size, expert_parallel=expert_parallel,
+                            local_config=model.config)
     if ckpt is not None:
         sizes.disk_bytes = sum(math.prod(s.info.shape) * DTYPE_BYTES[s.info.dtype] for s in ckpt.tensors.values())
         sizes.files, sizes.tensors = len(ckpt.files), len(ckpt.tensors)
     return sizes
 
 
-def describe_checkpoint(path: str | Path) -> str:
+def describe_checkpoint(path: str | Path, tensor_parallel_size: int = 1, expert_parallel: bool = False) -> str:
     """The `deltaserve info` text for a checkpoint directory: architecture, parameter count, bits per weight by layer
     class, resident size. Works on a config-only directory (sizes computed from config.json and its quantization
-    entry, no weights needed)."""
-    s = checkpoint_sizes(path)
+    entry, no weights needed). With tensor_parallel_size N > 1: one rank's shard and its cache budget."""
+    s = checkpoint_sizes(path, tensor_parallel_size, expert_parallel)
     lines = [_header(Path(path), s.config, s.kind, s.config_only), _mtp_line(s)] + _table(s.rows)
+    if tensor_parallel_size > 1 or expert_parallel:
+        lines += _rank_budget(s)
     if s.disk_bytes is not None:
         lines.append(f"  on disk: {_size(s.disk_bytes)} in {s.files} file(s), {s.tensors} tensors "
                      "(incl. any MTP/vision)")  # fmt: skip
@@ -113,6 +132,8 @@ def describe_checkpoint(path: str | Path) -> str:
 def _mtp_line(s: CheckpointSizes) -> str:
     """Whether the checkpoint can draft with its own MTP head (speculative decoding)."""
     declared = s.config.mtp_num_hidden_layers
+    if s.tensor_parallel_size > 1 or s.expert_parallel:
+        return "  MTP head: not split under tensor parallelism (no speculative decoding there); not counted"
     if s.config_only:
         return f"  MTP head: config.json declares {declared} layer(s); not counted (no weights to check)"
     if s.mtp_layers:
@@ -211,3 +232,91 @@ def _size(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"
+
+
+# ---- tensor parallelism: one rank's share --------------------------------------------------------------------------
+
+CARDS = (("H100 80GB", 80e9), ("H200 141GB", 141e9))  # device memory, bytes
+CARD_FRACTION = 0.9  # of the card for weights + cache (utils.memory.cache_budget_bytes's share of free memory)
+BUDGET_SEQS = 64  # sequences whose DeltaNet state the budget lines reserve
+
+
+class _NoCollectives:
+    """A communicator for sizing only: `info` builds the rank's model on the meta device and never runs it."""
+
+    def __init__(self, size: int):
+        self.rank, self.size = 0, size
+
+    def all_gather(self, x, what):
+        raise RuntimeError("deltaserve info builds models to measure them, never to run them")
+
+
+def _sizes_only(size: int, expert_parallel: bool) -> Parallel:
+    return Parallel(0, size, _NoCollectives(size), expert_parallel)
+
+
+class _SizesOnly:
+    """The slice of a CheckpointFormat that build_rank_model reads, for a config-only directory."""
+
+    def __init__(self, factory, norm_offset: float, name: str):
+        self.factory, self.norm_offset, self.name = factory, norm_offset, name
+
+    def weight_factory(self):
+        return self.factory
+
+
+def _rank_budget(s: CheckpointSizes) -> list[str]:
+    """Per-rank lines: the split, the rank's weights, its cache per token and per sequence, what a card leaves."""
+    n, local = s.tensor_parallel_size, s.local_config
+    experts = "experts partitioned (expert parallel)" if s.expert_parallel else "experts split by intermediate rows"
+    spec = cache_spec(local, 16, torch.bfloat16)
+    kv_token = spec.bytes_per_block / 16
+    lines = [
+        f"  tensor parallel {n}: the table is ONE rank's share ({experts if s.config.is_moe else 'dense MLP split'};"
+        f" every rank holds the same sizes); per rank {local.num_attention_heads} q / {local.num_key_value_heads} KV "
+        f"heads, {local.linear_num_value_heads} / {local.linear_num_key_heads} DeltaNet value / key heads",
+        f"  cache per rank (bf16): {_size(kv_token)} of KV per token, {_size(spec.bytes_per_state_slot)} of DeltaNet "
+        f"state per sequence",
+    ]
+    for card, capacity in CARDS:
+        left = CARD_FRACTION * capacity - s.resident_bytes
+        if left <= 0:
+            lines.append(f"  on {n} x {card}: does not fit ({_size(s.resident_bytes)} of weights per rank, "
+                         f"{_size(CARD_FRACTION * capacity)} usable)")
+            continue
+        kv_left = left - BUDGET_SEQS * spec.bytes_per_state_slot
+        tokens = f"{int(kv_left / kv_token):,} tokens of KV" if kv_left > 0 and kv_token else "no room for KV"
+        lines.append(f"  on {n} x {card}: {_size(left)} per rank left for the cache at {CARD_FRACTION:.0%} of the "
+                     f"card: {BUDGET_SEQS} sequences' state + {tokens}")
+    return lines
+
+
+# ---- what-if formats for a config-only description ------------------------------------------------------------------
+
+WHAT_IF = ("q4", "q8", "fp8")
+
+
+def with_quantization(config: dict, quant: str) -> dict:
+    """config.json (a dict) with the entry a release of this model in `quant` carries: "q4" / "q8" as mlx_lm.convert
+    writes them (MLX affine, group 64; routers and shared-expert gates at 8 bits), "fp8" as the Qwen FP8 releases
+    (128 x 128 blocks; embeddings, lm_head, routers, shared-expert gates and in_proj_a/b not converted)."""
+    import copy
+
+    cfg = copy.deepcopy(config)
+    if quant == "fp8":
+        cfg["quantization_config"] = {
+            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+            "modules_to_not_convert": ["lm_head", "embed_tokens", "mlp.gate", "shared_expert_gate", "in_proj_a",
+                                       "in_proj_b"],
+        }  # fmt: skip
+        return cfg
+    if quant not in ("q4", "q8"):
+        raise ValueError(f"quant {quant!r}: use one of {', '.join(WHAT_IF)}")
+    text = cfg.get("text_config", cfg)
+    entry = {"group_size": 64, "bits": int(quant[1]), "mode": "affine"}
+    if cfg.get("model_type") == "qwen3_5_moe":
+        for i in range(text["num_hidden_layers"]):
+            for gate in ("mlp.gate", "mlp.shared_expert_gate"):
+                entry[f"language_model.model.layers.{i}.{gate}"] = {"group_size": 64, "bits": 8}
+    cfg["quantization"], cfg["quantization_config"] = entry, copy.deepcopy(entry)
+    return cfg

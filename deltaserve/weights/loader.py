@@ -21,12 +21,14 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..model.config import ConfigError, ModelConfig
+from ..model.parallel import Parallel
 from ..model.registry import build_model
 from ..model.vision import VisionTower
 from .formats import CheckpointError, CheckpointFormat, TensorInfo, get_format
 from .names import MTP_PREFIX
 from .plan import LoadPlan, build_plan
 from .safetensors_io import DTYPE_BYTES, SafetensorsCheckpoint
+from .shard import build_rank_model
 from .vision_format import VisionFormat
 
 log = logging.getLogger("deltaserve.weights")
@@ -98,7 +100,7 @@ def _nbytes(t: TensorInfo) -> int:
 
 def load_checkpoint(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, progress: bool = True,
-    vision: bool = False, mtp: bool | None = False,
+    vision: bool = False, mtp: bool | None = False, parallel: Parallel | None = None,
 ) -> LoadedCheckpoint:
     """Load a checkpoint directory. dtype None keeps the checkpoint's float dtype (the one most bytes are in).
 
@@ -106,7 +108,9 @@ def load_checkpoint(
     "visual"; an error if the checkpoint has none (a text-only conversion). Off: they are only recorded.
     mtp: also load the MTP head (`model.mtp`, the draft head of speculative decoding): True requires it (a
     CheckpointError saying drafting is unavailable and why), None loads it when the checkpoint has one, False (the
-    default, as for the vision tower) sets its tensors aside."""
+    default, as for the vision tower) sets its tensors aside.
+    parallel (size > 1): build and load only this tensor-parallel rank's shard (weights/shard.py); the MTP head is
+    not split, so it is set aside (mtp=True is refused)."""
     path = Path(path)
     try:
         config = ModelConfig.from_dir(path)
@@ -114,10 +118,17 @@ def load_checkpoint(
         raise CheckpointError(str(e)) from None
     ckpt = SafetensorsCheckpoint(path)
     infos = [s.info for _, stored in ckpt.by_file() for s in stored]
-    mtp_layers = mtp_layers_to_load(config, ckpt.names, mtp, str(path))
+    sharded = parallel is not None and parallel.size > 1
+    if sharded and mtp:
+        raise CheckpointError(f"{path}: the MTP head is not split under tensor parallelism (speculative decoding "
+                              "with tensor_parallel_size > 1 is not supported)")
+    mtp_layers = 0 if sharded else mtp_layers_to_load(config, ckpt.names, mtp, str(path))
     fmt = get_format(config, ckpt.names, source=str(path), mtp=mtp_layers > 0)
-    with torch.device("meta"):
-        model = build_model(config, fmt.weight_factory(), fmt.norm_offset, mtp_layers=mtp_layers)
+    if sharded:
+        model, fmt = build_rank_model(config, fmt, parallel)
+    else:
+        with torch.device("meta"):
+            model = build_model(config, fmt.weight_factory(), fmt.norm_offset, mtp_layers=mtp_layers)
     plan = build_plan(infos, fmt, model, str(path))
     _materialise(model, ckpt, plan, fmt, torch.device(device), dtype or plan.checkpoint_float_dtype(), progress)
     fmt.finalize(model)
