@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,7 @@ class Ranks:
     workers: list = field(default_factory=list)  # rank 0 under "mp": the started processes, rank r at index r-1
     tmpdir: str | None = None
     closed: bool = False
+    host_threads: int | None = None  # CPU under "mp": torch's threads before the host's cores were divided
 
     # ---- failures ----------------------------------------------------------------------------------------------
     def dead_workers(self) -> list[str]:
@@ -109,8 +111,13 @@ class Ranks:
             raise ParallelError("tensor-parallel engine stopped: " + "; ".join(dead))
 
     def explain(self, error: BaseException) -> ParallelError:
-        """A ParallelError for a failed collective, with the workers' exit codes when rank 0 started them."""
+        """A ParallelError for a failed collective, with the workers' exit codes when rank 0 started them (a peer's
+        sockets close a moment before its exit is visible: waits up to 5 s for it)."""
         dead = self.dead_workers() if self.workers else []
+        deadline = time.monotonic() + 5
+        while self.workers and not dead and time.monotonic() < deadline:
+            time.sleep(0.05)
+            dead = self.dead_workers()
         self.abort()
         return ParallelError(f"{error}" + (f" ({'; '.join(dead)})" if dead else ""))
 
@@ -145,6 +152,8 @@ class Ranks:
                 pass
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+        if self.host_threads is not None:
+            torch.set_num_threads(self.host_threads)
 
 
 # ---- process groups --------------------------------------------------------------------------------------------
@@ -225,7 +234,7 @@ def _spawn(model_dir, device: str, dtype, options: ParallelOptions) -> Ranks:
     size = options.tensor_parallel_size
     for r in range(size):
         rank_device(device, r, external=False)  # every rank has its GPU, before anything starts
-    threads = torch.get_num_threads()
+    host_threads = threads = torch.get_num_threads()
     if torch.device(device).type == "cpu":  # the ranks share the host's cores: oversubscribed OpenMP threads spin
         threads = max(1, threads // size)  # while a peer waits in a collective (50x slower steps on 2 cores)
         torch.set_num_threads(threads)
@@ -248,8 +257,9 @@ def _spawn(model_dir, device: str, dtype, options: ParallelOptions) -> Ranks:
         for proc in workers:
             proc.kill()
         shutil.rmtree(tmpdir, ignore_errors=True)
+        torch.set_num_threads(host_threads)
         raise
-    ranks.workers, ranks.tmpdir = workers, tmpdir
+    ranks.workers, ranks.tmpdir, ranks.host_threads = workers, tmpdir, host_threads
     atexit.register(ranks.abort)  # an interpreter that exits without LLM.shutdown() still ends its workers
     return ranks
 
@@ -258,7 +268,6 @@ def _watch_parent(pid: int, rank: int) -> None:
     """End this worker when the process that started it is gone (it may have died before the rendezvous, when no
     collective would notice)."""
     import threading
-    import time
 
     def watch() -> None:
         while os.getppid() == pid:

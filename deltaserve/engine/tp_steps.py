@@ -66,25 +66,34 @@ class StepChannel:
         return kind, payload
 
     def send_batch(self, batch: ForwardBatch) -> None:
-        fields, tensors = {}, []
+        """The batch's host fields in the message; its tensors packed flat, one broadcast per dtype (int64 and the
+        int32 block tables: two collectives, not one per field)."""
+        fields, packs = {}, {}
         for f in dataclasses.fields(batch):
             v = getattr(batch, f.name)
             if isinstance(v, torch.Tensor):
-                fields[f.name] = ("tensor", tuple(v.shape), v.dtype)
-                tensors.append(v.contiguous())
+                pack = packs.setdefault(v.dtype, [])
+                fields[f.name] = ("tensor", tuple(v.shape), v.dtype, sum(t.numel() for t in pack))
+                pack.append(v.reshape(-1))
             else:
                 fields[f.name] = ("value", v)
-        self.send(FORWARD, fields, tensors)
+        flat = {dtype: torch.cat(parts) for dtype, parts in packs.items()}
+        self.send(FORWARD, (fields, {dtype: t.numel() for dtype, t in flat.items()}), list(flat.values()))
 
-    def _receive_batch(self, fields: dict) -> ForwardBatch:
+    def _receive_batch(self, payload) -> ForwardBatch:
         import torch.distributed as dist
 
+        fields, sizes = payload
+        flat = {}
+        for dtype, n in sizes.items():  # the order the driver sent them in
+            flat[dtype] = torch.empty(n, dtype=dtype, device=self.ranks.device)
+            dist.broadcast(flat[dtype], src=0, group=self.ranks.data)
         values = {}
         for name, spec in fields.items():
             if spec[0] == "tensor":
-                t = torch.empty(spec[1], dtype=spec[2], device=self.ranks.device)
-                dist.broadcast(t, src=0, group=self.ranks.data)
-                values[name] = t
+                _, shape, dtype, offset = spec
+                numel = torch.Size(shape).numel()
+                values[name] = flat[dtype][offset:offset + numel].view(shape)
             else:
                 values[name] = spec[1]
         return ForwardBatch(**values)
