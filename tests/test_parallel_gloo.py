@@ -103,6 +103,21 @@ def test_two_ranks_dense_and_mlx_q4(ckpts, name):
         shut(tp)
 
 
+def test_graph_steps_reach_every_rank(ckpts):
+    """The runner's decode-graph and prefill-graph entry points (CUDA graphs on GPUs; here their eager replay, as
+    the runner's tests run them on CPU) are sent to the other ranks like an eager step: the same tokens."""
+    path = ckpts["moe"]
+    want = tokens(engine(path, max_num_batched_tokens=16), PROMPTS)
+    tp = engine(path, 2, cuda_graphs=True, max_num_batched_tokens=16)
+    tp.engine.runner.graphs_off_device = True  # rank 0's runner decides; the other ranks follow its messages
+    try:
+        assert tokens(tp, PROMPTS) == want
+        runner = tp.engine.runner
+        assert runner.graph_steps > 0 and runner.prefill_graph_steps > 0
+    finally:
+        shut(tp)
+
+
 def test_a_size_the_model_cannot_split_fails_before_any_process_starts(ckpts):
     with pytest.raises(ValueError, match="linear_num_value_heads = 2 is not a multiple of 4"):
         engine(ckpts["dense"], 4)
@@ -120,7 +135,7 @@ def test_a_dead_worker_stops_rank_0_with_its_name(ckpts):
     with pytest.raises(ParallelError, match=rf"rank 1 \(pid {worker.pid}\) exited with status -9"):
         tokens(tp, PROMPTS)
     assert time.monotonic() - start < 10
-    with pytest.raises(ParallelError):  # the engine stays stopped
+    with pytest.raises(ParallelError, match="stopped by an earlier failure"):  # the engine stays stopped
         tokens(tp, PROMPTS)
 
 

@@ -33,12 +33,16 @@ def ckpts(tmp_path_factory):
     wide.config["text_config"].update(moe_intermediate_size=64, shared_expert_intermediate_size=64)
     dense4 = get_preset("tiny-dense")  # 4 DeltaNet value heads: 4 ranks can split them
     dense4.config["text_config"].update(linear_num_value_heads=4)
+    next_wide = get_preset("tiny-next")  # qwen3_next: flat config, group-interleaved in_proj_qkvz / in_proj_ba
+    next_wide.config.update(moe_intermediate_size=64, shared_expert_intermediate_size=64, intermediate_size=128)
     hf = write_hf_checkpoint(root / "hf-moe", moe=True)
     return {
         "moe": make_checkpoint(root / "moe", "tiny-moe", dtype="fp32", progress=False),
         "dense": make_checkpoint(root / "dense", "tiny-dense", dtype="fp32", progress=False),
         "dense4": make_checkpoint(root / "dense4", dense4, dtype="fp32", progress=False),
         "q4": write_quantized_synthetic(root / "q4", wide, "q4", group_size=32, progress=False),
+        "next": make_checkpoint(root / "next", "tiny-next", dtype="fp32", progress=False),
+        "next-q4": write_quantized_synthetic(root / "next-q4", next_wide, "q4", group_size=32, progress=False),
         "hf-moe": hf,
         "hf-dense": write_hf_checkpoint(root / "hf-dense", moe=False, tie=True, seed=2),
         "fp8": fp8_release(hf, root / "fp8", block=16),
@@ -100,8 +104,9 @@ def check(path, n: int, ep: bool = False, dtype=torch.float32, tol: float | None
 
 
 @pytest.mark.parametrize("name, n, ep", [
-    ("moe", 2, False), ("moe", 4, False), ("moe", 2, True), ("moe", 4, True), ("dense", 2, False), ("dense4", 4, False),
-    ("q4", 2, False), ("q4", 2, True), ("hf-moe", 2, False), ("hf-dense", 2, False),
+    ("moe", 2, False), ("moe", 4, False), ("moe", 4, True), ("dense", 2, False), ("dense4", 4, False),
+    ("q4", 2, False), ("q4", 2, True), ("next", 2, False), ("next-q4", 2, False), ("hf-moe", 2, False),
+    ("hf-dense", 2, False),
 ])
 def test_fp32_ranks_match_one_device(ckpts, name, n, ep):
     check(ckpts[name], n, ep)

@@ -104,7 +104,9 @@ class Ranks:
         return lines
 
     def check_workers(self) -> None:
-        """Raise if a spawned worker has exited (called before every step)."""
+        """Raise if the ranks were stopped or a spawned worker has exited (called before every step)."""
+        if self.closed:
+            raise ParallelError("the tensor-parallel engine was shut down, or stopped by an earlier failure")
         dead = self.dead_workers() if self.workers else []
         if dead:
             self.abort()
