@@ -3,7 +3,8 @@ other ranks started by LLM itself, or every rank by torchrun).
 
 - an N-rank engine's logits are the same bits as N ranks in one process (tests/parallel_helpers.py), chunked
   prefill included, so the process path adds nothing to the arithmetic that test_parallel_model.py checks;
-- its greedy tokens equal one device's, batched or alone; seeded sampling repeats;
+- its greedy tokens equal one device's, batched or alone, through decode and prefill graphs (their eager replay on
+  CPU) and across a prefix-cache hit; seeded sampling repeats;
 - a rank that dies ends every other rank with an error naming it, within seconds, never a hang.
 """
 
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 60  # seconds a collective may wait before every rank gives up
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 PROMPTS = [list(range(3, 20)), list(range(50, 53)), list(range(100, 140))]
-LONG = list(range(5, 45))  # 40 tokens: three prefill chunks of 16
+LONG = [(7 * i) % 1000 + 3 for i in range(150)]  # 150 tokens: prefill chunks of 64, 64, 22 under a 64-token budget
 
 
 @pytest.fixture(scope="module")
@@ -66,16 +67,28 @@ def shut(llm: LLM) -> None:
     assert [w.wait(TIMEOUT) for w in workers] == [0] * len(workers)  # every rank left its loop cleanly
 
 
+def prefix_hit(llm: LLM) -> tuple[list[list[int]], int]:
+    """A prompt, then one sharing its first 140 tokens: the second resumes from the first's KV blocks and DeltaNet
+    snapshot at token 128 (engine.cache.load_state / save_state). (tokens of both, cached tokens of the second)"""
+    longer = SamplingParams(temperature=0, max_tokens=24)  # a wrong resumed state shows within a few tokens
+    first = llm.generate([LONG + [5, 6]], GREEDY)[0]
+    second = llm.generate([LONG[:140] + [9, 9, 9]], longer)[0]
+    return [first.token_ids, second.token_ids], second.metrics.num_cached_tokens
+
+
 def test_two_ranks_moe(ckpts):
     path = ckpts["moe"]
-    want = tokens(engine(path), PROMPTS)
-    tp = engine(path, 2, max_num_batched_tokens=16)  # LONG is prefilled in chunks of 16
+    one = engine(path)
+    want, want_hit = tokens(one, PROMPTS), prefix_hit(one)
+    tp = engine(path, 2, max_num_batched_tokens=64)  # LONG is prefilled in chunks of 64 (the engine's alignment)
     try:
-        assert torch.equal(tp.logits(LONG), thread_logits(path, 2, LONG, chunk=16))
+        assert torch.equal(tp.logits(LONG), thread_logits(path, 2, LONG, chunk=64))
         assert tokens(tp, PROMPTS) == want  # greedy tokens as on one device, batched
         assert [tokens(tp, [p])[0] for p in PROMPTS] == want  # and alone
         sampled = SamplingParams(temperature=1.0, seed=7, max_tokens=4)
         assert tokens(tp, PROMPTS, sampled) == tokens(tp, PROMPTS, sampled)  # sampling is seeded on rank 0
+        hit = prefix_hit(tp)  # the prefix cache's state copies reach every rank
+        assert hit == want_hit and hit[1] == 128
     finally:
         shut(tp)
 
@@ -83,9 +96,9 @@ def test_two_ranks_moe(ckpts):
 def test_four_ranks_expert_parallel(ckpts):
     path = ckpts["moe"]
     want = tokens(engine(path), PROMPTS)
-    tp = engine(path, 4, enable_expert_parallel=True)
+    tp = engine(path, 4, enable_expert_parallel=True, max_num_batched_tokens=64)
     try:
-        assert torch.equal(tp.logits(LONG), thread_logits(path, 4, LONG, ep=True))
+        assert torch.equal(tp.logits(LONG), thread_logits(path, 4, LONG, chunk=64, ep=True))
         assert tokens(tp, PROMPTS) == want
     finally:
         shut(tp)
@@ -95,9 +108,9 @@ def test_four_ranks_expert_parallel(ckpts):
 def test_two_ranks_dense_and_mlx_q4(ckpts, name):
     path = ckpts[name]
     want = tokens(engine(path), PROMPTS)
-    tp = engine(path, 2)
+    tp = engine(path, 2, max_num_batched_tokens=64)
     try:
-        assert torch.equal(tp.logits(LONG), thread_logits(path, 2, LONG))
+        assert torch.equal(tp.logits(LONG), thread_logits(path, 2, LONG, chunk=64))
         assert tokens(tp, PROMPTS) == want
     finally:
         shut(tp)
@@ -110,8 +123,17 @@ def test_graph_steps_reach_every_rank(ckpts):
     want = tokens(engine(path, max_num_batched_tokens=16), PROMPTS)
     tp = engine(path, 2, cuda_graphs=True, max_num_batched_tokens=16)
     tp.engine.runner.graphs_off_device = True  # rank 0's runner decides; the other ranks follow its messages
+    graphs, pending = tp.engine.runner.graphs, []
+    run = graphs.run
+
+    def spy(*args, **kwargs):  # rows whose input token rank 0 sampled but has not read back: token_source is sent
+        pending.append(any(kwargs.get("from_device") or ()))
+        return run(*args, **kwargs)
+
+    graphs.run = spy
     try:
         assert tokens(tp, PROMPTS) == want
+        assert any(pending)
         runner = tp.engine.runner
         assert runner.graph_steps > 0 and runner.prefill_graph_steps > 0
     finally:

@@ -57,8 +57,9 @@ def prompts(vocab: int, lens=(5, 21, 3), seed: int = 0) -> list[list[int]]:
 def forward(model, seqs: list[list[int]], chunk: int | None = None) -> list[torch.Tensor]:
     """Every token's logits of each sequence: the sequences in one batch (chunk None), or each alone in chunks of
     `chunk` tokens (chunk boundaries on KV blocks)."""
-    cache = model.make_cache(32, BLOCK, len(seqs))
-    tables = [[4 * b + i for i in range(4)] for b in range(len(seqs))]
+    per = -(-max(len(s) for s in seqs) // BLOCK)  # blocks per sequence
+    cache = model.make_cache(per * len(seqs), BLOCK, len(seqs))
+    tables = [[per * b + i for i in range(per)] for b in range(len(seqs))]
     if chunk is None:
         batch = ForwardBatch.build(seqs, [0] * len(seqs), tables, list(range(len(seqs))), BLOCK, logits="all")
         return list(model(batch, cache).split([len(s) for s in seqs]))

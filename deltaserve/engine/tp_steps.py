@@ -1,15 +1,18 @@
 """The step loop of a tensor-parallel engine: rank 0 schedules and samples, every rank runs the model.
 
-Rank 0 (the driver) runs the whole engine: scheduler, runner, sampling. Its runner reaches the model through three
-entry points - `model(batch, cache)` (an eager step), `graphs.run(...)` (a decode step through the CUDA-graph
-buckets), `prefill_graphs.run(...)` (a prefill chunk through its graph). `attach_driver` wraps those three so
-each call first sends the same call to the other ranks: a message on the control group (the kind and its plain
-arguments: token ids, depths, block tables, state slots; for an eager step the ForwardBatch's host fields and the
-shapes of its tensors), then, for an eager step, the batch's tensors by broadcast on the model's group (device to
-device under NCCL: no host copy). `serve_steps` is the other ranks' loop: it receives each call and makes it on
-its own model, cache and graphs. All ranks therefore run the same forward with the same KV block ids and state
-slots (each on its own cache, built identically from the driver's resolved EngineConfig), meet in the same
-collectives, and end with the same logits; only rank 0 samples from them.
+Rank 0 (the driver) runs the whole engine: scheduler, runner, sampling, prefix cache. Its runner reaches the model
+through three entry points - `model(batch, cache)` (an eager forward), `graphs.run(...)` (a decode step through the
+CUDA-graph buckets), `prefill_graphs.run(...)` (a prefill chunk through its graph) - and its engine touches the cache
+outside a forward in two ways (the prefix cache's `load_state` / `save_state`). `attach_driver` wraps those so each
+call is first sent to the other ranks: a message on the control group (the kind and its plain arguments: token ids,
+depths, block tables, state slots, slot epochs, sampling temperatures and keys; for an eager step the ForwardBatch's
+host fields and its tensors' shapes), then tensors by broadcast on the model's group (device to device under NCCL: no
+host copy): an eager step's batch, packed by dtype, and, for a decode step whose input tokens rank 0 sampled but has
+not read back (`from_device` rows), rank 0's token_source. `serve_steps` is the other ranks' loop: it makes each
+call on its own model, cache and graphs. All ranks therefore run the same forward with the same KV block ids, state
+slots and input tokens (each on its own cache, built from rank 0's resolved EngineConfig), meet in the same
+collectives and end with the same logits; rank 0 samples (a decode graph also samples the plain rows in-graph on
+every rank, identically, from identical logits).
 
 Every message carries a step number, so a rank that falls out of step is caught (and named) at once.
 """
@@ -25,7 +28,9 @@ from ..model.forward_batch import ForwardBatch
 from ..model.parallel import ParallelError
 from .distributed import Ranks
 
-STOP, CONFIG, FORWARD, DECODE_GRAPH, PREFILL_GRAPH = "stop", "config", "forward", "decode_graph", "prefill_graph"
+STOP, CONFIG, FORWARD, DECODE_GRAPH, PREFILL_GRAPH, CACHE = ("stop", "config", "forward", "decode_graph",
+                                                             "prefill_graph", "cache")
+CACHE_OPS = ("load_state", "save_state")  # the engine's cache operations outside a forward (the prefix cache's)
 
 
 class StepChannel:
@@ -80,6 +85,16 @@ class StepChannel:
         flat = {dtype: torch.cat(parts) for dtype, parts in packs.items()}
         self.send(FORWARD, (fields, {dtype: t.numel() for dtype, t in flat.items()}), list(flat.values()))
 
+    def receive_into(self, t: torch.Tensor) -> None:
+        """A tensor rank 0 sent after the message (broadcast into t, in place)."""
+        import torch.distributed as dist
+
+        try:
+            dist.broadcast(t, src=0, group=self.ranks.data)
+        except (RuntimeError, ValueError) as e:
+            raise ParallelError(f"tensor-parallel rank {self.ranks.rank}: receiving step {self.step}'s tensor "
+                                f"failed ({e}); rank 0 exited") from None
+
     def _receive_batch(self, payload) -> ForwardBatch:
         import torch.distributed as dist
 
@@ -115,18 +130,41 @@ class _ModelEntry:
 
 
 class _GraphsEntry:
-    """The driver runner's DecodeGraphs / PrefillGraphs: each run(...) is sent to the other ranks first."""
+    """The driver runner's DecodeGraphs / PrefillGraphs: each run(...) is sent to the other ranks first. A decode
+    step whose rows take their input token from the device (`from_device`: sampled by rank 0, not yet read back)
+    also sends rank 0's token_source, so every rank embeds the same tokens."""
 
     def __init__(self, graphs, kind: str, channel: StepChannel):
         self._graphs, self._kind, self._channel = graphs, kind, channel
 
-    def run(self, *args):
+    def run(self, *args, **kwargs):
         self._channel.ranks.check_workers()
-        self._channel.send(self._kind, args)
-        return _collective(self._channel.ranks, lambda: self._graphs.run(*args))
+        tokens = self._kind == DECODE_GRAPH and any(kwargs.get("from_device") or ())
+        self._channel.send(self._kind, (args, kwargs, tokens), [self._graphs.token_source] if tokens else [])
+        return _collective(self._channel.ranks, lambda: self._graphs.run(*args, **kwargs))
 
     def __getattr__(self, name):
         return getattr(self._graphs, name)
+
+
+class _CacheEntry:
+    """The driver engine's cache: the operations it makes outside a forward (CACHE_OPS) are sent to the other
+    ranks first, in order with the steps, so every rank's state slots and snapshots stay the same."""
+
+    def __init__(self, cache, channel: StepChannel):
+        self._cache, self._channel = cache, channel
+
+    def __getattr__(self, name):
+        value = getattr(self._cache, name)
+        if name not in CACHE_OPS:
+            return value
+
+        def op(*args):
+            self._channel.ranks.check_workers()
+            self._channel.send(CACHE, (name, args))
+            return value(*args)
+
+        return op
 
 
 def _collective(ranks: Ranks, fn):
@@ -142,7 +180,8 @@ def attach_driver(engine, ranks: Ranks) -> StepChannel:
     it), then route the runner's model entry points through the channel."""
     channel = StepChannel(ranks)
     config = replace(engine.config, num_blocks=engine.num_blocks)  # the driver's memory budget decides, once
-    channel.send(CONFIG, config)
+    channel.send(CONFIG, (config, engine.num_snapshots))
+    engine.cache = _CacheEntry(engine.cache, channel)
     runner = engine.runner
     runner.model = _ModelEntry(runner.model, channel)
     if runner.graphs is not None:
@@ -166,13 +205,11 @@ def stop_workers(channel: StepChannel) -> None:
 
 def serve_steps(model, ranks: Ranks) -> None:
     """Ranks > 0: build the engine from rank 0's config, then make every call rank 0 sends until it says stop."""
-    from .engine import LLMEngine
-
     channel = StepChannel(ranks)
-    kind, config = channel.receive()
+    kind, payload = channel.receive()
     if kind != CONFIG:
         raise ParallelError(f"tensor-parallel rank {ranks.rank}: expected the engine config first, received {kind}")
-    engine = LLMEngine(model, None, (), config)
+    engine = _worker_engine(model, *payload)
     runner = engine.runner
     with torch.inference_mode():
         while True:
@@ -181,12 +218,34 @@ def serve_steps(model, ranks: Ranks) -> None:
                 return
             if kind == FORWARD:
                 model(payload, engine.cache)
-            elif kind == DECODE_GRAPH:
-                runner.graphs.run(*payload)
-            elif kind == PREFILL_GRAPH:
-                runner.prefill_graphs.run(*payload)
+            elif kind in (DECODE_GRAPH, PREFILL_GRAPH):
+                args, kwargs, tokens = payload
+                graphs = runner.graphs if kind == DECODE_GRAPH else runner.prefill_graphs
+                if tokens:
+                    channel.receive_into(graphs.token_source)
+                graphs.run(*args, **kwargs)
+            elif kind == CACHE and payload[0] in CACHE_OPS:
+                getattr(engine.cache, payload[0])(*payload[1])
             else:
                 raise ParallelError(f"tensor-parallel rank {ranks.rank}: unknown step message {kind!r}")
+
+
+def _worker_engine(model, config, num_snapshots: int):
+    """The engine of a rank > 0: rank 0's resolved config (its KV blocks) and as many prefix-cache snapshots."""
+    from ..model.cache import cache_spec, parse_kv_cache_dtype
+    from .cuda_graph import activation_param
+    from .engine import LLMEngine
+
+    if config.enable_prefix_caching:  # the snapshot count follows a memory budget: give rank 0's count exactly
+        per = cache_spec(model.config, config.block_size, activation_param(model).dtype,
+                         parse_kv_cache_dtype(config.kv_cache_dtype)).bytes_per_state_slot
+        if per:
+            config = replace(config, prefix_state_budget=num_snapshots * per)
+    engine = LLMEngine(model, None, (), config)
+    if engine.num_snapshots != num_snapshots:
+        raise ParallelError(f"tensor parallelism: this rank made {engine.num_snapshots} prefix snapshots, rank 0 "
+                            f"{num_snapshots}")
+    return engine
 
 
 def start_parallel_llm(llm, tok, options, device: str, dtype, load, setup) -> None:
