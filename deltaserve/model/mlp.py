@@ -48,6 +48,8 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         h = config.hidden_size
         self.parallel, self.num_experts = parallel, config.num_experts  # expert parallelism: the bank holds E/N
+        if parallel.expert_parallel:  # the tensor-core MoE takes every expert (global ids): never repack this bank
+            self.__dict__[fast.MMA_ATTR] = ()  # (fast.mma_moe_weights: "not eligible")
         self.top_k = config.num_experts_per_tok
         self.normalize = config.norm_topk_prob
         self.gate = weights.linear(f"{prefix}.gate", h, config.num_experts)

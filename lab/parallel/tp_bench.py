@@ -52,6 +52,7 @@ def random_rank_model(config, quant: str, parallel, device=None):
 def main() -> int:
     from deltaserve.bench.main import Streams, bench_decode, bench_prefill
     from deltaserve.model import ModelConfig, fast
+    from deltaserve.model.plan import resolve_plan
     from deltaserve.model.parallel import SINGLE
     from deltaserve.synthetic.presets import get_preset
 
@@ -59,6 +60,7 @@ def main() -> int:
     p.add_argument("--preset", default="qwen3.6-35b-a3b")
     p.add_argument("--quant", default="q4", choices=["q4", "q8", "bf16"])
     p.add_argument("--expert-parallel", action="store_true")
+    p.add_argument("--moe-kernels", default="mma", choices=["mma", "cuda"], help="the MoE family (model/plan.py)")
     p.add_argument("-n", type=int, default=128, help="decode tokens")
     p.add_argument("-p", type=int, default=512, help="prefill tokens")
     p.add_argument("-b", default="1,64", help="decode streams (comma list)")
@@ -92,11 +94,11 @@ def main() -> int:
 
     with torch.inference_mode():
         for b in [int(v) for v in args.b.split(",")]:
-            fast.set_decode_gemv(model, fast.decode_gemv_for_streams(b))
+            fast.set_plan(model, resolve_plan("auto", args.moe_kernels, max_num_seqs=b))  # as an engine for b streams
             streams = Streams(model, model.config, b, args.n + 64)
             report("tg", args.n, b, bench_decode(streams, args.n, 0, args.r, graph=True))
             del streams
-        fast.set_decode_gemv(model, fast.decode_gemv_for_streams(1))
+        fast.set_plan(model, resolve_plan("auto", args.moe_kernels, max_num_seqs=1))
         streams = Streams(model, model.config, 1, args.p + 64)
         report("pp", args.p, 1, bench_prefill(streams, args.p, 0, args.r, graph=True))
     if size > 1:
