@@ -476,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .server.args import add_serve_arguments
 
     add_serve_arguments(srv)
+    add_parallel_flags(srv)
     srv.set_defaults(func=cmd_serve)
 
     # Listed for --help only: main() hands everything after `bench` to deltaserve.bench.main untouched.

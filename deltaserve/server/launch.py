@@ -34,10 +34,14 @@ def load_engine(args, model_dir: Path | None) -> tuple[LLM, Path, str]:
                      cuda_graphs=False if args.enforce_eager else None, kv_cache_dtype=args.kv_cache_dtype,
                      decode_gemv=args.decode_gemv, enable_prefix_caching=args.enable_prefix_caching,
                      speculative_tokens=args.speculative_tokens)
+    tp = {k: getattr(args, k) for k in ("tensor_parallel_size", "enable_expert_parallel",
+                                        "distributed_executor_backend") if hasattr(args, k)}  # docs/parallel.md
     if args.preset is None:
         llm = LLM(model_dir, device=device, dtype=args.dtype, limit_mm_per_prompt=args.limit_mm_per_prompt,
-                  **engine_kw)
+                  **engine_kw, **tp)
         return llm, model_dir, model_dir.name
+    if tp.get("tensor_parallel_size", 1) > 1 or tp.get("enable_expert_parallel"):
+        raise ValueError("--preset builds one device's random weights; tensor parallelism needs a checkpoint (--model)")
     from ..bench.random_model import build_random_model
     from ..model import ModelConfig
     from ..synthetic import make_checkpoint
@@ -71,6 +75,8 @@ def serve(args, model_dir: Path | None) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, found {getattr(args, name)}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     llm, files, default_name = load_engine(args, model_dir)
+    if not llm.is_driver:  # a torchrun rank > 0: it served rank 0's steps until rank 0 shut down
+        return 0
     gen = read_generation_config(files) if args.generation_config == "auto" else {}
     config = ServerConfig(served_model_names=args.served_model_name or [default_name], api_key=args.api_key,
                           max_request_bytes=args.max_request_bytes, model_root=str(model_dir or args.preset),
@@ -90,4 +96,5 @@ def serve(args, model_dir: Path | None) -> int:
                     timeout_graceful_shutdown=5)
     finally:
         state.engine.shutdown()
+        llm.shutdown()  # tensor parallelism: the other ranks leave their loop
     return 0
