@@ -55,7 +55,8 @@ def test_layout_of_35b_a3b_rank_1_of_2():
     assert lay.module_split("lm_head").owned == ((124160, 248320),)
     assert lay.module_split("layers.0.mlp.gate") is None
     ep = TPLayout(c, 1, 2, expert_parallel=True)
-    assert ep.module_split("layers.0.mlp.experts").owned == ((128, 256),) and ep.local_config().moe_intermediate_size == 512
+    assert ep.module_split("layers.0.mlp.experts").owned == ((128, 256),)
+    assert ep.local_config().moe_intermediate_size == 512
     with pytest.raises(ValueError, match="does not know how to split module 'mtp.layers.0.fc'"):
         lay.module_split("mtp.layers.0.fc")
 

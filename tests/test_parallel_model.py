@@ -2,13 +2,14 @@
 threads that meet in an all-gather, the same rank-order sum as over gloo or NCCL).
 
 For each checkpoint kind and N: the ranks' logits are identical to each other and within 1e-5 (relative, in the
-2-norm) of the single-device logits in fp32 - or, where fp32 itself is less exact than that, closer to them than
-the single-device fp32 logits are to the same model run in fp64; a sequence's logits alone or in a batch, and
-prefilled whole or in chunks, agree at that N within the same bound and give the same greedy tokens (the reference
-path's own batch and chunk invariance on CPU: tests/test_model_metamorphic.py); greedy tokens equal N = 1's. The synthetic tiny presets have
-random weights under which fp32 rounding alone moves tiny-moe's logits by ~1e-4 (N = 1 fp32 against fp64; N = 2
-against N = 1: ~5e-5); the transformers-initialised checkpoints of test_quant_support are well conditioned (N = 2
-against N = 1: ~6e-8) and carry the bf16 and FP8 checks.
+2-norm) of the single-device logits in fp32 - or, where fp32 itself is less exact than that, within twice the
+distance of the single-device fp32 logits from the same model run in fp64 (two fp32 evaluations of one function);
+a sequence's logits alone or in a batch, and prefilled whole or in chunks, agree at that N within the same bound and
+give the same greedy tokens (the reference path's own batch and chunk invariance on CPU:
+tests/test_model_metamorphic.py); greedy tokens equal N = 1's. The synthetic tiny presets have random weights under
+which fp32 rounding alone moves tiny-moe's logits by ~1e-4 (N = 1 fp32 against fp64; N = 2 against N = 1: ~5e-5);
+the transformers-initialised checkpoints of test_quant_support are well conditioned (N = 2 against N = 1: ~6e-8)
+and carry the bf16 and FP8 checks.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def check(path, n: int, ep: bool = False, dtype=torch.float32, tol: float | None
     ranks = load_ranks(path, n, dtype, ep)
     seqs = prompts(single.config.vocab_size)
     want = forward(single, seqs)
-    tol = max(1e-5, fp32_noise(path, seqs, torch.cat(want))) if tol is None else tol
+    # two fp32 evaluations of one function, each `noise` from the exact one, may be 2 * noise apart
+    tol = max(1e-5, 2 * fp32_noise(path, seqs, torch.cat(want))) if tol is None else tol
     got = run_ranks(n, lambda r: forward(ranks[r], seqs))
     for r in range(1, n):  # every rank ends with the same logits, bit for bit (the same rank-order sums)
         assert all(torch.equal(a, b) for a, b in zip(got[r], got[0]))

@@ -2,7 +2,7 @@
 
 Two launches (vLLM's `distributed_executor_backend` spellings):
 - "mp" (the default): the process that builds the `LLM` is rank 0; it starts ranks 1..N-1 itself as fresh Python
-  interpreters (`worker_main`), which rendezvous through a file in a private temporary directory (no port to
+  interpreters (`tp_steps.worker_main`), which rendezvous through a file in a private temporary directory (no port to
   pick). Rank r uses cuda:r (CPU: every rank on the host). A worker also ends when rank 0's process is gone.
 - "external_launcher": every rank was started by `torchrun` (or another launcher that sets torch.distributed's
   environment: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE); each builds the `LLM` itself. Rank r uses cuda:(r mod the
@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -250,7 +249,7 @@ def _spawn(model_dir, device: str, dtype, options: ParallelOptions) -> Ranks:
         spec_file = os.path.join(tmpdir, f"rank{r}.spec")
         with open(spec_file, "wb") as f:
             pickle.dump(spec, f)
-        code = (f"import sys; sys.path.insert(0, {root!r}); from deltaserve.engine.distributed import worker_main; "
+        code = (f"import sys; sys.path.insert(0, {root!r}); from deltaserve.engine.tp_steps import worker_main; "
                 f"worker_main({spec_file!r})")
         workers.append(subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL))
     try:
@@ -266,7 +265,7 @@ def _spawn(model_dir, device: str, dtype, options: ParallelOptions) -> Ranks:
     return ranks
 
 
-def _watch_parent(pid: int, rank: int) -> None:
+def watch_parent(pid: int, rank: int) -> None:
     """End this worker when the process that started it is gone (it may have died before the rendezvous, when no
     collective would notice)."""
     import threading
@@ -279,31 +278,3 @@ def _watch_parent(pid: int, rank: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="deltaserve-parent-watch", daemon=True).start()
-
-
-def worker_main(spec_file: str) -> None:
-    """A started rank: join the group, load this rank's shard, serve rank 0's steps until it stops."""
-    from ..weights.loader import load_checkpoint
-    from .tp_steps import serve_steps
-
-    with open(spec_file, "rb") as f:
-        spec: WorkerSpec = pickle.load(f)
-    _watch_parent(spec.parent_pid, spec.rank)
-    torch.set_num_threads(spec.threads)
-    try:
-        ranks = join_group(spec.rank, spec.size, spec.device, spec.init_method, spec.options)
-        model = load_checkpoint(spec.model_dir, ranks.device, spec.dtype, progress=False, parallel=ranks.parallel).model
-        serve_steps(model, ranks)
-    except BaseException as e:  # noqa: BLE001 - reported to rank 0 and on stderr, then this process ends
-        message = f"{type(e).__name__}: {e}"
-        try:
-            with open(spec.error_file, "w") as f:
-                f.write(message)
-        except OSError:
-            pass  # rank 0 removed its directory: it is gone
-        print(f"deltaserve: tensor-parallel rank {spec.rank} of {spec.size} stops: {message}", file=sys.stderr,
-              flush=True)
-        if not isinstance(e, (ParallelError, KeyboardInterrupt)):
-            traceback.print_exc()
-        os._exit(1)  # skip interpreter teardown: a broken process group can abort in its destructors
-    ranks._release()

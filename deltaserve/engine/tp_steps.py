@@ -8,11 +8,11 @@ call is first sent to the other ranks: a message on the control group (the kind 
 depths, block tables, state slots, slot epochs, sampling temperatures and keys; for an eager step the ForwardBatch's
 host fields and its tensors' shapes), then tensors by broadcast on the model's group (device to device under NCCL: no
 host copy): an eager step's batch, packed by dtype, and, for a decode step whose input tokens rank 0 sampled but has
-not read back (`from_device` rows), rank 0's token_source. `serve_steps` is the other ranks' loop: it makes each
-call on its own model, cache and graphs. All ranks therefore run the same forward with the same KV block ids, state
-slots and input tokens (each on its own cache, built from rank 0's resolved EngineConfig), meet in the same
-collectives and end with the same logits; rank 0 samples (a decode graph also samples the plain rows in-graph on
-every rank, identically, from identical logits).
+not read back (`from_device` rows), rank 0's token_source. `serve_steps` is the other ranks' loop (`worker_main`: a
+started rank's whole life): it makes each call on its own model, cache and graphs. All ranks therefore run the same
+forward with the same KV block ids, state slots and input tokens (each on its own cache, built from rank 0's
+resolved EngineConfig), meet in the same collectives and end with the same logits; rank 0 samples (a decode graph
+also samples the plain rows in-graph on every rank, identically, from identical logits).
 
 Every message carries a step number, so a rank that falls out of step is caught (and named) at once.
 """
@@ -20,13 +20,17 @@ Every message carries a step number, so a rank that falls out of step is caught 
 from __future__ import annotations
 
 import dataclasses
+import os
+import pickle
+import sys
+import traceback
 from dataclasses import replace
 
 import torch
 
 from ..model.forward_batch import ForwardBatch
 from ..model.parallel import ParallelError
-from .distributed import Ranks
+from .distributed import Ranks, join_group, watch_parent
 
 STOP, CONFIG, FORWARD, DECODE_GRAPH, PREFILL_GRAPH, CACHE = ("stop", "config", "forward", "decode_graph",
                                                              "prefill_graph", "cache")
@@ -275,3 +279,30 @@ def start_parallel_llm(llm, tok, options, device: str, dtype, load, setup) -> No
         ranks.abort()
         raise
     atexit.register(stop_workers, llm._channel)
+
+
+def worker_main(spec_file: str) -> None:
+    """A started rank: join the group, load this rank's shard, serve rank 0's steps until it stops."""
+    from ..weights.loader import load_checkpoint
+
+    with open(spec_file, "rb") as f:
+        spec = pickle.load(f)  # distributed.WorkerSpec
+    watch_parent(spec.parent_pid, spec.rank)
+    torch.set_num_threads(spec.threads)
+    try:
+        ranks = join_group(spec.rank, spec.size, spec.device, spec.init_method, spec.options)
+        model = load_checkpoint(spec.model_dir, ranks.device, spec.dtype, progress=False, parallel=ranks.parallel).model
+        serve_steps(model, ranks)
+    except BaseException as e:  # noqa: BLE001 - reported to rank 0 and on stderr, then this process ends
+        message = f"{type(e).__name__}: {e}"
+        try:
+            with open(spec.error_file, "w") as f:
+                f.write(message)
+        except OSError:
+            pass  # rank 0 removed its directory: it is gone
+        print(f"deltaserve: tensor-parallel rank {spec.rank} of {spec.size} stops: {message}", file=sys.stderr,
+              flush=True)
+        if not isinstance(e, (ParallelError, KeyboardInterrupt)):
+            traceback.print_exc()
+        os._exit(1)  # skip interpreter teardown: a broken process group can abort in its destructors
+    ranks._release()
