@@ -164,3 +164,16 @@ def test_info_prints_the_per_rank_budget_of_397b_q4(capsys):
 def test_info_refuses_a_size_that_does_not_divide(capsys):
     assert main(["info", "--preset", "tiny-dense", "--tensor-parallel-size", "4"]) == 2
     assert "linear_num_value_heads = 2 is not a multiple of 4" in capsys.readouterr().err
+
+
+def test_llm_checks_the_parallel_options_before_starting_anything(tmp_path):
+    from deltaserve.engine.llm import LLM
+    from deltaserve.synthetic import make_checkpoint
+
+    path = make_checkpoint(tmp_path / "c", "tiny-moe", config_only=True, progress=False)  # no weights: never read
+    with pytest.raises(ValueError, match="enable_expert_parallel .* needs tensor_parallel_size > 1"):
+        LLM(path, enable_expert_parallel=True)
+    with pytest.raises(ValueError, match="distributed_executor_backend 'ray' is not supported"):
+        LLM(path, tensor_parallel_size=2, distributed_executor_backend="ray")
+    with pytest.raises(ValueError, match="tensor_parallel_size 3 cannot split"):
+        LLM(path, tensor_parallel_size=3)

@@ -259,12 +259,9 @@ def start_parallel_llm(llm, tok, options, device: str, dtype, load, setup) -> No
     import atexit
 
     from ..model.config import ModelConfig
-    from ..model.tp_layout import TPLayout
     from .distributed import start_ranks
 
-    options.check()
-    # a size the model cannot be split by is refused here, before any process starts
-    TPLayout(ModelConfig.from_dir(llm.model_dir), 0, options.tensor_parallel_size, options.enable_expert_parallel)
+    options.check_for(ModelConfig.from_dir(llm.model_dir))  # a size the model cannot be split by: before any start
     ranks = start_ranks(llm.model_dir, device, dtype, options)
     try:
         if ranks.rank > 0:
