@@ -271,6 +271,7 @@ def build_rank_model(config: ModelConfig, fmt: CheckpointFormat, parallel: Paral
     layout = TPLayout(config, parallel.rank, parallel.size, parallel.expert_parallel)
     factory = ShardedWeights(fmt.weight_factory(), layout)
     with torch.device("meta"):
-        model = model_class(config.model_type)(layout.local_config(), factory, fmt.norm_offset, parallel)
+        model = model_class(config.model_type)(layout.local_config(), factory, fmt.norm_offset,
+                                               parallel=parallel)
     splits = {**factory.splits, **raw_param_splits(model, layout)}
     return model, ShardedFormat(fmt, splits, parallel.rank, parallel.size)

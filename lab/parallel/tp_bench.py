@@ -36,7 +36,7 @@ def random_rank_model(config, quant: str, parallel, device=None):
         layout = TPLayout(config, parallel.rank, parallel.size, parallel.expert_parallel)
         factory, local = ShardedWeights(factory, layout), layout.local_config()
     with torch.device("meta"):
-        model = Qwen3_5ForCausalLM(local, factory, 1.0, parallel)
+        model = Qwen3_5ForCausalLM(local, factory, 1.0, parallel=parallel)
     dev = torch.device(device or f"cuda:{torch.cuda.current_device()}")
     gen = torch.Generator(device=dev)
     for mod_name, module in model.named_modules():
