@@ -177,3 +177,5 @@ def test_llm_checks_the_parallel_options_before_starting_anything(tmp_path):
         LLM(path, tensor_parallel_size=2, distributed_executor_backend="ray")
     with pytest.raises(ValueError, match="tensor_parallel_size 3 cannot split"):
         LLM(path, tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="speculative_tokens with tensor_parallel_size > 1 is not supported"):
+        LLM(path, tensor_parallel_size=2, speculative_tokens=1)
