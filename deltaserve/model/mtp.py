@@ -27,6 +27,7 @@ from torch import nn
 from . import fast
 from .cache import HybridCache
 from .config import ModelConfig
+from .decoder_layer import DecoderLayer
 from .forward_batch import ForwardBatch
 from .layers import WeightFactory
 from .norm import RMSNorm
@@ -43,7 +44,6 @@ class MTPHead(nn.Module):
     """forward(embedded, hidden, batch, cache, rope, step) -> y [T, H] (after mtp.norm; lm_head(y) = draft logits)."""
 
     def __init__(self, config: ModelConfig, weights: WeightFactory, norm_offset: float, num_layers: int):
-        from .qwen3_5 import DecoderLayer  # the model module imports this one
 
         super().__init__()
         if num_layers < 1:
