@@ -11,10 +11,17 @@ a forcing server runs without the prefix cache (Served.force checks).
 from __future__ import annotations
 
 import bisect
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
+import httpx
 import torch
 import uvicorn
 
@@ -145,3 +152,34 @@ def rss_bytes() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS")
+
+
+@contextmanager
+def served(args: list[str], up_within: float = 120, stop_within: float = 60):
+    """`deltaserve serve ARGS --port P` as a child process on a free port of 127.0.0.1, this tree on its path. Yields
+    (url, result) once /health answers; on leaving, stops it with SIGINT and sets result["returncode"] and
+    result["output"] (stdout and stderr together)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.Popen([sys.executable, "-m", "deltaserve", "serve", *args, "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url, result = f"http://127.0.0.1:{port}", {}
+    try:
+        deadline = time.monotonic() + up_within
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        yield url, result
+    finally:
+        proc.send_signal(signal.SIGINT)
+        result["output"], _ = proc.communicate(timeout=stop_within)
+        result["returncode"] = proc.returncode

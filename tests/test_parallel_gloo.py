@@ -237,36 +237,14 @@ def test_torchrun_starts_every_rank(ckpts):
 
 def test_serve_with_two_ranks(ckpts):
     """`deltaserve serve --tensor-parallel-size 2`: the completion one device gives, then a clean stop of both ranks."""
-    import socket
-
     import httpx
+    from server_helpers import served
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     want = engine(ckpts["moe"]).generate(["Hello"], GREEDY)[0].text
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.Popen([sys.executable, "-m", "deltaserve", "serve", "--model", str(ckpts["moe"]), "--port",
-                             str(port), "--dtype", "float32", "--max-model-len", "256", "--threads", "1",
-                             "--tensor-parallel-size", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
+    with served(["--model", str(ckpts["moe"]), "--dtype", "float32", "--max-model-len", "256", "--threads", "1",
+                 "--tensor-parallel-size", "2"]) as (url, result):
         r = httpx.post(url + "/v1/completions", timeout=60,
                        json={"prompt": "Hello", "max_tokens": GREEDY.max_tokens, "temperature": 0})
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == want
-    finally:
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, out
-    assert "Traceback" not in out
+    assert result["returncode"] == 0, result["output"]
+    assert "Traceback" not in result["output"]

@@ -3,49 +3,18 @@ the API key from the flags, a clean stop; flag errors as one line."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import httpx
 import pytest
 
-from server_helpers import tiny_checkpoint
+from server_helpers import served, tiny_checkpoint
 from deltaserve.cli import main as cli_main
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_serve_starts_answers_and_stops(tmp_path_factory):
     ckpt = tiny_checkpoint(tmp_path_factory)
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "deltaserve", "serve", "--model", str(ckpt), "--port", str(port),
-                             "--served-model-name", "mine", "alias", "--api-key", "k", "--max-model-len", "256",
-                             "--max-num-seqs", "2", "--threads", "1", "--no-enable-prefix-caching"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.time() < deadline, "the server did not come up"
-            time.sleep(0.2)
+    with served(["--model", str(ckpt), "--served-model-name", "mine", "alias", "--api-key", "k", "--max-model-len",
+                 "256", "--max-num-seqs", "2", "--threads", "1", "--no-enable-prefix-caching"], stop_within=30) \
+            as (url, result):
         auth = {"Authorization": "Bearer k"}
         models = httpx.get(url + "/v1/models", headers=auth).json()["data"]
         assert [m["id"] for m in models] == ["mine", "alias"] and models[0]["max_model_len"] == 256
@@ -54,10 +23,8 @@ def test_serve_starts_answers_and_stops(tmp_path_factory):
                            json={"model": name, "prompt": "Hello", "max_tokens": 4, "temperature": 0})
             assert r.status_code == 200 and r.json()["model"] == name
         assert httpx.post(url + "/v1/completions", json={"prompt": "x"}).status_code == 401
-    finally:
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0, out
+    out = result["output"]
+    assert result["returncode"] == 0, out
     assert "serving mine: max_model_len 256, max_num_seqs 2" in out and "prefix cache off" in out
     assert "Traceback" not in out
 
