@@ -3,6 +3,7 @@ run, right up to a chosen position (so every acceptance length is exercised, whi
 
 from __future__ import annotations
 
+from deltaserve.bench.spec_bench import recorded_drafts
 from deltaserve.engine.speculative import DraftRows
 
 
@@ -18,17 +19,6 @@ class RecordedDrafts:
         self.proposed = 0
 
     def propose(self, rows: list[DraftRows]) -> dict[str, list[int]]:
-        out = {}
-        for row in rows:
-            if not row.frontier or row.k == 0:
-                continue
-            req = row.request
-            o = row.start + row.next_tokens.numel() - req.num_prompt_tokens  # output index of the newest token
-            future = self.recorded[req.request_id][o + 1: o + 1 + row.k]
-            drafts = []
-            for i in range(row.k):
-                true = future[i] if i < len(future) else 0
-                drafts.append(true if self.right is None or i < self.right else (true + 1) % self.vocab)
-            out[req.request_id] = drafts
-            self.proposed += len(drafts)
+        out = recorded_drafts(rows, self.recorded, self.vocab, lambda i: self.right is None or i < self.right)
+        self.proposed += sum(len(d) for d in out.values())
         return out

@@ -32,20 +32,27 @@ class SimulatedAcceptance:
         self.rng = random.Random(seed)
 
     def propose(self, rows) -> dict[str, list[int]]:
-        drafts = self.inner.propose(rows)
-        out = {}
-        for row in rows:
-            if not row.frontier or row.k == 0:
-                continue
-            req = row.request
-            o = row.start + row.next_tokens.numel() - req.num_prompt_tokens  # output index of the newest token
-            future = self.recorded[req.request_id][o + 1: o + 1 + row.k]
-            got = list(drafts.get(req.request_id, []))
-            for i in range(row.k):
-                true = future[i] if i < len(future) else 0
-                got[i:i + 1] = [true if self.rng.random() < self.rate else (true + 1) % self.vocab]
-            out[req.request_id] = got[: row.k]
-        return out
+        self.inner.propose(rows)  # the head's compute, paid; its drafts are replaced
+        return recorded_drafts(rows, self.recorded, self.vocab, lambda i: self.rng.random() < self.rate)
+
+
+def recorded_drafts(rows, recorded: dict[str, list[int]], vocab: int, right) -> dict[str, list[int]]:
+    """For each drafting row (a request at its frontier with k > 0): after the token at output index o, the
+    recorded reply's tokens o+1 .. o+k, draft i kept as recorded where right(i), else changed (so it is rejected).
+    `recorded` maps a request id to its undrafted output tokens."""
+    out = {}
+    for row in rows:
+        if not row.frontier or row.k == 0:
+            continue
+        req = row.request
+        o = row.start + row.next_tokens.numel() - req.num_prompt_tokens  # output index of the newest token
+        future = recorded[req.request_id][o + 1: o + 1 + row.k]
+        drafts = []
+        for i in range(row.k):
+            true = future[i] if i < len(future) else 0
+            drafts.append(true if right(i) else (true + 1) % vocab)
+        out[req.request_id] = drafts
+    return out
 
 
 def max_len(depth: int, n: int) -> int:
