@@ -83,7 +83,6 @@ class ModelRunner:
         self.prefill_graphs = prefill_graphs
         self.graphs_off_device = False  # use the (eager) graph path where capture is impossible: tests on CPU
         self.spec = None  # engine/speculative.SpeculativeDecoder when the engine drafts (its decode rows verify)
-        self._graph_sampled = False  # the last decode part's ids came from its graph (which wrote last_token too)
         self.sampler = Sampler(self.vocab_size, cache.num_state_slots, self.device)
         # the newest sampled token of each state slot's sequence: the input of its next decode step (the decode
         # graphs read the same buffer)
@@ -115,6 +114,7 @@ class ModelRunner:
         prefill = [s for s, d in zip(out.seqs, is_decode) if not d]
         handle = StepHandle()
         ids_parts: list[torch.Tensor] = []
+        graph_sampled = False  # the decode part's ids came from its graph, which wrote last_token for them too
         if decode and self.spec is not None:  # verify the drafts (a decode step for rows without): synchronous
             while hooks:
                 hooks.pop()()
@@ -123,6 +123,7 @@ class ModelRunner:
         if decode:
             reqs = [s.request for s in decode]
             logits, ids = self._decode(decode)  # [Bd, V]; the graph's own plain sampling, when it serves the rows
+            graph_sampled = ids is not None
             if ids is None:
                 while hooks:
                     hooks.pop()()
@@ -142,7 +143,7 @@ class ModelRunner:
                                           if not s.request.logits_only], first)
         if handle.sampled_reqs:
             ids = ids_parts[0] if len(ids_parts) == 1 else torch.cat(ids_parts)
-            if not (decode and len(ids_parts) == 1 and self._graph_sampled):  # (the graph wrote its rows' tokens)
+            if not (graph_sampled and len(ids_parts) == 1):  # (else the graph wrote its rows' tokens already)
                 slots = to_device([r.state_slot for r in handle.sampled_reqs], torch.int64, self.device)
                 self.last_token.index_copy_(0, slots, ids)
             if ids.is_cuda:
@@ -179,7 +180,6 @@ class ModelRunner:
         plain way: those ids serve when every row is plain (greedy or temperature, no penalties), else None."""
         reqs = [s.request for s in rows]
         ids, pending = self._decode_inputs(rows)
-        self._graph_sampled = False
         if self._decode_by_graph(rows):
             self.graph_steps += 1
             plain = all(plain_sampling(r.params) and r.grammar is None for r in reqs)  # (a grammar masks first)
@@ -189,7 +189,6 @@ class ModelRunner:
             logits = self.graphs.run(ids, [s.start for s in rows], [r.block_table for r in reqs],
                                      [r.state_slot for r in reqs], epochs=[r.slot_epoch for r in reqs],
                                      from_device=pending, temperature=temps, keys=keys, positions=positions)
-            self._graph_sampled = plain
             return logits, (self.graphs.last_sampled if plain else None)
         self.eager_steps += 1
         batch = ForwardBatch.build([[t] for t in ids], [s.start for s in rows], [r.block_table for r in reqs],
