@@ -3,6 +3,7 @@
 #   bash lab/device_wave48.sh tests     the new GPU tests (engine exactness, sampling, prefix cache, vision, structured)
 #   bash lab/device_wave48.sh engine    bench --engine: d512 / d32768 at 1, 8, 64 streams, prefix TTFT, mixed load
 #   bash lab/device_wave48.sh extras    bench vision, bench --structured-output
+#   bash lab/device_wave48.sh spec      bench --engine --speculative-tokens (simulated acceptance), SPEC_K / SPEC_A / BATCHES
 #   bash lab/device_wave48.sh all       tests then engine, each under its own limit (TESTS_LIMIT, LIMIT)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -30,7 +31,14 @@ run_engine() {
   grep -ohE "sampling [a-z]+, detokenised; host [0-9.]+ ms/step; [0-9.]+ of the graph replay \([0-9.]+" "$OUT"/*.jsonl
   grep -ohE "alone [0-9.]+ tok/s; ratio [0-9.]+" "$OUT"/*.jsonl
 }
-case "${1:-tests}" in
+run_spec() {
+  timeout ${LIMIT:-300} python3 -m deltaserve bench --engine $M -n 128 -d 512 -b ${BATCHES:-1,8,64} -r 2 \
+    --sampling greedy --speculative-tokens ${SPEC_K:-1,2,3} --acceptance ${SPEC_A:-0.6,0.8,1.0} --results "$OUT" \
+    > "$OUT/bench_spec.log" 2>&1
+  echo "spec ($((SECONDS-t0)) s):"; grep -E "^\| deltaserve|Error|error|simulated|equal" "$OUT/bench_spec.log" | cut -c1-170
+}
+for phase in ${@:-tests}; do case "$phase" in
+spec) run_spec ;;
 tests) run_tests ;;
 engine) run_engine ;;
 all) LIMIT=${TESTS_LIMIT:-250} run_tests; LIMIT=${ENGINE_LIMIT:-320} run_engine ;;
@@ -42,5 +50,5 @@ extras)
     --results "$OUT" > "$OUT/bench_structured.log" 2>&1
   echo "structured ($((SECONDS-t0)) s):"; grep -vE "^#|Warn" "$OUT/bench_structured.log" | tail -8 | cut -c1-170
   ;;
-esac
+esac; done
 (cd /tmp && tar czf "$OUT/tcache.tgz" tcache)
