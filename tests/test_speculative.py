@@ -165,3 +165,93 @@ def test_stop_string_inside_an_accepted_run(model):
     assert (on.token_ids, on.text, on.finish_reason, on.stop_reason) == (off.token_ids, off.text, off.finish_reason,
                                                                         off.stop_reason)
     assert off.finish_reason == "stop" and len(off.token_ids) == pick + 1 and text.startswith(off.text)
+
+
+# ---- the graph path (engine/spec_graph.py), run eagerly on the CPU (graphs_off_device) ---------------------------
+def graph_engine(model, k, source=None, **cfg):
+    cfg = dict(dict(num_blocks=128, max_model_len=256, speculative_tokens=k, cuda_graphs=True), **cfg)
+    engine = LLMEngine(model, None, [], EngineConfig(**cfg), draft_source=source)
+    engine.runner.graphs_off_device = True
+    return engine
+
+
+@pytest.mark.parametrize("kind", ["greedy", "seeded"])  # seeded: top-k / top-p rows sampled between the two parts
+@pytest.mark.parametrize("k", [1, 3])
+def test_graph_steps_equal_undrafted_for_every_acceptance(model, kind, k):
+    prompts = [random_prompt(n, seed=n) for n in LENGTHS]
+    params = params_for(kind, len(prompts))
+    want, _ = run(model, prompts, params)
+    recorded = {str(i): t for i, t in enumerate(want)}
+    for right in [None, *range(k)]:
+        engine = graph_engine(model, k, RecordedDrafts(recorded, model.config.vocab_size, right))
+        assert drain(engine, prompts, params) == want, f"k={k}, drafts right up to {right}"
+        assert engine.spec.graph_steps > 0 and engine.spec.eager_steps == 0
+        stats = engine.spec_stats
+        if right is None:
+            assert stats.accepted == stats.drafted > 0
+        else:
+            assert stats.accepted <= right * stats.steps
+
+
+def test_graph_and_eager_steps_mix_in_one_batch(model):
+    """A request with penalties (no drafts, not graph-served) beside drafting ones: its steps run eagerly, the
+    others' through the graph before it arrives and after it ends; every reply as undrafted."""
+    prompts = [random_prompt(n, seed=n + 7) for n in (6, 19, 33)]
+    params = [SamplingParams(temperature=0, max_tokens=24), SamplingParams(temperature=1.0, seed=4, max_tokens=5,
+                                                                           repetition_penalty=1.3),
+              SamplingParams(temperature=0.8, seed=9, max_tokens=20)]
+    want, _ = run(model, prompts, params)
+    engine = graph_engine(model, 3, RecordedDrafts({str(i): t for i, t in enumerate(want)}, model.config.vocab_size, 2))
+    assert drain(engine, prompts, params) == want
+    assert engine.spec.graph_steps > 0 and engine.spec.eager_steps > 0
+
+
+class ForcedHead:
+    """The MTP head as the draft source (its drafts logged), each draft then replaced by the recorded reply's token,
+    kept right up to a position drawn per (request, step) from a fixed hash, so the acceptance varies from 0 to k;
+    the same on the eager path (propose) and in the graph (override)."""
+
+    needs_hidden = True
+    drafts_in_graph = True
+
+    def __init__(self, inner, recorded, vocab):
+        self.inner, self.recorded, self.vocab = inner, recorded, vocab
+        self.head = []  # (request id, output index, the head's drafts)
+
+    def _forced(self, rows, head):
+        from deltaserve.bench.spec_bench import recorded_drafts
+
+        out = {}
+        for row in rows:
+            if row.frontier and row.k:
+                o = row.start + row.next_tokens.numel() - row.request.num_prompt_tokens
+                self.head.append((row.request.request_id, o, head.get(row.request.request_id, [])[: row.k]))
+                right = (o * 7 + int(row.request.request_id) * 3) % (row.k + 1)
+                out.update(recorded_drafts([row], self.recorded, self.vocab, lambda i: i < right))
+        return out
+
+    def propose(self, rows):
+        return self._forced(rows, self.inner.propose(rows))
+
+    def override(self, rows, drafts):
+        return self._forced(rows, drafts)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_graph_head_drafts_equal_the_eager_head(mtp_model, k):
+    """The head run inside the graph (a fixed-shape pass over all k + 1 rows, then the chain from row a) drafts what
+    the eager MTPDrafter drafts from the kept rows, at every acceptance length; replies as undrafted."""
+    prompts = [random_prompt(n, seed=n) for n in LENGTHS]
+    params = params_for("greedy", len(prompts), max_tokens=18)
+    want, _ = run(mtp_model, prompts, params)
+    recorded = {str(i): t for i, t in enumerate(want)}
+    logs = []
+    for graphs in (False, True):
+        engine = (graph_engine if graphs else lambda m, k: LLMEngine(m, None, [], EngineConfig(
+            num_blocks=128, max_model_len=256, speculative_tokens=k)))(mtp_model, k)
+        engine.spec.source = ForcedHead(engine.spec.source, recorded, mtp_model.config.vocab_size)
+        assert drain(engine, prompts, params) == want
+        assert (engine.spec.graph_steps > 0, engine.spec.eager_steps > 0) == (graphs, not graphs)
+        assert 0 < engine.spec_stats.accepted < engine.spec_stats.drafted
+        logs.append(sorted(engine.spec.source.head))
+    assert logs[0] == logs[1] and len(logs[0]) > 10

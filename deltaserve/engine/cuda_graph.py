@@ -64,6 +64,20 @@ def warm_and_capture(forward, restore, warmup: int, pool=None) -> tuple[torch.cu
     return graph, out
 
 
+def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor, out: torch.Tensor) -> None:
+    """Every row sampled the plain way (greedy where temperature <= 0, else temperature + Gumbel of its key) into
+    out, on the device and without host syncs: kernels/triton_sampling on the fast path, else its reference."""
+    from ..kernels import backend
+    from ..kernels.sampling import sample_plain_reference
+
+    if logits.is_cuda and not backend.reference_enabled():
+        from ..kernels.triton_sampling import sample_plain
+
+        sample_plain(logits, temperature, keys, out=out)
+    else:
+        out.copy_(sample_plain_reference(logits, temperature, keys))
+
+
 class DecodeGraph:
     """A captured decode step for exactly `batch` rows."""
 
@@ -145,16 +159,8 @@ class DecodeGraph:
         self.input_ids.copy_(torch.where(self._rows[1] != 0, pick, self._rows[0]))
 
     def _sample(self, logits: torch.Tensor) -> None:
-        from ..kernels import backend
-        from ..kernels.sampling import sample_plain_reference
-
         temperature, keys = self._rows[5].to(torch.int32).view(torch.float32), self._rows[6]
-        if logits.is_cuda and not backend.reference_enabled():
-            from ..kernels.triton_sampling import sample_plain
-
-            sample_plain(logits, temperature, keys, out=self.sampled)
-        else:
-            self.sampled.copy_(sample_plain_reference(logits, temperature, keys))
+        sample_rows(logits, temperature, keys, self.sampled)
         self.token_source.index_copy_(0, self.state_slots, self.sampled)
 
     def _forward(self) -> torch.Tensor:

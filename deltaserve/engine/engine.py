@@ -35,6 +35,7 @@ from .request import FinishReason, Request
 from .runner import ModelRunner, StepHandle
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from .spec_graph import SpecGraphs
 from .speculative import MTPDrafter, SpeculativeDecoder, check_speculative_tokens
 from .structured import GRAMMAR_DEAD_END, StructuredOutputs
 
@@ -78,7 +79,8 @@ class EngineConfig:
     moe_kernels: str = "mma"
     # Speculative decoding with the checkpoint's MTP head (engine/speculative.py, docs/speculative.md): k = 1..4
     # drafts a step, verified in one forward; the reply is bit for bit the undrafted one. 0: off. Drafting steps
-    # run eagerly and wait for their own read-back (no decode graphs, no one-step lookahead while it is on).
+    # run through engine/spec_graph.SpecGraphs (with cuda_graphs) and wait for their own read-back (no one-step
+    # lookahead while it is on); prompt chunks run eagerly.
     speculative_tokens: int = 0
 
 
@@ -98,8 +100,6 @@ class LLMEngine:
             raise ValueError("speculative_tokens > 0 needs the model's MTP head: this model has none (the checkpoint "
                              "lacks one, e.g. an mlx-community conversion, or it was loaded with mtp=False)")
         self.mtp_kv = bool(spec_k) and draft_source is None  # the MTP head drafts: its KV in the cache
-        if spec_k:
-            config = replace(config, cuda_graphs=False)  # drafting steps run eagerly (docs/speculative.md)
         self.images = images
         self.model = model
         self.tokenizer = tokenizer
@@ -143,19 +143,30 @@ class LLMEngine:
             salt = f"kv={self.kv_dtype or next(model.parameters()).dtype}".encode()
             self.prefix_cache = PrefixCache(blocks, self.num_snapshots, align, salt, interval)
         self.scheduler = Scheduler(sched_cfg, blocks, StateSlotPool(config.max_num_seqs), self.prefix_cache)
-        graphs = prefill_graphs = None
+        graphs = prefill_graphs = spec_graphs = None
         if config.cuda_graphs:
             max_blocks = -(-self.max_model_len // config.block_size)
             buckets = tuple(sorted(set(DEFAULT_BUCKETS) | {1 << i for i in range(config.max_num_seqs.bit_length() + 1)
                                                            if 1 << i <= 2 * config.max_num_seqs}))
-            graphs = DecodeGraphs(model, self.cache, config.max_num_seqs, self.num_blocks, max_blocks, buckets)
-            prefill_graphs = PrefillGraphs(model, self.cache, (config.max_num_batched_tokens,), max_blocks)
+            scratch = (model, self.cache)
+            if spec_k:  # drafting steps through SpecGraphs; prompt chunks eagerly (the head reads their hidden states)
+                spec_graphs = SpecGraphs(*scratch, spec_k, self.mtp_kv, config.max_num_seqs, self.num_blocks,
+                                         max_blocks, buckets)
+            else:
+                graphs = DecodeGraphs(*scratch, config.max_num_seqs, self.num_blocks, max_blocks, buckets)
+                prefill_graphs = PrefillGraphs(*scratch, (config.max_num_batched_tokens,), max_blocks)
         self.runner = ModelRunner(model, self.cache, self.device, graphs, prefill_graphs)
         self.spec = None
         if spec_k:
-            reserve = lambda req, tokens: blocks.may_append(req.block_table, tokens)  # noqa: E731 (draft KV rows)
+            def reserve(req, tokens) -> bool:  # a drafting step's KV rows past the scheduled ones, if blocks allow
+                if not blocks.can_allocate(blocks.blocks_for(tokens) - len(req.block_table)):
+                    return False
+                blocks.may_append(req.block_table, tokens)
+                return True
+
             source = draft_source or MTPDrafter(model, self.cache, config.block_size, self.device, reserve)
-            self.spec = SpeculativeDecoder(model, self.cache, self.runner.sampler, self.device, spec_k, source)
+            self.spec = SpeculativeDecoder(model, self.cache, self.runner.sampler, self.device, spec_k, source,
+                                           spec_graphs, reserve)
             self.runner.spec = self.spec
         self.rng = random.Random(config.seed)
         self.requests: dict[str, Request] = {}

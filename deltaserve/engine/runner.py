@@ -118,7 +118,8 @@ class ModelRunner:
         if decode and self.spec is not None:  # verify the drafts (a decode step for rows without): synchronous
             while hooks:
                 hooks.pop()()
-            handle.spec_tokens = self.spec.run(decode, self.cache.block_size).tokens
+            handle.spec_tokens = self.spec.run(decode, self.cache.block_size,
+                                               self._graphs_usable(self.spec.graphs)).tokens
             decode = []
         if decode:
             reqs = [s.request for s in decode]

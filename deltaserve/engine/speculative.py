@@ -55,6 +55,9 @@ class DraftRows:
 
 
 class DraftSource(Protocol):
+    """Optional: `drafts_in_graph = True` says the source is the model's MTP head, which a SpecGraph then runs inside
+    its step; a source wrapping it may define `override(rows, drafts) -> drafts` to replace those drafts."""
+
     needs_hidden: bool  # whether the engine must hand it the target's hidden states (prefill chunks included)
 
     def propose(self, rows: Sequence[DraftRows]) -> dict[str, list[int]]:
@@ -75,9 +78,11 @@ class MTPDrafter:
     """The MTP head as the draft source: one pass over every request's new pairs (filling its KV at their
     positions), then k - 1 one-row steps from each frontier row (hidden := the previous step's output, spec 3.9).
     Drafts are the head's argmax: acceptance compares them with the target's own samples, so the output is exact
-    whatever the drafts are."""
+    whatever the drafts are. A SpecGraph runs the same head inside its step (drafts_in_graph, engine/spec_graph.py);
+    `propose` serves the eager steps and the prompt's chunks."""
 
     needs_hidden = True
+    drafts_in_graph = True
 
     def __init__(self, model, cache, block_size: int, device: torch.device, reserve_blocks=None):
         if getattr(model, "mtp", None) is None:
@@ -150,17 +155,27 @@ class SpecResult:
 
 
 class SpeculativeDecoder:
-    """The decode part of a speculative engine step (see the module doc), for rows of one new token plus drafts."""
+    """The decode part of a speculative engine step (see the module doc), for rows of one new token plus drafts:
+    through a `SpecGraph` (engine/spec_graph.py) where one serves the rows, else eagerly."""
 
-    def __init__(self, model, cache, sampler: Sampler, device: torch.device, k: int, source: DraftSource | None):
+    def __init__(self, model, cache, sampler: Sampler, device: torch.device, k: int, source: DraftSource | None,
+                 graphs=None, reserve=None):
         self.model, self.cache, self.sampler, self.device = model, cache, sampler, device
         self.k = check_speculative_tokens(k)
         self.source = source
+        self.graphs = graphs  # engine/spec_graph.SpecGraphs, or None
+        self.reserve = reserve  # (request, tokens) -> bool: grow its block table to cover tokens, if blocks allow
         self.stats = SpecStats()
+        self.graph_steps = self.eager_steps = 0
 
-    def run(self, seqs, block_size: int) -> SpecResult:
+    def run(self, seqs, block_size: int, graphs_ok: bool = False) -> SpecResult:
         """seqs: ScheduledSeq rows (start = the newest token's position, its token known on the host, the
-        request's draft_token_ids its drafts). Verifies, samples, accepts, commits, drafts again."""
+        request's draft_token_ids its drafts). Verifies, samples, accepts, commits, drafts again. graphs_ok: the
+        graphs may serve (captured on CUDA, or run eagerly in tests)."""
+        if graphs_ok and self._graph_serves(seqs):
+            self.graph_steps += 1
+            return self._run_graph(seqs)
+        self.eager_steps += 1
         reqs = [s.request for s in seqs]
         rows = [[r.token_slice(s.start, s.start + 1)[0]] + r.draft_token_ids for s, r in zip(seqs, reqs)]
         batch = ForwardBatch.build(rows, [s.start for s in seqs], [r.block_table for r in reqs],
@@ -180,17 +195,74 @@ class SpeculativeDecoder:
                 a += 1
             result.tokens[r.request_id] = got[: a + 1]
             keep.append(a + 1)
-            if len(row) > 1:
-                self.stats.drafted += len(row) - 1
-                self.stats.accepted += a
-                self.stats.steps += 1
-                r.metrics.num_drafted += len(row) - 1
-                r.metrics.num_accepted += a
-                r.metrics.num_spec_steps += 1
+            self._count(r, len(row) - 1, a)
             observed.append((s, r, at, a))
             at += len(row)
         self.model.commit_verified(batch, self.cache, to_device(keep, torch.int64, self.device))
         self._draft_after_verify(observed, ids, hidden)
+        return result
+
+    def _count(self, r: Request, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.stats.drafted += drafted
+            self.stats.accepted += accepted
+            self.stats.steps += 1
+            r.metrics.num_drafted += drafted
+            r.metrics.num_accepted += accepted
+            r.metrics.num_spec_steps += 1
+
+    # ---- the graph path --------------------------------------------------------------------------------------
+    def _graph_serves(self, seqs) -> bool:
+        """Can a SpecGraph run these rows: a bucket holds them, every row samples from its logits alone (no
+        penalties, grammar, logprobs), has no images, its input token is on the host, and its table can grow to
+        everything the step may write (the verify's rows and the draft chain's)."""
+        g = self.graphs
+        if g is None or g.bucket(len(seqs)) is None or not g.fits_reach([s.start for s in seqs]):
+            return False
+        for s in seqs:
+            r = s.request
+            if (uses_penalties(r) or r.grammar is not None or r.params.logprobs is not None or r.mm is not None
+                    or r.logits_only or r.num_pending or len(r.draft_token_ids) > self.k):
+                return False
+        return all(self.reserve(s.request, g.reach(s.start)) for s in seqs)
+
+    def _run_graph(self, seqs) -> SpecResult:
+        from ..kernels.sampling import row_keys_host
+        from .sampler import plain_sampling
+
+        graphs, k1 = self.graphs, self.k + 1
+        reqs = [s.request for s in seqs]
+        starts, slots = [s.start for s in seqs], [r.state_slot for r in reqs]
+        g = graphs.graph(len(seqs), max(starts))
+        graphs.sync_tables([r.block_table for r in reqs], slots, [r.slot_epoch for r in reqs])
+        flat = [r for r in reqs for _ in range(k1)]
+        positions = [r.num_tokens + i for r in reqs for i in range(k1)]  # the index each row samples
+        graphs.load(g, [r.token_slice(s.start, s.start + 1)[0] for s, r in zip(seqs, reqs)], starts, slots,
+                    [len(r.draft_token_ids) for r in reqs], [r.draft_token_ids for r in reqs],
+                    [r.params.temperature for r in flat], row_keys_host([r.seed for r in flat], positions))
+        logits = g.run_verify()
+        if not all(plain_sampling(r.params) for r in reqs):  # top-k / top-p / min-p: the Sampler, between the parts
+            n = len(flat)
+            self.sampler.sample(logits[:n], flat, positions, out=g.sampled[:n])
+        g.run_accept()
+        result, rows, drafted = SpecResult(), [], {}
+        for s, r, line in zip(seqs, reqs, g.read(len(reqs))):
+            a = line[k1]
+            tokens = line[: a + 1]
+            result.tokens[r.request_id] = tokens
+            self._count(r, len(r.draft_token_ids), a)
+            k = drafts_allowed_after(r, self.k, a + 1)
+            rows.append(DraftRows(r, s.start, torch.tensor(tokens), None, frontier=True, k=k))
+            drafted[r.request_id] = line[k1 + 1: k1 + 1 + k]
+        if self.source is None:
+            return result
+        if g.draft:  # the head drafted in the graph; a source around it may replace them (the simulated bench)
+            override = getattr(self.source, "override", None)
+            drafts = override(rows, drafted) if override is not None else drafted
+            for row in rows:
+                row.request.draft_token_ids = list(drafts.get(row.request.request_id, []))[: row.k]
+        else:
+            self.propose(rows)
         return result
 
     def _draft_after_verify(self, observed, ids: torch.Tensor, hidden: torch.Tensor) -> None:

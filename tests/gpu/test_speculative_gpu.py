@@ -1,7 +1,8 @@
 """Speculative decoding through the engine on CUDA: drafted replies == undrafted ones, token for token, greedy and
 seeded, in batches of mixed rows, for every acceptance (the reply's own recorded tokens as drafts, right up to each
 position), on the bf16 fast path and on a q4 model with its MTP head drafting; the undrafted engine runs its
-default way (decode graphs, one step ahead), the drafting one eagerly (docs/speculative.md).
+default way (decode graphs, one step ahead), the drafting one through its step graphs (engine/spec_graph.py) and
+eagerly (docs/speculative.md).
 
 Run on the H200: `pytest -m gpu tests/gpu/test_speculative_gpu.py`.
 """
@@ -55,23 +56,28 @@ def params_for(kind: str, n: int) -> list[SamplingParams]:
     return out
 
 
-def run(model, prompts, params, k=0, source=None, max_num_seqs=8) -> tuple[list[list[int]], LLMEngine]:
-    cfg = EngineConfig(num_blocks=256, max_model_len=512, max_num_seqs=max_num_seqs, speculative_tokens=k)
+def run(model, prompts, params, k=0, source=None, max_num_seqs=8, graphs=True) -> tuple[list[list[int]], LLMEngine]:
+    cfg = EngineConfig(num_blocks=256, max_model_len=512, max_num_seqs=max_num_seqs, speculative_tokens=k,
+                       cuda_graphs=graphs)
     engine = LLMEngine(model, None, [], cfg, draft_source=source)
-    return drain(engine, prompts, params), engine
+    out = drain(engine, prompts, params)
+    if k:  # the drafting steps went the way asked (the penalised request's steps run eagerly in both)
+        assert (engine.spec.graph_steps > 0) == graphs
+    return out, engine
 
 
 @pytest.mark.parametrize("kind", ["greedy", "seeded"])
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("max_num_seqs", [1, 8])  # the batch-1 deployment (one row a step) and a throughput one
-def test_recorded_drafts_equal_undrafted(bf16_model, kind, k, max_num_seqs):
+@pytest.mark.parametrize("graphs", [True, False])
+def test_recorded_drafts_equal_undrafted(bf16_model, kind, k, max_num_seqs, graphs):
     prompts = [random_prompt(n, seed=n, vocab=bf16_model.config.vocab_size) for n in LENGTHS]
     params = params_for(kind, len(prompts))
     want, _ = run(bf16_model, prompts, params, max_num_seqs=max_num_seqs)
     recorded = {str(i): t for i, t in enumerate(want)}
     for right in [None, *range(k)]:
         source = RecordedDrafts(recorded, bf16_model.config.vocab_size, right)
-        got, engine = run(bf16_model, prompts, params, k, source, max_num_seqs=max_num_seqs)
+        got, engine = run(bf16_model, prompts, params, k, source, max_num_seqs=max_num_seqs, graphs=graphs)
         assert got == want, f"k={k}, drafts right up to {right}"
         if right is None:
             assert engine.spec_stats.accepted == engine.spec_stats.drafted > 0
@@ -83,6 +89,7 @@ def test_mtp_head_drafts_equal_undrafted(mtp_model, kind):
     params = params_for(kind, len(prompts))
     want, _ = run(mtp_model, prompts, params)
     for k in (1, 2, 4):
-        got, engine = run(mtp_model, prompts, params, k)
-        assert got == want, f"k={k}"
-        assert engine.spec_stats.drafted > 0
+        for graphs in (True, False):
+            got, engine = run(mtp_model, prompts, params, k, graphs=graphs)
+            assert got == want, f"k={k}, graphs {graphs}"
+            assert engine.spec_stats.drafted > 0
