@@ -423,5 +423,6 @@ def run_spec_bench(args, model, config, name, quant, gpu, keep, deployment, toke
                                   f"recorded tokens with probability a; k={k}; mean acceptance length "
                                   f"{r['mean_acceptance_length']:.2f}; replies equal drafting off: {r['exact']}; "
                                   f"{r['tok_s'] / off['tok_s']:.3f} of drafting off ({off['tok_s']:.1f} tok/s, same "
-                                  f"run); sampling {sampling}; drafting steps eager (no graphs)" + gemv))
+                                  f"run); sampling {sampling}; host {r['host_ms']:.3f} ms/step; drafting steps "
+                                  f"{r['graph_steps']} through graphs, {r['eager_steps']} eager" + gemv))
                         print(records.format_table([keep.last]).splitlines()[-1], flush=True)

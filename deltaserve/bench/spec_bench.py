@@ -78,6 +78,7 @@ def spec_run(model, tokenizer, batch: int, depth: int, n: int, sampling: str, vo
     result["seconds"] = time.perf_counter() - t0
     result["exact"] = result["outputs"] == recorded
     result["mean_acceptance_length"] = engine.spec_stats.mean_acceptance_length
+    result["graph_steps"], result["eager_steps"] = engine.spec.graph_steps, engine.spec.eager_steps
     del engine
     torch.cuda.empty_cache()
     return result
