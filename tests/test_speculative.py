@@ -255,3 +255,31 @@ def test_graph_head_drafts_equal_the_eager_head(mtp_model, k):
         assert 0 < engine.spec_stats.accepted < engine.spec_stats.drafted
         logs.append(sorted(engine.spec.source.head))
     assert logs[0] == logs[1] and len(logs[0]) > 10
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_drafting_switches_itself_off_at_low_acceptance(model, graphs):
+    """Drafts never right: after PROBE_STEPS drafting steps each request stops drafting and decodes plainly (through
+    the decode graphs, one step ahead, where there are graphs); the replies stay the undrafted ones. With
+    speculative_min_acceptance = 0 it drafts to the end."""
+    from deltaserve.engine.speculative import PROBE_STEPS
+
+    prompts = [random_prompt(n, seed=n) for n in (5, 23)]
+    params = params_for("greedy", 2, max_tokens=30)
+    want, _ = run(model, prompts, params)
+    recorded = {str(i): t for i, t in enumerate(want)}
+    for floor in (0.25, 0.0):
+        source = RecordedDrafts(recorded, model.config.vocab_size, right=0)
+        engine = graph_engine(model, 2, source, cuda_graphs=graphs, speculative_min_acceptance=floor)
+        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        finals, ahead = {}, 0
+        while engine.has_unfinished():
+            finals.update({o.request_id: o for o in engine.step() if o.finished})
+            ahead += engine._in_flight is not None
+        assert [finals[i].token_ids for i in ids] == want
+        steps = [finals[i].metrics.num_spec_steps for i in ids]
+        if floor:
+            assert steps == [PROBE_STEPS] * 2 and engine.spec_stats.switched_off == 2
+            assert ahead >= 10 and (engine.runner.graph_steps > 0) == graphs  # plain steps, one ahead
+        else:  # (its last token or two have no room for drafts: plain steps)
+            assert min(steps) > PROBE_STEPS and engine.spec_stats.switched_off == 0 and ahead <= 2

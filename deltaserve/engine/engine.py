@@ -79,9 +79,12 @@ class EngineConfig:
     moe_kernels: str = "mma"
     # Speculative decoding with the checkpoint's MTP head (engine/speculative.py, docs/speculative.md): k = 1..4
     # drafts a step, verified in one forward; the reply is bit for bit the undrafted one. 0: off. Drafting steps
-    # run through engine/spec_graph.SpecGraphs (with cuda_graphs) and wait for their own read-back (no one-step
-    # lookahead while it is on); prompt chunks run eagerly.
+    # run through engine/spec_graph.SpecGraphs (with cuda_graphs) and are read back before the next is scheduled;
+    # steps without drafts run as usual (decode graphs, one step ahead); prompt chunks run eagerly.
     speculative_tokens: int = 0
+    # A request whose drafts were accepted less often than this (after speculative.PROBE_STEPS drafting steps)
+    # stops drafting: below it a drafting step costs more than the tokens it gains. 0: never.
+    speculative_min_acceptance: float = 0.25
 
 
 class LLMEngine:
@@ -149,9 +152,10 @@ class LLMEngine:
             buckets = tuple(sorted(set(DEFAULT_BUCKETS) | {1 << i for i in range(config.max_num_seqs.bit_length() + 1)
                                                            if 1 << i <= 2 * config.max_num_seqs}))
             scratch = (model, self.cache)
-            if spec_k:  # drafting steps through SpecGraphs; prompt chunks eagerly (the head reads their hidden states)
-                spec_graphs = SpecGraphs(*scratch, spec_k, self.mtp_kv, config.max_num_seqs, self.num_blocks,
-                                         max_blocks, buckets)
+            if spec_k:  # drafting steps through SpecGraphs, which are the decode graphs too (one set of tables);
+                # prompt chunks eagerly (the head reads their hidden states)
+                graphs = spec_graphs = SpecGraphs(*scratch, spec_k, self.mtp_kv, config.max_num_seqs,
+                                                  self.num_blocks, max_blocks, buckets)
             else:
                 graphs = DecodeGraphs(*scratch, config.max_num_seqs, self.num_blocks, max_blocks, buckets)
                 prefill_graphs = PrefillGraphs(*scratch, (config.max_num_batched_tokens,), max_blocks)
@@ -166,7 +170,7 @@ class LLMEngine:
 
             source = draft_source or MTPDrafter(model, self.cache, config.block_size, self.device, reserve)
             self.spec = SpeculativeDecoder(model, self.cache, self.runner.sampler, self.device, spec_k, source,
-                                           spec_graphs, reserve)
+                                           spec_graphs, reserve, config.speculative_min_acceptance)
             self.runner.spec = self.spec
         self.rng = random.Random(config.seed)
         self.requests: dict[str, Request] = {}
@@ -356,8 +360,12 @@ class LLMEngine:
             for req in handle.sampled_reqs:
                 req.num_pending += 1
             launched = (out, handle)
-            if self.spec is not None:  # drafting: each step is read back before the next is scheduled
-                return outputs + self._complete(out, handle)
+            if self.spec is not None and (handle.spec_tokens or any(s.request.draft_token_ids for s in out.seqs)):
+                # drafting: the next step verifies this one's tokens and drafts, so it is read back now (after the
+                # step in flight, if any: a plain one before this step's prompt chunks gave drafts)
+                previous, self._in_flight = self._in_flight, None
+                done = self._complete(*previous) if previous is not None else []
+                return outputs + done + self._complete(out, handle)
         elif self._in_flight is None:
             if self.structured.holding:  # only requests whose grammar is still compiling: wait for one
                 self.structured.wait()

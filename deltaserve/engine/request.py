@@ -90,6 +90,7 @@ class Request:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     mm: Any = None  # engine.multimodal.RequestImages of a request with images (3-D positions, features); else None
     draft_token_ids: list[int] = field(default_factory=list)  # speculative decoding: drafts its next step verifies
+    drafting_off: bool = False  # speculative decoding switched off for this request (its drafts were rarely right)
 
     @property
     def num_prompt_tokens(self) -> int:

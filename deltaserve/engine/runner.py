@@ -115,11 +115,12 @@ class ModelRunner:
         handle = StepHandle()
         ids_parts: list[torch.Tensor] = []
         graph_sampled = False  # the decode part's ids came from its graph, which wrote last_token for them too
-        if decode and self.spec is not None:  # verify the drafts (a decode step for rows without): synchronous
+        if decode and self.spec is not None and any(s.num_drafts for s in decode):
+            # verify the drafts (a decode step for rows without); the engine reads the step back before the next
             while hooks:
                 hooks.pop()()
             handle.spec_tokens = self.spec.run(decode, self.cache.block_size,
-                                               self._graphs_usable(self.spec.graphs)).tokens
+                                               self._graphs_usable(self.graphs)).tokens
             decode = []
         if decode:
             reqs = [s.request for s in decode]

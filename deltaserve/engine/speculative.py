@@ -33,6 +33,7 @@ from .sampler import Sampler, uses_penalties
 from .transfer import to_device
 
 MAX_SPECULATIVE_TOKENS = 4
+PROBE_STEPS = 8  # drafting steps a request makes before its acceptance may switch its drafting off
 
 
 def check_speculative_tokens(k: int) -> int:
@@ -64,14 +65,6 @@ class DraftSource(Protocol):
         """Take in the rows (in position order per request), and return up to row.k drafts for each frontier row
         (request_id -> draft ids)."""
         ...
-
-
-def drafts_allowed(req: Request, k: int) -> int:
-    """Drafts the request may take: none with penalties or a grammar; never past its last allowed token (the bonus
-    token counts)."""
-    if uses_penalties(req) or req.grammar is not None or req.logits_only or req.params.logprobs is not None:
-        return 0
-    return max(0, min(k, req.max_tokens - req.num_outputs - 1))
 
 
 class MTPDrafter:
@@ -142,6 +135,7 @@ class SpecStats:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
+    switched_off: int = 0  # requests whose drafting was switched off for low acceptance
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -159,9 +153,10 @@ class SpeculativeDecoder:
     through a `SpecGraph` (engine/spec_graph.py) where one serves the rows, else eagerly."""
 
     def __init__(self, model, cache, sampler: Sampler, device: torch.device, k: int, source: DraftSource | None,
-                 graphs=None, reserve=None):
+                 graphs=None, reserve=None, min_acceptance: float = 0.0):
         self.model, self.cache, self.sampler, self.device = model, cache, sampler, device
         self.k = check_speculative_tokens(k)
+        self.min_acceptance = min_acceptance  # a request drafting worse than this stops drafting (see _count)
         self.source = source
         self.graphs = graphs  # engine/spec_graph.SpecGraphs, or None
         self.reserve = reserve  # (request, tokens) -> bool: grow its block table to cover tokens, if blocks allow
@@ -172,6 +167,8 @@ class SpeculativeDecoder:
         """seqs: ScheduledSeq rows (start = the newest token's position, its token known on the host, the
         request's draft_token_ids its drafts). Verifies, samples, accepts, commits, drafts again. graphs_ok: the
         graphs may serve (captured on CUDA, or run eagerly in tests)."""
+        if any(s.request.num_pending for s in seqs):  # (the engine completes every drafting step before the next)
+            raise RuntimeError("a drafting step's rows need their newest tokens on the host")
         if graphs_ok and self._graph_serves(seqs):
             self.graph_steps += 1
             return self._run_graph(seqs)
@@ -203,13 +200,19 @@ class SpeculativeDecoder:
         return result
 
     def _count(self, r: Request, drafted: int, accepted: int) -> None:
+        """Count a drafting step; after PROBE_STEPS of them, a request whose drafts were accepted less often than
+        min_acceptance stops drafting for good (its steps become plain decode steps again: the same tokens)."""
         if drafted:
             self.stats.drafted += drafted
             self.stats.accepted += accepted
             self.stats.steps += 1
-            r.metrics.num_drafted += drafted
-            r.metrics.num_accepted += accepted
-            r.metrics.num_spec_steps += 1
+            m = r.metrics
+            m.num_drafted += drafted
+            m.num_accepted += accepted
+            m.num_spec_steps += 1
+            if m.num_spec_steps >= PROBE_STEPS and m.num_accepted < self.min_acceptance * m.num_drafted:
+                r.drafting_off = True
+                self.stats.switched_off += 1
 
     # ---- the graph path --------------------------------------------------------------------------------------
     def _graph_serves(self, seqs) -> bool:
@@ -222,7 +225,7 @@ class SpeculativeDecoder:
         for s in seqs:
             r = s.request
             if (uses_penalties(r) or r.grammar is not None or r.params.logprobs is not None or r.mm is not None
-                    or r.logits_only or r.num_pending or len(r.draft_token_ids) > self.k):
+                    or r.logits_only or len(r.draft_token_ids) > self.k):
                 return False
         return all(self.reserve(s.request, g.reach(s.start)) for s in seqs)
 
@@ -307,7 +310,10 @@ class SpeculativeDecoder:
 
 
 def drafts_allowed_after(req: Request, k: int, new_tokens: int) -> int:
-    """drafts_allowed once the step's new_tokens (not yet appended to the request) are counted."""
-    if uses_penalties(req) or req.grammar is not None or req.logits_only or req.params.logprobs is not None:
+    """Drafts the request may take once the step's new_tokens (not yet appended to it) are counted: none with
+    penalties, a grammar or logprobs (their sampling state or outputs follow each token), none once its drafting
+    is off (low acceptance), never past its last allowed token (the bonus token counts)."""
+    if (uses_penalties(req) or req.grammar is not None or req.logits_only or req.params.logprobs is not None
+            or req.drafting_off):
         return 0
     return max(0, min(k, req.max_tokens - req.num_outputs - new_tokens - 1))
