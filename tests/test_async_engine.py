@@ -181,3 +181,33 @@ def test_shutdown_ends_open_streams(model):
                 pass
 
     asyncio.run(main())
+
+
+def test_speculative_counters_reach_the_server_metrics(model):
+    """A drafting engine behind the async engine: replies as undrafted, and /metrics' spec_decode_* counters equal
+    the engine's totals."""
+    from deltaserve.engine.engine import EngineConfig, LLMEngine
+    from deltaserve.server.metrics import ServerMetrics
+    from spec_helpers import RecordedDrafts
+
+    prompts = [random_prompt(n, seed=n) for n in (4, 19)]
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = [o.token_ids for o in LLM.from_model(model, byte_tokenizer(), **CFG).generate(prompts, sp)]
+    drafts = RecordedDrafts({f"s{i}": t for i, t in enumerate(want)}, model.config.vocab_size, right=1)
+    cfg = EngineConfig(num_blocks=96, max_model_len=256, max_num_seqs=4, speculative_tokens=2)
+    metrics = ServerMetrics("tiny")
+    ae = AsyncLLMEngine(LLMEngine(model, byte_tokenizer(), [], cfg, draft_source=drafts), observer=metrics).start()
+
+    async def main():
+        return await asyncio.gather(*(_collect(ae, p, sp, f"s{i}") for i, p in enumerate(prompts)))
+
+    try:
+        assert asyncio.run(main()) == want
+    finally:
+        ae.shutdown()
+    stats = ae.engine.spec_stats
+    text = metrics.exposition().decode()
+    for name, value in (("num_drafts", stats.steps), ("num_draft_tokens", stats.drafted),
+                        ("num_accepted_tokens", stats.accepted)):
+        assert f'deltaserve:spec_decode_{name}_total{{model_name="tiny"}} {float(value)}' in text
+    assert 0 < stats.accepted < stats.drafted

@@ -52,6 +52,9 @@ class EngineStats:
     state_slots_total: int = 1
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache so far (cumulative; 0 without one)
     prefix_hits: int = 0  # of those, tokens served from it
+    spec_steps: int = 0  # speculative decoding (cumulative; 0 without it): drafting steps of requests,
+    spec_drafted: int = 0  # draft tokens verified,
+    spec_accepted: int = 0  # and those accepted
 
 
 class EngineObserver(Protocol):
@@ -292,11 +295,14 @@ class AsyncLLMEngine:
     def _publish_stats(self) -> None:
         s = self.engine.scheduler
         cache = getattr(self.engine, "prefix_cache", None)
+        spec = getattr(self.engine, "spec_stats", None)
         self.stats = EngineStats(
             running=len(s.running), waiting=len(s.waiting),
             kv_blocks_used=s.blocks.num_blocks - s.blocks.num_free, kv_blocks_total=s.blocks.num_blocks,
             state_slots_used=s.slots.num_slots - s.slots.num_free, state_slots_total=s.slots.num_slots,
             prefix_queries=cache.queries if cache is not None else 0, prefix_hits=cache.hits if cache is not None else 0,
+            **({} if spec is None else dict(spec_steps=spec.steps, spec_drafted=spec.drafted,
+                                            spec_accepted=spec.accepted)),
         )
 
     def _fail_all(self, error: BaseException) -> None:

@@ -49,6 +49,10 @@ class ServerMetrics:
         self.rejected = counter("num_rejected_requests", "Requests refused because the waiting queue was full.")
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
+        # speculative decoding, vLLM's spec_decode_* counters
+        self.spec_drafts = counter("spec_decode_num_drafts", "Drafting steps of requests (speculative decoding).")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
         self.ttft = hist("time_to_first_token_seconds", "Time to first token (from submission).", _LATENCY)
         self.itl = hist("inter_token_latency_seconds", "Time between consecutive output tokens.", _ITL)
         self.e2e = hist("e2e_request_latency_seconds", "End-to-end request latency (from submission).", _LATENCY)
@@ -58,6 +62,7 @@ class ServerMetrics:
         self._submitted: dict[str, float] = {}  # engine thread only, like everything below
         self._last_token: dict[str, float] = {}
         self._prefix_seen = (0, 0)  # the engine's cumulative (queries, hits) already counted
+        self._spec_seen = (0, 0, 0)  # and its speculative (steps, drafted, accepted)
 
     content_type = CONTENT_TYPE_LATEST
 
@@ -80,6 +85,12 @@ class ServerMetrics:
         if stats.prefix_hits > hits:
             self.prefix_hits.inc(stats.prefix_hits - hits)
         self._prefix_seen = (stats.prefix_queries, stats.prefix_hits)
+        seen = (stats.spec_steps, stats.spec_drafted, stats.spec_accepted)
+        for c, now_, before in zip((self.spec_drafts, self.spec_draft_tokens, self.spec_accepted), seen,
+                                   self._spec_seen):
+            if now_ > before:
+                c.inc(now_ - before)
+        self._spec_seen = seen
         generated = 0
         for out in outputs:
             rid = out.request_id
