@@ -121,18 +121,13 @@ def decode_run(engine: LLMEngine, batch: int, depth: int, n: int, sampling: str,
     timer = StepTimer(engine)
     produced, t_first = 0, None
     outputs = {i: [] for i in ids}
-    # a drafting engine reads each step back before the next: its first drafting step (which captures its graph)
-    # is left out of the timing, as the one-step-ahead engine's first decode step is
-    untimed = 2 if engine.spec is not None else 1
     while engine.has_unfinished():
         outs = timer.step()
         for o in outs:
             outputs[o.request_id] += o.new_token_ids
         if t_first is None:
             if any(o.new_token_ids for o in outs):  # the prefill step's first tokens are read back
-                untimed -= 1
-                if not untimed:
-                    t_first, timer.waited, timer.walls = time.perf_counter(), 0.0, []
+                t_first, timer.waited, timer.walls = time.perf_counter(), 0.0, []
             continue
         produced += sum(len(o.new_token_ids) for o in outs)
     if engine.device.type == "cuda":

@@ -29,10 +29,15 @@ class SimulatedAcceptance:
     def __init__(self, inner, recorded: dict[str, list[int]], rate: float, vocab: int, seed: int = 0):
         self.inner, self.recorded, self.rate, self.vocab = inner, recorded, rate, vocab
         self.needs_hidden = inner.needs_hidden
+        self.drafts_in_graph = getattr(inner, "drafts_in_graph", False)  # the head runs inside the step graphs
         self.rng = random.Random(seed)
 
     def propose(self, rows) -> dict[str, list[int]]:
         self.inner.propose(rows)  # the head's compute, paid; its drafts are replaced
+        return self.override(rows, {})
+
+    def override(self, rows, drafts) -> dict[str, list[int]]:
+        """The drafts of a step graph's head (computed and paid inside the graph), replaced."""
         return recorded_drafts(rows, self.recorded, self.vocab, lambda i: self.rng.random() < self.rate)
 
 
@@ -60,11 +65,14 @@ def max_len(depth: int, n: int) -> int:
     return depth + n + 16
 
 
-def make_spec_engine(model, tokenizer, batch: int, max_len: int, k: int) -> LLMEngine:
+def make_spec_engine(model, tokenizer, batch: int, max_len: int, k: int, cuda_graphs: bool | None = None
+                     ) -> LLMEngine:
     blocks = batch * -(-max_len // eb.BLOCK_SIZE)
     cfg = EngineConfig(block_size=eb.BLOCK_SIZE, num_blocks=blocks, max_num_seqs=batch, max_model_len=max_len,
-                       enable_prefix_caching=False, speculative_tokens=k)
-    return LLMEngine(model, tokenizer, [], cfg)
+                       enable_prefix_caching=False, speculative_tokens=k, cuda_graphs=cuda_graphs)
+    engine = LLMEngine(model, tokenizer, [], cfg)
+    engine.warm_up()  # its step and decode graphs, before the timing
+    return engine
 
 
 def spec_run(model, tokenizer, batch: int, depth: int, n: int, sampling: str, vocab: int, k: int, rate: float,

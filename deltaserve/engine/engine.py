@@ -228,8 +228,14 @@ class LLMEngine:
     def warm_up(self) -> float:
         """Capture the CUDA graphs a workload will meet before it arrives (as vLLM captures at start-up): one
         throwaway prompt per prefill chunk length a step can cut (the aligned bodies up to the token budget and
-        every tail under the alignment), each decoding one step. Seconds taken; nothing where graphs are off."""
+        every tail under the alignment), each decoding one step; a drafting engine (whose prompt chunks run
+        eagerly) its step graphs and decode graphs of every bucket instead. Seconds taken; nothing where graphs
+        are off."""
         t0 = time.perf_counter()
+        spec_graphs = self.spec.graphs if self.spec is not None else None
+        if spec_graphs is not None and spec_graphs.capturable:  # a drafting engine: its step and decode graphs
+            spec_graphs.capture_buckets(self.config.max_num_seqs)
+            return time.perf_counter() - t0
         if self.runner.prefill_graphs is None or not self.runner.prefill_graphs.capturable:
             return 0.0
         align, budget = self.scheduler.align, self.config.max_num_batched_tokens

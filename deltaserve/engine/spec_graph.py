@@ -150,7 +150,7 @@ class SpecGraph:
 
     def _draft_chain(self, s: torch.Tensor, a: torch.Tensor) -> None:
         """The MTP head's next k drafts of each sequence into result[:, k1 + 1:] (spec 3.9, model/mtp.py)."""
-        b, k, k1 = self.batch, self.k, self.rows_per_seq
+        k, k1 = self.k, self.rows_per_seq
         m, c = self.mtp_fb, self.chain_fb
         m.input_ids.copy_(s.reshape(-1))
         m.logits_indices.copy_(self._seq_rows + a)
@@ -246,6 +246,15 @@ class SpecGraphs(DecodeGraphs):
                 g.capture(self._pool)
             self.spec_graphs[key] = g
         return g
+
+    def capture_buckets(self, max_seqs: int) -> None:
+        """Capture, ahead of the workload, the step graphs and the plain decode graphs of every bucket up to
+        max_seqs sequences at the narrowest table width (contexts up to MIN_WIDTH_TOKENS)."""
+        for b in self.buckets:
+            if b > self.bucket(max_seqs):
+                break
+            self.graph(b, 0)
+            self._graph(b, self.width(1))
 
     def load(self, g: SpecGraph, tokens, starts, slots, kcaps, drafts, temperature, keys) -> None:
         """Real sequences first (drafts padded to k), then padding (the scratch slot at cache index 0, kcap 0)."""

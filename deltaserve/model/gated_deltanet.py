@@ -100,17 +100,18 @@ class GatedDeltaNet(nn.Module):
                                prep=fmt, dv_block=dv_block)
         if fmt is not None:
             y = fast.attach_prep(y[0], fmt, y[1])
-        cache.verify_inputs[self.layer] = (qkv, mixed, a, b, dv_block)  # what commit_verify replays
+        cache.verify_inputs[self.layer] = (qkv, mixed, z, a, b, fmt, dv_block)  # what commit_verify replays
         return fast.linear(self.out_proj, y, True)
 
     def commit_verify(self, batch: ForwardBatch, cache: HybridCache, keep: torch.Tensor) -> None:
         """After verify_rows: each sequence's conv window and state after its first keep[b] rows ([B] device)."""
         from ..kernels.gated_delta import triton_verify as tv
 
-        qkv, mixed, a, b, dv_block = cache.verify_inputs.pop(self.layer)
+        qkv, mixed, z, a, b, fmt, dv_block = cache.verify_inputs.pop(self.layer)
         tv.conv_commit(qkv, cache.conv[self.layer], batch.cu_seqlens, batch.state_slots, batch.context_lens, keep)
-        tv.gdn_verify_commit(mixed, a, b, self.A_log, self.dt_bias, cache.ssm[self.layer], batch.cu_seqlens,
-                             batch.state_slots, batch.context_lens, keep, self.hk, dv_block=dv_block)
+        tv.gdn_verify_commit(mixed, z, a, b, self.A_log, self.dt_bias, self.norm.weight, cache.ssm[self.layer],
+                             batch.cu_seqlens, batch.state_slots, batch.context_lens, keep, self.hk, self.norm.eps,
+                             dv_block=dv_block, prep=fmt)
 
     def _step_and_out(self, x: torch.Tensor, mixed, z, b, a, ssm_pool: torch.Tensor, slots: torch.Tensor,
                       ctx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 from deltaserve.engine.engine import EngineConfig, LLMEngine
 from deltaserve.engine.sampling_params import SamplingParams
 from deltaserve.synthetic import make_checkpoint
+from deltaserve.synthetic.presets import get_preset
 from deltaserve.synthetic.quantized import write_quantized_synthetic
 from deltaserve.weights.loader import load_checkpoint
 
@@ -42,8 +43,11 @@ def mtp_model(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     if request.param == "bf16":
         make_checkpoint(path, "tiny-moe", seed=2, progress=False)
-    else:
-        write_quantized_synthetic(path, "tiny-moe", "q4", seed=2, progress=False)
+    else:  # expert widths of one q4 g64 group and 8 DeltaNet value heads: the shapes the q4 fast paths serve
+        wide = get_preset("tiny-moe")
+        wide.config["text_config"].update(moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                                          linear_num_value_heads=8)
+        write_quantized_synthetic(path, wide, "q4", seed=2, progress=False)
     return load_checkpoint(path, device="cuda", dtype=torch.bfloat16, progress=False, mtp=True).model
 
 

@@ -44,7 +44,8 @@ def ckpts(tmp_path_factory):
 
 def _engine(ckpt, chunk=512, graphs=False):
     support = ImageSupport.for_model(ckpt.vision, ckpt.config, ckpt.path)
-    cfg = EngineConfig(num_blocks=96, max_num_batched_tokens=chunk, cuda_graphs=graphs)
+    # blocks of 16 (the CUDA default is 64): chunks of 16 cut the image's placeholder run mid-way
+    cfg = EngineConfig(block_size=16, num_blocks=96, max_num_batched_tokens=chunk, cuda_graphs=graphs)
     return LLMEngine(ckpt.model, None, [], cfg, support)
 
 

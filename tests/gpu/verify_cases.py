@@ -90,12 +90,12 @@ def check_verify_step(mods, device, seqs, hk, hv, dk, dv, dv_block, fresh=(1,), 
             close(o[r], y.double(), 4 * 2.0**-8, f"verify row {r} vs fp64")
     for keep in ([min(1, n) for n in seqs], list(seqs), [n // 2 for n in seqs], [0] * nseq):
         kept = pool.clone()
-        gv.gdn_verify_commit(inp["qkv"], inp["a"], inp["b"], inp["a_log"], inp["dt_bias"], kept, cu, slots, ctx,
-                             torch.tensor(keep, device=device), hk, **step_kw)
+        gv.gdn_verify_commit(inp["qkv"], inp["z"], inp["a"], inp["b"], inp["a_log"], inp["dt_bias"], inp["norm_w"],
+                             kept, cu, slots, ctx, torch.tensor(keep, device=device), hk, 1e-6, prep=prep, **step_kw)
         ref = pool0.clone()
         upto = [k if n > 1 else 0 for k, n in zip(keep, seqs)]  # one-row sequences: the verify wrote them
-        if max(upto):
-            _decode_rows(gd, inp, rows_of, slots, ctx, ref, hk, upto, step_kw)
+        if max(upto):  # (the decode steps of the same deployment: the verify's prep too)
+            _decode_rows(gd, inp, rows_of, slots, ctx, ref, hk, upto, step_kw, prep)
         for b, n in enumerate(seqs):
             s = int(slots[b])
             if n == 1:

@@ -275,29 +275,6 @@ def _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, 
 
 
 @triton.jit
-def _state_and_wait(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK: tl.constexpr,
-                    PDL_WAIT: tl.constexpr):
-    """_state_columns read before the kernel's PDL wait (the state's HBM read overlaps the predecessor's tail; the
-    same loads and arithmetic as after it. H200, tg64 B=1 @ d512, lab/NOTES.md), then the wait itself (PDL_WAIT:
-    the kernel's PDL); writes nothing."""
-    s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
-    pdl_wait(PDL_WAIT)
-    return s, sp
-
-
-@triton.jit
-def _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, rv, stride_qt, stride_at, stride_bt,
-                        key_dim, scale, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
-    """One decode token of sequence bi, value head h, on the state columns rv (all DV of them or a block) given
-    their values s and addresses sp (_state_columns): L2-normed q/k of key head h // R, the gates,
-    S <- exp(g) S + k (beta (v - S^T k))^T written back in place (fp32), and returns o = S^T q over rv (fp32)."""
-    s, q = delta_rule_update(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, bi, h, rv, stride_qt, stride_at, stride_bt,
-                             key_dim, scale, R, DK, DV)
-    tl.store(sp, s)
-    return tl.sum(s * q[:, None], axis=0)  # S^T q
-
-
-@triton.jit
 def delta_rule_update(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, bi, h, rv, stride_qt, stride_at, stride_bt,
                       key_dim, scale, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
     """The delta rule of one token (row bi of qkv/a/b) on state columns s [DK, len(rv)] (fp32) of value head h:
@@ -351,81 +328,124 @@ def _prep_head(y, xp_row, xs_row, h, ra, DV: tl.constexpr, K: tl.constexpr, BITS
     tl.store(xs_row + h * G + tl.arange(0, G), tl.sum(tl.reshape(yf, (G, GROUP)), axis=1))
 
 
-@triton.jit
-def _decode_kernel(
-    qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, slot_ptr, ctx_ptr, o_ptr, xp_ptr, xs_ptr,
-    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh,
-    stride_sk: tl.constexpr,  # the state's dk stride, a constant: loads and stores at immediate offsets
-    stride_ot, stride_pt, stride_st,
-    key_dim, scale, eps,
-    HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64,
-    PDL: tl.constexpr = False,
-):
-    # grid (B, Hv): one program owns state[slot, h] ([DK, DV] fp32, read once, written once). PREP_BITS > 0: also
-    # the out projection's prep of the head's outputs (_prep_head: xp / xs rows of pitch stride_pt / stride_st)
-    pdl_open(PDL)
-    bi = tl.program_id(0)
-    h = tl.program_id(1)
-    rv = tl.arange(0, DV)
-    s, sp = _state_and_wait(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK,
-                            PDL)
-    o = _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, rv, stride_qt, stride_at,
-                            stride_bt, key_dim, scale, R, DK, DV)
-    act = o_ptr.dtype.element_ty
-    of = o.to(act).to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(of * of, axis=0) / DV + eps)
-    y = _gated_norm_row(o_ptr + bi.to(tl.int64) * stride_ot + h * DV, of,
-                        z_ptr + bi.to(tl.int64) * stride_zt + h * DV, nw_ptr, inv, rv, act)
-    if PREP_BITS > 0:
-        _prep_head(y, xp_ptr + bi.to(tl.int64) * stride_pt, xs_ptr + bi.to(tl.int64) * stride_st, h, rv, DV, HV * DV,
-                   PREP_BITS, PREP_GROUP)
+# What a launch of _step_rows_kernel does (a runtime argument: every mode runs the SAME compiled kernel, so a token's
+# state update is one machine code whether decoded, verified or committed; per-mode constexprs would let the compiler
+# contract the delta rule's multiply-adds differently, and a verified token's state would differ in its last bits
+# from the decode step's, as measured on the H100 before the modes shared one kernel)
+STEP_DECODE, STEP_VERIFY, STEP_COMMIT = 0, 1, 2
 
 
-@triton.jit
-def _gdn_step_kernel(
-    qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, slot_ptr, ctx_ptr, o_ptr, ss_ptr, cnt_ptr,
-    xp_ptr, xs_ptr,
+@triton.jit(do_not_specialize=["mode", "cu_ptr", "keep_ptr"])
+def _step_rows_kernel(
+    qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, cu_ptr, keep_ptr, slot_ptr, ctx_ptr, o_ptr,
+    ss_ptr, cnt_ptr, xp_ptr, xs_ptr,
     stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh,
     stride_sk: tl.constexpr,  # the state's dk stride, a constant: loads and stores at immediate offsets
-    stride_ot, stride_pt, stride_st,
-    key_dim, scale, eps,
+    stride_ot, stride_pt, stride_st, stride_sst,
+    mode, key_dim, scale, eps,
     HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64,
-    PDL: tl.constexpr = False,
+    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, PDL: tl.constexpr = False,
 ):
-    # grid (B, Hv, DV / BV): one program owns columns [j*BV, (j+1)*BV) of state[slot, h] ([DK, BV] fp32, read once,
-    # written once; the columns of the delta rule are independent). The gated RMSNorm needs the whole row's sum of
-    # squares: each program writes its act-rounded output slice to o and its partial sum of squares to ss[b, h, j];
-    # the head's last-arriving program (triton_sync.last_arrival) sums the DV / BV partials in order j = 0, 1, ..
-    # and normalises, gates and rewrites the row (PREP_BITS > 0: and writes the out projection's prep of it,
-    # _prep_head, so that GEMV needs no prep launch). Every split does the same q/k norms (DK values, cheap).
+    # grid (B, Hv, DV / BV). Program (b, h, j) owns columns [j BV, (j+1) BV) of state[slot b, h] ([DK, BV] fp32, read
+    # once) and walks sequence b's rows in order, the state in registers:
+    #   STEP_DECODE  row b alone; the state written after it (gdn_decode_step)
+    #   STEP_VERIFY  rows cu[b] .. cu[b+1] - 1; the state written only when there is one row (triton_verify)
+    #   STEP_COMMIT  the first min(keep[b], n) of those rows; the state written after them when n > 1 and keep > 0
+    #                (the outputs go to scratch: the verify wrote the real ones)
+    # Each row's output: BV == DV, the head form: the gated RMSNorm in the program; else the split form: each row's
+    # act-rounded slice and partial sum of squares ss[row, h, j], then the head's last-arrival program
+    # (triton_sync.last_arrival) sums the DV / BV partials in order j = 0, 1, .. and normalises, gates and rewrites
+    # every row of the sequence. PREP_BITS > 0: also the out projection's prep of each row (_prep_head).
     pdl_open(PDL)
     bi = tl.program_id(0)
     h = tl.program_id(1)
     j = tl.program_id(2)
     NS: tl.constexpr = DV // BV
+    start = bi.to(tl.int64)
+    n = start * 0 + 1
+    if mode != 0:
+        start = tl.load(cu_ptr + bi)
+        n = tl.load(cu_ptr + bi + 1) - start
+    rows = n
+    if mode == 2:
+        rows = tl.minimum(tl.load(keep_ptr + bi), n)
+    store = ((mode != 2) & (n == 1)) | ((mode == 2) & (n > 1) & (rows > 0))
     rv = j * BV + tl.arange(0, BV)
-    s, sp = _state_and_wait(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK,
-                            PDL)
-    o = _delta_rule_columns(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, sp, bi, h, rv, stride_qt, stride_at,
-                            stride_bt, key_dim, scale, R, DK, DV)
+    # the state read before the PDL wait (its HBM read overlaps the predecessor's tail): the slot and context are
+    # the step's metadata, set before its first kernel, and the state is written only by this kernel, in earlier
+    # launches (triton_pdl: state a kernel alone owns)
+    s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
+    pdl_wait(PDL)  # every input (q/k/v, gates, z) comes from the kernels just before
     act = o_ptr.dtype.element_ty
-    o_row = o_ptr + bi.to(tl.int64) * stride_ot + h * DV
-    of = o.to(act)
-    tl.store(o_row + rv, of)
-    head = bi * HV + h
-    of32 = of.to(tl.float32)
-    tl.store(ss_ptr + head * NS + j, tl.sum(of32 * of32, axis=0))
-    if last_arrival(cnt_ptr + head, NS):
-        parts = tl.load(ss_ptr + head * NS + tl.arange(0, NS), cache_modifier=".cg")
-        inv = 1.0 / tl.sqrt(tl.sum(parts, axis=0) / DV + eps)
-        ra = tl.arange(0, DV)
-        full = tl.load(o_row + ra, cache_modifier=".cg").to(tl.float32)
-        y = _gated_norm_row(o_row, full, z_ptr + bi.to(tl.int64) * stride_zt + h * DV, nw_ptr, inv, ra, act)
-        if PREP_BITS > 0:
-            _prep_head(y, xp_ptr + bi.to(tl.int64) * stride_pt, xs_ptr + bi.to(tl.int64) * stride_st, h, ra, DV,
-                       HV * DV, PREP_BITS, PREP_GROUP)
+    for i in range(rows):
+        row = (start + i).to(tl.int64)
+        s, q = delta_rule_update(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, row, h, rv, stride_qt, stride_at,
+                                 stride_bt, key_dim, scale, R, DK, DV)
+        o = tl.sum(s * q[:, None], axis=0)  # S^T q
+        o_row = o_ptr + row * stride_ot + h * DV
+        if NS == 1:
+            of = o.to(act).to(tl.float32)
+            inv = 1.0 / tl.sqrt(tl.sum(of * of, axis=0) / DV + eps)
+            y = _gated_norm_row(o_row, of, z_ptr + row * stride_zt + h * DV, nw_ptr, inv, rv, act)
+            if PREP_BITS > 0:
+                _prep_head(y, xp_ptr + row * stride_pt, xs_ptr + row * stride_st, h, rv, DV, HV * DV, PREP_BITS,
+                           PREP_GROUP)
+        else:
+            of = o.to(act)
+            tl.store(o_row + rv, of)
+            of32 = of.to(tl.float32)
+            tl.store(ss_ptr + row * stride_sst + h * NS + j, tl.sum(of32 * of32, axis=0))
+    if store:
+        tl.store(sp, s)
+    if NS > 1:
+        if last_arrival(cnt_ptr + bi * HV + h, NS):
+            ra = tl.arange(0, DV)
+            for i in range(rows):
+                row = (start + i).to(tl.int64)
+                o_row = o_ptr + row * stride_ot + h * DV
+                parts = tl.load(ss_ptr + row * stride_sst + h * NS + tl.arange(0, NS), cache_modifier=".cg")
+                inv = 1.0 / tl.sqrt(tl.sum(parts, axis=0) / DV + eps)
+                full = tl.load(o_row + ra, cache_modifier=".cg").to(tl.float32)
+                y = _gated_norm_row(o_row, full, z_ptr + row * stride_zt + h * DV, nw_ptr, inv, ra, act)
+                if PREP_BITS > 0:
+                    _prep_head(y, xp_ptr + row * stride_pt, xs_ptr + row * stride_st, h, ra, DV, HV * DV, PREP_BITS,
+                               PREP_GROUP)
+
+
+def launch_step_rows(mode: int, qkv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, cu_seqlens, keep, state_slots,
+                     context_lens, num_k_heads: int, eps: float, o, prep, dv_block: int | None,
+                     num_warps: int | None) -> tuple | None:
+    """Launch _step_rows_kernel in `mode` (STEP_*) over state_slots.numel() sequences: o [T, Hv*dv] (the rows'
+    outputs), prep (bits, group) or None. Returns the prep's (xp, xs) [T, Hv*dv], [T, Hv*dv / group] when prep.
+    cu_seqlens / keep: device tensors (STEP_DECODE reads neither). dv_block: state columns a program (None or >= dv:
+    a head); num_warps: None for the step's default. The shape and warps are part of a row's bits."""
+    t = qkv.shape[0]
+    nseq = state_slots.numel()
+    _, hv, dk, dv = ssm_pool.shape
+    bits, group = prep or (0, 64)
+    xp = torch.empty(t, hv * dv, dtype=torch.float32, device=o.device) if prep else o
+    xs = torch.empty(t, hv * dv // group, dtype=torch.float32, device=o.device) if prep else o
+    if nseq == 0 or t == 0:
+        return (xp, xs) if prep else None
+    bv = dv if dv_block is None or dv_block >= dv else dv_block
+    if dv % bv or bv & (bv - 1):
+        raise ValueError(f"gdn step: dv_block {dv_block} must be a power of two dividing dv = {dv}")
+    ns = dv // bv
+    ss = torch.empty(t, hv * ns, dtype=torch.float32, device=o.device) if ns > 1 else o
+    counters = arrival_counters(o.device, nseq * hv) if ns > 1 else o
+    # one signature for every mode (the index tensors' dtypes are part of it; .to is free when already int64)
+    cu_seqlens, keep, state_slots, context_lens = (x.to(torch.int64) for x in (cu_seqlens, keep, state_slots,
+                                                                                context_lens))
+    _step_rows_kernel[(nseq, hv, ns)](
+        qkv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, cu_seqlens, keep, state_slots, context_lens, o, ss,
+        counters, xp, xs,
+        qkv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
+        ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), ss.stride(0) if ns > 1 else 0,
+        mode, num_k_heads * dk, dk ** -0.5, eps,
+        HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=bv, PREP_BITS=bits, PREP_GROUP=group,
+        num_warps=num_warps or (4 if ns > 1 else HEAD_WARPS), **pdl_args(o),
+    )
+    return (xp, xs) if prep else None
 
 
 # State columns per program of the decode step (Hv * DV / 32 programs, 128 at B = 1 for 35B-A3B); None = a head per
@@ -472,36 +492,13 @@ def gdn_decode_step(
         if t.stride(-1) != 1:
             raise ValueError(f"gdn_decode_step: {name} must be contiguous along its last axis")
     o = torch.empty(bsz, hv * dv, dtype=qkv_conv.dtype, device=qkv_conv.device) if out is None else out
-    bits, group = prep or (0, 64)
-    if prep is not None and not prep_supported(dv, bits, group):
+    if prep is not None and not prep_supported(dv, *prep):
         raise ValueError(f"gdn_decode_step: prep {prep} needs bits 4 or 8 and dv = {dv} a multiple of the group")
-    xp = torch.empty(bsz, hv * dv, dtype=torch.float32, device=o.device) if prep else o
-    xs = torch.empty(bsz, hv * dv // group, dtype=torch.float32, device=o.device) if prep else o
-    done = (o, (xp, xs)) if prep else o
-    if bsz == 0:
-        return done
-    if dv_block is not None and dv_block < dv:
-        if dv % dv_block or dv_block & (dv_block - 1):
-            raise ValueError(f"gdn_decode_step: dv_block {dv_block} must be a power of two dividing dv = {dv}")
-        ns = dv // dv_block
-        ss = torch.empty(bsz, hv, ns, dtype=torch.float32, device=o.device)
-        _gdn_step_kernel[(bsz, hv, ns)](
-            qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots, context_lens, o, ss,
-            arrival_counters(o.device, bsz * hv), xp, xs,
-            qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
-            ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), key_dim, dk ** -0.5, eps,
-            HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=dv_block, PREP_BITS=bits, PREP_GROUP=group,
-            num_warps=num_warps or 4, **pdl_args(o),
-        )
-        return done
-    _decode_kernel[(bsz, hv)](
-        qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots, context_lens, o, xp, xs,
-        qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
-        ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), key_dim, dk ** -0.5, eps,
-        HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, PREP_BITS=bits, PREP_GROUP=group,
-        num_warps=num_warps or HEAD_WARPS, **pdl_args(o),
-    )
-    return done
+    if dv_block is not None and dv_block < dv and (dv % dv_block or dv_block & (dv_block - 1)):
+        raise ValueError(f"gdn_decode_step: dv_block {dv_block} must be a power of two dividing dv = {dv}")
+    made = launch_step_rows(STEP_DECODE, qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots,
+                            state_slots, state_slots, context_lens, num_k_heads, eps, o, prep, dv_block, num_warps)
+    return (o, made) if prep else o
 
 
 THROUGHPUT_DV_BLOCK = 64  # the split step's columns a program in a throughput deployment (fast.decode_gemv "mma")

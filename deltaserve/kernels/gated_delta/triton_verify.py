@@ -2,20 +2,21 @@
 step's arithmetic, the state chained in registers and left unwritten, then a commit of the accepted prefix.
 
 A verify forward gives each drafting sequence b its n_b = 1 + k_b tokens (the last sampled token, then k_b drafts)
-as consecutive rows [cu_seqlens[b], cu_seqlens[b + 1]). Exactness asks every row's output to be the bits a
-one-token decode step would give at that position. The decode step (triton_decode.gdn_decode_step) reads the
-state, applies one token and writes it back in fp32; doing the same n_b times with the state held in registers is
-the same arithmetic (an fp32 store and load are exact), so:
+as consecutive rows [cu_seqlens[b], cu_seqlens[b + 1]). Exactness asks every row's output, and the state after
+the kept rows, to be the bits one-token decode steps would give. So verify, commit and the decode step are ONE
+compiled kernel (triton_decode._step_rows_kernel, its mode a runtime argument): a program loads its state columns,
+walks its sequence's rows with the state in registers (an fp32 store and reload between decode steps are exact),
+and the machine code of a row's update is the same in every mode. (Separate kernels of the same source did not
+suffice: on the H100 the compiler contracted the delta rule's multiply-adds differently in each, and the committed
+states differed from the decode steps' in their last bits while the bf16 outputs agreed.)
 
-  gdn_verify_step   grid (B, Hv, DV / BV) as the decode step's (BV its state columns a program, the same warps:
-                    the dk sums follow the program's layout): each program loads its state columns once, runs
-                    triton_decode.delta_rule_update over the sequence's rows in order, writes each row's output
-                    (and, where the decode step does, the out projection's prep) exactly as the decode step would;
-                    the state is NOT written, unless n_b == 1 (nothing can be rejected: the decode step itself).
-  gdn_verify_commit after the acceptance is known (keep [B] device-side: rows of each sequence to keep, 1 + its
-                    accepted drafts): the same programs replay rows 0 .. keep_b - 1 from the same inputs (the conv
-                    output, a, b) and write the state after the last kept row; sequences with n_b == 1 (already
-                    written) are skipped.
+  gdn_verify_step   STEP_VERIFY: every row's output (and, where the decode step does, the out projection's prep)
+                    as the decode step makes it; the state is NOT written, unless n_b == 1 (nothing can be
+                    rejected: the decode step itself).
+  gdn_verify_commit STEP_COMMIT, after the acceptance is known (keep [B] device-side: rows of each sequence to
+                    keep, 1 + its accepted drafts): the same programs replay rows 0 .. keep_b - 1 from the same
+                    inputs (outputs to scratch) and write the state after the last kept row; sequences with n_b == 1
+                    (already written) are skipped.
   conv_commit       the conv windows: the verify runs triton_decode.causal_conv with write_state=False (its
                     multi-token path equals the decode GEMV's conv epilogue bit for bit: quant.triton_gemv's
                     contract), leaving each slot's window as it was; the commit writes the window after keep_b rows,
@@ -36,94 +37,7 @@ import triton
 import triton.language as tl
 
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
-from ..triton_sync import arrival_counters, last_arrival
-from .triton_decode import (DV_BLOCK, HEAD_WARPS, _gated_norm_row, _prep_head, _state_columns, delta_rule_update,
-                            prep_supported)
-
-
-@triton.jit
-def _verify_kernel(
-    qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, ssm_ptr, cu_ptr, slot_ptr, ctx_ptr, o_ptr, ss_ptr,
-    cnt_ptr, xp_ptr, xs_ptr,
-    stride_qt, stride_zt, stride_at, stride_bt, stride_ss, stride_sh,
-    stride_sk: tl.constexpr, stride_ot, stride_pt, stride_st, stride_sst,
-    key_dim, scale, eps,
-    HV: tl.constexpr, R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-    PREP_BITS: tl.constexpr = 0, PREP_GROUP: tl.constexpr = 64, PDL: tl.constexpr = False,
-):
-    # grid (B, Hv, DV / BV). Program (b, h, j) owns columns [j BV, (j+1) BV) of state[slot b, h] and walks the
-    # sequence's rows in order. BV == DV: the decode step's head form (_decode_kernel: the norm in the program);
-    # else its split form (_gdn_step_kernel): each row's act-rounded slice and partial sum of squares ss[row, h, j],
-    # then the head's last-arrival program normalises every row of the sequence, partials in order j = 0, 1, ..
-    pdl_open(PDL)
-    bi = tl.program_id(0)
-    h = tl.program_id(1)
-    j = tl.program_id(2)
-    NS: tl.constexpr = DV // BV
-    start = tl.load(cu_ptr + bi)
-    n = tl.load(cu_ptr + bi + 1) - start
-    rv = j * BV + tl.arange(0, BV)
-    pdl_wait(PDL)  # every input (q/k/v, gates, z) comes from the kernels just before
-    s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
-    act = o_ptr.dtype.element_ty
-    for i in range(n):
-        row = (start + i).to(tl.int64)
-        s, q = delta_rule_update(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, row, h, rv, stride_qt, stride_at,
-                                 stride_bt, key_dim, scale, R, DK, DV)
-        o = tl.sum(s * q[:, None], axis=0)  # S^T q
-        o_row = o_ptr + row * stride_ot + h * DV
-        if NS == 1:  # the head form: the norm here, as _decode_kernel
-            of = o.to(act).to(tl.float32)
-            inv = 1.0 / tl.sqrt(tl.sum(of * of, axis=0) / DV + eps)
-            y = _gated_norm_row(o_row, of, z_ptr + row * stride_zt + h * DV, nw_ptr, inv, rv, act)
-            if PREP_BITS > 0:
-                _prep_head(y, xp_ptr + row * stride_pt, xs_ptr + row * stride_st, h, rv, DV, HV * DV, PREP_BITS,
-                           PREP_GROUP)
-        else:
-            of = o.to(act)
-            tl.store(o_row + rv, of)
-            of32 = of.to(tl.float32)
-            tl.store(ss_ptr + row * stride_sst + h * NS + j, tl.sum(of32 * of32, axis=0))
-    if n == 1:  # a row that cannot be rejected: its state written now, as the decode step writes it
-        tl.store(sp, s)
-    if NS > 1:
-        if last_arrival(cnt_ptr + bi * HV + h, NS):
-            ra = tl.arange(0, DV)
-            for i in range(n):
-                row = (start + i).to(tl.int64)
-                o_row = o_ptr + row * stride_ot + h * DV
-                parts = tl.load(ss_ptr + row * stride_sst + h * NS + tl.arange(0, NS), cache_modifier=".cg")
-                inv = 1.0 / tl.sqrt(tl.sum(parts, axis=0) / DV + eps)
-                full = tl.load(o_row + ra, cache_modifier=".cg").to(tl.float32)
-                y = _gated_norm_row(o_row, full, z_ptr + row * stride_zt + h * DV, nw_ptr, inv, ra, act)
-                if PREP_BITS > 0:
-                    _prep_head(y, xp_ptr + row * stride_pt, xs_ptr + row * stride_st, h, ra, DV, HV * DV, PREP_BITS,
-                               PREP_GROUP)
-
-
-@triton.jit
-def _commit_kernel(
-    qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, ssm_ptr, cu_ptr, slot_ptr, ctx_ptr, keep_ptr,
-    stride_qt, stride_at, stride_bt, stride_ss, stride_sh, stride_sk: tl.constexpr,
-    key_dim, scale,
-    R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr = False,
-):
-    # grid (B, Hv, DV / BV), the verify's programs: replay rows 0 .. keep - 1 of sequence b on the state columns
-    # and write them back. n == 1: the verify wrote this sequence's state already.
-    pdl_open(PDL)
-    bi = tl.program_id(0)
-    h = tl.program_id(1)
-    rv = tl.program_id(2) * BV + tl.arange(0, BV)
-    start = tl.load(cu_ptr + bi)
-    n = tl.load(cu_ptr + bi + 1) - start
-    pdl_wait(PDL)
-    keep = tl.minimum(tl.load(keep_ptr + bi).to(tl.int32), n.to(tl.int32))
-    if n > 1 and keep > 0:
-        s, sp = _state_columns(ssm_ptr, slot_ptr, ctx_ptr, bi, h, rv, stride_ss, stride_sh, stride_sk, DK)
-        for i in range(keep):
-            s, q = delta_rule_update(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, s, (start + i).to(tl.int64), h, rv,
-                                     stride_qt, stride_at, stride_bt, key_dim, scale, R, DK, DV)
-        tl.store(sp, s)
+from .triton_decode import DV_BLOCK, STEP_COMMIT, STEP_VERIFY, launch_step_rows, prep_supported
 
 
 @triton.jit
@@ -176,13 +90,6 @@ def _check(qkv, a, b, ssm_pool, cu_seqlens, state_slots, context_lens, num_k_hea
     return nseq, hv, dk, dv, key_dim
 
 
-def _columns(dv: int, dv_block: int | None) -> int:
-    bv = dv if dv_block is None or dv_block >= dv else dv_block
-    if dv % bv or bv & (bv - 1):
-        raise ValueError(f"gdn verify: dv_block {dv_block} must be a power of two dividing dv = {dv}")
-    return bv
-
-
 def gdn_verify_step(
     qkv_conv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
     dt_bias: torch.Tensor, norm_weight: torch.Tensor, ssm_pool: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -193,60 +100,41 @@ def gdn_verify_step(
     """The decode step (triton_decode.gdn_decode_step, same arguments and outputs) for B sequences of n_b >= 1
     consecutive rows each (cu_seqlens [B+1]; state_slots, context_lens [B] per sequence; every other tensor per
     row: qkv_conv [T, C], z [T, Hv*dv], a, b [T, Hv]). Row i of a sequence gets the bits the decode step would give
-    it after rows 0 .. i-1 were decoded; the state is not written (gdn_verify_commit writes it once the kept rows
-    are known), except for a sequence of one row, whose state is written as the decode step writes it.
-    dv_block, num_warps, prep: the deployment's decode step's (they are part of a row's bits)."""
+    it after rows 0 .. i-1 were decoded (the decode step's own kernel, STEP_VERIFY); the state is not written
+    (gdn_verify_commit writes it once the kept rows are known), except for a sequence of one row, whose state is
+    written as the decode step writes it. dv_block, num_warps, prep: the deployment's decode step's (they are part
+    of a row's bits)."""
     t = qkv_conv.shape[0]
     nseq, hv, dk, dv, key_dim = _check(qkv_conv, a, b, ssm_pool, cu_seqlens, state_slots, context_lens, num_k_heads)
     if z.shape != (t, hv * dv) or z.stride(-1) != 1 or norm_weight.numel() != dv:
         raise ValueError(f"gdn_verify_step: z {tuple(z.shape)}, norm {tuple(norm_weight.shape)} do not fit "
                          f"[{t}, {hv * dv}], dv={dv}")
-    o = torch.empty(t, hv * dv, dtype=qkv_conv.dtype, device=qkv_conv.device) if out is None else out
-    bits, group = prep or (0, 64)
-    if prep is not None and not prep_supported(dv, bits, group):
+    if prep is not None and not prep_supported(dv, *prep):
         raise ValueError(f"gdn_verify_step: prep {prep} needs bits 4 or 8 and dv = {dv} a multiple of the group")
-    xp = torch.empty(t, hv * dv, dtype=torch.float32, device=o.device) if prep else o
-    xs = torch.empty(t, hv * dv // group, dtype=torch.float32, device=o.device) if prep else o
-    done = (o, (xp, xs)) if prep else o
-    if nseq == 0 or t == 0:
-        return done
-    bv = _columns(dv, dv_block)
-    ns = dv // bv
-    ss = torch.empty(t, hv * ns, dtype=torch.float32, device=o.device) if ns > 1 else o
-    counters = arrival_counters(o.device, nseq * hv) if ns > 1 else o
-    _verify_kernel[(nseq, hv, ns)](
-        qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, cu_seqlens, state_slots, context_lens, o, ss,
-        counters, xp, xs,
-        qkv_conv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1),
-        ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), ss.stride(0) if ns > 1 else 0,
-        key_dim, dk ** -0.5, eps,
-        HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=bv, PREP_BITS=bits, PREP_GROUP=group,
-        num_warps=num_warps or (4 if ns > 1 else HEAD_WARPS), **pdl_args(o),
-    )
-    return done
+    o = torch.empty(t, hv * dv, dtype=qkv_conv.dtype, device=qkv_conv.device) if out is None else out
+    made = launch_step_rows(STEP_VERIFY, qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, cu_seqlens,
+                            cu_seqlens, state_slots, context_lens, num_k_heads, eps, o, prep, dv_block, num_warps)
+    return (o, made) if prep else o
 
 
 def gdn_verify_commit(
-    qkv_conv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor,
-    ssm_pool: torch.Tensor, cu_seqlens: torch.Tensor, state_slots: torch.Tensor, context_lens: torch.Tensor,
-    keep: torch.Tensor, num_k_heads: int, dv_block: int | None = DV_BLOCK, num_warps: int | None = None,
+    qkv_conv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
+    dt_bias: torch.Tensor, norm_weight: torch.Tensor, ssm_pool: torch.Tensor, cu_seqlens: torch.Tensor,
+    state_slots: torch.Tensor, context_lens: torch.Tensor, keep: torch.Tensor, num_k_heads: int, eps: float,
+    dv_block: int | None = DV_BLOCK, num_warps: int | None = None, prep: tuple[int, int] | None = None,
 ) -> None:
     """Write each sequence's state after its first keep[b] rows (device tensor [B]; clipped to n_b; 0 leaves the
     state as it was) of the gdn_verify_step just run on the same inputs, in place at state_slots. Sequences of one
-    row are skipped (the verify wrote them). dv_block, num_warps: the verify's (the state's bits follow them)."""
+    row are skipped (the verify wrote them). The replay is the decode step's own kernel (STEP_COMMIT) with every
+    argument of the verify (dv_block, num_warps, prep: the state's bits follow the compiled kernel); its outputs
+    go to scratch."""
+    t = qkv_conv.shape[0]
     nseq, hv, dk, dv, key_dim = _check(qkv_conv, a, b, ssm_pool, cu_seqlens, state_slots, context_lens, num_k_heads)
     if keep.numel() != nseq:
         raise ValueError(f"gdn_verify_commit: keep has {keep.numel()} entries for {nseq} sequences")
-    if nseq == 0:
-        return
-    bv = _columns(dv, dv_block)
-    ns = dv // bv
-    _commit_kernel[(nseq, hv, ns)](
-        qkv_conv, a, b, a_log, dt_bias, ssm_pool, cu_seqlens, state_slots, context_lens, keep,
-        qkv_conv.stride(0), a.stride(0), b.stride(0), ssm_pool.stride(0), ssm_pool.stride(1), ssm_pool.stride(2),
-        key_dim, dk ** -0.5, R=hv // num_k_heads, DK=dk, DV=dv, BV=bv,
-        num_warps=num_warps or (4 if ns > 1 else HEAD_WARPS), **pdl_args(ssm_pool),
-    )
+    scratch = torch.empty(t, hv * dv, dtype=qkv_conv.dtype, device=qkv_conv.device)
+    launch_step_rows(STEP_COMMIT, qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, cu_seqlens, keep,
+                     state_slots, context_lens, num_k_heads, eps, scratch, prep, dv_block, num_warps)
 
 
 CONV_COMMIT_BLOCK = 256  # channels a program (a 35B-A3B layer: 32 programs a sequence)
