@@ -101,7 +101,7 @@ def test_pdl_kernels_found():
     _, kernels = _pdl_kernels()
     for expected in ("quant/triton_gemv:_gemv_kernel", "moe/triton_decode:_router_kernel",
                      "moe/triton_moe_gemv:_gate_up_kernel", "moe/triton_moe_gemv:_down_kernel",
-                     "moe/triton_moe_gemv:_combine_kernel", "gated_delta/triton_decode:_gdn_step_kernel",
+                     "moe/triton_moe_gemv:_combine_kernel", "gated_delta/triton_decode:_step_rows_kernel",
                      "kernels/triton_norm:_rms_norm_kernel", "attention/triton_qk_prep:_qk_prep_kernel",
                      "attention/triton_paged:_decode_split_kernel", "quant/mma_gemv:_mma_gemv_kernel",
                      "quant/mma_gemv:_mma_experts_kernel"):

@@ -16,7 +16,7 @@ CLASSES = (
     ("qk_prep", "attention"), ("affine_mm", "linear (affine/dense matmul)"), ("_gemv", "linear (affine/dense matmul)"),
     ("_dense_mm", "linear (affine/dense matmul)"), ("_dequant", "linear (affine/dense matmul)"),
     ("_prep", "linear (affine/dense matmul)"), ("l2norm", "deltanet prefill"), ("recompute_w_u", "deltanet prefill"),
-    ("conv", "deltanet conv"), ("decode_kernel", "deltanet step"), ("gdn_step", "deltanet step"), ("gates", "deltanet step"),
+    ("conv", "deltanet conv"), ("step_rows_kernel", "deltanet step"), ("gates", "deltanet step"),
     ("chunk", "deltanet prefill"),
     ("write_kv", "attention"), ("decode_split", "attention"), ("decode_merge", "attention"), ("prefill", "attention"),
     ("rms_norm", "norm"), ("gated_norm", "norm"),

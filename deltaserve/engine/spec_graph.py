@@ -171,6 +171,7 @@ class SpecGraph:
             self.result[:, k1 + 1 + j].copy_(token)
 
     # ---- capture and replay ----------------------------------------------------------------------------------
+    @torch.inference_mode()
     def capture(self, pool=None, warmup: int = 2) -> None:
         """Warm up (compiles kernels, settles allocations) and capture both parts, the inputs loaded with padding
         rows only (every write lands in the scratch slot and block)."""
@@ -247,6 +248,7 @@ class SpecGraphs(DecodeGraphs):
             self.spec_graphs[key] = g
         return g
 
+    @torch.inference_mode()
     def capture_buckets(self, max_seqs: int) -> None:
         """Capture, ahead of the workload, the step graphs and the plain decode graphs of every bucket up to
         max_seqs sequences at the narrowest table width (contexts up to MIN_WIDTH_TOKENS)."""
