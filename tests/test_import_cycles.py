@@ -25,9 +25,6 @@ KNOWN = {
     # mma_gemv dispatches launches of 17+ rows to wg_gemv, which shares mma_gemv's Gluon helpers: the dispatch
     # belongs one level up (the fast linear), with the two kernels side by side under it
     frozenset({"deltaserve.kernels.quant.mma_gemv", "deltaserve.kernels.quant.wgmma_experts"}),
-    # moe_route builds decode tiles in the router launch of triton_route_tiles, which reuses the router's jit
-    # helpers: the helpers belong in a module of their own
-    frozenset({"deltaserve.kernels.moe.triton_decode", "deltaserve.kernels.moe.triton_route_tiles"}),
 }
 
 

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from deltaserve.kernels.attention import reference as attn_ref
 from deltaserve.kernels.gated_delta import reference as gdn_ref
 from deltaserve.kernels.moe.routing import route_topk
+from deltaserve.kernels.moe.triton_router_common import TOPK_SELECTS
 
 BF16_EPS = 2.0**-8
 # Triton 3.6's interpreter converts fp32 -> bf16 by truncation (1 ulp) where the GPU rounds to nearest (1/2 ulp):
@@ -907,9 +908,9 @@ def check_router_last_arrival(mods, device, ts=(1, 7, 64), h=64, e=12, top_k=3, 
     """moe_route's top-k at each token's last-arriving router program == the top-k in its own launch, bit for bit,
     for several T and on repeated calls (the arrival counters must be back at zero after every launch), with
     the logits poisoned between calls so that a top-k reading stale values would show. select: the top-k's
-    selection (_topk's BITONIC, triton_decode.TOPK_SELECTS) in both launches."""
+    selection (_topk's BITONIC, triton_router_common.TOPK_SELECTS) in both launches."""
     md = mods["moe"]
-    with mock.patch.object(md, "topk_bitonic", lambda: md.TOPK_SELECTS.index(select)):
+    with mock.patch.object(md, "topk_bitonic", lambda: TOPK_SELECTS.index(select)):
         _router_last_arrival(mods, device, ts, h, e, top_k)
 
 
@@ -1061,7 +1062,7 @@ def check_topk_contract(mods, device, e, k, warps=4, select="rounds", normalize=
     route_topk's (ties to the lower id) in ascending order, weights to fp32 rounding; at any num_warps (the split
     launch's TOPK_WARPS) and by every selection (_topk's BITONIC: rounds, bitonic, best)."""
     md = mods["moe"]
-    bitonic = md.TOPK_SELECTS.index(select)
+    bitonic = TOPK_SELECTS.index(select)
     lg = torch.randn(4, e, device=device) * 3
     lg[0, ::3] = -1.5
     lg[1] = 0.0

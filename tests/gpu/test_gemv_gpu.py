@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import kernel_cases as kc
+from deltaserve.kernels.moe.triton_router_common import TOPK_SELECTS
 
 pytestmark = pytest.mark.gpu
 
@@ -298,12 +299,12 @@ def test_topk_selects_agree(fused_mods, dev):
     lg = torch.randn(64, 256, device=dev) * 2
     sw = torch.rand(64, device=dev)
     got = {}
-    for select in md.TOPK_SELECTS:
+    for select in TOPK_SELECTS:
         ids = torch.full((64, 9), -1, dtype=torch.int32, device=dev)
         w = torch.full((64, 9), float("nan"), device=dev)
         md._topk_kernel[(64,)](lg, ids, w, sw, 256, EP=256, TOPK=8, NORMALIZE=True,
-                               SHARED_ID=256, BITONIC=md.TOPK_SELECTS.index(select))
+                               SHARED_ID=256, BITONIC=TOPK_SELECTS.index(select))
         got[select] = (ids, w)
-    for select in md.TOPK_SELECTS[1:]:
+    for select in TOPK_SELECTS[1:]:
         assert torch.equal(got["rounds"][0], got[select][0]), f"{select} and rounds select different experts"
         assert torch.allclose(got["rounds"][1], got[select][1], rtol=1e-6, atol=0), f"{select}: weights differ"

@@ -28,7 +28,7 @@ from ..quant.triton_gemv import MAGIC
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_pdl import pdl_args, pdl_open
 from ..triton_sync import arrival_counters, last_arrival
-from .triton_decode import _router_cg, _router_column, _topk, topk_bitonic
+from .triton_router_common import _router_cg, _router_column, _topk, topk_bitonic
 
 ROUTE_TILES_MAX_TOKENS = 64  # a 64-stream decode step
 BITMAP_WORDS = ROUTE_TILES_MAX_TOKENS // 32  # the most int32 words of tokens an expert's bitmap row holds
