@@ -32,7 +32,7 @@ run_engine() {
   grep -ohE "alone [0-9.]+ tok/s; ratio [0-9.]+" "$OUT"/*.jsonl
 }
 run_spec() {
-  timeout ${LIMIT:-300} python3 -m deltaserve bench --engine $M -n 128 -d 512 -b ${BATCHES:-1,8,64} -r 2 \
+  timeout ${LIMIT:-300} python3 -m deltaserve bench --engine $M -n ${N:-128} -d 512 -b ${BATCHES:-1,8,64} -r 2 \
     --sampling greedy --speculative-tokens ${SPEC_K:-1,2,3} --acceptance ${SPEC_A:-0.6,0.8,1.0} --results "$OUT" \
     > "$OUT/bench_spec.log" 2>&1
   echo "spec ($((SECONDS-t0)) s):"; grep -E "^\| deltaserve|Error|error|simulated|equal" "$OUT/bench_spec.log" | cut -c1-170
