@@ -237,7 +237,7 @@ class ForcedHead:
         return self._forced(rows, drafts)
 
 
-@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("k", [2, 3])  # (4 sequences of k + 1 rows: within MAX_VERIFY_ROWS)
 def test_graph_head_drafts_equal_the_eager_head(mtp_model, k):
     """The head run inside the graph (a fixed-shape pass over all k + 1 rows, then the chain from row a) drafts what
     the eager MTPDrafter drafts from the kept rows, at every acceptance length; replies as undrafted."""
@@ -283,3 +283,33 @@ def test_drafting_switches_itself_off_at_low_acceptance(model, graphs):
             assert ahead >= 10 and (engine.runner.graph_steps > 0) == graphs  # plain steps, one ahead
         else:  # (its last token or two have no room for drafts: plain steps)
             assert min(steps) > PROBE_STEPS and engine.spec_stats.switched_off == 0 and ahead <= 2
+
+
+def test_verify_forwards_keep_to_max_verify_rows(model):
+    """Drafts are cut so that a verify forward has at most MAX_VERIFY_ROWS rows (some GPU kernels are chosen by row
+    count, and a row's bits must not change with it): 6 sequences verify 1 draft each (12 rows), 17 none; a step
+    graph serves only where its bucket's rows fit (here once fewer than 3 sequences are left). Replies as
+    undrafted."""
+    from deltaserve.engine.speculative import MAX_VERIFY_ROWS, drafts_that_fit
+
+    assert [drafts_that_fit(n) for n in (1, 2, 4, 5, 8, 9, 16, 17)] == [15, 7, 3, 2, 1, 0, 0, 0]
+    prompts = [random_prompt(n, seed=n + 1) for n in (3, 9, 14, 20, 6, 11)]
+    params = params_for("greedy", len(prompts), max_tokens=10)
+    want, _ = run(model, prompts, params)
+    recorded = {str(i): t for i, t in enumerate(want)}
+    for graphs in (False, True):
+        engine = graph_engine(model, 4, RecordedDrafts(recorded, model.config.vocab_size), cuda_graphs=graphs)
+        seen = []
+        real = model.forward_with_hidden
+
+        def spy(batch, cache, real=real):
+            if batch.verify:
+                seen.append(batch.num_tokens)
+            return real(batch, cache)
+
+        engine.spec.model = type("Spy", (), {"__getattr__": lambda self, n: getattr(model, n),
+                                             "forward_with_hidden": staticmethod(spy)})()
+        assert drain(engine, prompts, params) == want
+        assert seen and max(seen) <= MAX_VERIFY_ROWS and max(seen) > len(prompts)
+        assert engine.spec.eager_steps > 0  # 6 sequences -> bucket 8 x 5 rows > 16: eager, drafts cut
+        assert engine.spec_stats.drafted > 0

@@ -34,6 +34,18 @@ from .transfer import to_device
 
 MAX_SPECULATIVE_TOKENS = 4
 PROBE_STEPS = 8  # drafting steps a request makes before its acceptance may switch its drafting off
+# Most rows a verify forward may have. Some GPU kernels are chosen by row count (quant/mma_gemv.wg_gemv_rows: the
+# tensor-core GEMV hands launches of 17+ rows to the warpgroup GEMV), and across that line a row's bits were found to
+# change: on the H100 (Qwen3.6-35B-A3B q4 shapes, simulated acceptance 0.8, k = 2), replies equal undrafted ones at
+# 1, 2 and 4 streams (verify forwards of up to 12 rows against decode steps of up to 4) and differ at 8 (24 rows
+# against 8). So a verify forward keeps to 16 rows: its drafts are cut to fit (every kept token is still the target's
+# own sample), and with more than 16 sequences decoding nobody drafts.
+MAX_VERIFY_ROWS = 16
+
+
+def drafts_that_fit(num_seqs: int) -> int:
+    """Drafts each of num_seqs sequences may verify in one forward of at most MAX_VERIFY_ROWS rows."""
+    return max(0, MAX_VERIFY_ROWS // max(num_seqs, 1) - 1)
 
 
 def check_speculative_tokens(k: int) -> int:
@@ -169,6 +181,9 @@ class SpeculativeDecoder:
         graphs may serve (captured on CUDA, or run eagerly in tests)."""
         if any(s.request.num_pending for s in seqs):  # (the engine completes every drafting step before the next)
             raise RuntimeError("a drafting step's rows need their newest tokens on the host")
+        fit = drafts_that_fit(len(seqs))
+        for s in seqs:  # (MAX_VERIFY_ROWS; the scheduled positions past the kept drafts are simply not verified)
+            del s.request.draft_token_ids[fit:]
         if graphs_ok and self._graph_serves(seqs):
             self.graph_steps += 1
             return self._run_graph(seqs)
@@ -220,7 +235,8 @@ class SpeculativeDecoder:
         penalties, grammar, logprobs), has no images, its input token is on the host, and its table can grow to
         everything the step may write (the verify's rows and the draft chain's)."""
         g = self.graphs
-        if g is None or g.bucket(len(seqs)) is None or not g.fits_reach([s.start for s in seqs]):
+        bucket = g.bucket(len(seqs)) if g is not None else None
+        if bucket is None or bucket * (self.k + 1) > MAX_VERIFY_ROWS or not g.fits_reach([s.start for s in seqs]):
             return False
         for s in seqs:
             r = s.request
