@@ -313,3 +313,20 @@ def test_verify_forwards_keep_to_max_verify_rows(model):
         assert seen and max(seen) <= MAX_VERIFY_ROWS and max(seen) > len(prompts)
         assert engine.spec.eager_steps > 0  # 6 sequences -> bucket 8 x 5 rows > 16: eager, drafts cut
         assert engine.spec_stats.drafted > 0
+
+
+def test_more_sequences_than_verify_rows_decode_plainly(model):
+    """17 sequences decoding together cannot verify a draft each within MAX_VERIFY_ROWS: their steps are plain
+    decode steps (one step ahead), nothing is drafted, and the replies are the undrafted ones."""
+    prompts = [random_prompt(4 + i, seed=50 + i) for i in range(17)]
+    params = [SamplingParams(temperature=0, max_tokens=6)] * 17
+    want, _ = run(model, prompts, params, max_num_seqs=17, num_blocks=256)
+    engine = graph_engine(model, 2, RecordedDrafts({str(i): t for i, t in enumerate(want)}, model.config.vocab_size),
+                          max_num_seqs=17, num_blocks=256)
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    finals, ahead = {}, 0
+    while engine.has_unfinished():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+        ahead += engine._in_flight is not None
+    assert [finals[i].token_ids for i in ids] == want
+    assert engine.spec_stats.drafted == 0 and engine.spec.graph_steps == engine.spec.eager_steps == 0 and ahead > 0

@@ -175,6 +175,11 @@ class SpeculativeDecoder:
         self.stats = SpecStats()
         self.graph_steps = self.eager_steps = 0
 
+    def fits(self, seqs) -> bool:
+        """Can these decode rows verify any draft within MAX_VERIFY_ROWS (else their step runs plainly, and they
+        draft no more)?"""
+        return drafts_that_fit(len(seqs)) > 0
+
     def run(self, seqs, block_size: int, graphs_ok: bool = False) -> SpecResult:
         """seqs: ScheduledSeq rows (start = the newest token's position, its token known on the host, the
         request's draft_token_ids its drafts). Verifies, samples, accepts, commits, drafts again. graphs_ok: the
@@ -250,6 +255,7 @@ class SpeculativeDecoder:
         from .sampler import plain_sampling
 
         graphs, k1 = self.graphs, self.k + 1
+        fit = drafts_that_fit(len(seqs))
         reqs = [s.request for s in seqs]
         starts, slots = [s.start for s in seqs], [r.state_slot for r in reqs]
         g = graphs.graph(len(seqs), max(starts))
@@ -270,7 +276,7 @@ class SpeculativeDecoder:
             tokens = line[: a + 1]
             result.tokens[r.request_id] = tokens
             self._count(r, len(r.draft_token_ids), a)
-            k = drafts_allowed_after(r, self.k, a + 1)
+            k = min(drafts_allowed_after(r, self.k, a + 1), fit)
             rows.append(DraftRows(r, s.start, torch.tensor(tokens), None, frontier=True, k=k))
             drafted[r.request_id] = line[k1 + 1: k1 + 1 + k]
         if self.source is None:
@@ -288,9 +294,9 @@ class SpeculativeDecoder:
         """The draft source sees each request's kept rows (h_{start+i}, s_i), i <= a, and proposes the next drafts."""
         if self.source is None:
             return
-        rows = []
+        rows, fit = [], drafts_that_fit(len(observed))
         for s, r, at, a in observed:
-            k = drafts_allowed_after(r, self.k, a + 1)
+            k = min(drafts_allowed_after(r, self.k, a + 1), fit)
             h = hidden[at: at + a + 1] if self.source.needs_hidden else None
             rows.append(DraftRows(r, s.start, ids[at: at + a + 1], h, frontier=True, k=k))
         self.propose(rows)
