@@ -257,6 +257,16 @@ def test_graph_head_drafts_equal_the_eager_head(mtp_model, k):
     assert logs[0] == logs[1] and len(logs[0]) > 10
 
 
+def drain_ahead(engine, prompts, params) -> tuple[list, int]:
+    """Every request's final output, in order, and how many steps left one in flight (one step ahead)."""
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    finals, ahead = {}, 0
+    while engine.has_unfinished():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+        ahead += engine._in_flight is not None
+    return [finals[i] for i in ids], ahead
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_drafting_switches_itself_off_at_low_acceptance(model, graphs):
     """Drafts never right: after PROBE_STEPS drafting steps each request stops drafting and decodes plainly (through
@@ -271,13 +281,9 @@ def test_drafting_switches_itself_off_at_low_acceptance(model, graphs):
     for floor in (0.25, 0.0):
         source = RecordedDrafts(recorded, model.config.vocab_size, right=0)
         engine = graph_engine(model, 2, source, cuda_graphs=graphs, speculative_min_acceptance=floor)
-        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-        finals, ahead = {}, 0
-        while engine.has_unfinished():
-            finals.update({o.request_id: o for o in engine.step() if o.finished})
-            ahead += engine._in_flight is not None
-        assert [finals[i].token_ids for i in ids] == want
-        steps = [finals[i].metrics.num_spec_steps for i in ids]
+        finals, ahead = drain_ahead(engine, prompts, params)
+        assert [f.token_ids for f in finals] == want
+        steps = [f.metrics.num_spec_steps for f in finals]
         if floor:
             assert steps == [PROBE_STEPS] * 2 and engine.spec_stats.switched_off == 2
             assert ahead >= 10 and (engine.runner.graph_steps > 0) == graphs  # plain steps, one ahead
@@ -323,10 +329,6 @@ def test_more_sequences_than_verify_rows_decode_plainly(model):
     want, _ = run(model, prompts, params, max_num_seqs=17, num_blocks=256)
     engine = graph_engine(model, 2, RecordedDrafts({str(i): t for i, t in enumerate(want)}, model.config.vocab_size),
                           max_num_seqs=17, num_blocks=256)
-    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-    finals, ahead = {}, 0
-    while engine.has_unfinished():
-        finals.update({o.request_id: o for o in engine.step() if o.finished})
-        ahead += engine._in_flight is not None
-    assert [finals[i].token_ids for i in ids] == want
+    finals, ahead = drain_ahead(engine, prompts, params)
+    assert [f.token_ids for f in finals] == want
     assert engine.spec_stats.drafted == 0 and engine.spec.graph_steps == engine.spec.eager_steps == 0 and ahead > 0
