@@ -188,8 +188,12 @@ def speed_line(out) -> str:
     n_dec = max(n_out - 1, 0)  # the first token comes out of the prefill
     pre_rate = f"{n_prompt / pre:.1f} tok/s" if pre > 0 else "n/a"
     dec_rate = f"{n_dec / dec:.1f} tok/s" if dec > 0 and n_dec else "n/a"
+    drafts = ""
+    if m.num_spec_steps:  # speculative decoding: drafts accepted, tokens a drafting step gave
+        drafts = (f" | drafts: {m.num_accepted}/{m.num_drafted} accepted, {m.mean_acceptance_length:.2f} tokens a "
+                  "drafting step")
     return (f"[prefill: {n_prompt} tokens in {pre:.3f} s, {pre_rate} | decode: {n_dec} tokens in {dec:.3f} s, "
-            f"{dec_rate} | finish: {out.finish_reason}]")
+            f"{dec_rate}{drafts} | finish: {out.finish_reason}]")
 
 
 def fit_history(llm, history: list[dict], thinking: bool) -> list[int] | None:

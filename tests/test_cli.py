@@ -116,3 +116,16 @@ def test_bench_without_the_gpu_module_says_so(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "deltaserve.bench.main", None)  # import raises ModuleNotFoundError
     assert main(["bench", "--anything"]) == 2
     assert "needs the GPU benchmark module" in capsys.readouterr().err
+
+
+def test_speed_line_reports_drafting():
+    """`run`'s closing line: prefill and decode speeds, and with speculative decoding the drafts accepted."""
+    from deltaserve.cli import speed_line
+    from deltaserve.engine.request import RequestMetrics
+
+    m = RequestMetrics(arrival=0.0)
+    m.first_scheduled, m.first_token, m.finished = 0.0, 0.5, 2.5
+    out = types.SimpleNamespace(metrics=m, prompt_token_ids=[1] * 10, token_ids=[1] * 9, finish_reason="length")
+    assert "drafts" not in speed_line(out) and "decode: 8 tokens" in speed_line(out)
+    m.num_drafted, m.num_accepted, m.num_spec_steps = 12, 6, 4
+    assert "drafts: 6/12 accepted, 2.50 tokens a drafting step" in speed_line(out)
