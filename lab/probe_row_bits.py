@@ -88,6 +88,7 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=512)
     p.add_argument("--k", type=int, default=2)
     p.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    p.add_argument("--streams", default="1,64", help="the deployments (their kernel plans), by streams")
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     config = ModelConfig.from_dict(get_preset("qwen3.6-35b-a3b").config)
@@ -95,7 +96,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, depth {args.depth}, k={args.k}")
     print("| deployment | B | decode: seq 0 vs alone | verify: seq 0's rows vs its decode steps |")
     print("|---|---|---|---|")
-    for streams in (1, 64):
+    for streams in (int(s) for s in args.streams.split(",")):
         fast.set_plan(model, resolve_plan("auto", "mma", streams))
         probe = Probe(model, args.depth, max(batches))
         alone = probe.decode(1)
