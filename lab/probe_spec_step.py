@@ -3,7 +3,7 @@
 head's drafts), the accept part of a graph without the head (commit alone), the plain decode graph of the same
 bucket, and an engine step's wall time while drafting (the host's share is the rest).
 
-  PYTHONPATH=/tmp/site:$PWD python3 lab/spec_step_probe.py --k 3 --depth 512 --batch 1,8
+  PYTHONPATH=/tmp/site:$PWD python3 lab/probe_spec_step.py --k 3 --depth 512 --batch 1,8
 """
 
 from __future__ import annotations
