@@ -4,6 +4,8 @@
 #   bash lab/device_wave48.sh engine    bench --engine: d512 / d32768 at 1, 8, 64 streams, prefix TTFT, mixed load
 #   bash lab/device_wave48.sh extras    bench vision, bench --structured-output
 #   bash lab/device_wave48.sh spec      bench --engine --speculative-tokens (simulated acceptance), SPEC_K / SPEC_A / BATCHES
+#   bash lab/device_wave48.sh probes    lab/probe_row_bits.py (a row's bits against the rows beside it, 35B shapes)
+#                                       and lab/probe_spec_step.py (a drafting step's parts timed)
 #   bash lab/device_wave48.sh all       tests then engine, each under its own limit (TESTS_LIMIT, LIMIT)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -39,6 +41,10 @@ run_spec() {
 }
 for phase in ${@:-tests}; do case "$phase" in
 spec) run_spec ;;
+probes)
+  timeout ${LIMIT:-300} python3 lab/probe_row_bits.py --streams ${STREAMS:-64,1} 2>&1 | tee "$OUT/probe_row_bits.log" | grep "^|"
+  timeout ${LIMIT2:-200} python3 lab/probe_spec_step.py --k 3 --batch 1,4 2>&1 | tee "$OUT/probe_spec_step.log" | grep "^|"
+  ;;
 tests) run_tests ;;
 engine) run_engine ;;
 all) LIMIT=${TESTS_LIMIT:-250} run_tests; LIMIT=${ENGINE_LIMIT:-320} run_engine ;;
