@@ -22,7 +22,8 @@ target's own sample at its position: the reply is the undrafted one. The drafts'
 rather than the eager a + 1) do not matter: acceptance only compares them with the target's samples.
 
 Padding rows (bucket > B) sit on the scratch state slot and block (engine/cuda_graph.DecodeGraphs), at cache
-indices 0 .. 2k, with kcap 0. Where capture is impossible (CPU) the same step runs eagerly (tests).
+indices 0 .. 2k, with kcap 0. The speculative decoder uses a graph only where its bucket's B (k + 1) rows keep to
+speculative.MAX_VERIFY_ROWS. Where capture is impossible (CPU) the same step runs eagerly (tests).
 """
 
 from __future__ import annotations
