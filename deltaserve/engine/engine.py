@@ -36,7 +36,7 @@ from .runner import ModelRunner, StepHandle
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .spec_graph import SpecGraphs
-from .speculative import MTPDrafter, SpeculativeDecoder, check_speculative_tokens
+from .speculative import MAX_VERIFY_ROWS, MTPDrafter, SpeculativeDecoder, check_speculative_tokens
 from .structured import GRAMMAR_DEAD_END, StructuredOutputs
 
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -234,7 +234,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         spec_graphs = self.spec.graphs if self.spec is not None else None
         if spec_graphs is not None and spec_graphs.capturable:  # a drafting engine: its step and decode graphs
-            spec_graphs.capture_buckets(self.config.max_num_seqs)
+            spec_graphs.capture_buckets(self.config.max_num_seqs, MAX_VERIFY_ROWS)
             return time.perf_counter() - t0
         if self.runner.prefill_graphs is None or not self.runner.prefill_graphs.capturable:
             return 0.0

@@ -250,13 +250,15 @@ class SpecGraphs(DecodeGraphs):
         return g
 
     @torch.inference_mode()
-    def capture_buckets(self, max_seqs: int) -> None:
-        """Capture, ahead of the workload, the step graphs and the plain decode graphs of every bucket up to
-        max_seqs sequences at the narrowest table width (contexts up to MIN_WIDTH_TOKENS)."""
+    def capture_buckets(self, max_seqs: int, max_rows: int) -> None:
+        """Capture, ahead of the workload, the plain decode graphs of every bucket up to max_seqs sequences and the
+        step graphs of those whose rows keep to max_rows (the verify's limit), at the narrowest table width
+        (contexts up to MIN_WIDTH_TOKENS)."""
         for b in self.buckets:
             if b > self.bucket(max_seqs):
                 break
-            self.graph(b, 0)
+            if b * (self.k + 1) <= max_rows:
+                self.graph(b, 0)
             self._graph(b, self.width(1))
 
     def load(self, g: SpecGraph, tokens, starts, slots, kcaps, drafts, temperature, keys) -> None:
