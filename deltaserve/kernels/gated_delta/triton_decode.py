@@ -412,13 +412,39 @@ def _step_rows_kernel(
                                PREP_GROUP)
 
 
+def check_step_rows(what: str, qkv, z, a, b, norm_weight, ssm_pool, num_k_heads: int, prep,
+                    dv_block: int | None) -> None:
+    """The arguments every mode of the step shares, checked (a ValueError naming `what`): qkv [T, C] with C = 2 Hk
+    dk + Hv dv, z [T, Hv*dv], a / b [T, Hv], each contiguous along its last axis; norm_weight [dv]; the fp32 pool
+    [S, Hv, dk, dv]; the prep's format; dv_block a power of two dividing dv (or None / >= dv: a head)."""
+    t, c = qkv.shape
+    _, hv, dk, dv = ssm_pool.shape
+    key_dim = num_k_heads * dk
+    if c != 2 * key_dim + hv * dv or hv % num_k_heads:
+        raise ValueError(f"{what}: qkv has {c} channels; with Hk={num_k_heads}, pool {tuple(ssm_pool.shape)} expected "
+                         f"{2 * key_dim + hv * dv} and Hv divisible by Hk")
+    if z.shape != (t, hv * dv) or a.shape != (t, hv) or b.shape != (t, hv) or norm_weight.numel() != dv:
+        raise ValueError(f"{what}: z {tuple(z.shape)}, a {tuple(a.shape)}, b {tuple(b.shape)}, norm "
+                         f"{tuple(norm_weight.shape)} do not fit [{t}, {hv * dv}], [{t}, {hv}], dv={dv}")
+    if ssm_pool.dtype != torch.float32 or ssm_pool.stride(-1) != 1:
+        raise ValueError(f"{what}: the ssm pool must be fp32 with a contiguous dv axis")
+    for name, x in (("qkv", qkv), ("z", z), ("a", a), ("b", b)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{what}: {name} must be contiguous along its last axis")
+    if prep is not None and not prep_supported(dv, *prep):
+        raise ValueError(f"{what}: prep {prep} needs bits 4 or 8 and dv = {dv} a multiple of the group")
+    if dv_block is not None and dv_block < dv and (dv % dv_block or dv_block & (dv_block - 1)):
+        raise ValueError(f"{what}: dv_block {dv_block} must be a power of two dividing dv = {dv}")
+
+
 def launch_step_rows(mode: int, qkv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, cu_seqlens, keep, state_slots,
                      context_lens, num_k_heads: int, eps: float, o, prep, dv_block: int | None,
                      num_warps: int | None) -> tuple | None:
     """Launch _step_rows_kernel in `mode` (STEP_*) over state_slots.numel() sequences: o [T, Hv*dv] (the rows'
     outputs), prep (bits, group) or None. Returns the prep's (xp, xs) [T, Hv*dv], [T, Hv*dv / group] when prep.
     cu_seqlens / keep: device tensors (STEP_DECODE reads neither). dv_block: state columns a program (None or >= dv:
-    a head); num_warps: None for the step's default. The shape and warps are part of a row's bits."""
+    a head); num_warps: None for the step's default. The shape and warps are part of a row's bits. The arguments
+    are the caller's to check (check_step_rows)."""
     t = qkv.shape[0]
     nseq = state_slots.numel()
     _, hv, dk, dv = ssm_pool.shape
@@ -428,8 +454,6 @@ def launch_step_rows(mode: int, qkv, z, a, b, a_log, dt_bias, norm_weight, ssm_p
     if nseq == 0 or t == 0:
         return (xp, xs) if prep else None
     bv = dv if dv_block is None or dv_block >= dv else dv_block
-    if dv % bv or bv & (bv - 1):
-        raise ValueError(f"gdn step: dv_block {dv_block} must be a power of two dividing dv = {dv}")
     ns = dv // bv
     ss = torch.empty(t, hv * ns, dtype=torch.float32, device=o.device) if ns > 1 else o
     counters = arrival_counters(o.device, nseq * hv) if ns > 1 else o
@@ -477,25 +501,9 @@ def gdn_decode_step(
     output (quant.triton_gemv.prep_row's format: xp [B, Hv*dv] fp32, xs [B, Hv*dv / group] fp32) at each head's
     last arrival, and returns (o, (xp, xs)) so the GEMV needs no prep launch (prep_supported says which formats).
     """
-    bsz, c = qkv_conv.shape
-    _, hv, dk, dv = ssm_pool.shape
-    key_dim = num_k_heads * dk
-    if c != 2 * key_dim + hv * dv or hv % num_k_heads:
-        raise ValueError(f"gdn_decode_step: qkv has {c} channels; with Hk={num_k_heads}, pool {tuple(ssm_pool.shape)}"
-                         f" expected {2 * key_dim + hv * dv} and Hv divisible by Hk")
-    if z.shape[-1] != hv * dv or a.shape[-1] != hv or b.shape[-1] != hv or norm_weight.numel() != dv:
-        raise ValueError(f"gdn_decode_step: z {tuple(z.shape)}, a {tuple(a.shape)}, b {tuple(b.shape)}, norm "
-                         f"{tuple(norm_weight.shape)} do not fit Hv={hv}, dv={dv}")
-    if ssm_pool.dtype != torch.float32 or ssm_pool.stride(-1) != 1:
-        raise ValueError("gdn_decode_step: the ssm pool must be fp32 with a contiguous dv axis")
-    for name, t in (("qkv_conv", qkv_conv), ("z", z), ("a", a), ("b", b)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"gdn_decode_step: {name} must be contiguous along its last axis")
-    o = torch.empty(bsz, hv * dv, dtype=qkv_conv.dtype, device=qkv_conv.device) if out is None else out
-    if prep is not None and not prep_supported(dv, *prep):
-        raise ValueError(f"gdn_decode_step: prep {prep} needs bits 4 or 8 and dv = {dv} a multiple of the group")
-    if dv_block is not None and dv_block < dv and (dv % dv_block or dv_block & (dv_block - 1)):
-        raise ValueError(f"gdn_decode_step: dv_block {dv_block} must be a power of two dividing dv = {dv}")
+    check_step_rows("gdn_decode_step", qkv_conv, z, a, b, norm_weight, ssm_pool, num_k_heads, prep, dv_block)
+    _, hv, _, dv = ssm_pool.shape
+    o = torch.empty(qkv_conv.shape[0], hv * dv, dtype=qkv_conv.dtype, device=qkv_conv.device) if out is None else out
     made = launch_step_rows(STEP_DECODE, qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, state_slots,
                             state_slots, state_slots, context_lens, num_k_heads, eps, o, prep, dv_block, num_warps)
     return (o, made) if prep else o

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
-from .triton_decode import DV_BLOCK, STEP_COMMIT, STEP_VERIFY, launch_step_rows, prep_supported
+from .triton_decode import DV_BLOCK, STEP_COMMIT, STEP_VERIFY, check_step_rows, launch_step_rows
 
 
 @triton.jit
@@ -69,25 +69,14 @@ def _conv_commit_kernel(x_ptr, pool_ptr, cu_ptr, slot_ptr, ctx_ptr, keep_ptr, C,
     tl.store(st + rj[:, None] * stride_pk, new, mask=(j_mask & (keep > 0))[:, None] & c_mask[None, :])
 
 
-def _check(qkv, a, b, ssm_pool, cu_seqlens, state_slots, context_lens, num_k_heads):
-    t, c = qkv.shape
-    _, hv, dk, dv = ssm_pool.shape
-    key_dim = num_k_heads * dk
-    if c != 2 * key_dim + hv * dv or hv % num_k_heads:
-        raise ValueError(f"gdn verify: qkv has {c} channels; with Hk={num_k_heads}, pool {tuple(ssm_pool.shape)} "
-                         f"expected {2 * key_dim + hv * dv} and Hv divisible by Hk")
-    if a.shape != (t, hv) or b.shape != (t, hv):
-        raise ValueError(f"gdn verify: a {tuple(a.shape)}, b {tuple(b.shape)} must be [{t}, {hv}]")
+def _check(what, qkv, z, a, b, norm_weight, ssm_pool, cu_seqlens, state_slots, context_lens, num_k_heads, prep,
+           dv_block) -> None:
+    """The step's own checks (triton_decode.check_step_rows), and one cu_seqlens / context length per sequence."""
+    check_step_rows(what, qkv, z, a, b, norm_weight, ssm_pool, num_k_heads, prep, dv_block)
     nseq = state_slots.numel()
     if cu_seqlens.numel() != nseq + 1 or context_lens.numel() != nseq:
-        raise ValueError(f"gdn verify: {nseq} state slots, {cu_seqlens.numel()} cu_seqlens, {context_lens.numel()} "
+        raise ValueError(f"{what}: {nseq} state slots, {cu_seqlens.numel()} cu_seqlens, {context_lens.numel()} "
                          "context lengths")
-    if ssm_pool.dtype != torch.float32 or ssm_pool.stride(-1) != 1:
-        raise ValueError("gdn verify: the ssm pool must be fp32 with a contiguous dv axis")
-    for name, x in (("qkv", qkv), ("a", a), ("b", b)):
-        if x.stride(-1) != 1:
-            raise ValueError(f"gdn verify: {name} must be contiguous along its last axis")
-    return nseq, hv, dk, dv, key_dim
 
 
 def gdn_verify_step(
@@ -104,14 +93,9 @@ def gdn_verify_step(
     (gdn_verify_commit writes it once the kept rows are known), except for a sequence of one row, whose state is
     written as the decode step writes it. dv_block, num_warps, prep: the deployment's decode step's (they are part
     of a row's bits)."""
-    t = qkv_conv.shape[0]
-    nseq, hv, dk, dv, key_dim = _check(qkv_conv, a, b, ssm_pool, cu_seqlens, state_slots, context_lens, num_k_heads)
-    if z.shape != (t, hv * dv) or z.stride(-1) != 1 or norm_weight.numel() != dv:
-        raise ValueError(f"gdn_verify_step: z {tuple(z.shape)}, norm {tuple(norm_weight.shape)} do not fit "
-                         f"[{t}, {hv * dv}], dv={dv}")
-    if prep is not None and not prep_supported(dv, *prep):
-        raise ValueError(f"gdn_verify_step: prep {prep} needs bits 4 or 8 and dv = {dv} a multiple of the group")
-    o = torch.empty(t, hv * dv, dtype=qkv_conv.dtype, device=qkv_conv.device) if out is None else out
+    _check("gdn_verify_step", qkv_conv, z, a, b, norm_weight, ssm_pool, cu_seqlens, state_slots, context_lens,
+           num_k_heads, prep, dv_block)
+    o = torch.empty(z.shape, dtype=qkv_conv.dtype, device=qkv_conv.device) if out is None else out
     made = launch_step_rows(STEP_VERIFY, qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, cu_seqlens,
                             cu_seqlens, state_slots, context_lens, num_k_heads, eps, o, prep, dv_block, num_warps)
     return (o, made) if prep else o
@@ -128,11 +112,11 @@ def gdn_verify_commit(
     row are skipped (the verify wrote them). The replay is the decode step's own kernel (STEP_COMMIT) with every
     argument of the verify (dv_block, num_warps, prep: the state's bits follow the compiled kernel); its outputs
     go to scratch."""
-    t = qkv_conv.shape[0]
-    nseq, hv, dk, dv, key_dim = _check(qkv_conv, a, b, ssm_pool, cu_seqlens, state_slots, context_lens, num_k_heads)
-    if keep.numel() != nseq:
-        raise ValueError(f"gdn_verify_commit: keep has {keep.numel()} entries for {nseq} sequences")
-    scratch = torch.empty(t, hv * dv, dtype=qkv_conv.dtype, device=qkv_conv.device)
+    _check("gdn_verify_commit", qkv_conv, z, a, b, norm_weight, ssm_pool, cu_seqlens, state_slots, context_lens,
+           num_k_heads, prep, dv_block)
+    if keep.numel() != state_slots.numel():
+        raise ValueError(f"gdn_verify_commit: keep has {keep.numel()} entries for {state_slots.numel()} sequences")
+    scratch = torch.empty(z.shape, dtype=qkv_conv.dtype, device=qkv_conv.device)
     launch_step_rows(STEP_COMMIT, qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, cu_seqlens, keep,
                      state_slots, context_lens, num_k_heads, eps, scratch, prep, dv_block, num_warps)
 
