@@ -61,8 +61,11 @@ class ServerMetrics:
         self.req_generation = hist("request_generation_tokens", "Generated tokens per finished request.", _TOKENS)
         self._submitted: dict[str, float] = {}  # engine thread only, like everything below
         self._last_token: dict[str, float] = {}
-        self._prefix_seen = (0, 0)  # the engine's cumulative (queries, hits) already counted
-        self._spec_seen = (0, 0, 0)  # and its speculative (steps, drafted, accepted)
+        # counters fed from the engine's cumulative totals (EngineStats: prefix queries, hits, drafting steps,
+        # drafted, accepted), and the totals already counted
+        self._engine_totals = (self.prefix_queries, self.prefix_hits, self.spec_drafts, self.spec_draft_tokens,
+                               self.spec_accepted)
+        self._totals_seen = (0,) * len(self._engine_totals)
 
     content_type = CONTENT_TYPE_LATEST
 
@@ -79,18 +82,11 @@ class ServerMetrics:
         self.waiting.set(stats.waiting)
         self.kv_usage.set(stats.kv_blocks_used / max(stats.kv_blocks_total, 1))
         self.slot_usage.set(stats.state_slots_used / max(stats.state_slots_total, 1))
-        queries, hits = self._prefix_seen
-        if stats.prefix_queries > queries:
-            self.prefix_queries.inc(stats.prefix_queries - queries)
-        if stats.prefix_hits > hits:
-            self.prefix_hits.inc(stats.prefix_hits - hits)
-        self._prefix_seen = (stats.prefix_queries, stats.prefix_hits)
-        seen = (stats.spec_steps, stats.spec_drafted, stats.spec_accepted)
-        for c, now_, before in zip((self.spec_drafts, self.spec_draft_tokens, self.spec_accepted), seen,
-                                   self._spec_seen):
-            if now_ > before:
-                c.inc(now_ - before)
-        self._spec_seen = seen
+        totals = (stats.prefix_queries, stats.prefix_hits, stats.spec_steps, stats.spec_drafted, stats.spec_accepted)
+        for counter, total, before in zip(self._engine_totals, totals, self._totals_seen):
+            if total > before:
+                counter.inc(total - before)
+        self._totals_seen = totals
         generated = 0
         for out in outputs:
             rid = out.request_id
