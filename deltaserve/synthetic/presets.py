@@ -233,32 +233,12 @@ def _moe_fields(experts: int, top_k: int, expert_inter: int, shared_inter: int) 
 # ---- the published models -------------------------------------------------------------------------------------
 
 
-def _qwen36_35b_a3b() -> Preset:
-    ids = special_ids(PUBLISHED_BPE_SIZE)
-    vision = VisionDims(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, out_hidden_size=2048)
-    text = _text_common(
-        hidden=2048, layers=40, heads=16, kv_heads=2, head_dim=256, lin_k_heads=16, lin_v_heads=32, lin_dim=128,
-        vocab=248320, tie=False, max_pos=262144, rope=_rope_parameters(10000000, 0.25, [11, 11, 10]),
-        model_type="qwen3_5_moe_text",
-    )  # fmt: skip
-    text.update(_moe_fields(256, 8, 512, 512))
-    text.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|endoftext|>"], pad_token_id=None)
-    cfg = _nested_config(
-        "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", text,
-        _vision_config(vision, "qwen3_5_moe_vision", {"dtype": "bfloat16"}), ids, tie=False,
-        top={"dtype": "bfloat16", "transformers_version": "4.57.1"},
-    )  # fmt: skip
-    return Preset(
-        "qwen3.6-35b-a3b", cfg, PUBLISHED_BPE_SIZE, vision, shard_bytes=4 << 30, expert_layout="fused",
-        generation=_generation(ids),
-    )  # fmt: skip
-
-
-def _qwen35_large_moe(name: str, hidden: int, layers: int, heads: int, lin_v_heads: int, experts: int, top_k: int,
-                      expert_inter: int) -> Preset:
-    """The larger published MoE sizes of spec section 1.4 (Qwen3.5-122B-A10B, Qwen3.5-397B-A17B), for config-only
-    use (`deltaserve info`, `--config-only`, GGUF shapes): text fields as published; the vision tower beyond its
-    output width is not published (spec: UNCERTAIN), so the 35B-A3B tower is assumed."""
+def _qwen_moe(name: str, hidden: int, layers: int, heads: int, lin_v_heads: int, experts: int, top_k: int,
+              expert_inter: int) -> Preset:
+    """A published MoE size of spec section 1.4: Qwen3.6-35B-A3B (the flagship), and the larger Qwen3.5-122B-A10B
+    and Qwen3.5-397B-A17B for config-only use (`deltaserve info`, `--config-only`, GGUF shapes). Text fields as
+    published; the larger models' vision tower beyond its output width is not published (spec: UNCERTAIN), so the
+    35B-A3B tower is assumed for them."""
     ids = special_ids(PUBLISHED_BPE_SIZE)
     vision = VisionDims(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, out_hidden_size=hidden)
     text = _text_common(
@@ -277,12 +257,16 @@ def _qwen35_large_moe(name: str, hidden: int, layers: int, heads: int, lin_v_hea
                   generation=_generation(ids))
 
 
+def _qwen36_35b_a3b() -> Preset:
+    return _qwen_moe("qwen3.6-35b-a3b", 2048, 40, 16, 32, 256, 8, 512)
+
+
 def _qwen35_122b_a10b() -> Preset:
-    return _qwen35_large_moe("qwen3.5-122b-a10b", 3072, 48, 32, 64, 256, 8, 1024)
+    return _qwen_moe("qwen3.5-122b-a10b", 3072, 48, 32, 64, 256, 8, 1024)
 
 
 def _qwen35_397b_a17b() -> Preset:
-    return _qwen35_large_moe("qwen3.5-397b-a17b", 4096, 60, 32, 64, 512, 10, 1024)
+    return _qwen_moe("qwen3.5-397b-a17b", 4096, 60, 32, 64, 512, 10, 1024)
 
 
 def _qwen35_0_8b() -> Preset:
