@@ -155,7 +155,7 @@ class LLMEngine:
             if spec_k:  # drafting steps through SpecGraphs, which are the decode graphs too (one set of tables);
                 # prompt chunks eagerly (the head reads their hidden states)
                 graphs = spec_graphs = SpecGraphs(*scratch, spec_k, self.mtp_kv, config.max_num_seqs,
-                                                  self.num_blocks, max_blocks, buckets)
+                                                  self.num_blocks, max_blocks, buckets, MAX_VERIFY_ROWS)
             else:
                 graphs = DecodeGraphs(*scratch, config.max_num_seqs, self.num_blocks, max_blocks, buckets)
                 prefill_graphs = PrefillGraphs(*scratch, (config.max_num_batched_tokens,), max_blocks)
@@ -234,7 +234,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         spec_graphs = self.spec.graphs if self.spec is not None else None
         if spec_graphs is not None and spec_graphs.capturable:  # a drafting engine: its step and decode graphs
-            spec_graphs.capture_buckets(self.config.max_num_seqs, MAX_VERIFY_ROWS)
+            spec_graphs.capture_buckets(self.config.max_num_seqs)
             return time.perf_counter() - t0
         if self.runner.prefill_graphs is None or not self.runner.prefill_graphs.capturable:
             return 0.0

@@ -48,7 +48,7 @@ class SpecGraph:
         dev = table_source.device
         i64 = dict(dtype=torch.int64, device=dev)
         k1, t = k + 1, batch * (k + 1)
-        self.rows_per_seq, self.num_rows = k1, t
+        self.rows_per_seq = k1
         # the step's inputs: one int64 block (pinned staging on the host, one asynchronous copy): per sequence its
         # newest token, start (cache index of that token), state slot, kcap and k drafts; per row its temperature
         # (fp32 bits) and sampling key (kernels/sampling.row_keys of its seed and sampled position)
@@ -224,10 +224,15 @@ class SpecGraphs(DecodeGraphs):
     `capturable`; the block tables by state slot, the buckets and the widths are DecodeGraphs'."""
 
     def __init__(self, model, cache, k: int, draft: bool, scratch_slot: int, scratch_block: int, max_blocks: int,
-                 buckets):
+                 buckets, max_rows: int):
         super().__init__(model, cache, scratch_slot, scratch_block, max_blocks, buckets)
         self.k, self.draft = k, draft
+        self.max_rows = max_rows  # the verify's row limit (speculative.MAX_VERIFY_ROWS)
         self.spec_graphs: dict[tuple[int, int], SpecGraph] = {}
+
+    def rows_fit(self, bucket: int) -> bool:
+        """Does a step graph of this bucket keep to the verify's row limit (its bucket (k + 1) rows)?"""
+        return bucket * (self.k + 1) <= self.max_rows
 
     def reach(self, start: int) -> int:
         """Cache indices a step from `start` may write: the verify's k + 1 rows and the draft chain's k - 1 more."""
@@ -250,14 +255,14 @@ class SpecGraphs(DecodeGraphs):
         return g
 
     @torch.inference_mode()
-    def capture_buckets(self, max_seqs: int, max_rows: int) -> None:
+    def capture_buckets(self, max_seqs: int) -> None:
         """Capture, ahead of the workload, the plain decode graphs of every bucket up to max_seqs sequences and the
-        step graphs of those whose rows keep to max_rows (the verify's limit), at the narrowest table width
+        step graphs of those whose rows keep to the verify's limit (rows_fit), at the narrowest table width
         (contexts up to MIN_WIDTH_TOKENS)."""
         for b in self.buckets:
             if b > self.bucket(max_seqs):
                 break
-            if b * (self.k + 1) <= max_rows:
+            if self.rows_fit(b):
                 self.graph(b, 0)
             self._graph(b, self.width(1))
 

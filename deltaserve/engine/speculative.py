@@ -241,7 +241,7 @@ class SpeculativeDecoder:
         everything the step may write (the verify's rows and the draft chain's)."""
         g = self.graphs
         bucket = g.bucket(len(seqs)) if g is not None else None
-        if bucket is None or bucket * (self.k + 1) > MAX_VERIFY_ROWS or not g.fits_reach([s.start for s in seqs]):
+        if bucket is None or not g.rows_fit(bucket) or not g.fits_reach([s.start for s in seqs]):
             return False
         for s in seqs:
             r = s.request
