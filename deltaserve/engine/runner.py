@@ -115,9 +115,8 @@ class ModelRunner:
         handle = StepHandle()
         ids_parts: list[torch.Tensor] = []
         graph_sampled = False  # the decode part's ids came from its graph, which wrote last_token for them too
-        if decode and self.spec is not None and any(s.num_drafts for s in decode) and not self.spec.fits(decode):
-            for s in decode:  # too many sequences to verify drafts (speculative.MAX_VERIFY_ROWS): a plain step
-                s.request.draft_token_ids.clear()
+        if decode and self.spec is not None:
+            self.spec.trim(decode)  # (speculative.MAX_VERIFY_ROWS; with too many sequences none is left)
         if decode and self.spec is not None and any(s.request.draft_token_ids for s in decode):
             # verify the drafts (a decode step for rows without); the engine reads the step back before the next
             while hooks:

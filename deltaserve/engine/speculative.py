@@ -175,20 +175,21 @@ class SpeculativeDecoder:
         self.stats = SpecStats()
         self.graph_steps = self.eager_steps = 0
 
-    def fits(self, seqs) -> bool:
-        """Can these decode rows verify any draft within MAX_VERIFY_ROWS (else their step runs plainly, and they
-        draft no more)?"""
-        return drafts_that_fit(len(seqs)) > 0
+    @staticmethod
+    def trim(seqs) -> None:
+        """Cut the decode rows' drafts to what one verify forward of at most MAX_VERIFY_ROWS rows holds (the
+        scheduled positions past the kept drafts are simply not verified). None may be left: the step is then a
+        plain decode step, and those requests draft no more."""
+        fit = drafts_that_fit(len(seqs))
+        for s in seqs:
+            del s.request.draft_token_ids[fit:]
 
     def run(self, seqs, block_size: int, graphs_ok: bool = False) -> SpecResult:
         """seqs: ScheduledSeq rows (start = the newest token's position, its token known on the host, the
-        request's draft_token_ids its drafts). Verifies, samples, accepts, commits, drafts again. graphs_ok: the
-        graphs may serve (captured on CUDA, or run eagerly in tests)."""
+        request's draft_token_ids its drafts, trimmed: `trim`). Verifies, samples, accepts, commits, drafts again.
+        graphs_ok: the graphs may serve (captured on CUDA, or run eagerly in tests)."""
         if any(s.request.num_pending for s in seqs):  # (the engine completes every drafting step before the next)
             raise RuntimeError("a drafting step's rows need their newest tokens on the host")
-        fit = drafts_that_fit(len(seqs))
-        for s in seqs:  # (MAX_VERIFY_ROWS; the scheduled positions past the kept drafts are simply not verified)
-            del s.request.draft_token_ids[fit:]
         if graphs_ok and self._graph_serves(seqs):
             self.graph_steps += 1
             return self._run_graph(seqs)
