@@ -137,10 +137,11 @@ def test_row_run_defaults():
     """Packed decoder GEMVs take row runs of 4 rows over the whole K (the sweep's default row); the router's rows
     from a prefill's worth of tokens; the top-k's selection is "best". (The timing switches these once had were
     decided and removed: lab/NOTES.md.)"""
-    torch = pytest.importorskip("torch")
-    tg = pytest.importorskip("deltaserve.kernels.quant.triton_gemv")
-    md = pytest.importorskip("deltaserve.kernels.moe.triton_decode")
-    rc = pytest.importorskip("deltaserve.kernels.moe.triton_router_common")
+    import torch
+
+    from deltaserve.kernels.moe import triton_decode as md
+    from deltaserve.kernels.moe import triton_router_common as rc
+    from deltaserve.kernels.quant import triton_gemv as tg
 
     def spec(n, k, bits=4):
         w = torch.zeros(n, k * bits // 32, dtype=torch.int32)
