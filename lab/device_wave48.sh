@@ -6,6 +6,8 @@
 #   bash lab/device_wave48.sh spec      bench --engine --speculative-tokens (simulated acceptance), SPEC_K / SPEC_A / BATCHES
 #   bash lab/device_wave48.sh probes    lab/probe_row_bits.py (a row's bits against the rows beside it, 35B shapes)
 #                                       and lab/probe_spec_step.py (a drafting step's parts timed)
+#   bash lab/device_wave48.sh diag      the spec-step probe with kernel profiles (SPEC_K, BATCHES), the prefill graph
+#                                       fault's variants (lab/probe_prefill_fault.py), the row-bits probe
 #   bash lab/device_wave48.sh all       tests then engine, each under its own limit (TESTS_LIMIT, LIMIT)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -44,6 +46,14 @@ spec) run_spec ;;
 probes)
   timeout ${LIMIT:-300} python3 lab/probe_row_bits.py --streams ${STREAMS:-64,1} 2>&1 | tee "$OUT/probe_row_bits.log" | grep "^|"
   timeout ${LIMIT2:-200} python3 lab/probe_spec_step.py --k 3 --batch 1,4 2>&1 | tee "$OUT/probe_spec_step.log" | grep "^|"
+  ;;
+diag)  # a drafting step's parts kernel by kernel; the prefill graph fault; a row's bits beside other rows
+  timeout ${LIMIT2:-240} python3 lab/probe_spec_step.py --k ${SPEC_K:-1,2,3} --batch ${BATCHES:-1} --profile 22 \
+    > "$OUT/probe_spec_step.log" 2>&1; grep "^|" "$OUT/probe_spec_step.log"
+  timeout 200 python3 lab/probe_prefill_fault.py > "$OUT/probe_prefill_fault.log" 2>&1
+  grep "^|" "$OUT/probe_prefill_fault.log"
+  timeout ${LIMIT:-200} python3 lab/probe_row_bits.py --streams ${STREAMS:-64,1} > "$OUT/probe_row_bits.log" 2>&1
+  grep "^|" "$OUT/probe_row_bits.log"
   ;;
 tests) run_tests ;;
 engine) run_engine ;;

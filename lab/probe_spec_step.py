@@ -15,6 +15,7 @@ import time
 import torch
 
 from deltaserve.bench import engine_bench as eb
+from deltaserve.bench import profile as prof
 from deltaserve.bench import spec_bench as sb
 from deltaserve.bench.random_model import build_random_model
 from deltaserve.engine.sampling_params import SamplingParams
@@ -35,7 +36,7 @@ def replay_us(fn, reps: int = 30) -> float:
     return a.elapsed_time(b) / reps * 1e3
 
 
-def probe(model, batch: int, k: int, depth: int) -> dict:
+def probe(model, batch: int, k: int, depth: int, profile_top: int = 0) -> dict:
     engine = sb.make_spec_engine(model, None, batch, sb.max_len(depth, 64), k)  # warm_up captures the graphs
     engine.spec.min_acceptance = 0.0  # (random drafts: keep drafting)
     rng = random.Random(batch)
@@ -54,6 +55,12 @@ def probe(model, batch: int, k: int, depth: int) -> dict:
     plain.capture(graphs._pool)
     out = {"verify_us": replay_us(g.graphs[0].replay), "accept_us": replay_us(g.graphs[1].replay),
            "commit_us": replay_us(plain.graphs[1].replay), "decode_us": replay_us(dg.graph.replay)}
+    if profile_top:  # where each part's time goes, kernel by kernel (in-graph and critical time)
+        for name, replay in (("verify", g.graphs[0].replay), ("accept", g.graphs[1].replay),
+                             ("decode", dg.graph.replay)):
+            header = f"# {name} graph profile (batch {batch}, k {k}, depth {depth}, 5 replays)"
+            out[f"profile_{name}"] = prof._graph_report(prof._replayed_kernels(replay, 2, 5), 5, header, "a step",
+                                                        profile_top)
     steps, t0 = 0, time.perf_counter()
     while engine.has_unfinished() and steps < 20:
         engine.step()
@@ -66,19 +73,24 @@ def probe(model, batch: int, k: int, depth: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--k", default="3", help="drafts a step, or a list: 1,2,3")
     p.add_argument("--depth", type=int, default=512)
     p.add_argument("--batch", default="1")
+    p.add_argument("--profile", type=int, default=0, help="also profile each part's graph: its top N kernels")
     args = p.parse_args()
     config = ModelConfig.from_dict(get_preset("qwen3.6-35b-a3b").config)
     model = build_random_model(config, "q4", "cuda", mtp_layers=config.mtp_num_hidden_layers)
-    print(f"{torch.cuda.get_device_name()}, k={args.k}, depth {args.depth}")
-    print("| B | verify us | accept us (commit + head) | commit us | decode step us | engine step us |")
-    print("|---|---|---|---|---|---|")
-    for batch in (int(b) for b in args.batch.split(",")):
-        r = probe(model, batch, args.k, args.depth)
-        print(f"| {batch} | {r['verify_us']:.0f} | {r['accept_us']:.0f} | {r['commit_us']:.0f} | {r['decode_us']:.0f} "
+    print(f"{torch.cuda.get_device_name()}, depth {args.depth}")
+    print("| B | k | verify us | accept us (commit + head) | commit us | decode step us | engine step us |")
+    print("|---|---|---|---|---|---|---|")
+    profiles = []
+    for batch, k in ((int(b), int(k)) for b in args.batch.split(",") for k in args.k.split(",")):
+        r = probe(model, batch, k, args.depth, args.profile)
+        profiles += [v for key, v in r.items() if key.startswith("profile_")]
+        print(f"| {batch} | {k} | {r['verify_us']:.0f} | {r['accept_us']:.0f} | {r['commit_us']:.0f} | {r['decode_us']:.0f} "
               f"| {r['step_us']:.0f} ({r['graph_steps']} graph steps) |", flush=True)
+    for text in profiles:
+        print(text)
 
 
 if __name__ == "__main__":
