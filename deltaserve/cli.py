@@ -323,8 +323,8 @@ def cmd_info(args) -> int:
     if args.plan:
         from .model.plan import resolve_plan
 
-        plan = resolve_plan(args.decode_gemv, args.moe_kernels, args.max_num_seqs)
-        print(f"deployment: max_num_seqs {args.max_num_seqs}")
+        plan = resolve_plan(args.decode_gemv, args.moe_kernels, args.max_num_seqs, args.speculative_tokens)
+        print(f"deployment: max_num_seqs {args.max_num_seqs}, speculative_tokens {args.speculative_tokens}")
         print("\n".join(plan.details()))
     return 0
 
@@ -450,8 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--enable-expert-parallel", action="store_true", help="experts partitioned over the ranks")
     info.add_argument("--plan", action="store_true", help="also print the kernel plan a GPU deployment would fix")
     info.add_argument("--max-num-seqs", type=int, default=1, help="the deployment's streams (--plan; default 1)")
+    info.add_argument("--speculative-tokens", type=int, default=0, choices=range(0, 5), metavar="K",
+                      help="the deployment's drafts a step (--plan; default 0)")
     info.add_argument("--decode-gemv", default="auto", choices=["auto", "head", "mma", "wide", "cuda"],
-                      help="--plan: the decode GEMV family (auto: from --max-num-seqs)")
+                      help="--plan: the decode GEMV family (auto: from --max-num-seqs and --speculative-tokens)")
     info.add_argument("--moe-kernels", default="mma", choices=["mma", "cuda"], help="--plan: the MoE family")
     info.set_defaults(func=cmd_info)
 

@@ -61,13 +61,16 @@ def probe(model, batch: int, k: int, depth: int, profile_top: int = 0) -> dict:
             header = f"# {name} graph profile (batch {batch}, k {k}, depth {depth}, 5 replays)"
             out[f"profile_{name}"] = prof._graph_report(prof._replayed_kernels(replay, 2, 5), 5, header, "a step",
                                                         profile_top)
+    before = (engine.spec.graph_steps, engine.spec.eager_steps, engine.runner.graph_steps)
     steps, t0 = 0, time.perf_counter()
     while engine.has_unfinished() and steps < 20:
         engine.step()
         steps += 1
     torch.cuda.synchronize()
     out["step_us"] = (time.perf_counter() - t0) / steps * 1e6
-    out["graph_steps"] = engine.spec.graph_steps
+    after = (engine.spec.graph_steps, engine.spec.eager_steps, engine.runner.graph_steps)
+    out["steps"] = (f"{steps} steps: {after[0] - before[0]} drafting through graphs, {after[1] - before[1]} eager, "
+                    f"{after[2] - before[2]} plain decode graphs; plan {engine.plan.describe()}")
     return out
 
 
@@ -88,7 +91,7 @@ def main() -> None:
         r = probe(model, batch, k, args.depth, args.profile)
         profiles += [v for key, v in r.items() if key.startswith("profile_")]
         print(f"| {batch} | {k} | {r['verify_us']:.0f} | {r['accept_us']:.0f} | {r['commit_us']:.0f} | {r['decode_us']:.0f} "
-              f"| {r['step_us']:.0f} ({r['graph_steps']} graph steps) |", flush=True)
+              f"| {r['step_us']:.0f} ({r['steps']}) |", flush=True)
     for text in profiles:
         print(text)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from deltaserve.model import fast
-from deltaserve.model.plan import KernelPlan, decode_gemv_for_streams, resolve_plan
+from deltaserve.model.plan import KernelPlan, decode_gemv_for_rows, decode_rows, resolve_plan
 from engine_helpers import tiny_model
 
 
@@ -86,10 +86,16 @@ def test_merge_prep_formats():
 
 
 def test_deployment_size_picks_the_mode():
-    """A deployment's capacity, never its live batch, picks the GEMV: head for 1-3 streams, mma from 4."""
-    assert [decode_gemv_for_streams(n) for n in (1, 2, 3, 4, 8, 64)] == ["head"] * 3 + ["mma"] * 3
-    with pytest.raises(ValueError, match="max_streams must be >= 1, found 0"):
-        decode_gemv_for_streams(0)
+    """A deployment's capacity, never its live batch, picks the GEMV: head for decode forwards of 1-3 rows, mma from
+    4; a drafting deployment's rows are its streams' verify rows (k + 1 each)."""
+    assert [decode_gemv_for_rows(n) for n in (1, 2, 3, 4, 8, 64)] == ["head"] * 3 + ["mma"] * 3
+    with pytest.raises(ValueError, match="max_rows must be >= 1, found 0"):
+        decode_gemv_for_rows(0)
+    assert [decode_rows(1, k) for k in range(5)] == [1, 2, 3, 4, 5] and decode_rows(8, 2) == 24
+    assert resolve_plan(max_num_seqs=1, speculative_tokens=2).decode_gemv == "head"
+    assert resolve_plan(max_num_seqs=1, speculative_tokens=3).decode_gemv == "mma"
+    assert resolve_plan(max_num_seqs=2, speculative_tokens=1).decode_gemv == "mma"
+    assert resolve_plan("head", max_num_seqs=1, speculative_tokens=3).decode_gemv == "head"  # as given
 
 
 def test_the_plan_covers_every_linear():

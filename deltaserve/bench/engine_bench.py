@@ -34,10 +34,14 @@ BLOCK_SIZE = 64
 SAMPLING = {"greedy": dict(temperature=0.0), "default": {}}
 
 
-def make_engine(model, tokenizer, batch: int, max_len: int, extra_seqs: int = 0, caching: bool = True) -> LLMEngine:
+def make_engine(model, tokenizer, batch: int, max_len: int, extra_seqs: int = 0, caching: bool = True,
+                decode_gemv: str = "auto", moe_kernels: str = "mma") -> LLMEngine:
+    """An engine for `batch` streams (+ extra_seqs), its kernel plan from decode_gemv / moe_kernels (EngineConfig's:
+    "auto" resolves it for the engine's own size, as a user's engine would)."""
     blocks = (batch + extra_seqs) * -(-max_len // BLOCK_SIZE)
     cfg = EngineConfig(block_size=BLOCK_SIZE, num_blocks=blocks, max_num_seqs=batch + extra_seqs,
-                       max_model_len=max_len, cuda_graphs=True, enable_prefix_caching=caching)
+                       max_model_len=max_len, cuda_graphs=True, enable_prefix_caching=caching,
+                       decode_gemv=decode_gemv, moe_kernels=moe_kernels)
     return LLMEngine(model, tokenizer, [], cfg)
 
 

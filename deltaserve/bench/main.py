@@ -83,7 +83,7 @@ def parse_args(argv):
     p.add_argument("--device", default="cuda")
     p.add_argument("--decode-gemv", default="auto", choices=["auto", "mma", "cuda", "wide", "head"],
                    help="decode GEMV mode of the q4 linears; auto: each -b measured as a deployment for that many "
-                        "streams (model/plan.py decode_gemv_for_streams: head below 4, mma from 4), as an engine "
+                        "streams (model/plan.py decode_gemv_for_rows: head below 4 rows, mma from 4), as an engine "
                         "with max_num_seqs = B picks it")
     p.add_argument("--moe-kernels", default="mma", choices=["mma", "cuda"],
                    help="kernel family of the q4 MoE blocks: mma (tensor cores, every token count) or cuda "
@@ -352,7 +352,8 @@ def run_engine_bench(args, model, config, name, quant, gpu, keep, deployment) ->
             for sampling in samplings:
                 runs = []
                 for _ in range(max(1, args.reps // 2)):
-                    engine = eb.make_engine(model, tokenizer, b, d + n + 8)
+                    engine = eb.make_engine(model, tokenizer, b, d + n + 8, decode_gemv=args.decode_gemv,
+                                            moe_kernels=args.moe_kernels)
                     runs.append(eb.decode_run(engine, b, d, n, sampling, config.vocab_size))
                     del engine
                     torch.cuda.empty_cache()
@@ -366,7 +367,7 @@ def run_engine_bench(args, model, config, name, quant, gpu, keep, deployment) ->
                           f"replay ({replay:.1f} tok/s, same run); depth laid down synthetically" + gemv))
                 print(records.format_table([keep.last]).splitlines()[-1], flush=True)
     if args.speculative_tokens:
-        run_spec_bench(args, model, config, name, quant, gpu, keep, deployment, tokenizer, samplings)
+        run_spec_bench(args, model, config, name, quant, gpu, keep, tokenizer, samplings)
     for p in args.prefix:
         deployment(1)
         r = eb.prefix_run(model, tokenizer, p, 64, config.vocab_size)
@@ -394,35 +395,50 @@ def run_engine_bench(args, model, config, name, quant, gpu, keep, deployment) ->
         print(records.format_table([keep.last]).splitlines()[-1], flush=True)
 
 
-def run_spec_bench(args, model, config, name, quant, gpu, keep, deployment, tokenizer, samplings) -> None:
-    """--speculative-tokens: per -b, -d and --sampling, the engine with drafting off (its replies recorded), then
-    with each k at each simulated acceptance (bench/spec_bench.py)."""
+def run_spec_bench(args, model, config, name, quant, gpu, keep, tokenizer, samplings) -> None:
+    """--speculative-tokens: per -b, -d and --sampling, the engine with drafting off (the speed reference), then
+    with each k at each simulated acceptance (bench/spec_bench.py). A drafting engine may run another kernel plan than
+    drafting off (its verify rows size it: spec_bench.plan_for); its replies are checked against drafting off under
+    its own plan, also timed and recorded."""
     from . import engine_bench as eb
     from . import spec_bench as sb
 
     n = args.n_gen[0]
+    opts = dict(decode_gemv=args.decode_gemv, moe_kernels=args.moe_kernels)
     for b in args.batch:
-        gemv = deployment(b)
         for d in args.depth:
             for sampling in samplings:
-                engine = eb.make_engine(model, tokenizer, b, sb.max_len(d, n), caching=False)
-                off = eb.decode_run(engine, b, d, n, sampling, config.vocab_size)
-                del engine
-                torch.cuda.empty_cache()
-                keep(records.make_record(
-                    "deltaserve", gpu, name, quant, "tg-engine", n, d, b, off["tok_s"], 0.0, 1,
-                    notes=f"drafting off (the --speculative-tokens baseline), sampling {sampling}; depth laid down "
-                          "synthetically" + gemv))
-                print(records.format_table([keep.last]).splitlines()[-1], flush=True)
+                offs = {}  # kernel plan -> drafting off's run under it
+
+                def off_run(plan, note: str):
+                    if plan not in offs:
+                        engine = eb.make_engine(model, tokenizer, b, sb.max_len(d, n), caching=False,
+                                                decode_gemv=plan.decode_gemv, moe_kernels=plan.moe)
+                        offs[plan] = eb.decode_run(engine, b, d, n, sampling, config.vocab_size)
+                        del engine
+                        torch.cuda.empty_cache()
+                        keep(records.make_record(
+                            "deltaserve", gpu, name, quant, "tg-engine", n, d, b, offs[plan]["tok_s"], 0.0, 1,
+                            notes=f"drafting off ({note}), sampling {sampling}; depth laid down synthetically; "
+                                  f"plan {plan.describe()}"))
+                        print(records.format_table([keep.last]).splitlines()[-1], flush=True)
+                    return offs[plan]
+
+                base = off_run(sb.plan_for(b, 0, **opts), "the --speculative-tokens baseline")
                 for k in args.speculative_tokens:
+                    plan = sb.plan_for(b, k, **opts)
+                    same = off_run(plan, f"the replies k={k} must equal: the drafting engine's plan")
                     for a in args.acceptance:
-                        r = sb.spec_run(model, tokenizer, b, d, n, sampling, config.vocab_size, k, a, off["outputs"])
+                        r = sb.spec_run(model, tokenizer, b, d, n, sampling, config.vocab_size, k, a, same["outputs"],
+                                        **opts)
                         keep(records.make_record(
                             "deltaserve", gpu, name, quant, f"tg-spec{k}", n, d, b, r["tok_s"], 0.0, 1,
                             notes=f"SIMULATED ACCEPTANCE a={a}: MTP drafts (its compute run) replaced by the reply's "
                                   f"recorded tokens with probability a; k={k}; mean acceptance length "
-                                  f"{r['mean_acceptance_length']:.2f}; replies equal drafting off: {r['exact']}; "
-                                  f"{r['tok_s'] / off['tok_s']:.3f} of drafting off ({off['tok_s']:.1f} tok/s, same "
-                                  f"run); sampling {sampling}; host {r['host_ms']:.3f} ms/step; drafting steps "
-                                  f"{r['graph_steps']} through graphs, {r['eager_steps']} eager" + gemv))
+                                  f"{r['mean_acceptance_length']:.2f}; replies equal drafting off under the same plan: "
+                                  f"{r['exact']}; {r['tok_s'] / base['tok_s']:.3f} of drafting off "
+                                  f"({base['tok_s']:.1f} tok/s, same run, plan {sb.plan_for(b, 0, **opts).describe()}); "
+                                  f"sampling {sampling}; host {r['host_ms']:.3f} ms/step; drafting steps "
+                                  f"{r['graph_steps']} through graphs, {r['eager_steps']} eager; plan "
+                                  f"{r['plan'].describe()}"))
                         print(records.format_table([keep.last]).splitlines()[-1], flush=True)

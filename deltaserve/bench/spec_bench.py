@@ -60,26 +60,38 @@ def recorded_drafts(rows, recorded: dict[str, list[int]], vocab: int, right) -> 
     return out
 
 
+def plan_for(batch: int, k: int, decode_gemv: str = "auto", moe_kernels: str = "mma"):
+    """The kernel plan of an engine for `batch` streams drafting k a step (model/plan.resolve_plan): a drafting
+    deployment sizes its GEMVs by its verify rows, so drafting on and off may run different plans; replies are
+    compared with drafting off under the drafting engine's plan (a plan may change last bits, drafting never)."""
+    from ..model.plan import resolve_plan
+
+    return resolve_plan(decode_gemv, moe_kernels, batch, k)
+
+
 def max_len(depth: int, n: int) -> int:
     """The context both engines of a comparison are made for (room for the drafts past the last token)."""
     return depth + n + 16
 
 
-def make_spec_engine(model, tokenizer, batch: int, max_len: int, k: int, cuda_graphs: bool | None = None
-                     ) -> LLMEngine:
+def make_spec_engine(model, tokenizer, batch: int, max_len: int, k: int, cuda_graphs: bool | None = None,
+                     decode_gemv: str = "auto", moe_kernels: str = "mma") -> LLMEngine:
     blocks = batch * -(-max_len // eb.BLOCK_SIZE)
     cfg = EngineConfig(block_size=eb.BLOCK_SIZE, num_blocks=blocks, max_num_seqs=batch, max_model_len=max_len,
-                       enable_prefix_caching=False, speculative_tokens=k, cuda_graphs=cuda_graphs)
+                       enable_prefix_caching=False, speculative_tokens=k, cuda_graphs=cuda_graphs,
+                       decode_gemv=decode_gemv, moe_kernels=moe_kernels)
     engine = LLMEngine(model, tokenizer, [], cfg)
     engine.warm_up()  # its step and decode graphs, before the timing
     return engine
 
 
 def spec_run(model, tokenizer, batch: int, depth: int, n: int, sampling: str, vocab: int, k: int, rate: float,
-             recorded: dict[str, list[int]]) -> dict:
+             recorded: dict[str, list[int]], decode_gemv: str = "auto", moe_kernels: str = "mma") -> dict:
     """engine_bench.decode_run's workload with k drafts a step at simulated acceptance `rate`; adds whether the
-    replies equal `recorded` and the engine's mean acceptance length."""
-    engine = make_spec_engine(model, tokenizer, batch, max_len(depth, n), k)
+    replies equal `recorded` (drafting off under the same kernel plan: plan_for) and the engine's mean acceptance
+    length and plan."""
+    engine = make_spec_engine(model, tokenizer, batch, max_len(depth, n), k, decode_gemv=decode_gemv,
+                              moe_kernels=moe_kernels)
     engine.spec.source = SimulatedAcceptance(engine.spec.source, recorded, rate, vocab, seed=depth + batch)
     t0 = time.perf_counter()
     result = eb.decode_run(engine, batch, depth, n, sampling, vocab)
@@ -87,6 +99,7 @@ def spec_run(model, tokenizer, batch: int, depth: int, n: int, sampling: str, vo
     result["exact"] = result["outputs"] == recorded
     result["mean_acceptance_length"] = engine.spec_stats.mean_acceptance_length
     result["graph_steps"], result["eager_steps"] = engine.spec.graph_steps, engine.spec.eager_steps
+    result["plan"] = engine.plan
     del engine
     torch.cuda.empty_cache()
     return result

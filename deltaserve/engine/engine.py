@@ -60,10 +60,11 @@ class EngineConfig:
     # K/V cache of the full-attention layers: "auto" (the activation dtype) or "fp8" (e4m3, one fp32 scale per
     # (token, KV head) row: half the bytes per token, kernels/attention/kv_fp8.py), like vLLM's --kv-cache-dtype
     kv_cache_dtype: str = "auto"
-    # The decode GEMV family of the q4 linears (model/fast.py decode_gemv): "auto" picks it from max_num_seqs
-    # (model/plan.py decode_gemv_for_streams: the batch-1 "head" mode for 1-3 streams, the tensor-core "mma" mode from 4),
-    # or one of plan.DECODE_GEMV_MODES. Fixed for the engine's life, so a request's bits never depend on how many
-    # others share its steps; engines of other sizes may differ in the last bits.
+    # The decode GEMV family of the q4 linears (model/fast.py decode_gemv): "auto" picks it from the rows a decode
+    # forward may carry, max_num_seqs x (1 + speculative_tokens) (model/plan.py decode_gemv_for_rows: the batch-1
+    # "head" mode for 1-3 rows, the tensor-core "mma" mode from 4), or one of plan.DECODE_GEMV_MODES. Fixed for the
+    # engine's life, so a request's bits never depend on how many others share its steps, nor on whether it drafts;
+    # engines of other sizes (or other speculative_tokens) may differ in the last bits.
     decode_gemv: str = "auto"
     # Automatic prefix caching (engine/prefix_cache.py): full KV blocks shared between requests by a hash chain of
     # their tokens, plus DeltaNet state snapshots at chosen prompt seams, so a request whose prompt starts with a
@@ -123,7 +124,7 @@ class LLMEngine:
             )
         self.kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype)
         # the kernel plan, resolved once and fixed on the model before any step or graph capture
-        self.plan = resolve_plan(config.decode_gemv, config.moe_kernels, config.max_num_seqs)
+        self.plan = resolve_plan(config.decode_gemv, config.moe_kernels, config.max_num_seqs, spec_k)
         self.decode_gemv = self.plan.decode_gemv
         fast.set_plan(model, self.plan)
         self.num_snapshots = self._num_snapshots() if config.enable_prefix_caching else 0

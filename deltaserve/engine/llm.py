@@ -97,7 +97,7 @@ class LLM:
             raise ValueError(f"generation_config must be 'auto' or 'vllm', found {generation_config!r}")
         self.generation_config = generation_config
         parse_kv_cache_dtype(kv_cache_dtype)  # cheap checks first: options, config, tokenizer, then the weights
-        resolve_plan(decode_gemv, moe_kernels, max_num_seqs)
+        resolve_plan(decode_gemv, moe_kernels, max_num_seqs, check_speculative_tokens(speculative_tokens))
         mcfg = ModelConfig.from_dir(self.model_dir)
         options = ParallelOptions(tensor_parallel_size, enable_expert_parallel, distributed_executor_backend,
                                   distributed_timeout_s)
@@ -105,7 +105,6 @@ class LLM:
         max_images = _image_limit(limit_mm_per_prompt)
         tok = load_tokenizer(self.model_dir)
         vision = max_images != 0 and mcfg.vision_config is not None and checkpoint_has_vision(self.model_dir)
-        check_speculative_tokens(speculative_tokens)
         config = EngineConfig(block_size, num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, seed=seed,
                               cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype, decode_gemv=decode_gemv,
                               enable_prefix_caching=enable_prefix_caching, prefix_state_budget=prefix_state_budget,

@@ -33,7 +33,7 @@ import torch
 
 from ..kernels.triton_greedy import cache_slots
 from ..model import ForwardBatch
-from .cuda_graph import DecodeGraphs, sample_rows
+from .cuda_graph import DecodeGraphs, greedy_kernels, sample_rows
 
 
 class SpecGraph:
@@ -72,13 +72,15 @@ class SpecGraph:
             logits_indices=torch.arange(t, **i64), seq_lens_cpu=[k1] * batch, context_lens_cpu=[0] * batch,
             block_size=bs, logits_all_rows=True, verify=True, row_context_lens=torch.zeros(t, **i64),
             row_block_tables=torch.zeros(t, width, dtype=torch.int32, device=dev))
-        # the MTP pass over the same rows (positions, KV slots), logits of row a[b] of each sequence
+        # the MTP pass over the same rows (positions, KV slots), logits of row a[b] of each sequence; its rows are
+        # decode rows as the verify's are (the decode kernels: a handful of rows, not a prompt)
         v = self.verify_fb
         self.mtp_fb = ForwardBatch(
             input_ids=torch.zeros(t, **i64), positions=v.positions, cu_seqlens=v.cu_seqlens,
             context_lens=self.inp["start"], block_tables=self.block_tables, slot_mapping=v.slot_mapping,
             state_slots=self.inp["slot"], logits_indices=torch.zeros(batch, **i64), seq_lens_cpu=[k1] * batch,
-            context_lens_cpu=[0] * batch, block_size=bs)
+            context_lens_cpu=[0] * batch, block_size=bs, verify=True, row_context_lens=v.row_context_lens,
+            row_block_tables=v.row_block_tables)
         # the draft chain's one-row steps
         self.chain_fb = ForwardBatch(
             input_ids=torch.zeros(batch, **i64), positions=torch.zeros(batch, **i64),
@@ -150,26 +152,38 @@ class SpecGraph:
             self._draft_chain(s, a)
 
     def _draft_chain(self, s: torch.Tensor, a: torch.Tensor) -> None:
-        """The MTP head's next k drafts of each sequence into result[:, k1 + 1:] (spec 3.9, model/mtp.py)."""
+        """The MTP head's next k drafts of each sequence into result[:, k1 + 1:] (spec 3.9, model/mtp.py). Each
+        draft's argmax also advances the chain's row (its next input token, position, context length and KV slot:
+        kernels/triton_greedy.greedy_advance, two launches) for the next step."""
         k, k1 = self.k, self.rows_per_seq
         m, c = self.mtp_fb, self.chain_fb
         m.input_ids.copy_(s.reshape(-1))
         m.logits_indices.copy_(self._seq_rows + a)
         logits, y = self.model.draft(m, self.cache, self.hidden)
-        token = logits.argmax(-1)
         h = y.index_select(0, m.logits_indices)
-        self.result[:, k1 + 1].copy_(token)
         q = self.inp["start"] + a  # the cache index of each sequence's newest token after the step
+        c.positions.copy_(q)
+        c.context_lens.copy_(q)
+        self._advance(logits)  # draft 1; the chain's rows at q + 1
+        self.result[:, k1 + 1].copy_(c.input_ids)
         for j in range(1, k):
-            c.input_ids.copy_(token)
-            c.positions.copy_(q + j)
-            c.context_lens.copy_(q + j)
-            c.slot_mapping.copy_(cache_slots(self.block_tables, q + j, self.block_size))
             if not q.is_cuda:  # the reference path reads host lengths
                 c.context_lens_cpu = (q + j).tolist()
             logits, h = self.model.draft(c, self.cache, h, step=j)
-            token = logits.argmax(-1)
-            self.result[:, k1 + 1 + j].copy_(token)
+            self._advance(logits)
+            self.result[:, k1 + 1 + j].copy_(c.input_ids)
+
+    def _advance(self, logits: torch.Tensor) -> None:
+        """The chain's rows: input_ids <- argmax(logits), positions and context lengths + 1, the KV slot of the new
+        index (the step's tables cover it: SpecGraphs.reach)."""
+        from ..kernels import triton_greedy
+
+        c = self.chain_fb
+        args = (logits, c.input_ids, c.positions, c.context_lens, self.block_tables, c.slot_mapping, self.block_size)
+        if greedy_kernels(logits):
+            triton_greedy.greedy_advance(*args)
+        else:
+            triton_greedy.greedy_advance_reference(*args)
 
     # ---- capture and replay ----------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -68,7 +68,7 @@ class MTPHead(nn.Module):
         if embedded.shape != hidden.shape or embedded.shape[0] != batch.num_tokens:
             raise ValueError(f"MTPHead: embedded {tuple(embedded.shape)} and hidden {tuple(hidden.shape)} must both be "
                              f"[{batch.num_tokens}, H] (one row per token of the batch)")
-        decode = batch.max_seqlen == 1
+        decode = batch.decode_rows
         x = torch.cat([self.pre_fc_norm_embedding(embedded), self.pre_fc_norm_hidden(hidden)], dim=-1)
         x = fast.linear(self.fc, x, decode)
         x = self.layers[step % self.num_layers](x, batch, cache, rope)

@@ -13,18 +13,25 @@ from dataclasses import dataclass
 
 DECODE_GEMV_MODES = ("mma", "cuda", "wide", "head")
 MOE_FAMILIES = ("mma", "cuda")
-THROUGHPUT_STREAMS = 4  # a deployment for at least this many streams decodes on the tensor-core GEMV ("mma")
+THROUGHPUT_ROWS = 4  # a deployment whose decode forwards reach this many rows decodes on the tensor-core GEMV ("mma")
 
 
-def decode_gemv_for_streams(max_streams: int) -> str:
-    """The decode GEMV mode of a deployment that decodes up to `max_streams` sequences at once (an engine's
-    max_num_seqs, the bench's -b): "head" below THROUGHPUT_STREAMS, "mma" from it. H200, Qwen3.6-35B-A3B q4,
-    tg64 @ d512, one call (lab/NOTES.md), head -> mma: B=1 643.5 -> 607.2 tok/s, B=2 943.1 -> 968.9, B=4 1,297.2 ->
-    1,660.5, B=8 1,637.4 -> 2,303.7, B=64 2,502.4 -> 4,868.4: a deployment of 4 or more streams gives up 5.6% of a
-    lone stream's speed for +28% to +95% under load."""
-    if max_streams < 1:
-        raise ValueError(f"decode_gemv_for_streams: max_streams must be >= 1, found {max_streams}")
-    return "mma" if max_streams >= THROUGHPUT_STREAMS else "head"
+def decode_rows(max_num_seqs: int, speculative_tokens: int = 0) -> int:
+    """The most rows a decode forward of the deployment carries: one per sequence, and with k drafts a step each
+    sequence's k + 1 verify rows (engine/speculative.py)."""
+    return max_num_seqs * (1 + speculative_tokens)
+
+
+def decode_gemv_for_rows(max_rows: int) -> str:
+    """The decode GEMV mode of a deployment whose decode forwards carry up to `max_rows` rows (decode_rows: an
+    engine's max_num_seqs, the bench's -b, times 1 + its drafts): "head" below THROUGHPUT_ROWS, "mma" from it.
+    H200, Qwen3.6-35B-A3B q4, tg64 @ d512, one call (lab/NOTES.md), head -> mma: B=1 643.5 -> 607.2 tok/s, B=2 943.1
+    -> 968.9, B=4 1,297.2 -> 1,660.5, B=8 1,637.4 -> 2,303.7, B=64 2,502.4 -> 4,868.4: a deployment of 4 or more rows
+    gives up 5.6% of a lone row's speed for +28% to +95% on 4 to 64 rows. A drafting deployment's verify forwards
+    are such rows (k = 3 at batch 1: 4), whose linears then read each weight once for all of them."""
+    if max_rows < 1:
+        raise ValueError(f"decode_gemv_for_rows: max_rows must be >= 1, found {max_rows}")
+    return "mma" if max_rows >= THROUGHPUT_ROWS else "head"
 
 
 @dataclass(frozen=True)
@@ -82,13 +89,14 @@ class KernelPlan:
                 "  (the GPU fast path only: on the CPU every op is the PyTorch reference)"]
 
 
-def resolve_plan(decode_gemv: str = "auto", moe_kernels: str = "mma", max_num_seqs: int = 1) -> KernelPlan:
-    """The plan of a deployment of `max_num_seqs` streams: decode_gemv "auto" follows decode_gemv_for_streams; any
-    other value (one of DECODE_GEMV_MODES) and moe_kernels (one of MOE_FAMILIES) are taken as given. A bad value
+def resolve_plan(decode_gemv: str = "auto", moe_kernels: str = "mma", max_num_seqs: int = 1,
+                 speculative_tokens: int = 0) -> KernelPlan:
+    """The plan of a deployment of `max_num_seqs` streams drafting `speculative_tokens` a step: decode_gemv "auto"
+    follows decode_gemv_for_rows of its decode_rows; any other value (one of DECODE_GEMV_MODES) and moe_kernels (one of MOE_FAMILIES) are taken as given. A bad value
     raises a ValueError naming the option."""
     if decode_gemv != "auto" and decode_gemv not in DECODE_GEMV_MODES:
         raise ValueError(f"decode_gemv must be 'auto' or one of {', '.join(DECODE_GEMV_MODES)}, found {decode_gemv!r}")
     if moe_kernels not in MOE_FAMILIES:
         raise ValueError(f"moe_kernels must be one of {', '.join(MOE_FAMILIES)}, found {moe_kernels!r}")
-    mode = decode_gemv_for_streams(max_num_seqs) if decode_gemv == "auto" else decode_gemv
+    mode = decode_gemv_for_rows(decode_rows(max_num_seqs, speculative_tokens)) if decode_gemv == "auto" else decode_gemv
     return KernelPlan(decode_gemv=mode, moe=moe_kernels)

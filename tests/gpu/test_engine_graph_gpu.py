@@ -108,7 +108,7 @@ def test_engine_graphs_equal_eager(model, n):
     assert all(g.graph is not None for g in runner.graphs.graphs.values())  # captured, not eager replays
     # the mode really served the model (the bf16 experts cannot take the tensor-core MoE)
     assert _mma_moe_in_use(model) == (model.__dict__["_test_mode"] == "q4-mma-moe")
-    # a deployment for 32 streams decodes its q4 linears on the tensor-core GEMV (plan.decode_gemv_for_streams)
+    # a deployment for 32 streams decodes its q4 linears on the tensor-core GEMV (plan.decode_gemv_for_rows)
     assert g_engine.decode_gemv == e_engine.decode_gemv == "mma"
     assert _mma_gemv_in_use(model) == (model.__dict__["_test_mode"] == "q4-mma-moe")
 
