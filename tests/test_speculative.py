@@ -57,9 +57,11 @@ def test_drafted_equals_undrafted_for_every_acceptance(model, kind, k):
             assert stats.mean_acceptance_length <= right + 1
 
 
-def test_mixed_rows_stops_and_max_tokens_inside_an_accepted_run(model):
+@pytest.mark.parametrize("graphs", [False, True])
+def test_mixed_rows_stops_and_max_tokens_inside_an_accepted_run(model, graphs):
     """Penalties (no drafts), a stop token id met inside an accepted run, max_tokens reached inside one, beside
-    plain drafting rows: each request's tokens as undrafted, and the stop / length reasons the same."""
+    plain drafting rows: each request's tokens as undrafted, and the stop / length reasons the same. Through the
+    step graphs (graphs): drafting steps launched from the previous one's read-back (follow) included."""
     prompts = [random_prompt(n, seed=n + 7) for n in (6, 19, 33, 9)]
     base = [SamplingParams(temperature=0, max_tokens=20), SamplingParams(temperature=1.0, seed=4, max_tokens=20,
                                                                          repetition_penalty=1.3),
@@ -70,8 +72,10 @@ def test_mixed_rows_stops_and_max_tokens_inside_an_accepted_run(model):
     params[0] = SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop])
     want, _ = run(model, prompts, params)
     assert want[0][-1] == stop and len(want[0]) <= 6
-    engine = LLMEngine(model, None, [], EngineConfig(num_blocks=128, max_model_len=256, speculative_tokens=4),
-                       draft_source=RecordedDrafts({str(i): t for i, t in enumerate(want)}, model.config.vocab_size))
+    source = RecordedDrafts({str(i): t for i, t in enumerate(want)}, model.config.vocab_size)
+    engine = (graph_engine(model, 4, source) if graphs else
+              LLMEngine(model, None, [], EngineConfig(num_blocks=128, max_model_len=256, speculative_tokens=4),
+                        draft_source=source))
     ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
     finals = {}
     while engine.has_unfinished():
@@ -87,12 +91,17 @@ def test_mixed_rows_stops_and_max_tokens_inside_an_accepted_run(model):
     assert m.num_drafted > 0 and m.num_accepted == m.num_drafted and m.mean_acceptance_length > 1
 
 
-def test_abort_while_drafting(model):
+@pytest.mark.parametrize("graphs", [False, True])
+def test_abort_while_drafting(model, graphs):
+    """A request aborted while drafting (through the graphs: while a step launched from the previous one's read-back
+    computes for it): the other's reply as undrafted, the aborted one's a prefix of its own, every block back."""
     prompts = [random_prompt(n, seed=n + 3) for n in (8, 21)]
     params = params_for("greedy", 2, max_tokens=16)
     want, _ = run(model, prompts, params)
-    engine = LLMEngine(model, None, [], EngineConfig(num_blocks=128, max_model_len=256, speculative_tokens=3),
-                       draft_source=RecordedDrafts({str(i): t for i, t in enumerate(want)}, model.config.vocab_size))
+    source = RecordedDrafts({str(i): t for i, t in enumerate(want)}, model.config.vocab_size, right=2)
+    engine = (graph_engine(model, 3, source) if graphs else
+              LLMEngine(model, None, [], EngineConfig(num_blocks=128, max_model_len=256, speculative_tokens=3),
+                        draft_source=source))
     a, b = (engine.add_request(p, sp) for p, sp in zip(prompts, params))
     got = {a: [], b: []}
     steps = 0
@@ -101,8 +110,10 @@ def test_abort_while_drafting(model):
             got[out.request_id] += out.new_token_ids
         steps += 1
         if steps == 3:
+            assert not graphs or engine._drafting is not None  # (a follower in flight, computing for a too)
             engine.abort(a)
     assert got[b] == want[1] and got[a] == want[0][: len(got[a])] and len(got[a]) < len(want[0])
+    assert engine.scheduler.blocks.num_free == engine.scheduler.blocks.num_blocks
     assert engine.scheduler.blocks.num_free == engine.num_blocks  # every block back
 
 
@@ -137,9 +148,11 @@ def test_speculative_tokens_checked_and_a_headless_model_refused(model):
         LLM.from_model(model, num_blocks=64, max_model_len=128, speculative_tokens=-1)
 
 
-def test_stop_string_inside_an_accepted_run(model):
+@pytest.mark.parametrize("graphs", [False, True])
+def test_stop_string_inside_an_accepted_run(model, graphs):
     """A stop string completed by a token inside an accepted run of drafts: the same text, tokens and stop reason as
-    undrafted (the byte tokenizer: one token a byte)."""
+    undrafted (the byte tokenizer: one token a byte); through the graphs the next drafting step was already launched
+    for the stopped request (follow: a stop string is only found when the tokens are appended), its row dropped."""
     from engine_helpers import byte_tokenizer
 
     tok = byte_tokenizer()
@@ -151,8 +164,9 @@ def test_stop_string_inside_an_accepted_run(model):
     params = SamplingParams(temperature=0, max_tokens=16, stop=[chr(want[0][pick])])
 
     def final(k, source=None):
-        engine = LLMEngine(model, tok, [], EngineConfig(num_blocks=64, max_model_len=128, speculative_tokens=k),
-                           draft_source=source)
+        engine = (graph_engine(model, k, source, tok, num_blocks=64, max_model_len=128) if graphs and k else
+                  LLMEngine(model, tok, [], EngineConfig(num_blocks=64, max_model_len=128, speculative_tokens=k),
+                            draft_source=source))
         engine.add_request(prompt, params)
         last = None
         while engine.has_unfinished():
@@ -168,9 +182,9 @@ def test_stop_string_inside_an_accepted_run(model):
 
 
 # ---- the graph path (engine/spec_graph.py), run eagerly on the CPU (graphs_off_device) ---------------------------
-def graph_engine(model, k, source=None, **cfg):
+def graph_engine(model, k, source=None, tokenizer=None, **cfg):
     cfg = dict(dict(num_blocks=128, max_model_len=256, speculative_tokens=k, cuda_graphs=True), **cfg)
-    engine = LLMEngine(model, None, [], EngineConfig(**cfg), draft_source=source)
+    engine = LLMEngine(model, tokenizer, [], EngineConfig(**cfg), draft_source=source)
     engine.runner.graphs_off_device = True
     return engine
 
@@ -186,6 +200,7 @@ def test_graph_steps_equal_undrafted_for_every_acceptance(model, kind, k):
         engine = graph_engine(model, k, RecordedDrafts(recorded, model.config.vocab_size, right))
         assert drain(engine, prompts, params) == want, f"k={k}, drafts right up to {right}"
         assert engine.spec.graph_steps > 0 and engine.spec.eager_steps == 0
+        assert engine.spec.followed_steps > 0  # steps launched from the previous one's read-back
         stats = engine.spec_stats
         if right is None:
             assert stats.accepted == stats.drafted > 0
@@ -265,6 +280,32 @@ def drain_ahead(engine, prompts, params) -> tuple[list, int]:
         finals.update({o.request_id: o for o in engine.step() if o.finished})
         ahead += engine._in_flight is not None
     return [finals[i] for i in ids], ahead
+
+
+def test_a_request_arriving_while_steps_follow_each_other(model):
+    """Drafting steps launched from the previous one's read-back (follow) stop when a request arrives (it must be
+    scheduled), and start again once it drafts too; every reply as undrafted, the late one's as if alone."""
+    prompts = [random_prompt(n, seed=n + 11) for n in (7, 26)]
+    params = params_for("greedy", 2, max_tokens=24)
+    want, _ = run(model, prompts, params)
+    recorded = {str(i): t for i, t in enumerate(want)}
+    engine = graph_engine(model, 2, RecordedDrafts(recorded, model.config.vocab_size, right=1))
+    first = engine.add_request(prompts[0], params[0])
+    got, steps, late = {first: []}, 0, None
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+        steps += 1
+        if steps == 4:
+            assert engine._drafting is not None and engine.spec.followed_steps > 0
+            followed = engine.spec.followed_steps
+            late = engine.add_request(prompts[1], params[1])
+            got[late] = []
+            for out in engine.step():
+                got[out.request_id] += out.new_token_ids
+            assert engine.spec.followed_steps == followed  # the step after the arrival was scheduled, not followed
+    assert [got[first], got[late]] == want and engine.spec.followed_steps > followed
+    assert engine.scheduler.blocks.num_free == engine.scheduler.blocks.num_blocks
 
 
 @pytest.mark.parametrize("graphs", [False, True])

@@ -439,6 +439,7 @@ def run_spec_bench(args, model, config, name, quant, gpu, keep, tokenizer, sampl
                                   f"{r['exact']}; {r['tok_s'] / base['tok_s']:.3f} of drafting off "
                                   f"({base['tok_s']:.1f} tok/s, same run, plan {sb.plan_for(b, 0, **opts).describe()}); "
                                   f"sampling {sampling}; host {r['host_ms']:.3f} ms/step; drafting steps "
-                                  f"{r['graph_steps']} through graphs, {r['eager_steps']} eager; plan "
+                                  f"{r['graph_steps']} through graphs ({r['followed_steps']} launched from the previous one's "
+                                  f"read-back), {r['eager_steps']} eager; plan "
                                   f"{r['plan'].describe()}"))
                         print(records.format_table([keep.last]).splitlines()[-1], flush=True)

@@ -99,6 +99,7 @@ def spec_run(model, tokenizer, batch: int, depth: int, n: int, sampling: str, vo
     result["exact"] = result["outputs"] == recorded
     result["mean_acceptance_length"] = engine.spec_stats.mean_acceptance_length
     result["graph_steps"], result["eager_steps"] = engine.spec.graph_steps, engine.spec.eager_steps
+    result["followed_steps"] = engine.spec.followed_steps
     result["plan"] = engine.plan
     del engine
     torch.cuda.empty_cache()

@@ -178,6 +178,7 @@ class LLMEngine:
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None  # the launched step not yet read back
+        self._drafting: tuple[SchedulerOutput, StepHandle] | None = None  # a drafting step launched, not read back
         self.structured = StructuredOutputs(tokenizer, self.vocab_size, self.eos_token_ids)  # grammars, lazily
 
     def _spec(self):
@@ -351,6 +352,10 @@ class LLMEngine:
         for req, error in self.structured.release(self.scheduler):  # compiled grammars' requests join the scheduler
             self._finish(req, FinishReason.ABORT, stop_reason=error)
             outputs.append(self._output(req, []))
+        if self._drafting is not None:  # a drafting step in flight: read it back (and maybe launch its follower)
+            outputs += self._complete_drafting()
+            if self._drafting is not None:
+                return outputs
         out = self.scheduler.schedule()
         launched = None
         if not out.is_empty:
@@ -367,11 +372,16 @@ class LLMEngine:
             for req in handle.sampled_reqs:
                 req.num_pending += 1
             launched = (out, handle)
-            if self.spec is not None and (handle.spec_tokens or any(s.request.draft_token_ids for s in out.seqs)):
-                # drafting: the next step verifies this one's tokens and drafts, so it is read back now (after the
-                # step in flight, if any: a plain one before this step's prompt chunks gave drafts)
+            if self.spec is not None and (handle.spec_tokens or handle.spec_pending is not None
+                                          or any(s.request.draft_token_ids for s in out.seqs)):
+                # drafting: the next step verifies this one's tokens and drafts, so nothing is scheduled before it
+                # is read back (after the step in flight, if any: a plain one before this step's prompt chunks gave
+                # drafts); a step launched through a graph is read back by the next call (_complete_drafting)
                 previous, self._in_flight = self._in_flight, None
                 done = self._complete(*previous) if previous is not None else []
+                if handle.spec_pending is not None:
+                    self._drafting = launched
+                    return outputs + done
                 return outputs + done + self._complete(out, handle)
         elif self._in_flight is None:
             if self.structured.holding:  # only requests whose grammar is still compiling: wait for one
@@ -382,6 +392,29 @@ class LLMEngine:
             return outputs
         previous, self._in_flight = self._in_flight, launched
         return outputs + (self._complete(*previous) if previous is not None else [])
+
+    def _complete_drafting(self) -> list[RequestOutput]:
+        """Read back the drafting step in flight and apply it. Where the same requests go on drafting and nothing
+        else waits, the next drafting step is launched from its read-back first (SpeculativeDecoder.follow), so the
+        device computes it while the host appends, detokenises and checks stops; it is the step the scheduler would
+        have made (one row group per request, at its newest token, with the drafts just made), and it stays in
+        flight. A request the follower computes for that has stopped meanwhile (a stop string) gets its row
+        dropped, as a plain step's one-ahead token is."""
+        out, handle = self._drafting
+        self._drafting = None
+        pending = handle.spec_pending
+        handle.spec_tokens = self.spec.finish(pending).tokens
+        rows = {s.request.request_id for s in pending.seqs}
+        follower = None
+        if (len(out.seqs) == len(pending.seqs) and not self.scheduler.waiting and not self.structured.holding
+                and {r.request_id for r in self.scheduler.running} == rows):
+            follower = self.spec.follow(pending, self.eos_token_ids)
+        done = self._complete(out, handle)
+        if follower is not None:
+            nxt = SchedulerOutput(follower.seqs)
+            self.scheduler.update(nxt)  # (after the tokens above: the follower's rows start at their newest token)
+            self._drafting = (nxt, StepHandle(spec_pending=follower))
+        return done
 
     def _take_snapshots(self, out: SchedulerOutput) -> None:
         """After a launch: each prompt chunk that ended on one of its request's seams copies the request's state

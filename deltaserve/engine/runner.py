@@ -33,6 +33,7 @@ from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .request import Request
 from .sampler import Sampler, plain_sampling
 from .scheduler import ScheduledSeq, SchedulerOutput
+from .speculative import SpecPending
 from .transfer import to_device
 
 @dataclass
@@ -50,9 +51,11 @@ class StepHandle:
     ids: torch.Tensor | None = None  # [R] int64 host tensor (pinned on CUDA), valid once `event` completed
     event: torch.cuda.Event | None = None
     logits: dict[str, torch.Tensor] = field(default_factory=dict)  # logits_only request_id -> [n, V] (device)
-    # speculative decoding (engine/speculative.py): each drafting row's new tokens (read back already), and the
-    # prompt chunks' final-norm hidden states for the draft source
+    # speculative decoding (engine/speculative.py): each drafting row's new tokens (read back already, or once
+    # spec_pending, a step launched through a graph, is finished), and the prompt chunks' final-norm hidden states
+    # for the draft source
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
+    spec_pending: SpecPending | None = None
     hidden: dict[str, torch.Tensor] = field(default_factory=dict)
     _result: RunnerOutput | None = None  # read back once (structured output may ask before the engine does)
 
@@ -118,11 +121,15 @@ class ModelRunner:
         if decode and self.spec is not None:
             self.spec.trim(decode)  # (speculative.MAX_VERIFY_ROWS; with too many sequences none is left)
         if decode and self.spec is not None and any(s.request.draft_token_ids for s in decode):
-            # verify the drafts (a decode step for rows without); the engine reads the step back before the next
+            # verify the drafts (a decode step for rows without); the engine reads the step back before scheduling
+            # the next (it may launch the next drafting step of the same rows first: SpeculativeDecoder.follow)
             while hooks:
                 hooks.pop()()
-            handle.spec_tokens = self.spec.run(decode, self.cache.block_size,
-                                               self._graphs_usable(self.graphs)).tokens
+            done = self.spec.run(decode, self.cache.block_size, self._graphs_usable(self.graphs))
+            if isinstance(done, SpecPending):
+                handle.spec_pending = done
+            else:
+                handle.spec_tokens = done.tokens
             decode = []
         if decode:
             reqs = [s.request for s in decode]

@@ -30,6 +30,7 @@ from ..model.forward_batch import ForwardBatch
 from . import multimodal
 from .request import Request
 from .sampler import Sampler, uses_penalties
+from .scheduler import ScheduledSeq
 from .transfer import to_device
 
 MAX_SPECULATIVE_TOKENS = 4
@@ -160,6 +161,17 @@ class SpecResult:
     tokens: dict[str, list[int]] = field(default_factory=dict)  # request_id -> s_0 .. s_a
 
 
+@dataclass
+class SpecPending:
+    """A drafting step launched through a SpecGraph and not yet read back (SpeculativeDecoder.finish)."""
+
+    graph: object  # engine/spec_graph.SpecGraph
+    seqs: list  # ScheduledSeq rows, in the graph's order
+    kcaps: list[int]  # drafts each row verifies
+    fit: int  # drafts_that_fit(len(seqs)): the next step's bound
+    result: SpecResult | None = None
+
+
 class SpeculativeDecoder:
     """The decode part of a speculative engine step (see the module doc), for rows of one new token plus drafts:
     through a `SpecGraph` (engine/spec_graph.py) where one serves the rows, else eagerly."""
@@ -174,6 +186,7 @@ class SpeculativeDecoder:
         self.reserve = reserve  # (request, tokens) -> bool: grow its block table to cover tokens, if blocks allow
         self.stats = SpecStats()
         self.graph_steps = self.eager_steps = 0
+        self.followed_steps = 0  # graph steps launched from the previous one's read-back (`follow`)
 
     @staticmethod
     def trim(seqs) -> None:
@@ -184,15 +197,17 @@ class SpeculativeDecoder:
         for s in seqs:
             del s.request.draft_token_ids[fit:]
 
-    def run(self, seqs, block_size: int, graphs_ok: bool = False) -> SpecResult:
+    def run(self, seqs, block_size: int, graphs_ok: bool = False) -> "SpecResult | SpecPending":
         """seqs: ScheduledSeq rows (start = the newest token's position, its token known on the host, the
         request's draft_token_ids its drafts, trimmed: `trim`). Verifies, samples, accepts, commits, drafts again.
-        graphs_ok: the graphs may serve (captured on CUDA, or run eagerly in tests)."""
+        graphs_ok: the graphs may serve (captured on CUDA, or run eagerly in tests). Through a graph the step is
+        only launched: a SpecPending, read back by `finish`; eagerly it is done: a SpecResult."""
         if any(s.request.num_pending for s in seqs):  # (the engine completes every drafting step before the next)
             raise RuntimeError("a drafting step's rows need their newest tokens on the host")
         if graphs_ok and self._graph_serves(seqs):
-            self.graph_steps += 1
-            return self._run_graph(seqs)
+            reqs = [s.request for s in seqs]
+            return self._launch_graph(seqs, [r.token_slice(s.start, s.start + 1)[0] for s, r in zip(seqs, reqs)],
+                                      [r.num_tokens for r in reqs])
         self.eager_steps += 1
         reqs = [s.request for s in seqs]
         rows = [[r.token_slice(s.start, s.start + 1)[0]] + r.draft_token_ids for s, r in zip(seqs, reqs)]
@@ -251,38 +266,53 @@ class SpeculativeDecoder:
                 return False
         return all(self.reserve(s.request, g.reach(s.start)) for s in seqs)
 
-    def _run_graph(self, seqs) -> SpecResult:
+    def _launch_graph(self, seqs, tokens: list[int], sample_at: list[int]) -> "SpecPending":
+        """Launch a SpecGraph step of the rows (their tables already cover everything it may write): tokens[b] is
+        row b's newest token, at cache index seqs[b].start; sample_at[b] the index its first row samples (the
+        request's token count once that token is counted)."""
         from ..kernels.sampling import row_keys_host
         from .sampler import plain_sampling
 
+        self.graph_steps += 1
         graphs, k1 = self.graphs, self.k + 1
-        fit = drafts_that_fit(len(seqs))
         reqs = [s.request for s in seqs]
         starts, slots = [s.start for s in seqs], [r.state_slot for r in reqs]
         g = graphs.graph(len(seqs), max(starts))
         graphs.sync_tables([r.block_table for r in reqs], slots, [r.slot_epoch for r in reqs])
         flat = [r for r in reqs for _ in range(k1)]
-        positions = [r.num_tokens + i for r in reqs for i in range(k1)]  # the index each row samples
-        graphs.load(g, [r.token_slice(s.start, s.start + 1)[0] for s, r in zip(seqs, reqs)], starts, slots,
-                    [len(r.draft_token_ids) for r in reqs], [r.draft_token_ids for r in reqs],
-                    [r.params.temperature for r in flat], row_keys_host([r.seed for r in flat], positions))
+        positions = [n + i for n in sample_at for i in range(k1)]  # the index each row samples
+        graphs.load(g, tokens, starts, slots, [len(r.draft_token_ids) for r in reqs],
+                    [r.draft_token_ids for r in reqs], [r.params.temperature for r in flat],
+                    row_keys_host([r.seed for r in flat], positions))
         logits = g.run_verify()
         if not all(plain_sampling(r.params) for r in reqs):  # top-k / top-p / min-p: the Sampler, between the parts
             n = len(flat)
             self.sampler.sample(logits[:n], flat, positions, out=g.sampled[:n])
         g.run_accept()
+        return SpecPending(g, list(seqs), [len(r.draft_token_ids) for r in reqs], drafts_that_fit(len(seqs)))
+
+    def finish(self, step: "SpecPending") -> SpecResult:
+        """Read a launched step back (once): each request's new tokens (s_0 .. s_a), its counts, and its next
+        drafts (the head's from the graph, or the draft source's)."""
+        if step.result is not None:
+            return step.result
+        k1 = self.k + 1
         result, rows, drafted = SpecResult(), [], {}
-        for s, r, line in zip(seqs, reqs, g.read(len(reqs))):
+        for s, kcap, line in zip(step.seqs, step.kcaps, step.graph.read(len(step.seqs))):
+            r = s.request
             a = line[k1]
             tokens = line[: a + 1]
             result.tokens[r.request_id] = tokens
-            self._count(r, len(r.draft_token_ids), a)
-            k = min(drafts_allowed_after(r, self.k, a + 1), fit)
+            if r.is_finished:  # aborted or stopped while the step ran: nothing of it counts
+                continue
+            self._count(r, kcap, a)
+            k = min(drafts_allowed_after(r, self.k, a + 1), step.fit)
             rows.append(DraftRows(r, s.start, torch.tensor(tokens), None, frontier=True, k=k))
             drafted[r.request_id] = line[k1 + 1: k1 + 1 + k]
+        step.result = result
         if self.source is None:
             return result
-        if g.draft:  # the head drafted in the graph; a source around it may replace them (the simulated bench)
+        if step.graph.draft:  # the head drafted in the graph; a source around it may replace them (the simulated bench)
             override = getattr(self.source, "override", None)
             drafts = override(rows, drafted) if override is not None else drafted
             for row in rows:
@@ -290,6 +320,40 @@ class SpeculativeDecoder:
         else:
             self.propose(rows)
         return result
+
+    @torch.inference_mode()
+    def follow(self, step: "SpecPending", eos_ids=frozenset()) -> "SpecPending | None":
+        """Launch the next drafting step of the same requests straight from a finished step's read-back, before the
+        engine appends its tokens, so the device does not wait for the host's bookkeeping (detokenising, stops,
+        outputs, scheduling): row b's newest token is its bonus token s_a at start + a + 1, its drafts the ones
+        `finish` gave it. None where that step is not certain to be wanted or cannot run through the same kind of
+        graph: a request whose tokens end it (max_tokens, an EOS or stop token id among them; a stop string is only
+        found later, and its row is then dropped), no drafts at all (a plain decode step serves better), a table
+        that cannot grow to the step's reach, or no captured graph for its bucket and width."""
+        res = step.result
+        if res is None:
+            raise RuntimeError("follow: the step has not been read back (finish)")
+        graphs, seqs, starts, tokens, sample_at = self.graphs, [], [], [], []
+        for s in step.seqs:
+            r = s.request
+            new = res.tokens[r.request_id]
+            ends = [t for t in new if t in r.params.stop_token_ids or (not r.params.ignore_eos and t in eos_ids)]
+            if r.is_finished or r.drafting_off or r.num_outputs + len(new) >= r.max_tokens or ends:
+                return None
+            start = s.start + len(new)
+            starts.append(start)
+            tokens.append(new[-1])
+            sample_at.append(r.num_tokens + len(new))
+            seqs.append(ScheduledSeq(r, start, 1 + len(r.draft_token_ids), True, len(r.draft_token_ids)))
+        if not any(s.num_drafts for s in seqs):
+            return None
+        key = (graphs.bucket(len(seqs)), graphs.width(graphs.reach(max(starts))))
+        if key not in graphs.spec_graphs or not graphs.fits_reach(starts):
+            return None
+        if not all(self.reserve(s.request, graphs.reach(s.start)) for s in seqs):
+            return None
+        self.followed_steps += 1
+        return self._launch_graph(seqs, tokens, sample_at)
 
     def _draft_after_verify(self, observed, ids: torch.Tensor, hidden: torch.Tensor) -> None:
         """The draft source sees each request's kept rows (h_{start+i}, s_i), i <= a, and proposes the next drafts."""
