@@ -8,6 +8,7 @@
 #                                       and lab/probe_spec_step.py (a drafting step's parts timed)
 #   bash lab/device_wave48.sh diag      the spec-step probe with kernel profiles (SPEC_K, BATCHES), the prefill graph
 #                                       fault's variants (lab/probe_prefill_fault.py), the row-bits probe
+#   bash lab/device_wave48.sh step      the spec-step probe alone (SPEC_K, BATCHES) and the prefill graph fault probe
 #   bash lab/device_wave48.sh all       tests then engine, each under its own limit (TESTS_LIMIT, LIMIT)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -54,6 +55,12 @@ diag)  # a drafting step's parts kernel by kernel; the prefill graph fault; a ro
   grep "^|" "$OUT/probe_prefill_fault.log"
   timeout ${LIMIT:-200} python3 lab/probe_row_bits.py --streams ${STREAMS:-64,1} > "$OUT/probe_row_bits.log" 2>&1
   grep "^|" "$OUT/probe_row_bits.log"
+  ;;
+step)  # the drafting step's parts (SPEC_K, BATCHES) with kernel profiles; the prefill graph fault's variants
+  timeout ${LIMIT2:-150} python3 lab/probe_spec_step.py --k ${SPEC_K:-3} --batch ${BATCHES:-1} --profile 14 \
+    > "$OUT/probe_spec_step.log" 2>&1; grep "^|" "$OUT/probe_spec_step.log"
+  timeout ${LIMIT3:-100} python3 lab/probe_prefill_fault.py > "$OUT/probe_prefill_fault.log" 2>&1
+  grep "^|" "$OUT/probe_prefill_fault.log"
   ;;
 tests) run_tests ;;
 engine) run_engine ;;

@@ -117,11 +117,9 @@ def test_attention_long_split_experiment(monkeypatch):
 def test_router_policy_and_experiments(monkeypatch):
     from deltaserve.kernels.moe import gluon_router_rows as grr
     from deltaserve.kernels.moe import triton_decode as md
-    from deltaserve.kernels.moe.triton_router_common import TOPK_SELECTS
 
     assert md.router_norm_tokens() == md.ROUTER_NORM_DECODE_TOKENS == 4 and md.router_rows_min() == 128
     assert grr.rows_launch() == (grr.ROWS_BN, grr.ROWS_MB) and md.topk_warps() == md.TOPK_WARPS
-    assert TOPK_SELECTS[md.topk_bitonic()] == "best"
     monkeypatch.delenv("DELTASERVE_ROUTER_ROW_BLOCKS", raising=False)
     assert md.router_row_blocks() == 1  # one block a program until timed
     monkeypatch.setenv("DELTASERVE_ROUTER_ROW_BLOCKS", "16")

@@ -73,10 +73,8 @@ def _cases():
         "gemv_inline_policy": _inline_policy,
         "topk_contract_e37_k8": lambda mods: kc.check_topk_contract(mods, CPU, 37, 8),
         "topk_contract_e256_k8": lambda mods: kc.check_topk_contract(mods, CPU, 256, 8),
-        "topk_contract_bitonic_e256_k8": lambda mods: kc.check_topk_contract(mods, CPU, 256, 8, select="bitonic"),
-        "topk_contract_best_e37_k3": lambda mods: kc.check_topk_contract(mods, CPU, 37, 3, select="best"),
-        "topk_contract_best_unnormalised": lambda mods: kc.check_topk_contract(mods, CPU, 37, 3, select="best",
-                                                                              normalize=False),
+        "topk_contract_e37_k3": lambda mods: kc.check_topk_contract(mods, CPU, 37, 3),
+        "topk_contract_unnormalised": lambda mods: kc.check_topk_contract(mods, CPU, 37, 3, normalize=False),
     })
     return cases
 

@@ -93,8 +93,7 @@ def _cases():
         "moe_route_prefill_mma": lambda m: kc.check_route_prefill_mma(m, CPU, ts=(1, 40), h=64, e=12, top_k=3,
                                                                       group=32),
         "moe_down_early": lambda m: kc.check_moe_down_early(m, CPU, 2, 64, 8, 32, 3, 4, 32),
-        "moe_router_last_arrival": lambda m: kc.check_router_last_arrival(m, CPU, select="bitonic"),
-        "moe_router_last_arrival_best": lambda m: kc.check_router_last_arrival(m, CPU, ts=(1, 7), select="best"),  # the default
+        "moe_router_last_arrival": lambda m: kc.check_router_last_arrival(m, CPU, ts=(1, 7)),
         # 33 tokens: both bitmap words; the GPU test runs more token counts and tile widths
         "moe_route_tiles": lambda m: kc.check_route_tiles(m, CPU, ts=(33,), rows=(8,), reps=2),
         # H 128: both levels of the norm's sum of squares; the GPU test runs the 35B router

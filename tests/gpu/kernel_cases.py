@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from deltaserve.kernels.attention import reference as attn_ref
 from deltaserve.kernels.gated_delta import reference as gdn_ref
 from deltaserve.kernels.moe.routing import route_topk
-from deltaserve.kernels.moe.triton_router_common import TOPK_SELECTS
 
 BF16_EPS = 2.0**-8
 # Triton 3.6's interpreter converts fp32 -> bf16 by truncation (1 ulp) where the GPU rounds to nearest (1/2 ulp):
@@ -904,17 +903,10 @@ def check_moe_v2_fused(mods, device, t, h, e, i, top_k, bits, group, shared=True
     return torch.equal(y, y0)
 
 
-def check_router_last_arrival(mods, device, ts=(1, 7, 64), h=64, e=12, top_k=3, select="rounds"):
+def check_router_last_arrival(mods, device, ts=(1, 7, 64), h=64, e=12, top_k=3):
     """moe_route's top-k at each token's last-arriving router program == the top-k in its own launch, bit for bit,
     for several T and on repeated calls (the arrival counters must be back at zero after every launch), with
-    the logits poisoned between calls so that a top-k reading stale values would show. select: the top-k's
-    selection (_topk's BITONIC, triton_router_common.TOPK_SELECTS) in both launches."""
-    md = mods["moe"]
-    with mock.patch.object(md, "topk_bitonic", lambda: TOPK_SELECTS.index(select)):
-        _router_last_arrival(mods, device, ts, h, e, top_k)
-
-
-def _router_last_arrival(mods, device, ts, h, e, top_k):
+    the logits poisoned between calls so that a top-k reading stale values would show."""
     from deltaserve.kernels.triton_sync import arrival_counters
 
     md = mods["moe"]
@@ -1056,13 +1048,12 @@ def check_moe_v2_fused_ties(mods, device):
     assert torch.allclose(rt.weights, torch.full_like(rt.weights, 1 / 3))
 
 
-def check_topk_contract(mods, device, e, k, warps=4, select="rounds", normalize=True):
+def check_topk_contract(mods, device, e, k, warps=4, normalize=True):
     """The in-kernel top-k (_topk, used by moe_route and inside the fused gate/up) on adversarial fp32 logits:
     ties among negatives, -0 against +0, integer-valued logits (many ties), E not a power of two. Ids must equal
     route_topk's (ties to the lower id) in ascending order, weights to fp32 rounding; at any num_warps (the split
-    launch's TOPK_WARPS) and by every selection (_topk's BITONIC: rounds, bitonic, best)."""
+    launch's TOPK_WARPS)."""
     md = mods["moe"]
-    bitonic = TOPK_SELECTS.index(select)
     lg = torch.randn(4, e, device=device) * 3
     lg[0, ::3] = -1.5
     lg[1] = 0.0
@@ -1071,7 +1062,7 @@ def check_topk_contract(mods, device, e, k, warps=4, select="rounds", normalize=
     ids = torch.full((4, k), -1, dtype=torch.int32, device=device)
     w = poisoned((4, k), torch.float32, device)
     md._topk_kernel[(4,)](lg, ids, w, lg, e, EP=1 << (e - 1).bit_length(), TOPK=k, NORMALIZE=normalize,
-                          num_warps=warps, BITONIC=bitonic)
+                          num_warps=warps)
     rw, rid = route_topk(lg.double().cpu(), k, normalize)
     order = rid.sort(-1)
     assert torch.equal(ids.long().cpu(), order.values), f"top-k ids {ids.tolist()} != {order.values.tolist()}"
@@ -1081,7 +1072,7 @@ def check_topk_contract(mods, device, e, k, warps=4, select="rounds", normalize=
     ids_s = torch.full((4, k + 1), -1, dtype=torch.int32, device=device)
     w_s = poisoned((4, k + 1), torch.float32, device)
     md._topk_kernel[(4,)](lg, ids_s, w_s, sw, e, EP=1 << (e - 1).bit_length(), TOPK=k, NORMALIZE=normalize,
-                          SHARED_ID=e, num_warps=warps, BITONIC=bitonic)
+                          SHARED_ID=e, num_warps=warps)
     assert torch.equal(ids_s[:, :k], ids) and torch.equal(w_s[:, :k], w), "shared slot changed the routed slots"
     assert (ids_s[:, k] == e).all() and torch.equal(w_s[:, k], sw), "shared slot: (id, weight) not (E, sw)"
 

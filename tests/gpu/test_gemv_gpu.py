@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import kernel_cases as kc
-from deltaserve.kernels.moe.triton_router_common import TOPK_SELECTS
 
 pytestmark = pytest.mark.gpu
 
@@ -275,9 +274,8 @@ def test_moe_v2_down_early_same_bits(fused_mods, dev, small, t, shared):
     kc.check_moe_down_early(fused_mods, dev, t, h, e, i, top_k, 4, 64, shared=shared)
 
 
-@pytest.mark.parametrize("select", ["rounds", "bitonic", "best"])
-def test_router_last_arrival(fused_mods, dev, small, select):
-    kc.check_router_last_arrival(fused_mods, dev, select=select, **({} if small else dict(
+def test_router_last_arrival(fused_mods, dev, small):
+    kc.check_router_last_arrival(fused_mods, dev, **({} if small else dict(
         ts=(1, 7, 64, 512), h=2048, e=256, top_k=8)))
 
 
@@ -286,25 +284,6 @@ def test_moe_v2_fused_ties(fused_mods, dev):
 
 
 @pytest.mark.parametrize("warps", [1, 2, 4])
-@pytest.mark.parametrize("select", ["rounds", "bitonic", "best"])
-def test_topk_contract(fused_mods, dev, warps, select):
+def test_topk_contract(fused_mods, dev, warps):
     for e, k in ((37, 8), (256, 8), (37, 3)):
-        kc.check_topk_contract(fused_mods, dev, e, k, warps, select)
-
-
-def test_topk_selects_agree(fused_mods, dev):
-    """Every selection on the same fresh random logits (E = 256, k = 8, with the shared slot): the rounds' ids;
-    weights to fp32 rounding (the same formula; the sums' order may differ)."""
-    md = fused_mods["moe"]
-    lg = torch.randn(64, 256, device=dev) * 2
-    sw = torch.rand(64, device=dev)
-    got = {}
-    for select in TOPK_SELECTS:
-        ids = torch.full((64, 9), -1, dtype=torch.int32, device=dev)
-        w = torch.full((64, 9), float("nan"), device=dev)
-        md._topk_kernel[(64,)](lg, ids, w, sw, 256, EP=256, TOPK=8, NORMALIZE=True,
-                               SHARED_ID=256, BITONIC=TOPK_SELECTS.index(select))
-        got[select] = (ids, w)
-    for select in TOPK_SELECTS[1:]:
-        assert torch.equal(got["rounds"][0], got[select][0]), f"{select} and rounds select different experts"
-        assert torch.allclose(got["rounds"][1], got[select][1], rtol=1e-6, atol=0), f"{select}: weights differ"
+        kc.check_topk_contract(fused_mods, dev, e, k, warps)

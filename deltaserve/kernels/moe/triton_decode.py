@@ -30,7 +30,7 @@ from ..quant.triton_gemv import MAGIC, gemv_row_chunks, gemv_row_from, launch_ge
 from ..quant.triton_gemv_inline import inline_mode
 from .gluon_router_rows import router_rows_logits, rows_fit
 from .triton_router_mma import router_mma_fits, router_mma_logits
-from .triton_router_common import _router_cg, _router_column, _router_shared_gate, _topk, topk_bitonic
+from .triton_router_common import _router_cg, _router_column, _router_shared_gate, _topk
 from ..triton_common import WeightSpec, dequant_tile, residual_sum, rms_scaled
 from ..triton_sync import arrival_counters, last_arrival
 from ..triton_norm import rms_inverse
@@ -64,7 +64,7 @@ def _router_kernel(
     R_BITS: tl.constexpr, R_GROUP: tl.constexpr, R_CG: tl.constexpr,
     HAS_SHARED: tl.constexpr, G_BITS: tl.constexpr, G_GROUP: tl.constexpr, G_CG: tl.constexpr,
     INLINE: tl.constexpr, TOPK: tl.constexpr = 0, EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True,
-    PDL: tl.constexpr = False, BITONIC: tl.constexpr = 0, SHARED_ONLY: tl.constexpr = False,
+    PDL: tl.constexpr = False, SHARED_ONLY: tl.constexpr = False,
     NORM: tl.constexpr = 0, XS_GROUP: tl.constexpr = 64,
 ):
     # grid (T, cdiv(E, BE) + 1): column j < cdiv(E, BE) writes the fp32 logits of experts j*BE .. j*BE+BE-1 of
@@ -91,7 +91,7 @@ def _router_kernel(
                        G_BITS, G_GROUP, G_CG, INLINE, PDL)
     if TOPK > 0:
         if last_arrival(cnt_ptr + t, tl.num_programs(1)):
-            sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE, True, BITONIC)
+            sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE, True)
             ex = tl.arange(0, EP)
             tl.store(ids_ptr + t * TOPK + rank, ex, mask=sel)
             tl.store(wts_ptr + t * TOPK + rank, wts, mask=sel)
@@ -329,14 +329,13 @@ def router_rows_min() -> int:
 
 @triton.jit
 def _topk_kernel(logit_ptr, ids_ptr, wts_ptr, sw_ptr, E, EP: tl.constexpr, TOPK: tl.constexpr,
-                 NORMALIZE: tl.constexpr, SHARED_ID: tl.constexpr = -1, PDL: tl.constexpr = False,
-                 BITONIC: tl.constexpr = 0):
+                 NORMALIZE: tl.constexpr, SHARED_ID: tl.constexpr = -1, PDL: tl.constexpr = False):
     # SHARED_ID >= 0: rows of TOPK + 1 slots, the last one (SHARED_ID, the shared gate's sigmoid sw[t]): the
     # shared expert as one more routed slot (kernels/moe/mma_moe.py stacks it as the last expert)
     pdl_open(PDL)
     pdl_wait(PDL)
     t = tl.program_id(0)
-    sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE, False, BITONIC)
+    sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE, False)
     rows = tl.arange(0, EP)
     slots: tl.constexpr = TOPK + 1 if SHARED_ID >= 0 else TOPK
     tl.store(ids_ptr + t * slots + rank, rows, mask=sel)
@@ -410,7 +409,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
             *norm_args, H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=r_cg,
             HAS_SHARED=has_shared, G_BITS=g.bits, G_GROUP=g.group, G_CG=g_cg,
             INLINE=inline_mode(read, True), TOPK=k, EP=triton.next_power_of_2(r.n),
-            NORMALIZE=normalize, BITONIC=topk_bitonic(), NORM=norm_mode, num_warps=warps, **pdl_args(x),
+            NORMALIZE=normalize, NORM=norm_mode, num_warps=warps, **pdl_args(x),
         )
     return logits, sw
 
@@ -545,7 +544,6 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
         if t:
             _topk_kernel[(t,)](logits, ids, wts, sw, r.n, EP=triton.next_power_of_2(r.n), TOPK=top_k,
                                NORMALIZE=normalize, SHARED_ID=-1 if shared_slot is None else shared_slot,
-                               BITONIC=topk_bitonic(),
                                num_warps=topk_warps(), **pdl_args(logits))
     else:
         _, sw = _router_logits(x, r, g, shared_gate is not None, config, (ids, wts, top_k, normalize), norm)

@@ -28,7 +28,7 @@ from ..quant.triton_gemv import MAGIC
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_pdl import pdl_args, pdl_open
 from ..triton_sync import arrival_counters, last_arrival
-from .triton_router_common import _router_cg, _router_column, _topk, topk_bitonic
+from .triton_router_common import _router_cg, _router_column, _topk
 
 ROUTE_TILES_MAX_TOKENS = 64  # a 64-stream decode step
 BITMAP_WORDS = ROUTE_TILES_MAX_TOKENS // 32  # the most int32 words of tokens an expert's bitmap row holds
@@ -61,7 +61,7 @@ def _router_tiles_kernel(
     T, E, TILE_E, MAX_TILES, stride_xt, stride_rn, stride_rsn, stride_gn, stride_gsn, magic, H: tl.constexpr,
     BE: tl.constexpr, R_BITS: tl.constexpr, R_GROUP: tl.constexpr, R_CG: tl.constexpr, G_BITS: tl.constexpr,
     G_GROUP: tl.constexpr, G_CG: tl.constexpr, INLINE: tl.constexpr, TOPK: tl.constexpr, EP: tl.constexpr,
-    NORMALIZE: tl.constexpr, BITONIC: tl.constexpr, SHARED_ID: tl.constexpr, TEP: tl.constexpr, TW: tl.constexpr,
+    NORMALIZE: tl.constexpr, SHARED_ID: tl.constexpr, TEP: tl.constexpr, TW: tl.constexpr,
     MP: tl.constexpr, R: tl.constexpr, TB: tl.constexpr, BOFF: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # grid (T, cdiv(E, BE) + 1), the router launch's: program (t, j) is router column j of token t (_router_column,
@@ -76,7 +76,7 @@ def _router_tiles_kernel(
     if last_arrival(cnt_ptr + t, tl.num_programs(1)):
         # the token's routing: the split top-k launch's (_topk_kernel with SHARED_ID), from L2
         S: tl.constexpr = TOPK + 1
-        sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE, True, BITONIC)
+        sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE, True)
         ex = tl.arange(0, EP)
         tl.store(ids_ptr + t * S + rank, ex, mask=sel)
         tl.store(wts_ptr + t * S + rank, wts, mask=sel)
@@ -156,7 +156,7 @@ def route_with_tiles(x, r, g, top_k: int, normalize: bool, shared_slot: int, til
         t, r.n, tile_experts, max_tiles, x.stride(0), r.w.stride(-2), r.scales.stride(-2), g.w.stride(-2),
         g.scales.stride(-2), MAGIC, H=h, BE=be, R_BITS=r.bits, R_GROUP=r.group, R_CG=_router_cg(r, be, warps),
         G_BITS=g.bits, G_GROUP=g.group, G_CG=_router_cg(g, be, warps), INLINE=inline_mode(x, True), TOPK=top_k,
-        EP=triton.next_power_of_2(r.n), NORMALIZE=normalize, BITONIC=topk_bitonic(), SHARED_ID=shared_slot,
+        EP=triton.next_power_of_2(r.n), NORMALIZE=normalize, SHARED_ID=shared_slot,
         TEP=tep, TW=tw, MP=max(16, triton.next_power_of_2(m)), R=tile_rows, TB=64, BOFF=BITMAP_AT,
         num_warps=warps,
         **pdl_args(x),

@@ -65,15 +65,15 @@ def _order_keys(logits, rows, EP: tl.constexpr):
 
 
 @triton.jit
-def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr, FRESH: tl.constexpr = False,
-          BITONIC: tl.constexpr = 0):
+def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.constexpr, FRESH: tl.constexpr = False):
     """The routing contract on one token's logits: (selected mask [EP], weights [EP], rank [EP]) where rank is
-    the slot of a selected expert in ascending id order. k rounds of one max over (logit, lower id) keys
-    (_order_keys): ties go to the lower id. BITONIC (1, or 2: also the softmax's max and normaliser from the k best
-    keys, topk_select "best"): instead of the k dependent rounds, Triton's bitonic top-k
-    finds the k-th largest key and the keys at or above it are the selection: the keys are distinct (the id is in
-    them), so it is the same set (sm_90, E = 256, k = 8: 712 SASS and 23 barriers against 840 and 33). FRESH: the logits
-    were written by other programs of this launch, read them from L2 (".cg"), not from this SM's L1."""
+    the slot of a selected expert in ascending id order, ties going to the lower id (_order_keys: the id is in the
+    keys, so they are distinct). Triton's bitonic top-k finds the k-th largest key and the keys at or above it are
+    the selection; the softmax's max and normaliser come from the k best keys, which every thread then holds (sm_90,
+    E = 256, k = 8: 17 barriers, against 33 for k dependent rounds of a max over the keys and 23 for two reductions
+    over the lanes: H200, Qwen3.6-35B-A3B q4, tg128 @ d512 B=1, rounds 610.8 / 611.2 tok/s, then the max and
+    normaliser over the lanes 623.6 / 623.6, this form 626.0 / 624.5; lab/NOTES.md). FRESH: the logits were written
+    by other programs of this launch, read them from L2 (".cg"), not from this SM's L1."""
     rows = tl.arange(0, EP)
     e_mask = rows < E
     if FRESH:
@@ -81,56 +81,24 @@ def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.cons
     else:
         logits = tl.load(logit_row + rows, mask=e_mask, other=float("-inf"))
     work = _order_keys(logits, rows, EP)
-    if BITONIC:
-        KP: tl.constexpr = 1 << (TOPK - 1).bit_length()  # tl.topk takes a power of two
-        best = tl.topk(work, KP)  # [KP] the largest keys, descending (bitonic top-k: no serial rounds)
-        kk = tl.arange(0, KP)
-        thr = tl.sum(tl.where(kk == TOPK - 1, best, 0), axis=0)  # the k-th largest key
-        sel = work >= thr
-    else:
-        top = tl.max(logits, axis=0)
-        sel = rows < 0
-        for _ in tl.static_range(TOPK):
-            idx = EP - 1 - (tl.max(work, axis=0) & 0xFFFFFFFF)  # one reduction per round (was max, then min id)
-            hit = rows == idx
-            sel = sel | hit
-            work = tl.where(hit, -9223372036854775807 - 1, work)
-    if BITONIC == 2:
-        # the best keys' logits back from their high words (_order_keys' map is its own inverse): the max and the
-        # normaliser come from the KP-element result, which every thread holds, instead of two reductions over the
-        # EP lanes across the warps (sm_90: 6 barriers fewer). top may be +0 where max(logits) is -0: x - top is
-        # the same either way. The normaliser adds the k terms in key order, not in the lanes' tree: its bits may
-        # differ from the other forms' by rounding
-        hi = (best >> 32).to(tl.int32)
-        best_logits = (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-        top = tl.max(best_logits, axis=0)
-        if NORMALIZE:
-            norm = tl.sum(tl.where(kk < TOPK, tl.exp(best_logits - top), 0.0), axis=0)
-            wts = tl.where(sel, tl.exp(logits - top), 0.0) / norm
-    elif BITONIC:
-        top = tl.max(logits, axis=0)  # after the selection: the measured (sm_90 SASS) order of the default form
+    KP: tl.constexpr = 1 << (TOPK - 1).bit_length()  # tl.topk takes a power of two
+    best = tl.topk(work, KP)  # [KP] the largest keys, descending (bitonic top-k: no serial rounds)
+    kk = tl.arange(0, KP)
+    thr = tl.sum(tl.where(kk == TOPK - 1, best, 0), axis=0)  # the k-th largest key
+    sel = work >= thr
+    # the best keys' logits back from their high words (_order_keys' map is its own inverse). top may be +0 where
+    # max(logits) is -0: x - top is the same either way. The normaliser adds the k terms in key order
+    hi = (best >> 32).to(tl.int32)
+    best_logits = (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+    top = tl.max(best_logits, axis=0)
     if NORMALIZE:
-        if BITONIC != 2:
-            p = tl.where(sel, tl.exp(logits - top), 0.0)
-            wts = p / tl.sum(p, axis=0)
+        norm = tl.sum(tl.where(kk < TOPK, tl.exp(best_logits - top), 0.0), axis=0)
+        wts = tl.where(sel, tl.exp(logits - top), 0.0) / norm
     else:
         lse = top + tl.log(tl.sum(tl.where(e_mask, tl.exp(logits - top), 0.0), axis=0))
         wts = tl.exp(logits - lse)
     rank = tl.cumsum(sel.to(tl.int32), axis=0) - 1
     return sel, wts, rank
-
-
-TOPK_SELECTS = ("rounds", "bitonic", "best")  # _topk's BITONIC values, in order
-
-
-def topk_bitonic() -> int:
-    """_topk's BITONIC constexpr: "best" (Triton's bitonic top-k finds the k-th key, and the weights' max and
-    normaliser come from the k best keys every thread then holds: 17 barriers on sm_90), against "bitonic" (the
-    max and normaliser as two reductions over the lanes: 23 barriers) and "rounds" (k dependent rounds of a max
-    over the keys: 33). The same selection and weight formula; best's normaliser adds the k terms in key order.
-    H200, Qwen3.6-35B-A3B q4, tg128 @ d512 B=1 (lab/NOTES.md): rounds 610.8 / 611.2 tok/s, bitonic 623.6 / 623.6
-    (+2.0%; one call), then bitonic 621.8 / 622.8, best 626.0 / 624.5 (+0.6%; another)."""
-    return TOPK_SELECTS.index("best")
 
 
 def _router_cg(spec: WeightSpec, be: int, warps: int) -> int:
