@@ -12,6 +12,9 @@ How a step of a drafting request goes (`SpeculativeDecoder.run`, the decode part
      positions are simply written over by the next step (their blocks stay the request's: it grows into them);
   5. draft: the draft source sees the kept rows (the MTP head: the target's final-norm hidden states and the next
      tokens) and proposes the next k drafts.
+Through a SpecGraph a step is only launched (`run` -> SpecPending) and read back by the engine's next step
+(`finish`); where the same requests go on drafting, the engine launches the next step from that read-back before it
+applies the tokens (`follow`), so the device does not wait for the host's bookkeeping.
 Requests with penalties, a grammar or logprobs do not draft (their sampling state or outputs follow each token);
 they still take one row of the verify forward, a decode step. A request's drafts never go past its last allowed token.
 
