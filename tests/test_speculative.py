@@ -208,17 +208,37 @@ def test_graph_steps_equal_undrafted_for_every_acceptance(model, kind, k):
             assert stats.accepted <= right * stats.steps
 
 
-def test_graph_and_eager_steps_mix_in_one_batch(model):
-    """A request with penalties (no drafts, not graph-served) beside drafting ones: its steps run eagerly, the
-    others' through the graph before it arrives and after it ends; every reply as undrafted."""
-    prompts = [random_prompt(n, seed=n + 7) for n in (6, 19, 33)]
-    params = [SamplingParams(temperature=0, max_tokens=24), SamplingParams(temperature=1.0, seed=4, max_tokens=5,
+def test_rows_sampled_by_the_sampler_share_the_step_graphs(model):
+    """Requests the graph does not sample itself beside drafting ones, in the same step graphs: penalties and
+    logprobs (one row each, no drafts, sampled by the Sampler between the parts: their filler rows never reach the
+    penalties' statistics) and top-k / top-p (all their rows). No eager step; every reply as undrafted, its
+    logprobs one a token."""
+    prompts = [random_prompt(n, seed=n + 7) for n in (6, 19, 33, 12)]
+    params = [SamplingParams(temperature=0, max_tokens=24), SamplingParams(temperature=1.0, seed=4, max_tokens=9,
                                                                            repetition_penalty=1.3),
-              SamplingParams(temperature=0.8, seed=9, max_tokens=20)]
-    want, _ = run(model, prompts, params)
-    engine = graph_engine(model, 3, RecordedDrafts({str(i): t for i, t in enumerate(want)}, model.config.vocab_size, 2))
-    assert drain(engine, prompts, params) == want
-    assert engine.spec.graph_steps > 0 and engine.spec.eager_steps > 0
+              SamplingParams(temperature=0.8, seed=9, max_tokens=20, top_k=20, top_p=0.9),
+              SamplingParams(temperature=0, max_tokens=12, logprobs=2)]
+
+    def finals(engine):
+        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        done = {}
+        while engine.has_unfinished():
+            done.update({o.request_id: o for o in engine.step() if o.finished})
+        return [done[i] for i in ids]
+
+    want = finals(LLMEngine(model, None, [], EngineConfig(num_blocks=128, max_model_len=256)))
+    recorded = {str(i): o.token_ids for i, o in enumerate(want)}
+    engine = graph_engine(model, 3, RecordedDrafts(recorded, model.config.vocab_size, 2))
+    got = finals(engine)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    # logprobs: one entry a token, the same candidates; their values as close as a batch's logits allow on the CPU
+    # (the reference path's logits are not batch invariant in their last bits: a request alone vs among others)
+    assert len(got[3].logprobs) == len(want[3].logprobs) == len(want[3].token_ids)
+    for g, w in zip(got[3].logprobs, want[3].logprobs):
+        assert g.keys() == w.keys() and all(abs(g[t].logprob - w[t].logprob) < 1e-4 for t in g)
+    assert engine.spec.graph_steps > 0 and engine.spec.eager_steps == 0
+    assert got[1].metrics.num_drafted == got[3].metrics.num_drafted == 0
+    assert got[0].metrics.num_drafted > 0 and got[2].metrics.num_drafted > 0
 
 
 class ForcedHead:
@@ -335,8 +355,7 @@ def test_drafting_switches_itself_off_at_low_acceptance(model, graphs):
 def test_verify_forwards_keep_to_max_verify_rows(model):
     """Drafts are cut so that a verify forward has at most MAX_VERIFY_ROWS rows (some GPU kernels are chosen by row
     count, and a row's bits must not change with it): 6 sequences verify 1 draft each (12 rows), 17 none; a step
-    graph serves only where its bucket's rows fit (here once fewer than 3 sequences are left). Replies as
-    undrafted."""
+    graph verifies what its bucket's rows allow (bucket 8: one draft each), never more. Replies as undrafted."""
     from deltaserve.engine.speculative import MAX_VERIFY_ROWS, drafts_that_fit
 
     assert [drafts_that_fit(n) for n in (1, 2, 4, 5, 8, 9, 16, 17)] == [15, 7, 3, 2, 1, 0, 0, 0]
@@ -357,8 +376,13 @@ def test_verify_forwards_keep_to_max_verify_rows(model):
         engine.spec.model = type("Spy", (), {"__getattr__": lambda self, n: getattr(model, n),
                                              "forward_with_hidden": staticmethod(spy)})()
         assert drain(engine, prompts, params) == want
-        assert seen and max(seen) <= MAX_VERIFY_ROWS and max(seen) > len(prompts)
-        assert engine.spec.eager_steps > 0  # 6 sequences -> bucket 8 x 5 rows > 16: eager, drafts cut
+        if graphs:  # a bucket's graph verifies the drafts its rows allow: 6 sequences -> bucket 8, one draft each
+            shapes = {(g.batch, g.k) for g in engine.spec.graphs.spec_graphs.values()}
+            assert (8, 1) in shapes and max(b * (k + 1) for b, k in shapes) <= MAX_VERIFY_ROWS
+            assert engine.spec.graph_steps > 0 and engine.spec.eager_steps == 0
+        else:  # eagerly: 6 sequences -> one draft each (12 rows)
+            assert seen and max(seen) <= MAX_VERIFY_ROWS and max(seen) > len(prompts)
+            assert engine.spec.eager_steps > 0
         assert engine.spec_stats.drafted > 0
 
 

@@ -119,7 +119,8 @@ class ModelRunner:
         ids_parts: list[torch.Tensor] = []
         graph_sampled = False  # the decode part's ids came from its graph, which wrote last_token for them too
         if decode and self.spec is not None:
-            self.spec.trim(decode)  # (speculative.MAX_VERIFY_ROWS; with too many sequences none is left)
+            # (speculative.MAX_VERIFY_ROWS, and with graphs only what a step graph serves: else none is left)
+            self.spec.trim(decode, self._graphs_usable(self.graphs))
         if decode and self.spec is not None and any(s.request.draft_token_ids for s in decode):
             # verify the drafts (a decode step for rows without); the engine reads the step back before scheduling
             # the next (it may launch the next drafting step of the same rows first: SpeculativeDecoder.follow)

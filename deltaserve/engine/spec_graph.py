@@ -244,22 +244,32 @@ class SpecGraphs(DecodeGraphs):
         self.max_rows = max_rows  # the verify's row limit (speculative.MAX_VERIFY_ROWS)
         self.spec_graphs: dict[tuple[int, int], SpecGraph] = {}
 
+    def step_k(self, bucket: int) -> int:
+        """Drafts a sequence verifies in a step graph of this bucket: k, or fewer where bucket (k + 1) rows would
+        pass the verify's row limit (0: no step graph for the bucket)."""
+        return max(0, min(self.k, self.max_rows // bucket - 1))
+
     def rows_fit(self, bucket: int) -> bool:
-        """Does a step graph of this bucket keep to the verify's row limit (its bucket (k + 1) rows)?"""
-        return bucket * (self.k + 1) <= self.max_rows
+        """Is there a step graph for this bucket (one draft a sequence at least within the verify's row limit)?"""
+        return self.step_k(bucket) > 0
 
     def reach(self, start: int) -> int:
-        """Cache indices a step from `start` may write: the verify's k + 1 rows and the draft chain's k - 1 more."""
+        """Cache indices a step from `start` may write: the verify's k + 1 rows and the draft chain's k - 1 more
+        (k the engine's: a bound for every bucket's graph)."""
         return start + 2 * self.k + 1
 
     def fits_reach(self, starts: list[int]) -> bool:
         return max(self.reach(s) for s in starts) <= self.max_blocks * self.cache.block_size
 
+    def key(self, n: int, max_start: int) -> tuple[int, int]:
+        """The (bucket, table width) of the step graph for n sequences whose newest tokens sit at up to max_start."""
+        return self.bucket(n), self.width(self.reach(max_start))
+
     def graph(self, n: int, max_start: int) -> SpecGraph:
-        key = (self.bucket(n), self.width(self.reach(max_start)))
+        key = self.key(n, max_start)
         g = self.spec_graphs.get(key)
         if g is None:
-            g = SpecGraph(self.model, self.cache, key[0], self.k, self.tables[:, :key[1]], self.draft)
+            g = SpecGraph(self.model, self.cache, key[0], self.step_k(key[0]), self.tables[:, :key[1]], self.draft)
             if self.capturable:
                 self.load(g, [], [], [], [], [], [], [])
                 if self._pool is None:
@@ -281,8 +291,8 @@ class SpecGraphs(DecodeGraphs):
             self._graph(b, self.width(1))
 
     def load(self, g: SpecGraph, tokens, starts, slots, kcaps, drafts, temperature, keys) -> None:
-        """Real sequences first (drafts padded to k), then padding (the scratch slot at cache index 0, kcap 0)."""
-        pad, k1 = g.batch - len(tokens), self.k + 1
+        """Real sequences first (drafts padded to the graph's k), then padding (the scratch slot at cache index 0, kcap 0)."""
+        pad, k1 = g.batch - len(tokens), g.k + 1
         g.load(list(tokens) + [0] * pad, list(starts) + [0] * pad, list(slots) + [self.scratch_slot] * pad,
-               list(kcaps) + [0] * pad, [list(d) + [0] * (self.k - len(d)) for d in drafts] + [[0] * self.k] * pad,
+               list(kcaps) + [0] * pad, [list(d) + [0] * (g.k - len(d)) for d in drafts] + [[0] * g.k] * pad,
                list(temperature) + [0.0] * pad * k1, list(keys) + [0] * pad * k1)

@@ -32,7 +32,7 @@ import torch
 from ..model.forward_batch import ForwardBatch
 from . import multimodal
 from .request import Request
-from .sampler import Sampler, uses_penalties
+from .sampler import Sampler, plain_sampling, uses_penalties
 from .scheduler import ScheduledSeq
 from .transfer import to_device
 
@@ -171,7 +171,7 @@ class SpecPending:
     graph: object  # engine/spec_graph.SpecGraph
     seqs: list  # ScheduledSeq rows, in the graph's order
     kcaps: list[int]  # drafts each row verifies
-    fit: int  # drafts_that_fit(len(seqs)): the next step's bound
+    fit: int  # the graph's drafts a sequence: the next step's bound for these rows
     result: SpecResult | None = None
 
 
@@ -191,12 +191,17 @@ class SpeculativeDecoder:
         self.graph_steps = self.eager_steps = 0
         self.followed_steps = 0  # graph steps launched from the previous one's read-back (`follow`)
 
-    @staticmethod
-    def trim(seqs) -> None:
+    def trim(self, seqs, graphs_ok: bool = False) -> None:
         """Cut the decode rows' drafts to what one verify forward of at most MAX_VERIFY_ROWS rows holds (the
-        scheduled positions past the kept drafts are simply not verified). None may be left: the step is then a
-        plain decode step, and those requests draft no more."""
+        scheduled positions past the kept drafts are simply not verified). graphs_ok (the engine has step graphs): a
+        drafting step runs through a step graph or not at all, so where none can serve the rows (their bucket's
+        rows past the limit, a row with penalties, a grammar, logprobs or images, a table that cannot grow) no draft
+        is left (an eager verify forward of a large model costs many times a graph step; on the H100 at 35B-A3B
+        shapes 8 streams drafting eagerly ran at 0.03x of not drafting). With no drafts left the step is a plain
+        decode step, and those requests draft no more."""
         fit = drafts_that_fit(len(seqs))
+        if graphs_ok and fit and any(s.request.draft_token_ids for s in seqs):
+            fit = self.graphs.step_k(self.graphs.bucket(len(seqs))) if self._graph_can_serve(seqs) else 0
         for s in seqs:
             del s.request.draft_token_ids[fit:]
 
@@ -254,33 +259,38 @@ class SpeculativeDecoder:
                 self.stats.switched_off += 1
 
     # ---- the graph path --------------------------------------------------------------------------------------
-    def _graph_serves(self, seqs) -> bool:
-        """Can a SpecGraph run these rows: a bucket holds them, every row samples from its logits alone (no
-        penalties, grammar, logprobs), has no images, its input token is on the host, and its table can grow to
-        everything the step may write (the verify's rows and the draft chain's)."""
+    def _graph_can_serve(self, seqs) -> bool:
+        """Can a SpecGraph run these rows: a bucket holds them within the verify's row limit, no row has a grammar
+        (its mask follows the previous token's matcher) or images, and its table's width covers everything the
+        step may write (the verify's rows and the draft chain's). Rows with penalties or logprobs (which never
+        draft: one real row) and top-k / top-p / min-p rows are sampled by the Sampler between the parts."""
         g = self.graphs
         bucket = g.bucket(len(seqs)) if g is not None else None
         if bucket is None or not g.rows_fit(bucket) or not g.fits_reach([s.start for s in seqs]):
             return False
-        for s in seqs:
-            r = s.request
-            if (uses_penalties(r) or r.grammar is not None or r.params.logprobs is not None or r.mm is not None
-                    or r.logits_only or len(r.draft_token_ids) > self.k):
-                return False
-        return all(self.reserve(s.request, g.reach(s.start)) for s in seqs)
+        return not any(r.grammar is not None or r.mm is not None or r.logits_only for r in (s.request for s in seqs))
+
+    def _graph_serves(self, seqs) -> bool:
+        """_graph_can_serve with the drafts trimmed to the bucket's graph (trim), and every row's table grown to the
+        step's reach (blocks allowing)."""
+        if not self._graph_can_serve(seqs):
+            return False
+        k = self.graphs.step_k(self.graphs.bucket(len(seqs)))
+        return (all(len(s.request.draft_token_ids) <= k for s in seqs)
+                and all(self.reserve(s.request, self.graphs.reach(s.start)) for s in seqs))
 
     def _launch_graph(self, seqs, tokens: list[int], sample_at: list[int]) -> "SpecPending":
         """Launch a SpecGraph step of the rows (their tables already cover everything it may write): tokens[b] is
         row b's newest token, at cache index seqs[b].start; sample_at[b] the index its first row samples (the
         request's token count once that token is counted)."""
         from ..kernels.sampling import row_keys_host
-        from .sampler import plain_sampling
 
         self.graph_steps += 1
-        graphs, k1 = self.graphs, self.k + 1
+        graphs = self.graphs
         reqs = [s.request for s in seqs]
         starts, slots = [s.start for s in seqs], [r.state_slot for r in reqs]
         g = graphs.graph(len(seqs), max(starts))
+        k1 = g.k + 1  # (the bucket's drafts a sequence: SpecGraphs.step_k)
         graphs.sync_tables([r.block_table for r in reqs], slots, [r.slot_epoch for r in reqs])
         flat = [r for r in reqs for _ in range(k1)]
         positions = [n + i for n in sample_at for i in range(k1)]  # the index each row samples
@@ -288,18 +298,21 @@ class SpeculativeDecoder:
                     [r.draft_token_ids for r in reqs], [r.params.temperature for r in flat],
                     row_keys_host([r.seed for r in flat], positions))
         logits = g.run_verify()
-        if not all(plain_sampling(r.params) for r in reqs):  # top-k / top-p / min-p: the Sampler, between the parts
-            n = len(flat)
-            self.sampler.sample(logits[:n], flat, positions, out=g.sampled[:n])
+        picked = sampler_rows(reqs, k1)
+        if picked:  # the rows the graph does not sample itself: the Sampler's, between the parts
+            at = torch.tensor(picked, dtype=torch.int64, device=logits.device)
+            ids = self.sampler.sample(logits.index_select(0, at), [flat[j] for j in picked],
+                                      [positions[j] for j in picked])
+            g.sampled.index_copy_(0, at, ids)
         g.run_accept()
-        return SpecPending(g, list(seqs), [len(r.draft_token_ids) for r in reqs], drafts_that_fit(len(seqs)))
+        return SpecPending(g, list(seqs), [len(r.draft_token_ids) for r in reqs], g.k)
 
     def finish(self, step: "SpecPending") -> SpecResult:
         """Read a launched step back (once): each request's new tokens (s_0 .. s_a), its counts, and its next
         drafts (the head's from the graph, or the draft source's)."""
         if step.result is not None:
             return step.result
-        k1 = self.k + 1
+        k1 = step.graph.k + 1
         result, rows, drafted = SpecResult(), [], {}
         for s, kcap, line in zip(step.seqs, step.kcaps, step.graph.read(len(step.seqs))):
             r = s.request
@@ -350,8 +363,7 @@ class SpeculativeDecoder:
             seqs.append(ScheduledSeq(r, start, 1 + len(r.draft_token_ids), True, len(r.draft_token_ids)))
         if not any(s.num_drafts for s in seqs):
             return None
-        key = (graphs.bucket(len(seqs)), graphs.width(graphs.reach(max(starts))))
-        if key not in graphs.spec_graphs or not graphs.fits_reach(starts):
+        if graphs.key(len(seqs), max(starts)) not in graphs.spec_graphs or not graphs.fits_reach(starts):
             return None
         if not all(self.reserve(s.request, graphs.reach(s.start)) for s in seqs):
             return None
@@ -397,6 +409,21 @@ class SpeculativeDecoder:
         for row in rows:
             if row.frontier:
                 row.request.draft_token_ids = list(drafts.get(row.request.request_id, []))[: row.k]
+
+
+def sampler_rows(reqs: Sequence[Request], rows_per_seq: int) -> list[int]:
+    """The rows of a step graph's verify (request b's at b * rows_per_seq + i) that the engine's Sampler samples
+    between the two parts instead of the graph's plain sampling: a request with penalties or logprobs its one row
+    (it never drafts: its other rows are filler, which must not reach the penalties' token statistics), one with
+    top-k / top-p / min-p all its rows."""
+    out = []
+    for b, r in enumerate(reqs):
+        first = b * rows_per_seq
+        if uses_penalties(r) or r.params.logprobs is not None:
+            out.append(first)
+        elif not plain_sampling(r.params):
+            out.extend(range(first, first + rows_per_seq))
+    return out
 
 
 def drafts_allowed_after(req: Request, k: int, new_tokens: int) -> int:
