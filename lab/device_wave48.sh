@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # This wave's device calls (any H100 / H200, repo root; carry .whl and .tcache.tgz). Usage:
-#   bash lab/device_wave48.sh tests     the new GPU tests (engine exactness, sampling, prefix cache, vision, structured)
+#   bash lab/device_wave48.sh tests     the GPU tests TESTS (files), TESTS_K (a -k expression); default: (engine exactness, sampling, prefix cache, vision, structured)
 #   bash lab/device_wave48.sh engine    bench --engine: d512 / d32768 at 1, 8, 64 streams, prefix TTFT, mixed load
 #   bash lab/device_wave48.sh extras    bench vision, bench --structured-output
 #   bash lab/device_wave48.sh spec      bench --engine --speculative-tokens (simulated acceptance), SPEC_K / SPEC_A / BATCHES
@@ -24,7 +24,8 @@ TESTS=${TESTS:-"tests/gpu/test_sampling_gpu.py tests/gpu/test_engine_exact_gpu.p
   tests/gpu/test_engine_graph_gpu.py tests/gpu/test_server_gpu.py tests/gpu/test_vision_gpu.py
   tests/gpu/test_structured_gpu.py tests/gpu/test_model_fast_path.py"}
 run_tests() {
-  timeout ${LIMIT:-500} python3 -m pytest -m gpu -q -rf -s -p no:cacheprovider $TESTS > "$OUT/tests.log" 2>&1
+  timeout ${LIMIT:-500} python3 -m pytest -m gpu -q -rf -s -p no:cacheprovider $TESTS ${TESTS_K:+-k "$TESTS_K"} \
+    > "$OUT/tests.log" 2>&1
   echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
   grep -E "^CUTS|FAILED|^E  " "$OUT/tests.log" | cut -c1-200 | head -40
 }
