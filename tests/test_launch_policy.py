@@ -63,10 +63,12 @@ def test_wgmma_experts_policy():
 def test_tensor_core_gemv_policy():
     from deltaserve.kernels.quant import mma_gemv as mg
 
-    assert mg.wg_gemv_rows() == mg.WG_GEMV_ROWS == 17 and mg.wg_gemv_rows(4096) == mg.WG_GEMV_ROWS_K4096 == 9
-    assert (mg.wg_gemv_tile_rows(32, 772), mg.wg_gemv_tile_rows(64, 772), mg.wg_gemv_tile_rows(32, 15520),
-            mg.wg_gemv_tile_rows(64, 15520)) == (16, 32, 32, 64)  # the lm_head past 32 rows: 64
-    assert mg.wg_gemv_stages() == 3 and mg.wg_gemv_tile_rows(8, 128) == 8
+    from deltaserve.kernels.quant import tensor_core_gemv as tcg
+
+    assert tcg.wg_gemv_rows() == tcg.WG_GEMV_ROWS == 17 and tcg.wg_gemv_rows(4096) == tcg.WG_GEMV_ROWS_K4096 == 9
+    assert (tcg.wg_gemv_tile_rows(32, 772), tcg.wg_gemv_tile_rows(64, 772), tcg.wg_gemv_tile_rows(32, 15520),
+            tcg.wg_gemv_tile_rows(64, 15520)) == (16, 32, 32, 64)  # the lm_head past 32 rows: 64
+    assert tcg.wg_gemv_stages() == 3 and tcg.wg_gemv_tile_rows(8, 128) == 8
     # the K = 4096 weights past 32 rows, in programs of 32 rows capped at 128 registers
     assert (mg.split_rows(4096, 64), mg.split_rows(4096, 32), mg.split_rows(2048, 64)) == (32, 0, 0)
     assert mg.split_maxnreg() == {"maxnreg": 128}

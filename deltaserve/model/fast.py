@@ -517,7 +517,7 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
     mma = mma_weights(module, x) if decode else None
     if mma is not None:
         from ..kernels.quant.mma_gemv import MAX_ROWS as MMA_ROWS
-        from ..kernels.quant.mma_gemv import mma_gemv
+        from ..kernels.quant.tensor_core_gemv import tc_gemv
 
         prep = carried_prep(x, (s.bits, s.group))  # the norm's prep: its group sums are the GEMV's xs (else its own)
         xs = None if prep is None else prep[1]
@@ -526,14 +526,14 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
                 out = torch.empty(x.numel() // x.shape[-1], s.n, dtype=torch.float32, device=x.device)
             else:
                 out = _decode_out(out, x, s.n)
-            return mma_gemv(x, *mma, xs=xs, out=out)  # launches of <= 64 rows inside
+            return tc_gemv(x, *mma, xs=xs, out=out)  # launches of <= 64 rows inside
         x2 = x.reshape(-1, x.shape[-1])
         out = _decode_out(out, x, s.n, new=True)
         w, pool, slots, ctx, channels = conv
         for start in range(0, x2.shape[0], MMA_ROWS):  # the conv's launches: rows and their sequences sliced alike
             stop = min(start + MMA_ROWS, x2.shape[0])
-            mma_gemv(x2[start:stop], *mma, out=out[start:stop], xs=None if xs is None else xs[start:stop],
-                     conv=(w, pool, slots[start:stop], ctx[start:stop], channels))
+            tc_gemv(x2[start:stop], *mma, out=out[start:stop], xs=None if xs is None else xs[start:stop],
+                    conv=(w, pool, slots[start:stop], ctx[start:stop], channels))
         return out.view(*x.shape[:-1], s.n)
     if decode:
         from ..kernels.quant.triton_gemv import MAX_ROWS, affine_gemv

@@ -62,11 +62,20 @@ def test_mma_gemv_fp32_out_is_the_bf16_result_widened(dev, m):
 
 
 def _mma_gemv_of(p, s, b):
-    """kernel_cases' conv-check GEMV factory for the tensor-core GEMV (the weight repacked once)."""
+    """kernel_cases' conv-check GEMV factory for the mma.sync tensor-core GEMV (the weight repacked once)."""
     from deltaserve.kernels.quant import mma_gemv as mg
 
     words, sb = mg.repack_q4(p, s, b)
     return lambda x, out=None, conv=None: mg.mma_gemv(x, words, sb, out=out, conv=conv)
+
+
+def _tc_gemv_of(p, s, b):
+    """The same for the decode linears' entry (tensor_core_gemv.tc_gemv: mma_gemv or wg_gemv by rows)."""
+    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.quant import tensor_core_gemv as tcg
+
+    words, sb = mg.repack_q4(p, s, b)
+    return lambda x, out=None, conv=None: tcg.tc_gemv(x, words, sb, out=out, conv=conv)
 
 
 @pytest.mark.parametrize("c,extra,k", [(64, 16, 256), (8192, 4160, 2048)])
@@ -447,7 +456,6 @@ def test_mma_gemv_row_split_same_bits(dev, split, cap, monkeypatch):
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
-    monkeypatch.setattr(mg, "wg_gemv_rows", lambda k=0: 1 << 62)  # the mma.sync kernel's row split (not wg_gemv's)
     p, s, b, _ = kc.affine_weight((2048, 4096), 4, 64, dev)
     words, sb = mg.repack_q4(p, s, b)
     x = torch.randn(64, 4096, device=dev).bfloat16()

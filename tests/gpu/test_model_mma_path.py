@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from deltaserve.kernels.quant import mma_gemv as mg
+from deltaserve.kernels.quant import tensor_core_gemv as tcg
 from deltaserve.kernels.quant import wgmma_experts as wx
 from deltaserve.model import fast, fusion
 from deltaserve.model.gated_deltanet import GatedDeltaNet
@@ -45,10 +45,10 @@ MODES = {  # name -> (the deployment's kernel plan, {(module, constant): value} 
     # default; here from one row, decode included): the mma.sync kernel's bits
     "mma-moe-wgmma": (KernelPlan("head", "mma"), {(wx, "WG_MIN_ROWS"): 1}),
     # the tensor-core GEMVs with every weight wgmma_experts.wg_gemv can take on it from one row (the same bits)
-    "mma-wg-gemv": (KernelPlan("mma", "mma"), {(mg, "WG_GEMV_ROWS"): 1}),
+    "mma-wg-gemv": (KernelPlan("mma", "mma"), {(tcg, "WG_GEMV_ROWS"): 1}),
     # the same with the MoE on the wgmma experts kernel too (x's group sums staged in shared memory, the slots
     # carried: the kernel's forms; the same bits)
-    "mma-wg-xs": (KernelPlan("mma", "mma"), {(mg, "WG_GEMV_ROWS"): 1, (wx, "WG_MIN_ROWS"): 1}),
+    "mma-wg-xs": (KernelPlan("mma", "mma"), {(tcg, "WG_GEMV_ROWS"): 1, (wx, "WG_MIN_ROWS"): 1}),
     # the CUDA-core paths but the output head on the tensor-core GEMV
     "head": (KernelPlan("head", "cuda"), {}),
 }

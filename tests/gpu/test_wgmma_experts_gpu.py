@@ -173,8 +173,6 @@ def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k, monkeypatch):
     from deltaserve.kernels.quant import wgmma_experts as wx
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
-    monkeypatch.setattr(mg, "WG_GEMV_ROWS", 1 << 62)  # the references: mma_gemv's own kernel at every size
-    monkeypatch.setattr(mg, "WG_GEMV_ROWS_K4096", 1 << 62)
     p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
     words, sb = mg.repack_q4(p, s, b)
     assert wx.wg_dense_fits(words)
@@ -208,8 +206,6 @@ def test_wg_gemv_ksplit_same_bits(dev, n, k, monkeypatch):
     from deltaserve.kernels.quant.triton_gemv import prep_x
     from deltaserve.kernels.triton_sync import arrival_counters
 
-    monkeypatch.setattr(mg, "WG_GEMV_ROWS", 1 << 62)  # the references: mma_gemv's own kernel at every size
-    monkeypatch.setattr(mg, "WG_GEMV_ROWS_K4096", 1 << 62)
     p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
     words, sb = mg.repack_q4(p, s, b)
     warps = mg.default_warps(k)
@@ -237,18 +233,19 @@ def test_wg_gemv_ksplit_same_bits(dev, n, k, monkeypatch):
 
 @pytest.mark.parametrize("m", [16, 64])
 def test_mma_gemv_through_wg_gemv(dev, m, monkeypatch):
-    """mma_gemv from WG_GEMV_ROWS rows runs as wg_gemv (the conv in its epilogue): the conv check of kernel_cases (== the GEMV then causal_conv, the other slots
+    """tc_gemv from WG_GEMV_ROWS rows runs as wg_gemv (the conv in its epilogue): the conv check of kernel_cases (== the GEMV then causal_conv, the other slots
     untouched, against fp64), and the same outputs and conv pool as the mma.sync forms, plain and with the DeltaNet
     in_proj's conv (the in_proj's K also split over two programs, its conv at their last arrival; the K = 4096 out
     projections' over wg_gemv_ksplit's default eight, and over four); weights it cannot take (N % 64) keep mma.sync."""
     from deltaserve.kernels.gated_delta import triton_decode as td
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
-    from test_mma_gemv_gpu import _mma_gemv_of
+    from deltaserve.kernels.quant import tensor_core_gemv as tcg
+    from test_mma_gemv_gpu import _tc_gemv_of
 
-    monkeypatch.setattr(mg, "WG_GEMV_ROWS", 1)
-    monkeypatch.setattr(mg, "WG_GEMV_ROWS_K4096", 1)
-    kc.check_gemv_conv({"gdn": td}, dev, 4, 64, m=m, c=8192, extra=4160, k=2048, fresh=(1,), gemv=_mma_gemv_of)
+    monkeypatch.setattr(tcg, "WG_GEMV_ROWS", 1)
+    monkeypatch.setattr(tcg, "WG_GEMV_ROWS_K4096", 1)
+    kc.check_gemv_conv({"gdn": td}, dev, 4, 64, m=m, c=8192, extra=4160, k=2048, fresh=(1,), gemv=_tc_gemv_of)
     for n, k, c in ((12352, 2048, 8192), (2048, 4096, 1024), (80, 256, 64)):
         p, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
         words, sb = mg.repack_q4(p, s, b)
@@ -260,11 +257,11 @@ def test_mma_gemv_through_wg_gemv(dev, m, monkeypatch):
         # its epilogue
         for rows, split in (("1", "1,8"), ("1", "2,4"), ("0", "1,8")):
             never = rows == "0"
-            monkeypatch.setattr(mg, "WG_GEMV_ROWS", 1 << 62 if never else 1)
-            monkeypatch.setattr(mg, "WG_GEMV_ROWS_K4096", 1 << 62 if never else 1)
+            monkeypatch.setattr(tcg, "WG_GEMV_ROWS", 1 << 62 if never else 1)
+            monkeypatch.setattr(tcg, "WG_GEMV_ROWS_K4096", 1 << 62 if never else 1)
             monkeypatch.setattr(wx, "WG_GEMV_KSPLIT", tuple(int(v) for v in split.split(",")))
             pl = pool.clone()
-            outs[rows, split] = (mg.mma_gemv(x, words, sb), mg.mma_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c)),
+            outs[rows, split] = (tcg.tc_gemv(x, words, sb), tcg.tc_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c)),
                                  pl)
         for via in (("1", "1,8"), ("1", "2,4")):
             for what, a, b in zip(("plain", "conv", "conv pool"), outs[via], outs["0", "1,8"]):

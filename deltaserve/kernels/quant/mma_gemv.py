@@ -939,41 +939,6 @@ def split_maxnreg() -> dict:
     return {"maxnreg": SPLIT_MAXNREG}
 
 
-WG_GEMV_ROWS = 17  # rows of x from which mma_gemv runs as wg_gemv (wg_gemv_rows)
-WG_GEMV_ROWS_K4096 = 9  # the same for weights of K = 4096 (the out projections, their K split over 8 programs)
-
-
-def wg_gemv_rows(k: int = 0) -> int:
-    """From how many rows of x (per launch of at most MAX_ROWS) mma_gemv runs as wgmma_experts.wg_gemv: the same
-    bits (GPU tests), for weights of N % 64 == 0 and K <= 4096 on sm_90 (K = 4096, the out projections, with its K
-    split over programs: wgmma_experts.wg_gemv_ksplit; the others keep this kernel). H200 probe
-    (graph timings, weights past the L2, lab/NOTES.md): the DeltaNet in_proj 12352 x 2048 at 16 / 32 / 64 rows
-    11.5 / 20.8 / 35.3 us here against 14.1 / 15.1 / 25.7 there, the lm_head 157 / 352 / 535 against 149 / 237 / 472;
-    in the model, 64 streams tg64 @ d512 4,915 -> 5,100 tok/s. So from 17 rows (the 32- and 64-row graph buckets).
-    For a weight of K >= 4096 (k, the out projections, their K split over programs) WG_GEMV_ROWS_K4096 = 9: the
-    2048 x 4096 out projection at 8 / 16 / 32 / 64 rows 6.33 / 10.31 / 11.33 / 16.54 us here, 6.62 / 7.85 / 7.76 /
-    13.78 there over eight programs (8 streams tg64 @ d512 2,368 / 2,374 -> 2,377 / 2,376 from 1 row: nothing to
-    gain at 8)."""
-    return WG_GEMV_ROWS_K4096 if k >= 4096 else WG_GEMV_ROWS
-
-
-def wg_gemv_tile_rows(m: int, nb: int) -> int:
-    """Rows of x per wg_gemv program for m rows and a weight of nb row blocks (never a row's bits): 64 for the
-    lm_head's thousands of row blocks past 32 rows, 32 past 32 rows and for the lm_head below, else 16 (H200 probe
-    at 32 / 64 rows: the in_proj 15.1 / 28.8 us with 16, 23.9 / 25.7 with 32, 32.4 / 36.4 with 64; the lm_head 270 /
-    530, 237 / 472, 454 / 519; with x's group sums staged in shared memory the lm_head at 64 rows 392 with 32, 353
-    with 64, which no longer spills)."""
-    if nb >= RING_MAX_BLOCKS:
-        return 64 if m > 32 else 32
-    return 32 if m > 32 else 16 if m > 8 else 8  # (8 rows and fewer: only under a lower _K4096 threshold)
-
-
-def wg_gemv_stages() -> int:
-    """Shared-memory slots per wg_gemv program (never a row's bits): 3 (H200, 64 streams, BN 32: 3 / 5 / 8 slots
-    5,100 / 5,087 / 5,044 tok/s)."""
-    return 3
-
-
 def decode_conv_args(conv: tuple | None, m: int, n: int, dtype: torch.dtype, placeholder: torch.Tensor):
     """(KCONV, the ten conv arguments) of a GEMV launch with the DeltaNet decode conv in its epilogue (conv: a
     DecodeConv or the same tuple, checked against m rows, n features and the activation dtype), or placeholders
@@ -987,16 +952,6 @@ def decode_conv_args(conv: tuple | None, m: int, n: int, dtype: torch.dtype, pla
     kconv = check_decode_conv(cv, m, n, dtype)
     return kconv, (cv.weight, cv.pool, cv.state_slots, cv.context_lens, cv.channels, *cv.weight.stride(),
                    *cv.pool.stride())
-
-
-_HOPPER: dict = {}
-
-
-def _hopper(device: torch.device) -> bool:
-    """Whether the device runs warpgroup MMAs (sm_90), cached per device."""
-    if device not in _HOPPER:
-        _HOPPER[device] = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
-    return _HOPPER[device]
 
 
 def column_tiles(m: int) -> int:
@@ -1018,8 +973,8 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
     conv: gated_delta.triton_decode.DecodeConv (or the same as a tuple): x holds one token per sequence, and
     features < channels come out as SiLU(causal conv) with the pool updated, meant to equal this GEMV followed by
     triton_decode.causal_conv bit for bit (tests/gpu/test_mma_gemv_gpu.py).
-    From wg_gemv_rows() rows a launch runs as wgmma_experts.wg_gemv where the weight suits it and no config= pins
-    this kernel (the same bits; the conv then as causal_conv in place)."""
+    This kernel at every row count; the decode linears' entry, which runs larger launches on warpgroup MMAs with
+    the same bits, is tensor_core_gemv.tc_gemv."""
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("mma_gemv: needs a CUDA device and Triton's Gluon (it has no interpreter form); "
                            "mma_gemv_reference is its CPU meaning")
@@ -1047,16 +1002,6 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
                             or out.stride(-1) != 1 or (conv is not None and out.dtype != torch.bfloat16)):
         raise ValueError(f"mma_gemv: out must be bf16 (or fp32 without conv=) [{m}, {n}] with unit column stride, "
                          f"found {out.dtype} {tuple(out.shape)} strides {out.stride()}")
-    if config is None and m >= wg_gemv_rows(k) and _hopper(x2.device):
-        from .wgmma_experts import wg_dense_fits, wg_gemv
-
-        if wg_dense_fits(words):
-            # the same bits through warpgroup MMAs (x read once per 64 weight rows), the conv in its epilogue (this
-            # GEMV's conv epilogue equals the GEMV followed by causal_conv, bit for bit; H200, 64 streams 5,174 ->
-            # 5,193 tok/s against the conv's own launch, lab/NOTES.md)
-            out = wg_gemv(x2, words, sb, xs=xs, out=out, tile_rows=wg_gemv_tile_rows(m, nb),
-                          stages=wg_gemv_stages(), conv=conv)
-            return out.reshape(*lead, n)
     self_xs = xs is None
     if self_xs:
         xs = x2  # a placeholder pointer: not read
