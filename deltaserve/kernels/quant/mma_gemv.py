@@ -954,6 +954,20 @@ def decode_conv_args(conv: tuple | None, m: int, n: int, dtype: torch.dtype, pla
                    *cv.pool.stride())
 
 
+def row_launches(gemv, x2: torch.Tensor, n: int, out: torch.Tensor | None, xs: torch.Tensor | None,
+                 conv: tuple | None, name: str) -> torch.Tensor:
+    """x2 [m, K] (m > MAX_ROWS) through gemv(rows, out, xs) in launches of MAX_ROWS rows: rows are MMA columns,
+    independent of each other, so the same bits as one launch; [m, n] (into out when given). A conv only within
+    one launch (its rows are sequences sliced alike: the caller's)."""
+    m = x2.shape[0]
+    if conv is not None:
+        raise ValueError(f"{name}: {m} rows with conv=; at most {MAX_ROWS} per launch")
+    out = torch.empty(m, n, dtype=x2.dtype, device=x2.device) if out is None else out
+    for r in range(0, m, MAX_ROWS):
+        gemv(x2[r: r + MAX_ROWS], out[r: r + MAX_ROWS], None if xs is None else xs[r: r + MAX_ROWS])
+    return out
+
+
 def column_tiles(m: int) -> int:
     """MMA column tiles (8 rows of x each) for m rows: a power of two, so few kernels are compiled."""
     nt = 1
@@ -990,14 +1004,8 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
         x2 = x2.contiguous()
     m = x2.shape[0]
     if m > MAX_ROWS:
-        if conv is not None:
-            raise ValueError(f"mma_gemv: {m} rows with conv=; at most {MAX_ROWS} per launch")
-        # rows are MMA columns, independent of each other: launches of MAX_ROWS rows give the same bits
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
-        for r in range(0, m, MAX_ROWS):
-            mma_gemv(x2[r : r + MAX_ROWS], words, sb, out=out[r : r + MAX_ROWS],
-                     xs=None if xs is None else xs[r : r + MAX_ROWS], config=config)
-        return out.reshape(*lead, n)
+        return row_launches(lambda rows, out, xs: mma_gemv(rows, words, sb, out=out, xs=xs, config=config), x2, n,
+                            out, xs, conv, "mma_gemv").reshape(*lead, n)
     if out is not None and (out.dtype not in (torch.bfloat16, torch.float32) or tuple(out.shape) != (m, n)
                             or out.stride(-1) != 1 or (conv is not None and out.dtype != torch.bfloat16)):
         raise ValueError(f"mma_gemv: out must be bf16 (or fp32 without conv=) [{m}, {n}] with unit column stride, "

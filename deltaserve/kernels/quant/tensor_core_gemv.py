@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .mma_gemv import GROUP, MAX_ROWS, RING_MAX_BLOCKS, ROW_BLOCK, mma_gemv
+from .mma_gemv import GROUP, MAX_ROWS, RING_MAX_BLOCKS, ROW_BLOCK, mma_gemv, row_launches
 from .wgmma_experts import wg_dense_fits, wg_gemv
 
 WG_GEMV_ROWS = 17  # rows of x from which a launch runs as wg_gemv (wg_gemv_rows)
@@ -74,14 +74,8 @@ def tc_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.T
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     if m > MAX_ROWS:
-        if conv is not None:
-            raise ValueError(f"tc_gemv: {m} rows with conv=; at most {MAX_ROWS} per launch")
-        # rows are MMA columns, independent of each other: launches of MAX_ROWS rows give the same bits
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
-        for r in range(0, m, MAX_ROWS):
-            tc_gemv(x2[r: r + MAX_ROWS], words, sb, out=out[r: r + MAX_ROWS],
-                    xs=None if xs is None else xs[r: r + MAX_ROWS])
-        return out.reshape(*lead, n)
+        return row_launches(lambda rows, out, xs: tc_gemv(rows, words, sb, out=out, xs=xs), x2, n, out, xs, conv,
+                            "tc_gemv").reshape(*lead, n)
     if m >= wg_gemv_rows(k) and x2.is_cuda and _hopper(x2.device) and wg_dense_fits(words):
         # the same bits through warpgroup MMAs (x read once per 64 weight rows), the conv in its epilogue (mma_gemv's
         # conv epilogue equals the GEMV followed by causal_conv, bit for bit; H200, 64 streams 5,174 -> 5,193 tok/s
