@@ -6,8 +6,8 @@ A step of B sequences with k drafts each, T = B (k + 1) rows:
   verify (graph A)  rows b(k+1) + i: the sequence's newest token (i = 0), then its drafts, at cache indices
                     start[b] + i; ForwardBatch.verify (every row a decode step's bits); the rows' plain sampling
                     (greedy / temperature: kernels/triton_sampling) into `sampled`. Rows that sample otherwise
-                    (top-k / top-p / min-p) are sampled by the engine's Sampler between the two replays, from the
-                    static logits, into the same buffer.
+                    (top-k / top-p / min-p; the one row of a request with penalties or logprobs) are sampled by the
+                    engine's Sampler between the two replays, from the static logits, into the same buffer.
   accept (graph B)  a[b] = the leading drafts equal to the target's samples, capped at kcap[b] (the drafts the host
                     allowed: fewer near max_tokens, none for a row that does not draft; the rest are filler that can
                     never be kept); commit the DeltaNet states after a[b] + 1 rows; then, with the MTP head as the
@@ -22,8 +22,9 @@ target's own sample at its position: the reply is the undrafted one. The drafts'
 rather than the eager a + 1) do not matter: acceptance only compares them with the target's samples.
 
 Padding rows (bucket > B) sit on the scratch state slot and block (engine/cuda_graph.DecodeGraphs), at cache
-indices 0 .. 2k, with kcap 0. The speculative decoder uses a graph only where its bucket's B (k + 1) rows keep to
-speculative.MAX_VERIFY_ROWS. Where capture is impossible (CPU) the same step runs eagerly (tests).
+indices 0 .. 2k, with kcap 0. A bucket's graph verifies SpecGraphs.step_k drafts a sequence: the engine's k, or
+fewer where bucket (k + 1) rows would pass speculative.MAX_VERIFY_ROWS. Where capture is impossible (CPU) the same
+step runs eagerly (tests).
 """
 
 from __future__ import annotations

@@ -194,9 +194,9 @@ class SpeculativeDecoder:
     def trim(self, seqs, graphs_ok: bool = False) -> None:
         """Cut the decode rows' drafts to what one verify forward of at most MAX_VERIFY_ROWS rows holds (the
         scheduled positions past the kept drafts are simply not verified). graphs_ok (the engine has step graphs): a
-        drafting step runs through a step graph or not at all, so where none can serve the rows (their bucket's
-        rows past the limit, a row with penalties, a grammar, logprobs or images, a table that cannot grow) no draft
-        is left (an eager verify forward of a large model costs many times a graph step; on the H100 at 35B-A3B
+        drafting step runs through a step graph or not at all, so where none can serve the rows (no graph for their
+        bucket, a row with a grammar or images, a table that cannot grow) no draft is left, and where one serves the
+        drafts are cut to its own (SpecGraphs.step_k) (an eager verify forward of a large model costs many times a graph step; on the H100 at 35B-A3B
         shapes 8 streams drafting eagerly ran at 0.03x of not drafting). With no drafts left the step is a plain
         decode step, and those requests draft no more."""
         fit = drafts_that_fit(len(seqs))
