@@ -140,7 +140,6 @@ def test_row_run_defaults():
     import torch
 
     from deltaserve.kernels.moe import triton_decode as md
-    from deltaserve.kernels.moe import triton_router_common as rc
     from deltaserve.kernels.quant import triton_gemv as tg
 
     def spec(n, k, bits=4):
@@ -153,4 +152,3 @@ def test_row_run_defaults():
     assert tg.default_config(spec(512, 2048, bits=8)) == (4, 32, 4)  # q8: 512 words per row, 4 warps, all 32 groups
     assert tg.row_run_config(spec(64, 512), 4) is None  # 64 words per row: too short for a row run
     assert md.router_rows_min() == 128
-    assert rc.TOPK_SELECTS[rc.topk_bitonic()] == "best"
