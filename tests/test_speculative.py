@@ -328,6 +328,22 @@ def test_a_request_arriving_while_steps_follow_each_other(model):
     assert engine.scheduler.blocks.num_free == engine.scheduler.blocks.num_blocks
 
 
+def test_steps_follow_each_other_while_requests_queue_for_a_slot(model):
+    """With every sequence slot taken (max_num_seqs 1), a queued request cannot be scheduled, so the drafting steps
+    of the running one still follow each other; the queued one runs after it; both replies as undrafted."""
+    prompts = [random_prompt(n, seed=n + 21) for n in (9, 14)]
+    params = params_for("greedy", 2, max_tokens=20)
+    want, _ = run(model, prompts, params)
+    engine = graph_engine(model, 2, RecordedDrafts({str(i): t for i, t in enumerate(want)}, model.config.vocab_size,
+                                                   right=1), max_num_seqs=1)
+    seen = []  # (a request waiting, steps followed so far) after each step
+    got = drain(engine, prompts, params,
+                on_step=lambda e: seen.append((bool(e.scheduler.waiting), e.spec.followed_steps)))
+    assert got == want
+    while_waiting = [f for w, f in seen if w]
+    assert while_waiting and while_waiting[-1] - while_waiting[0] >= 3  # the first one's steps followed meanwhile
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_drafting_switches_itself_off_at_low_acceptance(model, graphs):
     """Drafts never right: after PROBE_STEPS drafting steps each request stops drafting and decodes plainly (through

@@ -395,7 +395,8 @@ class LLMEngine:
 
     def _complete_drafting(self) -> list[RequestOutput]:
         """Read back the drafting step in flight and apply it. Where the same requests go on drafting and nothing
-        else waits, the next drafting step is launched from its read-back first (SpeculativeDecoder.follow), so the
+        else could be scheduled (no request waits, or none could be admitted: every sequence slot is taken), the
+        next drafting step is launched from its read-back first (SpeculativeDecoder.follow), so the
         device computes it while the host appends, detokenises and checks stops; it is the step the scheduler would
         have made (one row group per request, at its newest token, with the drafts just made), and it stays in
         flight. A request the follower computes for that has stopped meanwhile (a stop string) gets its row
@@ -406,8 +407,10 @@ class LLMEngine:
         handle.spec_tokens = self.spec.finish(pending).tokens
         rows = {s.request.request_id for s in pending.seqs}
         follower = None
-        if (len(out.seqs) == len(pending.seqs) and not self.scheduler.waiting and not self.structured.holding
-                and {r.request_id for r in self.scheduler.running} == rows):
+        sched = self.scheduler
+        full = len(sched.running) >= sched.config.max_num_seqs  # (nobody waiting could be admitted now)
+        if (len(out.seqs) == len(pending.seqs) and (full or not sched.waiting) and not self.structured.holding
+                and {r.request_id for r in sched.running} == rows):
             follower = self.spec.follow(pending, self.eos_token_ids)
         done = self._complete(out, handle)
         if follower is not None:
