@@ -9,6 +9,7 @@
 #   bash lab/device_wave48.sh diag      the spec-step probe with kernel profiles (SPEC_K, BATCHES), the prefill graph
 #                                       fault's variants (lab/probe_prefill_fault.py), the row-bits probe
 #   bash lab/device_wave48.sh step      the spec-step probe alone (SPEC_K, BATCHES) and the prefill graph fault probe
+#   bash lab/device_wave48.sh diverge   where drafted replies first differ from drafting off (lab/probe_spec_divergence.py)
 #   bash lab/device_wave48.sh all       tests then engine, each under its own limit (TESTS_LIMIT, LIMIT)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -62,6 +63,11 @@ step)  # the drafting step's parts (SPEC_K, BATCHES) with kernel profiles; the p
     > "$OUT/probe_spec_step.log" 2>&1; grep "^|" "$OUT/probe_spec_step.log"
   timeout ${LIMIT3:-100} python3 lab/probe_prefill_fault.py > "$OUT/probe_prefill_fault.log" 2>&1
   grep "^|" "$OUT/probe_prefill_fault.log"
+  ;;
+diverge)  # where drafted replies first differ from drafting off (BATCHES streams, SPEC_K), in variants
+  timeout ${LIMIT:-400} python3 lab/probe_spec_divergence.py --batch ${BATCHES:-8} --k ${SPEC_K:-2} \
+    --variants ${VARIANTS:-default,no-follow,k1} > "$OUT/probe_spec_divergence.log" 2>&1
+  grep -vE "^#|Warn" "$OUT/probe_spec_divergence.log" | tail -30
   ;;
 tests) run_tests ;;
 engine) run_engine ;;
