@@ -424,7 +424,8 @@ def run_spec_bench(args, model, config, name, quant, gpu, keep, tokenizer, sampl
                         print(records.format_table([keep.last]).splitlines()[-1], flush=True)
                     return offs[plan]
 
-                base = off_run(sb.plan_for(b, 0, **opts), "the --speculative-tokens baseline")
+                base_plan = sb.plan_for(b, 0, **opts)
+                base = off_run(base_plan, "the --speculative-tokens baseline")
                 for k in args.speculative_tokens:
                     plan = sb.plan_for(b, k, **opts)
                     same = off_run(plan, f"the replies k={k} must equal: the drafting engine's plan")
@@ -435,11 +436,10 @@ def run_spec_bench(args, model, config, name, quant, gpu, keep, tokenizer, sampl
                             "deltaserve", gpu, name, quant, f"tg-spec{k}", n, d, b, r["tok_s"], 0.0, 1,
                             notes=f"SIMULATED ACCEPTANCE a={a}: MTP drafts (its compute run) replaced by the reply's "
                                   f"recorded tokens with probability a; k={k}; mean acceptance length "
-                                  f"{r['mean_acceptance_length']:.2f}; replies equal drafting off under the same plan: "
-                                  f"{r['exact']}; {r['tok_s'] / base['tok_s']:.3f} of drafting off "
-                                  f"({base['tok_s']:.1f} tok/s, same run, plan {sb.plan_for(b, 0, **opts).describe()}); "
-                                  f"sampling {sampling}; host {r['host_ms']:.3f} ms/step; drafting steps "
-                                  f"{r['graph_steps']} through graphs ({r['followed_steps']} launched from the previous one's "
-                                  f"read-back), {r['eager_steps']} eager; plan "
-                                  f"{r['plan'].describe()}"))
+                                  f"{r['mean_acceptance_length']:.2f}; replies equal drafting off under the same "
+                                  f"plan: {r['exact']}; {r['tok_s'] / base['tok_s']:.3f} of drafting off "
+                                  f"({base['tok_s']:.1f} tok/s, same run, plan {base_plan.describe()}); sampling "
+                                  f"{sampling}; host {r['host_ms']:.3f} ms/step; drafting steps {r['graph_steps']} "
+                                  f"through graphs ({r['followed_steps']} launched from the previous one's "
+                                  f"read-back), {r['eager_steps']} eager; plan {r['plan'].describe()}"))
                         print(records.format_table([keep.last]).splitlines()[-1], flush=True)

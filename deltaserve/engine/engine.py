@@ -415,7 +415,7 @@ class LLMEngine:
         done = self._complete(out, handle)
         if follower is not None:
             nxt = SchedulerOutput(follower.seqs)
-            self.scheduler.update(nxt)  # (after the tokens above: the follower's rows start at their newest token)
+            sched.update(nxt)  # (after the tokens above: the follower's rows start at their newest token)
             self._drafting = (nxt, StepHandle(spec_pending=follower))
         return done
 

@@ -292,7 +292,8 @@ class SpecGraphs(DecodeGraphs):
             self._graph(b, self.width(1))
 
     def load(self, g: SpecGraph, tokens, starts, slots, kcaps, drafts, temperature, keys) -> None:
-        """Real sequences first (drafts padded to the graph's k), then padding (the scratch slot at cache index 0, kcap 0)."""
+        """Real sequences first (drafts padded to the graph's k), then padding (the scratch slot at cache index 0,
+        kcap 0)."""
         pad, k1 = g.batch - len(tokens), g.k + 1
         g.load(list(tokens) + [0] * pad, list(starts) + [0] * pad, list(slots) + [self.scratch_slot] * pad,
                list(kcaps) + [0] * pad, [list(d) + [0] * (g.k - len(d)) for d in drafts] + [[0] * g.k] * pad,

@@ -170,8 +170,7 @@ class SpecPending:
 
     graph: object  # engine/spec_graph.SpecGraph
     seqs: list  # ScheduledSeq rows, in the graph's order
-    kcaps: list[int]  # drafts each row verifies
-    fit: int  # the graph's drafts a sequence: the next step's bound for these rows
+    kcaps: list[int]  # drafts each row verifies (the graph's k bounds them, and the next step's)
     result: SpecResult | None = None
 
 
@@ -194,11 +193,11 @@ class SpeculativeDecoder:
     def trim(self, seqs, graphs_ok: bool = False) -> None:
         """Cut the decode rows' drafts to what one verify forward of at most MAX_VERIFY_ROWS rows holds (the
         scheduled positions past the kept drafts are simply not verified). graphs_ok (the engine has step graphs): a
-        drafting step runs through a step graph or not at all, so where none can serve the rows (no graph for their
-        bucket, a row with a grammar or images, a table that cannot grow) no draft is left, and where one serves the
-        drafts are cut to its own (SpecGraphs.step_k) (an eager verify forward of a large model costs many times a graph step; on the H100 at 35B-A3B
-        shapes 8 streams drafting eagerly ran at 0.03x of not drafting). With no drafts left the step is a plain
-        decode step, and those requests draft no more."""
+        drafting step runs through a step graph or not at all (an eager verify forward of a large model costs many
+        times a graph step: on the H100 at 35B-A3B shapes 8 streams drafting eagerly ran at 0.03x of not drafting),
+        so where none can serve the rows (no graph for their bucket, a row with a grammar or images, a table that
+        cannot grow) no draft is left, and where one serves them the drafts are cut to its own (SpecGraphs.step_k).
+        With no drafts left the step is a plain decode step, and those requests draft no more."""
         fit = drafts_that_fit(len(seqs))
         if graphs_ok and fit and any(s.request.draft_token_ids for s in seqs):
             fit = self.graphs.step_k(self.graphs.bucket(len(seqs))) if self._graph_can_serve(seqs) else 0
@@ -294,9 +293,9 @@ class SpeculativeDecoder:
         graphs.sync_tables([r.block_table for r in reqs], slots, [r.slot_epoch for r in reqs])
         flat = [r for r in reqs for _ in range(k1)]
         positions = [n + i for n in sample_at for i in range(k1)]  # the index each row samples
-        graphs.load(g, tokens, starts, slots, [len(r.draft_token_ids) for r in reqs],
-                    [r.draft_token_ids for r in reqs], [r.params.temperature for r in flat],
-                    row_keys_host([r.seed for r in flat], positions))
+        kcaps = [len(r.draft_token_ids) for r in reqs]
+        graphs.load(g, tokens, starts, slots, kcaps, [r.draft_token_ids for r in reqs],
+                    [r.params.temperature for r in flat], row_keys_host([r.seed for r in flat], positions))
         logits = g.run_verify()
         picked = sampler_rows(reqs, k1)
         if picked:  # the rows the graph does not sample itself: the Sampler's, between the parts
@@ -305,7 +304,7 @@ class SpeculativeDecoder:
                                       [positions[j] for j in picked])
             g.sampled.index_copy_(0, at, ids)
         g.run_accept()
-        return SpecPending(g, list(seqs), [len(r.draft_token_ids) for r in reqs], g.k)
+        return SpecPending(g, list(seqs), kcaps)
 
     def finish(self, step: "SpecPending") -> SpecResult:
         """Read a launched step back (once): each request's new tokens (s_0 .. s_a), its counts, and its next
@@ -322,7 +321,7 @@ class SpeculativeDecoder:
             if r.is_finished:  # aborted or stopped while the step ran: nothing of it counts
                 continue
             self._count(r, kcap, a)
-            k = min(drafts_allowed_after(r, self.k, a + 1), step.fit)
+            k = min(drafts_allowed_after(r, self.k, a + 1), step.graph.k)
             rows.append(DraftRows(r, s.start, torch.tensor(tokens), None, frontier=True, k=k))
             drafted[r.request_id] = line[k1 + 1: k1 + 1 + k]
         step.result = result
@@ -349,7 +348,7 @@ class SpeculativeDecoder:
         res = step.result
         if res is None:
             raise RuntimeError("follow: the step has not been read back (finish)")
-        graphs, seqs, starts, tokens, sample_at = self.graphs, [], [], [], []
+        seqs, starts, tokens, sample_at = [], [], [], []
         for s in step.seqs:
             r = s.request
             new = res.tokens[r.request_id]
@@ -363,9 +362,7 @@ class SpeculativeDecoder:
             seqs.append(ScheduledSeq(r, start, 1 + len(r.draft_token_ids), True, len(r.draft_token_ids)))
         if not any(s.num_drafts for s in seqs):
             return None
-        if graphs.key(len(seqs), max(starts)) not in graphs.spec_graphs or not graphs.fits_reach(starts):
-            return None
-        if not all(self.reserve(s.request, graphs.reach(s.start)) for s in seqs):
+        if self.graphs.key(len(seqs), max(starts)) not in self.graphs.spec_graphs or not self._graph_serves(seqs):
             return None
         self.followed_steps += 1
         return self._launch_graph(seqs, tokens, sample_at)

@@ -92,8 +92,8 @@ class KernelPlan:
 def resolve_plan(decode_gemv: str = "auto", moe_kernels: str = "mma", max_num_seqs: int = 1,
                  speculative_tokens: int = 0) -> KernelPlan:
     """The plan of a deployment of `max_num_seqs` streams drafting `speculative_tokens` a step: decode_gemv "auto"
-    follows decode_gemv_for_rows of its decode_rows; any other value (one of DECODE_GEMV_MODES) and moe_kernels (one of MOE_FAMILIES) are taken as given. A bad value
-    raises a ValueError naming the option."""
+    follows decode_gemv_for_rows of its decode_rows; any other value (one of DECODE_GEMV_MODES) and moe_kernels
+    (one of MOE_FAMILIES) are taken as given. A bad value raises a ValueError naming the option."""
     if decode_gemv != "auto" and decode_gemv not in DECODE_GEMV_MODES:
         raise ValueError(f"decode_gemv must be 'auto' or one of {', '.join(DECODE_GEMV_MODES)}, found {decode_gemv!r}")
     if moe_kernels not in MOE_FAMILIES:
