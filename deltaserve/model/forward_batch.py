@@ -88,6 +88,15 @@ class ForwardBatch:
             out.append(total)
         return torch.tensor(out, dtype=torch.int64)
 
+    @functools.cached_property
+    def chunk_index(self):
+        """fla's chunk index of this batch's sequences (kernels/gated_delta/triton_decode.prefill_chunk_index), made
+        once per batch and held by it, so that a captured prefill graph (which keeps its batch) reads live tensors
+        at every replay; fla's own memo keeps only its last few calls'."""
+        from ..kernels.gated_delta.triton_decode import prefill_chunk_index
+
+        return prefill_chunk_index(self.cu_seqlens, self.cu_seqlens_cpu)
+
     @property
     def max_seqlen(self) -> int:
         """Most new tokens of any sequence (1 for a pure decode step); a host size, never a device read."""

@@ -182,6 +182,7 @@ class GatedDeltaNet(nn.Module):
             q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk), v.reshape(t, self.hv, self.dv), g, beta,
             batch.cu_seqlens, ssm_pool, batch.state_slots, batch.context_lens, self.scale,
             cu_seqlens_cpu=batch.cu_seqlens_cpu,  # fla's chunk indices without a device -> host copy per layer
+            chunk_index=batch.chunk_index,  # held by the batch: a captured prefill graph reads it at every replay
         )
         z = z.view(t, self.hv, self.dv)  # a column view of the projection's output, which the norm reads in place
         y = self.norm(o.to(x.dtype), z).reshape(t, self.value_dim)

@@ -166,6 +166,39 @@ def test_prefill_graph_of_several_sequences_equals_eager_bit_for_bit(model):
                     assert torch.equal(pool, getattr(caches[1], name)[layer]), f"depths {depths}: {name}[{layer}]"
 
 
+def test_prefill_graph_replayed_after_other_lengths(model):
+    """A prefill graph captured first, then graphs of six other lengths captured and replayed (fla memoises its
+    varlen chunk index by argument identity for its last few calls only, so those calls evict the first graph's),
+    the freed memory churned, and the first graph replayed again: the eager forward's logits and states bit for bit
+    (it read freed chunk indices before the graph's batch held them: an illegal address in the server test)."""
+    from deltaserve.engine.cuda_graph import PrefillGraphs
+    from deltaserve.model import ForwardBatch
+
+    bs = 16
+    gen = torch.Generator().manual_seed(12)
+    caches = [model.make_cache(64, bs, 4, torch.bfloat16) for _ in range(2)]
+    lengths = (37, 64, 101, 5, 48, 77, 19)
+    graphs = PrefillGraphs(model, caches[0], sizes=lengths, max_blocks=16)
+    if not graphs.capturable:
+        pytest.skip("the prefill graphs are not capturable here")
+    table = list(range(16))
+    with torch.no_grad():
+        for n in lengths:  # each length captured once, on slot 1 at depth 0
+            graphs.run([torch.randint(0, 32, (n,), generator=gen).tolist()], [0], [table], [1])
+        for _ in range(4):  # the freed blocks handed out and written over
+            junk = [torch.full((1 << 16,), -1, dtype=torch.int64, device="cuda") for _ in range(64)]
+            del junk
+            torch.cuda.empty_cache()
+        chunk = torch.randint(0, 32, (37,), generator=gen).tolist()
+        got = graphs.run([chunk], [0], [table], [2])
+        want = model(ForwardBatch.build([chunk], [0], [table], [2], bs, device="cuda"), caches[1])
+        torch.cuda.synchronize()
+    assert torch.equal(got, want), "the first length's graph, replayed after the others: logits differ"
+    for name in ("ssm", "conv"):
+        for layer, pool in getattr(caches[0], name).items():
+            assert torch.equal(pool[2], getattr(caches[1], name)[layer][2]), f"{name}[{layer}] of slot 2"
+
+
 def test_engine_prefill_graphs_equal_eager(model):
     """Long prompts prefilled alone in full chunks of 64 (max_num_batched_tokens) through the captured prefill
     graph: the same greedy tokens as the eager engine."""

@@ -593,10 +593,38 @@ def initial_states(ssm_pool: torch.Tensor, state_slots: torch.Tensor, context_le
     return out
 
 
+FLA_CHUNK = 64  # fla-core's chunk size for the gated delta rule (chunk_gated_delta_rule's default)
+
+
+class ChunkIndex(tuple):
+    """fla-core's varlen bookkeeping of one batch's sequences, (lens [B], chunk indices [NC, 2], chunk offsets
+    [B + 1]), made by fla's own helpers (prefill_chunk_index)."""
+
+
+def prefill_chunk_index(cu_seqlens: torch.Tensor, cu_seqlens_cpu: torch.Tensor | None = None) -> ChunkIndex:
+    """The chunk index gdn_prefill hands fla for sequences cu_seqlens (int64 [B + 1] on the device; cu_seqlens_cpu
+    its host copy, which spares a device -> host copy). Hold it for as long as anything may read it: fla memoises
+    these tensors by argument identity in a cache of its last few calls only, so a CUDA graph captured on a cached
+    entry would read freed memory once later calls evicted it (a prefill graph replayed after prompts of other
+    lengths: an illegal address). The caller (ForwardBatch.chunk_index) keeps one per batch, and a captured prefill
+    graph keeps its batch. fla's forward looks the offsets (and their lens) up again by the same arguments: a hit
+    returns these tensors, a miss inside a capture computes them with captured device ops (both safe)."""
+    try:
+        from fla.ops.utils.index import prepare_chunk_indices, prepare_chunk_offsets, prepare_lens
+    except ImportError as exc:  # fla-core travels as a wheel (wheels.txt)
+        raise ImportError("gdn_prefill needs fla-core 0.6.0 (see wheels.txt)") from exc
+    if cu_seqlens.dtype != torch.int64:
+        raise ValueError(f"prefill_chunk_index: cu_seqlens must be int64 (fla looks its index up by this tensor), "
+                         f"found {cu_seqlens.dtype}")
+    # positional arguments, as fla's forward passes them (its cache compares the argument lists)
+    return ChunkIndex((prepare_lens(cu_seqlens), prepare_chunk_indices(cu_seqlens, FLA_CHUNK, cu_seqlens_cpu=cu_seqlens_cpu),
+                       prepare_chunk_offsets(cu_seqlens, FLA_CHUNK)))
+
+
 def gdn_prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     cu_seqlens: torch.Tensor, ssm_pool: torch.Tensor, state_slots: torch.Tensor, context_lens: torch.Tensor,
-    scale: float, cu_seqlens_cpu: torch.Tensor | None = None,
+    scale: float, cu_seqlens_cpu: torch.Tensor | None = None, chunk_index: ChunkIndex | None = None,
 ) -> torch.Tensor:
     """Chunked gated delta rule over B packed sequences with fla-core's `chunk_gated_delta_rule` (varlen).
 
@@ -604,7 +632,8 @@ def gdn_prefill(
     the reference's l2norm); g, beta [T, Hv] fp32 (gdn_gates); cu_seqlens [B+1]. Initial states are gathered from
     ssm_pool [S, Hv, dk, dv] at state_slots (zeros where context_lens == 0) and the final states written back.
     Returns o [T, Hv, dv] in v's dtype (before the gated norm). Same meaning as `reference.gated_delta_chunked`
-    per sequence with the L2 norms applied first.
+    per sequence with the L2 norms applied first. chunk_index: prefill_chunk_index(cu_seqlens, cu_seqlens_cpu),
+    held by the caller (required under CUDA-graph capture: see prefill_chunk_index); None: made here.
     """
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -616,10 +645,13 @@ def gdn_prefill(
                          f"{context_lens.numel()} context lengths")
     slots = state_slots.to(torch.int64)
     h0 = initial_states(ssm_pool, slots, context_lens)  # the int64 slots the write-back below takes as well
+    cu = cu_seqlens.to(torch.int64)
+    if chunk_index is None:
+        chunk_index = prefill_chunk_index(cu, cu_seqlens_cpu)
     o, final = chunk_gated_delta_rule(
         q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0), scale=scale,
         initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
-        cu_seqlens=cu_seqlens.to(torch.int64), cu_seqlens_cpu=cu_seqlens_cpu,
+        cu_seqlens=cu, cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_index[1], chunk_size=FLA_CHUNK,
     )
     ssm_pool.index_copy_(0, slots, final.to(ssm_pool.dtype))
     return o[0]
