@@ -10,6 +10,9 @@
 #                                       fault's variants (lab/probe_prefill_fault.py), the row-bits probe
 #   bash lab/device_wave48.sh step      the spec-step probe alone (SPEC_K, BATCHES) and the prefill graph fault probe
 #   bash lab/device_wave48.sh diverge   where drafted replies first differ from drafting off (lab/probe_spec_divergence.py)
+#   bash lab/device_wave48.sh bits      the same with the logits' bits compared row by row (--logits), per BITS_CFGS
+#                                       ("streams:k" pairs), drafting's default variant
+#   bash lab/device_wave48.sh fault     the prefill graph fault's variants alone (lab/probe_prefill_fault.py)
 #   bash lab/device_wave48.sh all       tests then engine, each under its own limit (TESTS_LIMIT, LIMIT)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -68,6 +71,18 @@ diverge)  # where drafted replies first differ from drafting off (BATCHES stream
   timeout ${LIMIT:-400} python3 lab/probe_spec_divergence.py --batch ${BATCHES:-8} --k ${SPEC_K:-2} \
     --variants ${VARIANTS:-default,no-follow,k1} > "$OUT/probe_spec_divergence.log" 2>&1
   grep -vE "^#|Warn" "$OUT/probe_spec_divergence.log" | tail -30
+  ;;
+bits)  # the first position whose logits' bits differ from drafting off, per streams:k
+  for cfg in ${BITS_CFGS:-8:2 4:3 2:3 1:3}; do
+    timeout ${LIMIT:-150} python3 lab/probe_spec_divergence.py --batch ${cfg%:*} --k ${cfg#*:} \
+      --variants ${VARIANTS:-default} --logits >> "$OUT/probe_bits.log" 2>&1
+    echo "bits $cfg ($((SECONDS-t0)) s)"
+  done
+  grep -vE "^#|Warn|^\|" "$OUT/probe_bits.log" | cut -c1-230 | tail -60
+  ;;
+fault)
+  timeout ${LIMIT3:-200} python3 lab/probe_prefill_fault.py > "$OUT/probe_prefill_fault.log" 2>&1
+  grep "^|" "$OUT/probe_prefill_fault.log"; tail -5 "$OUT/probe_prefill_fault.log" | cut -c1-300
   ;;
 tests) run_tests ;;
 engine) run_engine ;;
