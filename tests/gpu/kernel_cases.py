@@ -1077,6 +1077,29 @@ def check_topk_contract(mods, device, e, k, warps=4, normalize=True):
     assert (ids_s[:, k] == e).all() and torch.equal(w_s[:, k], sw), "shared slot: (id, weight) not (E, sw)"
 
 
+def check_topk_same_bits_any_warps(mods, device, e=256, k=8, tokens=4096):
+    """The routing weights of _topk bit for bit the same at 1, 2, 4 and 8 warps (the launches that route a token
+    differ in warps: the router's last arrival, the separate top-k, the route tiles), over many random tokens,
+    and the same in the separate top-k launch as in moe_route's last-arrival top-k: the normaliser adds its k
+    terms in one order whatever the layout (a 16-row verify and an 8-row decode step routed one token one bit
+    apart before, and the 8-stream drafted replies differed from undrafted ones)."""
+    md = mods["moe"]
+    gen = torch.Generator(device="cpu").manual_seed(21)
+    lg = (torch.randn(tokens, e, generator=gen) * 2).to(device)
+    ep = 1 << (e - 1).bit_length()
+    runs = []
+    for warps in (1, 2, 4, 8):
+        ids = torch.full((tokens, k), -1, dtype=torch.int32, device=device)
+        w = poisoned((tokens, k), torch.float32, device)
+        md._topk_kernel[(tokens,)](lg, ids, w, lg, e, EP=ep, TOPK=k, NORMALIZE=True, num_warps=warps)
+        runs.append((warps, ids, w))
+    _, ids0, w0 = runs[0]
+    for warps, ids, w in runs[1:]:
+        assert torch.equal(ids, ids0), f"top-k ids at {warps} warps differ from 1 warp"
+        bad = (w != w0).any(-1).sum().item()
+        assert bad == 0, f"top-k weights at {warps} warps differ from 1 warp in {bad} of {tokens} tokens"
+
+
 def check_gemv_inline_unaligned(mods, device, n, k, m=3):
     """x rows that are not 4-byte aligned (a column view at an odd offset, odd pitch) take single loads instead of
     paired ones: the same values in the same arithmetic, so the result equals the aligned rows' bit for bit."""

@@ -283,6 +283,10 @@ def test_moe_v2_fused_ties(fused_mods, dev):
     kc.check_moe_v2_fused_ties(fused_mods, dev)
 
 
+def test_topk_same_bits_any_warps(fused_mods, dev):
+    kc.check_topk_same_bits_any_warps(fused_mods, dev)
+
+
 @pytest.mark.parametrize("warps", [1, 2, 4])
 def test_topk_contract(fused_mods, dev, warps):
     for e, k in ((37, 8), (256, 8), (37, 3)):

@@ -87,12 +87,20 @@ def _topk(logit_row, E, EP: tl.constexpr, TOPK: tl.constexpr, NORMALIZE: tl.cons
     thr = tl.sum(tl.where(kk == TOPK - 1, best, 0), axis=0)  # the k-th largest key
     sel = work >= thr
     # the best keys' logits back from their high words (_order_keys' map is its own inverse). top may be +0 where
-    # max(logits) is -0: x - top is the same either way. The normaliser adds the k terms in key order
+    # max(logits) is -0: x - top is the same either way
     hi = (best >> 32).to(tl.int32)
     best_logits = (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
     top = tl.max(best_logits, axis=0)
     if NORMALIZE:
-        norm = tl.sum(tl.where(kk < TOPK, tl.exp(best_logits - top), 0.0), axis=0)
+        # the normaliser adds the k terms one after another in key order (largest first), each taken out of the
+        # KP-element result exactly (one term and zeros): the same bits in every launch, whatever its warps and so
+        # the result's layout (a tree sum over the layout's lanes rounded differently in the router's launch and in
+        # the separate top-k launch: routing weights one bit apart, so a 16-token verify routed by one and a
+        # decode step by the other gave other bits, tests/gpu/test_gemv_gpu.py::test_moe_v2_fused)
+        terms = tl.exp(best_logits - top)
+        norm = tl.sum(tl.where(kk == 0, terms, 0.0), axis=0)
+        for i in tl.static_range(1, TOPK):
+            norm = norm + tl.sum(tl.where(kk == i, terms, 0.0), axis=0)
         wts = tl.where(sel, tl.exp(logits - top), 0.0) / norm
     else:
         lse = top + tl.log(tl.sum(tl.where(e_mask, tl.exp(logits - top), 0.0), axis=0))
