@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # This wave's device calls (any H100 / H200, repo root; carry .whl and .tcache.tgz). Usage:
-#   bash lab/device_wave48.sh tests     the GPU tests TESTS (files), TESTS_K (a -k expression); default: (engine exactness, sampling, prefix cache, vision, structured)
+#   bash lab/device_wave48.sh tests     the GPU tests TESTS (files, or FILE@EXPR with '+' for spaces: that file's -k),
+#                                       TESTS_K (the others' -k), each file under PER_FILE seconds; default: (engine exactness, sampling, prefix cache, vision, structured)
 #   bash lab/device_wave48.sh engine    bench --engine: d512 / d32768 at 1, 8, 64 streams, prefix TTFT, mixed load
 #   bash lab/device_wave48.sh extras    bench vision, bench --structured-output
 #   bash lab/device_wave48.sh spec      bench --engine --speculative-tokens (simulated acceptance), SPEC_K / SPEC_A / BATCHES
@@ -27,11 +28,19 @@ M="--preset qwen3.6-35b-a3b --quant q4"
 TESTS=${TESTS:-"tests/gpu/test_sampling_gpu.py tests/gpu/test_engine_exact_gpu.py tests/gpu/test_prefix_cache_gpu.py
   tests/gpu/test_engine_graph_gpu.py tests/gpu/test_server_gpu.py tests/gpu/test_vision_gpu.py
   tests/gpu/test_structured_gpu.py tests/gpu/test_model_fast_path.py"}
-run_tests() {
-  timeout ${LIMIT:-500} python3 -m pytest -m gpu -q -rf -s -p no:cacheprovider $TESTS ${TESTS_K:+-k "$TESTS_K"} \
-    > "$OUT/tests.log" 2>&1
-  echo "tests ($((SECONDS-t0)) s): $(grep -E 'passed|failed' "$OUT/tests.log" | tail -1)"
-  grep -E "^CUTS|FAILED|^E  " "$OUT/tests.log" | cut -c1-200 | head -40
+run_tests() {  # each file under its own limit (PER_FILE), so a slow file leaves the others' summaries
+  local deadline=$((SECONDS + ${LIMIT:-500}))
+  for entry in $TESTS; do  # FILE or FILE@K-EXPRESSION (spaces in the expression as '+')
+    local f=${entry%%@*} k=""; [ "$entry" != "$f" ] && k=$(echo "${entry#*@}" | tr '+' ' ')
+    local left=$((deadline - SECONDS)); [ $left -lt 20 ] && { echo "$f: not run (limit)" >> "$OUT/tests.log"; continue; }
+    local lim=$(( ${PER_FILE:-200} < left ? ${PER_FILE:-200} : left ))
+    echo "### $f" >> "$OUT/tests.log"
+    k=${k:-$TESTS_K}
+    timeout $lim python3 -m pytest -m gpu -v --tb=short -rf -p no:cacheprovider $f ${k:+-k "$k"} \
+      >> "$OUT/tests.log" 2>&1 || echo "$f: exit $?" >> "$OUT/tests.log"
+  done
+  echo "tests ($((SECONDS-t0)) s):"
+  grep -E "^### |passed|failed|FAILED|^E  |not run|: exit" "$OUT/tests.log" | cut -c1-220 | head -60
 }
 run_engine() {
   timeout ${LIMIT:-540} python3 -m deltaserve bench --engine $M -n 128 -d ${DEPTHS:-512,32768} -b ${BATCHES:-1,64,8} \
