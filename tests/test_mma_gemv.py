@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deltaserve.kernels.moe import mma_experts as mx
 from deltaserve.kernels.quant import mma_gemv as mg
 
 
@@ -103,14 +104,14 @@ def test_experts_repack_and_reference():
     w = torch.stack([t[1] for t in ws])
     s = torch.stack([t[2] for t in ws])
     b = torch.stack([t[3] for t in ws])
-    words, sb = mg.repack_q4_experts(w, s, b)
+    words, sb = mx.repack_q4_experts(w, s, b)
     assert words.shape == (e, 2, 2, 128) and sb.shape == (e, 2, 2, 8, 2, 2)
     for i in range(e):
         wi, sbi = mg.repack_q4(w[i], s[i], b[i])
         assert torch.equal(words[i], wi) and torch.equal(sb[i], sbi)
     x = torch.randn(2, k).bfloat16()
     ids = torch.tensor([[2, 0], [1, 2]])
-    ref = mg.mma_experts_reference(x, words, sb, ids, x_repeat=2)
+    ref = mx.mma_experts_reference(x, words, sb, ids, x_repeat=2)
     for r, ex in enumerate(ids.reshape(-1).tolist()):
         assert torch.equal(ref[r], mg.mma_gemv_reference(x[r // 2 : r // 2 + 1], words[ex], sb[ex])[0])
 
@@ -126,21 +127,21 @@ def test_moe_block_refused_on_cpu():
 def test_expert_tile_policy():
     """Single-row tiles (no table) while experts average under half a row, then sorted tiles sized to the mean;
     single tiles are the ids themselves, as int32."""
-    assert [mg.default_tile_rows(m, 256) for m in (8, 72, 128, 129, 576, 4608, 65536)] == [1, 1, 1, 8, 8, 8, 8]
+    assert [mx.default_tile_rows(m, 256) for m in (8, 72, 128, 129, 576, 4608, 65536)] == [1, 1, 1, 8, 8, 8, 8]
     ids = torch.tensor([[3, 1], [0, 3]])
-    tiles = mg.mma_expert_tiles(ids, 16)
+    tiles = mx.mma_expert_tiles(ids, 16)
     assert tiles.rows == 1 and tiles.tile_e.dtype == torch.int32 and tiles.tile_e.tolist() == [3, 1, 0, 3]
     with pytest.raises(ValueError, match="rows per tile"):
-        mg.mma_expert_tiles(ids, 16, 12)
-    assert [mg.default_row_blocks(nbe, m, k) for nbe, m, k in ((32, 8, 2048), (32, 576, 2048), (128, 8, 512),
+        mx.mma_expert_tiles(ids, 16, 12)
+    assert [mx.default_row_blocks(nbe, m, k) for nbe, m, k in ((32, 8, 2048), (32, 576, 2048), (128, 8, 512),
                                                                 (128, 576, 512), (1, 576, 512))] == [1, 1, 1, 2, 1]
 
 
 def test_expert_tile_rows():
     """The sorted tiles' rows: single rows while the mean rows per expert stay under one half, else 8 (never a row's
     bits)."""
-    assert [mg.default_tile_rows(m, 256) for m in (72, 128, 129, 4608)] == [1, 1, 8, 8]
-    assert mg.mma_expert_tiles(torch.tensor([[3, 1], [0, 3]]), 16).rows == 1
+    assert [mx.default_tile_rows(m, 256) for m in (72, 128, 129, 4608)] == [1, 1, 8, 8]
+    assert mx.mma_expert_tiles(torch.tensor([[3, 1], [0, 3]]), 16).rows == 1
 
 
 def test_pack_mma_experts_stacks_an_equal_width_shared_expert():

@@ -132,10 +132,10 @@ def test_mma_gemv_launch_shapes_same_bits(dev, n, k):
 
 
 def _experts(dev, e, n, k):
-    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.moe import mma_experts as mx
 
     p, s, b, wd = kc.affine_weight((e, n, k), 4, 64, dev)
-    words, sb = mg.repack_q4_experts(p, s, b)
+    words, sb = mx.repack_q4_experts(p, s, b)
     return (words, sb), wd
 
 
@@ -154,18 +154,18 @@ def _routes(dev, e, slots, t):
 @pytest.mark.parametrize("t", [1, 8, 64])
 @pytest.mark.parametrize("tile_rows", [None, 1, 16])
 def test_mma_experts_vs_fp64(dev, e, n, k, top_k, t, tile_rows):
-    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.moe import mma_experts as mx
 
     (words, sb), wd = _experts(dev, e, n, k)
     x = torch.randn(t, k, device=dev).bfloat16()
     ids = torch.stack([torch.randperm(e, device=dev)[:top_k].sort().values for _ in range(t)]).int()
     out = kc.poisoned((t * top_k, n), torch.bfloat16, dev)
-    tiles = mg.mma_expert_tiles(ids, e, tile_rows)
-    y = mg.mma_matmul_experts(x, words, sb, ids, x_repeat=top_k, out=out, tiles=tiles)
+    tiles = mx.mma_expert_tiles(ids, e, tile_rows)
+    y = mx.mma_matmul_experts(x, words, sb, ids, x_repeat=top_k, out=out, tiles=tiles)
     assert y.data_ptr() == out.data_ptr()
     ref = torch.stack([x[r // top_k].double() @ wd[int(i)].t() for r, i in enumerate(ids.reshape(-1).tolist())])
     kc.close(y, ref, 2 * kc.BF16_EPS, f"mma_matmul_experts T={t} E={e} N={n} K={k} tiles {tiles.rows}")
-    assert torch.allclose(mg.mma_experts_reference(x, words, sb, ids, top_k), ref, rtol=0, atol=1e-9)
+    assert torch.allclose(mx.mma_experts_reference(x, words, sb, ids, top_k), ref, rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("n,k", [(512, 2048), (2048, 512)])
@@ -175,6 +175,7 @@ def test_mma_experts_forms_same_bits(dev, n, k):
     the plain rows, each rounded to bf16 (SiLU to the exp's last bits) and against fp64."""
     import torch.nn.functional as F
 
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import mma_gemv as mg
 
     e, top_k, t = 64, 8, 40
@@ -184,22 +185,22 @@ def test_mma_experts_forms_same_bits(dev, n, k):
     ids = torch.stack([torch.randperm(e, device=dev)[:top_k].sort().values for _ in range(t)]).int()
     ids[3:, 0] = 5  # one expert picked by most tokens: several tiles of it
     m = t * top_k
-    base = mg.mma_matmul_experts(x, words, sb, ids, top_k, tiles=mg.mma_expert_tiles(ids, e, 1), config=(mg.default_warps(k), 1))
+    base = mx.mma_matmul_experts(x, words, sb, ids, top_k, tiles=mx.mma_expert_tiles(ids, e, 1), config=(mg.default_warps(k), 1))
     for rows in (1, 8, 16, 64):
-        tiles = mg.mma_expert_tiles(ids, e, rows)
+        tiles = mx.mma_expert_tiles(ids, e, rows)
         for rb, loop in ((1, 1), (2, 1), (4, 1), (1, 2), (1, 4), (2, 2)):  # LOOP: rounds over x staged once
             if loop > 1 and k * rows * 2 > mg.STAGE_BYTES:
                 with pytest.raises(ValueError, match="shared memory"):
-                    mg.mma_matmul_experts(x, words, sb, ids, top_k, tiles=tiles, config=(mg.default_warps(k), rb, 1, loop))
+                    mx.mma_matmul_experts(x, words, sb, ids, top_k, tiles=tiles, config=(mg.default_warps(k), rb, 1, loop))
                 continue
-            got = mg.mma_matmul_experts(x, words, sb, ids, top_k, tiles=tiles,
+            got = mx.mma_matmul_experts(x, words, sb, ids, top_k, tiles=tiles,
                                         config=(mg.default_warps(k), rb, 1, loop))
             assert torch.equal(got, base), f"tiles of {rows} rows, RB {rb}, LOOP {loop}: bits differ from RB 1"
     scale = torch.rand(m, device=dev)
-    scaled = mg.mma_matmul_experts(x, words, sb, ids, top_k, scale=scale, out=kc.poisoned((m, n), torch.float32, dev))
+    scaled = mx.mma_matmul_experts(x, words, sb, ids, top_k, scale=scale, out=kc.poisoned((m, n), torch.float32, dev))
     assert torch.equal(scaled, scale[:, None] * base.float()), "scaled rows != scale * plain rows"
-    up = mg.mma_matmul_experts(x, uw, usb, ids, top_k)
-    gated = mg.mma_matmul_experts(x, words, sb, ids, top_k, up=(uw, usb), out=kc.poisoned((m, n), torch.bfloat16, dev))
+    up = mx.mma_matmul_experts(x, uw, usb, ids, top_k)
+    gated = mx.mma_matmul_experts(x, words, sb, ids, top_k, up=(uw, usb), out=kc.poisoned((m, n), torch.bfloat16, dev))
     want = F.silu(base) * up  # torch's bf16 ops: SiLU rounded, then the product rounded
     diff = (gated.float() - want.float()).abs()
     assert (diff <= 2 * kc.BF16_EPS * want.float().abs() + 1e-30).all(), f"gated != SiLU(g) * u: {diff.max().item()}"
@@ -209,11 +210,11 @@ def test_mma_experts_forms_same_bits(dev, n, k):
     kc.close(gated, F.silu(g64) * u64, 4 * kc.BF16_EPS, f"gated experts N={n} K={k}")
     for rows in (1, 16):
         for rb, loop in ((1, 1), (4, 1), (1, 4)):
-            again = mg.mma_matmul_experts(x, words, sb, ids, top_k, up=(uw, usb),
-                                          tiles=mg.mma_expert_tiles(ids, e, rows),
+            again = mx.mma_matmul_experts(x, words, sb, ids, top_k, up=(uw, usb),
+                                          tiles=mx.mma_expert_tiles(ids, e, rows),
                                           config=(mg.default_warps(k), rb, 2, loop))
             assert torch.equal(again, gated), f"gated: tiles of {rows} rows, RB {rb}, LOOP {loop} change bits"
-    parts = mg.mma_matmul_experts(x, words, sb, ids, top_k, scale=scale, tiles=mg.mma_expert_tiles(ids, e, 8),
+    parts = mx.mma_matmul_experts(x, words, sb, ids, top_k, scale=scale, tiles=mx.mma_expert_tiles(ids, e, 8),
                                   config=(mg.default_warps(k), 1, 1, 4))
     assert torch.equal(parts, scaled), "scaled rows with LOOP 4 differ"
 
@@ -221,6 +222,7 @@ def test_mma_experts_forms_same_bits(dev, n, k):
 def test_mma_experts_batch_invariant(dev):
     """A token's rows alone == the same rows among 63 other tokens' (other experts, shared experts, other
     tile positions), bit for bit; and the same rows as the dense-weight GEMV on that expert."""
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import mma_gemv as mg
 
     e, n, k, top_k = 256, 1024, 2048, 8
@@ -228,9 +230,9 @@ def test_mma_experts_batch_invariant(dev):
     x = torch.randn(64, k, device=dev).bfloat16()
     ids = torch.stack([torch.randperm(e, device=dev)[:top_k].sort().values for _ in range(64)]).int()
     ids[5:, 0] = ids[0, 0]  # an expert shared by 60 tokens: several tiles
-    full = mg.mma_matmul_experts(x, words, sb, ids, x_repeat=top_k)
+    full = mx.mma_matmul_experts(x, words, sb, ids, x_repeat=top_k)
     for tok in (0, 7, 63):
-        alone = mg.mma_matmul_experts(x[tok : tok + 1].clone(), words, sb, ids[tok : tok + 1], x_repeat=top_k)
+        alone = mx.mma_matmul_experts(x[tok : tok + 1].clone(), words, sb, ids[tok : tok + 1], x_repeat=top_k)
         assert torch.equal(full[tok * top_k : (tok + 1) * top_k], alone), f"token {tok} alone != among 64"
         for j in range(top_k):
             ex = int(ids[tok, j])
@@ -363,6 +365,7 @@ def test_mma_experts_combine_at_last_arrival(dev, t, with_res):
     """The down launch's combine (combine=, single-row tiles) == the parts of the same launch without it, then
     combine_slots, bit for bit; the parts it leaves are those parts; repeated launches reuse the counters (each
     launch leaves them at zero)."""
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.moe.triton_combine import combine_slots
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.triton_sync import arrival_counters
@@ -373,19 +376,19 @@ def test_mma_experts_combine_at_last_arrival(dev, t, with_res):
     hid = torch.randn(t * slots, k, device=dev).bfloat16()
     scale = torch.rand(t * slots, device=dev)
     res = torch.randn(t, n, device=dev).bfloat16() if with_res else None
-    tiles = mg.mma_expert_tiles(ids, e, 1)
-    part = mg.mma_matmul_experts(hid, words, sb, ids, 1, tiles=tiles, scale=scale)
+    tiles = mx.mma_expert_tiles(ids, e, 1)
+    part = mx.mma_matmul_experts(hid, words, sb, ids, 1, tiles=tiles, scale=scale)
     want = combine_slots(part.view(t, slots, n), res, out=torch.empty(t, n, dtype=torch.bfloat16, device=dev))
     for rep in range(3):  # (the third launch takes rounds of row blocks over x staged once: LOOP 4)
         parts = kc.poisoned((t * slots, n), torch.float32, dev)
-        got = mg.mma_matmul_experts(hid, words, sb, ids, 1, tiles=tiles, scale=scale, out=parts,
+        got = mx.mma_matmul_experts(hid, words, sb, ids, 1, tiles=tiles, scale=scale, out=parts,
                                     combine=(res, kc.poisoned((t, n), torch.bfloat16, dev)),
                                     config=(mg.default_warps(k), 1, 1, 4) if rep == 2 else None)
         assert torch.equal(got, want), f"T={t} launch {rep}: combined at the last arrival != combine_slots"
         assert torch.equal(parts, part), f"T={t}: the parts differ with combine="
     assert int(arrival_counters(dev, 1).abs().sum()) == 0, "counters left non-zero"
     with pytest.raises(ValueError, match="single-row tiles"):
-        mg.mma_matmul_experts(hid, words, sb, ids, 1, tiles=mg.mma_expert_tiles(ids, e, 8), scale=scale,
+        mx.mma_matmul_experts(hid, words, sb, ids, 1, tiles=mx.mma_expert_tiles(ids, e, 8), scale=scale,
                               combine=(res, torch.empty(t, n, dtype=torch.bfloat16, device=dev)))
 
 
@@ -394,26 +397,27 @@ def test_mma_experts_whole_slice_same_bits(dev, t):
     """The experts kernel's whole-slice form (AHEAD >= its chunks: every chunk's weights at once, x by cp.async)
     and its register ring (AHEAD 3 .. chunks - 1, the last being the whole slice up front) give the bits of AHEAD 1
     and 2 in the gated, scaled and combining forms, on single-row tiles."""
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import mma_gemv as mg
 
     e, slots, h, i = 65, 9, 2048, 512
     (gw, gsb), (uw, usb), (dw, dsb) = _moe_experts(dev, e, h, i)
     ids = _routes(dev, e, slots, t)
-    tiles = mg.mma_expert_tiles(ids, e, 1)
+    tiles = mx.mma_expert_tiles(ids, e, 1)
     x = torch.randn(t, h, device=dev).bfloat16()
     scale = torch.rand(t * slots, device=dev)
     res = torch.randn(t, h, device=dev).bfloat16()
     wg, wd = mg.default_warps(h), mg.default_warps(i)
     got = {}
     for ahead in (1, 2, 3, 4, h // 64 // wg - 1, h // 64 // wg):
-        got[ahead] = mg.mma_matmul_experts(x, gw, gsb, ids, slots, tiles=tiles, up=(uw, usb), config=(wg, 1, ahead))
+        got[ahead] = mx.mma_matmul_experts(x, gw, gsb, ids, slots, tiles=tiles, up=(uw, usb), config=(wg, 1, ahead))
     assert all(torch.equal(v, got[1]) for v in got.values()), "gated: AHEAD changes bits"
     hid = got[1]
     for combine in (None, (res, None)):
         outs = []
         for ahead in (1, 2, 3, 4, i // 64 // wd - 1, i // 64 // wd):
             comb = None if combine is None else (res, torch.empty(t, h, dtype=torch.bfloat16, device=dev))
-            outs.append(mg.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles, scale=scale, config=(wd, 1, ahead),
+            outs.append(mx.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles, scale=scale, config=(wd, 1, ahead),
                                               combine=comb))
         assert all(torch.equal(o, outs[0]) for o in outs), f"down (combine={combine is not None}): AHEAD changes bits"
 
@@ -423,6 +427,7 @@ def test_mma_experts_staged_weights_same_bits(dev, t):
     """The experts kernel's staged-weight form (WSTAGE slots of shared memory filled by cp.async, x staged whole)
     gives the bits of the register forms in the gated and scaled launches, on single-row and sorted 8-row tiles,
     with 2, 3, 5 and more slots than chunks, and a NaN-poisoned output fully written."""
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import mma_gemv as mg
 
     e, slots, h, i = 257, 9, 2048, 512
@@ -432,18 +437,18 @@ def test_mma_experts_staged_weights_same_bits(dev, t):
     scale = torch.rand(t * slots, device=dev)
     wg, wd = mg.default_warps(h), mg.default_warps(i)
     for rows in (1, 8) if t > 1 else (1,):
-        tiles = mg.mma_expert_tiles(ids, e, rows)
-        base_g = mg.mma_matmul_experts(x, gw, gsb, ids, slots, tiles=tiles, up=(uw, usb), config=(wg, 1, 2))
+        tiles = mx.mma_expert_tiles(ids, e, rows)
+        base_g = mx.mma_matmul_experts(x, gw, gsb, ids, slots, tiles=tiles, up=(uw, usb), config=(wg, 1, 2))
         hid = base_g
-        rbd = mg.default_row_blocks(dw.shape[1], t * slots, i)
-        base_d = mg.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles, scale=scale, config=(wd, rbd, 2))
+        rbd = mx.default_row_blocks(dw.shape[1], t * slots, i)
+        base_d = mx.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles, scale=scale, config=(wd, rbd, 2))
         for ns in (2, 3, 5, 9):
             out = torch.full_like(base_g, float("nan"))
-            got = mg.mma_matmul_experts(x, gw, gsb, ids, slots, tiles=tiles, up=(uw, usb), config=(wg, 1, 2, 1, ns),
+            got = mx.mma_matmul_experts(x, gw, gsb, ids, slots, tiles=tiles, up=(uw, usb), config=(wg, 1, 2, 1, ns),
                                         out=out)
             assert torch.equal(got, base_g), f"gated, {rows}-row tiles, {ns} slots"
             out = torch.full_like(base_d, float("nan"))
-            got = mg.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles, scale=scale, config=(wd, rbd, 2, 1, ns),
+            got = mx.mma_matmul_experts(hid, dw, dsb, ids, 1, tiles=tiles, scale=scale, config=(wd, rbd, 2, 1, ns),
                                         out=out)
             assert torch.equal(got, base_d), f"down, {rows}-row tiles, {ns} slots"
 
