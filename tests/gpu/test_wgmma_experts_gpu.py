@@ -9,7 +9,7 @@ import torch
 
 import kernel_cases as kc
 from conftest import INTERPRET
-from test_mma_gemv_gpu import _experts, _moe_block, _moe_experts, _routes
+from test_mma_experts_gpu import _experts, _moe_block, _moe_experts, _routes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(INTERPRET, reason="Gluon kernels do not run in the interpreter")]
 
