@@ -119,7 +119,7 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    from deltaserve.kernels.quant.mma_gemv import mma_expert_tiles
+    from deltaserve.kernels.moe.mma_experts import mma_expert_tiles
     from deltaserve.kernels.quant.triton_gemv import prep_x
     from deltaserve.kernels.quant.wgmma_experts import wg_tile_rows
 

@@ -5,8 +5,8 @@ last, top-8 of 512 wide, H 2048, q4 g64): the program to run under Nsight Comput
       --section SpeedOfLight --section Occupancy --section WarpStateStats python lab/probe_moe_t1.py
 
 Each form is launched --calls times on its own routing and input (the first compiles), so the experts read come
-from DRAM as in the model, not from the L2: the tensor-core gated gate/up and the scaled down (kernels/quant/
-mma_gemv.mma_matmul_experts, default configuration), then the CUDA-core block (kernels/moe/triton_moe_gemv.
+from DRAM as in the model, not from the L2: the tensor-core gated gate/up and the scaled down (kernels/moe/
+mma_experts.mma_matmul_experts, default configuration), then the CUDA-core block (kernels/moe/triton_moe_gemv.
 moe_decode_v2: router, top-k, gate/up, down, combine). Prints each form's mean us over CUDA events as a sanity
 line (eager, no PDL overlap)."""
 
@@ -29,11 +29,11 @@ def expert_stacks(dev):
     """The MoE block's random repacked q4 g64 stacks: gate, up [E, I, H] and down [E, H, I]."""
     from kernel_cases import affine_weight
 
-    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.moe import mma_experts as mx
 
     def stack(n, k):
         p, s, b, _ = affine_weight((NUM_E, n, k), 4, 64, dev)
-        return mg.repack_q4_experts(p, s, b)
+        return mx.repack_q4_experts(p, s, b)
 
     return stack(I, H), stack(I, H), stack(H, I)
 
@@ -61,14 +61,14 @@ def main(argv=None) -> int:
     from kernel_cases import moe_problem
 
     from deltaserve.kernels.moe.triton_moe_gemv import moe_decode_v2
-    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.moe import mma_experts as mx
 
     dev = torch.device("cuda")
     h, i, slots, t = H, I, SLOTS, args.t
     torch.manual_seed(0)
     gate, up, down = expert_stacks(dev)
     routes, xs_in, sums, hs, scale = probe_inputs(dev, t, args.calls)
-    tiles = [mg.mma_expert_tiles(r, NUM_E) for r in routes]
+    tiles = [mx.mma_expert_tiles(r, NUM_E) for r in routes]
 
     def timed(name, fn):
         torch.cuda.synchronize()
@@ -84,10 +84,10 @@ def main(argv=None) -> int:
 
     cfg = tuple(int(v) for v in args.gated_config.split(",")) if args.gated_config else None
     if args.only in (None, "gated"):
-        timed(f"mma experts gated {cfg or ''}", lambda j: mg.mma_matmul_experts(
+        timed(f"mma experts gated {cfg or ''}", lambda j: mx.mma_matmul_experts(
             xs_in[j], *gate, routes[j], slots, xs=sums[j], tiles=tiles[j], up=up, config=cfg))
     if args.only in (None, "scaled"):
-        timed("mma experts scaled", lambda j: mg.mma_matmul_experts(hs[j], *down, routes[j], 1, tiles=tiles[j],
+        timed("mma experts scaled", lambda j: mx.mma_matmul_experts(hs[j], *down, routes[j], 1, tiles=tiles[j],
                                                                      scale=scale))
     if args.only not in (None, "cuda"):
         return 0

@@ -60,6 +60,7 @@ def compile_only(quick: bool = False) -> int:
     from kernel_cases import affine_weight
     from sass_report import _tool, install, instructions
 
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import mma_gemv as mg
 
     p, s, b, _ = affine_weight((64, 256), 4, 64, "cpu")
@@ -118,7 +119,7 @@ def compile_only(quick: bool = False) -> int:
         wq = torch.empty(e, n // 16, k // 64, 128, dtype=torch.int32)
         sbq = torch.empty(e, n // 16, k // 64, 8, 2, 2, dtype=torch.bfloat16)
         comb_out = torch.empty(t, n, dtype=torch.bfloat16)
-        mg._mma_experts_kernel[(tiles, n // 16 // rb)](
+        mx._mma_experts_kernel[(tiles, n // 16 // rb)](
             torch.empty(m // xrep, k, dtype=torch.bfloat16), torch.empty(m // xrep, k // 64), wq, sbq, wq, sbq,
             torch.empty(m, n, dtype=torch.bfloat16 if gated else torch.float32), torch.empty(m),
             *(torch.empty(tiles, dtype=torch.int32) for _ in range(3)), torch.empty(m, dtype=torch.int32), k,
@@ -143,13 +144,13 @@ def compile_only(quick: bool = False) -> int:
         sbq = torch.empty(e, n // 16, k // 64, 8, 2, 2, dtype=torch.bfloat16)
         xw = 2 * k if glu else k
         h = torch.empty(t1, 512, dtype=torch.bfloat16)
-        mg._mma_experts_kernel[(t1, n // 16)](
+        mx._mma_experts_kernel[(t1, n // 16)](
             torch.empty(t1, xw, dtype=torch.bfloat16), torch.empty(t1, k // 64), wq, sbq, wq, sbq,
             torch.empty(t1, n, dtype=torch.float32 if glu else torch.bfloat16), torch.empty(t1),
             *(torch.empty(t1, dtype=torch.int32) for _ in range(3)), torch.empty(t1, dtype=torch.int32), xw, k // 64,
-            n, n // 16, h, h, torch.zeros(mg.PAIR_COUNTERS, dtype=torch.int32), 512, 512, XREP=1 if glu else slots,
+            n, n // 16, h, h, torch.zeros(mx.PAIR_COUNTERS, dtype=torch.int32), 512, 512, XREP=1 if glu else slots,
             K=k, W=mg.default_warps(k), NT=1, RB=1, SINGLE=True, GATED=False, SCALED=bool(glu), PDL=True,
-            SELF_XS=bool(glu), AHEAD=mg.default_ahead(t1, not glu, k // 64 // mg.default_warps(k)), GLU=glu,
+            SELF_XS=bool(glu), AHEAD=mx.default_ahead(t1, not glu, k // 64 // mg.default_warps(k)), GLU=glu,
             PAIR=pair, num_warps=mg.default_warps(k))
         for label in set(compiled) - before:
             lines = instructions(compiled[label])
@@ -256,6 +257,7 @@ def experts_section(args, sink) -> None:
     import torch.nn.functional as F
     from kernel_cases import affine_weight
 
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
@@ -265,7 +267,7 @@ def experts_section(args, sink) -> None:
 
     def stack(n, k):
         p, s, b, wd = affine_weight((num_e, n, k), 4, 64, dev)
-        return mg.repack_q4_experts(p, s, b), wd
+        return mx.repack_q4_experts(p, s, b), wd
 
     gate, g64 = stack(i, h)
     up, u64 = stack(i, h)
@@ -289,8 +291,8 @@ def experts_section(args, sink) -> None:
         want = {"gated": F.silu(per_expert(xr, g64)) * per_expert(xr, u64),
                 "scaled": scale.double()[:, None] * per_expert(hs[0].double(), d64)}
         row_choices = ([int(v) for v in args.tile_rows.split(",")] if args.tile_rows
-                       else [mg.default_tile_rows(m, num_e)])
-        tables = {rows: [mg.mma_expert_tiles(ids, num_e, rows) for ids in routes] for rows in row_choices}
+                       else [mx.default_tile_rows(m, num_e)])
+        tables = {rows: [mx.mma_expert_tiles(ids, num_e, rows) for ids in routes] for rows in row_choices}
         # W: the defaults (W 8 for gate/up and W 2 for down were slower at every T, lab/NOTES.md)
         forms = [f for f in (("gated", h, (mg.default_warps(h),)), ("scaled", i, (mg.default_warps(i),)))
                  if f[0] in args.forms.split(",")]
@@ -302,7 +304,7 @@ def experts_section(args, sink) -> None:
             weight = gate if form == "gated" else down
             nbe = weight[0].shape[1]
             rbs = ([int(v) for v in args.rbs.split(",")] if args.rbs
-                   else [mg.default_row_blocks(nbe, m, k)])
+                   else [mx.default_row_blocks(nbe, m, k)])
             for w in warps:
                 owns = [v == "own" for v in args.own_xs.split(",")]
                 for own in owns if form == "scaled" else (False,):  # down's group sums: loaded or its own
@@ -331,7 +333,7 @@ def experts_section(args, sink) -> None:
                             continue
                         try:
                             def call(j, w=w, ahead=ahead, own=own, loop=loop, rows=rows, rb=rb, ws=ws):
-                                return mg.mma_matmul_experts(ins[j], *weight, routes[j], rep,
+                                return mx.mma_matmul_experts(ins[j], *weight, routes[j], rep,
                                                              xs=None if own else sums[j], tiles=tables[rows][j],
                                                              config=(w, rb, ahead, loop, ws), **extra)
                             got = call(0)

@@ -20,14 +20,14 @@ def test_dense_prefill_route():
 
 
 def test_experts_kernel_policy():
-    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.moe import mma_experts as mx
 
     # down from WSTAGE_MIN_ROWS rows through WSTAGE_DOWN slots, the gated form in registers
-    assert (mg.default_wstage(4608, True), mg.default_wstage(4608, False)) == (0, mg.WSTAGE_DOWN) == (0, 3)
-    assert mg.default_wstage(mg.WSTAGE_MIN_ROWS - 1, False) == 0 and mg.default_wstage(576, False) == 0
-    assert mg.default_wstage(16, True) == 0 and mg.skip_empty_tiles()
-    assert (mg.default_ahead(1, True), mg.default_ahead(1, False), mg.default_ahead(64, True)) == (4, 7, 2)
-    assert (mg.default_tile_rows(8, 256), mg.default_tile_rows(512, 256)) == (1, 8)
+    assert (mx.default_wstage(4608, True), mx.default_wstage(4608, False)) == (0, mx.WSTAGE_DOWN) == (0, 3)
+    assert mx.default_wstage(mx.WSTAGE_MIN_ROWS - 1, False) == 0 and mx.default_wstage(576, False) == 0
+    assert mx.default_wstage(16, True) == 0 and mx.skip_empty_tiles()
+    assert (mx.default_ahead(1, True), mx.default_ahead(1, False), mx.default_ahead(64, True)) == (4, 7, 2)
+    assert (mx.default_tile_rows(8, 256), mx.default_tile_rows(512, 256)) == (1, 8)
 
 
 def test_wgmma_experts_policy():

@@ -104,7 +104,7 @@ def test_pdl_kernels_found():
                      "moe/triton_moe_gemv:_combine_kernel", "gated_delta/triton_decode:_step_rows_kernel",
                      "kernels/triton_norm:_rms_norm_kernel", "attention/triton_qk_prep:_qk_prep_kernel",
                      "attention/triton_paged:_decode_split_kernel", "quant/mma_gemv:_mma_gemv_kernel",
-                     "quant/mma_gemv:_mma_experts_kernel"):
+                     "moe/mma_experts:_mma_experts_kernel"):
         assert expected in kernels
 
 

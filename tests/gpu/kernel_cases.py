@@ -1171,7 +1171,7 @@ def check_route_prefill_mma(mods, device, ts=(1, 3, 64, 515), h=2048, e=256, top
     from its router launch) == mma_expert_tiles of those ids; each token's routing the same in every chunk; the
     router's codes given as bf16 (router_codes=) the same routing."""
     from deltaserve.kernels.moe import triton_router_mma as rm
-    from deltaserve.kernels.quant.mma_gemv import mma_expert_tiles
+    from deltaserve.kernels.moe.mma_experts import mma_expert_tiles
 
     md = mods["moe"]
     _, kw, _ = moe_problem(device, 1, h, e, 64, 64, 4, group, router_bits=8)

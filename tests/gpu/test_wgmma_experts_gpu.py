@@ -9,7 +9,7 @@ import torch
 
 import kernel_cases as kc
 from conftest import INTERPRET
-from test_mma_gemv_gpu import _experts, _moe_block, _moe_experts, _routes
+from test_mma_experts_gpu import _experts, _moe_block, _moe_experts, _routes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(INTERPRET, reason="Gluon kernels do not run in the interpreter")]
 
@@ -31,15 +31,15 @@ def test_wg_experts_same_bits_as_mma(dev, t, monkeypatch):
     """Gate/up (SiLU * up, the norm's group sums) and the scaled down (its own group sums) at the 35B-A3B's shapes
     (256 routed experts + the shared one stacked last, top-8, H 2048, I 512): every tile width, slot count and group
     order gives the mma.sync kernel's result bit for bit, and writes every element of a NaN-poisoned output."""
-    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
-    tiles8 = mg.mma_expert_tiles(ids, e, 8)
-    ref_g = mg.mma_matmul_experts(x, gw, gsb, ids, slots, xs=xs, tiles=tiles8, up=(uw, usb))
-    ref_d = mg.mma_matmul_experts(ref_g, dw, dsb, ids, 1, tiles=tiles8, scale=scale)
+    tiles8 = mx.mma_expert_tiles(ids, e, 8)
+    ref_g = mx.mma_matmul_experts(x, gw, gsb, ids, slots, xs=xs, tiles=tiles8, up=(uw, usb))
+    ref_d = mx.mma_matmul_experts(ref_g, dw, dsb, ids, 1, tiles=tiles8, scale=scale)
     for rows in (8, 16, 32):
-        tiles = mg.mma_expert_tiles(ids, e, rows)
+        tiles = mx.mma_expert_tiles(ids, e, rows)
         for ns in (2, 3, 5):
             # the groups in K order, or partial sum by partial sum (in order, or 0, 2 folded first, then 1, 3);
             # one wait for gate's and up's MMAs, or gate's FMAs between two (split)
@@ -59,7 +59,7 @@ def test_wg_experts_same_bits_as_mma(dev, t, monkeypatch):
 def test_wg_experts_plain_vs_fp64(dev, e, n, k, top_k):
     """The plain form (no epilogue, x's group sums given or the kernel's own) against fp64 at small shapes (one group
     of K included), poisoned output fully written, and equal to the mma.sync kernel."""
-    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import wgmma_experts as wx
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
@@ -68,12 +68,12 @@ def test_wg_experts_plain_vs_fp64(dev, e, n, k, top_k):
     x = torch.randn(t, k, device=dev).bfloat16()
     ids = torch.stack([torch.randperm(e, device=dev)[:top_k] for _ in range(t)]).int()
     ref = torch.stack([x[r // top_k].double() @ wd[int(i)].t() for r, i in enumerate(ids.reshape(-1).tolist())])
-    tiles = mg.mma_expert_tiles(ids, e, 16)
+    tiles = mx.mma_expert_tiles(ids, e, 16)
     for xs in (None, prep_x(x, 4, 64)[1]):
         out = kc.poisoned((t * top_k, n), torch.bfloat16, dev)
         got = wx.wg_matmul_experts(x, words, sb, ids, tiles, top_k, xs=xs, out=out)
         kc.close(got, ref, 2 * kc.BF16_EPS, f"wg plain E={e} N={n} K={k} own sums {xs is None}")
-        assert torch.equal(got, mg.mma_matmul_experts(x, words, sb, ids, top_k, xs=xs, tiles=tiles))
+        assert torch.equal(got, mx.mma_matmul_experts(x, words, sb, ids, top_k, xs=xs, tiles=tiles))
 
 
 @pytest.mark.parametrize("t", [1, 64, 512])
@@ -82,14 +82,14 @@ def test_wg_row_sets_same_bits(dev, t, monkeypatch):
     never changes a bit: the scaled down at the 35B-A3B's shapes (every tile width, 2 / 3 / 5 slots, one and two
     groups a step) equals one set a program, writing every element of a NaN-poisoned output; the plain form (own
     group sums and given ones) against fp64 too; a weight of 4 row blocks is refused."""
-    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import wgmma_experts as wx
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
     e, slots, _, _, (dw, dsb), ids, _, _, scale = _moe_35b_case(dev, t)
     h = torch.randn(ids.numel(), dw.shape[2] * 64, device=dev).bfloat16()
     for rows in (8, 16, 32):
-        tiles = mg.mma_expert_tiles(ids, e, rows)
+        tiles = mx.mma_expert_tiles(ids, e, rows)
         for gs in ("1", "2"):
             monkeypatch.setattr(wx, "WG_MOE_DOWN_STEP_GROUPS", int(gs))
             for ns in (2, 3, 5):
@@ -104,7 +104,7 @@ def test_wg_row_sets_same_bits(dev, t, monkeypatch):
     x = torch.randn(37, 256, device=dev).bfloat16()
     pick = torch.stack([torch.randperm(16, device=dev)[:4] for _ in range(37)]).int()
     ref = torch.stack([x[r // 4].double() @ wd[int(i)].t() for r, i in enumerate(pick.reshape(-1).tolist())])
-    tiles = mg.mma_expert_tiles(pick, 16, 16)
+    tiles = mx.mma_expert_tiles(pick, 16, 16)
     for xs in (None, prep_x(x, 4, 64)[1]):
         out = kc.poisoned((37 * 4, 128), torch.bfloat16, dev)
         got = wx.wg_matmul_experts(x, words, sb, pick, tiles, 4, xs=xs, out=out, row_sets=2)
@@ -140,13 +140,13 @@ def test_moe_block_wgmma_same_bits(dev, t, monkeypatch):
 def test_wg_experts_input_checks(dev):
     """Bad inputs name the problem: x's width, the up weight's shape, the gated form without group sums, tiles of
     one row, the slot count, out's shape."""
-    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     (words, sb), _ = _experts(dev, 8, 64, 256)
     x = torch.randn(4, 256, device=dev).bfloat16()
     ids = torch.randint(0, 8, (4, 2), device=dev).int()
-    tiles = mg.mma_expert_tiles(ids, 8, 16)
+    tiles = mx.mma_expert_tiles(ids, 8, 16)
     with pytest.raises(ValueError, match=r"x must be bf16 \[rows, 256\]"):
         wx.wg_matmul_experts(x[:, :128], words, sb, ids, tiles, 2)
     with pytest.raises(ValueError, match="takes x's group sums"):
@@ -154,7 +154,7 @@ def test_wg_experts_input_checks(dev):
     with pytest.raises(ValueError, match="the up weight"):
         wx.wg_matmul_experts(x, words, sb, ids, tiles, 2, xs=torch.zeros(4, 4, device=dev), up=(words[:4], sb[:4]))
     with pytest.raises(ValueError, match="sorted tiles of 8 - 64 rows"):
-        wx.wg_matmul_experts(x, words, sb, ids, mg.mma_expert_tiles(ids, 8, 1), 2)
+        wx.wg_matmul_experts(x, words, sb, ids, mx.mma_expert_tiles(ids, 8, 1), 2)
     with pytest.raises(ValueError, match="shared-memory slots"):
         wx.wg_matmul_experts(x, words, sb, ids, tiles, 2, stages=1)
     with pytest.raises(ValueError, match="out must be"):
@@ -277,6 +277,7 @@ def test_wg_xs_smem_same_bits(dev, t, slots_mode, monkeypatch):
     group count that is not a power of two included) equal the loads from global memory with computed slots, which
     equal the mma.sync kernels (test_wg_experts_same_bits_as_mma, test_wg_gemv_same_bits_as_mma_gemv), writing every
     element of a NaN-poisoned output; the down (the kernel's own sums) with carried slots equals it too."""
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
 
@@ -288,7 +289,7 @@ def test_wg_xs_smem_same_bits(dev, t, slots_mode, monkeypatch):
 
     e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
     for rows in (8, 16, 32):
-        tiles = mg.mma_expert_tiles(ids, e, rows)
+        tiles = mx.mma_expert_tiles(ids, e, rows)
         for ns in (3, 5):
             for pm in (False, True):
                 out = kc.poisoned((ids.numel(), gw.shape[1] * 16), torch.bfloat16, dev)
@@ -323,6 +324,7 @@ def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
     """A register cap for the launches (WG_MAXNREG, spilling what does not fit), with or without the folded partial
     sums (wg_fold_pair), never changes a bit: the MoE's gate/up and down at a 64-stream decode's 64 tokens (8-,
     16- and 32-row tiles) and wg_gemv at 64 rows (8- and 32-row tiles), capped (and folded) == neither."""
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
 
@@ -333,7 +335,7 @@ def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
     def run():
         out = []
         for rows, dense_rows in ((8, 8), (16, 32), (32, 32)):
-            tiles = mg.mma_expert_tiles(ids, e, rows)
+            tiles = mx.mma_expert_tiles(ids, e, rows)
             g = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb))
             out += [g, wx.wg_matmul_experts(g, dw, dsb, ids, tiles, 1, scale=scale),
                     wx.wg_gemv(x, words, sb, xs=xs, tile_rows=dense_rows)]
@@ -358,6 +360,7 @@ def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
     35B-A3B's shapes (every tile width, 2 and 5 slots, both group orders, computed or carried slots) and wg_gemv
     (1 to 100 rows, 8- / 32- / 64-row tiles, sums given and its own, K of 2 - 32 groups) equal one group a step,
     writing every element of a NaN-poisoned output."""
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant import wgmma_experts as wx
 
@@ -377,7 +380,7 @@ def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
 
     e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
     for rows in (8, 16, 32):
-        tiles = mg.mma_expert_tiles(ids, e, rows)
+        tiles = mx.mma_expert_tiles(ids, e, rows)
         for ns in (2, 5):
             for pm in (False, True):
                 ref, got = both(lambda out: wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb),
@@ -408,12 +411,12 @@ def test_wg_tile_sets_make_the_joint_launch(dev, t):
     into one NaN-poisoned output make the joint launch's output bit for bit (gate/up and the scaled down at the
     35B-A3B's shapes, 8- and 16-row tiles), each set alone writes only its tiles' rows, and a set without out= or
     out of range is refused."""
-    from deltaserve.kernels.quant import mma_gemv as mg
+    from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import wgmma_experts as wx
 
     e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
     for rows in (8, 16):
-        tiles = mg.mma_expert_tiles(ids, e, rows)
+        tiles = mx.mma_expert_tiles(ids, e, rows)
         ref_g = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb))
         ref_d = wx.wg_matmul_experts(ref_g, dw, dsb, ids, tiles, 1, scale=scale)
         gated = lambda out, s: wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb), out=out,

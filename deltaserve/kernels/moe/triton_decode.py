@@ -530,7 +530,7 @@ def moe_route(x: torch.Tensor, router, top_k: int, normalize: bool = True, share
 
         if not mma_logits and rt.route_tiles_fit(t, shared_slot + 1):
             return MoeRouting(*rt.route_with_tiles(x, r, g, top_k, normalize, shared_slot, tile_rows, config))
-        from ..quant.mma_gemv import mma_expert_tiles
+        from .mma_experts import mma_expert_tiles
 
         routing = moe_route(x, router, top_k, normalize, shared_gate, config, separate_topk, shared_slot,
                             prefill=prefill, router_codes=router_codes)

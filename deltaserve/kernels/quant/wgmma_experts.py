@@ -1,6 +1,6 @@
 """The experts matmul at prefill sizes on warpgroup MMAs (wgmma), with the bits of the tensor-core experts kernel.
 
-Why: at a 512-token prefill `mma_gemv._mma_experts_kernel` (mma.sync, 16 weight rows x 8 sorted rows of x a
+Why: at a 512-token prefill `moe/mma_experts._mma_experts_kernel` (mma.sync, 16 weight rows x 8 sorted rows of x a
 program) takes ~60% of the prefill; each program dequantises its 16 rows for 8 rows of x and re-reads 32 KB of x
 from L2, and ncu found it bound by its programs' latency and issue (lab/NOTES.md). Here a program owns 64 weight
 rows (four row blocks of 16, one per warp of the warpgroup) against BN sorted rows of one expert (a tile of
@@ -364,7 +364,7 @@ if HAVE_GLUON:
                     stride_part=0, TSTEP: gl.constexpr = 1, TILE0: gl.constexpr = 0):
         """grid (tiles, NBE / 4): tile t (sorted rows [lo, hi) of expert tile_e[t], at most BN; expert -1 reads and
         writes nothing) against row blocks 4 p .. 4 p + 3 of its expert (64 weight rows). Sorted row i is output
-        row order[i] and input row order[i] // XREP. Epilogues as mma_gemv._experts_store: GATED (w2 the up
+        row order[i] and input row order[i] // XREP. Epilogues as mma_experts._experts_store: GATED (w2 the up
         projection) out = bf16(bf16(SiLU(bf16 y)) * bf16 y2); SCALED out (fp32) = scale[row] * bf16(y); else y in
         out's dtype. W: the K split of the mma.sync kernel whose bits these are (groups w, w + W, ... summed apart,
         then added as its cross-warp reduction adds them: (a0 + a2) + (a1 + a3)).
@@ -740,7 +740,7 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
                       partial_major: bool | None = None, xs_smem: bool | None = None,
                       row_sets: int | None = None, fold: bool | None = None,
                       tile_set: tuple[int, int] = (0, 1)) -> torch.Tensor:
-    """mma_gemv.mma_matmul_experts' result (the same bits) through warpgroup MMAs, for sorted tiles of 8 to 64 rows
+    """mma_experts.mma_matmul_experts' result (the same bits) through warpgroup MMAs, for sorted tiles of 8 to 64 rows
     (tiles.rows is the MMA's N): row m = x[m // x_repeat] W[expert_ids[m]]^T for repacked stacked experts (N a
     multiple of 64); up= the gated epilogue (x's group sums xs= required, as the model's norm makes them), scale=
     the scaled one (fp32 out); xs None: the group sums are the kernel's own, MMA(ones, x), as mma.sync's.
