@@ -19,7 +19,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
-def _reference_gdn_prefill(q, k, v, g, beta, cu, pool, slots, ctx, scale, cu_seqlens_cpu=None):
+def _reference_gdn_prefill(q, k, v, g, beta, cu, pool, slots, ctx, scale, cu_seqlens_cpu=None, memo=None):
     import torch
 
     from deltaserve.kernels.gated_delta import reference as ref

@@ -1,4 +1,4 @@
-"""A decode batch's DeltaNet mixer as two halves (model/fast.mixer_halves, run_halves, rows_of) and the arrival
+"""A decode batch's DeltaNet mixer as two halves (model/fast.mixer_halves, run_halves, prep_rows) and the arrival
 counters' lanes the halves' launches take (kernels/triton_sync.counter_lane). The halves' bits against one launch
 are checked end to end under the interpreter (test_fast_path_interpret.py) and on the GPU
 (tests/gpu/test_model_mma_path.py)."""
@@ -46,17 +46,14 @@ def test_run_halves_off_cuda_runs_both_halves_in_order_under_their_lanes():
     assert len(ptrs) == 3, "the halves did not take lanes of their own"
 
 
-def test_rows_of_slices_the_carried_prep():
-    x = torch.arange(24.0).view(6, 4)
+def test_prep_rows_slice_the_given_prep():
     xp, xs = torch.arange(24.0).view(6, 4) + 100, torch.arange(6.0).view(6, 1)
-    fast.attach_prep(x, (4, 64), (xp, xs))
-    part = fast.rows_of(x, 2, 5)
-    assert torch.equal(part, x[2:5])
-    fmt, (pxp, pxs) = getattr(part, fast.GEMV_PREP_ATTR)
-    assert fmt == (4, 64) and torch.equal(pxp, xp[2:5]) and torch.equal(pxs, xs[2:5])
-    assert fast.carried_prep(part, (4, 64))[1].data_ptr() == xs[2:5].data_ptr()  # views, no copy
-    plain = fast.rows_of(torch.zeros(4, 2), 1, 3)
-    assert getattr(plain, fast.GEMV_PREP_ATTR, None) is None
+    prep = fast.GemvPrep((4, 64), (xp, xs))
+    part = fast.prep_rows(prep, 2, 5)
+    assert part.fmt == (4, 64) and torch.equal(part.parts[0], xp[2:5]) and torch.equal(part.parts[1], xs[2:5])
+    assert part.for_format((4, 64))[1].data_ptr() == xs[2:5].data_ptr()  # views, no copy
+    assert part.for_format((8, 64)) is None  # made for another weight format: the GEMV makes its own
+    assert fast.prep_rows(None, 1, 3) is None
 
 
 def test_mixer_halves_threshold(monkeypatch):

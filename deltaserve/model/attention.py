@@ -37,11 +37,13 @@ class GatedAttention(nn.Module):
         self.mrope_section, self.mrope_interleaved = config.mrope_section, config.mrope_interleaved
 
     def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, rope: tuple[torch.Tensor, torch.Tensor] | None
+        self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, rope: tuple[torch.Tensor, torch.Tensor] | None,
+        prep: fast.GemvPrep | None = None,
     ) -> torch.Tensor:
-        """rope: rope_cos_sin's (cos, sin) for the reference path; the fast path computes its angles in-kernel."""
+        """rope: rope_cos_sin's (cos, sin) for the reference path; the fast path computes its angles in-kernel.
+        prep: x's prep for the projection's decode GEMV, made by the norm that wrote x (fast.norm_for_gemv)."""
         if fast.enabled(x):
-            return self._forward_fast(x, batch, cache)
+            return self._forward_fast(x, batch, cache, prep)
         t = x.shape[0]
         decode = batch.decode_rows
         qg, k, v = self._project(x, decode)
@@ -65,13 +67,13 @@ class GatedAttention(nn.Module):
             o = o * torch.sigmoid(gate)
         return fast.linear(self.o_proj, o, decode)
 
-    def _project(self, x: torch.Tensor, decode: bool):
+    def _project(self, x: torch.Tensor, decode: bool, prep: fast.GemvPrep | None = None):
         """(q|gate [T, Hq*D*(1+gated)], k, v [T, Hkv*D]): one launch on the fused weight on the fast path (column
         views of one output; write_kv and the norms take row strides), else one per projection."""
         proj = fusion.fused(self, "qkv_proj") if fast.enabled(x) else None
         if proj is not None:
-            return fast.linear(proj, x, decode).split(proj.sizes, dim=-1)
-        return tuple(fast.linear(m, x, decode) for m in (self.q_proj, self.k_proj, self.v_proj))
+            return fast.linear(proj, x, decode, prep=prep).split(proj.sizes, dim=-1)
+        return tuple(fast.linear(m, x, decode, prep=prep) for m in (self.q_proj, self.k_proj, self.v_proj))
 
     def _inv_freq(self, device) -> torch.Tensor:
         """RoPE inverse frequencies [rotary_dim / 2] fp32, made once per device (the first, eager step: never
@@ -83,13 +85,13 @@ class GatedAttention(nn.Module):
         return inv
 
     def _project_and_write(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-                           cache: HybridCache, decode: bool):
+                           cache: HybridCache, decode: bool, prep: fast.GemvPrep | None = None):
         """The fused projection of x's tokens, then one kernel for q/k norms + RoPE + the K/V append at slot_mapping:
         (q [T, Hq, D], the gate's view of the projection or None, the layer's (k_cache, v_cache, k_scale, v_scale))."""
         from ..kernels.attention.triton_qk_prep import qk_norm_rope_write
 
         t, d = x.shape[0], self.d
-        qg, k, v = self._project(x, decode)
+        qg, k, v = self._project(x, decode, prep)
         qg = qg.view(t, self.hq, (2 if self.gated else 1) * d)
         kv = cache.kv(self.layer)
         k_cache, v_cache, k_scale, v_scale = kv
@@ -101,7 +103,7 @@ class GatedAttention(nn.Module):
         return q, qg[..., d:] if self.gated else None, kv
 
     def decode_rows(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, lo: int, hi: int,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, prep: fast.GemvPrep | None = None) -> torch.Tensor:
         """Rows lo .. hi-1 of a decode step of one token a sequence (x: those rows; fast.mixer_decode): the fused
         projection, one kernel for q/k norms + RoPE + KV append, decode attention with the sigmoid gate in its
         epilogue, o_proj (into out when given). A verification's rows (batch.verify) are decode rows too, each with
@@ -110,7 +112,7 @@ class GatedAttention(nn.Module):
 
         t, d = x.shape[0], self.d
         q, gate, (k_cache, v_cache, k_scale, v_scale) = self._project_and_write(
-            x, batch.positions[..., lo:hi], batch.slot_mapping[lo:hi], cache, True)
+            x, batch.positions[..., lo:hi], batch.slot_mapping[lo:hi], cache, True, prep)
         tables, lens = (batch.row_block_tables, batch.row_context_lens) if batch.verify else (batch.block_tables,
                                                                                              batch.context_lens)
         block_tables = tables[lo:hi]
@@ -126,10 +128,11 @@ class GatedAttention(nn.Module):
         )
         if fmt is not None:
             o, made = o
-            return fast.linear(self.o_proj, fast.attach_prep(o.view(t, self.hq * d), fmt, made), True, out=out)
+            return fast.linear(self.o_proj, o.view(t, self.hq * d), True, out=out, prep=fast.GemvPrep(fmt, made))
         return fast.linear(self.o_proj, o.view(t, self.hq * d), True, out=out)
 
-    def _forward_fast(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
+    def _forward_fast(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache,
+                      prep: fast.GemvPrep | None = None) -> torch.Tensor:
         """Decode: fused projection, one kernel for q/k norms + RoPE + KV append, decode attention with the sigmoid
         gate in its epilogue, o_proj (3 launches between the projections). Prefill: the same prep kernel, varlen
         attention with the gate in its epilogue too (the gate read in place: no copy, sigmoid or product by torch)."""
@@ -138,11 +141,11 @@ class GatedAttention(nn.Module):
         t, d = x.shape[0], self.d
         decode = batch.decode_rows
         if batch.verify:  # rows read the K/V the rows before them write: one launch of each (no halves on streams)
-            return self.decode_rows(x, batch, cache, 0, t)
+            return self.decode_rows(x, batch, cache, 0, t, prep=prep)
         if decode and batch.num_tokens == batch.num_seqs:  # one token per sequence
-            return fast.mixer_decode(self, "attention", x, batch, cache)  # all rows, or two halves on two streams
+            return fast.mixer_decode(self, "attention", x, batch, cache, prep)  # all rows, or two halves
         q, gate, (k_cache, v_cache, k_scale, v_scale) = self._project_and_write(
-            x, batch.positions, batch.slot_mapping, cache, decode)
+            x, batch.positions, batch.slot_mapping, cache, decode, prep)
         o = tp.paged_prefill_attention(
             q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens, batch.context_lens, self.scale, batch.max_seqlen,
             k_scale=k_scale, v_scale=v_scale, gate=gate,

@@ -61,22 +61,23 @@ class DecoderLayer(nn.Module):
 
         decode = batch.decode_rows
         mixer, group = (self.self_attn, "qkv_proj") if self.is_attention else (self.linear_attn, "in_proj")
-        h = fast.norm_for_gemv(self.input_layernorm, x, fusion.fused(mixer, group), decode)  # + the GEMV's prep
+        h, prep = fast.norm_for_gemv(self.input_layernorm, x, fusion.fused(mixer, group), decode)  # + the GEMV's prep
         if self.is_attention:
-            h = self.self_attn(h, batch, cache, rope)
+            h = self.self_attn(h, batch, cache, rope, prep=prep)
         else:
-            h = self.linear_attn(h, batch, cache)
+            h = self.linear_attn(h, batch, cache, prep=prep)
         tp = self.parallel.size > 1
         h = self.parallel.reduce(h)  # tensor parallelism: the ranks' partial sums, before the residual joins
         post = self.post_attention_layernorm
         prep = fast.moe_prep(self.mlp, h)  # the tensor-core MoE reads x's group sums: the norm makes them
         if not tp and prep is not None and self.mlp.routes_normed(h, decode):
             return self.mlp(h, decode=decode, residual=x, norm=post)  # the norm inside the router's launch
+        sums = None  # x's group sums for the tensor-core MoE, made by the norm
         if prep is None:
             h, x = add_rms_norm(h, x, post.weight, post.eps, post.offset)  # (norm(x + h), x + h), both [T, H]
         else:
             h, x, made = add_rms_norm(h, x, post.weight, post.eps, post.offset, prep=prep, sums_only=True)
-            setattr(h, fast.GEMV_PREP_ATTR, (fast.MOE_SUMS, made))
+            sums = made[1]
         if tp:  # the residual is added once, after the sum over ranks: not inside the feed-forward's last launch
-            return x + self.parallel.reduce(self.mlp(h, decode=decode))
-        return self.mlp(h, decode=decode, residual=x)
+            return x + self.parallel.reduce(self.mlp(h, decode=decode, **({} if sums is None else {"xs": sums})))
+        return self.mlp(h, decode=decode, residual=x, **({} if sums is None else {"xs": sums}))

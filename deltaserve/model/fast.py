@@ -11,6 +11,7 @@ Weight modules are read by duck typing (the model may not import `quant`): a mod
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -259,7 +260,6 @@ def mma_moe_weights(block: nn.Module, x: torch.Tensor):
 
 
 MOE_PREP = (4, 64)  # the tensor-core MoE's prep format: the group sums of x over groups of 64
-MOE_SUMS = ("group-sums", 64)  # the tag of a prep of the group sums alone (xp None): no GEMV format matches it
 
 
 def moe_prep(block: nn.Module, x: torch.Tensor) -> tuple[int, int] | None:
@@ -302,25 +302,46 @@ def conv_in_gemv(pool: torch.Tensor, x: torch.Tensor) -> bool:
     return pool.dtype == x.dtype
 
 
-GEMV_PREP_ATTR = "_deltaserve_gemv_prep"  # on a norm's output tensor: ((bits, group), (xp, xs)) its kernel made
+class GemvPrep(NamedTuple):
+    """A decode GEMV's prep of its input rows, made by the kernel that wrote those rows (the norm, the DeltaNet step,
+    the attention merge) with the prep kernel's arithmetic, handed to the GEMV explicitly (`linear(prep=)`), which
+    then skips its prep launch. fmt: the (bits, group) weight format it was made for; parts: (xp [R, K] fp32 or
+    unused, xs [R, K / group] fp32), row r for row r."""
+
+    fmt: tuple
+    parts: tuple
+
+    def for_format(self, fmt: tuple) -> tuple | None:
+        """(xp, xs) when made for weight format fmt, else None (the consumer makes its own)."""
+        return self.parts if self.fmt == fmt else None
+
+    def rows(self, lo: int, hi: int) -> "GemvPrep":
+        """The prep of rows lo .. hi-1 (a half of a decode step: mixer_decode)."""
+        return GemvPrep(self.fmt, tuple(p[lo:hi] if isinstance(p, torch.Tensor) and p.dim() else p
+                                        for p in self.parts))
 
 
-def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None, decode: bool) -> torch.Tensor:
-    """norm(x) (an RMSNorm module) on the fast path. When the output feeds `consumer`'s decode GEMV through the prep
-    path (a packed weight: triton_gemv.use_inline_prep), the norm kernel also writes that GEMV's prep of its rows
-    (the prep kernel's code on the same values: the same bits) and the returned tensor carries it (GEMV_PREP_ATTR);
-    `linear` then skips the prep launch. Any other case: plain norm(x)."""
+def prep_rows(prep: GemvPrep | None, lo: int, hi: int) -> GemvPrep | None:
+    return None if prep is None else prep.rows(lo, hi)
+
+
+def norm_for_gemv(norm: nn.Module, x: torch.Tensor, consumer: nn.Module | None,
+                  decode: bool) -> tuple[torch.Tensor, GemvPrep | None]:
+    """(norm(x), its prep or None), norm an RMSNorm module, on the fast path. When the output feeds `consumer`'s
+    decode GEMV through the prep path (a packed weight: triton_gemv.use_inline_prep), the norm kernel also writes
+    that GEMV's prep of its rows (the prep kernel's code on the same values: the same bits), which the caller hands
+    to the consumer's `linear(prep=)` to skip the prep launch. Any other case: (plain norm(x), None)."""
     if consumer is None or not decode or not enabled(x) or not hasattr(consumer, "scales"):
-        return norm(x)
+        return norm(x), None
     from ..kernels.quant.triton_gemv import use_inline_prep
     from ..kernels.triton_norm import prep_supported, rms_norm
 
     s = weight_spec(consumer)
     n = norm.weight.numel()
     if use_inline_prep(s, None) or s.k != n or not prep_supported(n, s.bits, s.group):
-        return norm(x)
-    y, prep = rms_norm(x, norm.weight, norm.eps, norm.offset, prep=(s.bits, s.group))
-    return attach_prep(y, (s.bits, s.group), prep)
+        return norm(x), None
+    y, made = rms_norm(x, norm.weight, norm.eps, norm.offset, prep=(s.bits, s.group))
+    return y, GemvPrep((s.bits, s.group), made)
 
 
 def _splits_at(least: int, rows: int, x: torch.Tensor) -> bool:
@@ -405,35 +426,20 @@ def moe_fork(tokens: int, x: torch.Tensor):
     return lambda fns: run_forked(fns, x.device)
 
 
-def mixer_decode(mixer: nn.Module, kind: str, x: torch.Tensor, batch, cache) -> torch.Tensor:
+def mixer_decode(mixer: nn.Module, kind: str, x: torch.Tensor, batch, cache,
+                 prep: GemvPrep | None = None) -> torch.Tensor:
     """A mixer's decode step of x's rows (one token a sequence) through its decode_rows(x, batch, cache, lo, hi,
-    out=): one call over all rows, or, where mixer_halves(rows, x, kind), two halves of the rows on two streams
-    (run_halves) writing the rows of one output [T, H] (a mixer keeps x's width). The same bits either way: every
-    launch is batch invariant."""
+    out=, prep=): one call over all rows, or, where mixer_halves(rows, x, kind), two halves of the rows on two
+    streams (run_halves) writing the rows of one output [T, H] (a mixer keeps x's width), each half with its rows
+    of the prep (a GEMV over a half then takes the given group sums as the whole launch would). The same bits
+    either way: every launch is batch invariant."""
     t = x.shape[0]
     if not mixer_halves(t, x, kind):
-        return mixer.decode_rows(x, batch, cache, 0, t)
+        return mixer.decode_rows(x, batch, cache, 0, t, prep=prep)
     out = torch.empty_like(x)
-    run_halves(t, lambda lo, hi: mixer.decode_rows(rows_of(x, lo, hi), batch, cache, lo, hi, out=out[lo:hi]),
-               x.device)
+    run_halves(t, lambda lo, hi: mixer.decode_rows(x[lo:hi], batch, cache, lo, hi, out=out[lo:hi],
+                                                   prep=prep_rows(prep, lo, hi)), x.device)
     return out
-
-
-def rows_of(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """x[lo:hi], carrying the same rows of the prep x carries (GEMV_PREP_ATTR), if any: a GEMV over a half then takes
-    the given group sums as the whole launch would (its own would round otherwise)."""
-    part = x[lo:hi]
-    carried = getattr(x, GEMV_PREP_ATTR, None)
-    if carried is not None:
-        fmt, prep = carried
-        attach_prep(part, fmt, tuple(p[lo:hi] if isinstance(p, torch.Tensor) and p.dim() else p for p in prep))
-    return part
-
-
-def attach_prep(y: torch.Tensor, fmt: tuple[int, int], prep: tuple) -> torch.Tensor:
-    """y carrying the decode GEMV prep (xp, xs) its kernel made of it for weight format fmt (carried_prep reads it)."""
-    setattr(y, GEMV_PREP_ATTR, (fmt, prep))
-    return y
 
 
 def gdn_step_prep(consumer: nn.Module, x: torch.Tensor, dv: int, hv: int) -> tuple[int, int] | None:
@@ -473,15 +479,6 @@ def attn_merge_prep(consumer: nn.Module, x: torch.Tensor, hq: int, d: int) -> tu
     return s.bits, s.group
 
 
-def carried_prep(x: torch.Tensor, fmt: tuple[int, int]) -> tuple | None:
-    """The prep (xp, xs) x carries (norm_for_gemv, moe_prep) if it was made for the weight format fmt = (bits,
-    group), else None."""
-    carried = getattr(x, GEMV_PREP_ATTR, None)
-    if carried is None or carried[0] != fmt:
-        return None
-    return carried[1]
-
-
 def _decode_out(out: torch.Tensor | None, x: torch.Tensor, n: int, new: bool = False) -> torch.Tensor | None:
     """linear(out=) checked: x's dtype, [rows of x, n], unit column stride. None passes through, or with new a fresh
     such tensor."""
@@ -495,7 +492,7 @@ def _decode_out(out: torch.Tensor | None, x: torch.Tensor, n: int, new: bool = F
 
 
 def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple | None = None,
-           fp32_out: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+           fp32_out: bool = False, out: torch.Tensor | None = None, prep: GemvPrep | None = None) -> torch.Tensor:
     """module(x), through the batch-invariant Triton kernels on the fast path.
 
     decode: the rows are one token per sequence. Decode steps of any batch size take a GEMV kernel in fixed blocks
@@ -505,7 +502,9 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
     the GEMV's epilogue (kernels/gated_delta/triton_decode.DecodeConv): decode GEMV only (`conv_in_gemv`).
     fp32_out: the tensor-core GEMV stores fp32 (its bf16 results widened); any other path returns x's dtype.
     out: where the decode GEMVs write (x's dtype, [rows, N] with unit column stride; e.g. rows of a larger output),
-    returned as a view of x's leading shape; the decode GEMV family only."""
+    returned as a view of x's leading shape; the decode GEMV family only.
+    prep: x's rows' prep as the kernel that wrote them made it (GemvPrep); the decode GEMVs use it where it was made
+    for this weight's format (the tensor-core GEMV its group sums), instead of a prep of their own."""
     if out is not None and not (decode and enabled(x) and hasattr(module, "weight") and not fp32_out):
         raise ValueError("fast.linear: out= needs the fast path's decode GEMV (decode=True) and x's dtype")
     if not enabled(x) or not hasattr(module, "weight"):
@@ -519,8 +518,8 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
         from ..kernels.quant.mma_gemv import MAX_ROWS as MMA_ROWS
         from ..kernels.quant.tensor_core_gemv import tc_gemv
 
-        prep = carried_prep(x, (s.bits, s.group))  # the norm's prep: its group sums are the GEMV's xs (else its own)
-        xs = None if prep is None else prep[1]
+        parts = None if prep is None else prep.for_format((s.bits, s.group))  # its group sums: the GEMV's xs
+        xs = None if parts is None else parts[1]
         if conv is None:
             if fp32_out:
                 out = torch.empty(x.numel() // x.shape[-1], s.n, dtype=torch.float32, device=x.device)
@@ -538,12 +537,12 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
     if decode:
         from ..kernels.quant.triton_gemv import MAX_ROWS, affine_gemv
 
-        prep = carried_prep(x, (s.bits, s.group))  # [R, K] and [R, K / group]: sliced with the rows below
+        parts = None if prep is None else prep.for_format((s.bits, s.group))  # [R, K], [R, K / group]: sliced below
         x2 = x.reshape(-1, x.shape[-1])
         out = _decode_out(out, x, s.n, new=True)
         for start in range(0, x2.shape[0], MAX_ROWS):
             stop = min(start + MAX_ROWS, x2.shape[0])
-            rows_prep = None if prep is None else (prep[0][start:stop], prep[1][start:stop])
+            rows_prep = None if parts is None else (parts[0][start:stop], parts[1][start:stop])
             rows_conv = None
             if conv is not None:  # the same rows' sequences: slots and context lengths sliced alike
                 w, pool, slots, ctx, channels = conv

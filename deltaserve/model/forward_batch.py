@@ -35,7 +35,7 @@ engine never has to clear slots); cache index of new token i of sequence b is co
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -64,6 +64,10 @@ class ForwardBatch:
     verify: bool = False  # host flag: every token a decode row (speculative verification; see the module doc)
     row_context_lens: torch.Tensor | None = None  # [T], verify only
     row_block_tables: torch.Tensor | None = None  # [T, max_blocks], verify only
+    # What a kernel wrapper makes once per batch and must keep alive for as long as the batch lives (fla's chunk
+    # index: kernels/gated_delta/triton_decode.gdn_prefill(memo=)); a captured graph keeps its batch, so its
+    # replays read live tensors.
+    memo: dict = field(default_factory=dict)
 
     @property
     def decode_rows(self) -> bool:
@@ -87,15 +91,6 @@ class ForwardBatch:
             total += n
             out.append(total)
         return torch.tensor(out, dtype=torch.int64)
-
-    @functools.cached_property
-    def chunk_index(self):
-        """fla's chunk index of this batch's sequences (kernels/gated_delta/triton_decode.prefill_chunk_index), made
-        once per batch and held by it, so that a captured prefill graph (which keeps its batch) reads live tensors
-        at every replay; fla's own memo keeps only its last few calls'."""
-        from ..kernels.gated_delta.triton_decode import prefill_chunk_index
-
-        return prefill_chunk_index(self.cu_seqlens, self.cu_seqlens_cpu)
 
     @property
     def max_seqlen(self) -> int:

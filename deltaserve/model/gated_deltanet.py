@@ -41,9 +41,11 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = weights.linear(f"{prefix}.out_proj", self.value_dim, h)
         self.scale = self.dk**-0.5
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache,
+                prep: fast.GemvPrep | None = None) -> torch.Tensor:
+        """prep: x's prep for the in-projection's decode GEMV, made by the norm that wrote x (fast.norm_for_gemv)."""
         if fast.enabled(x):
-            return self._forward_fast(x, batch, cache)
+            return self._forward_fast(x, batch, cache, prep)
         t = x.shape[0]
         qkv = self.in_proj_qkv(x)  # [T, conv_dim]
         z = self.in_proj_z(x).view(t, self.hv, self.dv)
@@ -69,7 +71,7 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(y)
 
     def decode_rows(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, lo: int, hi: int,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, prep: fast.GemvPrep | None = None) -> torch.Tensor:
         """Rows lo .. hi-1 of a decode step (x: those rows; fast.mixer_decode): the fused in-projection with the conv
         (+ SiLU, state shift) on its first conv_dim features in one launch, the step, the out projection (into out
         when given)."""
@@ -77,10 +79,11 @@ class GatedDeltaNet(nn.Module):
         slots, ctx = batch.state_slots[lo:hi], batch.context_lens[lo:hi]
         conv_w = self.conv1d.weight[:, 0, :]
         conv = (conv_w, cache.conv[self.layer], slots, ctx, conv_w.shape[0])
-        mixed, z, b, a = fast.linear(proj, x, True, conv=conv).split(proj.sizes, dim=-1)
+        mixed, z, b, a = fast.linear(proj, x, True, conv=conv, prep=prep).split(proj.sizes, dim=-1)
         return self._step_and_out(x, mixed, z, b, a, cache.ssm[self.layer], slots, ctx, out=out)
 
-    def verify_rows(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
+    def verify_rows(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache,
+                    prep: fast.GemvPrep | None = None) -> torch.Tensor:
         """A verification's rows (batch.verify; fast path): each sequence's rows through the decode arithmetic in
         order (kernels/gated_delta/triton_verify.py), with the decode step's bits: the decode GEMV of the in
         projection, the conv over the rows without writing the window (its multi-token path equals the GEMV's conv
@@ -89,7 +92,7 @@ class GatedDeltaNet(nn.Module):
         from ..kernels.gated_delta import triton_decode as td
         from ..kernels.gated_delta import triton_verify as tv
 
-        qkv, z, b, a = self._project(x, True)
+        qkv, z, b, a = self._project(x, True, prep)
         conv_w = self.conv1d.weight[:, 0, :]
         mixed = td.causal_conv(qkv, conv_w, cache.conv[self.layer], batch.cu_seqlens, batch.state_slots,
                                batch.context_lens, batch.max_seqlen, write_state=False)
@@ -98,10 +101,11 @@ class GatedDeltaNet(nn.Module):
         y = tv.gdn_verify_step(mixed, z, a, b, self.A_log, self.dt_bias, self.norm.weight, cache.ssm[self.layer],
                                batch.cu_seqlens, batch.state_slots, batch.context_lens, self.hk, self.norm.eps,
                                prep=fmt, dv_block=dv_block)
+        y_prep = None
         if fmt is not None:
-            y = fast.attach_prep(y[0], fmt, y[1])
+            y, y_prep = y[0], fast.GemvPrep(fmt, y[1])
         cache.verify_inputs[self.layer] = (qkv, mixed, z, a, b, fmt, dv_block)  # what commit_verify replays
-        return fast.linear(self.out_proj, y, True)
+        return fast.linear(self.out_proj, y, True, prep=y_prep)
 
     def commit_verify(self, batch: ForwardBatch, cache: HybridCache, keep: torch.Tensor) -> None:
         """After verify_rows: each sequence's conv window and state after its first keep[b] rows ([B] device)."""
@@ -123,19 +127,20 @@ class GatedDeltaNet(nn.Module):
             mixed, z, a, b, self.A_log, self.dt_bias, self.norm.weight, ssm_pool, slots, ctx, self.hk,
             self.norm.eps, prep=fmt, dv_block=td.step_dv_block(throughput=fast.throughput_deployment(self)),
         )
+        y_prep = None
         if fmt is not None:
-            y = fast.attach_prep(y[0], fmt, y[1])
-        return fast.linear(self.out_proj, y, True, out=out)
+            y, y_prep = y[0], fast.GemvPrep(fmt, y[1])
+        return fast.linear(self.out_proj, y, True, out=out, prep=y_prep)
 
-    def _project(self, x: torch.Tensor, decode: bool):
+    def _project(self, x: torch.Tensor, decode: bool, prep: fast.GemvPrep | None = None):
         """(qkv [T, conv_dim], z [T, value_dim], b [T, Hv], a [T, Hv]): one launch on the fused weight when fused
         (column views of one [T, total] output, row stride total: conv, the decode step and the gates take row
         strides), else one per projection."""
         proj = fusion.fused(self, "in_proj")
         if proj is not None:
-            return fast.linear(proj, x, decode).split(proj.sizes, dim=-1)
+            return fast.linear(proj, x, decode, prep=prep).split(proj.sizes, dim=-1)
         parts = (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
-        return tuple(fast.linear(m, x, decode) for m in parts)
+        return tuple(fast.linear(m, x, decode, prep=prep) for m in parts)
 
     def _conv_taps_major(self) -> torch.Tensor:
         """conv1d.weight as [C, K] over a [K, C] copy made once (64 KB a 35B-A3B layer): the prefill conv's per-tap
@@ -154,20 +159,21 @@ class GatedDeltaNet(nn.Module):
 
         return self.value_dim > 0 and conv_section_block(self.key_dim, self.key_dim) > 0
 
-    def _forward_fast(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache) -> torch.Tensor:
+    def _forward_fast(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache,
+                      prep: fast.GemvPrep | None = None) -> torch.Tensor:
         """All sequences at once: conv over the slot pool, then the fused step (decode) or fla's chunked rule."""
         from ..kernels.gated_delta import triton_decode as td
 
         t = x.shape[0]
         if batch.verify:
-            return self.verify_rows(x, batch, cache)
+            return self.verify_rows(x, batch, cache, prep)
         decode = batch.max_seqlen == 1
         conv_pool, ssm_pool = cache.conv[self.layer], cache.ssm[self.layer]
         conv_w = self.conv1d.weight[:, 0, :]
         proj = fusion.fused(self, "in_proj")
         if decode and proj is not None and fast.conv_in_gemv(conv_pool, x):
-            return fast.mixer_decode(self, "deltanet", x, batch, cache)  # all rows, or two halves on two streams
-        qkv, z, b, a = self._project(x, decode)
+            return fast.mixer_decode(self, "deltanet", x, batch, cache, prep)  # all rows, or two halves
+        qkv, z, b, a = self._project(x, decode, prep)
         # prefill: q, k and v as three contiguous tensors (fla-core would copy column views to make them so)
         sections = None if decode or not self._conv_sections_fit() else (self.key_dim, self.key_dim)
         mixed = td.causal_conv(
@@ -182,7 +188,7 @@ class GatedDeltaNet(nn.Module):
             q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk), v.reshape(t, self.hv, self.dv), g, beta,
             batch.cu_seqlens, ssm_pool, batch.state_slots, batch.context_lens, self.scale,
             cu_seqlens_cpu=batch.cu_seqlens_cpu,  # fla's chunk indices without a device -> host copy per layer
-            chunk_index=batch.chunk_index,  # held by the batch: a captured prefill graph reads it at every replay
+            memo=batch.memo,  # fla's chunk index, held by the batch: a captured prefill graph reads it at every replay
         )
         z = z.view(t, self.hv, self.dv)  # a column view of the projection's output, which the norm reads in place
         y = self.norm(o.to(x.dtype), z).reshape(t, self.value_dim)

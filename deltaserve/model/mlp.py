@@ -60,15 +60,17 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = weights.linear(f"{prefix}.shared_expert_gate", h, 1)
 
     def forward(self, x: torch.Tensor, decode: bool = False, residual: torch.Tensor | None = None,
-                norm: nn.Module | None = None) -> torch.Tensor:
+                norm: nn.Module | None = None, xs: torch.Tensor | None = None) -> torch.Tensor:
         """decode: every sequence contributes one token (selects the batch-invariant GEMV kernels on the GPU).
         residual [N, H]: returned as residual + block(x) (on the fast decode path added inside the combine kernel).
         norm (an RMSNorm; fast path, where routes_normed): x is the mixer's output and the block's input is
-        norm(x + residual), made inside the router's launch; the block returns (x + residual) + block(input)."""
+        norm(x + residual), made inside the router's launch; the block returns (x + residual) + block(input).
+        xs [N, H / 64] fp32 (fast path, fast.moe_prep): x's group sums as the norm before the block made them, which
+        the tensor-core experts read instead of their own."""
         if norm is not None:
             return self._forward_normed(x, residual, norm)
         if fast.enabled(x):
-            return self._forward_fast(x, decode, residual)
+            return self._forward_fast(x, decode, residual, xs)
         if self.experts.__dict__.get(fast.RELEASED_ATTR):
             raise RuntimeError("SparseMoeBlock: the experts were repacked for the tensor-core MoE (moe_kernels='mma') "
                                "and their MLX tensors released; this block runs on the GPU fast path only")
@@ -123,7 +125,8 @@ class SparseMoeBlock(nn.Module):
         return moe_block_mma(y, routing.ids, routing.weights, routing.shared_weight, mma, residual=r, xs=xs,
                              shared_slotted=True)
 
-    def _forward_fast(self, x: torch.Tensor, decode: bool, residual: torch.Tensor | None) -> torch.Tensor:
+    def _forward_fast(self, x: torch.Tensor, decode: bool, residual: torch.Tensor | None,
+                      xs: torch.Tensor | None = None) -> torch.Tensor:
         from ..kernels.moe.triton_decode import moe_decode, moe_route
 
         router = fast.weight_spec(self.gate)
@@ -143,9 +146,6 @@ class SparseMoeBlock(nn.Module):
             routing = moe_route(x, router, self.top_k, self.normalize, shared.get("shared_gate"),
                                 separate_topk=True, shared_slot=slot, tile_rows=tile_rows,
                                 prefill=not decode, router_codes=None if decode else fast.router_codes(self.gate))
-            # the norm's prep (fast.moe_prep): x's group sums alone (MOE_SUMS)
-            carried = fast.carried_prep(x, fast.MOE_SUMS)
-            xs = None if carried is None else carried[1]
             # a decode step's expert tiles as two sets on two streams from fast.moe_fork's tokens (the same bits)
             fork = fast.moe_fork(x.shape[0], x) if decode else None
             return moe_block_mma(x, routing.ids, routing.weights, routing.shared_weight, mma, residual=residual,

@@ -90,13 +90,13 @@ class Qwen3_5ForCausalLM(nn.Module):
         # every row's logits through the decode GEMV path, prefill or not: one set of bits whether a row's forward
         # was a prefill, a decode step or a mix (the prefill matmul read the 0.27 GiB lm_head at ~0.5 TB/s: 536 us
         # for one row on the H200 against the GEMV's 84, lab/NOTES.md)
-        h = fast.norm_for_gemv(self.norm, hidden, self.lm_head, True)  # + the lm_head GEMV's prep
-        return self._lm_head(h), h
+        h, prep = fast.norm_for_gemv(self.norm, hidden, self.lm_head, True)  # + the lm_head GEMV's prep
+        return self._lm_head(h, prep), h
 
-    def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
+    def _lm_head(self, h: torch.Tensor, prep: fast.GemvPrep | None = None) -> torch.Tensor:
         decode = True  # the decode GEMV family for every row (compute_logits)
         if self.lm_head is not None:  # fp32 straight from the tensor-core GEMV (its bf16 results widened)
-            logits = fast.linear(self.lm_head, h, decode, fp32_out=True)
+            logits = fast.linear(self.lm_head, h, decode, fp32_out=True, prep=prep)
         elif fast.enabled(h):  # the tied table read as a [V, H] matrix by the fast matmul
             logits = fast.linear(self.embed_tokens, h, decode)
         else:

@@ -606,8 +606,8 @@ def prefill_chunk_index(cu_seqlens: torch.Tensor, cu_seqlens_cpu: torch.Tensor |
     its host copy, which spares a device -> host copy). Hold it for as long as anything may read it: fla memoises
     these tensors by argument identity in a cache of its last few calls only, so a CUDA graph captured on a cached
     entry would read freed memory once later calls evicted it (a prefill graph replayed after prompts of other
-    lengths: an illegal address). The caller (ForwardBatch.chunk_index) keeps one per batch, and a captured prefill
-    graph keeps its batch. fla's forward looks the offsets (and their lens) up again by the same arguments: a hit
+    lengths: an illegal address). gdn_prefill keeps one in its batch's memo (ForwardBatch.memo), and a captured
+    prefill graph keeps its batch. fla's forward looks the offsets (and their lens) up again by the same arguments: a hit
     returns these tensors, a miss inside a capture computes them with captured device ops (both safe)."""
     try:
         from fla.ops.utils.index import prepare_chunk_indices, prepare_chunk_offsets, prepare_lens
@@ -624,7 +624,7 @@ def prefill_chunk_index(cu_seqlens: torch.Tensor, cu_seqlens_cpu: torch.Tensor |
 def gdn_prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     cu_seqlens: torch.Tensor, ssm_pool: torch.Tensor, state_slots: torch.Tensor, context_lens: torch.Tensor,
-    scale: float, cu_seqlens_cpu: torch.Tensor | None = None, chunk_index: ChunkIndex | None = None,
+    scale: float, cu_seqlens_cpu: torch.Tensor | None = None, memo: dict | None = None,
 ) -> torch.Tensor:
     """Chunked gated delta rule over B packed sequences with fla-core's `chunk_gated_delta_rule` (varlen).
 
@@ -632,8 +632,9 @@ def gdn_prefill(
     the reference's l2norm); g, beta [T, Hv] fp32 (gdn_gates); cu_seqlens [B+1]. Initial states are gathered from
     ssm_pool [S, Hv, dk, dv] at state_slots (zeros where context_lens == 0) and the final states written back.
     Returns o [T, Hv, dv] in v's dtype (before the gated norm). Same meaning as `reference.gated_delta_chunked`
-    per sequence with the L2 norms applied first. chunk_index: prefill_chunk_index(cu_seqlens, cu_seqlens_cpu),
-    held by the caller (required under CUDA-graph capture: see prefill_chunk_index); None: made here.
+    per sequence with the L2 norms applied first. memo: a dict that lives as long as these sequences' batch
+    (ForwardBatch.memo), where fla's chunk index is made once and kept (required under CUDA-graph capture: see
+    prefill_chunk_index); None: made for this call.
     """
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -646,8 +647,11 @@ def gdn_prefill(
     slots = state_slots.to(torch.int64)
     h0 = initial_states(ssm_pool, slots, context_lens)  # the int64 slots the write-back below takes as well
     cu = cu_seqlens.to(torch.int64)
+    chunk_index = None if memo is None else memo.get("fla_chunk_index")
     if chunk_index is None:
         chunk_index = prefill_chunk_index(cu, cu_seqlens_cpu)
+        if memo is not None:
+            memo["fla_chunk_index"] = chunk_index
     o, final = chunk_gated_delta_rule(
         q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0), scale=scale,
         initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
