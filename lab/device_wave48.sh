@@ -35,7 +35,7 @@ run_tests() {  # each file under its own limit (PER_FILE), so a slow file leaves
     local left=$((deadline - SECONDS)); [ $left -lt 20 ] && { echo "$f: not run (limit)" >> "$OUT/tests.log"; continue; }
     local lim=$(( ${PER_FILE:-200} < left ? ${PER_FILE:-200} : left ))
     echo "### $f" >> "$OUT/tests.log"
-    k=${k:-$TESTS_K}
+    k=${k:-${TESTS_K:-}}
     timeout $lim python3 -m pytest -m gpu -v --tb=short -rf -p no:cacheprovider $f ${k:+-k "$k"} \
       >> "$OUT/tests.log" 2>&1 || echo "$f: exit $?" >> "$OUT/tests.log"
   done
