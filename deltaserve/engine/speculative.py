@@ -38,12 +38,12 @@ from .transfer import to_device
 
 MAX_SPECULATIVE_TOKENS = 4
 PROBE_STEPS = 8  # drafting steps a request makes before its acceptance may switch its drafting off
-# Most rows a verify forward may have. Drafted replies equalled undrafted ones on the H100 (Qwen3.6-35B-A3B q4 shapes,
-# simulated acceptance 0.8) at 1, 2 and 4 streams (verify forwards of up to 16 rows) and differed at 8 streams (24
-# rows, and 16 rows of one draft each). The suspects, kernels chosen by row count, were cleared by
-# lab/probe_row_bits.py (a row's logits bit-equal alone and beside up to 63 others, decode and verify); the cause is
-# not found. Until it is, a verify forward keeps to 16 rows: its drafts are cut to fit (every kept token is still the
-# target's own sample), and with more than 8 sequences decoding nobody drafts (a small-batch feature).
+# Most rows a verify forward may have. Drafted replies equal undrafted ones on the H100 (Qwen3.6-35B-A3B q4 shapes,
+# simulated acceptance 0.8) at 1, 4 and 8 streams (verify forwards of up to 16 rows), every row's logits bit for bit
+# (lab/probe_spec_divergence.py --logits), since the MoE top-k's weights got one summation order in every launch;
+# forwards of more rows (24 at 8 streams, k = 2; 192 at 64) differed before that fix and are not re-measured. Until
+# they are, a verify forward keeps to 16 rows: its drafts are cut to fit (every kept token is still the target's
+# own sample), and with more than 8 sequences decoding nobody drafts (a small-batch feature).
 MAX_VERIFY_ROWS = 16
 
 
