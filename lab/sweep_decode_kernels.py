@@ -68,12 +68,12 @@ def judge(got, ref64, base, alone_rows, rel_ref: float, rel_base: float) -> dict
 
 def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
     """MoE configurations, the default first. Keys: gu/dn (bn, warps, cg or None), cb (bc, warps), topk ("router":
-    at the router's last arrival, "fused": in every gate/up program, "split": its own launch), inline, regs
+    at the router's last arrival, "split": its own launch; the top-k in every gate/up program lost and is gone), inline, regs
     (maxnreg of gate/up, of down; None: the compiler's).
     cg_gu / cg_dn: the default chunking (BN = 8) of the gate/up and down weights, for the CG-held variants.
     The quick grid: the default, the chunked gate/up that was the default before the row runs, and the row-run
-    shapes the 2026-11-30 sweep left close (lab/NOTES.md); register caps, other BN/warps, BC and the top-k in
-    gate/up (all slower on 2026-11-29) are in the full grid. The default top-k is the model's: its own launch
+    shapes the 2026-11-30 sweep left close (lab/NOTES.md); register caps, other BN/warps and BC (slower on 2026-11-29)
+    are in the full grid. The default top-k is the model's: its own launch
     (moe_route(separate_topk=True), the model's)."""
     base = dict(gu=(4, 2, "row"), dn=(8, 2, None), cb=(256, 4), topk="split", inline=True, regs=(None, None))
     out = [base]
@@ -89,7 +89,7 @@ def moe_grid(quick: bool, cg_gu: int, cg_dn: int) -> list[dict]:
     out += [{**base, "gu": (bn, 4, cg_gu)} for bn in (4, 16, 32)] + [{**base, "gu": (4, 1, "half")}]
     out += [{**base, "dn": (bn, 4, cg_dn)} for bn in (4, 16, 32)]
     out += [{**base, "cb": cb} for cb in [(128, 4), (512, 4), (1024, 4), (256, 2), (1024, 8)]]
-    out += [{**base, "topk": "fused"}, {**base, "topk": "router"}, {**base, "inline": False},
+    out += [{**base, "topk": "router"}, {**base, "inline": False},
             {**base, "topk": "router", "inline": False}]
     return out
 
@@ -206,7 +206,7 @@ def moe_call(m2, kw, top_k, c):
                        combine_bc=c["cb"][0], combine_warps=c["cb"][1], gate_up_maxnreg=regs[0], down_maxnreg=regs[1])
 
     def run(x, res):
-        y = m2.moe_decode_v2(x, top_k=top_k, residual=res, launch=launch, fuse_topk=c["topk"] == "fused",
+        y = m2.moe_decode_v2(x, top_k=top_k, residual=res, launch=launch,
                              separate_topk=c["topk"] == "split", inline_prep=c["inline"], **kw)
         if c.get("corrupt"):  # the canary: a deliberately wrong output the checks must flag
             y[0, 0] += 0.25 * y.float().abs().max().to(y.dtype)

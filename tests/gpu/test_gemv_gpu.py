@@ -265,7 +265,7 @@ def test_gemv_conv_invariance(fused_mods, dev, small):
 def test_moe_v2_fused(fused_mods, dev, small, t, shared):
     h, e, i, top_k = (64, 8, 64, 3) if small else (2048, 256, 512, 8)
     same = kc.check_moe_v2_fused(fused_mods, dev, t, h, e, i, top_k, 4, 64, shared=shared)
-    print(f"MoE v2 4-launch == prep/top-k path, T={t}: {same}")
+    print(f"MoE v2 4-launch == prep/top-k launches, T={t}: {same}")
 
 
 @pytest.mark.parametrize("t,shared", [(1, True), (3, False), (64, True)])

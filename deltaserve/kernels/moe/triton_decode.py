@@ -178,22 +178,19 @@ def _router_norm_row(x_ptr, res_ptr, nw_ptr, y_ptr, ro_ptr, xs_ptr, scr_ptr, t, 
 
 @triton.jit
 def slot_expert(logit_ptr, ids_ptr, wts_ptr, t, slot, E, EP: tl.constexpr, TOPK: tl.constexpr,
-                 NORMALIZE: tl.constexpr, FUSE_TOPK: tl.constexpr):
-    """Expert id (int64) of routed slot `slot` of token t. FUSE_TOPK: the routing contract applied here to the
-    token's E fp32 logits (_topk: ties to the lower id, slots in ascending id, weights normalised),
-    every program of the token computing the same answer from the same values; the programs of column block 0
-    publish ids/weights for the down kernel and the caller. Else: read from ids (moe_route ran before)."""
-    if FUSE_TOPK:
-        sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE)
-        rows = tl.arange(0, EP)
-        mine = sel & (rank == slot)
-        e = tl.sum(tl.where(mine, rows, 0), axis=0)
-        if tl.program_id(1) == 0:
-            tl.store(ids_ptr + t * TOPK + slot, e.to(tl.int32))
-            tl.store(wts_ptr + t * TOPK + slot, tl.sum(tl.where(mine, wts, 0.0), axis=0))
-        return e.to(tl.int64)
-    else:
-        return tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)
+                NORMALIZE: tl.constexpr):
+    """Expert id (int64) of routed slot `slot` of token t: the routing contract applied here to the token's E fp32
+    logits (_topk: ties to the lower id, slots in ascending id, weights normalised, the same bits as every other
+    top-k launch), every program of the token computing the same answer from the same values; the programs of
+    column block 0 publish ids/weights for the down kernel and the caller."""
+    sel, wts, rank = _topk(logit_ptr + t * E, E, EP, TOPK, NORMALIZE)
+    rows = tl.arange(0, EP)
+    mine = sel & (rank == slot)
+    e = tl.sum(tl.where(mine, rows, 0), axis=0)
+    if tl.program_id(1) == 0:
+        tl.store(ids_ptr + t * TOPK + slot, e.to(tl.int32))
+        tl.store(wts_ptr + t * TOPK + slot, tl.sum(tl.where(mine, wts, 0.0), axis=0))
+    return e.to(tl.int64)
 
 
 @triton.jit
@@ -225,7 +222,7 @@ def _gate_up_kernel(
     x_row = x_ptr + t.to(tl.int64) * stride_xt
     h_row = h_ptr + t.to(tl.int64) * stride_ht + slot * stride_hs
     if slot < TOPK:
-        e = slot_expert(logit_ptr, ids_ptr, wts_ptr, t, slot, E, EP, TOPK, NORMALIZE, True)  # publishes routing
+        e = slot_expert(logit_ptr, ids_ptr, wts_ptr, t, slot, E, EP, TOPK, NORMALIZE)  # publishes routing
         n_mask = rn < I
         g = gemv(x_row, gw + e * stride_ge, gs + e * stride_gse, gb + e * stride_gse, rn, n_mask, stride_gn,
                  stride_gsn, H, BN, BK, BITS, GROUP, True)

@@ -11,8 +11,8 @@
   combine      grid (T, cdiv(H, BC)): out = bf16(sum over s = 0..SLOTS-1 of part[t, s]), in that fixed order
                (ascending expert id, then shared), + residual: bf16(r + out)
 
-Four launches, none for preparing x: every GEMV reads its bf16 rows raw (gemv_row's INLINE; inline_prep=False and
-fuse_topk=False restore the prep and top-k launches for timing). Many small programs (BN = 8 features, the full K
+Four launches, none for preparing x: every GEMV reads its bf16 rows raw (gemv_row's INLINE; inline_prep=False
+restores the prep launches for timing). Many small programs (BN = 8 features, the full K
 each) instead of a few long ones. Every GEMV row is computed by
 `gemv_row`, whose arithmetic depends on the weight format and shape only, and every reduction has one fixed order,
 so a token's output never depends on the other tokens of the launch.
@@ -30,17 +30,7 @@ from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, gemv_row_pair, pr
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import DENSE_BITS, WeightSpec
 from ..triton_pdl import pdl_args, pdl_enabled, pdl_open, pdl_wait
-from .triton_decode import (
-    MoeRouting,
-    _router_logits,
-    _router_specs,
-    _silu_mul_bf16,
-    _spec,
-    merged_config,
-    moe_route,
-    moe_weight_specs,
-    slot_expert,
-)
+from .triton_decode import _silu_mul_bf16, _spec, moe_route, moe_weight_specs
 
 BN = 8  # features per program (down: of H)
 GATE_UP_BN = 4  # features of I per gate/up program, over the whole K (row runs): H200 sweep T=1 19.76 -> 16.94 us
@@ -130,15 +120,14 @@ def down_block(h_row, hp_row, hs_row, dw, ds, db, w_s, part_row, rn, n_mask, str
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, xp_ptr, xs_ptr, sxp_ptr, sxs_ptr, logit_ptr, ids_ptr, wts_ptr, h_ptr,
+    x_ptr, xp_ptr, xs_ptr, sxp_ptr, sxs_ptr, ids_ptr, h_ptr,
     gw, gs, gb, uw, us, ub, sgw, sgs, sgb, suw, sus, sub,
-    E, I, IS, magic, stride_xt, stride_ht, stride_hs,
+    I, IS, magic, stride_xt, stride_ht, stride_hs,
     stride_ge, stride_gn, stride_gse, stride_gsn, stride_ue, stride_un, stride_use, stride_usn,
     stride_sgn, stride_sgsn, stride_sun, stride_susn,
     H: tl.constexpr, TOPK: tl.constexpr, SLOTS: tl.constexpr, BN: tl.constexpr,
     BITS: tl.constexpr, GROUP: tl.constexpr, CG: tl.constexpr,
     S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_CG: tl.constexpr,
-    EP: tl.constexpr = 1, NORMALIZE: tl.constexpr = True, FUSE_TOPK: tl.constexpr = False,
     INLINE: tl.constexpr = 0,
     PDL: tl.constexpr = False, OPEN_LATE: tl.constexpr = False,
 ):
@@ -158,7 +147,7 @@ def _gate_up_kernel(
     x_row = x_ptr + t.to(tl.int64) * stride_xt
     h_row = h_ptr + t.to(tl.int64) * stride_ht + slot * stride_hs
     if slot < TOPK:
-        e = slot_expert(logit_ptr, ids_ptr, wts_ptr, t, slot, E, EP, TOPK, NORMALIZE, FUSE_TOPK)
+        e = tl.load(ids_ptr + t * TOPK + slot).to(tl.int64)  # the routing's slot-th expert (ascending id)
         swiglu_block(x_row, xp_ptr + t.to(tl.int64) * H, xs_ptr + t.to(tl.int64) * (H // GROUP),
                      gw + e * stride_ge, gs + e * stride_gse, gb + e * stride_gse,
                      uw + e * stride_ue, us + e * stride_use, ub + e * stride_use, h_row, rn, rn < I,
@@ -240,21 +229,6 @@ def _group(spec: WeightSpec) -> int:
     return unit(spec)
 
 
-def _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk: bool, separate_topk: bool = False):
-    """(routing, logits or None). fuse_topk: the router launch only (logits fp32 + the shared gate weight), ids
-    and weights left for the gate/up kernel to write; else moe_route (the top-k inside the router launch, or in
-    a launch of its own when separate_topk)."""
-    if not fuse_topk:
-        return moe_route(x, router, top_k, normalize, shared_gate, config, separate_topk), None
-    config = merged_config(config)
-    r, gsp = _router_specs(x, router, top_k, shared_gate)
-    logits, sw = _router_logits(x, r, gsp, shared_gate is not None, config)
-    t = x.shape[0]
-    ids = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
-    wts = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
-    return MoeRouting(ids, wts, sw), logits
-
-
 def down_early(x: torch.Tensor, tensor_cores: bool = False) -> bool:
     """Whether the decode MoE's down launch reads the routing and requests its experts' weights before its PDL
     wait (the gate/up launch before it then lets it start only after every gate/up program has waited: the
@@ -265,8 +239,7 @@ def down_early(x: torch.Tensor, tensor_cores: bool = False) -> bool:
     return tensor_cores and pdl_enabled(x)
 
 
-def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch,
-                    open_late=False):
+def _launch_gate_up(x, routing, hbuf, g, u, sg, su, top_k, slots, inline_prep, launch, open_late=False):
     t, h = x.shape
     i_r, i_s = g.n, (sg.n if slots > top_k else 0)
     if inline_prep:
@@ -274,20 +247,17 @@ def _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normal
     else:
         xp, xs = _prep(x, g)
         sxp, sxs = _prep(x, sg) if (sg.bits, sg.group) != (g.bits, g.group) else (xp, xs)
-    fuse = logits is not None
-    e = logits.shape[1] if fuse else 1
     bn = launch.gate_up_bn
     cg, s_cg, warps = _gate_up_shape(g, sg, launch)
     _gate_up_kernel[(t * slots, triton.cdiv(hbuf.shape[2], bn))](
-        x, xp, xs, sxp, sxs, logits if fuse else x, routing.ids, routing.weights, hbuf,
+        x, xp, xs, sxp, sxs, routing.ids, hbuf,
         g.w, g.scales, g.biases, u.w, u.scales, u.biases, sg.w, sg.scales, sg.biases, su.w, su.scales, su.biases,
-        e, i_r, i_s, MAGIC, x.stride(0), hbuf.stride(0), hbuf.stride(1),
+        i_r, i_s, MAGIC, x.stride(0), hbuf.stride(0), hbuf.stride(1),
         g.w.stride(0), g.w.stride(1), g.scales.stride(0), g.scales.stride(1),
         u.w.stride(0), u.w.stride(1), u.scales.stride(0), u.scales.stride(1),
         sg.w.stride(-2), sg.scales.stride(-2), su.w.stride(-2), su.scales.stride(-2),
         H=h, TOPK=top_k, SLOTS=slots, BN=bn, BITS=g.bits, GROUP=_group(g), CG=cg,
-        S_BITS=sg.bits, S_GROUP=_group(sg), S_CG=s_cg, EP=triton.next_power_of_2(e),
-        NORMALIZE=normalize, FUSE_TOPK=fuse, INLINE=inline_mode(x, inline_prep), num_warps=warps,
+        S_BITS=sg.bits, S_GROUP=_group(sg), S_CG=s_cg, INLINE=inline_mode(x, inline_prep), num_warps=warps,
         **_regs(launch.gate_up_maxnreg), **pdl_args(x), **({"OPEN_LATE": True} if open_late else {}),
     )
 
@@ -324,14 +294,13 @@ def moe_decode_v2(
     x: torch.Tensor, router, gate, up, down, top_k: int, *, normalize: bool = True,
     shared_gate_proj=None, shared_up=None, shared_down=None, shared_gate=None,
     residual: torch.Tensor | None = None, return_routing: bool = False, out: torch.Tensor | None = None,
-    config: dict | None = None, inline_prep: bool = True, fuse_topk: bool = False, launch: MoeLaunch | None = None,
+    config: dict | None = None, inline_prep: bool = True, launch: MoeLaunch | None = None,
     separate_topk: bool = False,
 ):
     """The MoE block for T tokens x [T, H] (bf16); arguments and result as `triton_decode.moe_decode`
     (config is passed to the router launch). Launches: router (the top-k at each token's last-arriving router
-    program), gate/up, down, combine (4) by default; fuse_topk=True recomputes the top-k at the head of every
-    gate/up program instead, separate_topk=True gives it a launch of its own, inline_prep=False adds the prep
-    launches of x and of hbuf
+    program), gate/up, down, combine (4) by default; separate_topk=True gives the top-k a launch of its own (the
+    model's form), inline_prep=False adds the prep launches of x and of hbuf
     (the v2 path, kept so the two can be timed against each other). launch: the kernels' launch shape (MoeLaunch;
     None: the defaults), for sweeps (lab/sweep_decode_kernels.py)."""
     launch = MoeLaunch() if launch is None else launch
@@ -339,14 +308,13 @@ def moe_decode_v2(
     g, u, d, sg, su, sd, has_shared = expert_specs(
         x, router, gate, up, down, shared_gate_proj, shared_up, shared_down, shared_gate, residual
     )
-    routing, logits = _routing(x, router, top_k, normalize, shared_gate, config, fuse_topk, separate_topk)
+    routing = moe_route(x, router, top_k, normalize, shared_gate, config, separate_topk)
     out = torch.empty_like(x) if out is None else out
     if t == 0:
         return (out, routing) if return_routing else out
     i_s, slots, hbuf, part = slot_buffers(x, g, sg, has_shared, top_k)
-    # the early down reads the routing before its wait: not when gate/up itself writes it (fuse_topk)
-    early = logits is None and down_early(x)
-    _launch_gate_up(x, routing, logits, hbuf, g, u, sg, su, top_k, slots, normalize, inline_prep, launch, early)
+    early = down_early(x)  # the early down reads the routing before its wait
+    _launch_gate_up(x, routing, hbuf, g, u, sg, su, top_k, slots, inline_prep, launch, early)
     rows = hbuf.view(t * slots, hbuf.shape[2])
     _launch_down(rows, routing, part, d, sd, top_k, slots, h, i_s, inline_prep, launch, early)
     launch_combine(part, x, residual, out, slots, launch)
