@@ -40,7 +40,7 @@ def test_resolve_plan():
 def test_the_output_head_alone_is_marked(tie):
     """"head" serves exactly the linear that makes the logits: the lm_head, or the embedding table when tied."""
     model = tiny_model(moe=True, tie_word_embeddings=tie)
-    marked = [name for name, m in model.named_modules() if m.__dict__.get(fast.OUTPUT_HEAD_ATTR)]
+    marked = [name for name, m in model.named_modules() if fast.state(m).output_head]
     assert marked == (["embed_tokens"] if tie else ["lm_head"])
 
 
@@ -49,7 +49,7 @@ def test_head_mode_leaves_cpu_tensors_alone():
     model = tiny_model(moe=True)
     fast.set_decode_gemv(model, "head")
     assert fast.mma_weights(model.lm_head, torch.zeros(1, model.config.hidden_size)) is None
-    assert fast.MMA_ATTR not in model.lm_head.__dict__
+    assert fast.state(model.lm_head).mma is None
 
 
 def test_default_is_head():
@@ -149,3 +149,46 @@ def test_info_prints_the_plan(tmp_path, capsys):
     assert "DeltaNet decode step: 64 state columns a program" in text
     assert main(["info", str(out), "--plan", "--moe-kernels", "cuda"]) == 0
     assert "kernel plan: decode_gemv=head moe=cuda throughput_shapes=off" in capsys.readouterr().out
+
+
+def _q4_linear(n: int = 32, k: int = 128):
+    from deltaserve.quant.affine import AffineLinear, AffineSpec
+
+    lin = AffineLinear(k, n, AffineSpec(bits=4, group_size=64))
+    gen = torch.Generator().manual_seed(3)
+    lin.weight.data = torch.randint(0, 2**31, lin.weight.shape, generator=gen, dtype=torch.int64).to(torch.uint32)
+    lin.scales.data = torch.rand(lin.scales.shape, generator=gen).bfloat16()
+    lin.biases.data = torch.rand(lin.biases.shape, generator=gen).bfloat16()
+    return lin
+
+
+def test_a_modules_fast_state_is_one_record_built_once():
+    """The fast path keeps everything of a module in one FastState: the plan set_plan fixed, the output-head mark,
+    the specs and the tensor-core GEMV's repacked copy, built once on first use (the same object after), counted by
+    decode_copy_bytes; "head" repacks the output head alone, "mma" every eligible weight. (The copy is CUDA-only:
+    a stand-in activation that says it is on CUDA drives the choice; the repack itself is plain torch.)"""
+    from types import SimpleNamespace
+
+    from deltaserve.kernels.quant import mma_gemv
+
+    if not mma_gemv.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon: the tensor-core GEMV is never chosen")
+    on_cuda = SimpleNamespace(is_cuda=True)
+    model = torch.nn.Module()
+    model.head, model.other = _q4_linear(), _q4_linear()
+    fast.mark_output_head(model.head)
+    fast.set_plan(model, KernelPlan("head", "mma"))
+    assert fast.state(model.head).plan == fast.state(model.other).plan == KernelPlan("head", "mma")
+    assert fast.mma_weights(model.other, on_cuda) is None and fast.state(model.other).mma is None
+    copy = fast.mma_weights(model.head, on_cuda)
+    assert copy is not None and fast.mma_weights(model.head, on_cuda) is copy and fast.state(model.head).mma is copy
+    assert fast.weight_spec(model.head) is fast.state(model.head).specs["weight"] is fast.weight_spec(model.head)
+    head_bytes = sum(t.numel() * t.element_size() for t in copy)
+    assert fast.decode_copy_bytes(model) == head_bytes > 0
+    fast.set_decode_gemv(model, "mma")
+    other = fast.mma_weights(model.other, on_cuda)
+    assert other is not None and fast.decode_copy_bytes(model) == 2 * head_bytes
+    codes, scales, biases = mma_gemv.unpack_q4(*other)  # the copy holds the weight it was made from
+    assert torch.equal(scales, model.other.scales) and torch.equal(biases, model.other.biases)
+    want = (model.other.weight.to(torch.int64)[..., None] >> (4 * torch.arange(8))) & 15  # MLX: code j at bits 4j
+    assert torch.equal(codes, want.reshape(codes.shape))

@@ -10,7 +10,7 @@ Weight modules are read by duck typing (the model may not import `quant`): a mod
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import torch
@@ -31,12 +31,48 @@ def enabled(x: torch.Tensor) -> bool:
     return backend.interpreting() and tuning.get("DELTASERVE_FAST_INTERPRET")
 
 
+@dataclass(eq=False)
+class FastState:
+    """What the fast path keeps for one module, in one record (`state(module)`): the kernel plan its deployment fixed
+    (set_plan), whether it makes the logits (mark_output_head), and what the kernels derive from its weights on
+    first use (weights never move after loading): its WeightSpecs by attribute, an expert bank's stacked specs, the
+    tensor-core GEMV's repacked copy (a linear) or repacked experts (an MoE block), the prefill's natural-order
+    copy, a router's bf16 codes, and, on an expert bank, that its MLX tensors were released after the repack.
+    None: not built yet; (): built, and the module cannot take that path."""
+
+    plan: KernelPlan | None = None
+    output_head: bool = False
+    specs: dict = field(default_factory=dict)
+    stacked: tuple | None = None
+    mma: object = None
+    dense: tuple | None = None
+    router_codes: object = None
+    released: bool = False
+
+    def copies(self):
+        """The tensors of the copies built so far (decode_copy_bytes)."""
+        yield from _tensors(self.mma or ())
+        yield from _tensors(self.router_codes if isinstance(self.router_codes, torch.Tensor) else ())
+        yield from _tensors(self.dense or ())
+
+
+STATE_ATTR = "_fast_state"  # the one key the fast path keeps in a module's __dict__ (not a submodule, no state_dict)
+
+
+def state(module: nn.Module) -> FastState:
+    """`module`'s FastState (made empty on first ask)."""
+    st = module.__dict__.get(STATE_ATTR)
+    if st is None:
+        st = module.__dict__[STATE_ATTR] = FastState()
+    return st
+
+
 def weight_spec(module: nn.Module, attr: str = "weight"):
-    """The module's weight as the kernels read it (cached on the module; weights never move after loading)."""
+    """The module's weight as the kernels read it (kept in its FastState; weights never move after loading)."""
     from ..kernels.triton_common import WeightSpec
 
-    key = f"_fast_spec_{attr}"
-    spec = module.__dict__.get(key)
+    specs = state(module).specs
+    spec = specs.get(attr)
     if spec is None:
         w = getattr(module, attr)
         if hasattr(module, "scales"):
@@ -44,7 +80,7 @@ def weight_spec(module: nn.Module, attr: str = "weight"):
             spec = WeightSpec(w, module.scales, module.biases, q.bits, q.group_size, attr)
         else:
             spec = WeightSpec.dense(w, attr)
-        module.__dict__[key] = spec
+        specs[attr] = spec
     return spec
 
 
@@ -68,9 +104,10 @@ def stacked_specs(experts: nn.Module):
     views) or a `StackedExperts` of three stacked projections."""
     from ..kernels.triton_common import WeightSpec
 
-    cached = experts.__dict__.get("_fast_specs")
+    st = state(experts)
+    cached = st.stacked
     if cached is None:
-        if experts.__dict__.get(RELEASED_ATTR):
+        if st.released:
             raise RuntimeError("these experts were repacked for the tensor-core MoE (moe_kernels='mma') and their MLX "
                                "tensors released; only that path can run them")
         if hasattr(experts, "gate_up_proj"):
@@ -79,12 +116,11 @@ def stacked_specs(experts: nn.Module):
             cached = (WeightSpec.dense(gu[:, :i]), WeightSpec.dense(gu[:, i:]), WeightSpec.dense(experts.down_proj))
         else:
             cached = tuple(weight_spec(p) for p in (experts.gate_proj, experts.up_proj, experts.down_proj))
-        experts.__dict__["_fast_specs"] = cached
+        st.stacked = cached
     return cached
 
 
 WIDE_ROWS = 8192  # "wide": the tensor-core GEMV for weights of at least this many output rows
-PLAN_ATTR = "_fast_plan"  # module.__dict__ key: the KernelPlan its model's deployment fixed (set_plan)
 DEFAULT_PLAN = KernelPlan()
 
 
@@ -98,12 +134,13 @@ def all_modules(model: nn.Module):
 def set_plan(model: nn.Module, plan: KernelPlan) -> None:
     """Fix `model`'s kernel plan (an engine does this once, before its first step and its graph captures)."""
     for m in all_modules(model):
-        m.__dict__[PLAN_ATTR] = plan
+        state(m).plan = plan
 
 
 def plan_of(module: nn.Module | None) -> KernelPlan:
     """The plan `module`'s deployment fixed, or DEFAULT_PLAN (the batch-1 GEMVs, the tensor-core MoE)."""
-    return (None if module is None else module.__dict__.get(PLAN_ATTR)) or DEFAULT_PLAN
+    st = None if module is None else module.__dict__.get(STATE_ATTR)
+    return (None if st is None else st.plan) or DEFAULT_PLAN
 
 
 def set_decode_gemv(model: nn.Module, mode: str) -> None:
@@ -125,17 +162,11 @@ def throughput_deployment(module: nn.Module | None = None) -> bool:
     return plan_of(module).throughput
 
 
-OUTPUT_HEAD_ATTR = "_fast_output_head"  # module.__dict__ key: this linear makes the logits (decode_gemv "head")
-
-
 def mark_output_head(module: nn.Module | None) -> None:
     """Mark the module whose linear makes the logits (the lm_head, or the tied embedding table), which the "head"
     decode GEMV mode serves with the tensor-core GEMV."""
     if module is not None:
-        module.__dict__[OUTPUT_HEAD_ATTR] = True
-
-
-MMA_ATTR = "_fast_mma"  # module.__dict__ key of its repacked (words, sb) copy
+        state(module).output_head = True
 
 
 def mma_weights(module: nn.Module, x: torch.Tensor):
@@ -148,9 +179,10 @@ def mma_weights(module: nn.Module, x: torch.Tensor):
         return None
     if mode == "wide" and weight_spec(module).n < WIDE_ROWS:
         return None
-    if mode == "head" and not module.__dict__.get(OUTPUT_HEAD_ATTR):
+    st = state(module)
+    if mode == "head" and not st.output_head:
         return None
-    cached = module.__dict__.get(MMA_ATTR)
+    cached = st.mma
     if cached is None:
         from ..kernels.quant import mma_gemv
 
@@ -158,11 +190,8 @@ def mma_weights(module: nn.Module, x: torch.Tensor):
         eligible = (mma_gemv.HAVE_GLUON and s.bits == 4 and s.group == mma_gemv.GROUP and s.w.dim() == 2
                     and s.n % mma_gemv.ROW_BLOCK == 0 and s.k % mma_gemv.GROUP == 0)
         cached = mma_gemv.repack_q4(s.w, s.scales, s.biases) if eligible else ()
-        module.__dict__[MMA_ATTR] = cached
+        st.mma = cached
     return cached or None
-
-
-DENSE_ATTR = "_fast_dense_natural"  # module.__dict__ key: (words, sb, bf16_fma) of its natural-order repack, or ()
 
 
 def prefill_dense_weights(module: nn.Module, x: torch.Tensor):
@@ -181,17 +210,15 @@ def prefill_dense_weights(module: nn.Module, x: torch.Tensor):
     s = weight_spec(module)
     if not enough_programs(m, s.n):  # too few programs to fill the GPU: dequantise + multiply
         return None
-    cached = module.__dict__.get(DENSE_ATTR)
+    st = state(module)
+    cached = st.dense
     if cached is None:
         cached = ()
         if s.w.dim() == 2 and dense_fits(s.n, s.k, s.bits, s.group):
             words, sb = mma_gemv.repack_q4(s.w, s.scales, s.biases, order="natural")
             cached = (words, sb, bf16_fma_exact(sb))
-        module.__dict__[DENSE_ATTR] = cached
+        st.dense = cached
     return cached or None
-
-
-ROUTER_CODES_ATTR = "_fast_router_codes"  # module.__dict__ key: the router's codes as bf16, or () where none
 
 
 def router_codes(module: nn.Module) -> torch.Tensor | None:
@@ -203,11 +230,12 @@ def router_codes(module: nn.Module) -> torch.Tensor | None:
 
     if not hasattr(module, "scales"):
         return None
-    cached = module.__dict__.get(ROUTER_CODES_ATTR)
+    st = state(module)
+    cached = st.router_codes
     if cached is None:
         s = weight_spec(module)
         cached = router_codes_bf16(s) if s.bits in (4, 8) and s.w.dim() == 2 else ()
-        module.__dict__[ROUTER_CODES_ATTR] = cached
+        st.router_codes = cached
     return cached if isinstance(cached, torch.Tensor) else None
 
 
@@ -222,9 +250,6 @@ def moe_kernels(module: nn.Module | None = None) -> str:
     return plan_of(module).moe
 
 
-RELEASED_ATTR = "_released_for_mma"  # experts.__dict__ key: the MLX tensors were released after the repack
-
-
 def mma_moe_weights(block: nn.Module, x: torch.Tensor):
     """The MoE block's experts as kernels/moe/mma_moe.MmaExperts when moe_kernels() == "mma" and the routed experts
     are q4 g64 (stacked affine, I and H multiples of 64) on CUDA, else None. Built on first use: the routed experts
@@ -232,7 +257,8 @@ def mma_moe_weights(block: nn.Module, x: torch.Tensor):
     so every later forward of this block must take this path (stacked_specs refuses them)."""
     if moe_kernels(block) != "mma" or not x.is_cuda:
         return None
-    cached = block.__dict__.get(MMA_ATTR)
+    st = state(block)
+    cached = st.mma
     if cached is None:
         from ..kernels.moe.mma_moe import pack_mma_experts
         from ..kernels.quant import mma_gemv
@@ -243,19 +269,19 @@ def mma_moe_weights(block: nn.Module, x: torch.Tensor):
             s.bits == 4 and s.group == mma_gemv.GROUP and s.w.dim() == 3 and s.n % 64 == 0 and s.k % 64 == 0
             for s in specs)
         if not eligible:
-            block.__dict__[MMA_ATTR] = ()
+            st.mma = ()
             return None
         se = block.shared_expert
         shared = [weight_spec(p) for p in (se.gate_proj, se.up_proj, se.down_proj)] if se is not None else []
         cached = pack_mma_experts(*specs, *shared)
-        block.__dict__[MMA_ATTR] = cached
+        st.mma = cached
         for proj in (experts.gate_proj, experts.up_proj, experts.down_proj):  # one copy of the weights
-            proj.__dict__.pop("_fast_spec_weight", None)
+            state(proj).specs.pop("weight", None)
             for name in ("weight", "scales", "biases"):
                 t = getattr(proj, name)
                 t.data = torch.empty(0, dtype=t.dtype, device=t.device)
-        experts.__dict__.pop("_fast_specs", None)
-        experts.__dict__[RELEASED_ATTR] = True
+        bank = state(experts)
+        bank.stacked, bank.released = None, True
     return cached or None
 
 
@@ -287,8 +313,8 @@ def decode_copy_bytes(model: nn.Module) -> int:
     codes (router_codes) and the prefill's natural-order copies (prefill_dense_weights)."""
     seen, total = set(), 0
     for obj in all_modules(model):
-        for t in (*_tensors(obj.__dict__.get(MMA_ATTR) or ()), *_tensors(obj.__dict__.get(ROUTER_CODES_ATTR, ())),
-                  *_tensors(obj.__dict__.get(DENSE_ATTR) or ())):
+        st = obj.__dict__.get(STATE_ATTR)
+        for t in (() if st is None else st.copies()):
             if t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()

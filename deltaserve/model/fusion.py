@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .fast import PLAN_ATTR
+from . import fast
 
 # Each owner class declares FUSED_PROJECTIONS = (fused name, part attribute names in output-row order); the
 # layer modules import this one (for `fused`), so it never imports them.
@@ -101,12 +101,12 @@ def _fuse_group(owner: nn.Module, name: str, attrs: tuple[str, ...]) -> bool:
             p._parameters[k] = nn.Parameter(fused_tensors[k][row : row + n], requires_grad=False)
             row += n
     for p in parts:
-        for cached in [c for c in p.__dict__ if c.startswith("_fast_spec_")]:
-            del p.__dict__[cached]  # fast.weight_spec cached the old tensors: rebuild from the views
+        fast.state(p).specs.clear()  # fast.weight_spec kept the old tensors: rebuild from the views
     fused_linear = FusedLinear(parts, fused_tensors, getattr(parts[0], "spec", None))
-    # a deployment's kernel plan (fast.set_plan) stamped on the parts covers the fused weight too
-    if PLAN_ATTR in parts[0].__dict__:
-        fused_linear.__dict__[PLAN_ATTR] = parts[0].__dict__[PLAN_ATTR]
+    # a deployment's kernel plan (fast.set_plan) on the parts covers the fused weight too
+    plan = fast.state(parts[0]).plan
+    if plan is not None:
+        fast.state(fused_linear).plan = plan
     owner.__dict__[key] = fused_linear
     return True
 

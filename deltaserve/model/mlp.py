@@ -49,7 +49,7 @@ class SparseMoeBlock(nn.Module):
         h = config.hidden_size
         self.parallel, self.num_experts = parallel, config.num_experts  # expert parallelism: the bank holds E/N
         if parallel.expert_parallel:  # the tensor-core MoE takes every expert (global ids): never repack this bank
-            self.__dict__[fast.MMA_ATTR] = ()  # (fast.mma_moe_weights: "not eligible")
+            fast.state(self).mma = ()  # (fast.mma_moe_weights: "not eligible")
         self.top_k = config.num_experts_per_tok
         self.normalize = config.norm_topk_prob
         self.gate = weights.linear(f"{prefix}.gate", h, config.num_experts)
@@ -71,7 +71,7 @@ class SparseMoeBlock(nn.Module):
             return self._forward_normed(x, residual, norm)
         if fast.enabled(x):
             return self._forward_fast(x, decode, residual, xs)
-        if self.experts.__dict__.get(fast.RELEASED_ATTR):
+        if fast.state(self.experts).released:
             raise RuntimeError("SparseMoeBlock: the experts were repacked for the tensor-core MoE (moe_kernels='mma') "
                                "and their MLX tensors released; this block runs on the GPU fast path only")
         logits = self.gate(x.float())  # [N, E] fp32: the router runs in fp32 whatever the activation dtype

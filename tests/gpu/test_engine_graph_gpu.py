@@ -54,14 +54,14 @@ def _mma_moe_in_use(model) -> bool:
     from deltaserve.model.mlp import SparseMoeBlock
 
     blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
-    return bool(blocks) and all(b.__dict__.get(fast.MMA_ATTR) for b in blocks)
+    return bool(blocks) and all(fast.state(b).mma for b in blocks)
 
 
 def _mma_gemv_in_use(model) -> bool:
     """Some linear besides the output head holds its tensor-core GEMV copy (the "mma" decode GEMV served it)."""
     from deltaserve.model import fast
 
-    return any(m.__dict__.get(fast.MMA_ATTR) and not m.__dict__.get(fast.OUTPUT_HEAD_ATTR)
+    return any(fast.state(m).mma and not fast.state(m).output_head
                for m in fast.all_modules(model))
 
 

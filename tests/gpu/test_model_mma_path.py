@@ -90,27 +90,27 @@ def test_tensor_core_paths_in_use(models):
     blocks = [m for m in gpu.modules() if isinstance(m, SparseMoeBlock)]
     mixers = [m for m in gpu.modules() if isinstance(m, GatedDeltaNet)]
     assert blocks and mixers
-    assert gpu.lm_head.__dict__.get(fast.MMA_ATTR), "the output head did not take the tensor-core GEMV"
+    assert fast.state(gpu.lm_head).mma, "the output head did not take the tensor-core GEMV"
     if mode == "head":  # nothing else did
-        assert not any(b.__dict__.get(fast.MMA_ATTR) for b in blocks)
-        assert not any(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers)
-        head_copy = gpu.lm_head.__dict__[fast.MMA_ATTR]
+        assert not any(fast.state(b).mma for b in blocks)
+        assert not any(fast.state(fusion.fused(m, "in_proj")).mma for m in mixers)
+        head_copy = fast.state(gpu.lm_head).mma
         assert fast.decode_copy_bytes(gpu) == sum(t.numel() * t.element_size() for t in head_copy)
         return
     for b in blocks:
-        mma = b.__dict__.get(fast.MMA_ATTR)
+        mma = fast.state(b).mma
         assert mma and mma.shared_last, "an MoE block did not take the tensor-core path"
-        assert b.experts.__dict__.get(fast.RELEASED_ATTR) and b.experts.gate_proj.weight.numel() == 0
+        assert fast.state(b.experts).released and b.experts.gate_proj.weight.numel() == 0
     assert fast.decode_copy_bytes(gpu) > 0
     if mode == "mma-moe-wgmma":  # moe_block_mma's condition for the warpgroup-MMA experts kernel, from one row
         assert wx.wg_min_rows() == 1 and all(wx.wg_fits(
-            b.__dict__[fast.MMA_ATTR].gate[0], b.__dict__[fast.MMA_ATTR].down[0]) for b in blocks)
+            fast.state(b).mma.gate[0], fast.state(b).mma.down[0]) for b in blocks)
     if mode in ("mma-moe", "mma-moe-wgmma"):  # the decode linears stay on CUDA cores
-        assert not any(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers)
+        assert not any(fast.state(fusion.fused(m, "in_proj")).mma for m in mixers)
         with pytest.raises(RuntimeError, match="released"):
             fast.stacked_specs(blocks[0].experts)
         return
-    assert all(fusion.fused(m, "in_proj").__dict__.get(fast.MMA_ATTR) for m in mixers), \
+    assert all(fast.state(fusion.fused(m, "in_proj")).mma for m in mixers), \
         "a DeltaNet in_proj did not take the tensor-core GEMV (and its conv epilogue)"
     with pytest.raises(RuntimeError, match="released"):
         fast.stacked_specs(blocks[0].experts)
@@ -318,7 +318,7 @@ def test_moe_tile_sets_equal_joint_launches(models, monkeypatch):
     from deltaserve.kernels.moe.mma_moe import wg_block_tile_rows
 
     block = next(m for m in gpu.modules() if isinstance(m, SparseMoeBlock))
-    mma = block.__dict__.get(fast.MMA_ATTR)
+    mma = fast.state(block).mma
     wg = mma is not None and wg_block_tile_rows(mma, 50 * (block.top_k + 1)) is not None
     assert wg == (mode != "head"), f"{mode}: the warpgroup-MMA experts kernel {'' if wg else 'not '}taken at 50 tokens"
     if wg:

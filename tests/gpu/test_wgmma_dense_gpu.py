@@ -136,7 +136,7 @@ def test_model_prefill_fused_equals_dequant(q4_model, monkeypatch):
         runs[mode] = [run_all_logits(q4_model, prompt, "cuda", torch.bfloat16, chunk) for chunk in (None, 64)]
     for chunk, want, got in zip((None, 64), runs["dequant"], runs["fused"]):
         assert torch.equal(got, want), f"chunk {chunk}: fused != dequant ({(got != want).sum().item()} logits)"
-    built = [m for m in fast.all_modules(q4_model) if m.__dict__.get(fast.DENSE_ATTR)]
+    built = [m for m in fast.all_modules(q4_model) if fast.state(m).dense]
     assert built, "no projection took the fused kernel"
     assert fast.decode_copy_bytes(q4_model) >= sum(t.numel() * t.element_size() for m in built
-                                                   for t in m.__dict__[fast.DENSE_ATTR][:2])
+                                                   for t in fast.state(m).dense[:2])
