@@ -14,6 +14,8 @@
 #   bash lab/device_wave48.sh bits      the same with the logits' bits compared row by row (--logits), per BITS_CFGS
 #                                       ("streams:k" pairs), drafting's default variant
 #   bash lab/device_wave48.sh fault     the prefill graph fault's variants alone (lab/probe_prefill_fault.py)
+#   bash lab/device_wave48.sh ab        issue 58's A/B: lab/ab_trees.py bits then speed, this tree against .old/ (carry it:
+#                                       mkdir .old && git archive OLD | tar -x -C .old; echo /.old/ >> .git/info/exclude)
 #   bash lab/device_wave48.sh all       tests then engine, each under its own limit (TESTS_LIMIT, LIMIT)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -92,6 +94,12 @@ bits)  # the first position whose logits' bits differ from drafting off, per str
 fault)
   timeout ${LIMIT3:-200} python3 lab/probe_prefill_fault.py > "$OUT/probe_prefill_fault.log" 2>&1
   grep "^|" "$OUT/probe_prefill_fault.log"; tail -5 "$OUT/probe_prefill_fault.log" | cut -c1-300
+  ;;
+ab)  # the old tree (.old, carried) against this one: the same bits, the same speed
+  [ -d .old/deltaserve ] || { echo "ab: no .old/deltaserve (carry the old tree as .old)"; exit 1; }
+  timeout ${LIMIT:-200} python3 lab/ab_trees.py bits --old .old > "$OUT/ab_bits.log" 2>&1; tail -8 "$OUT/ab_bits.log"
+  timeout ${LIMIT2:-380} python3 lab/ab_trees.py speed --old .old --rounds ${ROUNDS:-2} > "$OUT/ab_speed.log" 2>&1
+  tail -12 "$OUT/ab_speed.log"
   ;;
 tests) run_tests ;;
 engine) run_engine ;;
