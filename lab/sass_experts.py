@@ -28,7 +28,7 @@ def main(argv=None) -> int:
                                             help="also the two tile sets' forms at 64 tokens"), argv)
     import torch
 
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
     from deltaserve.kernels.quant.mma_gemv import MmaTiles
 
     # the wrapper refuses CPU tensors; its launch code is taken as it is, without that guard

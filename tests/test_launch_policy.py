@@ -31,7 +31,7 @@ def test_experts_kernel_policy():
 
 
 def test_wgmma_experts_policy():
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
 
     assert wx.wg_min_rows() == wx.WG_MIN_ROWS == 144  # from 16 tokens: a 16-stream decode, not an 8-stream one
     assert (wx.wg_tile_rows(4096), wx.wg_tile_rows(4095), wx.wg_tile_rows(576)) == (16, 8, 8)
@@ -131,7 +131,7 @@ def test_router_policy_and_experiments(monkeypatch):
         with pytest.raises(ValueError, match="DELTASERVE_ROUTER_ROW_BLOCKS"):
             md.router_row_blocks()
     assert md.router_norm_read() == "scratch"
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
 
     monkeypatch.delenv("DELTASERVE_WGMMA_SPLIT_WAIT", raising=False)
     assert wx.wg_split_wait() is False  # an experiment, off until measured in the model

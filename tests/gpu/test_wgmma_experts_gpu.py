@@ -32,7 +32,7 @@ def test_wg_experts_same_bits_as_mma(dev, t, monkeypatch):
     (256 routed experts + the shared one stacked last, top-8, H 2048, I 512): every tile width, slot count and group
     order gives the mma.sync kernel's result bit for bit, and writes every element of a NaN-poisoned output."""
     from deltaserve.kernels.moe import mma_experts as mx
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
 
     e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
     tiles8 = mx.mma_expert_tiles(ids, e, 8)
@@ -60,7 +60,7 @@ def test_wg_experts_plain_vs_fp64(dev, e, n, k, top_k):
     """The plain form (no epilogue, x's group sums given or the kernel's own) against fp64 at small shapes (one group
     of K included), poisoned output fully written, and equal to the mma.sync kernel."""
     from deltaserve.kernels.moe import mma_experts as mx
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
     (words, sb), wd = _experts(dev, e, n, k)
@@ -83,7 +83,7 @@ def test_wg_row_sets_same_bits(dev, t, monkeypatch):
     groups a step) equals one set a program, writing every element of a NaN-poisoned output; the plain form (own
     group sums and given ones) against fp64 too; a weight of 4 row blocks is refused."""
     from deltaserve.kernels.moe import mma_experts as mx
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
     e, slots, _, _, (dw, dsb), ids, _, _, scale = _moe_35b_case(dev, t)
@@ -124,7 +124,7 @@ def test_moe_block_wgmma_same_bits(dev, t, monkeypatch):
     from deltaserve.kernels.moe.mma_moe import moe_block_mma
 
     x, res, ids, w, sw, experts, _ = _moe_block(dev, t)
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
 
     monkeypatch.setattr(wx, "WG_MIN_ROWS", 1 << 62)  # never: the mma.sync kernel
     base = moe_block_mma(x, ids, w, sw, experts, residual=res)
@@ -141,7 +141,7 @@ def test_wg_experts_input_checks(dev):
     """Bad inputs name the problem: x's width, the up weight's shape, the gated form without group sums, tiles of
     one row, the slot count, out's shape."""
     from deltaserve.kernels.moe import mma_experts as mx
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
 
     (words, sb), _ = _experts(dev, 8, 64, 256)
     x = torch.randn(4, 256, device=dev).bfloat16()
@@ -170,7 +170,7 @@ def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k, monkeypatch):
     rows, every tile width and slot count, the group sums given or its own, bf16 and fp32 (widened) out, writing
     every element of a NaN-poisoned output; and against fp64."""
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
     p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
@@ -202,7 +202,7 @@ def test_wg_gemv_ksplit_same_bits(dev, n, k, monkeypatch):
     given or its own, one and two groups a step, a NaN-poisoned output; the arrival counters left at zero; and the
     splits it cannot make refused."""
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
     from deltaserve.kernels.quant.triton_gemv import prep_x
     from deltaserve.kernels.triton_sync import arrival_counters
 
@@ -239,7 +239,7 @@ def test_mma_gemv_through_wg_gemv(dev, m, monkeypatch):
     projections' over wg_gemv_ksplit's default eight, and over four); weights it cannot take (N % 64) keep mma.sync."""
     from deltaserve.kernels.gated_delta import triton_decode as td
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
     from deltaserve.kernels.quant import tensor_core_gemv as tcg
     from test_mma_gemv_gpu import _tc_gemv_of
 
@@ -279,7 +279,7 @@ def test_wg_xs_smem_same_bits(dev, t, slots_mode, monkeypatch):
     element of a NaN-poisoned output; the down (the kernel's own sums) with carried slots equals it too."""
     from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
 
     def both(fn):  # (the reference: loads, computed slots; the form under test)
         monkeypatch.setattr(wx, "wg_slot_carry", lambda: False)
@@ -326,7 +326,7 @@ def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
     16- and 32-row tiles) and wg_gemv at 64 rows (8- and 32-row tiles), capped (and folded) == neither."""
     from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
 
     e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, 64)
     p, s, b, _ = kc.affine_weight((12352, 2048), 4, 64, dev)
@@ -362,7 +362,7 @@ def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
     writing every element of a NaN-poisoned output."""
     from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
 
     monkeypatch.setattr(wx, "wg_slot_carry", lambda: slots_mode == "carry")
 
@@ -412,7 +412,7 @@ def test_wg_tile_sets_make_the_joint_launch(dev, t):
     35B-A3B's shapes, 8- and 16-row tiles), each set alone writes only its tiles' rows, and a set without out= or
     out of range is refused."""
     from deltaserve.kernels.moe import mma_experts as mx
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wx
 
     e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
     for rows in (8, 16):

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 from ..quant.mma_gemv import GROUP, ROW_BLOCK, default_warps, repack_q4
-from ..quant.wgmma_experts import (wg_fits, wg_matmul_experts, wg_min_rows, wg_moe_down_stages, wg_moe_stages,
+from ..quant.wgmma_gemv import (wg_fits, wg_matmul_experts, wg_min_rows, wg_moe_down_stages, wg_moe_stages,
                                    wg_tile_rows)
 from ..triton_sync import MIN_COUNTERS
 from .mma_experts import default_ahead, default_row_blocks, mma_expert_tiles, mma_matmul_experts, repack_q4_experts
