@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from deltaserve.kernels.moe import wgmma_experts as wx
 from deltaserve.kernels.quant import tensor_core_gemv as tcg
-from deltaserve.kernels.quant import wgmma_gemv as wx
 from deltaserve.model import fast, fusion
 from deltaserve.model.gated_deltanet import GatedDeltaNet
 from deltaserve.model.plan import KernelPlan
