@@ -76,7 +76,7 @@ def tile_sets(tiles):
 def chain(block: Block, x, xs, ids, weights, tiles, hid, part, tile_set=(0, 1)):
     """gate/up then down over `tiles` (those of tile_set, wg_matmul_experts'), into their rows of hid [T (k+1), I]
     and part [T (k+1), H]."""
-    from deltaserve.kernels.quant.wgmma_experts import wg_matmul_experts, wg_moe_down_stages, wg_moe_stages
+    from deltaserve.kernels.moe.wgmma_experts import wg_matmul_experts, wg_moe_down_stages, wg_moe_stages
 
     slots = ids.shape[1]
     wg_matmul_experts(x, *block.gate, ids, tiles, slots, xs=xs, up=block.up, out=hid,
@@ -120,8 +120,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     from deltaserve.kernels.moe.mma_experts import mma_expert_tiles
+    from deltaserve.kernels.moe.wgmma_experts import wg_tile_rows
     from deltaserve.kernels.quant.triton_gemv import prep_x
-    from deltaserve.kernels.quant.wgmma_experts import wg_tile_rows
 
     dev = torch.device("cuda")
     torch.manual_seed(0)

@@ -1,11 +1,12 @@
 """sm_90 SASS of the MoE's warpgroup-MMA experts launches, compiled on a machine WITHOUT a GPU: for each form the
 instruction count and a hash of the instructions (addresses stripped), to tell whether a change to
-`kernels/quant/wgmma_experts.py` left a form's code as it was. Forms: gate/up and down at 64 tokens (a 64-stream
-decode, 8-row tiles) and 512 tokens (a prefill chunk, 16-row tiles) at the 35B-A3B's shapes; --sets adds the two
-tile sets' forms at 64 tokens (wg_matmul_experts(tile_set=)). Nothing runs: lab/sass_report.install's
-compile-only launches.
+`kernels/moe/wgmma_experts.py` or the program it shares with the dense GEMV (`kernels/quant/wgmma_gemv.py`) left a
+form's code as it was. Forms: gate/up and down at 64 tokens (a 64-stream decode, 8-row tiles) and 512 tokens (a
+prefill chunk, 16-row tiles) at the 35B-A3B's shapes; --sets adds the two tile sets' forms at 64 tokens
+(wg_matmul_experts(tile_set=)). Nothing runs: lab/sass_report.install's compile-only launches.
 
-Compare two trees with a worktree of the older one:
+Compare two trees with a worktree of the older one (a tree from before the launch moved to kernels/moe/ has it in
+kernels/quant/wgmma_experts.py, which this script imports there):
   git worktree add /tmp/old <sha> && python lab/sass_experts.py --root /tmp/old && python lab/sass_experts.py
 """
 
@@ -28,7 +29,10 @@ def main(argv=None) -> int:
                                             help="also the two tile sets' forms at 64 tokens"), argv)
     import torch
 
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    try:
+        from deltaserve.kernels.moe import wgmma_experts as wx
+    except ImportError:  # an older --root: the launch still beside the program in quant/
+        from deltaserve.kernels.quant import wgmma_experts as wx
     from deltaserve.kernels.quant.mma_gemv import MmaTiles
 
     # the wrapper refuses CPU tensors; its launch code is taken as it is, without that guard

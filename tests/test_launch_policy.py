@@ -31,33 +31,34 @@ def test_experts_kernel_policy():
 
 
 def test_wgmma_experts_policy():
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.moe import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wg
 
     assert wx.wg_min_rows() == wx.WG_MIN_ROWS == 144  # from 16 tokens: a 16-stream decode, not an 8-stream one
     assert (wx.wg_tile_rows(4096), wx.wg_tile_rows(4095), wx.wg_tile_rows(576)) == (16, 8, 8)
     assert (wx.wg_tile_rows(8192), wx.wg_tile_rows(8191)) == (32, 16)
-    assert wx.wg_partial_major() and wx.wg_fold_pair()
-    assert wx.wg_xs_smem() and wx.wg_slot_carry()
+    assert wg.wg_partial_major() and wg.wg_fold_pair()
+    assert wg.wg_xs_smem() and wg.wg_slot_carry()
     # register caps: 96 for 8-row tiles, 128 for 16-row ones, 168 for 32-row ones, none wider; wg_gemv none past 16
-    assert [wx.wg_maxnreg(r) for r in (8, 16, 32, 64)] == [{"maxnreg": 96}, {"maxnreg": 128}, {"maxnreg": 168}, {}]
-    assert [wx.wg_maxnreg(r, dense=True) for r in (8, 16, 32)] == [{"maxnreg": 96}, {"maxnreg": 128}, {}]
-    assert (wx.wg_moe_stages(8), wx.wg_moe_stages(16)) == (5, wx.WG_STAGES)  # 5 slots for 8-row tiles
+    assert [wg.wg_maxnreg(r) for r in (8, 16, 32, 64)] == [{"maxnreg": 96}, {"maxnreg": 128}, {"maxnreg": 168}, {}]
+    assert [wg.wg_maxnreg(r, dense=True) for r in (8, 16, 32)] == [{"maxnreg": 96}, {"maxnreg": 128}, {}]
+    assert (wx.wg_moe_stages(8), wx.wg_moe_stages(16)) == (5, wg.WG_STAGES)  # 5 slots for 8-row tiles
     assert [wx.wg_moe_down_stages(r) for r in (8, 16)] == [wx.wg_moe_stages(r) for r in (8, 16)]
     # the MoE's gated launch and wg_gemv in pairs of groups, the MoE's down one group a step
-    assert wx.wg_step_groups(8, 32, 4) == 2 and wx.wg_step_groups(16, 32, 4) == 2
-    assert wx.wg_step_groups(8, 8, 1, down=True) == 1 and wx.wg_step_groups(16, 8, 1, down=True) == 1
-    assert wx.wg_step_groups(64, 32, 4, dense=True) == 2 and wx.wg_step_groups(8, 8, 1, dense=True) == 2
-    assert wx.wg_step_groups(8, 12, 4) == 1  # 3 groups a partial sum's run: not in pairs
-    assert wx.wg_step_groups(8, 1, 1, dense=True) == 1
+    assert wg.wg_step_groups(8, 32, 4) == 2 and wg.wg_step_groups(16, 32, 4) == 2
+    assert wg.wg_step_groups(8, 8, 1, down=True) == 1 and wg.wg_step_groups(16, 8, 1, down=True) == 1
+    assert wg.wg_step_groups(64, 32, 4, dense=True) == 2 and wg.wg_step_groups(8, 8, 1, dense=True) == 2
+    assert wg.wg_step_groups(8, 12, 4) == 1  # 3 groups a partial sum's run: not in pairs
+    assert wg.wg_step_groups(8, 1, 1, dense=True) == 1
     assert wx.wg_row_sets(8) == 2 and wx.wg_row_sets(16) == 2  # two 64-row sets a program
     # the same groups in flight in steps of two: 5 slots of one group (4 in flight) = 3 of two
-    assert wx._wg_slots(5, 32, 2) == 3 and wx._wg_slots(3, 32, 2) == 2 and wx._wg_slots(5, 32, 1) == 5
-    assert wx._wg_slots(5, 2, 2) == 2 and wx._wg_slots(5, 2, 1) == 3  # at most every step in flight
+    assert wg._wg_slots(5, 32, 2) == 3 and wg._wg_slots(3, 32, 2) == 2 and wg._wg_slots(5, 32, 1) == 5
+    assert wg._wg_slots(5, 2, 2) == 2 and wg._wg_slots(5, 2, 1) == 3  # at most every step in flight
     # the K split: the 4-warp one in one program, the 8-warp one (K = 4096) over eight; never more than the warps
-    assert [wx.wg_gemv_ksplit(w) for w in (1, 2, 4, 8)] == [1, 1, 1, 8]
-    assert [wx.wg_gemv_ksplit(w, 15520) for w in (4, 8)] == [1, 2]  # the lm_head's many row blocks: no further
-    assert [ks for ks in (0, 1, 2, 3, 4, 8, 16) if wx.wg_ksplit_fits(8, ks)] == [2, 4, 8]
-    assert [ks for ks in (0, 1, 2, 3, 4, 8) if wx.wg_ksplit_fits(4, ks)] == [1, 2, 4]
+    assert [wg.wg_gemv_ksplit(w) for w in (1, 2, 4, 8)] == [1, 1, 1, 8]
+    assert [wg.wg_gemv_ksplit(w, 15520) for w in (4, 8)] == [1, 2]  # the lm_head's many row blocks: no further
+    assert [ks for ks in (0, 1, 2, 3, 4, 8, 16) if wg.wg_ksplit_fits(8, ks)] == [2, 4, 8]
+    assert [ks for ks in (0, 1, 2, 3, 4, 8) if wg.wg_ksplit_fits(4, ks)] == [1, 2, 4]
 
 
 def test_tensor_core_gemv_policy():
@@ -131,7 +132,7 @@ def test_router_policy_and_experiments(monkeypatch):
         with pytest.raises(ValueError, match="DELTASERVE_ROUTER_ROW_BLOCKS"):
             md.router_row_blocks()
     assert md.router_norm_read() == "scratch"
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.moe import wgmma_experts as wx
 
     monkeypatch.delenv("DELTASERVE_WGMMA_SPLIT_WAIT", raising=False)
     assert wx.wg_split_wait() is False  # an experiment, off until measured in the model

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from deltaserve.kernels.moe import wgmma_experts as wx
 from deltaserve.kernels.quant import tensor_core_gemv as tcg
-from deltaserve.kernels.quant import wgmma_experts as wx
 from deltaserve.model import fast, fusion
 from deltaserve.model.gated_deltanet import GatedDeltaNet
 from deltaserve.model.plan import KernelPlan
@@ -44,7 +44,7 @@ MODES = {  # name -> (the deployment's kernel plan, {(module, constant): value} 
     # the same with every MoE block's gate/up and down on the warpgroup-MMA experts kernel (prefill sizes by
     # default; here from one row, decode included): the mma.sync kernel's bits
     "mma-moe-wgmma": (KernelPlan("head", "mma"), {(wx, "WG_MIN_ROWS"): 1}),
-    # the tensor-core GEMVs with every weight wgmma_experts.wg_gemv can take on it from one row (the same bits)
+    # the tensor-core GEMVs with every weight wgmma_gemv.wg_gemv can take on it from one row (the same bits)
     "mma-wg-gemv": (KernelPlan("mma", "mma"), {(tcg, "WG_GEMV_ROWS"): 1}),
     # the same with the MoE on the wgmma experts kernel too (x's group sums staged in shared memory, the slots
     # carried: the kernel's forms; the same bits)

@@ -1,6 +1,9 @@
-"""The experts matmul on warpgroup MMAs (`kernels/quant/wgmma_experts.py`) on CUDA: the mma.sync experts kernel's
+"""The experts matmul on warpgroup MMAs (`kernels/moe/wgmma_experts.py`) on CUDA: the mma.sync experts kernel's
 bits (the definition of the MoE's bits at every size), NaN-poisoned outputs fully written, the plain form against
-fp64, the MoE block through it equal to the block without it, and the wrapper's input checks."""
+fp64, the MoE block through it equal to the block without it, and the wrapper's input checks; then the dense decode
+GEMV on the same program (`kernels/quant/wgmma_gemv.py`). A setting is patched in the module whose globals the code
+reading it sees: the shared launch settings (groups a step, carried slots, register caps, the fold, the K split) in
+wgmma_gemv, the MoE's own (WG_MIN_ROWS, wg_split_wait) in wgmma_experts."""
 
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ def test_wg_experts_same_bits_as_mma(dev, t, monkeypatch):
     (256 routed experts + the shared one stacked last, top-8, H 2048, I 512): every tile width, slot count and group
     order gives the mma.sync kernel's result bit for bit, and writes every element of a NaN-poisoned output."""
     from deltaserve.kernels.moe import mma_experts as mx
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.moe import wgmma_experts as wx
 
     e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
     tiles8 = mx.mma_expert_tiles(ids, e, 8)
@@ -60,7 +63,7 @@ def test_wg_experts_plain_vs_fp64(dev, e, n, k, top_k):
     """The plain form (no epilogue, x's group sums given or the kernel's own) against fp64 at small shapes (one group
     of K included), poisoned output fully written, and equal to the mma.sync kernel."""
     from deltaserve.kernels.moe import mma_experts as mx
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.moe import wgmma_experts as wx
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
     (words, sb), wd = _experts(dev, e, n, k)
@@ -83,7 +86,8 @@ def test_wg_row_sets_same_bits(dev, t, monkeypatch):
     groups a step) equals one set a program, writing every element of a NaN-poisoned output; the plain form (own
     group sums and given ones) against fp64 too; a weight of 4 row blocks is refused."""
     from deltaserve.kernels.moe import mma_experts as mx
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.moe import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wg
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
     e, slots, _, _, (dw, dsb), ids, _, _, scale = _moe_35b_case(dev, t)
@@ -91,7 +95,7 @@ def test_wg_row_sets_same_bits(dev, t, monkeypatch):
     for rows in (8, 16, 32):
         tiles = mx.mma_expert_tiles(ids, e, rows)
         for gs in ("1", "2"):
-            monkeypatch.setattr(wx, "WG_MOE_DOWN_STEP_GROUPS", int(gs))
+            monkeypatch.setattr(wg, "WG_MOE_DOWN_STEP_GROUPS", int(gs))
             for ns in (2, 3, 5):
                 ref = wx.wg_matmul_experts(h, dw, dsb, ids, tiles, 1, scale=scale, stages=ns, row_sets=1)
                 out = kc.poisoned(tuple(ref.shape), ref.dtype, dev)
@@ -124,7 +128,7 @@ def test_moe_block_wgmma_same_bits(dev, t, monkeypatch):
     from deltaserve.kernels.moe.mma_moe import moe_block_mma
 
     x, res, ids, w, sw, experts, _ = _moe_block(dev, t)
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.moe import wgmma_experts as wx
 
     monkeypatch.setattr(wx, "WG_MIN_ROWS", 1 << 62)  # never: the mma.sync kernel
     base = moe_block_mma(x, ids, w, sw, experts, residual=res)
@@ -141,7 +145,7 @@ def test_wg_experts_input_checks(dev):
     """Bad inputs name the problem: x's width, the up weight's shape, the gated form without group sums, tiles of
     one row, the slot count, out's shape."""
     from deltaserve.kernels.moe import mma_experts as mx
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.moe import wgmma_experts as wx
 
     (words, sb), _ = _experts(dev, 8, 64, 256)
     x = torch.randn(4, 256, device=dev).bfloat16()
@@ -170,15 +174,15 @@ def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k, monkeypatch):
     rows, every tile width and slot count, the group sums given or its own, bf16 and fp32 (widened) out, writing
     every element of a NaN-poisoned output; and against fp64."""
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wg
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
     p, s, b, wd = kc.affine_weight((n, k), 4, 64, dev)
     words, sb = mg.repack_q4(p, s, b)
-    assert wx.wg_dense_fits(words)
+    assert wg.wg_dense_fits(words)
     x = torch.randn(100, k, device=dev).bfloat16()
     xs_all = prep_x(x, 4, 64)[1]
-    kc.close(wx.wg_gemv(x, words, sb, out=kc.poisoned((100, n), torch.bfloat16, dev)), x.double() @ wd.t(),
+    kc.close(wg.wg_gemv(x, words, sb, out=kc.poisoned((100, n), torch.bfloat16, dev)), x.double() @ wd.t(),
              2 * kc.BF16_EPS, f"wg_gemv N={n} K={k} vs fp64")
     for m in (1, 7, 16, 64, 100):
         for xs in (None, xs_all[:m]):
@@ -187,11 +191,11 @@ def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k, monkeypatch):
             for rows in (8, 16, 32, 64):
                 for ns, fold in ((2, False), (3, False), (3, True)) if rows == 16 else ((3, False), (3, True)):
                     out = kc.poisoned((m, n), torch.bfloat16, dev)
-                    got = wx.wg_gemv(x[:m], words, sb, xs=xs, out=out, tile_rows=rows, stages=ns, fold=fold)
+                    got = wg.wg_gemv(x[:m], words, sb, xs=xs, out=out, tile_rows=rows, stages=ns, fold=fold)
                     assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref), \
                         f"m={m} own sums {xs is None} {rows}-row tiles {ns} slots fold {fold}"
             out = kc.poisoned((m, n), torch.float32, dev)
-            assert torch.equal(wx.wg_gemv(x[:m], words, sb, xs=xs, out=out), ref.float()), f"fp32 out, m={m}"
+            assert torch.equal(wg.wg_gemv(x[:m], words, sb, xs=xs, out=out), ref.float()), f"fp32 out, m={m}"
 
 
 @pytest.mark.parametrize("n,k", [(12352, 2048), (2048, 4096), (128, 1024)])
@@ -202,7 +206,7 @@ def test_wg_gemv_ksplit_same_bits(dev, n, k, monkeypatch):
     given or its own, one and two groups a step, a NaN-poisoned output; the arrival counters left at zero; and the
     splits it cannot make refused."""
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wg
     from deltaserve.kernels.quant.triton_gemv import prep_x
     from deltaserve.kernels.triton_sync import arrival_counters
 
@@ -211,7 +215,7 @@ def test_wg_gemv_ksplit_same_bits(dev, n, k, monkeypatch):
     warps = mg.default_warps(k)
     x = torch.randn(100, k, device=dev).bfloat16()
     xs_all = prep_x(x, 4, 64)[1]
-    kc.close(wx.wg_gemv(x, words, sb, out=kc.poisoned((100, n), torch.bfloat16, dev), ksplit=warps // 2),
+    kc.close(wg.wg_gemv(x, words, sb, out=kc.poisoned((100, n), torch.bfloat16, dev), ksplit=warps // 2),
              x.double() @ wd.t(), 2 * kc.BF16_EPS, f"wg_gemv N={n} K={k} split {warps // 2} vs fp64")
     for m in (1, 17, 64, 100):
         for xs in (None, xs_all[:m]):
@@ -220,15 +224,15 @@ def test_wg_gemv_ksplit_same_bits(dev, n, k, monkeypatch):
             for ks in (1, 2, 4) if warps == 4 else (2, 4, 8):
                 for rows in (16, 32):
                     for gs in ("1", "2"):
-                        monkeypatch.setattr(wx, "WG_GEMV_STEP_GROUPS", int(gs))
+                        monkeypatch.setattr(wg, "WG_GEMV_STEP_GROUPS", int(gs))
                         out = kc.poisoned((m, n), torch.bfloat16, dev)
-                        got = wx.wg_gemv(x[:m], words, sb, xs=xs, out=out, tile_rows=rows, ksplit=ks)
+                        got = wg.wg_gemv(x[:m], words, sb, xs=xs, out=out, tile_rows=rows, ksplit=ks)
                         assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref), \
                             f"N={n} K={k} m={m} own sums {xs is None} split {ks} {rows}-row tiles {gs} groups a step"
     assert not arrival_counters(dev, 1).any(), "a split left an arrival counter set"
     for bad in ((3, 5, 16) if warps == 4 else (1, 3, 16)):
         with pytest.raises(ValueError, match="ksplit"):
-            wx.wg_gemv(x, words, sb, ksplit=bad)
+            wg.wg_gemv(x, words, sb, ksplit=bad)
 
 
 @pytest.mark.parametrize("m", [16, 64])
@@ -239,7 +243,7 @@ def test_mma_gemv_through_wg_gemv(dev, m, monkeypatch):
     projections' over wg_gemv_ksplit's default eight, and over four); weights it cannot take (N % 64) keep mma.sync."""
     from deltaserve.kernels.gated_delta import triton_decode as td
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wg
     from deltaserve.kernels.quant import tensor_core_gemv as tcg
     from test_mma_gemv_gpu import _tc_gemv_of
 
@@ -259,7 +263,7 @@ def test_mma_gemv_through_wg_gemv(dev, m, monkeypatch):
             never = rows == "0"
             monkeypatch.setattr(tcg, "WG_GEMV_ROWS", 1 << 62 if never else 1)
             monkeypatch.setattr(tcg, "WG_GEMV_ROWS_K4096", 1 << 62 if never else 1)
-            monkeypatch.setattr(wx, "WG_GEMV_KSPLIT", tuple(int(v) for v in split.split(",")))
+            monkeypatch.setattr(wg, "WG_GEMV_KSPLIT", tuple(int(v) for v in split.split(",")))
             pl = pool.clone()
             outs[rows, split] = (tcg.tc_gemv(x, words, sb), tcg.tc_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c)),
                                  pl)
@@ -278,13 +282,14 @@ def test_wg_xs_smem_same_bits(dev, t, slots_mode, monkeypatch):
     equal the mma.sync kernels (test_wg_experts_same_bits_as_mma, test_wg_gemv_same_bits_as_mma_gemv), writing every
     element of a NaN-poisoned output; the down (the kernel's own sums) with carried slots equals it too."""
     from deltaserve.kernels.moe import mma_experts as mx
+    from deltaserve.kernels.moe import wgmma_experts as wx
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wg
 
     def both(fn):  # (the reference: loads, computed slots; the form under test)
-        monkeypatch.setattr(wx, "wg_slot_carry", lambda: False)
+        monkeypatch.setattr(wg, "wg_slot_carry", lambda: False)
         ref = fn(False)
-        monkeypatch.setattr(wx, "wg_slot_carry", lambda: slots_mode == "carry")
+        monkeypatch.setattr(wg, "wg_slot_carry", lambda: slots_mode == "carry")
         return ref, fn(True)
 
     e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
@@ -306,13 +311,13 @@ def test_wg_xs_smem_same_bits(dev, t, slots_mode, monkeypatch):
     for n, k in ((12352, 2048), (128, 1024), (64, 320), (64, 64)):
         p, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
         words, sb = mg.repack_q4(p, s, b)
-        assert wx.wg_dense_fits(words)
+        assert wg.wg_dense_fits(words)
         xd = torch.randn(100, k, device=dev).bfloat16()
         xsd = xd.float().view(100, k // 64, 64).sum(-1)  # group sums (prep_x needs a power-of-two K)
         for m in (1, 7, 64, 100):
             for rows in (8, 16, 32, 64):
                 out = kc.poisoned((m, n), torch.bfloat16, dev)
-                ref, got = both(lambda sm: wx.wg_gemv(xd[:m], words, sb, xs=xsd[:m], out=out if sm else None,
+                ref, got = both(lambda sm: wg.wg_gemv(xd[:m], words, sb, xs=xsd[:m], out=out if sm else None,
                                                       tile_rows=rows, xs_smem=sm))
                 assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref), \
                     f"wg_gemv N={n} K={k} m={m} {rows}-row tiles, slots {slots_mode}"
@@ -325,8 +330,9 @@ def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
     sums (wg_fold_pair), never changes a bit: the MoE's gate/up and down at a 64-stream decode's 64 tokens (8-,
     16- and 32-row tiles) and wg_gemv at 64 rows (8- and 32-row tiles), capped (and folded) == neither."""
     from deltaserve.kernels.moe import mma_experts as mx
+    from deltaserve.kernels.moe import wgmma_experts as wx
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wg
 
     e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, 64)
     p, s, b, _ = kc.affine_weight((12352, 2048), 4, 64, dev)
@@ -338,16 +344,16 @@ def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
             tiles = mx.mma_expert_tiles(ids, e, rows)
             g = wx.wg_matmul_experts(x, gw, gsb, ids, tiles, slots, xs=xs, up=(uw, usb))
             out += [g, wx.wg_matmul_experts(g, dw, dsb, ids, tiles, 1, scale=scale),
-                    wx.wg_gemv(x, words, sb, xs=xs, tile_rows=dense_rows)]
+                    wg.wg_gemv(x, words, sb, xs=xs, tile_rows=dense_rows)]
         return out
 
-    monkeypatch.setattr(wx, "WG_MAXNREG", ())  # no cap
-    monkeypatch.setattr(wx, "WG_GEMV_MAXNREG", ())
-    monkeypatch.setattr(wx, "wg_fold_pair", lambda: False)
+    monkeypatch.setattr(wg, "WG_MAXNREG", ())  # no cap
+    monkeypatch.setattr(wg, "WG_GEMV_MAXNREG", ())
+    monkeypatch.setattr(wg, "wg_fold_pair", lambda: False)
     base = run()
-    monkeypatch.setattr(wx, "WG_MAXNREG", cap)
-    monkeypatch.setattr(wx, "WG_GEMV_MAXNREG", cap)
-    monkeypatch.setattr(wx, "wg_fold_pair", lambda: fold)
+    monkeypatch.setattr(wg, "WG_MAXNREG", cap)
+    monkeypatch.setattr(wg, "WG_GEMV_MAXNREG", cap)
+    monkeypatch.setattr(wg, "wg_fold_pair", lambda: fold)
     whats = [f"{w} ({r}-row tiles)" for r in (8, 16, 32) for w in ("gated", "down", "wg_gemv")]
     for what, a, b in zip(whats, run(), base):
         assert torch.equal(a, b), f"{what} with the register cap {cap}, fold {fold}"
@@ -361,18 +367,19 @@ def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
     (1 to 100 rows, 8- / 32- / 64-row tiles, sums given and its own, K of 2 - 32 groups) equal one group a step,
     writing every element of a NaN-poisoned output."""
     from deltaserve.kernels.moe import mma_experts as mx
+    from deltaserve.kernels.moe import wgmma_experts as wx
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.quant import wgmma_gemv as wg
 
-    monkeypatch.setattr(wx, "wg_slot_carry", lambda: slots_mode == "carry")
+    monkeypatch.setattr(wg, "wg_slot_carry", lambda: slots_mode == "carry")
 
     def both(fn, poison):  # (one group a step, two)
         names = ("WG_MOE_STEP_GROUPS", "WG_MOE_DOWN_STEP_GROUPS", "WG_GEMV_STEP_GROUPS")
         for name in names:
-            monkeypatch.setattr(wx, name, 1)
+            monkeypatch.setattr(wg, name, 1)
         ref = fn(None)
         for name in names:
-            monkeypatch.setattr(wx, name, 2)
+            monkeypatch.setattr(wg, name, 2)
         out = kc.poisoned(tuple(ref.shape), ref.dtype, dev) if poison else None
         got = fn(out)
         assert out is None or got.data_ptr() == out.data_ptr()
@@ -400,7 +407,7 @@ def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
         for m in (1, 7, 64, 100):
             for rows in (8, 32, 64):
                 for given in (True, False):  # the norm's sums, or the kernel's own
-                    ref, got = both(lambda out: wx.wg_gemv(xd[:m], words, sb, xs=xsd[:m] if given else None, out=out,
+                    ref, got = both(lambda out: wg.wg_gemv(xd[:m], words, sb, xs=xsd[:m] if given else None, out=out,
                                                            tile_rows=rows), True)
                     assert torch.equal(got, ref), f"wg_gemv N={n} K={k} m={m} {rows}-row tiles, sums given {given}"
 
@@ -412,7 +419,7 @@ def test_wg_tile_sets_make_the_joint_launch(dev, t):
     35B-A3B's shapes, 8- and 16-row tiles), each set alone writes only its tiles' rows, and a set without out= or
     out of range is refused."""
     from deltaserve.kernels.moe import mma_experts as mx
-    from deltaserve.kernels.quant import wgmma_experts as wx
+    from deltaserve.kernels.moe import wgmma_experts as wx
 
     e, slots, (gw, gsb), (uw, usb), (dw, dsb), ids, x, xs, scale = _moe_35b_case(dev, t)
     for rows in (8, 16):

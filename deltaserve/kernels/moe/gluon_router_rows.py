@@ -85,7 +85,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
     from ..quant.mma_gemv import pdl_open, pdl_wait
-    from ..quant.wgmma_experts import bf16_pair
+    from ..quant.wgmma_gemv import bf16_pair
 
     @gluon.jit
     def _pairwise(v, AXIS: gl.constexpr, LEVELS: gl.constexpr):

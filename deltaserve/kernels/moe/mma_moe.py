@@ -2,7 +2,7 @@
 launches after the routing: gate and up with SiLU * up as one launch, down with each slot's routing weight as one
 launch, then the one combine of the prefill path (`triton_combine.combine_slots`). Gate/up and down go through
 `mma_experts.mma_matmul_experts` (mma.sync), or from `wgmma_experts.wg_min_rows()` rows (prefill chunks,
-decodes of 16+ streams) through `quant.wgmma_experts.wg_matmul_experts` (warpgroup MMAs, the same bits): each (token,
+decodes of 16+ streams) through `wgmma_experts.wg_matmul_experts` (warpgroup MMAs, the same bits): each (token,
 slot) row is an MMA column of its expert's tile, so an expert picked by several rows of a tile is read once, and a
 row's bits never depend on which rows share the launch or which of the two kernels ran it.
 
@@ -31,12 +31,11 @@ from typing import NamedTuple
 import torch
 
 from ..quant.mma_gemv import GROUP, ROW_BLOCK, default_warps, repack_q4
-from ..quant.wgmma_experts import (wg_fits, wg_matmul_experts, wg_min_rows, wg_moe_down_stages, wg_moe_stages,
-                                   wg_tile_rows)
 from ..triton_sync import MIN_COUNTERS
 from .mma_experts import default_ahead, default_row_blocks, mma_expert_tiles, mma_matmul_experts, repack_q4_experts
 from .triton_combine import combine_slots
 from .triton_moe_gemv import down_early
+from .wgmma_experts import wg_fits, wg_matmul_experts, wg_min_rows, wg_moe_down_stages, wg_moe_stages, wg_tile_rows
 
 
 class MmaExperts(NamedTuple):

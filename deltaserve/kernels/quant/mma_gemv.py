@@ -738,7 +738,7 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
     return out.reshape(*lead, n)
 
 
-# The experts matmuls' tiles and operand checks: here, below both of them (moe/mma_experts.py, wgmma_experts.py;
+# The experts matmuls' tiles and operand checks: here, below both of them (moe/mma_experts.py, moe/wgmma_experts.py;
 # quant/ imports nothing of moe/).
 class MmaTiles(NamedTuple):
     """Which rows each program of the experts kernel takes (never a row's bits: each row is its own MMA column).

@@ -3,9 +3,9 @@
 Both give a row the same bits (rows are MMA columns; GPU tests: tests/gpu/test_wgmma_experts_gpu.py), so the choice
 is by speed alone, per launch of at most mma_gemv.MAX_ROWS rows:
   mma_gemv.mma_gemv          mma.sync, the weight streamed through registers: every launch below wg_gemv_rows(K)
-                             rows, every weight wgmma_experts.wg_dense_fits refuses, every non-sm_90 device;
-  wgmma_experts.wg_gemv      warpgroup MMAs, x read once per 64 weight rows: from wg_gemv_rows(K) rows on sm_90.
-The two kernels share Gluon helpers (wgmma_experts imports mma_gemv's); this module sits above both, so neither
+                             rows, every weight wgmma_gemv.wg_dense_fits refuses, every non-sm_90 device;
+  wgmma_gemv.wg_gemv         warpgroup MMAs, x read once per 64 weight rows: from wg_gemv_rows(K) rows on sm_90.
+The two kernels share Gluon helpers (wgmma_gemv imports mma_gemv's); this module sits above both, so neither
 imports the other's entry point.
 """
 
@@ -14,16 +14,16 @@ from __future__ import annotations
 import torch
 
 from .mma_gemv import GROUP, MAX_ROWS, RING_MAX_BLOCKS, ROW_BLOCK, mma_gemv, row_launches
-from .wgmma_experts import wg_dense_fits, wg_gemv
+from .wgmma_gemv import wg_dense_fits, wg_gemv
 
 WG_GEMV_ROWS = 17  # rows of x from which a launch runs as wg_gemv (wg_gemv_rows)
 WG_GEMV_ROWS_K4096 = 9  # the same for weights of K = 4096 (the out projections, their K split over 8 programs)
 
 
 def wg_gemv_rows(k: int = 0) -> int:
-    """From how many rows of x (per launch of at most MAX_ROWS) a launch runs as wgmma_experts.wg_gemv: the same
+    """From how many rows of x (per launch of at most MAX_ROWS) a launch runs as wgmma_gemv.wg_gemv: the same
     bits (GPU tests), for weights of N % 64 == 0 and K <= 4096 on sm_90 (K = 4096, the out projections, with its K
-    split over programs: wgmma_experts.wg_gemv_ksplit; the others keep mma_gemv). H200 probe
+    split over programs: wgmma_gemv.wg_gemv_ksplit; the others keep mma_gemv). H200 probe
     (graph timings, weights past the L2, lab/NOTES.md): the DeltaNet in_proj 12352 x 2048 at 16 / 32 / 64 rows
     11.5 / 20.8 / 35.3 us on mma_gemv against 14.1 / 15.1 / 25.7 on wg_gemv, the lm_head 157 / 352 / 535 against
     149 / 237 / 472; in the model, 64 streams tg64 @ d512 4,915 -> 5,100 tok/s. So from 17 rows (the 32- and 64-row

@@ -73,7 +73,7 @@ if HAVE_GLUON:
                                                                   warpgroup_mma, warpgroup_mma_wait)
 
     from .mma_gemv import pdl_open, pdl_wait
-    from .wgmma_experts import _wg_a_operand, bf16_pair, wg_words_offsets
+    from .wgmma_gemv import _wg_a_operand, bf16_pair, wg_words_offsets
 
     # 8 codes of one word -> four bf16x2 registers of dequantised weights, in _DEQUANT_ASM's fragment order (pair k
     # = the nibbles at bits 4 k and 16 + 4 k, of row i1 = k % 2): 128 + q made as _DEQUANT_ASM does, q = that - 128
