@@ -62,7 +62,7 @@ def routing(tokens: int, dev, seed: int):
 def tile_sets(tiles):
     """(set A, set B): the tiles of experts below E / 2, and the rest (the shared expert's included), each an
     MmaTiles over the same sorted order (a host read: the probe's split, not a graph's)."""
-    from deltaserve.kernels.quant.mma_gemv import MmaTiles
+    from deltaserve.kernels.moe.mma_experts import MmaTiles
 
     live = tiles.tile_e >= 0
     sets = []

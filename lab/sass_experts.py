@@ -31,9 +31,10 @@ def main(argv=None) -> int:
 
     try:
         from deltaserve.kernels.moe import wgmma_experts as wx
+        from deltaserve.kernels.moe.mma_experts import MmaTiles
     except ImportError:  # an older --root: the launch still beside the program in quant/
         from deltaserve.kernels.quant import wgmma_experts as wx
-    from deltaserve.kernels.quant.mma_gemv import MmaTiles
+        from deltaserve.kernels.quant.mma_gemv import MmaTiles
 
     # the wrapper refuses CPU tensors; its launch code is taken as it is, without that guard
     src = textwrap.dedent(inspect.getsource(wx.wg_matmul_experts))

@@ -30,7 +30,7 @@ def test_routing_draws_distinct_experts_and_the_shared_slot(probe):
 
 
 def test_tile_sets_partition_the_rows_by_expert(probe):
-    from deltaserve.kernels.quant.mma_gemv import MmaTiles
+    from deltaserve.kernels.moe.mma_experts import MmaTiles
     from deltaserve.kernels.quant.triton_affine import expert_tiles_reference
 
     ids, _ = probe.routing(64, torch.device("cpu"), seed=4)

@@ -273,7 +273,7 @@ class MoeRouting(NamedTuple):
     ids: torch.Tensor  # [T, k] int32, ascending expert id per row
     weights: torch.Tensor  # [T, k] fp32, aligned with ids
     shared_weight: torch.Tensor  # [T] fp32 sigmoid(shared gate logit) (zeros without a shared expert)
-    tiles: object = None  # quant.mma_gemv.MmaTiles of the rows (moe_route(tile_rows=)), else None
+    tiles: object = None  # moe/mma_experts.MmaTiles of the rows (moe_route(tile_rows=)), else None
 
 
 def _spec(w, name: str) -> WeightSpec:

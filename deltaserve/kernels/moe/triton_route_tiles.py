@@ -128,7 +128,7 @@ def route_with_tiles(x, r, g, top_k: int, normalize: bool, shared_slot: int, til
     """(ids [T, k + 1], weights [T, k + 1], shared weight [T], MmaTiles) from one launch: moe_route's routing with
     the shared expert as slot k (shared_slot), and the tiles of `tile_rows` rows over shared_slot + 1 experts that
     mma_expert_tiles would build for those ids. r, g: the router's and the shared gate's WeightSpecs."""
-    from ..quant.mma_gemv import MmaTiles
+    from .mma_experts import MmaTiles
 
     t, h = x.shape
     tile_experts = shared_slot + 1

@@ -30,7 +30,8 @@ import torch
 
 from ...utils import tuning
 from .. import backend
-from ..quant.mma_gemv import GROUP, HAVE_GLUON, MmaTiles, experts_operands
+from ..quant.mma_gemv import GROUP, HAVE_GLUON
+from .mma_experts import MmaTiles, experts_operands
 from ..quant.wgmma_gemv import WG_STAGES, _at_rows, _order_args, _step_args, _wg_slots, wg_maxnreg, wg_step_groups
 from ..triton_pdl import pdl_args
 

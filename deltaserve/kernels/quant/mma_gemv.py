@@ -37,9 +37,6 @@ The MoE's experts matmul on this layout and these Gluon helpers is moe/mma_exper
 
 from __future__ import annotations
 
-
-from typing import NamedTuple
-
 import torch
 
 from .. import backend
@@ -736,44 +733,3 @@ def mma_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.
                                          **({"SPLIT": True, **split_maxnreg()} if splits > 1 else {}),
                                          **pdl_args(x2))
     return out.reshape(*lead, n)
-
-
-# The experts matmuls' tiles and operand checks: here, below both of them (moe/mma_experts.py, moe/wgmma_experts.py;
-# quant/ imports nothing of moe/).
-class MmaTiles(NamedTuple):
-    """Which rows each program of the experts kernel takes (never a row's bits: each row is its own MMA column).
-    rows == 1: tile t is row t alone and tile_e the rows' expert ids themselves (no table to build; each pick reads
-    its expert's weights, as the CUDA-core decode does). rows in 8, 16, 32, 64: triton_affine.expert_tiles' table
-    (tile_e, lo, hi, order) of tiles of at most `rows` sorted rows of one expert, so an expert picked by several
-    rows is read once per tile."""
-
-    tile_e: torch.Tensor
-    lo: torch.Tensor | None
-    hi: torch.Tensor | None
-    order: torch.Tensor | None
-    rows: int
-
-
-def experts_operands(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, up: tuple | None,
-                     scale: torch.Tensor | None, xs: torch.Tensor | None, m: int, out: torch.Tensor | None,
-                     who: str) -> torch.Tensor:
-    """The checks both experts matmuls (mma_experts.mma_matmul_experts, wgmma_experts.wg_matmul_experts) make of
-    their operands, for m rows against the stacked repacked weight (words, sb) [E, N / 16, G, ...]: the up weight of
-    the gate's shape, one fp32 scale per row, x's group sums xs fp32 [rows of x, G] (None: the kernel's own); returns
-    the output [m, N] (fp32 when scaled, else x's dtype), checked or allocated."""
-    g, n = words.shape[2], words.shape[1] * ROW_BLOCK
-    if up is not None and (up[0].shape != words.shape or up[1].shape != sb.shape):
-        raise ValueError(f"{who}: the up weight {tuple(up[0].shape)} must have the gate's shape {tuple(words.shape)}")
-    if scale is not None and (scale.dtype != torch.float32 or scale.numel() != m or not scale.is_contiguous()):
-        raise ValueError(f"{who}: scale must be contiguous fp32 with one value per row ({m}), found {scale.dtype} "
-                         f"{tuple(scale.shape)}")
-    if xs is not None and (xs.dtype != torch.float32 or tuple(xs.shape) != (x.shape[0], g) or xs.stride(-1) != 1):
-        raise ValueError(f"{who}: xs must be fp32 [{x.shape[0]}, {g}] with unit column stride, found {xs.dtype} "
-                         f"{tuple(xs.shape)} strides {xs.stride()}")
-    out_dtype = torch.float32 if scale is not None else x.dtype
-    if out is None:
-        return torch.empty(m, n, dtype=out_dtype, device=x.device)
-    if out.dtype != out_dtype or out.shape != (m, n) or out.stride(-1) != 1:
-        raise ValueError(f"{who}: out must be {out_dtype} [{m}, {n}] with unit column stride, found {out.dtype} "
-                         f"{tuple(out.shape)} strides {out.stride()}")
-    return out
