@@ -12,7 +12,8 @@
 #   bash lab/device_wave48.sh step      the spec-step probe alone (SPEC_K, BATCHES) and the prefill graph fault probe
 #   bash lab/device_wave48.sh diverge   where drafted replies first differ from drafting off (lab/probe_spec_divergence.py)
 #   bash lab/device_wave48.sh bits      the same with the logits' bits compared row by row (--logits), per BITS_CFGS
-#                                       ("streams:k" pairs), drafting's default variant
+#                                       ("streams:k" pairs), drafting's default variant; MAXROWS lifts the verify's
+#                                       16-row limit for the run (e.g. MAXROWS=192 BITS_CFGS="8:2 64:2")
 #   bash lab/device_wave48.sh fault     the prefill graph fault's variants alone (lab/probe_prefill_fault.py)
 #   bash lab/device_wave48.sh ab        issue 58's A/B: lab/ab_trees.py bits then speed, this tree against .old/ (carry it:
 #                                       mkdir .old && git archive OLD | tar -x -C .old; echo /.old/ >> .git/info/exclude)
@@ -86,7 +87,7 @@ diverge)  # where drafted replies first differ from drafting off (BATCHES stream
 bits)  # the first position whose logits' bits differ from drafting off, per streams:k
   for cfg in ${BITS_CFGS:-8:2 4:3 2:3 1:3}; do
     timeout ${LIMIT:-150} python3 lab/probe_spec_divergence.py --batch ${cfg%:*} --k ${cfg#*:} \
-      --variants ${VARIANTS:-default} --logits >> "$OUT/probe_bits.log" 2>&1
+      --variants ${VARIANTS:-default} --logits ${MAXROWS:+--max-verify-rows $MAXROWS} >> "$OUT/probe_bits.log" 2>&1
     echo "bits $cfg ($((SECONDS-t0)) s)"
   done
   grep -vE "^#|Warn|^\|" "$OUT/probe_bits.log" | cut -c1-230 | tail -60

@@ -177,7 +177,15 @@ def main() -> None:
     p.add_argument("-n", type=int, default=128)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--logits", action="store_true", help="compare the bits of every row's logits too")
+    p.add_argument("--max-verify-rows", type=int, default=0,
+                   help="the verify forward's row limit (engine/speculative.MAX_VERIFY_ROWS, 16) for this run: "
+                        "is a wider verify exact too? (24 at 8 streams and k = 2, 192 at 64)")
     args = p.parse_args()
+    if args.max_verify_rows:
+        from deltaserve.engine import engine as engine_mod, speculative
+
+        # the limit as the engine reads it: drafts_that_fit's module global and the engine's own binding
+        speculative.MAX_VERIFY_ROWS = engine_mod.MAX_VERIFY_ROWS = args.max_verify_rows
     config = ModelConfig.from_dict(get_preset(args.preset).config)
     model = build_random_model(config, args.quant, args.device, mtp_layers=max(1, config.mtp_num_hidden_layers))
     off = eb.make_engine(model, None, args.batch, sb.max_len(args.depth, args.n), caching=False)
@@ -189,7 +197,8 @@ def main() -> None:
     want = eb.decode_run(off, args.batch, args.depth, args.n, "greedy", config.vocab_size)["outputs"]
     want_ck = want_bits.resolved() if want_bits is not None else None
     print(f"{args.preset} {args.quant} on {args.device}: {args.batch} streams, k={args.k}, a={args.rate}, "
-          f"d{args.depth}, n={args.n}; drafting off under plan {off.plan.describe()}")
+          f"d{args.depth}, n={args.n}; drafting off under plan {off.plan.describe()}"
+          + (f"; verify rows up to {args.max_verify_rows}" if args.max_verify_rows else ""))
     del off
     rows = []
     for variant in args.variants.split(","):
@@ -200,7 +209,8 @@ def main() -> None:
         diffs = {rid: first_difference(got[rid], want[rid]) for rid in want}
         bad = {rid: o for rid, o in diffs.items() if o is not None}
         print(f"## {variant}: plan {engine.plan.describe()}; {len(drafts)} drafting steps "
-              f"({sum(e[2] for e in drafts)} followed), {sum(e[0] == 'plain' for e in log)} plain; "
+              f"({sum(e[2] for e in drafts)} followed; graphs (batch, k) {sorted({e[3] for e in drafts})}), "
+              f"{sum(e[0] == 'plain' for e in log)} plain; "
               f"{len(bad)} of {len(want)} replies differ")
         for rid, o in sorted(bad.items(), key=lambda kv: kv[1])[:4]:
             position = args.depth + 1 + o  # the prompt holds depth + 1 tokens
