@@ -413,3 +413,36 @@ def test_more_sequences_than_verify_rows_decode_plainly(model):
     finals, ahead = drain_ahead(engine, prompts, params)
     assert [f.token_ids for f in finals] == want
     assert engine.spec_stats.drafted == 0 and engine.spec.graph_steps == engine.spec.eager_steps == 0 and ahead > 0
+
+
+@pytest.mark.parametrize("source_kind", ["recorded", "mtp"])
+def test_drafting_over_prefix_cache_resumes(model, mtp_model, source_kind):
+    """A multi-turn conversation whose later turns resume from the prefix cache (KV blocks and DeltaNet snapshots
+    at aligned positions), drafting on: every turn's reply equals the undrafted engine's, the turns after the first
+    resumed from cached tokens, and drafts were made (recorded drafts all right; or the MTP head, whose own KV for the
+    cached positions comes from the turn that wrote them)."""
+    net = model if source_kind == "recorded" else mtp_model
+    cfg = dict(num_blocks=160, max_model_len=1024, block_size=16, max_num_batched_tokens=128, max_num_seqs=4,
+               enable_prefix_caching=True, prefix_snapshot_interval=128)
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+    def conversation(k: int, source=None) -> tuple[list[list[int]], LLMEngine]:
+        engine = LLMEngine(net, None, [], EngineConfig(speculative_tokens=k, **cfg), draft_source=source)
+        history, replies = random_prompt(150, seed=21), []
+        for turn in range(3):
+            reply = drain(engine, [history], [sp])[0]
+            replies.append(reply)
+            history = history + reply + random_prompt(40 + 30 * turn, seed=30 + turn)
+        return replies, engine
+
+    want, _ = conversation(0)
+    source = None
+    if source_kind == "recorded":
+        # the reply's own tokens as drafts: request ids are the engine's (0, 1, 2 in turn order)
+        source = RecordedDrafts({str(i): r for i, r in enumerate(want)}, net.config.vocab_size)
+    got, engine = conversation(2, source)
+    assert got == want
+    assert engine.prefix_cache.hits > 0, "no turn resumed from the prefix cache"
+    assert engine.spec_stats.drafted > 0
+    if source_kind == "recorded":
+        assert engine.spec_stats.accepted == engine.spec_stats.drafted
