@@ -192,3 +192,38 @@ def test_a_modules_fast_state_is_one_record_built_once():
     assert torch.equal(scales, model.other.scales) and torch.equal(biases, model.other.biases)
     want = (model.other.weight.to(torch.int64)[..., None] >> (4 * torch.arange(8))) & 15  # MLX: code j at bits 4j
     assert torch.equal(codes, want.reshape(codes.shape))
+
+
+def test_an_moe_blocks_repacked_experts_live_in_its_fast_state(tmp_path):
+    """The tensor-core MoE's repack of a q4 g64 block, on first use: the experts (the shared one stacked last) in the
+    block's FastState, built once (the same object after), their MLX tensors released (the bank's record says so and
+    its stacked specs are refused), counted by decode_copy_bytes; a deployment on the CUDA-core MoE builds none.
+    (CUDA-only in use: a stand-in activation that says it is on CUDA drives the choice; the repack is plain torch.)"""
+    from types import SimpleNamespace
+
+    from deltaserve.kernels.quant import mma_gemv
+    from deltaserve.weights.loader import load_checkpoint
+    from deltaserve.weights.quantizer import quantize_checkpoint
+    from model_helpers import make_hf_model, ours_from_checkpoint
+
+    if not mma_gemv.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon: the tensor-core MoE is never chosen")
+    hf = make_hf_model(True, seed=0, vocab_size=32, moe_intermediate_size=64, shared_expert_intermediate_size=64)
+    ours_from_checkpoint(hf, tmp_path / "bf16")
+    q4 = quantize_checkpoint(tmp_path / "bf16", tmp_path / "q4", 4, 64, progress=False)
+    model = load_checkpoint(q4, dtype=torch.bfloat16, progress=False).model
+    blocks = [m for m in model.modules() if hasattr(m, "experts")]
+    on_cuda = SimpleNamespace(is_cuda=True)
+    fast.set_plan(model, KernelPlan("head", "cuda"))
+    assert all(fast.mma_moe_weights(b, on_cuda) is None for b in blocks) and fast.decode_copy_bytes(model) == 0
+    fast.set_plan(model, KernelPlan("head", "mma"))
+    block = blocks[0]
+    gate_bytes = block.experts.gate_proj.weight.numel() * 4
+    packed = fast.mma_moe_weights(block, on_cuda)
+    assert packed is not None and packed.shared_last and fast.state(block).mma is packed
+    assert fast.mma_moe_weights(block, on_cuda) is packed  # built once
+    assert packed.gate[0].shape[0] == block.num_experts + 1  # the shared expert stacked last
+    assert fast.state(block.experts).released and block.experts.gate_proj.weight.numel() == 0 < gate_bytes
+    with pytest.raises(RuntimeError, match="released"):
+        fast.stacked_specs(block.experts)
+    assert fast.decode_copy_bytes(model) == sum(t.numel() * t.element_size() for t in fast.state(block).copies()) > 0
