@@ -72,12 +72,12 @@ class DecoderLayer(nn.Module):
         prep = fast.moe_prep(self.mlp, h)  # the tensor-core MoE reads x's group sums: the norm makes them
         if not tp and prep is not None and self.mlp.routes_normed(h, decode):
             return self.mlp(h, decode=decode, residual=x, norm=post)  # the norm inside the router's launch
-        sums = None  # x's group sums for the tensor-core MoE, made by the norm
+        sums = {}  # xs=: x's group sums, made by the norm for the tensor-core MoE (moe_prep: MoE blocks only)
         if prep is None:
             h, x = add_rms_norm(h, x, post.weight, post.eps, post.offset)  # (norm(x + h), x + h), both [T, H]
         else:
             h, x, made = add_rms_norm(h, x, post.weight, post.eps, post.offset, prep=prep, sums_only=True)
-            sums = made[1]
+            sums = {"xs": made[1]}
         if tp:  # the residual is added once, after the sum over ranks: not inside the feed-forward's last launch
-            return x + self.parallel.reduce(self.mlp(h, decode=decode, **({} if sums is None else {"xs": sums})))
-        return self.mlp(h, decode=decode, residual=x, **({} if sums is None else {"xs": sums}))
+            return x + self.parallel.reduce(self.mlp(h, decode=decode, **sums))
+        return self.mlp(h, decode=decode, residual=x, **sums)
