@@ -35,6 +35,7 @@ class GatedAttention(nn.Module):
         self.scale = self.d**-0.5
         self.rotary_dim, self.rope_theta = config.rotary_dim, config.rope_theta
         self.mrope_section, self.mrope_interleaved = config.mrope_section, config.mrope_interleaved
+        self._inv_freq_cache: torch.Tensor | None = None  # _inv_freq's (a plain attribute: no state_dict entry)
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache, rope: tuple[torch.Tensor, torch.Tensor] | None,
@@ -78,10 +79,9 @@ class GatedAttention(nn.Module):
     def _inv_freq(self, device) -> torch.Tensor:
         """RoPE inverse frequencies [rotary_dim / 2] fp32, made once per device (the first, eager step: never
         inside a CUDA-graph capture)."""
-        inv = self.__dict__.get("_inv_freq_cache")
+        inv = self._inv_freq_cache
         if inv is None or inv.device != device:
-            inv = rope_inv_freq(self.rotary_dim, self.rope_theta, device)
-            self.__dict__["_inv_freq_cache"] = inv
+            inv = self._inv_freq_cache = rope_inv_freq(self.rotary_dim, self.rope_theta, device)
         return inv
 
     def _project_and_write(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,

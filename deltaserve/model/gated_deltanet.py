@@ -40,6 +40,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, config.rms_norm_eps)
         self.out_proj = weights.linear(f"{prefix}.out_proj", self.value_dim, h)
         self.scale = self.dk**-0.5
+        self._conv_taps: torch.Tensor | None = None  # _conv_taps_major's copy (a plain attribute: no state_dict entry)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: HybridCache,
                 prep: fast.GemvPrep | None = None) -> torch.Tensor:
@@ -145,12 +146,10 @@ class GatedDeltaNet(nn.Module):
     def _conv_taps_major(self) -> torch.Tensor:
         """conv1d.weight as [C, K] over a [K, C] copy made once (64 KB a 35B-A3B layer): the prefill conv's per-tap
         weight loads are then contiguous over its channels (16-byte loads, not one 2-byte load a channel and tap).
-        The same values, so never a bit. Cached on the module (weights never move after loading)."""
-        cached = self.__dict__.get("_conv_taps")
-        if cached is None:
-            cached = self.conv1d.weight[:, 0, :].t().contiguous().t()
-            self.__dict__["_conv_taps"] = cached
-        return cached
+        The same values, so never a bit. Made once (weights never move after loading)."""
+        if self._conv_taps is None:
+            self._conv_taps = self.conv1d.weight[:, 0, :].t().contiguous().t()
+        return self._conv_taps
 
     def _conv_sections_fit(self) -> bool:
         """Whether the prefill conv can write q, k, v as three contiguous tensors (causal_conv(sections=)): the key
