@@ -75,6 +75,8 @@ def _cases():
         "topk_contract_e256_k8": lambda mods: kc.check_topk_contract(mods, CPU, 256, 8),
         "topk_contract_e37_k3": lambda mods: kc.check_topk_contract(mods, CPU, 37, 3),
         "topk_contract_unnormalised": lambda mods: kc.check_topk_contract(mods, CPU, 37, 3, normalize=False),
+        "routing_forms_same_bits": lambda mods: kc.check_routing_forms_same_bits(mods, CPU, tokens=12, h=64, e=16,
+                                                                                 k=3),
     })
     return cases
 

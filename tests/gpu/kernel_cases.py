@@ -1098,6 +1098,28 @@ def check_topk_same_bits_any_warps(mods, device, e=256, k=8, tokens=4096):
         assert bad == 0, f"top-k weights at {warps} warps differ from 1 warp in {bad} of {tokens} tokens"
 
 
+def check_routing_forms_same_bits(mods, device, tokens=1024, h=256, e=256, k=8):
+    """One token's routing, ids and weights, bit for bit the same from every launch that routes it in the model:
+    the router's last-arriving program (moe_route), the separate top-k launch (separate_topk, with the shared
+    expert's slot), the route tiles' launch (tile_rows, up to its token limit), over many tokens whose logits come
+    from one router GEMV (so the launches' top-k forms alone are compared). An 8-token decode step and a 16-row
+    verify took different forms and routed a token one bit apart before the normaliser's order was fixed."""
+    from deltaserve.kernels.moe.triton_route_tiles import ROUTE_TILES_MAX_TOKENS
+
+    md = mods["moe"]
+    _, kw, _ = moe_problem(device, 1, h, e, 32, 32, 4, 32, router_bits=8)
+    x = torch.randn(tokens, h, device=device).bfloat16()
+    last = md.moe_route(x, kw["router"], k, True, kw["shared_gate"])
+    split = md.moe_route(x, kw["router"], k, True, kw["shared_gate"], separate_topk=True, shared_slot=e)
+    assert torch.equal(last.ids, split.ids[:, :k]), "ids: last arrival != separate launch"
+    bad = (last.weights != split.weights[:, :k]).any(-1).sum().item()
+    assert bad == 0, f"weights: last arrival != separate launch in {bad} of {tokens} tokens"
+    t = min(tokens, ROUTE_TILES_MAX_TOKENS)
+    tiled = md.moe_route(x[:t], kw["router"], k, True, kw["shared_gate"], shared_slot=e, tile_rows=8)
+    assert torch.equal(tiled.ids, split.ids[:t]) and torch.equal(tiled.weights, split.weights[:t]), \
+        "the route tiles' launch routes otherwise than the separate top-k launch"
+
+
 def check_gemv_inline_unaligned(mods, device, n, k, m=3):
     """x rows that are not 4-byte aligned (a column view at an odd offset, odd pitch) take single loads instead of
     paired ones: the same values in the same arithmetic, so the result equals the aligned rows' bit for bit."""

@@ -287,6 +287,10 @@ def test_topk_same_bits_any_warps(fused_mods, dev):
     kc.check_topk_same_bits_any_warps(fused_mods, dev)
 
 
+def test_routing_forms_same_bits(fused_mods, dev):
+    kc.check_routing_forms_same_bits(fused_mods, dev)
+
+
 @pytest.mark.parametrize("warps", [1, 2, 4])
 def test_topk_contract(fused_mods, dev, warps):
     for e, k in ((37, 8), (256, 8), (37, 3)):
