@@ -540,11 +540,13 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
     s = weight_spec(module)
     scales, biases = (None, None) if s.bits == 16 else (s.scales, s.biases)
     mma = mma_weights(module, x) if decode else None
+    # the prep the kernel that wrote x made of its rows, where made for this weight's format (else the GEMV's own):
+    # (xp [R, K], xs [R, K / group]); the tensor-core GEMV reads its group sums
+    parts = None if prep is None else prep.for_format((s.bits, s.group))
     if mma is not None:
         from ..kernels.quant.mma_gemv import MAX_ROWS as MMA_ROWS
         from ..kernels.quant.tensor_core_gemv import tc_gemv
 
-        parts = None if prep is None else prep.for_format((s.bits, s.group))  # its group sums: the GEMV's xs
         xs = None if parts is None else parts[1]
         if conv is None:
             if fp32_out:
@@ -563,7 +565,6 @@ def linear(module: nn.Module, x: torch.Tensor, decode: bool = False, conv: tuple
     if decode:
         from ..kernels.quant.triton_gemv import MAX_ROWS, affine_gemv
 
-        parts = None if prep is None else prep.for_format((s.bits, s.group))  # [R, K], [R, K / group]: sliced below
         x2 = x.reshape(-1, x.shape[-1])
         out = _decode_out(out, x, s.n, new=True)
         for start in range(0, x2.shape[0], MAX_ROWS):

@@ -596,9 +596,14 @@ def initial_states(ssm_pool: torch.Tensor, state_slots: torch.Tensor, context_le
 FLA_CHUNK = 64  # fla-core's chunk size for the gated delta rule (chunk_gated_delta_rule's default)
 
 
-class ChunkIndex(tuple):
-    """fla-core's varlen bookkeeping of one batch's sequences, (lens [B], chunk indices [NC, 2], chunk offsets
-    [B + 1]), made by fla's own helpers (prefill_chunk_index)."""
+class ChunkIndex(NamedTuple):
+    """fla-core's varlen bookkeeping of one batch's sequences, made by fla's own helpers (prefill_chunk_index).
+    gdn_prefill hands fla the indices; the lens and offsets are held only so that the tensors fla looks up again
+    stay alive."""
+
+    lens: torch.Tensor  # [B]
+    indices: torch.Tensor  # [NC, 2]: (sequence, chunk within it) of each chunk
+    offsets: torch.Tensor  # [B + 1]: each sequence's first chunk
 
 
 def prefill_chunk_index(cu_seqlens: torch.Tensor, cu_seqlens_cpu: torch.Tensor | None = None) -> ChunkIndex:
@@ -607,8 +612,9 @@ def prefill_chunk_index(cu_seqlens: torch.Tensor, cu_seqlens_cpu: torch.Tensor |
     these tensors by argument identity in a cache of its last few calls only, so a CUDA graph captured on a cached
     entry would read freed memory once later calls evicted it (a prefill graph replayed after prompts of other
     lengths: an illegal address). gdn_prefill keeps one in its batch's memo (ForwardBatch.memo), and a captured
-    prefill graph keeps its batch. fla's forward looks the offsets (and their lens) up again by the same arguments: a hit
-    returns these tensors, a miss inside a capture computes them with captured device ops (both safe)."""
+    prefill graph keeps its batch. fla's forward looks the offsets (and their lens) up again by the same
+    arguments: a hit returns these tensors, a miss inside a capture computes them with captured device ops (both
+    safe)."""
     try:
         from fla.ops.utils.index import prepare_chunk_indices, prepare_chunk_offsets, prepare_lens
     except ImportError as exc:  # fla-core travels as a wheel (wheels.txt)
@@ -617,8 +623,9 @@ def prefill_chunk_index(cu_seqlens: torch.Tensor, cu_seqlens_cpu: torch.Tensor |
         raise ValueError(f"prefill_chunk_index: cu_seqlens must be int64 (fla looks its index up by this tensor), "
                          f"found {cu_seqlens.dtype}")
     # positional arguments, as fla's forward passes them (its cache compares the argument lists)
-    return ChunkIndex((prepare_lens(cu_seqlens), prepare_chunk_indices(cu_seqlens, FLA_CHUNK, cu_seqlens_cpu=cu_seqlens_cpu),
-                       prepare_chunk_offsets(cu_seqlens, FLA_CHUNK)))
+    return ChunkIndex(prepare_lens(cu_seqlens),
+                      prepare_chunk_indices(cu_seqlens, FLA_CHUNK, cu_seqlens_cpu=cu_seqlens_cpu),
+                      prepare_chunk_offsets(cu_seqlens, FLA_CHUNK))
 
 
 def gdn_prefill(
@@ -655,7 +662,7 @@ def gdn_prefill(
     o, final = chunk_gated_delta_rule(
         q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0), scale=scale,
         initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
-        cu_seqlens=cu, cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_index[1], chunk_size=FLA_CHUNK,
+        cu_seqlens=cu, cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_index.indices, chunk_size=FLA_CHUNK,
     )
     ssm_pool.index_copy_(0, slots, final.to(ssm_pool.dtype))
     return o[0]
