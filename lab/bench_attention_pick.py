@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kv", choices=("bf16", "fp8"))
     ap.add_argument("--slack-us", type=float, default=0.3)
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="set a triton_paged knob to a Python literal instead of picking, e.g. MERGE_BSP=32")
+                    help="set a decode attention knob (lab/attention_knobs.py) to a Python literal instead of picking, e.g. MERGE_BSP=32")
     ap.add_argument("--print-only", action="store_true")
     args = ap.parse_args(own)
     if args.set:
@@ -95,15 +95,20 @@ def main(argv=None) -> int:
     if args.print_only:
         return 0
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from deltaserve.kernels.attention import triton_paged as tp
-
-    for name, value in values.items():
-        if not hasattr(tp, name):
-            raise SystemExit(f"triton_paged has no knob {name}")
-        setattr(tp, name, value)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import attention_knobs
     from deltaserve.cli import main as cli_main
 
-    return cli_main(["bench", *bench_args])
+    try:
+        knobs = attention_knobs.applied(values)
+        knobs.__enter__()
+    except KeyError as e:
+        raise SystemExit(str(e)) from None
+    try:
+        return cli_main(["bench", *bench_args])
+    finally:
+        knobs.__exit__(None, None, None)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -31,9 +31,11 @@ def main(argv=None) -> int:
     from deltaserve.kernels.attention import triton_paged as tp
     from deltaserve.kernels.attention.kv_fp8 import FP8
 
-    for name in ("LONG_BN", "LONG_STAGES"):  # probes of the long form's knobs
-        if os.environ.get(f"SASS_{name}"):
-            setattr(tp, name, int(os.environ[f"SASS_{name}"]))
+    import attention_knobs
+
+    probes = {name: int(os.environ[f"SASS_{name}"]) for name in ("LONG_BN", "LONG_STAGES")  # the long form's knobs
+              if os.environ.get(f"SASS_{name}")}
+    attention_knobs.applied(probes).__enter__()  # for the script's life
     tp.dot_f32 = lambda: False  # install() makes the kernels think they are interpreted: the GPU's bf16 MMAs
 
     hq, hkv, d, bs, depth = 16, 2, 256, 64, 32768

@@ -131,7 +131,7 @@ def run_moe() -> None:
     m2.moe_decode_v2(x, top_k=sw.FULL["k"], residual=x, **kw)
 
 
-ATTN_KNOBS = (  # (label, {triton_paged knob: value}): the decode split program's launch shapes worth comparing
+ATTN_KNOBS = (  # (label, {lab/attention_knobs.py knob: value}): the decode split program's launch shapes worth comparing
     ("library", {}), ("st3", {"DECODE_STAGES": {}}), ("st1", {"DECODE_STAGES": {"bf16": 1, "fp8": 1}}),
     ("st2", {"DECODE_STAGES": {"bf16": 2, "fp8": 2}}), ("w8", {"DECODE_WARPS": {"bf16": 8, "fp8": 8}}),
     ("strided-st1", {"DECODE_PROGRAMS": 264}), ("strided-st2", {"DECODE_PROGRAMS": 264,
@@ -143,6 +143,8 @@ ATTN_KNOBS = (  # (label, {triton_paged knob: value}): the decode split program'
 def run_attn() -> list[str]:
     """The decode split kernel at the 35B-A3B's attention shape (Hq 16, Hkv 2, D 256, 32K context), bf16 and fp8
     caches, under each ATTN_KNOBS shape: registers, shared memory and instructions per variant."""
+    sys.path.insert(0, str(ROOT / "lab"))
+    import attention_knobs
     from deltaserve.kernels.attention import triton_paged as tp
     from deltaserve.kernels.attention.kv_fp8 import FP8
 
@@ -152,20 +154,20 @@ def run_attn() -> list[str]:
     tables = torch.zeros(1, blocks, dtype=torch.int32)
     lens = torch.full((1,), depth, dtype=torch.int32)
     lines = []
-    saved = {k: getattr(tp, k) for _, knobs in ATTN_KNOBS for k in knobs}
     for kind, dt in (("bf16", torch.bfloat16), ("fp8", FP8)):
         kc = torch.zeros(blocks, bs, hkv, d, dtype=dt)
         sc = torch.zeros(blocks, bs, hkv) if dt == FP8 else None
         for label, knobs in ATTN_KNOBS:
-            for k, v in {**saved, **knobs}.items():
-                setattr(tp, k, v)
+            with attention_knobs.applied(knobs):
+                split, bn = attention_knobs.get("SPLIT_TOKENS"), attention_knobs.get("DECODE_BN") or 32
+                warps, stages = attention_knobs.get("DECODE_WARPS")[kind], attention_knobs.get("DECODE_STAGES")[kind]
+                strided = attention_knobs.get("DECODE_PROGRAMS") is not None
             k = tp._decode_split_kernel.run(
                 q, kc, kc, tables, lens, q, q, q, q, q, sc if sc is not None else q, sc if sc is not None else q,
                 q.stride(0), q.stride(1), tables.stride(0), hkv * d, d, 1, 1, 1, 1, 1, 0, 0, 1.0, G=hq // hkv, GP=16,
-                D=d, BS=bs, SPLIT=tp.SPLIT_TOKENS, BN=tp.DECODE_BN or 32, F32=False, HAS_GATE=False, LENS_ADD=0,
-                FP8=dt == FP8, STRIDED=tp.DECODE_PROGRAMS is not None, num_warps=tp.DECODE_WARPS.get(kind, 4),
-                grid=(1, hkv, blocks),
-                **({} if tp.DECODE_STAGES.get(kind) is None else {"num_stages": tp.DECODE_STAGES[kind]}),
+                D=d, BS=bs, SPLIT=split, BN=bn, F32=False, HAS_GATE=False, LENS_ADD=0,
+                FP8=dt == FP8, STRIDED=strided, num_warps=warps, grid=(1, hkv, blocks),
+                **({} if stages is None else {"num_stages": stages}),
                 warmup=True)
             ins = instructions(k)
             mma = ("wgmma" if any("HGMMA" in ln for ln in ins) else
@@ -173,8 +175,6 @@ def run_attn() -> list[str]:
             spills = sum("STL" in ln for ln in ins)
             lines.append(summary(f"split {kind} {label}", k).split("  PDL")[0]
                          + f"  smem {k.metadata.shared} B  {mma}  spill stores {spills}")
-    for k, v in saved.items():
-        setattr(tp, k, v)
     return lines
 
 

@@ -124,6 +124,7 @@ def main(argv=None) -> int:
     from kv_fp8_cases import fp64_cache
 
     from deltaserve.kernels.attention import reference as attn_ref
+    import attention_knobs
     from deltaserve.kernels.attention import triton_paged as tp
     from deltaserve.kernels.attention.kv_fp8 import quantize_rows
 
@@ -138,53 +139,51 @@ def main(argv=None) -> int:
     sink = RecordSink(args.out, fmt, {"gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"})
     deadline = time.monotonic() + args.budget_s
     torch.manual_seed(0)
-    saved = {k: getattr(tp, k) for k in KNOBS}
-    try:
-        for depth in depths:
-            for b in batches:
-                blocks = -(-(depth + 1) // bs_tok)
-                tables = torch.randperm(b * blocks, device=dev, dtype=torch.int32).view(b, blocks)
-                lens = torch.tensor([depth + 1 - (i % 3) for i in range(b)], device=dev, dtype=torch.int32)
-                q = torch.randn(b, hq, d, device=dev).bfloat16()
-                gate = torch.randn(b, hq, d, device=dev).bfloat16()
-                k16 = torch.randn(b * blocks, bs_tok, hkv, d, device=dev).bfloat16()
-                v16 = torch.randn(b * blocks, bs_tok, hkv, d, device=dev).bfloat16()
-                for kind in ("bf16", "fp8"):
-                    if kind == "fp8":
-                        (k8, ks), (v8, vs) = quantize_rows(k16), quantize_rows(v16)
-                        cache = (k8, v8, ks.contiguous(), vs.contiguous())
-                        kd, vd = fp64_cache(k8, ks), fp64_cache(v8, vs)
-                    else:
-                        cache = (k16, v16, None, None)
-                        kd, vd = k16.double(), v16.double()
-                    caches = [cache] + ([] if args.dry_run else
-                                        [tuple(None if t is None else t.clone() for t in cache)
-                                         for _ in range(LAYERS - 1)])
-                    row_bytes = d * cache[0].element_size() + (4 if kind == "fp8" else 0)  # a K or V row + scale
-                    kv_bytes = int(lens.sum()) * hkv * 2 * row_bytes  # what one call reads
-                    rows = sorted({0, b - 1})
-                    ref = {}
-                    for i in rows:
-                        want = attn_ref.paged_attention(q[i : i + 1].double().view(1, hq, d), kd, vd, tables[i : i + 1],
-                                                        [int(lens[i]) - 1], [1], d**-0.5)[0]
-                        sig = torch.sigmoid(gate[i].double()).bfloat16().double()
-                        ref[i] = want.bfloat16().double() * sig  # the kernel's gate rounding: bf16(o) * bf16(sig)
-                    shape = f"B={b} d={depth} Hq={hq} D={d}"
-                    for knobs in shapes:
-                        values = knob_values(knobs, saved)  # "lib" resolved to the library's per-dtype values
-                        split, bn, _, _, bsp, bd, programs, long = knobs
-                        warps = values["DECODE_WARPS"].get(kind, 4)
-                        stages = values["DECODE_STAGES"].get(kind)
-                        rec = dict(shape=shape, config=config_name(kind, split, bn, warps, stages, bsp, bd, programs,
-                                                                   long),
-                                   kv=kind, split=split, bn=bn, warps=warps, stages=stages, merge_bsp=bsp,
-                                   merge_bd=bd, programs=programs, long_split=long, depth=depth, batch=b)
-                        if time.monotonic() > deadline:
-                            sink.emit({**rec, "skipped": True})
-                            continue
-                        for k, v in values.items():
-                            setattr(tp, k, v)
-                        try:
+    saved = {k: attention_knobs.get(k) for k in KNOBS}
+    for depth in depths:
+        for b in batches:
+            blocks = -(-(depth + 1) // bs_tok)
+            tables = torch.randperm(b * blocks, device=dev, dtype=torch.int32).view(b, blocks)
+            lens = torch.tensor([depth + 1 - (i % 3) for i in range(b)], device=dev, dtype=torch.int32)
+            q = torch.randn(b, hq, d, device=dev).bfloat16()
+            gate = torch.randn(b, hq, d, device=dev).bfloat16()
+            k16 = torch.randn(b * blocks, bs_tok, hkv, d, device=dev).bfloat16()
+            v16 = torch.randn(b * blocks, bs_tok, hkv, d, device=dev).bfloat16()
+            for kind in ("bf16", "fp8"):
+                if kind == "fp8":
+                    (k8, ks), (v8, vs) = quantize_rows(k16), quantize_rows(v16)
+                    cache = (k8, v8, ks.contiguous(), vs.contiguous())
+                    kd, vd = fp64_cache(k8, ks), fp64_cache(v8, vs)
+                else:
+                    cache = (k16, v16, None, None)
+                    kd, vd = k16.double(), v16.double()
+                caches = [cache] + ([] if args.dry_run else
+                                    [tuple(None if t is None else t.clone() for t in cache)
+                                     for _ in range(LAYERS - 1)])
+                row_bytes = d * cache[0].element_size() + (4 if kind == "fp8" else 0)  # a K or V row + scale
+                kv_bytes = int(lens.sum()) * hkv * 2 * row_bytes  # what one call reads
+                rows = sorted({0, b - 1})
+                ref = {}
+                for i in rows:
+                    want = attn_ref.paged_attention(q[i : i + 1].double().view(1, hq, d), kd, vd, tables[i : i + 1],
+                                                    [int(lens[i]) - 1], [1], d**-0.5)[0]
+                    sig = torch.sigmoid(gate[i].double()).bfloat16().double()
+                    ref[i] = want.bfloat16().double() * sig  # the kernel's gate rounding: bf16(o) * bf16(sig)
+                shape = f"B={b} d={depth} Hq={hq} D={d}"
+                for knobs in shapes:
+                    values = knob_values(knobs, saved)  # "lib" resolved to the library's per-dtype values
+                    split, bn, _, _, bsp, bd, programs, long = knobs
+                    warps = values["DECODE_WARPS"].get(kind, 4)
+                    stages = values["DECODE_STAGES"].get(kind)
+                    rec = dict(shape=shape, config=config_name(kind, split, bn, warps, stages, bsp, bd, programs,
+                                                               long),
+                               kv=kind, split=split, bn=bn, warps=warps, stages=stages, merge_bsp=bsp,
+                               merge_bd=bd, programs=programs, long_split=long, depth=depth, batch=b)
+                    if time.monotonic() > deadline:
+                        sink.emit({**rec, "skipped": True})
+                        continue
+                    try:
+                        with attention_knobs.applied(values):
                             def call(c, out=None, rows=slice(None)):
                                 kc, vc, ksc, vsc = c
                                 return tp.paged_decode_attention(
@@ -210,12 +209,9 @@ def main(argv=None) -> int:
                                         tp._decode_merge_kernel = merge
                             sink.emit({**rec, "us": us, "split_us": split_us, "timing": how,
                                        "gbs": kv_bytes / us / 1e3 if us else 0.0, "err": err, "inv": inv, "ok": ok})
-                        except Exception as exc:  # noqa: BLE001  a configuration that does not launch is a result
-                            sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
-                    del caches
-    finally:
-        for k, v in saved.items():
-            setattr(tp, k, v)
+                    except Exception as exc:  # noqa: BLE001  a configuration that does not launch is a result
+                        sink.emit({**rec, "ok": False, "error": repr(exc)[:400]})
+                del caches
     return sink.finish()
 
 

@@ -219,11 +219,13 @@ def moe_section(args, shp, device, deadline, emit) -> None:
     (judge) and timed over shp["calls"] distinct inputs (distinct expert picks: the experts are not L2-resident)."""
     from kernel_cases import moe_reference
 
+    from deltaserve.kernels import launch_table
     from deltaserve.kernels.moe import triton_moe_gemv as m2
     from deltaserve.kernels.quant.triton_gemv import chunk_groups
 
     kw, ref = moe_setup(shp, device)
-    cg_gu, cg_dn = chunk_groups(kw["gate"], m2.BN), chunk_groups(kw["down"], m2.BN)
+    bn = launch_table.value("moe_gemv.bn")
+    cg_gu, cg_dn = chunk_groups(kw["gate"], bn), chunk_groups(kw["down"], bn)
     grid = moe_grid(args.quick, cg_gu, cg_dn)
     if args.canary:
         grid.append({**grid[0], "corrupt": True})

@@ -22,8 +22,8 @@ def test_plan_fields_are_checked():
         KernelPlan(moe="tensor")
     with pytest.raises(Exception):  # frozen: a deployment's plan never changes under it
         KernelPlan().moe = "cuda"
-    assert KernelPlan().describe() == "decode_gemv=head moe=mma throughput_shapes=off"
-    assert KernelPlan("mma", "cuda").describe() == "decode_gemv=mma moe=cuda throughput_shapes=on"
+    assert KernelPlan().describe() == "decode_gemv=head moe=mma throughput_shapes=off launch_table=default"
+    assert KernelPlan("mma", "cuda").describe() == "decode_gemv=mma moe=cuda throughput_shapes=on launch_table=default"
 
 
 def test_resolve_plan():

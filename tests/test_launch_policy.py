@@ -11,30 +11,38 @@ from deltaserve.kernels.quant import triton_affine as ta
 
 
 def test_dense_prefill_route():
-    # the fused kernel from DEQUANT_MIN_ROWS to FUSED_MAX_ROWS rows, the dequant route above, the wide kernel below
-    assert ta.dense_path(ta.DEQUANT_MIN_ROWS) == "fused" and ta.dense_path(ta.DEQUANT_MIN_ROWS - 1) == "wide"
-    assert ta.dense_path(ta.FUSED_MAX_ROWS) == "fused" and ta.dense_path(ta.FUSED_MAX_ROWS + 1) == "dequant"
-    # tiles by TMA, 256 x 128 from 2048 rows; BK always DENSE_BK
-    assert ta.dense_config(512) == (128, 64, ta.DENSE_BK, 4, 4, True)
-    assert ta.dense_config(4096) == (256, 128, ta.DENSE_BK, 8, 4, True)
+    from deltaserve.kernels import launch_table
+
+    # the fused kernel from affine.dequant_min_rows to affine.fused_max_rows rows, the dequant route above, the wide
+    # kernel below
+    lo, hi = launch_table.value("affine.dequant_min_rows"), launch_table.value("affine.fused_max_rows")
+    assert (lo, hi) == (256, 1024)
+    assert ta.dense_path(lo) == "fused" and ta.dense_path(lo - 1) == "wide"
+    assert ta.dense_path(hi) == "fused" and ta.dense_path(hi + 1) == "dequant"
+    # tiles by TMA, 256 x 128 from 2048 rows; BK always affine.dense_bk (64)
+    assert ta.dense_config(512) == (128, 64, 64, 4, 4, True) and ta.dense_config(2047)[:2] == (128, 64)
+    assert ta.dense_config(4096) == (256, 128, 64, 8, 4, True) and ta.dense_config(2048)[:2] == (256, 128)
 
 
 def test_experts_kernel_policy():
+    from deltaserve.kernels import launch_table
     from deltaserve.kernels.moe import mma_experts as mx
 
-    # down from WSTAGE_MIN_ROWS rows through WSTAGE_DOWN slots, the gated form in registers
-    assert (mx.default_wstage(4608, True), mx.default_wstage(4608, False)) == (0, mx.WSTAGE_DOWN) == (0, 3)
-    assert mx.default_wstage(mx.WSTAGE_MIN_ROWS - 1, False) == 0 and mx.default_wstage(576, False) == 0
+    # down from moe_mma.wstage_min_rows rows through moe_mma.wstage_down slots, the gated form in registers
+    min_rows = launch_table.value("moe_mma.wstage_min_rows")
+    assert (mx.default_wstage(4608, True), mx.default_wstage(4608, False)) == (0, 3) and min_rows == 1024
+    assert mx.default_wstage(min_rows - 1, False) == 0 and mx.default_wstage(576, False) == 0
     assert mx.default_wstage(16, True) == 0 and mx.skip_empty_tiles()
     assert (mx.default_ahead(1, True), mx.default_ahead(1, False), mx.default_ahead(64, True)) == (4, 7, 2)
     assert (mx.default_tile_rows(8, 256), mx.default_tile_rows(512, 256)) == (1, 8)
 
 
 def test_wgmma_experts_policy():
+    from deltaserve.kernels import launch_table
     from deltaserve.kernels.moe import wgmma_experts as wx
     from deltaserve.kernels.quant import wgmma_gemv as wg
 
-    assert wx.wg_min_rows() == wx.WG_MIN_ROWS == 144  # from 16 tokens: a 16-stream decode, not an 8-stream one
+    assert wx.wg_min_rows() == launch_table.value("moe_wgmma.min_rows") == 144  # 16 tokens: 16-stream decodes, not 8
     assert (wx.wg_tile_rows(4096), wx.wg_tile_rows(4095), wx.wg_tile_rows(576)) == (16, 8, 8)
     assert (wx.wg_tile_rows(8192), wx.wg_tile_rows(8191)) == (32, 16)
     assert wg.wg_partial_major() and wg.wg_fold_pair()
@@ -42,7 +50,7 @@ def test_wgmma_experts_policy():
     # register caps: 96 for 8-row tiles, 128 for 16-row ones, 168 for 32-row ones, none wider; wg_gemv none past 16
     assert [wg.wg_maxnreg(r) for r in (8, 16, 32, 64)] == [{"maxnreg": 96}, {"maxnreg": 128}, {"maxnreg": 168}, {}]
     assert [wg.wg_maxnreg(r, dense=True) for r in (8, 16, 32)] == [{"maxnreg": 96}, {"maxnreg": 128}, {}]
-    assert (wx.wg_moe_stages(8), wx.wg_moe_stages(16)) == (5, wg.WG_STAGES)  # 5 slots for 8-row tiles
+    assert (wx.wg_moe_stages(8), wx.wg_moe_stages(16)) == (5, launch_table.value("gemv_wgmma.stages"))  # 5 for 8 rows
     assert [wx.wg_moe_down_stages(r) for r in (8, 16)] == [wx.wg_moe_stages(r) for r in (8, 16)]
     # the MoE's gated launch and wg_gemv in pairs of groups, the MoE's down one group a step
     assert wg.wg_step_groups(8, 32, 4) == 2 and wg.wg_step_groups(16, 32, 4) == 2
@@ -62,11 +70,14 @@ def test_wgmma_experts_policy():
 
 
 def test_tensor_core_gemv_policy():
+    from deltaserve.kernels import launch_table
     from deltaserve.kernels.quant import mma_gemv as mg
 
     from deltaserve.kernels.quant import tensor_core_gemv as tcg
 
-    assert tcg.wg_gemv_rows() == tcg.WG_GEMV_ROWS == 17 and tcg.wg_gemv_rows(4096) == tcg.WG_GEMV_ROWS_K4096 == 9
+    assert tcg.wg_gemv_rows() == launch_table.value("gemv_tc.wg_gemv_rows") == 17
+    assert tcg.wg_gemv_rows(4096) == launch_table.value("gemv_tc.wg_gemv_rows", K=4096) == 9
+    assert tcg.wg_gemv_rows(8192) == 9  # a K past 4096 reads the K=4096 value
     assert (tcg.wg_gemv_tile_rows(32, 772), tcg.wg_gemv_tile_rows(64, 772), tcg.wg_gemv_tile_rows(32, 15520),
             tcg.wg_gemv_tile_rows(64, 15520)) == (16, 32, 32, 64)  # the lm_head past 32 rows: 64
     assert tcg.wg_gemv_stages() == 3 and tcg.wg_gemv_tile_rows(8, 128) == 8
@@ -79,9 +90,10 @@ def test_deltanet_and_attention_shapes_by_deployment(monkeypatch):
     from deltaserve.kernels.attention import triton_paged as tp
     from deltaserve.kernels.gated_delta import triton_decode as td
 
-    assert td.step_dv_block() == td.DV_BLOCK == 32  # blocks of 32 state columns: the batch-1 winner
-    assert td.step_dv_block(throughput=True) == td.THROUGHPUT_DV_BLOCK == 64  # a tensor-core GEMV deployment's
-    assert tp.merge_shape() == (tp.MERGE_BSP, tp.MERGE_BD) and tp.merge_shape(throughput=True) == (16, 256)
+    assert td.step_dv_block() == 32  # blocks of 32 state columns: the batch-1 winner
+    assert td.step_dv_block(throughput=True) == 64  # a tensor-core GEMV deployment's
+    assert tp.merge_shape() == (128, 32) and tp.merge_shape(throughput=True) == (16, 256)
+    assert tp.split_tokens() == 64
     # the prefill attention: 4 warps to D 128; past it 8 warps, and 5 pipeline stages only where the device has the
     # shared memory for their three K/V buffers (Triton's stages elsewhere: the interpreter, smaller GPUs)
     monkeypatch.setattr(tp, "_block_smem", lambda device=None: 227 * 1024)  # an H100 / H200
@@ -107,7 +119,7 @@ def test_attention_long_split_experiment(monkeypatch):
     assert tp.long_split() == (4096, 2)
     monkeypatch.setenv("DELTASERVE_ATTN_LONG_SPLIT", "off")
     assert tp.long_split() is None
-    for bad in ("8192", "x2", "8192x3", f"{tp.SPLIT_TOKENS - 1}x2", "8192x2x2"):
+    for bad in ("8192", "x2", "8192x3", f"{tp.split_tokens() - 1}x2", "8192x2x2"):
         monkeypatch.setenv("DELTASERVE_ATTN_LONG_SPLIT", bad)
         with pytest.raises(ValueError, match="DELTASERVE_ATTN_LONG_SPLIT"):
             tp.long_split()
@@ -118,11 +130,13 @@ def test_attention_long_split_experiment(monkeypatch):
 
 
 def test_router_policy_and_experiments(monkeypatch):
+    from deltaserve.kernels import launch_table
     from deltaserve.kernels.moe import gluon_router_rows as grr
     from deltaserve.kernels.moe import triton_decode as md
 
-    assert md.router_norm_tokens() == md.ROUTER_NORM_DECODE_TOKENS == 4 and md.router_rows_min() == 128
-    assert grr.rows_launch() == (grr.ROWS_BN, grr.ROWS_MB) and md.topk_warps() == md.TOPK_WARPS
+    assert md.router_norm_tokens() == launch_table.value("router.norm_tokens") == 4 and md.router_rows_min() == 128
+    assert grr.rows_launch() == (launch_table.value("router.rows_bn"), launch_table.value("router.rows_mb")) == (8, 16)
+    assert md.topk_warps() == launch_table.value("router.topk_warps")
     monkeypatch.delenv("DELTASERVE_ROUTER_ROW_BLOCKS", raising=False)
     assert md.router_row_blocks() == 1  # one block a program until timed
     monkeypatch.setenv("DELTASERVE_ROUTER_ROW_BLOCKS", "16")
@@ -226,11 +240,12 @@ def test_initial_states_torch_form():
 def test_fused_dense_needs_enough_programs():
     """wgmma_dense.enough_programs: the out projection (N 2048) at 512 rows makes 128 programs (too few), the
     in_proj (N 12352) 772."""
+    from deltaserve.kernels import launch_table
     from deltaserve.kernels.quant import wgmma_dense as wd
 
     assert not wd.enough_programs(512, 2048) and wd.enough_programs(512, 12352) and wd.enough_programs(512, 9216)
     assert not wd.enough_programs(1024, 2048) and wd.enough_programs(1025, 2048)  # 256 programs, then 288
-    assert wd.dense_tile_rows() == wd.DENSE_TILE_ROWS and wd.dense_maxnreg() == {}
+    assert wd.dense_tile_rows() == launch_table.value("dense_wgmma.tile_rows") and wd.dense_maxnreg() == {}
 
 
 def test_decode_conv_launch_args():

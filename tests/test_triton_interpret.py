@@ -122,7 +122,7 @@ def _cases():
 
 
 def _split(m) -> int:
-    return m["attn"].SPLIT_TOKENS
+    return m["attn"].split_tokens()
 
 
 def _around_split(m, first, *offsets) -> list[int]:

@@ -10,7 +10,8 @@ products wrap identically); u is exact in fp32; the division is IEEE round-to-ne
 torch's CUDA division compiles to) and the logarithms are libdevice's log (CUDA's logf, what torch.log calls).
 The reference makes ~20 passes over [B, V] int64 / fp32 tensors; here each logit is read once.
 
-Two launches: `_chunk_best` (grid B x NP, the first maximum of one chunk of a row's keys), then `_row_best` (one
+Two launches: `_chunk_best` (grid B x NP, the first maximum of one chunk of a row's keys; launch_table
+"sampling.chunks" programs a row, each over whole steps of "sampling.block" logits), then `_row_best` (one
 program per row: the first maximum over its chunks in ascending order, which is the row's first maximum).
 """
 
@@ -22,9 +23,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from . import backend, sampling
+from .launch_table import value as launch_value
 
-CHUNKS = 64  # programs per row: 248,320 logits -> chunks of 3,880
-BLOCK = 1024
 _MUL1 = tl.constexpr(sampling._MUL1)  # the reference hash's constants (odd, < 2^31: int32 literals)
 _MUL2 = tl.constexpr(sampling._MUL2)
 _TOKEN_MUL = tl.constexpr(sampling._TOKEN_MUL)
@@ -97,12 +97,13 @@ def sample_plain(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Te
     out = torch.empty(bsz, dtype=torch.int64, device=logits.device) if out is None else out
     if bsz == 0:
         return out
-    ch = triton.cdiv(triton.cdiv(vocab, CHUNKS), BLOCK) * BLOCK
+    chunks, block = launch_value("sampling.chunks"), launch_value("sampling.block")
+    ch = triton.cdiv(triton.cdiv(vocab, chunks), block) * block
     np_ = triton.cdiv(vocab, ch)
     np_pow = triton.next_power_of_2(np_)
     pv = torch.empty((bsz, np_pow), dtype=torch.float32, device=logits.device)
     pi = torch.empty((bsz, np_pow), dtype=torch.int32, device=logits.device)
-    _chunk_best[(bsz, np_)](logits, keys, temperature, pv, pi, vocab, ch, logits.stride(0), NP=np_pow, BV=BLOCK,
+    _chunk_best[(bsz, np_)](logits, keys, temperature, pv, pi, vocab, ch, logits.stride(0), NP=np_pow, BV=block,
                             LIBDEVICE=not backend.interpreting())
     _row_best[(bsz,)](pv, pi, out, vocab, np_, NP=np_pow)
     return out

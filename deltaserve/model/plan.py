@@ -4,12 +4,14 @@ configuration, the device and the weight formats) and frozen for the engine's li
 Every choice here may change a row's last bits, so it is fixed per deployment, never per step: within a deployment
 a request gets the same tokens alone or in any batch; deployments of different plans may differ in the last bits.
 Choices that never change a bit (launch shapes, where a conv or a prep is made) are not here: they are the
-kernels' own constants.
+kernels' launch constants, whose table (kernels/launch_table.py: keyed by GPU and weight shape) the plan names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..kernels import launch_table
 
 DECODE_GEMV_MODES = ("mma", "cuda", "wide", "head")
 MOE_FAMILIES = ("mma", "cuda")
@@ -45,10 +47,13 @@ class KernelPlan:
     matmul for prefill on the MLX layout: 1.4% faster at batch 1, 35% slower at pp512 and 27% at 64 streams on the
     H200, lab/NOTES.md). Blocks the tensor-core MoE cannot take run the CUDA-core kernels either way.
     The DeltaNet step's state columns and the decode attention merge's shape follow `throughput` (decode_gemv
-    "mma")."""
+    "mma").
+    launch_table: the name of the kernels' launch-constant table on the deployment's GPU (launch_table.table():
+    "default", or "default+<GPU file>" where the GPU has values of its own); the table decides, this names it."""
 
     decode_gemv: str = "head"
     moe: str = "mma"
+    launch_table: str = "default"
 
     def __post_init__(self):
         if self.decode_gemv not in DECODE_GEMV_MODES:
@@ -65,7 +70,8 @@ class KernelPlan:
 
     def describe(self) -> str:
         """One line for the bench records' notes (and the first of `deltaserve info --plan`)."""
-        return f"decode_gemv={self.decode_gemv} moe={self.moe} throughput_shapes={'on' if self.throughput else 'off'}"
+        return (f"decode_gemv={self.decode_gemv} moe={self.moe} throughput_shapes={'on' if self.throughput else 'off'} "
+                f"launch_table={self.launch_table}")
 
     def details(self) -> list[str]:
         """What the plan fixes, one line each (`deltaserve info --plan`)."""
@@ -86,6 +92,7 @@ class KernelPlan:
                 f"  MoE blocks (q4 g64 experts): {moe}; other formats: the CUDA-core kernels",
                 f"  DeltaNet decode step: {step_dv_block(self.throughput)} state columns a program",
                 f"  decode attention merge: {bsp} splits a step, {bd} columns a program",
+                f"  launch constants: kernels/launch_tables ({self.launch_table}; docs/launch_table.md)",
                 "  (the GPU fast path only: on the CPU every op is the PyTorch reference)"]
 
 
@@ -99,4 +106,4 @@ def resolve_plan(decode_gemv: str = "auto", moe_kernels: str = "mma", max_num_se
     if moe_kernels not in MOE_FAMILIES:
         raise ValueError(f"moe_kernels must be one of {', '.join(MOE_FAMILIES)}, found {moe_kernels!r}")
     mode = decode_gemv_for_rows(decode_rows(max_num_seqs, speculative_tokens)) if decode_gemv == "auto" else decode_gemv
-    return KernelPlan(decode_gemv=mode, moe=moe_kernels)
+    return KernelPlan(decode_gemv=mode, moe=moe_kernels, launch_table=launch_table.table().name)

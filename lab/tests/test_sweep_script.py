@@ -97,9 +97,17 @@ def test_grids_start_with_the_default_and_bits_expectation():
 
 def test_moe_launch_defaults_and_validation():
     m2 = pytest.importorskip("deltaserve.kernels.moe.triton_moe_gemv")
+    from deltaserve.kernels import launch_table
+
     d = m2.MoeLaunch()
-    assert (d.gate_up_bn, d.down_bn, d.combine_bc) == (m2.GATE_UP_BN, m2.BN, m2.BC)
-    assert (d.gate_up_warps, d.down_warps, d.combine_warps, d.gate_up_cg, d.down_cg) == (4, 2, 4, None, None)
+    tuned = ("gate_up_bn", "gate_up_warps", "bn", "down_warps", "bc", "combine_warps")
+    assert (d.gate_up_bn, d.gate_up_warps, d.down_bn, d.down_warps, d.combine_bc, d.combine_warps) == tuple(
+        launch_table.value(f"moe_gemv.{name}") for name in tuned)
+    assert (d.gate_up_bn, d.down_bn, d.combine_bc, d.gate_up_warps, d.down_warps, d.combine_warps, d.gate_up_cg,
+            d.down_cg) == (4, 8, 256, 4, 2, 4, None, None)
+    with launch_table.override({"moe_gemv.down_warps": 4}):  # the table's value when the MoeLaunch is made
+        assert m2.MoeLaunch().down_warps == 4 and m2.MoeLaunch(down_warps=8).down_warps == 8
+    assert m2.MoeLaunch(down_warps=8).gate_up_bn == 4  # a field given changes that field alone
     assert d.gate_up_row_run
     for bad in (dict(gate_up_bn=12), dict(down_warps=0), dict(combine_bc=100), dict(down_cg=3),
                 dict(gate_up_maxnreg=100), dict(down_maxnreg=16)):

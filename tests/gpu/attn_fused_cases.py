@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from deltaserve.kernels import launch_table
 from deltaserve.kernels.attention import reference as attn_ref
 from deltaserve.kernels.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from kernel_cases import BF16_EPS, INTERPRETED, close, paged_problem, poisoned
@@ -226,16 +227,12 @@ def check_decode_gate_invariance(mods, device, lens, others, hq, hkv, d, bs):
 
 def check_decode_merge_steps(mods, device, lens, hq, hkv, d, bs, split, bsp, bd):
     """The one-pass split merge over several steps and column blocks (the running maximum rescales acc and l when
-    a later step holds a larger logit), reached at small lengths by shrinking the merge's step (MERGE_BSP) and
-    column block (MERGE_BD): vs fp64, host-bound independence and batch invariance."""
-    tp = mods["attn"]
-    saved = tp.MERGE_BSP, tp.MERGE_BD
-    tp.MERGE_BSP, tp.MERGE_BD = bsp, bd
-    try:
+    a later step holds a larger logit), reached at small lengths by shrinking the merge's step (launch table
+    "attention.merge_bsp") and column block ("attention.merge_bd"): vs fp64, host-bound independence and batch
+    invariance."""
+    with launch_table.override({"attention.merge_bsp": bsp, "attention.merge_bd": bd}):
         check_decode_gate(mods, device, lens, hq, hkv, d, bs, split)
         check_decode_gate_invariance(mods, device, lens, (1, 2), hq, hkv, d, bs)
-    finally:
-        tp.MERGE_BSP, tp.MERGE_BD = saved
 
 
 def check_decode_merge_prep(mods, device, lens, hq, hkv, d, bs, split, fmts, merges=(None,)):

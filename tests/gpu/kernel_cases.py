@@ -277,14 +277,16 @@ def check_expert_tiles(mods, device, cases=((1, 4, 16), (37, 5, 16), (300, 8, 32
                                             (9000, 257, 16))):
     """The expert-tile kernels give the torch reference's tensors exactly (a stable sort, so the same order too), for
     (rows, experts, rows per tile) with an expert left without rows, E not a power of two, M not a multiple of the
-    kernels' block, on both sides of the one-launch limit (TILES_ONE_MAX = 1024 rows; 576 = 64 tokens x 9 slots
-    over 257 experts, the 35B-A3B's decode at 64 streams; 4608 = pp512's 512 tokens x 9 slots, whose 36 blocks of
-    counts the serial scan reads in chunks of 8 with the last one partial; 9000 rows: 71 blocks, more than the
-    parallel scan's 64 a load, and a tile table whose tail the rank programs share). Past the one-launch limit also
+    kernels' block, on both sides of the one-launch limit (launch_table "affine.tiles_one_max", 1024 rows; 576 = 64
+    tokens x 9 slots over 257 experts, the 35B-A3B's decode at 64 streams; 4608 = pp512's 512 tokens x 9 slots,
+    whose 36 blocks of counts the serial scan reads in chunks of 8 with the last one partial; 9000 rows: 71 blocks,
+    more than the parallel scan's 64 a load, and a tile table whose tail the rank programs share). Past the one-launch limit also
     with every 9th row on the last expert (the shared one: more tiles than the rank programs). Both scan modes."""
+    from deltaserve.kernels import launch_table
+
     ta = mods["affine"]
     gen = torch.Generator().manual_seed(3)
-    heavy = [(m, e, r, True) for m, e, r in cases if m > ta.TILES_ONE_MAX]
+    heavy = [(m, e, r, True) for m, e, r in cases if m > launch_table.value("affine.tiles_one_max")]
     for m, e, r, shared in [(m, e, r, False) for m, e, r in cases] + heavy:
         ids = torch.randint(0, e, (m,), generator=gen)
         if m > 100:
@@ -689,7 +691,7 @@ def check_attention(mods, device, ctx, seqs, hq, hkv, d, bs):
     for bd in [c for c in (16, 64) if c < d]:
         out = poisoned((len(seqs), hq, d), torch.bfloat16, device)
         ob = tp.paged_decode_attention(p["q"][last], p["kc"], p["vc"], p["tables"], lens, scale, int(lens.max()),
-                                       out=out, merge=(tp.MERGE_BSP, bd))
+                                       out=out, merge=(tp.merge_shape()[0], bd))
         assert torch.equal(ob, od), f"paged decode attention: merge columns {bd} change the bits"
 
 
@@ -1050,7 +1052,7 @@ def check_topk_contract(mods, device, e, k, warps=4, normalize=True):
     """The in-kernel top-k (_topk, used by moe_route and inside the fused gate/up) on adversarial fp32 logits:
     ties among negatives, -0 against +0, integer-valued logits (many ties), E not a power of two. Ids must equal
     route_topk's (ties to the lower id) in ascending order, weights to fp32 rounding; at any num_warps (the split
-    launch's TOPK_WARPS)."""
+    launch's router.topk_warps)."""
     md = mods["moe"]
     lg = torch.randn(4, e, device=device) * 3
     lg[0, ::3] = -1.5

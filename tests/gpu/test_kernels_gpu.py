@@ -238,7 +238,7 @@ def test_affine_wide_rows_independent_of_tile_position_and_equal_to_16_row_kerne
 def test_dense_dequant_path_equals_wide_kernel(mods, dev, small, bits, group, dense):
     """The dense prefill projections' dequant route (triton_affine.dense_path) against the wide kernel, bit for bit,
     at the 35B-A3B's shapes for every tile the library picks (by M; TMA) and a few others (TMA and cp.async), at row
-    counts on both sides of DEQUANT_MIN_ROWS and of the 2048-row tile switch."""
+    counts on both sides of launch_table "affine.dequant_min_rows" and of the 2048-row tile switch."""
     shapes = ((200, 256), (72, 512)) if small else ((12352, 2048), (9216, 2048), (2048, 4096))
     configs = ((128, 64, 64, 4, 4, True), (256, 128, 64, 8, 4, True), (128, 64, 64, 4, 4), (256, 128, 64, 8, 3),
                (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 128, 128, 8, 3, True))
@@ -365,7 +365,7 @@ def test_qk_norm_rope_write_batch_invariance(mods, dev, small):
 
 def test_decode_attention_gate(mods, dev, small):
     dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
-    split = mods["attn"].SPLIT_TOKENS
+    split = mods["attn"].split_tokens()
     ac.check_decode_gate(mods, dev, [1, 100, split, split + 1, 3 * split + 7, 2000], *dims, split)
     ac.check_decode_gate(mods, dev, [1, 17, split - 1, split], *dims, split)  # every row single-split
     if not small:  # 32k tokens: 256 splits, 8 merge steps of the default merge
@@ -378,17 +378,18 @@ def test_decode_attention_merge_prep(mods, dev, small):
     """The merge writing the out projection's GEMV prep: output and (xp, xs) == the plain launch then prep_x, bit
     for bit, poisoned buffers, single-split and merged rows (32K at the 35B shapes), both merge shapes in use."""
     dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
-    split = mods["attn"].SPLIT_TOKENS
+    split = mods["attn"].split_tokens()
     fmts = [(4, 32), (8, 16)] if small else [(4, 64), (8, 64), (4, 128)]
     lens = [1, 100, split, split + 1, 3 * split + 7, 2000] + ([] if small else [32768])
-    ac.check_decode_merge_prep(mods, dev, lens, *dims, split, fmts, merges=(None, mods["attn"].THROUGHPUT_MERGE))
+    ac.check_decode_merge_prep(mods, dev, lens, *dims, split, fmts,
+                               merges=(None, mods["attn"].merge_shape(throughput=True)))
 
 
 def test_decode_attention_long_split(mods, dev, small):
     """Long rows' splits (DELTASERVE_ATTN_LONG_SPLIT): short rows keep their bits, every row meets fp64, the settled
     form and the merge's prep give the plain launch's bits, batch invariance, fp8 caches, refusals."""
     dims = (4, 2, 32, 8) if small else (16, 2, 256, 64)
-    split = mods["attn"].SPLIT_TOKENS
+    split = mods["attn"].split_tokens()
     lens = [split + 5, 8192, 8193, 20000, 1] + ([] if small else [32768])
     longs = ((2 * split, 2), (split, 4)) if small else ((8192, 2), (8192, 8), (split, 2))
     ac.check_decode_long_split(mods, dev, [n if not small else min(n, 900) for n in lens], *dims, split, longs)
@@ -396,7 +397,7 @@ def test_decode_attention_long_split(mods, dev, small):
 
 def test_decode_attention_strided(mods, dev, small):
     dims = (4, 2, 32, 8) if small else (16, 2, 256, 16)
-    split = mods["attn"].SPLIT_TOKENS
+    split = mods["attn"].split_tokens()
     ac.check_decode_strided(mods, dev, [1, 60, split, split + 1, 3 * split + 7, 2000, 32768 if not small else 900],
                             *dims, split, targets=(1, 3, 264))
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import kv_fp8_cases as fc
+from deltaserve.kernels import launch_table
 from deltaserve.kernels.attention.kv_fp8 import FP8
 
 pytestmark = pytest.mark.gpu
@@ -38,13 +39,13 @@ def test_qk_prep(mods, dev, small):
 
 
 @pytest.mark.parametrize("warps", [None, 4])  # None: the library's (8); 4: the shape it replaced, kept in the sweep
-def test_attention(mods, dev, small, warps, monkeypatch):
-    if warps is not None:
-        monkeypatch.setattr(mods["attn"], "DECODE_WARPS", {**mods["attn"].DECODE_WARPS, "fp8": warps})
-    if small:
-        fc.check_attention(mods, dev, ctx=[0, 13, 5, 150], seqs=[7, 3, 1, 20], hq=4, hkv=2, d=32, bs=8)
-    else:
-        fc.check_attention(mods, dev, ctx=[0, 300, 1000, 4000], seqs=[50, 1, 130, 64], hq=16, hkv=2, d=256, bs=16)
+def test_attention(mods, dev, small, warps):
+    with launch_table.override({} if warps is None else {"attention.decode_warps_fp8": warps}):
+        if small:
+            fc.check_attention(mods, dev, ctx=[0, 13, 5, 150], seqs=[7, 3, 1, 20], hq=4, hkv=2, d=32, bs=8)
+        else:
+            fc.check_attention(mods, dev, ctx=[0, 300, 1000, 4000], seqs=[50, 1, 130, 64], hq=16, hkv=2, d=256,
+                               bs=16)
 
 
 def test_errors(mods, dev):

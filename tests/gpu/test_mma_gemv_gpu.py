@@ -153,9 +153,10 @@ def test_mma_gemv_own_group_sums(dev, n, k):
 
 @pytest.mark.parametrize("split,cap", [(16, {}), (32, {}), (32, {"maxnreg": 128})])
 def test_mma_gemv_row_split_same_bits(dev, split, cap, monkeypatch):
-    """The K = 4096 weights' rows of x split over programs (mma_gemv.SPLIT_ROWS, with and without a register
-    cap) give the unsplit launch's bits at 64 and 37 rows (a ragged last block), the group sums given or
+    """The K = 4096 weights' rows of x split over programs (launch_table "gemv_mma.split_rows", with and without a
+    register cap) give the unsplit launch's bits at 64 and 37 rows (a ragged last block), the group sums given or
     the kernel's own, every element of a NaN-poisoned output written."""
+    from deltaserve.kernels import launch_table
     from deltaserve.kernels.quant import mma_gemv as mg
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
@@ -165,10 +166,10 @@ def test_mma_gemv_row_split_same_bits(dev, split, cap, monkeypatch):
     xs_all = prep_x(x, 4, 64)[1]
     for m in (64, 37):
         for xs in (None, xs_all[:m]):
-            monkeypatch.setattr(mg, "SPLIT_ROWS", 1 << 30)  # no split
-            ref = mg.mma_gemv(x[:m], words, sb, xs=xs)
-            monkeypatch.setattr(mg, "SPLIT_ROWS", split)
+            with launch_table.override({"gemv_mma.split_rows": 1 << 30}):  # no split
+                ref = mg.mma_gemv(x[:m], words, sb, xs=xs)
             monkeypatch.setattr(mg, "split_maxnreg", lambda: cap)
-            assert mg.split_rows(4096, m) == split
-            got = mg.mma_gemv(x[:m], words, sb, xs=xs, out=kc.poisoned((m, 2048), torch.bfloat16, dev))
+            with launch_table.override({"gemv_mma.split_rows": split}):
+                assert mg.split_rows(4096, m) == split
+                got = mg.mma_gemv(x[:m], words, sb, xs=xs, out=kc.poisoned((m, 2048), torch.bfloat16, dev))
             assert torch.equal(got, ref), f"split {split} cap {cap}, {m} rows, own sums {xs is None}"

@@ -2,7 +2,7 @@
 the model: moe "mma" (every MoE block through kernels/moe/mma_moe.py, the experts repacked once and their MLX
 tensors released) with decode_gemv "mma" (the decode linears through kernels/quant/mma_gemv.py), and moe "cuda" with
 decode_gemv "head" (the CUDA-core paths with the output head alone on the tensor-core GEMV); some modes also lower a
-kernel's size threshold (a module constant) so that the tiny model reaches it. The tiny bf16 model of test_model_fast_path cannot reach
+kernel's size threshold (a launch-table constant) so that the tiny model reaches it. The tiny bf16 model of test_model_fast_path cannot reach
 these paths (they serve q4 g64 weights only), so this one is quantised by our quantiser first, with expert widths
 that are multiples of 64.
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from deltaserve.kernels import launch_table
 from deltaserve.kernels.moe import wgmma_experts as wx
-from deltaserve.kernels.quant import tensor_core_gemv as tcg
 from deltaserve.model import fast, fusion
 from deltaserve.model.gated_deltanet import GatedDeltaNet
 from deltaserve.model.plan import KernelPlan
@@ -36,23 +36,24 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from model_helpers import make_hf_model, ours_from_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-MODES = {  # name -> (the deployment's kernel plan, {(module, constant): value} for the mode)
+MODES = {  # name -> (the deployment's kernel plan, {launch-table constant: value} for the mode)
     "mma": (KernelPlan("mma", "mma"), {}),
     # the tensor-core MoE with the default GEMVs (the output head alone on the tensor-core GEMV): the default
     # layout (lab/NOTES.md)
     "mma-moe": (KernelPlan("head", "mma"), {}),
     # the same with every MoE block's gate/up and down on the warpgroup-MMA experts kernel (prefill sizes by
     # default; here from one row, decode included): the mma.sync kernel's bits
-    "mma-moe-wgmma": (KernelPlan("head", "mma"), {(wx, "WG_MIN_ROWS"): 1}),
+    "mma-moe-wgmma": (KernelPlan("head", "mma"), {"moe_wgmma.min_rows": 1}),
     # the tensor-core GEMVs with every weight wgmma_gemv.wg_gemv can take on it from one row (the same bits)
-    "mma-wg-gemv": (KernelPlan("mma", "mma"), {(tcg, "WG_GEMV_ROWS"): 1}),
+    "mma-wg-gemv": (KernelPlan("mma", "mma"), {"gemv_tc.wg_gemv_rows": 1}),
     # the same with the MoE on the wgmma experts kernel too (x's group sums staged in shared memory, the slots
     # carried: the kernel's forms; the same bits)
-    "mma-wg-xs": (KernelPlan("mma", "mma"), {(tcg, "WG_GEMV_ROWS"): 1, (wx, "WG_MIN_ROWS"): 1}),
+    "mma-wg-xs": (KernelPlan("mma", "mma"), {"gemv_tc.wg_gemv_rows": 1, "moe_wgmma.min_rows": 1}),
     # the CUDA-core paths but the output head on the tensor-core GEMV
     "head": (KernelPlan("head", "cuda"), {}),
 }
-DEFAULTS = {key: getattr(*key) for _, patches in MODES.values() for key in patches}
+# (the tiny models have no weight of K = 4096, so gemv_tc.wg_gemv_rows' shape-keyed value never applies)
+DEFAULTS = {name: launch_table.value(name) for _, patches in MODES.values() for name in patches}
 
 
 @pytest.fixture(scope="module", params=sorted(MODES))
@@ -74,9 +75,7 @@ def models(request, tmp_path_factory):
     q4 = quantize_checkpoint(src, tmp_path_factory.mktemp("q4"), 4, 64, progress=False)
     cpu = load_checkpoint(q4, dtype=torch.float32, progress=False).model
     plan, patches = MODES[request.param]
-    with pytest.MonkeyPatch.context() as mp:
-        for (module, name), value in patches.items():
-            mp.setattr(module, name, value)
+    with launch_table.override(patches):
         gpu = load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
         fast.set_plan(gpu, plan)
         yield cpu, gpu, request.param
@@ -151,7 +150,7 @@ def test_router_norm_in_use_and_equal_to_the_norm_launch(models, monkeypatch):
     fused = [decode_logits(gpu, p, 4, graph=g) for p in (prompts[:1], prompts) for g in (False, True)]
     blocks = [m for m in gpu.modules() if isinstance(m, SparseMoeBlock)]
     # the CUDA-core MoE, and every mode whose MoE takes the warpgroup-MMA kernel (and its tiles) from one row
-    if mode == "head" or (wx, "WG_MIN_ROWS") in MODES[mode][1]:
+    if mode == "head" or "moe_wgmma.min_rows" in MODES[mode][1]:
         assert not rows, f"{mode}: the router made the norm at {sorted(set(rows))} rows"
     else:
         assert {1, 3} <= set(rows) and len(rows) >= 4 * 2 * len(blocks), f"{mode}: route_normed at {rows[:8]}"
@@ -163,18 +162,19 @@ def test_router_norm_in_use_and_equal_to_the_norm_launch(models, monkeypatch):
         assert torch.equal(a, b), f"{mode}: fused router norm != the norm launch (run {i})"
 
 
-def _without_modes(mp: pytest.MonkeyPatch) -> None:
-    """Every mode's constant at its default. The module-scoped `models` keeps its last mode's constants until the
-    module ends (pytest finalises a parametrized fixture only for its next param), and the tests below run after
-    its tests: without this, the "default paths" models would run under that mode's thresholds."""
-    for (module, name), value in DEFAULTS.items():
-        mp.setattr(module, name, value)
+def _without_modes():
+    """Every mode's constant at its default, for the length of a `with`. The module-scoped `models` keeps its last
+    mode's constants until the module ends (pytest finalises a parametrized fixture only for its next param), and
+    the tests below run after its tests: without this, the "default paths" models would run under that mode's
+    thresholds."""
+    return launch_table.override(DEFAULTS)
 
 
 @pytest.fixture
-def default_paths(monkeypatch):
+def default_paths():
     """A test of the default paths: every mode's constant at its default (restored after the test)."""
-    _without_modes(monkeypatch)
+    with _without_modes():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +189,7 @@ def prep_model(tmp_path_factory):
                        linear_num_value_heads=4, linear_value_head_dim=64)
     ours_from_checkpoint(hf, src)
     q4 = quantize_checkpoint(src, tmp_path_factory.mktemp("q4_dv64"), 4, 64, progress=False)
-    with pytest.MonkeyPatch.context() as mp:
-        _without_modes(mp)
+    with _without_modes():
         return load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
 
 
@@ -228,8 +227,7 @@ def merge_prep_model(tmp_path_factory):
                        head_dim=64, rope_parameters=rope)
     ours_from_checkpoint(hf, src)
     q4 = quantize_checkpoint(src, tmp_path_factory.mktemp("q4_hd64"), 4, 64, progress=False)
-    with pytest.MonkeyPatch.context() as mp:
-        _without_modes(mp)
+    with _without_modes():
         return load_checkpoint(q4, device="cuda", dtype=torch.bfloat16, progress=False).model
 
 

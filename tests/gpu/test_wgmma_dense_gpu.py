@@ -124,19 +124,19 @@ def test_model_prefill_fused_equals_dequant(q4_model, monkeypatch):
     fused kernel really served the projections it can take (their natural-order copies built and counted)."""
     from test_model_fast_path import run_all_logits
 
+    from deltaserve.kernels import launch_table
     from deltaserve.kernels.quant import triton_affine as ta
-    from deltaserve.kernels.quant import wgmma_dense as wd
     from deltaserve.model import fast
 
-    monkeypatch.setattr(wd, "FUSED_MIN_PROGRAMS", 1)  # the tiny model's launches are a few programs
-    prompt = [(7 * i + 3) % 32 for i in range(300)]
-    runs = {}
-    for mode in ("dequant", "fused"):
-        monkeypatch.setattr(ta, "dense_path", lambda m, mode=mode: mode)
-        runs[mode] = [run_all_logits(q4_model, prompt, "cuda", torch.bfloat16, chunk) for chunk in (None, 64)]
-    for chunk, want, got in zip((None, 64), runs["dequant"], runs["fused"]):
-        assert torch.equal(got, want), f"chunk {chunk}: fused != dequant ({(got != want).sum().item()} logits)"
-    built = [m for m in fast.all_modules(q4_model) if fast.state(m).dense]
-    assert built, "no projection took the fused kernel"
-    assert fast.decode_copy_bytes(q4_model) >= sum(t.numel() * t.element_size() for m in built
-                                                   for t in fast.state(m).dense[:2])
+    with launch_table.override({"dense_wgmma.fused_min_programs": 1}):  # the tiny model's launches are a few programs
+        prompt = [(7 * i + 3) % 32 for i in range(300)]
+        runs = {}
+        for mode in ("dequant", "fused"):
+            monkeypatch.setattr(ta, "dense_path", lambda m, mode=mode: mode)
+            runs[mode] = [run_all_logits(q4_model, prompt, "cuda", torch.bfloat16, chunk) for chunk in (None, 64)]
+        for chunk, want, got in zip((None, 64), runs["dequant"], runs["fused"]):
+            assert torch.equal(got, want), f"chunk {chunk}: fused != dequant ({(got != want).sum().item()} logits)"
+        built = [m for m in fast.all_modules(q4_model) if fast.state(m).dense]
+        assert built, "no projection took the fused kernel"
+        assert fast.decode_copy_bytes(q4_model) >= sum(t.numel() * t.element_size() for m in built
+                                                       for t in fast.state(m).dense[:2])

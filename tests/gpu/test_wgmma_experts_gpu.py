@@ -1,9 +1,10 @@
 """The experts matmul on warpgroup MMAs (`kernels/moe/wgmma_experts.py`) on CUDA: the mma.sync experts kernel's
 bits (the definition of the MoE's bits at every size), NaN-poisoned outputs fully written, the plain form against
 fp64, the MoE block through it equal to the block without it, and the wrapper's input checks; then the dense decode
-GEMV on the same program (`kernels/quant/wgmma_gemv.py`). A setting is patched in the module whose globals the code
-reading it sees: the shared launch settings (groups a step, carried slots, register caps, the fold, the K split) in
-wgmma_gemv, the MoE's own (WG_MIN_ROWS, wg_split_wait) in wgmma_experts."""
+GEMV on the same program (`kernels/quant/wgmma_gemv.py`). A switch is patched in the module whose globals the code
+reading it sees: the shared ones (carried slots, the fold) in wgmma_gemv, the MoE's own (wg_split_wait) in
+wgmma_experts; a tuned constant (groups a step, register caps, the K split, moe_wgmma.min_rows) is set by name for
+the length of a `with` (launch_table.override)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 import kernel_cases as kc
 from conftest import INTERPRET
+from deltaserve.kernels import launch_table
 from test_mma_experts_gpu import _experts, _moe_block, _moe_experts, _routes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(INTERPRET, reason="Gluon kernels do not run in the interpreter")]
@@ -80,14 +82,13 @@ def test_wg_experts_plain_vs_fp64(dev, e, n, k, top_k):
 
 
 @pytest.mark.parametrize("t", [1, 64, 512])
-def test_wg_row_sets_same_bits(dev, t, monkeypatch):
-    """Two 64-row sets a program (row_sets=2, WG_DOWN_ROW_SETS: one copy of x for 128 weight rows)
+def test_wg_row_sets_same_bits(dev, t):
+    """Two 64-row sets a program (row_sets=2, moe_wgmma.down_row_sets: one copy of x for 128 weight rows)
     never changes a bit: the scaled down at the 35B-A3B's shapes (every tile width, 2 / 3 / 5 slots, one and two
     groups a step) equals one set a program, writing every element of a NaN-poisoned output; the plain form (own
     group sums and given ones) against fp64 too; a weight of 4 row blocks is refused."""
     from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.moe import wgmma_experts as wx
-    from deltaserve.kernels.quant import wgmma_gemv as wg
     from deltaserve.kernels.quant.triton_gemv import prep_x
 
     e, slots, _, _, (dw, dsb), ids, _, _, scale = _moe_35b_case(dev, t)
@@ -95,11 +96,12 @@ def test_wg_row_sets_same_bits(dev, t, monkeypatch):
     for rows in (8, 16, 32):
         tiles = mx.mma_expert_tiles(ids, e, rows)
         for gs in ("1", "2"):
-            monkeypatch.setattr(wg, "WG_MOE_DOWN_STEP_GROUPS", int(gs))
             for ns in (2, 3, 5):
-                ref = wx.wg_matmul_experts(h, dw, dsb, ids, tiles, 1, scale=scale, stages=ns, row_sets=1)
-                out = kc.poisoned(tuple(ref.shape), ref.dtype, dev)
-                got = wx.wg_matmul_experts(h, dw, dsb, ids, tiles, 1, scale=scale, stages=ns, out=out, row_sets=2)
+                with launch_table.override({"moe_wgmma.down_step_groups": int(gs)}):
+                    ref = wx.wg_matmul_experts(h, dw, dsb, ids, tiles, 1, scale=scale, stages=ns, row_sets=1)
+                    out = kc.poisoned(tuple(ref.shape), ref.dtype, dev)
+                    got = wx.wg_matmul_experts(h, dw, dsb, ids, tiles, 1, scale=scale, stages=ns, out=out,
+                                               row_sets=2)
                 assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref), \
                     f"down, t={t}, {rows}-row tiles, {gs} groups a step, {ns} slots"
     if t != 64:
@@ -121,7 +123,7 @@ def test_wg_row_sets_same_bits(dev, t, monkeypatch):
 
 
 @pytest.mark.parametrize("t", [3, 300, 512, 1024])
-def test_moe_block_wgmma_same_bits(dev, t, monkeypatch):
+def test_moe_block_wgmma_same_bits(dev, t):
     """The MoE block with its gate/up and down on the warpgroup-MMA kernel (from one row; its default launch shapes:
     8-row tiles to 455 tokens, 16-row from 456, 32-row from 911) equals the block on the mma.sync kernel bit for bit, the stacked
     shared expert included; so does it with its tiles as two sets (fork=), serial or on two streams."""
@@ -130,15 +132,16 @@ def test_moe_block_wgmma_same_bits(dev, t, monkeypatch):
     x, res, ids, w, sw, experts, _ = _moe_block(dev, t)
     from deltaserve.kernels.moe import wgmma_experts as wx
 
-    monkeypatch.setattr(wx, "WG_MIN_ROWS", 1 << 62)  # never: the mma.sync kernel
-    base = moe_block_mma(x, ids, w, sw, experts, residual=res)
-    monkeypatch.setattr(wx, "WG_MIN_ROWS", 1)
-    assert torch.equal(moe_block_mma(x, ids, w, sw, experts, residual=res), base)
-    # the tiles as two sets (fork=): one after the other, and on the model's two side streams
-    from deltaserve.model.fast import run_forked
+    with launch_table.override({"moe_wgmma.min_rows": 1 << 62}):  # never: the mma.sync kernel
+        base = moe_block_mma(x, ids, w, sw, experts, residual=res)
+    with launch_table.override({"moe_wgmma.min_rows": 1}):
+        assert wx.wg_min_rows() == 1
+        assert torch.equal(moe_block_mma(x, ids, w, sw, experts, residual=res), base)
+        # the tiles as two sets (fork=): one after the other, and on the model's two side streams
+        from deltaserve.model.fast import run_forked
 
-    for fork in (lambda fns: [f() for f in fns], lambda fns: run_forked(fns, x.device)):
-        assert torch.equal(moe_block_mma(x, ids, w, sw, experts, residual=res, fork=fork), base)
+        for fork in (lambda fns: [f() for f in fns], lambda fns: run_forked(fns, x.device)):
+            assert torch.equal(moe_block_mma(x, ids, w, sw, experts, residual=res, fork=fork), base)
 
 
 def test_wg_experts_input_checks(dev):
@@ -199,7 +202,7 @@ def test_wg_gemv_same_bits_as_mma_gemv(dev, n, k, monkeypatch):
 
 
 @pytest.mark.parametrize("n,k", [(12352, 2048), (2048, 4096), (128, 1024)])
-def test_wg_gemv_ksplit_same_bits(dev, n, k, monkeypatch):
+def test_wg_gemv_ksplit_same_bits(dev, n, k):
     """wg_gemv with a row block's K split over 1 - 8 programs (the last arrival adding their sums through the fp32
     scratch) gives mma_gemv's result bit for bit: the 4-warp K split (the in_proj) over 1 / 2 / 4 programs, the
     8-warp one (the out projections, K = 4096) over 2 / 4 / 8; 1 to 100 rows, 16- and 32-row tiles, the group sums
@@ -224,9 +227,9 @@ def test_wg_gemv_ksplit_same_bits(dev, n, k, monkeypatch):
             for ks in (1, 2, 4) if warps == 4 else (2, 4, 8):
                 for rows in (16, 32):
                     for gs in ("1", "2"):
-                        monkeypatch.setattr(wg, "WG_GEMV_STEP_GROUPS", int(gs))
                         out = kc.poisoned((m, n), torch.bfloat16, dev)
-                        got = wg.wg_gemv(x[:m], words, sb, xs=xs, out=out, tile_rows=rows, ksplit=ks)
+                        with launch_table.override({"gemv_wgmma.step_groups": int(gs)}):
+                            got = wg.wg_gemv(x[:m], words, sb, xs=xs, out=out, tile_rows=rows, ksplit=ks)
                         assert got.data_ptr() == out.data_ptr() and torch.equal(got, ref), \
                             f"N={n} K={k} m={m} own sums {xs is None} split {ks} {rows}-row tiles {gs} groups a step"
     assert not arrival_counters(dev, 1).any(), "a split left an arrival counter set"
@@ -236,20 +239,18 @@ def test_wg_gemv_ksplit_same_bits(dev, n, k, monkeypatch):
 
 
 @pytest.mark.parametrize("m", [16, 64])
-def test_mma_gemv_through_wg_gemv(dev, m, monkeypatch):
-    """tc_gemv from WG_GEMV_ROWS rows runs as wg_gemv (the conv in its epilogue): the conv check of kernel_cases (== the GEMV then causal_conv, the other slots
+def test_mma_gemv_through_wg_gemv(dev, m):
+    """tc_gemv from gemv_tc.wg_gemv_rows rows runs as wg_gemv (the conv in its epilogue): the conv check of kernel_cases (== the GEMV then causal_conv, the other slots
     untouched, against fp64), and the same outputs and conv pool as the mma.sync forms, plain and with the DeltaNet
     in_proj's conv (the in_proj's K also split over two programs, its conv at their last arrival; the K = 4096 out
     projections' over wg_gemv_ksplit's default eight, and over four); weights it cannot take (N % 64) keep mma.sync."""
     from deltaserve.kernels.gated_delta import triton_decode as td
     from deltaserve.kernels.quant import mma_gemv as mg
-    from deltaserve.kernels.quant import wgmma_gemv as wg
     from deltaserve.kernels.quant import tensor_core_gemv as tcg
     from test_mma_gemv_gpu import _tc_gemv_of
 
-    monkeypatch.setattr(tcg, "WG_GEMV_ROWS", 1)
-    monkeypatch.setattr(tcg, "WG_GEMV_ROWS_K4096", 1)
-    kc.check_gemv_conv({"gdn": td}, dev, 4, 64, m=m, c=8192, extra=4160, k=2048, fresh=(1,), gemv=_tc_gemv_of)
+    with launch_table.override({"gemv_tc.wg_gemv_rows": 1}):  # every K
+        kc.check_gemv_conv({"gdn": td}, dev, 4, 64, m=m, c=8192, extra=4160, k=2048, fresh=(1,), gemv=_tc_gemv_of)
     for n, k, c in ((12352, 2048, 8192), (2048, 4096, 1024), (80, 256, 64)):
         p, s, b, _ = kc.affine_weight((n, k), 4, 64, dev)
         words, sb = mg.repack_q4(p, s, b)
@@ -261,12 +262,11 @@ def test_mma_gemv_through_wg_gemv(dev, m, monkeypatch):
         # its epilogue
         for rows, split in (("1", "1,8"), ("1", "2,4"), ("0", "1,8")):
             never = rows == "0"
-            monkeypatch.setattr(tcg, "WG_GEMV_ROWS", 1 << 62 if never else 1)
-            monkeypatch.setattr(tcg, "WG_GEMV_ROWS_K4096", 1 << 62 if never else 1)
-            monkeypatch.setattr(wg, "WG_GEMV_KSPLIT", tuple(int(v) for v in split.split(",")))
             pl = pool.clone()
-            outs[rows, split] = (tcg.tc_gemv(x, words, sb), tcg.tc_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c)),
-                                 pl)
+            with launch_table.override({"gemv_tc.wg_gemv_rows": 1 << 62 if never else 1,
+                                        "gemv_wgmma.ksplit": tuple(int(v) for v in split.split(","))}):
+                outs[rows, split] = (tcg.tc_gemv(x, words, sb),
+                                     tcg.tc_gemv(x, words, sb, conv=(cw, pl, slots, ctx, c)), pl)
         for via in (("1", "1,8"), ("1", "2,4")):
             for what, a, b in zip(("plain", "conv", "conv pool"), outs[via], outs["0", "1,8"]):
                 assert torch.equal(a, b), f"{what}, N={n} K={k}, {m} rows, splits {via[1]}"
@@ -326,9 +326,10 @@ def test_wg_xs_smem_same_bits(dev, t, slots_mode, monkeypatch):
 @pytest.mark.parametrize("cap,fold", [(((64, 128),), False), (((8, 128),), False),
                                       (((8, 96), (16, 128), (32, 168)), True)])
 def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
-    """A register cap for the launches (WG_MAXNREG, spilling what does not fit), with or without the folded partial
-    sums (wg_fold_pair), never changes a bit: the MoE's gate/up and down at a 64-stream decode's 64 tokens (8-,
-    16- and 32-row tiles) and wg_gemv at 64 rows (8- and 32-row tiles), capped (and folded) == neither."""
+    """A register cap for the launches (moe_wgmma.maxnreg, gemv_wgmma.maxnreg; spilling what does not fit), with or
+    without the folded partial sums (wg_fold_pair), never changes a bit: the MoE's gate/up and down at a 64-stream
+    decode's 64 tokens (8-, 16- and 32-row tiles) and wg_gemv at 64 rows (8- and 32-row tiles), capped (and folded) ==
+    neither."""
     from deltaserve.kernels.moe import mma_experts as mx
     from deltaserve.kernels.moe import wgmma_experts as wx
     from deltaserve.kernels.quant import mma_gemv as mg
@@ -347,21 +348,20 @@ def test_wg_register_cap_same_bits(dev, cap, fold, monkeypatch):
                     wg.wg_gemv(x, words, sb, xs=xs, tile_rows=dense_rows)]
         return out
 
-    monkeypatch.setattr(wg, "WG_MAXNREG", ())  # no cap
-    monkeypatch.setattr(wg, "WG_GEMV_MAXNREG", ())
     monkeypatch.setattr(wg, "wg_fold_pair", lambda: False)
-    base = run()
-    monkeypatch.setattr(wg, "WG_MAXNREG", cap)
-    monkeypatch.setattr(wg, "WG_GEMV_MAXNREG", cap)
+    with launch_table.override({"moe_wgmma.maxnreg": (), "gemv_wgmma.maxnreg": ()}):  # no cap
+        base = run()
     monkeypatch.setattr(wg, "wg_fold_pair", lambda: fold)
+    with launch_table.override({"moe_wgmma.maxnreg": cap, "gemv_wgmma.maxnreg": cap}):
+        capped = run()
     whats = [f"{w} ({r}-row tiles)" for r in (8, 16, 32) for w in ("gated", "down", "wg_gemv")]
-    for what, a, b in zip(whats, run(), base):
+    for what, a, b in zip(whats, capped, base):
         assert torch.equal(a, b), f"{what} with the register cap {cap}, fold {fold}"
 
 
 @pytest.mark.parametrize("t,slots_mode", [(1, "mod"), (1, "carry"), (64, "carry"), (512, "carry")])
 def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
-    """Two groups a loop step (WG_MOE_STEP_GROUPS, WG_MOE_DOWN_STEP_GROUPS and WG_GEMV_STEP_GROUPS = 2: one
+    """Two groups a loop step (moe_wgmma.step_groups, moe_wgmma.down_step_groups and gemv_wgmma.step_groups = 2: one
     cp.async group, wait and barrier per two groups) never changes a bit: the MoE's gate/up and down at the
     35B-A3B's shapes (every tile width, 2 and 5 slots, both group orders, computed or carried slots) and wg_gemv
     (1 to 100 rows, 8- / 32- / 64-row tiles, sums given and its own, K of 2 - 32 groups) equal one group a step,
@@ -374,14 +374,12 @@ def test_wg_step_groups_same_bits(dev, t, slots_mode, monkeypatch):
     monkeypatch.setattr(wg, "wg_slot_carry", lambda: slots_mode == "carry")
 
     def both(fn, poison):  # (one group a step, two)
-        names = ("WG_MOE_STEP_GROUPS", "WG_MOE_DOWN_STEP_GROUPS", "WG_GEMV_STEP_GROUPS")
-        for name in names:
-            monkeypatch.setattr(wg, name, 1)
-        ref = fn(None)
-        for name in names:
-            monkeypatch.setattr(wg, name, 2)
+        names = ("moe_wgmma.step_groups", "moe_wgmma.down_step_groups", "gemv_wgmma.step_groups")
+        with launch_table.override(dict.fromkeys(names, 1)):
+            ref = fn(None)
         out = kc.poisoned(tuple(ref.shape), ref.dtype, dev) if poison else None
-        got = fn(out)
+        with launch_table.override(dict.fromkeys(names, 2)):
+            got = fn(out)
         assert out is None or got.data_ptr() == out.data_ptr()
         return ref, got
 

@@ -8,12 +8,12 @@ already holds the new K/V). Query head h uses KV head h // (Hq / Hkv). Softmax s
 product takes P rounded to the activation dtype (tensor cores), accumulation in fp32.
 
 Batch invariance: each program's work depends only on its own sequence. Decode splits a context into chunks of
-SPLIT_TOKENS (a constant, not a function of the batch; with long_split(), a multiple of it for rows longer than a
-constant) and merges them in ascending order, so a sequence gets the same bits alone or in any batch. A row of
-kv_len <= SPLIT_TOKENS (one split) is finished by its split program (the merge program of that row returns at
+split_tokens() (a launch-table constant, not a function of the batch; with long_split(), a multiple of it for rows
+longer than a constant) and merges them in ascending order, so a sequence gets the same bits alone or in any batch.
+A row of kv_len <= split_tokens() (one split) is finished by its split program (the merge program of that row returns at
 once): which path a row takes depends on its own length only, and the direct path computes what the merge would
 (weight exp2(0) = 1 on the only split), so a row's bits do not depend on the launch either. Both kernels are
-always launched for a given host bound max_kv_len (graph replay safe); only a bound <= SPLIT_TOKENS, where every
+always launched for a given host bound max_kv_len (graph replay safe); only a bound <= split_tokens(), where every
 row is single-split, leaves the merge launch out.
 
 fp8 caches (kv_fp8.py: e4m3 rows with an fp32 scale per (token, KV head), k_scale/v_scale [num_blocks,
@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ...utils import tuning
+from ..launch_table import value as launch_value
 from ..quant.triton_gemv import pairwise_sums, prep_x
 from ..triton_common import code_prescale, dot_f32, mma
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -42,7 +43,6 @@ from .kv_fp8 import check_cache
 # decode: tokens per split, fixed so the merge order of a row never depends on the batch. 64: at 512 tokens the
 # split programs' chains are half as long (5.9 vs 9.8 us a layer on the H200), at 32K the merge's extra work costs
 # less than that gains everywhere else (lab/NOTES.md)
-SPLIT_TOKENS = 64
 _LOG2E = 1.4426950408889634
 
 
@@ -397,63 +397,55 @@ def _decode_merge_kernel(po_ptr, pm_ptr, pl_ptr, lens_ptr, o_ptr, gate_ptr, xp_p
                       h * D + tl.program_id(2) * BD, BD, HQ * D, PREP_BITS, GROUP)
 
 
-MERGE_BD = 32  # merge columns per program (no arithmetic): D = 256 gives 8 programs per (row, head)
-MERGE_BSP = 128  # splits per merge step (a row's summation order): 32k tokens = 256 splits = 2 steps
-# the split program's launch shape: tokens per loop step (None: 64 for D <= 128, else 32; it sets a row's summation
-# order, the same for every row), and per cache dtype the warps (the layout of the softmax sums: a row's order, the
-# same for every row) and the software-pipeline stages of the loop's loads (None: Triton's default; no arithmetic).
-# lab/sweep_decode_attention.py chose them: one stage keeps more programs resident (fp8: 167 registers at 1
-# stage, 210 at 3) and a split of 64 tokens is one loop step.
-DECODE_BN = 64
-# fp8 at 8 warps (78 registers instead of 134): sweep 32K 30.5 -> 29.1 us, 512 7.3 -> 6.5; in the model (H200, tg128
-# B=1, same call) d32768 520.8 -> 527.1 tok/s, d512 586.3 -> 586.6. bf16 at 8 warps is slower (33.1 -> 35.5 us at 32K).
-DECODE_WARPS = {"bf16": 4, "fp8": 8}
-DECODE_STAGES = {"bf16": 1, "fp8": 1}
+# The split program's launch shape and the merge's come from the launch table (launch_table.py, "attention.*":
+# split_tokens, decode_bn, decode_warps_<kind>, decode_stages_<kind>, merge_bsp / merge_bd and merge_throughput,
+# long_bn; what each won against is in its doc there). The knobs below are experiments, off unless set (probes).
 # split programs per launch to aim for (None: one per split). With a target, each (row, KV head) gets
 # P = clamp(target / (B * Hkv), 1, splits) programs that loop over its splits (no arithmetic changes).
 DECODE_PROGRAMS = None
-# long rows' splits: (FROM, TILES) makes a row of more than FROM tokens split into TILES * SPLIT_TOKENS-token splits
-# (a program a split, LONG_BN tokens a step), so its merge reads TILES times fewer partials; None: SPLIT_TOKENS for every row. A
-# row's split length is a function of its own length, so a row's bits still never depend on the batch, but they do
-# on this setting: one per deployment. Not a default until measured in the model (lab/NOTES.md).
+# long rows' splits: (FROM, TILES) makes a row of more than FROM tokens split into TILES * split_tokens()-token splits
+# (a program a split, "attention.long_bn" tokens a step), so its merge reads TILES times fewer partials; None: one
+# split length for every row. A row's split length is a function of its own length, so a row's bits still never
+# depend on the batch, but they do on this setting: one per deployment. Not a default until measured in the model
+# (lab/NOTES.md).
 LONG_SPLIT = None
 LONG_SPLIT_TILES = (2, 4, 8)
-# a long split's tokens a loop step: the split program's registers are the most either kind of row needs, so the
-# long rows' steps are smaller than DECODE_BN's (sm_90, bf16 settled at 32K: 158 registers off; long splits in
-# 64-token steps 212, in 32-token steps 168, still 3 programs an SM: lab/sass_attention.py). A long row's summation order, so part of the setting.
-LONG_BN = 32
-# the split launch's pipeline stages when long splits are on (None: DECODE_STAGES'): a long split's loop of LONG_BN
-# steps, its next tile's loads in flight (through shared memory) while one computes; no arithmetic
+# the split launch's pipeline stages when long splits are on (None: the table's decode stages): a long split's loop
+# of "attention.long_bn"-token steps, its next tile's loads in flight (through shared memory) while one computes;
+# no arithmetic
 LONG_STAGES = None
+
+
+def split_tokens() -> int:
+    """Tokens a split of the decode attention (launch_table "attention.split_tokens"): with the merge's steps, a
+    row's summation order, so one value for every row and batch."""
+    return launch_value("attention.split_tokens")
 
 
 def long_split() -> tuple[int, int] | None:
     """The decode attention's long-row splits (FROM, TILES), or None: DELTASERVE_ATTN_LONG_SPLIT (utils/tuning.py;
     an experiment not yet measured in the model): "auto" (LONG_SPLIT), "off", or "FROMxTILES" (FROM >=
-    SPLIT_TOKENS tokens, TILES one of LONG_SPLIT_TILES)."""
+    split_tokens() tokens, TILES one of LONG_SPLIT_TILES)."""
     setting = tuning.get("DELTASERVE_ATTN_LONG_SPLIT")
     chosen = LONG_SPLIT if setting == "auto" else setting
-    if chosen is not None and (chosen[0] < SPLIT_TOKENS or chosen[1] not in LONG_SPLIT_TILES):
+    split = split_tokens()
+    if chosen is not None and (chosen[0] < split or chosen[1] not in LONG_SPLIT_TILES):
         where = "triton_paged.LONG_SPLIT" if setting == "auto" else "DELTASERVE_ATTN_LONG_SPLIT"
-        raise ValueError(f"{where}: long splits {chosen} need FROM >= SPLIT_TOKENS ({SPLIT_TOKENS}) and TILES one of "
+        raise ValueError(f"{where}: long splits {chosen} need FROM >= the split's tokens ({split}) and TILES one of "
                          f"{LONG_SPLIT_TILES}")
     return chosen
-
-
-# a throughput deployment's merge (4+ streams): 16 splits a step over whole rows. H200 sweep at 64 streams
-# (lab/NOTES.md), merge us a layer: d512 21.4 (128 x 32), 9.3 (16 x 64), 9.1 (16 x 128), 5.4 (16 x 256); d4096
-# 27.0, 33.6, 38.1, 25.5. In the model, tg64 @ d512: 5,761 / 5,769 / 5,771 (128 x 32), 5,828 / 5,826 / 5,837 (16 x
-# 64), 5,854 / 5,849 (16 x 256); 8 streams 2,336 either way.
-THROUGHPUT_MERGE = (16, 256)
 
 
 def merge_shape(throughput: bool = False) -> tuple[int, int]:
     """The decode merge's (BSP splits a step, BD columns a program) for a deployment. Both set a row's summation
     order (the tree of a step's sums over BSP, the tile's layout), so the shape is fixed per deployment (from its
     capacity, like the decode GEMV and the DeltaNet step's columns), never per batch; `throughput`: the deployment
-    decodes on the tensor-core GEMVs (4+ streams): THROUGHPUT_MERGE, else (MERGE_BSP, MERGE_BD): at batch 1 a row's
-    9 splits at 512 tokens are 128 programs of 8 columns' blocks, and at 32K its 512 splits 4 steps of 128."""
-    return THROUGHPUT_MERGE if throughput else (MERGE_BSP, MERGE_BD)
+    decodes on the tensor-core GEMVs (4+ streams): launch_table "attention.merge_throughput", else
+    ("attention.merge_bsp", "attention.merge_bd"): at batch 1 a row's 9 splits at 512 tokens are 128 programs of 8
+    columns' blocks, and at 32K its 512 splits 4 steps of 128."""
+    if throughput:
+        return launch_value("attention.merge_throughput")
+    return launch_value("attention.merge_bsp"), launch_value("attention.merge_bd")
 
 
 def paged_decode_attention(
@@ -468,7 +460,7 @@ def paged_decode_attention(
     the model's maximum). gate: None or [B, Hq, D] (any batch/head strides, e.g. qg.view(B, Hq, 2D)[..., D:]),
     returns bf16(bf16(o) * bf16(sigmoid(gate))) then. lens_add: a constant added to every kv_lens[b] in the kernel
     (1 lets the caller pass the context lengths without a `+ 1` launch; max_kv_len bounds the sum). k_scale,
-    v_scale: an fp8 cache's scales (kv_fp8.py). merge: the merge's (BSP, BD) (None: (MERGE_BSP, MERGE_BD)), a
+    v_scale: an fp8 cache's scales (kv_fp8.py). merge: the merge's (BSP, BD) (None: merge_shape()), a
     row's summation order: one per deployment (merge_shape). settled: the caller's promise that the lengths, the
     block tables and every cached position but each row's newest were written before the current forward's first
     launch (a launch without PDL), so the split programs may request their K rows before their PDL wait (kv_early();
@@ -476,7 +468,7 @@ def paged_decode_attention(
     8-warp program an SM; never a bit). prep: (bits, group) of the output projection's packed weight: the merge
     launch also writes that decode GEMV's prep of the output rows (quant.triton_gemv.prep_x's format and bits: xp
     [B, Hq * D], xs [B, Hq * D / group], fp32) at a column block of max(BD, group), so the GEMV needs no prep launch
-    (merge_prep_supported says which formats); with a host bound <= SPLIT_TOKENS (no merge launch) prep_x makes it.
+    (merge_prep_supported says which formats); with a host bound <= split_tokens() (no merge launch) prep_x makes it.
     prep_out: the (xp, xs) buffers to write (None: new ones). long_split() (DELTASERVE_ATTN_LONG_SPLIT, LONG_SPLIT):
     rows longer than its FROM tokens take longer splits (fewer partials to merge; their own summation order); not
     with DECODE_PROGRAMS. Returns [B, Hq, D] in q's dtype, with prep (that, (xp, xs))."""
@@ -508,13 +500,14 @@ def paged_decode_attention(
     if bsz == 0:
         return out if prep is None else (out, (xp, xs))
     g = hq // hkv
-    bn = DECODE_BN or (64 if d <= 128 else 32)
-    if SPLIT_TOKENS % bn:
-        raise ValueError(f"paged_decode_attention: DECODE_BN {bn} must divide SPLIT_TOKENS {SPLIT_TOKENS}")
-    n_split = max(1, triton.cdiv(max_kv_len, SPLIT_TOKENS))
+    split = split_tokens()
+    bn = launch_value("attention.decode_bn") or (64 if d <= 128 else 32)
+    if split % bn:
+        raise ValueError(f"paged_decode_attention: attention.decode_bn {bn} must divide attention.split_tokens {split}")
+    n_split = max(1, triton.cdiv(max_kv_len, split))
     kind = "fp8" if fp8 else "bf16"
     long = long_split()
-    stages = DECODE_STAGES.get(kind) if long is None or LONG_STAGES is None else LONG_STAGES
+    stages = launch_value(f"attention.decode_stages_{kind}") if long is None or LONG_STAGES is None else LONG_STAGES
     po = torch.empty(bsz, hq, n_split, d, dtype=torch.float32, device=q.device)
     pm = torch.empty(bsz, hq, n_split, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
@@ -523,29 +516,30 @@ def paged_decode_attention(
     if long is not None and strided:
         raise ValueError("paged_decode_attention: long splits (DELTASERVE_ATTN_LONG_SPLIT / LONG_SPLIT) and strided "
                          "split programs (DECODE_PROGRAMS) are alternatives; set one")
-    # the grid and the partials stay sized for SPLIT_TOKENS-token splits: a long row fills the first of them
+    # the grid and the partials stay sized for split-token splits: a long row fills the first of them
     long_args = {} if long is None else {"LONG_FROM": long[0], "LONG_TILES": long[1]}
     # the settled form's launch: its K rows requested before the PDL wait (never a bit). H200, tg64 B=1
     # (lab/NOTES.md): d512 647.8 / 648.0 -> 662.1 / 660.1 tok/s, d32768 558.0 / 557.5 -> 559.2 / 558.3
-    early_kv = settled and not fp8 and bn == SPLIT_TOKENS and not strided
+    early_kv = settled and not fp8 and bn == split and not strided
     per_head = min(n_split, max(1, -(-DECODE_PROGRAMS // (bsz * hkv)))) if strided else n_split
     _decode_split_kernel[(bsz, hkv, per_head)](
         q, k_cache, v_cache, block_tables, kv_lens, po, pm, pl, out, gt, k_scale if fp8 else pm,
         v_scale if fp8 else pm, q.stride(0), q.stride(1), block_tables.stride(0), hkv * d, d, pm.stride(0), pm.stride(1), pm.stride(2),
         out.stride(0), out.stride(1), sgb, sgh, scale * _LOG2E, G=g, GP=max(16, triton.next_power_of_2(g)), D=d,
-        BS=bs, SPLIT=SPLIT_TOKENS, BN=bn, F32=dot_f32(),
-        HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, STRIDED=strided, num_warps=DECODE_WARPS.get(kind, 4),
+        BS=bs, SPLIT=split, BN=bn, F32=dot_f32(),
+        HAS_GATE=gate is not None, LENS_ADD=lens_add, FP8=fp8, STRIDED=strided,
+        num_warps=launch_value(f"attention.decode_warps_{kind}"),
         **pdl_args(out), **({"SETTLED": True} if early_kv else {}),
-        **({} if long is None else {**long_args, "LONG_BN": min(LONG_BN, bn)}),
+        **({} if long is None else {**long_args, "LONG_BN": min(launch_value("attention.long_bn"), bn)}),
         **({} if stages is None else {"num_stages": stages}),
     )
-    if n_split > 1:  # a host bound <= SPLIT_TOKENS means every row was finished by its split program
-        bsp, bd = merge or (MERGE_BSP, MERGE_BD)
+    if n_split > 1:  # a host bound <= split means every row was finished by its split program
+        bsp, bd = merge or merge_shape()
         bd = min(d, bd if prep is None else max(bd, prep[1]))  # a block of whole groups to prep (BD: no bit)
         xpt, xst = (xp, xs) if prep is not None else (pm, pm)
         _decode_merge_kernel[(bsz, hq, d // bd)](
             po, pm, pl, kv_lens, out, gt, xpt, xst, pm.stride(0), pm.stride(1), pm.stride(2), out.stride(0),
-            out.stride(1), sgb, sgh, xpt.stride(0), xst.stride(0), D=d, BD=bd, SPLIT=SPLIT_TOKENS, BSP=bsp,
+            out.stride(1), sgb, sgh, xpt.stride(0), xst.stride(0), D=d, BD=bd, SPLIT=split, BSP=bsp,
             HAS_GATE=gate is not None, LENS_ADD=lens_add, num_warps=4, **pdl_args(out), **long_args,
             **({} if prep is None else {"HQ": hq, "PREP_BITS": prep[0], "GROUP": prep[1]}),
         )
@@ -648,15 +642,6 @@ def _prefill_kernel(
 
 
 PREFILL_LAUNCH = None  # (num_warps, num_stages or None) of the prefill kernel; None: prefill_launch's default
-# past D 128, the pipeline stages of the prefill loop's loads where the GPU has the shared memory for them: Triton's
-# default 3 stages give 2 K/V buffers (the block-table lookup takes a stage), so each step waits for the block it just
-# requested; 5 give 3 buffers (131 KB at D 256, bf16), the copy two blocks ahead. H200 probe (512 new tokens, us a
-# layer, bits equal): ctx 0 48.55 -> 40.55, ctx 512 84.45 -> 68.61, ctx 4096 343.27 -> 264.17; in the model pp512
-# B=1 d0 26,851 -> 27,346, d512 26,195 -> 27,539, d4096 24,230 -> 24,625 tok/s (lab/NOTES.md).
-PREFILL_STAGES_WIDE = 5
-PREFILL_STAGES_SMEM = 160 * 1024  # shared memory a block may opt into that PREFILL_STAGES_WIDE needs (with headroom)
-
-
 @functools.lru_cache(maxsize=None)
 def _smem_optin(index: int) -> int:
     return int(getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0))
@@ -676,14 +661,15 @@ def _block_smem(device: torch.device | None = None) -> int:
 def prefill_launch(d: int, device: torch.device | None = None) -> tuple[int, int | None]:
     """The prefill attention kernel's (num_warps, num_stages (None: Triton's)) for head_dim d: neither changes a
     row's arithmetic (each key block's online-softmax step is the same ops in the same order; GPU test: every
-    launch equals the default bit for bit). Past D 128, 8 warps and PREFILL_STAGES_WIDE stages where the device
-    has PREFILL_STAGES_SMEM of shared memory a block (Triton's stages elsewhere); else 4 warps and Triton's
-    stages. PREFILL_LAUNCH, when set, wins (probes)."""
+    launch equals the default bit for bit). Past D 128, 8 warps and launch_table "attention.prefill_stages_wide"
+    stages where the device has "attention.prefill_stages_smem" bytes of shared memory a block (Triton's stages
+    elsewhere); else 4 warps and Triton's stages. PREFILL_LAUNCH, when set, wins (probes)."""
     if PREFILL_LAUNCH:
         return PREFILL_LAUNCH
     if d <= 128:
         return 4, None
-    return 8, (PREFILL_STAGES_WIDE if _block_smem(device) >= PREFILL_STAGES_SMEM else None)
+    wide = _block_smem(device) >= launch_value("attention.prefill_stages_smem")
+    return 8, (launch_value("attention.prefill_stages_wide") if wide else None)
 
 
 def paged_prefill_attention(

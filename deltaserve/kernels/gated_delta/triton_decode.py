@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch_table import value as launch_value
 from ..triton_common import code_prescale
 from ..triton_sync import arrival_counters, last_arrival
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
@@ -467,26 +468,26 @@ def launch_step_rows(mode: int, qkv, z, a, b, a_log, dt_bias, norm_weight, ssm_p
         ssm_pool.stride(2), o.stride(0), xp.stride(0), xs.stride(0), ss.stride(0) if ns > 1 else 0,
         mode, num_k_heads * dk, dk ** -0.5, eps,
         HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=bv, PREP_BITS=bits, PREP_GROUP=group,
-        num_warps=num_warps or (4 if ns > 1 else HEAD_WARPS), **pdl_args(o),
+        num_warps=num_warps or (4 if ns > 1 else launch_value("deltanet.head_warps")), **pdl_args(o),
     )
     return (xp, xs) if prep else None
 
 
-# State columns per program of the decode step (Hv * DV / 32 programs, 128 at B = 1 for 35B-A3B); None = a head per
-# program. One shape for every batch size: the dk sums follow the program's layout, so the shape is part of a row's
-# bits. H200 (lab/NOTES.md): the kernel sweep (lab/sweep_gdn_step.py, graph of 30 layers) had a head per
-# program at 4 warps 4.01 / 11.43 / 82.05 us at 1 / 8 / 64 sequences against 3.94 / 12.96 / 92.46 for blocks of 32,
-# but in the model, same machine, tg128 @ d512 B=1 was 565.1 against 578.8 (-2.4%) for +0.7% at B=64 (1,632.9 vs
-# 1,621.3 with blocks of 32 at 2 warps, which equal 4 warps at B=1: 578.8): blocks of 32 at 4 warps stay.
-DV_BLOCK = 32
-HEAD_WARPS = 4  # warps of the one-program-per-head step (8 was 1.4x slower at every batch size in that sweep)
+# State columns per program of the decode step: launch_table "deltanet.step_dv_block" (and its throughput
+# deployment's "deltanet.step_dv_block_throughput"), one shape for every batch size (the dk sums follow the
+# program's layout, so the shape is part of a row's bits); what each won against is in the table's docs.
+DV_DEFAULT = "default"  # a step's dv_block argument when it is not given: step_dv_block() (the batch-1 deployment's)
+
+
+def resolve_dv_block(dv_block: int | str | None) -> int | None:
+    return step_dv_block() if dv_block == DV_DEFAULT else dv_block
 
 
 def gdn_decode_step(
     qkv_conv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
     dt_bias: torch.Tensor, norm_weight: torch.Tensor, ssm_pool: torch.Tensor, state_slots: torch.Tensor,
     context_lens: torch.Tensor, num_k_heads: int, eps: float, out: torch.Tensor | None = None,
-    dv_block: int | None = DV_BLOCK, num_warps: int | None = None, prep: tuple[int, int] | None = None,
+    dv_block: int | str | None = DV_DEFAULT, num_warps: int | None = None, prep: tuple[int, int] | None = None,
 ):
     """One DeltaNet token for each of B sequences, after `causal_conv`.
 
@@ -494,13 +495,15 @@ def gdn_decode_step(
     dt_bias [Hv]; norm_weight [dv]; ssm_pool [S, Hv, dk, dv] fp32, updated in place at state_slots [B] (context_lens
     [B] == 0: start from zero state). Returns the gated-normed output [B, Hv*dv] (activation dtype), ready for out_proj.
     dv_block: state columns per program (B * Hv * dv / dv_block programs, the norm finished by each head's last
-    arrival); None: one program per head (B * Hv programs; 32 at B = 1, 4.0 us on the H200 for 4 MB of state).
-    num_warps: per program (None: 4 split, HEAD_WARPS per head); a launch choice for sweeps, fixed like dv_block,
-    since the dk sums follow the program's layout.
+    arrival; DV_DEFAULT: step_dv_block()); None: one program per head (B * Hv programs; 32 at B = 1, 4.0 us on the
+    H200 for 4 MB of state).
+    num_warps: per program (None: 4 split, launch_table "deltanet.head_warps" per head); a launch choice for sweeps,
+    fixed like dv_block, since the dk sums follow the program's layout.
     prep: (bits, group) of the out projection's q4/q8 weight: the step also writes that decode GEMV's prep of its
     output (quant.triton_gemv.prep_row's format: xp [B, Hv*dv] fp32, xs [B, Hv*dv / group] fp32) at each head's
     last arrival, and returns (o, (xp, xs)) so the GEMV needs no prep launch (prep_supported says which formats).
     """
+    dv_block = resolve_dv_block(dv_block)
     check_step_rows("gdn_decode_step", qkv_conv, z, a, b, norm_weight, ssm_pool, num_k_heads, prep, dv_block)
     _, hv, _, dv = ssm_pool.shape
     o = torch.empty(qkv_conv.shape[0], hv * dv, dtype=qkv_conv.dtype, device=qkv_conv.device) if out is None else out
@@ -509,16 +512,12 @@ def gdn_decode_step(
     return (o, made) if prep else o
 
 
-THROUGHPUT_DV_BLOCK = 64  # the split step's columns a program in a throughput deployment (fast.decode_gemv "mma")
-
-
 def step_dv_block(throughput: bool = False) -> int:
-    """The decode step's state columns a program in the model: DV_BLOCK = 32, or THROUGHPUT_DV_BLOCK = 64 when
-    `throughput` (the deployment decodes on the tensor-core GEMVs, KernelPlan.throughput). The shape is part of a
-    row's bits (the dk sums follow it), so it is fixed per deployment, never per batch. H200 (lab/NOTES.md): the
-    step sweep at 64 streams 85.9 us (32) against 77.7 (64), at 8 streams 13.8 against 10.7, at 1 3.94 against
-    4.30; a head per program (dv_block None) at 64 streams 4,844 against the split form's 4,852 tok/s."""
-    return THROUGHPUT_DV_BLOCK if throughput else DV_BLOCK
+    """The decode step's state columns a program in the model (launch_table "deltanet.step_dv_block", or
+    "deltanet.step_dv_block_throughput" when `throughput`: the deployment decodes on the tensor-core GEMVs,
+    KernelPlan.throughput). The shape is part of a row's bits (the dk sums follow it), so it is fixed per
+    deployment, never per batch."""
+    return launch_value("deltanet.step_dv_block_throughput" if throughput else "deltanet.step_dv_block")
 
 
 def prep_supported(dv: int, bits: int, group: int) -> bool:
@@ -573,9 +572,6 @@ def _initial_states_kernel(pool_ptr, slot_ptr, ctx_ptr, out_ptr, N, stride_ps, B
     tl.store(out_ptr + b.to(tl.int64) * N + r, h, mask=mask)
 
 
-INITIAL_STATES_BLOCK = 4096  # state elements a program (a 35B-A3B state is 32 x 128 x 128: 128 programs)
-
-
 def initial_states(ssm_pool: torch.Tensor, state_slots: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
     """The prefill's initial states [B, Hv, dk, dv]: ssm_pool[state_slots[b]] where context_lens[b] != 0, else zeros
     (a fresh sequence, whatever its slot holds). One launch where the pool's slots are contiguous (the cache's
@@ -588,8 +584,9 @@ def initial_states(ssm_pool: torch.Tensor, state_slots: torch.Tensor, context_le
         return torch.where((context_lens != 0).view(n, 1, 1, 1), h0, torch.zeros((), dtype=h0.dtype, device=h0.device))
     per = ssm_pool[0].numel()
     out = torch.empty((n, *ssm_pool.shape[1:]), dtype=ssm_pool.dtype, device=ssm_pool.device)
-    _initial_states_kernel[(n, triton.cdiv(per, INITIAL_STATES_BLOCK))](
-        ssm_pool, state_slots, context_lens, out, per, ssm_pool.stride(0), BLOCK=INITIAL_STATES_BLOCK, num_warps=4)
+    block = launch_value("deltanet.initial_states_block")
+    _initial_states_kernel[(n, triton.cdiv(per, block))](
+        ssm_pool, state_slots, context_lens, out, per, ssm_pool.stride(0), BLOCK=block, num_warps=4)
     return out
 
 

@@ -37,7 +37,9 @@ import triton
 import triton.language as tl
 
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
-from .triton_decode import DV_BLOCK, STEP_COMMIT, STEP_VERIFY, check_step_rows, launch_step_rows
+from ..launch_table import value as launch_value
+from .triton_decode import (DV_DEFAULT, STEP_COMMIT, STEP_VERIFY, check_step_rows, launch_step_rows,
+                            resolve_dv_block)
 
 
 @triton.jit
@@ -83,7 +85,7 @@ def gdn_verify_step(
     qkv_conv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
     dt_bias: torch.Tensor, norm_weight: torch.Tensor, ssm_pool: torch.Tensor, cu_seqlens: torch.Tensor,
     state_slots: torch.Tensor, context_lens: torch.Tensor, num_k_heads: int, eps: float,
-    out: torch.Tensor | None = None, dv_block: int | None = DV_BLOCK, num_warps: int | None = None,
+    out: torch.Tensor | None = None, dv_block: int | str | None = DV_DEFAULT, num_warps: int | None = None,
     prep: tuple[int, int] | None = None,
 ):
     """The decode step (triton_decode.gdn_decode_step, same arguments and outputs) for B sequences of n_b >= 1
@@ -93,6 +95,7 @@ def gdn_verify_step(
     (gdn_verify_commit writes it once the kept rows are known), except for a sequence of one row, whose state is
     written as the decode step writes it. dv_block, num_warps, prep: the deployment's decode step's (they are part
     of a row's bits)."""
+    dv_block = resolve_dv_block(dv_block)
     _check("gdn_verify_step", qkv_conv, z, a, b, norm_weight, ssm_pool, cu_seqlens, state_slots, context_lens,
            num_k_heads, prep, dv_block)
     o = torch.empty(z.shape, dtype=qkv_conv.dtype, device=qkv_conv.device) if out is None else out
@@ -105,13 +108,14 @@ def gdn_verify_commit(
     qkv_conv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
     dt_bias: torch.Tensor, norm_weight: torch.Tensor, ssm_pool: torch.Tensor, cu_seqlens: torch.Tensor,
     state_slots: torch.Tensor, context_lens: torch.Tensor, keep: torch.Tensor, num_k_heads: int, eps: float,
-    dv_block: int | None = DV_BLOCK, num_warps: int | None = None, prep: tuple[int, int] | None = None,
+    dv_block: int | str | None = DV_DEFAULT, num_warps: int | None = None, prep: tuple[int, int] | None = None,
 ) -> None:
     """Write each sequence's state after its first keep[b] rows (device tensor [B]; clipped to n_b; 0 leaves the
     state as it was) of the gdn_verify_step just run on the same inputs, in place at state_slots. Sequences of one
     row are skipped (the verify wrote them). The replay is the decode step's own kernel (STEP_COMMIT) with every
     argument of the verify (dv_block, num_warps, prep: the state's bits follow the compiled kernel); its outputs
     go to scratch."""
+    dv_block = resolve_dv_block(dv_block)
     _check("gdn_verify_commit", qkv_conv, z, a, b, norm_weight, ssm_pool, cu_seqlens, state_slots, context_lens,
            num_k_heads, prep, dv_block)
     if keep.numel() != state_slots.numel():
@@ -119,9 +123,6 @@ def gdn_verify_commit(
     scratch = torch.empty(z.shape, dtype=qkv_conv.dtype, device=qkv_conv.device)
     launch_step_rows(STEP_COMMIT, qkv_conv, z, a, b, a_log, dt_bias, norm_weight, ssm_pool, cu_seqlens, keep,
                      state_slots, context_lens, num_k_heads, eps, scratch, prep, dv_block, num_warps)
-
-
-CONV_COMMIT_BLOCK = 256  # channels a program (a 35B-A3B layer: 32 programs a sequence)
 
 
 def conv_commit(x: torch.Tensor, conv_pool: torch.Tensor, cu_seqlens: torch.Tensor, state_slots: torch.Tensor,
@@ -137,8 +138,9 @@ def conv_commit(x: torch.Tensor, conv_pool: torch.Tensor, cu_seqlens: torch.Tens
     if nseq == 0:
         return
     kw = conv_pool.shape[2] + 1
-    _conv_commit_kernel[(nseq, triton.cdiv(c, CONV_COMMIT_BLOCK))](
+    bc = launch_value("deltanet.conv_commit_block")
+    _conv_commit_kernel[(nseq, triton.cdiv(c, bc))](
         x, conv_pool, cu_seqlens, state_slots, context_lens, keep, c, x.stride(0), conv_pool.stride(0),
-        conv_pool.stride(1), conv_pool.stride(2), KW=kw, KWP=triton.next_power_of_2(kw - 1), BC=CONV_COMMIT_BLOCK,
+        conv_pool.stride(1), conv_pool.stride(2), KW=kw, KWP=triton.next_power_of_2(kw - 1), BC=bc,
         num_warps=4, **pdl_args(conv_pool),
     )

@@ -33,23 +33,20 @@ import torch
 import triton
 
 from .. import backend
+from ..launch_table import value as launch_value
 from ..quant.mma_gemv import HAVE_GLUON
 from ..quant.triton_gemv import MAGIC
 from ..triton_common import WeightSpec
 from ..triton_pdl import pdl_args
 
-# Expert rows and tokens a program (rows_launch). H200, the 35B router, CUDA graphs (lab/NOTES.md): at 512 tokens
-# 8 x 16 36.9 us, 4 x 16 42.3, 4 x 8 39.7, 8 x 8 40.1, 4 x 32 70.8 (147 KB of shared memory: one program an SM),
-# 16 x 4 59.1 (spills), the Triton rows GEMV 64.5; at 4,096 tokens 271 / 310 / 302 / 299 / 537 / 457 against 493.
-ROWS_BN = 8
-ROWS_MB = 16
 WARPS = 4  # the router's row run at H = 2048, 8 bits: 4 warps over the whole K (_router_cg)
 K_ROUTER, BITS_ROUTER, GROUP_ROUTER = 2048, 8, 64  # the one router format this kernel reproduces
 
 
 def rows_launch() -> tuple[int, int]:
-    """(BN expert rows, MB tokens) a program: (ROWS_BN, ROWS_MB) (never a bit)."""
-    return ROWS_BN, ROWS_MB
+    """(BN expert rows, MB tokens) a program: launch_table "router.rows_bn" and "router.rows_mb" (never a bit; what
+    they won against is in the table's docs)."""
+    return launch_value("router.rows_bn"), launch_value("router.rows_mb")
 
 
 def rows_fit(x: torch.Tensor, r: WeightSpec, cg: int, warps: int) -> bool:

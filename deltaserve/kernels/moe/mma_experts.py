@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from .. import backend
+from ..launch_table import value as launch_value
 from ..quant.mma_gemv import (GROUP, HAVE_GLUON, ROW_BLOCK, STAGE_BYTES, column_tiles, default_warps,
                               mma_gemv_reference, repack_q4)
 from ..triton_pdl import pdl_args
@@ -405,15 +406,13 @@ def mma_experts_reference(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor
 
 def default_tile_rows(m: int, num_experts: int) -> int:
     """Rows per tile for m rows over num_experts: single rows while the mean rows per expert stays under one half
-    (the table's three launches would cost more than the re-read weights they save), else tiles of 8 rows (one MMA
-    column tile: on the H200 wider tiles were slower at every token count, up to 2.3x at 16 rows per expert; the
-    experts kernel's gated form at 64 tokens, 8 rows 112 us, 16 rows 146, 32 rows ~600; at 512 tokens, 16 rows a
-    tile per expert on average, 8 rows 260 us, 16 rows 308, 32 rows 491, pp512 15,699 / 14,881 / 11,466 tok/s,
-    lab/NOTES.md: the kernel is bound by its programs' latency, not the dequant a wider tile shares). Never a
-    row's bits."""
+    (the table's three launches would cost more than the re-read weights they save), else launch_table
+    "moe_mma.tile_rows" (8, one MMA column tile: on the H200 wider tiles were slower at every token count, up to
+    2.3x at 16 rows per expert; the numbers in the table's doc, lab/NOTES.md: the kernel is bound by its programs'
+    latency, not the dequant a wider tile shares). Never a row's bits."""
     if 2 * m <= num_experts:
         return 1
-    return 8
+    return launch_value("moe_mma.tile_rows")
 
 
 def mma_expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows: int | None = None) -> MmaTiles:
@@ -440,19 +439,16 @@ def default_row_blocks(nbe: int, m: int, k: int) -> int:
 
 def default_ahead(m: int, gated: bool, chunks: int = 8) -> int:
     """Chunks in flight per warp in the experts kernel (never a row's bits) for m rows and `chunks` chunks per warp.
-    Up to 16 rows (one token's picks): the register ring, 4 for the gated gate/up and chunks - 1 (the whole slice
-    up front) for down (H200, 35B-A3B q4, lab/NOTES.md: sweep at T=1 gated 8.36 -> 6.89 us, down 4.49 -> 4.36;
-    in the model, tensor-core MoE at B=1: AHEAD 2,1 569.7 -> 4,7 595.7 tok/s with the sums-only norm, 4,4 589.0,
-    3,7 584.7, 5,7 588.7, 7,7 579.7). Past 16 rows: two for the gated form and down (64 tokens: gated 118.5 ->
-    101.0 us, down 50.5 -> 47.1; the ring at 4 was no faster there)."""
+    Up to 16 rows (one token's picks): the register ring, launch_table "moe_mma.ahead_gated_ring" (4) for the gated
+    gate/up and chunks - 1 (the whole slice up front) for down. Past 16 rows: "moe_mma.ahead_batched" (2) for the
+    gated form and down. What each won against (H200, 35B-A3B q4, lab/NOTES.md): the table's docs."""
     if m <= 16:
-        return max(1, min(4 if gated else chunks - 1, chunks - 1)) if chunks > 1 else 1
-    return 2
+        gated_ahead = launch_value("moe_mma.ahead_gated_ring")
+        return max(1, min(gated_ahead if gated else chunks - 1, chunks - 1)) if chunks > 1 else 1
+    return launch_value("moe_mma.ahead_batched")
 
 
 WSTAGE_BYTES = 160 << 10  # x staged whole plus the weight words' slots (the WSTAGE form): at most this per program
-WSTAGE_DOWN = 3  # down's default slots from WSTAGE_MIN_ROWS rows (default_wstage)
-WSTAGE_MIN_ROWS = 1024  # above a 64-stream decode's 576 rows: prefill only
 
 
 def default_wstage(m: int, gated: bool) -> int:
@@ -462,10 +458,11 @@ def default_wstage(m: int, gated: bool) -> int:
     sweep at 64 / 512 / 4096 tokens, 576+ rows): down with 3 slots 56.9 -> 51.8 / 133.0 -> 125.1 / 853.8 -> 853.2
     us (2: 53.4 / 125.1 / 852.9; 5 and 9 slower), the gated form slower with any (260 -> 335-373 us at 512), pp512
     B=1 18,346 -> 18,499, B=8 24,556 -> 24,772, then 17,831 -> 18,391; but 64-stream decode (576 rows) 2,451 ->
-    2,303 tok/s: down takes WSTAGE_DOWN slots from WSTAGE_MIN_ROWS rows (prefill sizes), the gated form none."""
-    if m <= 16 or gated or m < WSTAGE_MIN_ROWS:
+    2,303 tok/s: down takes launch_table "moe_mma.wstage_down" slots from "moe_mma.wstage_min_rows" rows (prefill
+    sizes), the gated form none."""
+    if m <= 16 or gated or m < launch_value("moe_mma.wstage_min_rows"):
         return 0
-    return WSTAGE_DOWN
+    return launch_value("moe_mma.wstage_down")
 
 
 def pair_counters_fit(tiles: MmaTiles, nbe: int) -> bool:

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ...utils import tuning
+from ..launch_table import value as launch_value
 from ..quant.triton_gemv import MAGIC, gemv_row_chunks, gemv_row_from, launch_gemv, pairwise_sums
 from ..quant.triton_gemv_inline import inline_mode
 from .gluon_router_rows import router_rows_logits, rows_fit
@@ -284,17 +285,10 @@ def _gemv_bk(spec: WeightSpec, prefer: int) -> int:
     return spec.block_k(prefer)
 
 
-# (BN or BE, BK preference, num_warps) per launch; none changes a token's arithmetic across batch sizes (the code a
-# program runs does not depend on T), only the reduction chunking, which is fixed per configuration.
-# H200, T=1, 35B-A3B shapes (lab/NOTES.md): gate_up/down (16, 512, 4) 78 us; (8, 256, 4) 103; (16, 256, 4) 109;
-# (32, 256, 4) 164.
-# router: (BE experts per program, num_warps); H200 (lab/NOTES.md): the v1 router, 16 programs of 16 experts
-# looping over K, took 20.4 us at T=1, more than the gate/up and down launches together. 4 experts per program: in
-# the model, top-k in its own launch, tg128 @ d512 577.2 (BE 1), 582.3 (BE 2), 580.4 (BE 4), within run-to-run noise
-# (~0.5%) of each other, while BE 2 nearly doubles the router programs the interpreter tests run (+100 s of CI in
-# tests/test_fast_path_interpret.py).
-DEFAULT_CONFIG = {"router": (4, 4), "gate_up": (16, 512, 4), "down": (16, 512, 4)}
-ROUTER_ROWS = 8  # tokens per program of the many-token router logits (_gemv_kernel's MB)
+# The launches' (BN or BE, BK preference, num_warps): launch_table "router.launch" (BE experts a program, warps)
+# and "moe_decode.gate_up" / "moe_decode.down" (BN, BK, warps), with what each won against; none changes a token's
+# arithmetic across batch sizes (the code a program runs does not depend on T), only the reduction chunking, which
+# is fixed per configuration.
 
 
 def router_row_blocks() -> int:
@@ -315,13 +309,10 @@ def prefill_routes_mma(x: torch.Tensor, r: WeightSpec) -> bool:
     return router_mma_fits(x, r)
 
 
-ROUTER_ROWS_MIN = 128  # from this many tokens the router's logits come from the multi-row GEMV
-
-
 def router_rows_min() -> int:
     """From how many tokens the router's logits come from the multi-row GEMV (_router_logits; the same bits as the
-    per-token launch, so the choice may follow T): ROUTER_ROWS_MIN."""
-    return ROUTER_ROWS_MIN
+    per-token launch, so the choice may follow T): launch_table "router.rows_min"."""
+    return launch_value("router.rows_min")
 
 
 @triton.jit
@@ -353,7 +344,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
     the token's add_rms_norm(x, residual) first (the norm kernel's bits), program (t, 0) writing y, r = x + residual
     and y's group sums [T, H / 64] into the three given tensors; the logits are of y (route_normed).
     From router_rows_min() tokens on (a packed router, no topk): two launches instead, the logits from the multi-row
-    GEMV (ROUTER_ROWS tokens a program) and the shared gate's column alone, with the same bits.
+    GEMV (launch_table "router.gemv_rows" tokens a program) and the shared gate's column alone, with the same bits.
     mma (a prefill chunk, prefill_routes_mma): the logits from the tensor-core router at any T (its own bits), the
     shared gate's column alone as above; codes: the router's bf16 codes for it (router_mma_logits(codes=))."""
     t, h = x.shape
@@ -365,7 +356,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
         raise ValueError("_router_logits: the tensor-core router takes no top-k or norm in its launch")
     if t and (mma or (topk is None and r.bits != 16 and t >= router_rows_min() and norm is None)):
         # many tokens: the logits from the multi-row GEMV (triton_gemv._gemv_kernel: a weight chunk loaded once for
-        # ROUTER_ROWS tokens, each row gemv_row's arithmetic with the router's BE and CG, so the same bits; the
+        # "router.gemv_rows" tokens, each row gemv_row's arithmetic with the router's BE and CG, so the same bits; the
         # per-token launch re-reads the 0.5 MB router for every token: ~78 us a layer at pp512), then the shared
         # gate's column of the router launch alone
         if mma:
@@ -374,7 +365,7 @@ def _router_logits(x, r: WeightSpec, g: WeightSpec, has_shared: bool, config,
             # B=1 +4.0% against the Triton rows GEMV below, lab/NOTES.md)
             router_rows_logits(x, r, logits)
         else:
-            launch_gemv(x, r, logits, config=(be, r_cg, warps), inline_prep=True, rows=ROUTER_ROWS,
+            launch_gemv(x, r, logits, config=(be, r_cg, warps), inline_prep=True, rows=launch_value("router.gemv_rows"),
                         blocks=router_row_blocks())
         _router_kernel[(t, 1)](
             x, r.w, r.scales, r.biases, g.w, g.scales, g.biases, logits, sw, logits, logits, logits,
@@ -416,19 +407,24 @@ def _no_norm_args(x: torch.Tensor) -> tuple:
     return (x, x, x, x, x, x, 0, 1, 0.0, 0.0)
 
 
+def default_config() -> dict:
+    """The MoE decode kernels' launch configuration from the launch table: {"router": (BE, warps), "gate_up" and
+    "down": (BN, BK, warps)}."""
+    return {"router": launch_value("router.launch"), "gate_up": launch_value("moe_decode.gate_up"),
+            "down": launch_value("moe_decode.down")}
+
+
 def merged_config(config: dict | None) -> dict:
-    """The launch configuration of the MoE decode kernels: DEFAULT_CONFIG, overridden by an explicit `config`
+    """The launch configuration of the MoE decode kernels: default_config(), overridden by an explicit `config`
     (sweeps)."""
-    return {**DEFAULT_CONFIG, **(config or {})}
-
-
-TOPK_WARPS = 4  # warps of the split top-k launch: the layout of its softmax sums (a row's order, every row the same)
+    return {**default_config(), **(config or {})}
 
 
 def topk_warps() -> int:
-    """num_warps of the split top-k launch: TOPK_WARPS. The selection does not depend on it; the weights' softmax
-    sum follows its layout, so it is fixed and never depends on the batch."""
-    return TOPK_WARPS
+    """num_warps of the split top-k launch: launch_table "router.topk_warps". The selection does not depend on it;
+    the weights' softmax sum follows its layout (a row's order, every row the same), so it is fixed and never
+    depends on the batch."""
+    return launch_value("router.topk_warps")
 
 
 def _router_specs(x, router, top_k, shared_gate):
@@ -447,10 +443,6 @@ def _router_specs(x, router, top_k, shared_gate):
 
 
 ROUTER_NORM_MAX_TOKENS = 16  # route_normed's launches: a scratch row of H a program, T x (E / BE + 1) of them
-# The model takes route_normed up to this many tokens (router_norm_tokens): H200, Qwen3.6-35B-A3B q4, tg64 @ d512
-# (lab/NOTES.md): batch 1 629.6 / 629.7 (split) -> 642.3 / 643.7 tok/s (+2.1%); 8 streams 2,353.6 -> 2,349.6
-# (-0.2%: 8 x 65 programs each making the norm save no more than the one launch), so the batch-1 deployments' sizes
-ROUTER_NORM_DECODE_TOKENS = 4
 
 
 def router_norm_read() -> str:
@@ -463,8 +455,9 @@ def router_norm_read() -> str:
 
 def router_norm_tokens() -> int:
     """Up to how many tokens the model's MoE blocks take route_normed (the router launch making the block's input
-    norm: one launch fewer a layer, the same bits): ROUTER_NORM_DECODE_TOKENS. Never a token's bits."""
-    return ROUTER_NORM_DECODE_TOKENS
+    norm: one launch fewer a layer, the same bits): launch_table "router.norm_tokens" (the batch-1 deployments'
+    sizes; what it won against is in the table's docs). Never a token's bits."""
+    return launch_value("router.norm_tokens")
 
 
 def route_normed_fits(t: int, h: int) -> bool:
@@ -587,7 +580,7 @@ def moe_decode(
     """The MoE block for T tokens x [T, H] (bf16). Weights are WeightSpec (affine) or dense tensors:
     router [E, H]; routed gate/up [E, I, H], down [E, H, I] (fused gate_up_proj: pass the views [:, :I], [:, I:]);
     shared expert gate/up [IS, H], down [H, IS] and its gate [1, H] (all four or none). Returns out [T, H] (with
-    residual added when given), and the routing too when return_routing. config overrides DEFAULT_CONFIG."""
+    residual added when given), and the routing too when return_routing. config overrides default_config()."""
     config = merged_config(config)
     r, gsp = _router_specs(x, router, top_k, shared_gate)
     t, h = x.shape

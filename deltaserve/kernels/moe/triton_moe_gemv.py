@@ -12,8 +12,8 @@
                (ascending expert id, then shared), + residual: bf16(r + out)
 
 Four launches, none for preparing x: every GEMV reads its bf16 rows raw (gemv_row's INLINE; inline_prep=False
-restores the prep launches for timing). Many small programs (BN = 8 features, the full K
-each) instead of a few long ones. Every GEMV row is computed by
+restores the prep launches for timing). Many small programs (BN features, the full K each: launch_table
+"moe_gemv.gate_up_bn" / "moe_gemv.bn") instead of a few long ones. Every GEMV row is computed by
 `gemv_row`, whose arithmetic depends on the weight format and shape only, and every reduction has one fixed order,
 so a token's output never depends on the other tokens of the launch.
 """
@@ -26,38 +26,44 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch_table import value as launch_value
 from ..quant.triton_gemv import MAGIC, chunk_groups, gemv_row, gemv_row_pair, prep_x, row_run_config, unit
 from ..quant.triton_gemv_inline import inline_mode
 from ..triton_common import DENSE_BITS, WeightSpec
 from ..triton_pdl import pdl_args, pdl_enabled, pdl_open, pdl_wait
 from .triton_decode import _silu_mul_bf16, _spec, moe_route, moe_weight_specs
 
-BN = 8  # features per program (down: of H)
-GATE_UP_BN = 4  # features of I per gate/up program, over the whole K (row runs): H200 sweep T=1 19.76 -> 16.94 us
-BC = 256  # features per combine program
+# MoeLaunch's fields whose default (None) is the launch table's tuned value, read when a MoeLaunch is made
+_TUNED = {"gate_up_bn": "moe_gemv.gate_up_bn", "gate_up_warps": "moe_gemv.gate_up_warps", "down_bn": "moe_gemv.bn",
+          "down_warps": "moe_gemv.down_warps", "combine_bc": "moe_gemv.bc", "combine_warps": "moe_gemv.combine_warps"}
 
 
 @dataclass(frozen=True)
 class MoeLaunch:
-    """Launch shape of moe_decode_v2's gate/up, down and combine kernels (the defaults are the tuned-by-default
-    constants above). bn: features per program; cg: groups per
+    """Launch shape of moe_decode_v2's gate/up, down and combine kernels. A tuned field left None (bn, warps, bc:
+    _TUNED) takes the launch table's value ("moe_gemv.gate_up_bn", "moe_gemv.bn", "moe_gemv.down_warps", ...) when
+    the MoeLaunch is made, so MoeLaunch() is the tuned launch and a sweep's MoeLaunch(down_warps=4) changes that
+    field alone. bn: features per program; cg: groups per
     K chunk (None: chunk_groups(weight, bn), i.e. it shrinks as bn grows; an int holds a weight's chunking, and so
     its per-row summation order, fixed while bn changes); bc: features per combine program. Every field is fixed
     per call and none depends on T, so a token's arithmetic never depends on the other tokens of the launch."""
 
-    gate_up_bn: int = GATE_UP_BN
-    gate_up_warps: int = 4
+    gate_up_bn: int | None = None
+    gate_up_warps: int | None = None
     gate_up_cg: int | None = None
     gate_up_row_run: bool = True  # CG and warps from triton_gemv.row_run_config (gate_up_cg/_warps unused then)
-    down_bn: int = BN
-    down_warps: int = 2  # H200 sweep, T = 1: 25.4 -> 24.5 us per MoE block against 4 warps, same bits
+    down_bn: int | None = None
+    down_warps: int | None = None
     down_cg: int | None = None
-    combine_bc: int = BC
-    combine_warps: int = 4
+    combine_bc: int | None = None
+    combine_warps: int | None = None
     gate_up_maxnreg: int | None = None  # register cap per thread (Triton's maxnreg), None: the compiler's choice
     down_maxnreg: int | None = None
 
     def __post_init__(self):
+        for name, entry in _TUNED.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, launch_value(entry))
         for name in ("gate_up_bn", "gate_up_warps", "down_bn", "down_warps", "combine_bc", "combine_warps"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1 or v & (v - 1):
@@ -302,7 +308,7 @@ def moe_decode_v2(
     program), gate/up, down, combine (4) by default; separate_topk=True gives the top-k a launch of its own (the
     model's form), inline_prep=False adds the prep launches of x and of hbuf
     (the v2 path, kept so the two can be timed against each other). launch: the kernels' launch shape (MoeLaunch;
-    None: the defaults), for sweeps (lab/sweep_decode_kernels.py)."""
+    None: MoeLaunch(), the launch table's tuned shape), for sweeps (lab/sweep_decode_kernels.py)."""
     launch = MoeLaunch() if launch is None else launch
     t, h = x.shape
     g, u, d, sg, su, sd, has_shared = expert_specs(

@@ -12,8 +12,9 @@ The arithmetic, per (token t, expert e), for an affine router (codes q, scale s 
   xs_g = MMA(x[t, g], ones)        the group's sum of x, the same way
   logit = (...((0 + (s_0 d_0 + b_0 xs_0)) + (s_1 d_1 + b_1 xs_1)) + ...)   the groups in order, in fp32
 which is x . (s q + b) re-associated (the reference's fp32 dequantised product). The tile shape (BT tokens x BE
-experts, 4 warps) is fixed, never chosen by T, and an MMA's output element depends on its row and column alone,
-so a token's logits never depend on the other tokens of the chunk or on where in the tile it sits.
+experts, 4 warps: launch_table "router.mma_bt", "router.mma_be", "router.mma_warps") is fixed, never chosen by T,
+and an MMA's output element depends on its row and column alone, so a token's logits never depend on the other
+tokens of the chunk or on where in the tile it sits.
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch_table import value as launch_value
 from ..triton_common import WeightSpec, dot_f32, mma
 
-BT = 64  # tokens a program (the MMA's M)
-BE = 32  # experts a program (the MMA's N)
-WARPS = 4
-STAGES = 3  # the K loop's software pipeline (never a bit)
+# The launch shape (launch_table): "router.mma_bt" tokens (the MMA's M) x "router.mma_be" experts (the MMA's N) a
+# program of "router.mma_warps" warps, "router.mma_stages" stages of the K loop's software pipeline (never a bit).
 # Launched without PDL (neither it nor its successor starts before its predecessor is done): a launch of 64 programs
 # that each run the whole K loop is slowed by starting under PDL, not only by its successors starting early. H200,
 # 35B-A3B q4 pp512 B=1 in its prefill graph (lab/NOTES.md): the router's critical time a layer without PDL 17.8 us,
@@ -124,8 +124,9 @@ def router_mma_logits(x: torch.Tensor, r: WeightSpec, out: torch.Tensor | None =
                          f"{codes.dtype} {tuple(codes.shape)} strides {codes.stride()}")
     if t:
         c = r.w if codes is None else codes
-        _router_mma_kernel[(triton.cdiv(t, BT), triton.cdiv(r.n, BE))](
+        bt, be = launch_value("router.mma_bt"), launch_value("router.mma_be")
+        _router_mma_kernel[(triton.cdiv(t, bt), triton.cdiv(r.n, be))](
             x, r.w, r.scales, r.biases, c, out, t, r.n, x.stride(0), r.w.stride(-2), r.scales.stride(-2), c.stride(0),
-            out.stride(0), K=r.k, BITS=r.bits, GROUP=r.group, BT=BT, BE=BE, STAGES=STAGES,
-            F32=dot_f32(), CODES=codes is not None, num_warps=WARPS)
+            out.stride(0), K=r.k, BITS=r.bits, GROUP=r.group, BT=bt, BE=be, STAGES=launch_value("router.mma_stages"),
+            F32=dot_f32(), CODES=codes is not None, num_warps=launch_value("router.mma_warps"))
     return out

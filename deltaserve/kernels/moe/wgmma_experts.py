@@ -21,7 +21,8 @@ group and cross-warp adds; wgmma_gemv's docstring), the copy pipeline and every 
 are one code, tested against mma.sync for both. The program stays in quant/ with the dense launch (quant/ may not
 import moe/); a @gluon.jit kernel resolves what it calls among its own module's globals, so the Gluon functions it
 calls are imported here by name. The launch settings both launches share (wg_maxnreg, wg_step_groups, _step_args,
-_order_args and the knobs they read) are wgmma_gemv's globals: patch them there.
+_order_args and the knobs they read) are wgmma_gemv's globals: patch them there (their tuned constants are
+launch_table entries: launch_table.override).
 """
 
 from __future__ import annotations
@@ -30,17 +31,11 @@ import torch
 
 from ...utils import tuning
 from .. import backend
+from ..launch_table import value as launch_value
 from ..quant.mma_gemv import GROUP, HAVE_GLUON
 from .mma_experts import MmaTiles, experts_operands
-from ..quant.wgmma_gemv import WG_STAGES, _at_rows, _order_args, _step_args, _wg_slots, wg_maxnreg, wg_step_groups
+from ..quant.wgmma_gemv import _at_rows, _order_args, _step_args, _wg_slots, wg_maxnreg, wg_step_groups
 from ..triton_pdl import pdl_args
-
-WG_TILE_ROWS = 16  # sorted rows of x per program (the MMA's N) from WG_WIDE_ROWS rows; 8 below (wg_tile_rows)
-WG_WIDE_ROWS = 4096  # the block's rows from which the programs take WG_TILE_ROWS sorted rows
-WG_WIDEST_ROWS = 8192  # ... and from which they take 32 (wg_tile_rows)
-WG_MIN_ROWS = 144  # the MoE block's rows (tokens x slots) from which it takes this kernel (wg_min_rows)
-WG_MOE_STAGES = ((8, 5),)  # the MoE launches' slots of one group for tiles of up to 8 rows; WG_STAGES for wider
-WG_DOWN_ROW_SETS = 2  # row sets of 64 weight rows a program of the MoE's down launch (wg_row_sets)
 
 
 def wg_min_rows() -> int:
@@ -53,20 +48,20 @@ def wg_min_rows() -> int:
     one call (wave 46), mma.sync -> this kernel joint -> as two tile sets on two streams (fast.moe_fork): 32 streams
     3,586 -> 3,861 -> 3,928 tok/s, 16 streams 2,678 -> 2,764 -> 2,859, 8 streams 2,154 -> 2,109 -> 2,046, batch 1
     639 -> 421; so 144 (16 tokens) is the default: decodes of 16+ streams and prefill chunks of 16+ tokens take it,
-    8 streams and fewer keep mma.sync."""
-    return WG_MIN_ROWS
+    8 streams and fewer keep mma.sync (launch_table "moe_wgmma.min_rows")."""
+    return launch_value("moe_wgmma.min_rows")
 
 
 def wg_moe_stages(tile_rows: int) -> int:
-    """Shared-memory slots of the MoE block's launches of this kernel with tiles of tile_rows rows of x (never a
-    bit): 5 for 8-row tiles (a 64-stream decode), else WG_STAGES. At 64 streams ncu found the gated form moving 2.9
-    TB/s from DRAM with two groups in flight a program, 4 programs an SM; H200, tg64 @ d512 in one call
-    (lab/NOTES.md): 3 slots 5,174 / 5,172, 5 slots 5,190, 8 slots 4,965 tok/s; with wg_gemv's conv in its
-    epilogue 5,171 -> 5,210 (WG_MOE_STAGES). Slots of one group: with two groups a step (wg_step_groups) the
-    kernel keeps the same groups in flight in fewer, wider slots (_wg_slots: 5 -> 3); there, in one call, 3 / 5 / 7
-    such slots gave 5,506 / 5,778 / 5,721 tok/s."""
-    ns = _at_rows(WG_MOE_STAGES, tile_rows)
-    return WG_STAGES if ns is None else ns
+    """Shared-memory slots of the MoE block's launches of this kernel with tiles of tile_rows rows of x (never a bit):
+    launch_table "moe_wgmma.stages", (tile rows up to, slots) entries: 5 for 8-row tiles (a 64-stream decode), else
+    "gemv_wgmma.stages". At 64 streams ncu found the gated form moving 2.9 TB/s from DRAM with two groups in flight a
+    program, 4 programs an SM; H200, tg64 @ d512 in one call (lab/NOTES.md): 3 slots 5,174 / 5,172, 5 slots 5,190, 8
+    slots 4,965 tok/s; with wg_gemv's conv in its epilogue 5,171 -> 5,210. Slots of one group: with two groups a step
+    (wg_step_groups) the kernel keeps the same groups in flight in fewer, wider slots (_wg_slots: 5 -> 3); there, in one
+    call, 3 / 5 / 7 such slots gave 5,506 / 5,778 / 5,721 tok/s."""
+    ns = _at_rows(launch_value("moe_wgmma.stages"), tile_rows)
+    return launch_value("gemv_wgmma.stages") if ns is None else ns
 
 
 def wg_moe_down_stages(tile_rows: int) -> int:
@@ -80,17 +75,17 @@ def wg_moe_down_stages(tile_rows: int) -> int:
 
 
 def wg_tile_rows(m: int) -> int:
-    """Sorted rows of x per program for a block of m rows: 32 from WG_WIDEST_ROWS rows, WG_TILE_ROWS from
-    WG_WIDE_ROWS, else 8 (a few rows per expert: H200 probe at 64 tokens, before the tail-tile skip, gated 139.5 us
-    with 8-row tiles against 174.5 with 16 and 150.7 on mma.sync; down 94.2 / 108.2 / 110.8). At the current
-    launch defaults (CUDA-graph probe, lab/NOTES.md), gated / down: 512 tokens (4,608 rows, ~16 a routed expert)
-    8 rows 200.7 / 117.0 us, 16 161.3 / 103.1, 32 185.8 / 108.8; 4,096 tokens (36,864 rows, ~128 an expert) 1,273.6
-    / 765.7, 912.2 / 600.3, 810.2 / 514.9; 16 against 32 rows at 1,024 tokens (9,216 rows) 273.3 / 172.1 against
-    269.4 / 163.4, at 2,048 481.4 / 310.7 against 447.3 / 276.6; in the model 8 prompts of 512 (36,864 rows a
+    """Sorted rows of x per program for a block of m rows (launch_table): 32 from "moe_wgmma.widest_rows" rows,
+    "moe_wgmma.tile_rows" from "moe_wgmma.wide_rows", else 8 (a few rows per expert: H200 probe at 64 tokens, before the
+    tail-tile skip, gated 139.5 us with 8-row tiles against 174.5 with 16 and 150.7 on mma.sync; down 94.2 / 108.2 /
+    110.8). At the current launch defaults (CUDA-graph probe, lab/NOTES.md), gated / down: 512 tokens (4,608 rows, ~16 a
+    routed expert) 8 rows 200.7 / 117.0 us, 16 161.3 / 103.1, 32 185.8 / 108.8; 4,096 tokens (36,864 rows, ~128 an
+    expert) 1,273.6 / 765.7, 912.2 / 600.3, 810.2 / 514.9; 16 against 32 rows at 1,024 tokens (9,216 rows) 273.3 / 172.1
+    against 269.4 / 163.4, at 2,048 481.4 / 310.7 against 447.3 / 276.6; in the model 8 prompts of 512 (36,864 rows a
     forward) 36,259 -> 38,893 tok/s, 64 prompts 34,961 -> 38,087. Never a row's bits."""
-    if m >= WG_WIDEST_ROWS:
+    if m >= launch_value("moe_wgmma.widest_rows"):
         return 32
-    return WG_TILE_ROWS if m >= WG_WIDE_ROWS else 8
+    return launch_value("moe_wgmma.tile_rows") if m >= launch_value("moe_wgmma.wide_rows") else 8
 
 
 def wg_split_wait() -> bool:
@@ -110,8 +105,9 @@ def wg_row_sets(tile_rows: int) -> int:
     H200, CUDA-graph probe: down at 512 tokens 111.1 -> 100.2 us, at 4,096 682.5 -> 599.2, at a 64-stream decode's
     8-row tiles 58.8 -> 48.3 (two groups a step) / 54.1 -> 45.5 (one); pp512 B=1 with gated GS 2 24,132 / 24,158 ->
     24,110 / 24,529 tok/s, 8 prompts 34,885 -> 36,211; 64 streams tg64 @ d512 5,854 / 5,854 -> 5,984 / 5,983 (one
-    group a step: 6,018 / 6,017, the default with it, wg_step_groups); weights of N % 128 != 0 take 1."""
-    return WG_DOWN_ROW_SETS
+    group a step: 6,018 / 6,017, the default with it, wg_step_groups); weights of N % 128 != 0 take 1. launch_table
+    "moe_wgmma.down_row_sets"."""
+    return launch_value("moe_wgmma.down_row_sets")
 
 
 def wg_fits(gate_words: torch.Tensor, down_words: torch.Tensor) -> bool:
@@ -153,7 +149,7 @@ if HAVE_GLUON:
 def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, expert_ids: torch.Tensor,
                       tiles: MmaTiles, x_repeat: int = 1, xs: torch.Tensor | None = None,
                       up: tuple | None = None, scale: torch.Tensor | None = None, warps: int | None = None,
-                      out: torch.Tensor | None = None, stages: int = WG_STAGES,
+                      out: torch.Tensor | None = None, stages: int | None = None,
                       partial_major: bool | None = None, xs_smem: bool | None = None,
                       row_sets: int | None = None, fold: bool | None = None,
                       tile_set: tuple[int, int] = (0, 1)) -> torch.Tensor:
@@ -161,7 +157,8 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
     (tiles.rows is the MMA's N): row m = x[m // x_repeat] W[expert_ids[m]]^T for repacked stacked experts (N a
     multiple of 64); up= the gated epilogue (x's group sums xs= required, as the model's norm makes them), scale=
     the scaled one (fp32 out); xs None: the group sums are the kernel's own, MMA(ones, x), as mma.sync's.
-    warps: the mma.sync kernel's K split whose bits to give (default_warps(K)); stages: shared-memory slots (2+);
+    warps: the mma.sync kernel's K split whose bits to give (default_warps(K)); stages: shared-memory slots (2+;
+    None: launch_table "gemv_wgmma.stages");
     partial_major: the groups partial sum by partial sum (None: wg_partial_major()); xs_smem: x's given group sums
     staged in shared memory (None: wg_xs_smem()); row_sets: 64-row sets a program of a one-weight launch, 1 or 2
     (None: wg_row_sets(tiles.rows) where N is a multiple of 128, else 1; 2 given needs it); fold: partial sums 0 and
@@ -189,6 +186,7 @@ def wg_matmul_experts(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, ex
     if up is not None and (scale is not None or xs is None):
         raise ValueError("wg_matmul_experts: up= (the gated epilogue) takes x's group sums (xs=) and no scale=")
     warps = warps or default_warps(k)
+    stages = launch_value("gemv_wgmma.stages") if stages is None else stages
     if warps not in (1, 2, 4) or g % warps:  # _wg_sum's orders
         raise ValueError(f"wg_matmul_experts: W={warps} must be 1, 2 or 4 and divide the {g} groups")
     if stages < 2:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 
 from .. import backend
+from ..launch_table import value as launch_value
 from ..triton_pdl import pdl_args
 
 GROUP = 64
@@ -134,7 +135,11 @@ def default_warps(k: int) -> int:
     raise ValueError(f"mma_gemv: K = {k} is not a multiple of {GROUP}")
 
 
-RING_MAX_BLOCKS = 4096  # up to 8 rows, weights of fewer row blocks than this run the register ring
+def ring_max_blocks() -> int:
+    """Row blocks of 16 from which a weight counts as the lm_head's many (launch_table "gemv_mma.ring_max_blocks"):
+    below it mma_gemv runs the register ring up to 8 rows (default_config), from it wg_gemv takes its wider tiles
+    (tensor_core_gemv.wg_gemv_tile_rows)."""
+    return launch_value("gemv_mma.ring_max_blocks")
 
 
 def default_config(k: int, m: int = 1, nb: int | None = None) -> tuple[int, int, int]:
@@ -148,14 +153,14 @@ def default_config(k: int, m: int = 1, nb: int | None = None) -> tuple[int, int,
     flight (16 rows: 12352 x 2048 12.72 -> 11.61 us, 2048 x 4096 12.86 -> 11.19; 32 rows: 12352 x 2048 24.66 (RB 2)
     -> 22.58), and for the lm_head (N / 16 >= 4096 row blocks) also two row blocks (16 rows 166.5 -> 146.9, 32 rows
     352.0 -> 334.5); up to 8 rows the one-row choice, with the register ring (AHEAD = chunks - 1) below
-    RING_MAX_BLOCKS row blocks: after-norm sweep, one row, 12352 x 2048 9.45 -> 8.05 us, 9216 x 2048 8.78 -> 6.93,
-    2048 x 4096 9.03 -> 7.16; 8 rows 10.82 -> 9.62, 10.60 -> 8.10, 8.92 -> 8.55; the lm_head's 15520 blocks keep
-    AHEAD 1 (84.1 us; the ring 90.1 at one row, 106.0 at 8)."""
+    launch_table "gemv_mma.ring_max_blocks" row blocks: after-norm sweep, one row, 12352 x 2048 9.45 -> 8.05 us,
+    9216 x 2048 8.78 -> 6.93, 2048 x 4096 9.03 -> 7.16; 8 rows 10.82 -> 9.62, 10.60 -> 8.10, 8.92 -> 8.55; the
+    lm_head's 15520 blocks keep AHEAD 1 (84.1 us; the ring 90.1 at one row, 106.0 at 8)."""
     warps = default_warps(k)
     two = nb is None or nb % 2 == 0
     if m <= 8:
         chunks = k // GROUP // warps
-        ring = chunks - 1 >= 3 and (nb is None or nb < RING_MAX_BLOCKS)
+        ring = chunks - 1 >= 3 and (nb is None or nb < ring_max_blocks())
         return warps, 1, chunks - 1 if ring else 1
     if m <= 32:
         return warps, 2 if (two and nb is not None and nb >= 4096) else 1, 2
@@ -616,23 +621,19 @@ if HAVE_GLUON:
         return acc, acc2
 
 
-SPLIT_ROWS = 32  # rows of x a program of a split launch (split_rows)
-SPLIT_MAXNREG = 128  # the split launches' register cap (split_maxnreg)
-
-
 def split_rows(k: int, m: int) -> int:
     """Rows of x per program when mma_gemv splits a launch's m rows over programs (a second grid axis; never a
     row's bits), or 0: the weights of K >= 4096 (8 warps a program, 255 registers, one program an SM at 64 rows:
-    the out projections) past SPLIT_ROWS rows. H200 (lab/NOTES.md): the out projection at 64 rows 17.8 us
-    unsplit, 16.4 split in 32s with 128 registers (two programs an SM; SPLIT_MAXNREG), 19.2 uncapped, 18.8 in 16s;
-    with the 8-row wgmma cap, 64 streams 5,097 -> 5,170 tok/s."""
-    return SPLIT_ROWS if k >= 4096 and m > SPLIT_ROWS else 0
+    the out projections) past launch_table "gemv_mma.split_rows" rows, in programs of that many (what it won
+    against: the table's doc, lab/NOTES.md)."""
+    split = launch_value("gemv_mma.split_rows")
+    return split if k >= 4096 and m > split else 0
 
 
 def split_maxnreg() -> dict:
-    """The split launches' register cap as a launch option (never a bit): SPLIT_MAXNREG = 128, two 8-warp programs
-    an SM at 32 rows (142 registers uncapped, 56 bytes of stack capped)."""
-    return {"maxnreg": SPLIT_MAXNREG}
+    """The split launches' register cap as a launch option (never a bit): launch_table "gemv_mma.split_maxnreg"
+    (128: two 8-warp programs an SM at 32 rows, 142 registers uncapped, 56 bytes of stack capped)."""
+    return {"maxnreg": launch_value("gemv_mma.split_maxnreg")}
 
 
 def decode_conv_args(conv: tuple | None, m: int, n: int, dtype: torch.dtype, placeholder: torch.Tensor):

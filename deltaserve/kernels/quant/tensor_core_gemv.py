@@ -13,25 +13,23 @@ from __future__ import annotations
 
 import torch
 
-from .mma_gemv import GROUP, MAX_ROWS, RING_MAX_BLOCKS, ROW_BLOCK, mma_gemv, row_launches
+from ..launch_table import value as launch_value
+from .mma_gemv import GROUP, MAX_ROWS, ROW_BLOCK, mma_gemv, ring_max_blocks, row_launches
 from .wgmma_gemv import wg_dense_fits, wg_gemv
-
-WG_GEMV_ROWS = 17  # rows of x from which a launch runs as wg_gemv (wg_gemv_rows)
-WG_GEMV_ROWS_K4096 = 9  # the same for weights of K = 4096 (the out projections, their K split over 8 programs)
 
 
 def wg_gemv_rows(k: int = 0) -> int:
-    """From how many rows of x (per launch of at most MAX_ROWS) a launch runs as wgmma_gemv.wg_gemv: the same
-    bits (GPU tests), for weights of N % 64 == 0 and K <= 4096 on sm_90 (K = 4096, the out projections, with its K
-    split over programs: wgmma_gemv.wg_gemv_ksplit; the others keep mma_gemv). H200 probe
-    (graph timings, weights past the L2, lab/NOTES.md): the DeltaNet in_proj 12352 x 2048 at 16 / 32 / 64 rows
-    11.5 / 20.8 / 35.3 us on mma_gemv against 14.1 / 15.1 / 25.7 on wg_gemv, the lm_head 157 / 352 / 535 against
-    149 / 237 / 472; in the model, 64 streams tg64 @ d512 4,915 -> 5,100 tok/s. So from 17 rows (the 32- and 64-row
-    graph buckets). For a weight of K >= 4096 (k, the out projections, their K split over programs)
-    WG_GEMV_ROWS_K4096 = 9: the 2048 x 4096 out projection at 8 / 16 / 32 / 64 rows 6.33 / 10.31 / 11.33 / 16.54 us
-    on mma_gemv, 6.62 / 7.85 / 7.76 / 13.78 on wg_gemv over eight programs (8 streams tg64 @ d512 2,368 / 2,374 ->
-    2,377 / 2,376 from 1 row: nothing to gain at 8)."""
-    return WG_GEMV_ROWS_K4096 if k >= 4096 else WG_GEMV_ROWS
+    """From how many rows of x (per launch of at most MAX_ROWS) a launch runs as wgmma_gemv.wg_gemv (launch_table
+    "gemv_tc.wg_gemv_rows", by K): the same bits (GPU tests), for weights of N % 64 == 0 and K <= 4096 on sm_90
+    (K = 4096, the out projections, with its K split over programs: wgmma_gemv.wg_gemv_ksplit; the others keep
+    mma_gemv). H200 probe (graph timings, weights past the L2, lab/NOTES.md): the DeltaNet in_proj 12352 x 2048 at
+    16 / 32 / 64 rows 11.5 / 20.8 / 35.3 us on mma_gemv against 14.1 / 15.1 / 25.7 on wg_gemv, the lm_head 157 /
+    352 / 535 against 149 / 237 / 472; in the model, 64 streams tg64 @ d512 4,915 -> 5,100 tok/s. So from 17 rows
+    (the 32- and 64-row graph buckets). For a weight of K >= 4096 (k, the out projections, their K split over
+    programs; a K past 4096 reads the K=4096 value) 9: the 2048 x 4096 out projection at 8 / 16 / 32 / 64 rows 6.33
+    / 10.31 / 11.33 / 16.54 us on mma_gemv, 6.62 / 7.85 / 7.76 / 13.78 on wg_gemv over eight programs (8 streams
+    tg64 @ d512 2,368 / 2,374 -> 2,377 / 2,376 from 1 row: nothing to gain at 8)."""
+    return launch_value("gemv_tc.wg_gemv_rows", K=min(k, 4096))
 
 
 def wg_gemv_tile_rows(m: int, nb: int) -> int:
@@ -40,15 +38,15 @@ def wg_gemv_tile_rows(m: int, nb: int) -> int:
     at 32 / 64 rows: the in_proj 15.1 / 28.8 us with 16, 23.9 / 25.7 with 32, 32.4 / 36.4 with 64; the lm_head 270 /
     530, 237 / 472, 454 / 519; with x's group sums staged in shared memory the lm_head at 64 rows 392 with 32, 353
     with 64, which no longer spills)."""
-    if nb >= RING_MAX_BLOCKS:
+    if nb >= ring_max_blocks():
         return 64 if m > 32 else 32
     return 32 if m > 32 else 16 if m > 8 else 8  # (8 rows and fewer: only under a lower _K4096 threshold)
 
 
 def wg_gemv_stages() -> int:
-    """Shared-memory slots per wg_gemv program (never a row's bits): 3 (H200, 64 streams, BN 32: 3 / 5 / 8 slots
-    5,100 / 5,087 / 5,044 tok/s)."""
-    return 3
+    """Shared-memory slots per wg_gemv program (never a row's bits): launch_table "gemv_tc.wg_gemv_stages" (H200,
+    64 streams, BN 32: 3 / 5 / 8 slots 5,100 / 5,087 / 5,044 tok/s)."""
+    return launch_value("gemv_tc.wg_gemv_stages")
 
 
 _HOPPER: dict = {}

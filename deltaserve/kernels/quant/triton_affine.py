@@ -19,7 +19,8 @@ how many rows share the launch; no split-K):
                           equal the 16-row kernel's (lab/sweep_prefill_kernels.py, every prefill shape), which
                           the GPU tests check, but nothing here relies on that.
 
-and, for the dense projections from DEQUANT_MIN_ROWS rows (`dense_path`), two launches instead of the wide kernel:
+and, for the dense projections from launch_table "affine.dequant_min_rows" rows (`dense_path`), two launches instead
+of the wide kernel:
 
   _dequant_kernel         the weight dequantised once to x's dtype (dequant_tile's values, each rounded once: what
                           the wide kernel's tile holds before its MMA);
@@ -36,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch_table import value as launch_value
 from ..triton_common import DENSE_BITS, WeightSpec, dequant_tile, dot_f32, mma
 
 ROWS_PER_SUBTILE = 16
@@ -249,14 +251,11 @@ def _dense_mm_tma_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om, BM: tl.con
              mask=(row < M)[:, None] & (rn < N)[None, :])
 
 
-DEQUANT_TILE = (32, 256, 4)  # (BN, BK, num_warps) of a dequantisation program
-
-
 def dequantize(spec: WeightSpec, out: torch.Tensor | None = None, dtype=torch.bfloat16,
                tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """W [N, K] in `dtype` (dequant_tile's values, each rounded once), for the dequantise-then-multiply prefill
-    path; out: a preallocated [N, K] buffer; tile: (BN, BK, num_warps) instead of DEQUANT_TILE (sweeps; BK is
-    lowered to one that divides K and nests with the group)."""
+    path; out: a preallocated [N, K] buffer; tile: (BN, BK, num_warps) instead of launch_table
+    "affine.dequant_tile" (sweeps; BK is lowered to one that divides K and nests with the group)."""
     if spec.w.dim() != 2:
         raise ValueError(f"dequantize: weight must be 2-D [N, packed K], found shape {tuple(spec.w.shape)}")
     if out is None:
@@ -264,7 +263,7 @@ def dequantize(spec: WeightSpec, out: torch.Tensor | None = None, dtype=torch.bf
     elif out.shape != (spec.n, spec.k) or out.stride(-1) != 1:
         raise ValueError(f"dequantize: out must be [{spec.n}, {spec.k}] with unit column stride, found "
                          f"{tuple(out.shape)} strides {out.stride()}")
-    bn, bk, warps = tile or DEQUANT_TILE
+    bn, bk, warps = tile or launch_value("affine.dequant_tile")
     bk = spec.block_k(bk)
     if spec.bits != DENSE_BITS and bk % spec.group and spec.group % bk:
         raise ValueError(f"dequantize: no K tile nests with the group size {spec.group} for K = {spec.k}")
@@ -272,11 +271,6 @@ def dequantize(spec: WeightSpec, out: torch.Tensor | None = None, dtype=torch.bf
         spec.w, spec.scales, spec.biases, out, spec.n, spec.k, spec.w.stride(-2), spec.scales.stride(-2),
         out.stride(0), BITS=spec.bits, GROUP=spec.group, BN=bn, BK=bk, num_warps=warps)
     return out
-
-
-DENSE_BK = 64  # dense_mm's K step (every dense_config); weights whose K it does not divide stay on the wide kernel
-DEQUANT_MIN_ROWS = 256  # from this many rows the dense prefill projections dequantise the weight once (dense_path)
-FUSED_MAX_ROWS = 1024  # up to this many rows "fused" (above it "dequant": dense_path)
 
 
 def dense_path(m: int) -> str:
@@ -290,24 +284,24 @@ def dense_path(m: int) -> str:
     wide 106.4 us, dequantise 21.7 + multiply 49 (66.6 together), fused 51.5; 9216 x 2048 97.3, 55.6, 43.2;
     2048 x 4096 52.1, 25.9, 33.1 (128 programs: model/fast.prefill_dense_weights sends launches of too few programs
     to "dequant"); at 4096 rows 12352 x 2048 807 / 307 / 417 (fused is bound by its dequantisation there, each
-    weight once per 128 rows), hence "fused" only up to FUSED_MAX_ROWS rows, "dequant" above. Below DEQUANT_MIN_ROWS
-    rows the dequantisation of the whole weight costs more than it saves: "wide"."""
-    if m < DEQUANT_MIN_ROWS:
+    weight once per 128 rows), hence "fused" only up to launch_table "affine.fused_max_rows" rows, "dequant" above.
+    Below "affine.dequant_min_rows" rows the dequantisation of the whole weight costs more than it saves: "wide"."""
+    if m < launch_value("affine.dequant_min_rows"):
         return "wide"
-    return "dequant" if m > FUSED_MAX_ROWS else "fused"
+    return "dequant" if m > launch_value("affine.fused_max_rows") else "fused"
 
 
 def dense_config(m: int) -> tuple[int, int, int, int, int, bool]:
     """(BM, BN, BK, num_warps, num_stages, TMA) of the dense kernel for m rows. The tile never changes a row's bits
     (each output element is the same chain of k16 MMAs in K order whatever the tile: GPU test over these and other
     tiles, and a probe (lab/NOTES.md) found every tile, cp.async or TMA, bit-equal to the wide kernel), so
-    it may follow M. H200 (lab/NOTES.md), tiles fetched by TMA: at 512 rows 128 x 64 of 4 warps, 4 stages
-    (12352 x 2048 45.4 us, 9216 x 2048 40.5, 2048 x 4096 22.8; by cp.async 52.0 / 45.0 / 23.8); at 4096 rows
-    256 x 128 of 8 warps, 4 stages (287 / 216 / 93 us; cp.async 348 / 259 / 112 at 3 stages; cuBLAS on the same
-    weight 273 / 205 / 88). Where TMA cannot serve (tma_ok), dense_mm fetches the same tiles by cp.async."""
-    if m >= 2048:
-        return 256, 128, DENSE_BK, 8, 4, True
-    return 128, 64, DENSE_BK, 4, 4, True
+    it may follow M. Tiles fetched by TMA in K steps of launch_table "affine.dense_bk" (64): "affine.dense_tile"
+    (BM, BN, num_warps, num_stages; 128 x 64 of 4 warps, 4 stages), from "affine.dense_large_rows" rows (2048)
+    "affine.dense_tile_large" (256 x 128 of 8 warps, 4 stages); what they won against on the H200 (lab/NOTES.md):
+    the table's docs. Where TMA cannot serve (tma_ok), dense_mm fetches the same tiles by cp.async."""
+    large = m >= launch_value("affine.dense_large_rows")
+    bm, bn, warps, stages = launch_value("affine.dense_tile_large" if large else "affine.dense_tile")
+    return bm, bn, launch_value("affine.dense_bk"), warps, stages, True
 
 
 def tma_ok(t: torch.Tensor) -> bool:
@@ -409,10 +403,10 @@ def affine_matmul(
 ) -> torch.Tensor:
     """y = x W^T. x [..., K] bf16/fp16; W packed uint32 [N, K*bits/32] with scales/biases [N, K/group]
     (bits 2/4/8), or dense [N, K] with bits=16 and scales = biases = None. Returns [..., N] in x's dtype.
-    From DEQUANT_MIN_ROWS rows the weight is dequantised once and multiplied by `dense_mm` (`dense_path`), else the
-    wide kernel runs (`wide_config`), with the same bits; config: the wide kernel's (BM, BN, BK, num_warps,
-    num_stages, SWAP) to run it whatever M, or (BN, BK, num_warps, num_stages) for the 16-row kernel instead
-    (benchmark sweeps)."""
+    From launch_table "affine.dequant_min_rows" rows the weight is dequantised once and multiplied by `dense_mm`
+    (`dense_path`), else the wide kernel runs (`wide_config`), with the same bits; config: the wide kernel's (BM,
+    BN, BK, num_warps, num_stages, SWAP) to run it whatever M, or (BN, BK, num_warps, num_stages) for the 16-row
+    kernel instead (benchmark sweeps)."""
     spec = WeightSpec(qweight, scales, biases, bits, group_size, "affine_matmul weight")
     if spec.w.dim() != 2:
         raise ValueError(f"affine_matmul: weight must be 2-D [N, packed K], found shape {tuple(qweight.shape)}")
@@ -425,7 +419,8 @@ def affine_matmul(
     if out is None:
         out = torch.empty(m, spec.n, dtype=x.dtype, device=x.device)
     if m:
-        if config is None and spec.k % DENSE_BK == 0 and dense_path(m) in ("dequant", "fused"):
+        dense = config is None and spec.k % launch_value("affine.dense_bk") == 0
+        if dense and dense_path(m) in ("dequant", "fused"):
             w = spec.w.to(x2.dtype).contiguous() if spec.bits == DENSE_BITS else dequantize(spec, dtype=x2.dtype)
             dense_mm(x2, w, out)
         elif config is None or len(config) == 6:
@@ -439,12 +434,6 @@ def affine_matmul(
 def dense_matmul(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x W^T for a dense W [N, K], with the same batch-invariant kernel (cuBLAS picks algorithms by M)."""
     return affine_matmul(x, weight, None, None, DENSE_BITS, 1, out)
-
-
-TILE_BLOCK = 128  # rows per program of the two per-block expert-tile kernels
-TILES_ONE_MAX = 1024  # up to this many rows the tiles come from one program (a sort), past it from three launches
-TILE_COLUMNS = 32  # experts per program of the parallel scan (_tiles_columns_kernel)
-TILE_COLUMN_BLOCKS = 64  # blocks of counts per load of the parallel scan
 
 
 @triton.jit
@@ -564,7 +553,8 @@ def _tiles_one_kernel(ids_ptr, tile_e_ptr, tile_lo_ptr, tile_hi_ptr, order_ptr, 
 
 def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int):
     """Row tiles for the expert matmul, built on the device without a host sync (graph-capturable): one launch up
-    to TILES_ONE_MAX rows, three past it; the same tensors as `expert_tiles_reference` either way.
+    to launch_table "affine.tiles_one_max" rows, three past it; the same tensors as `expert_tiles_reference` either
+    way.
 
     Rows are sorted by expert (stable), each expert's segment is cut into tiles of <= rows_per_tile rows.
     Returns (tile_e, tile_lo, tile_hi, order): tile t covers sorted rows [lo, hi) of expert tile_e[t] (-1 for the
@@ -576,25 +566,28 @@ def expert_tiles(expert_ids: torch.Tensor, num_experts: int, rows_per_tile: int)
     ids = expert_ids.reshape(-1)
     dev = ids.device
     ep = triton.next_power_of_2(num_experts)
-    nb = triton.cdiv(m, TILE_BLOCK)
+    block = launch_value("affine.tile_block")
+    nb = triton.cdiv(m, block)
     max_tiles = triton.cdiv(m, rows_per_tile) + min(num_experts, m)
     tile_e = torch.empty(max_tiles, dtype=torch.int32, device=dev)
     lo = torch.empty(max_tiles, dtype=torch.int32, device=dev)
     hi = torch.empty(max_tiles, dtype=torch.int32, device=dev)
     order = torch.empty(m, dtype=torch.int32, device=dev)
-    if 0 < m <= TILES_ONE_MAX:  # decode-sized batches: one launch instead of three (the same tensors)
+    if 0 < m <= launch_value("affine.tiles_one_max"):  # decode-sized batches: one launch, not three (same tensors)
         _tiles_one_kernel[(1,)](ids, tile_e, lo, hi, order, m, num_experts, max_tiles, R=rows_per_tile, EP=ep,
                                 MP=max(16, triton.next_power_of_2(m)), TB=64, num_warps=8)
-    elif m:  # three launches over blocks of TILE_BLOCK rows: counts [NB, EP] of each block, then offsets from them
+    elif m:  # three launches over blocks of `block` rows: counts [NB, EP] of each block, then offsets from them
         counts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
         offsets = torch.empty(nb, ep, dtype=torch.int32, device=dev)
         starts = torch.empty(nb, ep, dtype=torch.int32, device=dev)
         totals = torch.empty(ep, dtype=torch.int32, device=dev)
-        _tiles_hist_kernel[(nb,)](ids, counts, m, EP=ep, BLOCK=TILE_BLOCK, num_warps=4)
-        _tiles_columns_kernel[(triton.cdiv(num_experts, TILE_COLUMNS),)](
-            counts, offsets, totals, nb, num_experts, EP=ep, EB=TILE_COLUMNS, NBC=TILE_COLUMN_BLOCKS, num_warps=4)
+        _tiles_hist_kernel[(nb,)](ids, counts, m, EP=ep, BLOCK=block, num_warps=4)
+        columns = launch_value("affine.tile_columns")
+        _tiles_columns_kernel[(triton.cdiv(num_experts, columns),)](
+            counts, offsets, totals, nb, num_experts, EP=ep, EB=columns, NBC=launch_value("affine.tile_column_blocks"),
+            num_warps=4)
         _tiles_rank_kernel[(nb,)](ids, offsets, totals, starts, order, tile_e, lo, hi, m, num_experts,
-                                  max_tiles, EP=ep, BLOCK=TILE_BLOCK, R=rows_per_tile, TB=64, num_warps=4)
+                                  max_tiles, EP=ep, BLOCK=block, R=rows_per_tile, TB=64, num_warps=4)
     return tile_e, lo, hi, order
 
 

@@ -31,9 +31,10 @@ import triton
 import triton.language as tl
 
 from ..gated_delta.triton_decode import DecodeConv, check_decode_conv, conv_apply, conv_epilogue, conv_inputs
-from .triton_gemv_inline import group_sums, inline_mode, row_part_inline
+from ..launch_table import value as launch_value
 from ..triton_common import DENSE_BITS, WeightSpec, code_prescale
 from ..triton_pdl import pdl_args, pdl_open, pdl_wait
+from .triton_gemv_inline import group_sums, inline_mode, row_part_inline
 
 MAX_ROWS = 16  # the GEMV regime; larger M belongs to triton_affine.affine_matmul (tensor cores)
 MAGIC = 0x4B000000  # fp32 bits of 2^23: OR a code into its mantissa to read 2^23 + code
@@ -461,10 +462,6 @@ def row_cap(spec: WeightSpec, inline_prep: bool, conv: bool) -> int:
     return ROW_BLOCK_INLINE if inline_prep else ROW_BLOCK
 
 
-ROW_RUN_BN = 4  # packed weights: row_run_config(spec, 4) (H200 sweep 2026-11-30, lab/NOTES.md)
-FEW_PROGRAMS = 512  # below this many BN = 8 programs a packed weight takes BN = 4 programs of 2 warps
-
-
 def row_run_config(spec: WeightSpec, bn: int) -> tuple[int, int, int] | None:
     """(bn, CG, num_warps) whose chunk is one row's run of words covered by every thread's 128-bit load exactly
     once (4 words per thread, up to 8 warps, the whole K when it fits): the tile [bn, CG * GW] is then laid out
@@ -482,22 +479,23 @@ def row_run_config(spec: WeightSpec, bn: int) -> tuple[int, int, int] | None:
 
 
 def row_run_bn() -> int:
-    """BN of the default row runs: ROW_RUN_BN."""
-    return ROW_RUN_BN
+    """BN of the default row runs: launch_table "gemv.row_run_bn" (0: no row runs)."""
+    return launch_value("gemv.row_run_bn")
 
 
 def default_config(spec: WeightSpec) -> tuple[int, int, int]:
     """(BN, CG, num_warps). CG = groups per chunk (dense: CG * 64 elements per chunk). Depends on the weight
-    only, never on M. Packed weights with rows of >= 128 words: row_run_config(spec, ROW_RUN_BN), BN = 4 rows per
+    only, never on M. Packed weights with rows of >= 128 words: row_run_config(spec, row_run_bn()), BN = 4 rows per
     program over the whole K (H200 sweep, lab/NOTES.md: 12352 x 2048 8.66 -> 8.52 us at M = 1 and 37.6 -> 27.3
     at M = 8; 2048 x 4096 9.81 -> 4.59 us). Otherwise chunks of BN * CG * GROUP codes, ~32 per thread at 4 warps;
-    BN = 8 keeps >= 4 programs per SM from N = 4096, and a packed weight with fewer rows takes twice the programs
-    at half the warps (2048 x 4096 before the row runs: 9.50 -> 7.35 us)."""
+    BN = 8 keeps >= 4 programs per SM from N = 4096, and a packed weight of fewer than launch_table
+    "gemv.few_programs" such programs takes twice the programs at half the warps (2048 x 4096 before the row runs:
+    9.50 -> 7.35 us)."""
     rr = row_run_bn()
     run = row_run_config(spec, rr) if rr else None
     if run is not None:
         return run
-    if spec.bits != DENSE_BITS and triton.cdiv(spec.n, 8) < FEW_PROGRAMS:
+    if spec.bits != DENSE_BITS and triton.cdiv(spec.n, 8) < launch_value("gemv.few_programs"):
         return 4, chunk_groups(spec, 4), 2
     return 8, chunk_groups(spec, 8), 4  # dense: 8 x 512 bf16 chunks
 

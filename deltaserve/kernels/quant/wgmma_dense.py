@@ -1,10 +1,11 @@
 """The dense prefill projections as one warpgroup-MMA matmul that dequantises the q4 weight in registers.
 
-Why: from DEQUANT_MIN_ROWS rows the dense projections (triton_affine.dense_path "dequant") write the whole weight
-to bf16 first (`dequantize`, ~3.2 TB/s: the in_proj's 50 MB in ~20 us) and then multiply (`dense_mm`); at a
-512-token prefill of the 35B-A3B that is ~1.1 ms of ~19.4 (lab/NOTES.md). Here the weight never exists in bf16
-outside registers: a program owns 64 weight rows (RS = 2: two sets of 64) against BT rows of x, each weight group
-is dequantised once per BT rows of x straight into the wgmma's A operand, and x is the B operand in shared memory.
+Why: from launch_table "affine.dequant_min_rows" rows the dense projections (triton_affine.dense_path "dequant")
+write the whole weight to bf16 first (`dequantize`, ~3.2 TB/s: the in_proj's 50 MB in ~20 us) and then multiply
+(`dense_mm`); at a 512-token prefill of the 35B-A3B that is ~1.1 ms of ~19.4 (lab/NOTES.md). Here the weight never
+exists in bf16 outside registers: a program owns 64 weight rows (RS = 2: two sets of 64) against BT rows of x, each
+weight group is dequantised once per BT rows of x straight into the wgmma's A operand, and x is the B operand in
+shared memory.
 
 Same bits as dequantise-then-multiply (and so as the wide kernel, whatever M): each weight element is dequant_tile's
 value, fma(q, s, b) in fp32 rounded once to bf16, and each output element is the chain of k16 MMAs over
@@ -20,8 +21,8 @@ H200 (a probe, CUDA graph past the L2, lab/NOTES.md), at 512 rows against dequan
 multiply: 12352 x 2048 51.5 us / 66.6, 9216 x 2048 43.2 / 55.6, 2048 x 4096 33.1 / 25.9 (128 programs: too few,
 enough_programs); the fp32 dequantisation instead of the bf16x2 fma 58.4 / 49.6 / 38.1. At 4,096 rows it is bound by
 its dequantisation (each weight once per 128 rows of x): 417 / 307 us for the in_proj, hence dense_path's
-FUSED_MAX_ROWS. An MMA left in flight over the next group's dequantisation gave wrong bits in a first form: the A
-operand's registers were reused while the MMA still read them, so a group's MMAs are awaited first.
+"affine.fused_max_rows". An MMA left in flight over the next group's dequantisation gave wrong bits in a first form:
+the A operand's registers were reused while the MMA still read them, so a group's MMAs are awaited first.
 """
 
 from __future__ import annotations
@@ -29,23 +30,18 @@ from __future__ import annotations
 import torch
 
 from .. import backend
+from ..launch_table import value as launch_value
 from ..triton_pdl import pdl_args
 from .mma_gemv import GROUP, HAVE_GLUON
 from .triton_affine import tma_ok
 
-DENSE_TILE_ROWS = 128  # rows of x a program (the MMA's N)
-DENSE_STAGES = 3  # shared-memory slots of a program's ring
-DENSE_ROW_SETS = 1  # sets of 64 weight rows a program
-
-
-FUSED_MIN_PROGRAMS = 264  # two a streaming multiprocessor of the H200 (132)
-
 
 def enough_programs(m: int, n: int) -> bool:
-    """Whether m rows against an N-row weight make at least FUSED_MIN_PROGRAMS programs of the default launch
-    (rows of x a program, 64 weight rows): below that the GPU is not filled (H200, 512 rows: the 2048 x 4096 out
-    projection's 128 programs 33.1 us against dequantise + multiply's 25.9; the in_proj's 772 51.5 against 66.6)."""
-    return -(-m // dense_tile_rows()) * (n // 64) >= FUSED_MIN_PROGRAMS
+    """Whether m rows against an N-row weight make at least launch_table "dense_wgmma.fused_min_programs" (264: two a
+    streaming multiprocessor of the H200's 132) programs of the default launch (rows of x a program, 64 weight rows):
+    below that the GPU is not filled (H200, 512 rows: the 2048 x 4096 out projection's 128 programs 33.1 us against
+    dequantise + multiply's 25.9; the in_proj's 772 51.5 against 66.6)."""
+    return -(-m // dense_tile_rows()) * (n // 64) >= launch_value("dense_wgmma.fused_min_programs")
 
 
 def dense_fits(n: int, k: int, bits: int, group: int) -> bool:
@@ -253,8 +249,8 @@ if HAVE_GLUON:
 
 
 def dense_tile_rows() -> int:
-    """Rows of x a program (never a bit)."""
-    return DENSE_TILE_ROWS
+    """Rows of x a program (the MMA's N; never a bit): launch_table "dense_wgmma.tile_rows"."""
+    return launch_value("dense_wgmma.tile_rows")
 
 
 def dense_maxnreg() -> dict:
@@ -267,11 +263,12 @@ def dense_maxnreg() -> dict:
 def wg_dense_mm(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: torch.Tensor | None = None,
                 bf16_fma: bool = False, tile_rows: int | None = None, stages: int | None = None,
                 row_sets: int | None = None) -> torch.Tensor:
-    """out [M, N] = x [M, K] W^T for a weight repacked in the natural order (repack_q4(order="natural")), bf16 out:
-    the bits of dequantize + dense_mm (module doc). bf16_fma: dequantise by one bf16x2 fma a pair of weights, which
-    gives those bits only where bf16_fma_exact(sb) (the caller's check, made once per weight). tile_rows (64, 128
-    or 256), stages (2+) and row_sets (1 or 2) never change a bit (None: the module defaults, tile_rows from
-    dense_tile_rows). x's rows are fetched by TMA: a 16-byte aligned base and row stride."""
+    """out [M, N] = x [M, K] W^T for a weight repacked in the natural order (repack_q4(order="natural")), bf16 out: the
+    bits of dequantize + dense_mm (module doc). bf16_fma: dequantise by one bf16x2 fma a pair of weights, which gives
+    those bits only where bf16_fma_exact(sb) (the caller's check, made once per weight). tile_rows (64, 128 or 256),
+    stages (2+) and row_sets (1 or 2) never change a bit (None: tile_rows from dense_tile_rows, the others launch_table
+    "dense_wgmma.stages" and "dense_wgmma.row_sets"). x's rows are fetched by TMA: a 16-byte aligned base and row
+    stride."""
     if not HAVE_GLUON or backend.interpreting() or x.device.type != "cuda":
         raise RuntimeError("wg_dense_mm: needs a CUDA device (sm_90) and Triton's Gluon")
     if words.dim() != 3 or words.shape[2] != 128 or words.dtype != torch.int32 or words.shape[0] % 4:
@@ -292,8 +289,8 @@ def wg_dense_mm(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, out: tor
         raise ValueError(f"wg_dense_mm: out must be bf16 [{m}, {n}] with unit column stride, found {out.dtype} "
                          f"{tuple(out.shape)} strides {out.stride()}")
     bt = tile_rows or dense_tile_rows()
-    rs = row_sets or DENSE_ROW_SETS
-    ns = stages or DENSE_STAGES
+    rs = row_sets or launch_value("dense_wgmma.row_sets")
+    ns = stages or launch_value("dense_wgmma.stages")
     if bt not in (64, 128, 256) or rs not in (1, 2) or ns < 2:
         raise ValueError(f"wg_dense_mm: tile_rows 64 / 128 / 256, row_sets 1 / 2 and stages >= 2, found {bt}, {rs}, "
                          f"{ns}")

@@ -30,11 +30,9 @@ from __future__ import annotations
 import torch
 
 from .. import backend
+from ..launch_table import value as launch_value
 from ..triton_pdl import pdl_args
 from .mma_gemv import GROUP, HAVE_GLUON
-
-WG_STAGES = 3  # shared-memory slots per program (NS): two groups in flight
-
 
 def _at_rows(table: tuple[tuple[int, int], ...], tile_rows: int) -> int | None:
     """The value of the first (ROWS, VALUE) entry of `table` that applies to tiles of tile_rows rows of x (tile_rows
@@ -42,28 +40,22 @@ def _at_rows(table: tuple[tuple[int, int], ...], tile_rows: int) -> int | None:
     return next((value for rows, value in table if tile_rows <= rows), None)
 
 
-WG_MAXNREG = ((8, 96), (16, 128), (32, 168))  # the experts launches' register caps: (tile rows up to, cap)
-WG_GEMV_MAXNREG = ((8, 96), (16, 128))  # wg_gemv's (at 168 its 32-row form takes 150 registers, not 125)
-WG_MOE_STEP_GROUPS = 2  # groups of 64 columns a loop step of the MoE's gated launch (wg_step_groups)
-WG_MOE_DOWN_STEP_GROUPS = 1  # ... of its down launch
-WG_GEMV_STEP_GROUPS = 2  # ... of wg_gemv's
-
-
 def wg_maxnreg(tile_rows: int, dense: bool = False) -> dict:
-    """The kernel's register cap as a launch option for tiles of tile_rows rows of x (never a bit: it only decides
-    what ptxas keeps in registers), or {}: the first entry of WG_MAXNREG that applies to the tile width, with the partial sums folded (wg_fold_pair; sm_90 without stack): the 8-row forms (a
-    64-stream decode) at 96 registers, 5 programs an SM of the gated one (116 uncapped), the 16-row forms (a prefill
-    of up to ~900 tokens) at 128, 4 of the gated one (163 uncapped; 24 bytes of stack outside its loops), the
-    32-row forms (prefills of thousands of tokens) at 168, 3 of the gated one instead of 2 (252 uncapped; 152 bytes
-    of stack). H200 (lab/NOTES.md): the gated launch at 512 tokens (graph probe) 163.6 -> 147.3 us with the fold,
-    159.1 with the cap alone; pp512 B=1 24,059 / 24,458 -> 24,548 / 24,883 tok/s, 8 prompts 38,811 -> 39,195; 64
-    streams 6,097 / 6,099 -> 6,114 / 6,114 (128@8: 6,110). 168@32: the gated launch at 4,096 tokens 795.9 -> 750.1
-    us, 8 prompts 39,223 / 39,295 -> 39,766 / 39,926 (+1.5%), 64 prompts 38,349 -> 38,231 (-0.3%). Before the fold:
-    128@8 alone (the 8-row gated form at 141 registers, 3 -> 4 programs an SM) 64 streams 5,103 -> 5,131; every
-    launch capped (the 16- and 32-row forms spill 104-136 bytes) 4,921, and pp512 20,847 -> 20,252.
-    dense (wg_gemv's launches): WG_GEMV_MAXNREG (sm_90: its 32-row form, a 64-stream decode's, 125 registers
+    """The kernel's register cap as a launch option for tiles of tile_rows rows of x (never a bit: it only decides what
+    ptxas keeps in registers), or {}: the first (tile rows up to, cap) entry of launch_table "moe_wgmma.maxnreg" that
+    applies to the tile width, with the partial sums folded (wg_fold_pair; sm_90 without stack): the 8-row forms (a
+    64-stream decode) at 96 registers, 5 programs an SM of the gated one (116 uncapped), the 16-row forms (a prefill of
+    up to ~900 tokens) at 128, 4 of the gated one (163 uncapped; 24 bytes of stack outside its loops), the 32-row forms
+    (prefills of thousands of tokens) at 168, 3 of the gated one instead of 2 (252 uncapped; 152 bytes of stack). H200
+    (lab/NOTES.md): the gated launch at 512 tokens (graph probe) 163.6 -> 147.3 us with the fold, 159.1 with the cap
+    alone; pp512 B=1 24,059 / 24,458 -> 24,548 / 24,883 tok/s, 8 prompts 38,811 -> 39,195; 64 streams 6,097 / 6,099 ->
+    6,114 / 6,114 (128@8: 6,110). 168@32: the gated launch at 4,096 tokens 795.9 -> 750.1 us, 8 prompts 39,223 / 39,295
+    -> 39,766 / 39,926 (+1.5%), 64 prompts 38,349 -> 38,231 (-0.3%). Before the fold: 128@8 alone (the 8-row gated form
+    at 141 registers, 3 -> 4 programs an SM) 64 streams 5,103 -> 5,131; every launch capped (the 16- and 32-row forms
+    spill 104-136 bytes) 4,921, and pp512 20,847 -> 20,252.
+    dense (wg_gemv's launches): "gemv_wgmma.maxnreg" (sm_90: its 32-row form, a 64-stream decode's, 125 registers
     uncapped, 4 programs an SM, and 150 under a 168 cap)."""
-    cap = _at_rows(WG_GEMV_MAXNREG if dense else WG_MAXNREG, tile_rows)
+    cap = _at_rows(launch_value("gemv_wgmma.maxnreg" if dense else "moe_wgmma.maxnreg"), tile_rows)
     return {} if cap is None else {"maxnreg": cap}
 
 
@@ -109,14 +101,16 @@ def wg_step_groups(tile_rows: int, groups: int, warps: int, dense: bool = False,
     """Groups of 64 columns a loop step of the kernel takes for tiles of tile_rows rows of x over `groups` groups
     with the K split `warps` (never a bit: each group's MMAs and FMAs are the same, in the same order; only the
     copies' grouping and the barriers per group change): 1 or 2, where it divides the groups of a K split's run
-    (groups // warps), else 1, one per launch: the MoE's gated gate/up WG_MOE_STEP_GROUPS, its down (down=True, the
-    plain or scaled launch) WG_MOE_DOWN_STEP_GROUPS, wg_gemv (dense=True) WG_GEMV_STEP_GROUPS. sm_90 SASS at 2: the 8-row gated MoE step 166 -> ~145 instructions a group, the 32-row dense
-    step 153 -> ~127, one barrier set per two groups. H200 (lab/NOTES.md): 64 streams
+    (groups // warps), else 1, one per launch (launch_table): the MoE's gated gate/up "moe_wgmma.step_groups", its
+    down (down=True, the plain or scaled launch) "moe_wgmma.down_step_groups", wg_gemv (dense=True)
+    "gemv_wgmma.step_groups". sm_90 SASS at 2: the 8-row gated MoE step 166 -> ~145 instructions a group, the
+    32-row dense step 153 -> ~127, one barrier set per two groups. H200 (lab/NOTES.md): 64 streams
     tg64 @ d512 5,624 / 5,636 (1) -> 5,773 / 5,770 (2 everywhere), 5,732 (2 for 8-row tiles only); at a prefill's
     16-row tiles (CUDA-graph probe, 512 / 4,096 tokens) the gated launch 175.2 -> 161.6 / 987.0 -> 910.3 us with
     2, down 113.9 -> 126.6 / 679.8 -> 826.6, hence one switch a launch; down with two row sets (wg_row_sets) at a
     64-stream decode's 8-row tiles 48.3 us with 2, 45.5 with 1, and in the model 5,983 / 6,017 tok/s."""
-    gs = WG_GEMV_STEP_GROUPS if dense else WG_MOE_DOWN_STEP_GROUPS if down else WG_MOE_STEP_GROUPS
+    name = "gemv_wgmma.step_groups" if dense else "moe_wgmma.down_step_groups" if down else "moe_wgmma.step_groups"
+    gs = launch_value(name)
     return gs if (groups // warps) % gs == 0 else 1
 
 
@@ -652,9 +646,6 @@ def _step_args(self_xs: bool, xs_smem: bool | None, gs: int) -> dict:
     return {**args, "SLOT_CARRY": True} if wg_slot_carry() else args
 
 
-WG_DENSE_TILE_ROWS = 16  # rows of x per wg_gemv program (the MMA's N; never a row's bits)
-
-
 def wg_dense_fits(words: torch.Tensor) -> bool:
     """Whether a repacked dense weight (words [N/16, K/64, 128]) suits wg_gemv: N a multiple of 64 (four row blocks
     a program); the mma_gemv K split whose bits it gives (4 warps from K = 1024, 8 from K = 4096) is at most 4
@@ -673,37 +664,34 @@ def wg_ksplit_fits(warps: int, ks: int) -> bool:
     return ks in (1, 2, 4, 8) and warps % ks == 0 and warps // ks <= 4
 
 
-WG_GEMV_KSPLIT = (1, 8)  # programs a row block for the K splits of 4 (K 1024 - 2048) and 8 (K = 4096) warps
-WG_GEMV_KSPLIT_MAX_BLOCKS = 4096  # row blocks of 16 from which a weight is split no further than it must be
-
-
 def wg_gemv_ksplit(warps: int, row_blocks: int = 0) -> int:
     """Programs over which wg_gemv splits a row block's K for a weight whose mma_gemv K split is `warps` (never a
     bit: program j adds the partial sums j, j + KS, ... as the mma.sync kernel's warps do, the last arrival adds
     the KS sums in its butterfly's order): 1, 2, 4 or 8, at most `warps`, and at least warps / 4 (a program holds
-    up to four partial sums). WG_GEMV_KSPLIT = (A, B): A for 4 warps (and fewer, capped at their count), B for 8
-    (the 2048 x 4096 out projections; 0: those stay on mma_gemv, wg_dense_fits).
+    up to four partial sums). launch_table "gemv_wgmma.ksplit" = (A, B): A for 4 warps (and fewer, capped at their
+    count), B for 8 (the 2048 x 4096 out projections; 0: those stay on mma_gemv, wg_dense_fits).
     H200 (graph probe, lab/NOTES.md): the out projection at 64 / 32 rows on mma.sync 16.5 / 11.3 us, here over
     2 / 4 / 8 programs 18.6 / 14.9 / 13.8 and 13.8 / 9.9 / 7.8; the in_proj at 64 rows 24.3 (1), 21.8 (2), 24.7 (4),
     at 32 rows 15.9 / 16.9 / 17.5; in the model, 64 streams tg64 @ d512 6,126 / 6,118 (1,0) -> 6,173 (1,4), 6,180
     (1,8), 6,110 (2,4: the in_proj's split loses there).
-    Weights of row_blocks >= 4096 (the lm_head: thousands of programs already, and a scratch of M x 248,320 fp32
-    a split) take the fewest programs their K split allows."""
-    four, eight = WG_GEMV_KSPLIT
-    if row_blocks >= WG_GEMV_KSPLIT_MAX_BLOCKS:
+    Weights of row_blocks >= "gemv_wgmma.ksplit_max_blocks" (4096; the lm_head: thousands of programs already, and
+    a scratch of M x 248,320 fp32 a split) take the fewest programs their K split allows."""
+    four, eight = launch_value("gemv_wgmma.ksplit")
+    if row_blocks >= launch_value("gemv_wgmma.ksplit_max_blocks"):
         return max(warps // 4, 1)
     return min(eight if warps >= 8 else four, warps)
 
 
 def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Tensor | None = None,
-            out: torch.Tensor | None = None, tile_rows: int = WG_DENSE_TILE_ROWS, stages: int = WG_STAGES,
+            out: torch.Tensor | None = None, tile_rows: int | None = None, stages: int | None = None,
             partial_major: bool | None = None, conv: tuple | None = None,
             xs_smem: bool | None = None, fold: bool | None = None, ksplit: int | None = None) -> torch.Tensor:
     """mma_gemv.mma_gemv's result (the same bits: its K split W = default_warps(K), its group sums xs or, when None,
     the kernel's own MMA(ones, x)) for x [M, K] bf16 and a repack_q4 weight, through warpgroup MMAs: a program owns 64
     weight rows against tile_rows (8 - 64) rows of x, so x is read once per 64 weight rows instead of once per 16 or
-    32 (mma_gemv at 64 rows: every program re-reads all of x from L2). out: bf16, or fp32 (the bf16 results
-    widened), [M, N]. Any M (x's rows are MMA columns: a row's bits never depend on M or its neighbours).
+    32 (mma_gemv at 64 rows: every program re-reads all of x from L2); None: launch_table "gemv_wgmma.tile_rows".
+    stages: shared-memory slots of one group (None: "gemv_wgmma.stages"; never a bit). out: bf16, or fp32 (the bf16
+    results widened), [M, N]. Any M (x's rows are MMA columns: a row's bits never depend on M or its neighbours).
     conv: mma_gemv's conv= (a DecodeConv or the same tuple; bf16 out): the DeltaNet decode conv in the epilogue,
     mma_gemv's arithmetic, meant to equal this GEMV followed by causal_conv bit for bit. xs_smem: xs staged in
     shared memory (None: wg_xs_smem(); never a bit); fold: as moe/wgmma_experts.wg_matmul_experts' (never a bit).
@@ -722,6 +710,8 @@ def wg_gemv(x: torch.Tensor, words: torch.Tensor, sb: torch.Tensor, xs: torch.Te
     if x.dim() != 2 or x.shape[1] != k or x.stride(-1) != 1 or x.stride(0) % 2 or x.dtype != torch.bfloat16:
         raise ValueError(f"wg_gemv: x must be bf16 [rows, {k}] with unit column stride and an even row stride, "
                          f"found {x.dtype} {tuple(x.shape)} strides {x.stride()}")
+    tile_rows = launch_value("gemv_wgmma.tile_rows") if tile_rows is None else tile_rows
+    stages = launch_value("gemv_wgmma.stages") if stages is None else stages
     if tile_rows not in (8, 16, 32, 64):
         raise ValueError(f"wg_gemv: tiles of 8 - 64 rows of x, found {tile_rows}")
     m = x.shape[0]
