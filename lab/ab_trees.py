@@ -2,6 +2,7 @@
 
   python3 lab/ab_trees.py bits  --old OLD_TREE [--new .] [--preset qwen3.6-35b-a3b] [--quant q4]
   python3 lab/ab_trees.py speed --old OLD_TREE [--new .] [--rounds 2] [--out DIR]
+  python3 lab/ab_trees.py series TREE [TREE ...] [--bench "-p 16 -n 128 -d 512 -b 1,8"] [--out DIR]
 
 Each tree runs in a child process of its own with PYTHONPATH=<tree>:<the rest>, so each imports its own deltaserve
 (the old tree is a plain folder, e.g. `git archive <commit> | tar -x -C .old`, carried to the device as an ignored
@@ -16,6 +17,10 @@ speed: `deltaserve bench` in each tree, alternating old / new for --rounds round
 pp512 B=1 @ d0, and tg128 at B = 1, 8, 64 @ d512 (-r 3 each); records under --out/<old|new>/ (copy them into
 bench/results/), then one table: each row's tok/s in both trees (median over rounds), new / old, and the larger of
 the two runs' own spreads, so a difference inside the spread reads as none.
+
+series: where a speed A/B found a difference, the commits between (each a tree, e.g. `git archive C | tar -x -C
+.ab/C`) timed one after another with one bench command (a tree may repeat: the first again at the end shows the
+drift), and one table: each row's tok/s per tree and its ratio to the first tree's.
 """
 
 from __future__ import annotations
@@ -115,6 +120,40 @@ def run_speed(args) -> int:
     return 0
 
 
+def run_series(args) -> int:
+    out = Path(args.out)
+    labels = []
+    for i, tree in enumerate(args.trees):
+        label = f"{i}-{tree.name}"
+        labels.append(label)
+        cmd = [sys.executable, "-m", "deltaserve", "bench", "--preset", args.preset, "--quant", args.quant,
+               *args.bench.split(), "--results", str(out / label)]
+        print(f"# {label}: {' '.join(cmd[3:])}", flush=True)
+        proc = subprocess.run(cmd, env=tree_env(tree, tree.name), cwd=tree, timeout=args.timeout,
+                              capture_output=True, text=True)
+        rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| deltaserve")]
+        print("\n".join(dict.fromkeys(rows)) if rows else proc.stdout[-1500:] + proc.stderr[-1500:], flush=True)
+    print(series_table(out, labels))
+    return 0
+
+
+def series_table(out: Path, labels: list[str]) -> str:
+    """Each row's tok/s per tree (label columns) and as a ratio to the first tree's."""
+    got: dict[tuple, dict[str, float]] = {}
+    for label in labels:
+        for path in sorted((out / label).glob("*.jsonl")):
+            for line in path.read_text().splitlines():
+                rec = json.loads(line)
+                got.setdefault((rec["test"], rec["n"], rec["depth"], rec["batch"]), {})[label] = rec["tok_s"]
+    lines = ["| test | B | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+    for (test, n, depth, batch), by in sorted(got.items()):
+        first = by.get(labels[0])
+        cells = [f"{by[lb]:,.1f}" + (f" ({by[lb] / first:.3f})" if first and lb != labels[0] else "")
+                 if lb in by else "-" for lb in labels]
+        lines.append(f"| {test}{n} @ d{depth} | {batch} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(out: Path) -> str:
     """Old and new side by side from the records under out/old and out/new."""
     recs: dict[tuple, dict[str, list[dict]]] = {}
@@ -141,8 +180,10 @@ def main(argv=None) -> int:
         child_bits(*argv[1:5])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("bits", "speed"))
-    ap.add_argument("--old", type=Path, required=True, help="the tree before (a folder holding deltaserve/)")
+    ap.add_argument("what", choices=("bits", "speed", "series"))
+    ap.add_argument("trees", nargs="*", type=Path, help="series: the trees, in order")
+    ap.add_argument("--bench", default="-p 16 -n 128 -d 512 -b 1,8 -r 3", help="series: the bench's arguments")
+    ap.add_argument("--old", type=Path, help="the tree before (a folder holding deltaserve/)")
     ap.add_argument("--new", type=Path, default=HERE.parents[1], help="the tree after (default: this one)")
     ap.add_argument("--preset", default="qwen3.6-35b-a3b")
     ap.add_argument("--quant", default="q4")
@@ -151,11 +192,20 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out") + "/ab")
     ap.add_argument("--timeout", type=int, default=400, help="seconds for each child")
     args = ap.parse_args(argv)
-    args.old, args.new = args.old.resolve(), args.new.resolve()
-    for tree in (args.old, args.new):
+    if args.what == "series":
+        if not args.trees:
+            ap.error("series: give the trees to time")
+        args.trees = [t.resolve() for t in args.trees]
+        trees = args.trees
+    else:
+        if args.old is None or args.trees:
+            ap.error(f"{args.what}: give --old (and --new), not positional trees")
+        args.old, args.new = args.old.resolve(), args.new.resolve()
+        trees = [args.old, args.new]
+    for tree in trees:
         if not (tree / "deltaserve" / "__init__.py").exists():
             ap.error(f"{tree}: no deltaserve/ package there")
-    return run_bits(args) if args.what == "bits" else run_speed(args)
+    return {"bits": run_bits, "speed": run_speed, "series": run_series}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@
 #   bash lab/device_wave48.sh fault     the prefill graph fault's variants alone (lab/probe_prefill_fault.py)
 #   bash lab/device_wave48.sh ab        issue 58's A/B: lab/ab_trees.py bits then speed, this tree against .old/ (carry it:
 #                                       mkdir .old && git archive OLD | tar -x -C .old; echo /.old/ >> .git/info/exclude)
+#   bash lab/device_wave48.sh series    lab/ab_trees.py series over the trees SERIES (carried folders, e.g. .ab/<commit>),
+#                                       the bench arguments SERIES_BENCH; the records come back as one series.tgz
 #   bash lab/device_wave48.sh all       tests then engine, each under its own limit (TESTS_LIMIT, LIMIT)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -101,6 +103,11 @@ ab)  # the old tree (.old, carried) against this one: the same bits, the same sp
   timeout ${LIMIT:-200} python3 lab/ab_trees.py bits --old .old > "$OUT/ab_bits.log" 2>&1; tail -8 "$OUT/ab_bits.log"
   timeout ${LIMIT2:-380} python3 lab/ab_trees.py speed --old .old --rounds ${ROUNDS:-2} > "$OUT/ab_speed.log" 2>&1
   tail -12 "$OUT/ab_speed.log"
+  ;;
+series)  # where an A/B found a difference: the commits between, timed one after another
+  timeout ${LIMIT:-540} python3 lab/ab_trees.py series $SERIES ${SERIES_BENCH:+--bench "$SERIES_BENCH"} \
+    --out "$OUT/series" > "$OUT/ab_series.log" 2>&1; grep -vE "^\| deltaserve" "$OUT/ab_series.log" | tail -16
+  (cd "$OUT" && tar czf series.tgz series && rm -rf series)
   ;;
 tests) run_tests ;;
 engine) run_engine ;;
