@@ -573,6 +573,29 @@ def check_gdn_prep(mods, device, b, hk, hv, dk, dv, dv_block="default", bits=4, 
         run(every, (bits, 2 * dv))  # a group wider than a head: not the step's to prep
 
 
+def check_gdn_step_maxnreg(mods, device, b, hk, hv, dk, dv, bv, cap):
+    """The decode step with a register cap (launch_table "deltanet.step_maxnreg") against the compiler's choice:
+    outputs, the out projection's prep and the state bit for bit (ptxas allocates registers; the arithmetic is
+    the same compiled code), outputs poisoned first."""
+    from deltaserve.kernels import launch_table
+
+    gd = mods["gdn"]
+    inp = gdn_inputs(device, b, hk, hv, dk, dv, b + 2)
+    slots = torch.arange(b, device=device) + 1
+    ctx = torch.tensor([0 if i == 1 else 4 + i for i in range(b)], device=device)
+    runs = []
+    for caps in (((bv, cap),), ()):
+        pool = inp["ssm"].clone()
+        out = poisoned((b, hv * dv), torch.bfloat16, device)
+        with launch_table.override({"deltanet.step_maxnreg": caps}):
+            o, (xp, xs) = gd.gdn_decode_step(inp["qkv"], inp["z"], inp["a"], inp["b"], inp["a_log"], inp["dt_bias"],
+                                             inp["norm_w"], pool, slots, ctx, hk, 1e-6, out=out, dv_block=bv,
+                                             prep=(4, 64))
+        runs.append((o, xp, xs, pool))
+    for name, capped, free in zip(("output", "prep xp", "prep xs", "state"), *runs):
+        assert torch.equal(capped, free), f"gdn step, {bv} columns: a cap of {cap} registers changes the {name}"
+
+
 def check_gdn_split_vs_whole(mods, device, b, hk, hv, dk, dv, blocks):
     """The split step (dv_block columns per program, norm at the head's last arrival) against the one-program-
     per-head step: the state to fp32 rounding (the S^T k and S^T q sums over dk follow the tile's layout, so the

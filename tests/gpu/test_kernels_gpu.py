@@ -147,6 +147,12 @@ def test_gdn_decode_prep(mods, dev, small, dv_block, bits):
     kc.check_gdn_prep(mods, dev, 5, *dims, dv_block=dv_block, bits=bits)
 
 
+@pytest.mark.parametrize("bsz", [1, 8, 64])
+def test_gdn_step_register_cap_same_bits(mods, dev, small, bsz):
+    dims = (2, 4, 16, 128) if small else (16, 32, 128, 128)
+    kc.check_gdn_step_maxnreg(mods, dev, bsz, *dims, bv=64, cap=128)
+
+
 def test_gdn_decode_split_vs_whole(mods, dev, small):
     dims = (2, 4, 16, 32) if small else (16, 32, 128, 128)
     kc.check_gdn_split_vs_whole(mods, dev, 3, *dims, blocks=(8, 16) if small else (16, 32, 64))

@@ -469,8 +469,17 @@ def launch_step_rows(mode: int, qkv, z, a, b, a_log, dt_bias, norm_weight, ssm_p
         mode, num_k_heads * dk, dk ** -0.5, eps,
         HV=hv, R=hv // num_k_heads, DK=dk, DV=dv, BV=bv, PREP_BITS=bits, PREP_GROUP=group,
         num_warps=num_warps or (4 if ns > 1 else launch_value("deltanet.head_warps")), **pdl_args(o),
+        **step_maxnreg(bv),
     )
     return (xp, xs) if prep else None
+
+
+def step_maxnreg(bv: int) -> dict:
+    """The step's register cap for programs of bv state columns (launch_table "deltanet.step_maxnreg": (columns,
+    cap) pairs; none: the compiler's choice), as launch keywords. The same compiled arithmetic (ptxas allocates the
+    registers), the same kernel for every mode, so a cap changes no row's bits relative to the other modes."""
+    cap = dict(launch_value("deltanet.step_maxnreg")).get(bv)
+    return {} if cap is None else {"maxnreg": cap}
 
 
 # State columns per program of the decode step: launch_table "deltanet.step_dv_block" (and its throughput
