@@ -1,6 +1,6 @@
 """Two source trees side by side on one GPU: the same bits and the same speed, before and after a refactor.
 
-  python3 lab/ab_trees.py bits  --old OLD_TREE [--new .] [--preset qwen3.6-35b-a3b] [--quant q4]
+  python3 lab/ab_trees.py bits  --old OLD_TREE [--new .] [--preset qwen3.6-35b-a3b] [--quant q4] [--no-graphs]
   python3 lab/ab_trees.py speed --old OLD_TREE [--new .] [--rounds 2] [--out DIR]
   python3 lab/ab_trees.py series TREE [TREE ...] [--bench "-p 16 -n 128 -d 512 -b 1,8"] [--out DIR]
 
@@ -12,6 +12,8 @@ bits: in each tree, the preset's random model (the bench's build_random_model, s
 trees) served by an LLM engine of max_num_seqs B for B in 1, 8, 64 (each its own deployment, so its own kernel
 plan), greedy: B prompts of random ids (a fixed generator), 16 new tokens each, and the logits of one 37-token
 prompt at every position. The two trees' token ids must be equal and their logits bit for bit (torch.equal).
+--no-graphs runs both engines without CUDA graphs (graph == eager bit for bit, tests/gpu/test_engine_graph_gpu.py):
+for an old tree whose prefill graphs fault (before 8c8c3c2, fla's memoised chunk index).
 
 speed: `deltaserve bench` in each tree, alternating old / new for --rounds rounds (drift hits both alike):
 pp512 B=1 @ d0, and tg128 at B = 1, 8, 64 @ d512 (-r 3 each); records under --out/<old|new>/ (copy them into
@@ -49,7 +51,7 @@ def tree_env(tree: Path, label: str) -> dict:
                 PYTHONUNBUFFERED="1")
 
 
-def child_bits(preset: str, quant: str, out: str, device: str = "cuda") -> None:
+def child_bits(preset: str, quant: str, out: str, device: str = "cuda", graphs: str = "graphs") -> None:
     """(In the tree's own process) the greedy tokens and logits of `bits` into `out` (a torch file)."""
     import torch
 
@@ -67,7 +69,8 @@ def child_bits(preset: str, quant: str, out: str, device: str = "cuda") -> None:
     probe = torch.randint(0, config.vocab_size, (37,), generator=gen).tolist()
     result = {"tree": str(Path(deltaserve.__file__).parents[1])}
     for b in DEPLOYMENTS:
-        llm = LLM.from_model(model, None, max_num_seqs=b, max_model_len=256, num_blocks=64 * b)
+        llm = LLM.from_model(model, None, max_num_seqs=b, max_model_len=256, num_blocks=64 * b,
+                             cuda_graphs=None if graphs == "graphs" else False)
         outs = llm.generate(prompts[:b], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
         result[f"tokens_b{b}"] = [o.token_ids for o in outs]
         result[f"logits_b{b}"] = llm.logits(probe).cpu()
@@ -84,7 +87,8 @@ def run_bits(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for label, tree in (("old", args.old), ("new", args.new)):
             out = Path(tmp) / f"{label}.pt"
-            cmd = [sys.executable, str(HERE), "_child_bits", args.preset, args.quant, str(out), args.device]
+            cmd = [sys.executable, str(HERE), "_child_bits", args.preset, args.quant, str(out), args.device,
+                   "eager" if args.no_graphs else "graphs"]
             proc = subprocess.run(cmd, env=tree_env(tree, label), cwd=tree, timeout=args.timeout)
             if proc.returncode:
                 print(f"{label} ({tree}): the child failed with status {proc.returncode}")
@@ -177,7 +181,7 @@ def table(out: Path) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_child_bits":
-        child_bits(*argv[1:5])
+        child_bits(*argv[1:6])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("what", choices=("bits", "speed", "series"))
@@ -189,6 +193,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quant", default="q4")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--device", default="cuda", help="bits: cpu for a dry run of the script (tiny presets)")
+    ap.add_argument("--no-graphs", action="store_true", help="bits: both engines without CUDA graphs")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out") + "/ab")
     ap.add_argument("--timeout", type=int, default=400, help="seconds for each child")
     args = ap.parse_args(argv)

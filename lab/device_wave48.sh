@@ -15,7 +15,8 @@
 #                                       ("streams:k" pairs), drafting's default variant; MAXROWS lifts the verify's
 #                                       16-row limit for the run (e.g. MAXROWS=192 BITS_CFGS="8:2 64:2")
 #   bash lab/device_wave48.sh fault     the prefill graph fault's variants alone (lab/probe_prefill_fault.py)
-#   bash lab/device_wave48.sh ab        issue 58's A/B: lab/ab_trees.py bits then speed, this tree against .old/ (carry it:
+#   bash lab/device_wave48.sh ab        issue 58's A/B: lab/ab_trees.py bits (AB_BITS_ARGS, e.g. --no-graphs) then speed,
+#                                       this tree against .old/ (carry it:
 #                                       mkdir .old && git archive OLD | tar -x -C .old; echo /.old/ >> .git/info/exclude)
 #   bash lab/device_wave48.sh series    lab/ab_trees.py series over the trees SERIES (carried folders, e.g. .ab/<commit>),
 #                                       the bench arguments SERIES_BENCH; the records come back as one series.tgz
@@ -100,7 +101,8 @@ fault)
   ;;
 ab)  # the old tree (.old, carried) against this one: the same bits, the same speed
   [ -d .old/deltaserve ] || { echo "ab: no .old/deltaserve (carry the old tree as .old)"; exit 1; }
-  timeout ${LIMIT:-200} python3 lab/ab_trees.py bits --old .old > "$OUT/ab_bits.log" 2>&1; tail -8 "$OUT/ab_bits.log"
+  timeout ${LIMIT:-200} python3 lab/ab_trees.py bits --old .old ${AB_BITS_ARGS:-} > "$OUT/ab_bits.log" 2>&1
+  tail -8 "$OUT/ab_bits.log"
   timeout ${LIMIT2:-380} python3 lab/ab_trees.py speed --old .old --rounds ${ROUNDS:-2} > "$OUT/ab_speed.log" 2>&1
   tail -12 "$OUT/ab_speed.log"
   ;;
