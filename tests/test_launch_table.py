@@ -101,6 +101,13 @@ def test_override_lasts_for_its_block():
             pass
 
 
+def test_the_process_table_is_bound_once():
+    """value() reads the process's table, bound at the first lookup (no device query per launch)."""
+    tab = lt.table()
+    assert lt.table() is tab and tab.name == lt._table_of(lt.current_gpu()).name
+    assert lt.value("attention.merge_bsp") == tab.get("attention.merge_bsp")
+
+
 def test_the_plan_names_the_table():
     plan = resolve_plan()
     assert plan.launch_table == lt.table().name

@@ -6,7 +6,9 @@ whose name has a file of its own (`launch_tables/<name>.json`, the name as torch
 every run of other characters than letters and digits made one '_', e.g. NVIDIA_H100_80GB_HBM3.json) overrides
 values or shape entries of the default there, and only constants the default declares. The kernels' host code asks
 for a constant by name when it launches (`value(name, **shape)`), like vLLM's fused-MoE config files: the table is the
-current CUDA device's, chosen once per process and GPU (on a machine without a GPU: the default).
+CUDA device's the process first asks on, bound once (a deployment's processes each drive GPUs of one kind; on a
+machine without a GPU: the default), so a lookup is a dictionary read, not a device query (it runs at every eager
+launch).
 
 Shape keys name weight dimensions only (SHAPE_FIELDS: K, N, H, I, E, D, bits, group), so no choice here can follow
 the number of rows in a launch: a row's bits never depend on its batch. A key "K=4096" matches a launch whose K is
@@ -33,8 +35,10 @@ from typing import Iterator, Mapping
 TABLES = Path(__file__).with_name("launch_tables")
 DEFAULT_FILE = "default.json"
 SHAPE_FIELDS = ("K", "N", "H", "I", "E", "D", "bits", "group")
+_SHAPE_SET = frozenset(SHAPE_FIELDS)
 
 _OVERRIDES: dict[str, object] = {}
+_bound: "LaunchTable | None" = None  # the process's table, bound at the first lookup (table())
 
 
 def _frozen(value):
@@ -68,7 +72,10 @@ class Constant:
 
     def at(self, shape: Mapping[str, int]) -> object:
         for fields, v in self.shapes:
-            if all(shape.get(n) == want for n, want in fields):
+            for n, want in fields:
+                if shape.get(n) != want:
+                    break
+            else:
                 return v
         return self.value
 
@@ -90,10 +97,11 @@ class LaunchTable:
         const = self.constants.get(name)
         if const is None:
             raise KeyError(f"{name!r} is not a launch constant of {TABLES / DEFAULT_FILE}")
-        unknown = set(shape) - set(SHAPE_FIELDS)
-        if unknown:
-            raise ValueError(f"launch constant {name}: shape fields {sorted(unknown)} are not weight dimensions "
-                             f"({', '.join(SHAPE_FIELDS)})")
+        if not shape:
+            return const.value if not const.shapes else const.at(shape)
+        if not shape.keys() <= _SHAPE_SET:
+            raise ValueError(f"launch constant {name}: shape fields {sorted(set(shape) - _SHAPE_SET)} are not weight "
+                             f"dimensions ({', '.join(SHAPE_FIELDS)})")
         return const.at(shape)
 
 
@@ -195,15 +203,20 @@ def current_gpu() -> str | None:
 
 
 def table(gpu: str | None = None) -> LaunchTable:
-    """GPU `gpu`'s table (None: the current device's)."""
-    return _table_of(current_gpu() if gpu is None else gpu)
+    """GPU `gpu`'s table, or (None) the process's: the current CUDA device's at the first call, bound from then on."""
+    global _bound
+    if gpu is not None:
+        return _table_of(gpu)
+    if _bound is None:
+        _bound = _table_of(current_gpu())
+    return _bound
 
 
 def value(name: str, **shape: int) -> object:
-    """Launch constant `name` for a weight of `shape` (SHAPE_FIELDS) on the current device (or its override)."""
-    if name in _OVERRIDES:
+    """Launch constant `name` for a weight of `shape` (SHAPE_FIELDS) in the process's table (or its override)."""
+    if _OVERRIDES and name in _OVERRIDES:
         return _OVERRIDES[name]
-    return table().get(name, **shape)
+    return (_bound or table()).get(name, **shape)
 
 
 @contextlib.contextmanager
