@@ -108,18 +108,31 @@ def run_bits(args) -> int:
     return 0 if ok else 1
 
 
+def bench_in(tree: Path, commit: str, bench_args, results: Path, args, head: str) -> None:
+    """One `deltaserve bench` in `tree`'s own process (its records under `results`, their commit `commit`); prints
+    its table rows once each, or the tail of its output where it made none."""
+    cmd = [sys.executable, "-m", "deltaserve", "bench", "--preset", args.preset, "--quant", args.quant, *bench_args,
+           "--results", str(results)]
+    print(f"# {head}: {' '.join(cmd[3:])}", flush=True)
+    proc = subprocess.run(cmd, env=tree_env(tree, commit), cwd=tree, timeout=args.timeout, capture_output=True,
+                          text=True)
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| deltaserve")]
+    print("\n".join(dict.fromkeys(rows)) if rows else proc.stdout[-2000:] + proc.stderr[-2000:], flush=True)
+
+
+def records(folder: Path):
+    """The bench records under `folder` (its *.jsonl files, one record a line)."""
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            yield json.loads(line)
+
+
 def run_speed(args) -> int:
     out = Path(args.out)
     for r in range(args.rounds):
         for label, tree in (("old", args.old), ("new", args.new)):
             for extra in BENCH_RUNS:
-                cmd = [sys.executable, "-m", "deltaserve", "bench", "--preset", args.preset, "--quant", args.quant,
-                       *extra, "-r", "3", "--results", str(out / label)]
-                print(f"# round {r + 1}, {label}: {' '.join(cmd[3:])}", flush=True)
-                proc = subprocess.run(cmd, env=tree_env(tree, label), cwd=tree, timeout=args.timeout,
-                                      capture_output=True, text=True)
-                rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| deltaserve")]
-                print("\n".join(rows) if rows else proc.stdout[-2000:] + proc.stderr[-2000:], flush=True)
+                bench_in(tree, label, [*extra, "-r", "3"], out / label, args, f"round {r + 1}, {label}")
     print(table(out))
     return 0
 
@@ -130,13 +143,7 @@ def run_series(args) -> int:
     for i, tree in enumerate(args.trees):
         label = f"{i}-{tree.name}"
         labels.append(label)
-        cmd = [sys.executable, "-m", "deltaserve", "bench", "--preset", args.preset, "--quant", args.quant,
-               *args.bench.split(), "--results", str(out / label)]
-        print(f"# {label}: {' '.join(cmd[3:])}", flush=True)
-        proc = subprocess.run(cmd, env=tree_env(tree, tree.name), cwd=tree, timeout=args.timeout,
-                              capture_output=True, text=True)
-        rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| deltaserve")]
-        print("\n".join(dict.fromkeys(rows)) if rows else proc.stdout[-1500:] + proc.stderr[-1500:], flush=True)
+        bench_in(tree, tree.name, args.bench.split(), out / label, args, label)
     print(series_table(out, labels))
     return 0
 
@@ -145,10 +152,8 @@ def series_table(out: Path, labels: list[str]) -> str:
     """Each row's tok/s per tree (label columns) and as a ratio to the first tree's."""
     got: dict[tuple, dict[str, float]] = {}
     for label in labels:
-        for path in sorted((out / label).glob("*.jsonl")):
-            for line in path.read_text().splitlines():
-                rec = json.loads(line)
-                got.setdefault((rec["test"], rec["n"], rec["depth"], rec["batch"]), {})[label] = rec["tok_s"]
+        for rec in records(out / label):
+            got.setdefault((rec["test"], rec["n"], rec["depth"], rec["batch"]), {})[label] = rec["tok_s"]
     lines = ["| test | B | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
     for (test, n, depth, batch), by in sorted(got.items()):
         first = by.get(labels[0])
@@ -162,11 +167,9 @@ def table(out: Path) -> str:
     """Old and new side by side from the records under out/old and out/new."""
     recs: dict[tuple, dict[str, list[dict]]] = {}
     for label in ("old", "new"):
-        for path in sorted((out / label).glob("*.jsonl")):
-            for line in path.read_text().splitlines():
-                rec = json.loads(line)
-                key = (rec["test"], rec["n"], rec["depth"], rec["batch"])
-                recs.setdefault(key, {"old": [], "new": []})[label].append(rec)
+        for rec in records(out / label):
+            key = (rec["test"], rec["n"], rec["depth"], rec["batch"])
+            recs.setdefault(key, {"old": [], "new": []})[label].append(rec)
     lines = ["| test | B | old tok/s | new tok/s | new/old | spread |", "|---|---|---|---|---|---|"]
     for (test, n, depth, batch), both in sorted(recs.items()):
         if not both["old"] or not both["new"]:

@@ -4,6 +4,7 @@ hooks DECODE_PROGRAMS, LONG_SPLIT, LONG_STAGES), read from and set on the librar
 table (deltaserve/kernels/launch_table.py, "attention.*"), the experiments are triton_paged module values.
 
   get(name)            the library's value now
+  check(names)         a KeyError naming the first unknown knob (applied() checks every name before it sets any)
   applied({name: v})   a context manager that sets them for its block (table overrides and module values alike)
 """
 
@@ -19,22 +20,29 @@ TABLE = {"SPLIT_TOKENS": "attention.split_tokens", "DECODE_BN": "attention.decod
 PER_KIND = {"DECODE_WARPS": "attention.decode_warps_{}", "DECODE_STAGES": "attention.decode_stages_{}"}
 KINDS = ("bf16", "fp8")
 HOOKS = ("DECODE_PROGRAMS", "LONG_SPLIT", "LONG_STAGES")
+NAMES = (*TABLE, *PER_KIND, *HOOKS)
+
+
+def check(names) -> None:
+    for name in names:
+        if name not in NAMES:
+            raise KeyError(f"no decode attention knob {name!r} (one of {', '.join(NAMES)})")
 
 
 def get(name: str):
+    check([name])
     if name in TABLE:
         return launch_table.value(TABLE[name])
     if name in PER_KIND:
         return {k: launch_table.value(PER_KIND[name].format(k)) for k in KINDS}
-    if name in HOOKS:
-        return getattr(tp, name)
-    raise KeyError(f"no decode attention knob {name!r} (one of {', '.join([*TABLE, *PER_KIND, *HOOKS])})")
+    return getattr(tp, name)
 
 
 @contextlib.contextmanager
 def applied(values: dict):
     """Set the knobs `values` for the block. A per-kind knob given as a dict sets the kinds it names (a kind left
     out gets null: Triton's default for stages, 4 warps)."""
+    check(values)
     table, hooks = {}, {}
     for name, v in values.items():
         if name in TABLE:
@@ -42,10 +50,8 @@ def applied(values: dict):
         elif name in PER_KIND:
             fill = 4 if name == "DECODE_WARPS" else None
             table.update({PER_KIND[name].format(k): (v or {}).get(k, fill) for k in KINDS})
-        elif name in HOOKS:
-            hooks[name] = v
         else:
-            get(name)  # raises, naming the knobs
+            hooks[name] = v
     saved = {n: getattr(tp, n) for n in hooks}
     try:
         for n, v in hooks.items():

@@ -100,14 +100,11 @@ def main(argv=None) -> int:
     from deltaserve.cli import main as cli_main
 
     try:
-        knobs = attention_knobs.applied(values)
-        knobs.__enter__()
+        attention_knobs.check(values)
     except KeyError as e:
         raise SystemExit(str(e)) from None
-    try:
+    with attention_knobs.applied(values):
         return cli_main(["bench", *bench_args])
-    finally:
-        knobs.__exit__(None, None, None)
 
 
 if __name__ == "__main__":
